@@ -1,0 +1,130 @@
+use std::fmt::Debug;
+use std::time::Duration;
+
+use async_trait::async_trait;
+
+use crate::{Lease, LockOptions, OwnerToken, Result};
+
+/// How a backend's leases end when their holder goes away.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum LeaseKind {
+    /// The server frees the lock when the TTL passes without an extension
+    /// (Redis, MySQL, memory).
+    Ttl,
+    /// The lock lives as long as the client's session (ZooKeeper); extend
+    /// is a no-op and the TTL option is ignored.
+    Session,
+}
+
+/// What a backend can do, declared by the driver and checked by the
+/// conformance suite before each case that needs it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Capabilities {
+    /// How leases end.
+    pub lease: LeaseKind,
+    /// Leases carry fencing tokens that strictly increase per name.
+    pub fencing: bool,
+    /// Fencing tokens keep increasing across a server restart.
+    pub fencing_survives_restart: bool,
+    /// Waiters are woken by a notification on release rather than by polling.
+    pub notify: bool,
+    /// Waiters are granted the lock in arrival order.
+    pub fifo: bool,
+    /// Several processes can share the lock (false for the in-memory driver).
+    pub distributed: bool,
+}
+
+/// Who holds a lock, as [`Backend::inspect`] reports it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct LockInfo {
+    /// The holder's owner token.
+    pub owner: OwnerToken,
+    /// The holder's fencing token.
+    pub fencing_token: u64,
+    /// How long the server will keep the lock without an extension; `None`
+    /// for session leases.
+    pub expires_in: Option<Duration>,
+}
+
+impl LockInfo {
+    /// A holder's description, for drivers.
+    pub fn new(owner: OwnerToken, fencing_token: u64, expires_in: Option<Duration>) -> Self {
+        LockInfo {
+            owner,
+            fencing_token,
+            expires_in,
+        }
+    }
+}
+
+/// A lock service: what each driver implements. Users normally go through
+/// [`Locker`](crate::Locker), which adds guards, renewal and `with_lock`.
+///
+/// # Contract
+///
+/// Every implementation honours these rules, and the `dlock-conformance`
+/// suite checks them:
+///
+/// - **Names**: any string accepted by [`validate_name`](crate::validate_name)
+///   is a distinct lock; the driver's mapping to keys, paths or rows is
+///   injective. Anything else gives [`Error::InvalidName`](crate::Error::InvalidName)
+///   before the server is contacted. Options are checked with
+///   [`LockOptions::validate`].
+/// - **Mutual exclusion**: at no instant are two unexpired leases of one name
+///   granted. TTL backends assume client and server clocks run at the same
+///   rate within the drift allowance ([`LockOptions::drift`]).
+/// - **Validity**: a lease's deadline is measured from *before* the request
+///   was sent, minus the drift allowance.
+/// - **Fencing**: if [`Capabilities::fencing`] is set, every later grant of a
+///   name carries a strictly greater fencing token, across releases, expiry
+///   takeovers and client crashes (and server restarts where
+///   [`Capabilities::fencing_survives_restart`] is set).
+/// - **Ownership**: [`release`](Backend::release) and
+///   [`extend`](Backend::extend) act only on the caller's own grant; on a
+///   lease that expired, was released or was taken over they return
+///   [`Error::NotHeld`](crate::Error::NotHeld) and leave the current holder
+///   untouched.
+/// - **Waiting**: [`try_acquire`](Backend::try_acquire) makes one attempt.
+///   [`acquire`](Backend::acquire) returns within the wait bound plus one
+///   round trip. Waiters wake on release by notification where the backend
+///   has one, and otherwise poll with jitter; never a busy loop.
+/// - **Cancellation**: dropping any future of this trait at any await point
+///   leaves no lock held beyond its TTL or session, and no lock held that
+///   the caller was not told about beyond that.
+/// - **Failures**: a backend that cannot be reached gives an error, never a
+///   false grant.
+#[async_trait]
+pub trait Backend: Send + Sync + Debug {
+    /// What this backend can do.
+    fn capabilities(&self) -> Capabilities;
+
+    /// One attempt: the lease if the lock was free (or its holder's lease had
+    /// expired), `None` if it is held.
+    async fn try_acquire(&self, name: &str, opts: &LockOptions) -> Result<Option<Lease>>;
+
+    /// Waits for the lock up to the options' wait bound.
+    ///
+    /// # Errors
+    /// [`Error::Timeout`](crate::Error::Timeout) when the bound passes first.
+    async fn acquire(&self, name: &str, opts: &LockOptions) -> Result<Lease>;
+
+    /// Gives the lock up, waking waiters.
+    ///
+    /// # Errors
+    /// [`Error::NotHeld`](crate::Error::NotHeld) if the lease is no longer the
+    /// holder.
+    async fn release(&self, lease: &Lease) -> Result<()>;
+
+    /// Restarts the lease's TTL from now and moves its validity deadline.
+    /// A no-op for session leases whose session is alive.
+    ///
+    /// # Errors
+    /// [`Error::NotHeld`](crate::Error::NotHeld) if the lease is no longer the
+    /// holder.
+    async fn extend(&self, lease: &mut Lease) -> Result<()>;
+
+    /// Who holds `name` now, if anyone.
+    async fn inspect(&self, name: &str) -> Result<Option<LockInfo>>;
+}

@@ -1,0 +1,129 @@
+use std::time::Duration;
+
+/// A boxed error from a driver's client library, kept as the `source`.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
+
+/// The result type of every dlock operation.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Everything that can go wrong with a lock, by meaning rather than by backend.
+///
+/// Driver errors are kept as the [`source`](std::error::Error::source) of
+/// [`Error::Connection`] and [`Error::Backend`], so the client library's own
+/// message is never lost.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The lock name is not 1 to 255 bytes of UTF-8 without NUL.
+    #[error("invalid lock name: {reason}")]
+    InvalidName {
+        /// What is wrong with the name, in words a caller can act on.
+        reason: String,
+    },
+
+    /// An option or a piece of configuration (TTL, wait bound, URL, table
+    /// name, ...) is out of range or malformed.
+    #[error("invalid option `{option}`: {reason}")]
+    InvalidOption {
+        /// The option's name as the user spells it.
+        option: &'static str,
+        /// What is wrong with it.
+        reason: String,
+    },
+
+    /// The lease is no longer the current holder of its lock: it was
+    /// released, it expired, or another client took the lock over.
+    #[error("lock `{name}` is not held by this lease")]
+    NotHeld {
+        /// The lock name.
+        name: String,
+    },
+
+    /// The wait bound passed before the lock could be acquired.
+    #[error("timed out after {waited:?} waiting for lock `{name}`")]
+    Timeout {
+        /// The lock name.
+        name: String,
+        /// How long the caller waited.
+        waited: Duration,
+    },
+
+    /// The backend could not be reached, or the connection broke mid-request.
+    /// Whether a request that was cut off took effect is unknown; drivers
+    /// make sure such a lock expires with its TTL or session.
+    #[error("{backend}: connection failed: {message}")]
+    Connection {
+        /// The driver's name (`redis`, `mysql`, `zookeeper`, ...).
+        backend: &'static str,
+        /// What the driver was doing.
+        message: String,
+        /// The client library's error.
+        #[source]
+        source: Option<BoxError>,
+    },
+
+    /// The backend answered with an error (bad credentials, missing table,
+    /// script error, ...).
+    #[error("{backend}: {message}")]
+    Backend {
+        /// The driver's name.
+        backend: &'static str,
+        /// What went wrong, in the driver's words.
+        message: String,
+        /// The client library's error.
+        #[source]
+        source: Option<BoxError>,
+    },
+
+    /// The backend does not support this operation.
+    #[error("{operation} is not supported by the {backend} backend")]
+    Unsupported {
+        /// The driver's name.
+        backend: &'static str,
+        /// The operation asked for.
+        operation: &'static str,
+    },
+}
+
+impl Error {
+    /// An [`Error::Connection`] wrapping a client library error.
+    pub fn connection(
+        backend: &'static str,
+        message: impl Into<String>,
+        source: impl Into<BoxError>,
+    ) -> Self {
+        Error::Connection {
+            backend,
+            message: message.into(),
+            source: Some(source.into()),
+        }
+    }
+
+    /// An [`Error::Backend`] wrapping a client library error.
+    pub fn backend(
+        backend: &'static str,
+        message: impl Into<String>,
+        source: impl Into<BoxError>,
+    ) -> Self {
+        Error::Backend {
+            backend,
+            message: message.into(),
+            source: Some(source.into()),
+        }
+    }
+
+    /// An [`Error::InvalidOption`].
+    pub fn invalid_option(option: &'static str, reason: impl Into<String>) -> Self {
+        Error::InvalidOption {
+            option,
+            reason: reason.into(),
+        }
+    }
+
+    /// Whether trying the same call again may succeed: the lock was busy or
+    /// the connection failed. Invalid input, "not held" and unsupported
+    /// operations fail the same way every time.
+    pub fn is_retryable(&self) -> bool {
+        matches!(self, Error::Timeout { .. } | Error::Connection { .. })
+    }
+}

@@ -1,0 +1,275 @@
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::watch;
+use tokio::time::{Instant, sleep_until, timeout_at};
+use tokio_util::sync::{CancellationToken, DropGuard};
+
+use crate::{Backend, Error, Lease, LockInfo, LockOptions, OwnerToken, Result};
+
+/// The handle users lock with: a shared backend plus guards, renewal and
+/// [`with_lock`](Locker::with_lock). Cheap to clone.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> dlock_core::Result<()> {
+/// use dlock_core::{Locker, LockOptions, MemoryBackend};
+///
+/// let locker = Locker::new(MemoryBackend::new());
+/// let guard = locker.acquire("report:daily", &LockOptions::new()).await?;
+/// assert!(guard.is_valid());
+/// guard.release().await?;
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Debug, Clone)]
+pub struct Locker {
+    backend: Arc<dyn Backend>,
+}
+
+impl Locker {
+    /// A locker over a backend.
+    pub fn new(backend: impl Backend + 'static) -> Self {
+        Locker {
+            backend: Arc::new(backend),
+        }
+    }
+
+    /// A locker over a backend that is already shared.
+    pub fn from_arc(backend: Arc<dyn Backend>) -> Self {
+        Locker { backend }
+    }
+
+    /// The backend, for direct use of the lease-level API.
+    pub fn backend(&self) -> &Arc<dyn Backend> {
+        &self.backend
+    }
+
+    /// Waits for `name` up to the options' wait bound and returns a guard
+    /// that holds it.
+    pub async fn acquire(&self, name: &str, opts: &LockOptions) -> Result<Guard> {
+        let lease = self.backend.acquire(name, opts).await?;
+        Ok(Guard::new(self.backend.clone(), lease, opts.renew_value()))
+    }
+
+    /// One attempt: a guard if `name` was free, `None` if it is held.
+    pub async fn try_acquire(&self, name: &str, opts: &LockOptions) -> Result<Option<Guard>> {
+        let lease = self.backend.try_acquire(name, opts).await?;
+        Ok(lease.map(|l| Guard::new(self.backend.clone(), l, opts.renew_value())))
+    }
+
+    /// Runs `f` while holding `name`, then releases it: the "lock this method
+    /// body by a key" pattern.
+    ///
+    /// The guard is renewed while `f` runs and `f` may watch
+    /// [`Guard::lost`] to stop early. If the lease was lost before `f`
+    /// finished, the result is [`Error::NotHeld`]: another client may have
+    /// run the same work at the same time, so writes should be fenced with
+    /// [`Guard::fencing_token`].
+    pub async fn with_lock<T>(
+        &self,
+        name: &str,
+        opts: &LockOptions,
+        f: impl AsyncFnOnce(&Guard) -> T,
+    ) -> Result<T> {
+        let guard = self.acquire(name, opts).await?;
+        let value = f(&guard).await;
+        if !guard.is_valid() {
+            return Err(Error::NotHeld {
+                name: name.to_owned(),
+            });
+        }
+        guard.release().await?;
+        Ok(value)
+    }
+
+    /// Who holds `name` now, if anyone.
+    pub async fn inspect(&self, name: &str) -> Result<Option<LockInfo>> {
+        self.backend.inspect(name).await
+    }
+}
+
+/// A held lock. It renews its lease in the background at about a third of
+/// the TTL, tells when the lease can no longer be trusted ([`Guard::lost`]),
+/// and releases the lock when dropped (in the background; the TTL or
+/// session is the final backstop). Prefer the explicit, awaited
+/// [`Guard::release`], which reports whether the lock was still held.
+#[derive(Debug)]
+pub struct Guard {
+    backend: Arc<dyn Backend>,
+    lease: Lease,
+    valid_until: watch::Receiver<Option<Instant>>,
+    lost: CancellationToken,
+    // Stops the watchdog when the guard goes away, however it goes.
+    _stop: DropGuard,
+    released: bool,
+}
+
+impl Guard {
+    /// Wraps a lease from `backend`, starting its watchdog: renewal when
+    /// `renew` is set, and the lost signal at the validity deadline.
+    pub fn new(backend: Arc<dyn Backend>, lease: Lease, renew: bool) -> Self {
+        let lost = lease.lost_token().child_token();
+        let stop = CancellationToken::new();
+        let (tx, valid_until) = watch::channel(lease.valid_until());
+        if lease.ttl().is_some() {
+            let watchdog = Watchdog {
+                backend: backend.clone(),
+                lease: lease.clone(),
+                renew,
+                valid_until: tx,
+                lost: lost.clone(),
+                stop: stop.clone(),
+            };
+            match tokio::runtime::Handle::try_current() {
+                Ok(rt) => {
+                    rt.spawn(watchdog.run());
+                }
+                // No runtime to renew on: the lease runs out at its TTL, and
+                // `is_valid` still judges it by its deadline.
+                Err(_) => tracing::warn!(name = lease.name(), "no tokio runtime: lease not renewed"),
+            }
+        }
+        Guard {
+            backend,
+            lease,
+            valid_until,
+            lost,
+            _stop: stop.drop_guard(),
+            released: false,
+        }
+    }
+
+    /// The lock name.
+    pub fn name(&self) -> &str {
+        self.lease.name()
+    }
+
+    /// The fencing token to pass to the protected resource.
+    pub fn fencing_token(&self) -> u64 {
+        self.lease.fencing_token()
+    }
+
+    /// The owner token of this grant.
+    pub fn owner(&self) -> OwnerToken {
+        self.lease.owner()
+    }
+
+    /// Until when the lease can be trusted, as of the last renewal; `None`
+    /// for session leases.
+    pub fn valid_until(&self) -> Option<Instant> {
+        *self.valid_until.borrow()
+    }
+
+    /// Whether the lease can still be trusted now.
+    pub fn is_valid(&self) -> bool {
+        !self.lost.is_cancelled() && self.valid_until().is_none_or(|t| Instant::now() < t)
+    }
+
+    /// Resolves the moment the lease can no longer be trusted: renewal
+    /// failed until the validity deadline, the lock was taken over, or the
+    /// session was lost. Never resolves while the lease is good.
+    pub async fn lost(&self) {
+        self.lost.cancelled().await
+    }
+
+    /// The lease as granted (its deadline is that of the grant; see
+    /// [`Guard::valid_until`] for the renewed one).
+    pub fn lease(&self) -> &Lease {
+        &self.lease
+    }
+
+    /// Releases the lock now.
+    ///
+    /// # Errors
+    /// [`Error::NotHeld`] if the lease had already ended; connection errors
+    /// leave the lock to expire with its TTL or session.
+    pub async fn release(mut self) -> Result<()> {
+        self.released = true;
+        self.lost.cancel();
+        self.backend.release(&self.lease).await
+    }
+}
+
+impl Drop for Guard {
+    fn drop(&mut self) {
+        if self.released {
+            return;
+        }
+        self.lost.cancel();
+        let backend = self.backend.clone();
+        let lease = self.lease.clone();
+        match tokio::runtime::Handle::try_current() {
+            Ok(rt) => {
+                rt.spawn(async move {
+                    if let Err(e) = backend.release(&lease).await {
+                        tracing::debug!(name = lease.name(), error = %e, "release on drop failed");
+                    }
+                });
+            }
+            Err(_) => {
+                tracing::debug!(name = self.lease.name(), "guard dropped outside a runtime: lock left to expire")
+            }
+        }
+    }
+}
+
+/// The guard's background task.
+struct Watchdog {
+    backend: Arc<dyn Backend>,
+    lease: Lease,
+    renew: bool,
+    valid_until: watch::Sender<Option<Instant>>,
+    lost: CancellationToken,
+    stop: CancellationToken,
+}
+
+impl Watchdog {
+    async fn run(mut self) {
+        let Some(ttl) = self.lease.ttl() else { return };
+        let period = ttl / 3;
+        // After a failed renewal, try again well before the deadline.
+        let retry = (ttl / 10).max(Duration::from_millis(5));
+        let mut next = Instant::now() + period;
+        loop {
+            let Some(deadline) = self.lease.valid_until() else {
+                return;
+            };
+            let wake = if self.renew { next.min(deadline) } else { deadline };
+            tokio::select! {
+                () = self.stop.cancelled() => return,
+                () = self.lost.cancelled() => return,
+                () = sleep_until(wake) => {}
+            }
+            if Instant::now() >= deadline {
+                tracing::warn!(name = self.lease.name(), "lease expired before it could be renewed");
+                self.lost.cancel();
+                return;
+            }
+            let outcome = tokio::select! {
+                () = self.stop.cancelled() => return,
+                r = timeout_at(deadline, self.backend.extend(&mut self.lease)) => r,
+            };
+            match outcome {
+                Ok(Ok(())) => {
+                    self.valid_until.send_replace(self.lease.valid_until());
+                    next = Instant::now() + period;
+                }
+                Ok(Err(Error::NotHeld { .. })) => {
+                    tracing::warn!(name = self.lease.name(), "lock was taken over");
+                    self.lost.cancel();
+                    return;
+                }
+                Ok(Err(e)) => {
+                    tracing::debug!(name = self.lease.name(), error = %e, "renewal failed, retrying");
+                    next = Instant::now() + retry;
+                }
+                Err(_) => {
+                    tracing::warn!(name = self.lease.name(), "renewal did not finish before the lease ended");
+                    self.lost.cancel();
+                    return;
+                }
+            }
+        }
+    }
+}

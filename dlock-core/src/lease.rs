@@ -1,0 +1,203 @@
+use std::fmt;
+use std::str::FromStr;
+use std::time::Duration;
+
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::options::deadline_after;
+use crate::{Error, LockOptions, Result};
+
+/// A random 128-bit value that identifies one grant of a lock. Release and
+/// extend act only when the server still stores this token.
+///
+/// Shown as 32 lowercase hex digits, which is how drivers store it.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct OwnerToken(u128);
+
+impl OwnerToken {
+    /// A fresh token from the operating system's CSPRNG.
+    ///
+    /// # Errors
+    /// [`Error::Backend`] in the rare case the OS has no randomness to give.
+    pub fn random() -> Result<Self> {
+        let mut bytes = [0u8; 16];
+        getrandom::fill(&mut bytes)
+            .map_err(|e| Error::backend("dlock", "the OS random number generator failed", e))?;
+        Ok(OwnerToken(u128::from_le_bytes(bytes)))
+    }
+
+    /// The token's value.
+    pub fn as_u128(self) -> u128 {
+        self.0
+    }
+
+    /// A token with a given value, for drivers that read one back.
+    pub fn from_u128(value: u128) -> Self {
+        OwnerToken(value)
+    }
+}
+
+impl fmt::Display for OwnerToken {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:032x}", self.0)
+    }
+}
+
+impl fmt::Debug for OwnerToken {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "OwnerToken({self})")
+    }
+}
+
+impl FromStr for OwnerToken {
+    type Err = Error;
+
+    fn from_str(s: &str) -> Result<Self> {
+        if s.len() != 32 {
+            return Err(Error::invalid_option(
+                "owner token",
+                format!("expected 32 hex digits, got {s:?}"),
+            ));
+        }
+        u128::from_str_radix(s, 16)
+            .map(OwnerToken)
+            .map_err(|_| Error::invalid_option("owner token", format!("not hex: {s:?}")))
+    }
+}
+
+/// One grant of a lock: what a successful acquire returns and what release
+/// and extend need.
+///
+/// A lease is a plain value. The [`Guard`](crate::Guard) wraps one to renew
+/// it and to release it on drop; use a bare lease only when you manage its
+/// life yourself.
+#[derive(Debug, Clone)]
+pub struct Lease {
+    name: String,
+    owner: OwnerToken,
+    fencing_token: u64,
+    ttl: Option<Duration>,
+    drift: Duration,
+    valid_until: Option<Instant>,
+    handle: Option<String>,
+    lost: CancellationToken,
+}
+
+impl Lease {
+    /// A lease with a TTL, granted by a request sent at `sent`. Drivers of
+    /// TTL backends call this; the validity deadline is computed from the
+    /// options (TTL minus drift, counted from `sent`).
+    pub fn with_ttl(
+        name: impl Into<String>,
+        owner: OwnerToken,
+        fencing_token: u64,
+        opts: &LockOptions,
+        sent: Instant,
+    ) -> Self {
+        Lease {
+            name: name.into(),
+            owner,
+            fencing_token,
+            ttl: Some(opts.ttl_value()),
+            drift: opts.drift_value(),
+            valid_until: Some(opts.valid_until(sent)),
+            handle: None,
+            lost: CancellationToken::new(),
+        }
+    }
+
+    /// A lease that lives as long as a session (ZooKeeper). `lost` is
+    /// cancelled by the driver the moment the session can no longer be
+    /// trusted.
+    pub fn with_session(
+        name: impl Into<String>,
+        owner: OwnerToken,
+        fencing_token: u64,
+        lost: CancellationToken,
+    ) -> Self {
+        Lease {
+            name: name.into(),
+            owner,
+            fencing_token,
+            ttl: None,
+            drift: Duration::ZERO,
+            valid_until: None,
+            handle: None,
+            lost,
+        }
+    }
+
+    /// Attaches a driver's own datum (a znode path, say) to the lease.
+    pub fn with_handle(mut self, handle: impl Into<String>) -> Self {
+        self.handle = Some(handle.into());
+        self
+    }
+
+    /// The lock name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The owner token of this grant.
+    pub fn owner(&self) -> OwnerToken {
+        self.owner
+    }
+
+    /// The fencing token: strictly greater for every later grant of the same
+    /// name. Pass it to the protected resource, which must reject tokens
+    /// older than the newest it has seen.
+    pub fn fencing_token(&self) -> u64 {
+        self.fencing_token
+    }
+
+    /// The lease time, `None` for session leases.
+    pub fn ttl(&self) -> Option<Duration> {
+        self.ttl
+    }
+
+    /// Until when the client may trust the lease, on the monotonic clock;
+    /// `None` for session leases, which the driver's lost signal ends.
+    pub fn valid_until(&self) -> Option<Instant> {
+        self.valid_until
+    }
+
+    /// The driver's datum attached with [`Lease::with_handle`].
+    pub fn handle(&self) -> Option<&str> {
+        self.handle.as_deref()
+    }
+
+    /// Cancelled by the driver when it knows the lease is gone (session
+    /// loss); TTL leases are judged by [`Lease::valid_until`] instead.
+    pub fn lost_token(&self) -> &CancellationToken {
+        &self.lost
+    }
+
+    /// Whether the lease can still be trusted now: not past its deadline and
+    /// not reported lost by the driver.
+    pub fn is_valid(&self) -> bool {
+        !self.lost.is_cancelled() && self.valid_until.is_none_or(|t| Instant::now() < t)
+    }
+
+    /// Records a successful extension whose request was sent at `sent`.
+    pub fn extended(&mut self, sent: Instant) {
+        if let Some(ttl) = self.ttl {
+            self.valid_until = Some(deadline_after(sent, ttl - self.drift));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn owner_token_round_trips_as_hex() {
+        let t = OwnerToken::random().unwrap();
+        let s = t.to_string();
+        assert_eq!(s.len(), 32);
+        assert_eq!(s.parse::<OwnerToken>().unwrap(), t);
+        assert!("xyz".parse::<OwnerToken>().is_err());
+        assert_ne!(OwnerToken::random().unwrap(), t);
+    }
+}

@@ -1,0 +1,21 @@
+#![doc = include_str!("../README.md")]
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
+mod backend;
+mod error;
+mod guard;
+mod lease;
+mod memory;
+mod name;
+mod options;
+pub mod wait;
+
+pub use async_trait::async_trait;
+pub use backend::{Backend, Capabilities, LeaseKind, LockInfo};
+pub use error::{BoxError, Error, Result};
+pub use guard::{Guard, Locker};
+pub use lease::{Lease, OwnerToken};
+pub use memory::MemoryBackend;
+pub use name::{MAX_NAME_LEN, validate_name};
+pub use options::{LockOptions, MAX_TTL, MIN_TTL};
+pub use tokio_util::sync::CancellationToken;

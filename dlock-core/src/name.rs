@@ -1,0 +1,57 @@
+use crate::{Error, Result};
+
+/// The longest lock name, in bytes of UTF-8.
+pub const MAX_NAME_LEN: usize = 255;
+
+/// Checks that `name` is a legal lock name: 1 to [`MAX_NAME_LEN`] bytes of
+/// UTF-8 with no NUL character.
+///
+/// Every other string is legal on every backend: drivers map names to keys,
+/// paths and rows injectively, so `a/b`, `a{b}`, `Job` and `job` are four
+/// distinct locks.
+///
+/// ```
+/// assert!(dlock_core::validate_name("job:nightly-report").is_ok());
+/// assert!(dlock_core::validate_name("").is_err());
+/// ```
+pub fn validate_name(name: &str) -> Result<()> {
+    let reason = if name.is_empty() {
+        "a lock name must not be empty".to_owned()
+    } else if name.len() > MAX_NAME_LEN {
+        format!(
+            "a lock name is at most {MAX_NAME_LEN} bytes of UTF-8, this one has {}",
+            name.len()
+        )
+    } else if let Some(at) = name.find('\0') {
+        format!("a lock name must not contain NUL (found at byte {at})")
+    } else {
+        return Ok(());
+    };
+    Err(Error::InvalidName { reason })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lengths_are_counted_in_bytes() {
+        assert!(validate_name(&"é".repeat(127)).is_ok()); // 254 bytes
+        assert!(validate_name(&"x".repeat(255)).is_ok());
+        assert!(validate_name(&"é".repeat(128)).is_err()); // 256 bytes
+        assert!(validate_name(&"x".repeat(256)).is_err());
+    }
+
+    #[test]
+    fn nul_and_empty_are_refused() {
+        assert!(matches!(validate_name(""), Err(Error::InvalidName { .. })));
+        assert!(matches!(validate_name("a\0b"), Err(Error::InvalidName { .. })));
+    }
+
+    #[test]
+    fn odd_but_legal_names_pass() {
+        for name in ["a/b", "a{b}", "}x", "Job", "🔒 lock", " ", "..", "/"] {
+            assert!(validate_name(name).is_ok(), "{name:?}");
+        }
+    }
+}

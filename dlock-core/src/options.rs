@@ -1,0 +1,177 @@
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::{Error, Result};
+
+/// The shortest TTL accepted: below it the drift allowance and one round
+/// trip eat the whole lease.
+pub const MIN_TTL: Duration = Duration::from_millis(10);
+
+/// The longest TTL accepted. Long jobs keep a short TTL and let the guard
+/// renew it, so a crashed holder does not block everyone for hours.
+pub const MAX_TTL: Duration = Duration::from_secs(24 * 60 * 60);
+
+/// How a lock is acquired and held: lease time, wait bound, drift allowance,
+/// background renewal.
+///
+/// ```
+/// use std::time::Duration;
+/// let opts = dlock_core::LockOptions::new()
+///     .ttl(Duration::from_secs(10))
+///     .wait(Duration::from_secs(2));
+/// assert!(opts.validate().is_ok());
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LockOptions {
+    ttl: Duration,
+    wait: Option<Duration>,
+    drift: Option<Duration>,
+    renew: bool,
+}
+
+impl Default for LockOptions {
+    fn default() -> Self {
+        LockOptions {
+            ttl: Duration::from_secs(30),
+            wait: None,
+            drift: None,
+            renew: true,
+        }
+    }
+}
+
+impl LockOptions {
+    /// TTL 30 s, no wait bound, default drift allowance, renewal on.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The lease time on TTL backends: the server frees the lock this long
+    /// after the last grant or extension. Session backends (ZooKeeper)
+    /// ignore it: their leases live as long as the session.
+    pub fn ttl(mut self, ttl: Duration) -> Self {
+        self.ttl = ttl;
+        self
+    }
+
+    /// How long `acquire` may wait for a held lock before it gives up with
+    /// [`Error::Timeout`]. `Duration::ZERO` makes one attempt.
+    pub fn wait(mut self, wait: Duration) -> Self {
+        self.wait = Some(wait);
+        self
+    }
+
+    /// Let `acquire` wait as long as it takes (the default).
+    pub fn wait_forever(mut self) -> Self {
+        self.wait = None;
+        self
+    }
+
+    /// How much of the TTL the client gives up to cover clock drift between
+    /// client and server. Default: 1 % of the TTL plus 2 ms.
+    pub fn drift(mut self, drift: Duration) -> Self {
+        self.drift = Some(drift);
+        self
+    }
+
+    /// Whether guards renew the lease in the background (default `true`).
+    /// Without renewal a guard's lease simply ends at its TTL.
+    pub fn renew(mut self, renew: bool) -> Self {
+        self.renew = renew;
+        self
+    }
+
+    /// The lease time.
+    pub fn ttl_value(&self) -> Duration {
+        self.ttl
+    }
+
+    /// The wait bound, `None` for no bound.
+    pub fn wait_value(&self) -> Option<Duration> {
+        self.wait
+    }
+
+    /// The drift allowance in effect.
+    pub fn drift_value(&self) -> Duration {
+        self.drift
+            .unwrap_or_else(|| self.ttl / 100 + Duration::from_millis(2))
+    }
+
+    /// Whether guards renew the lease.
+    pub fn renew_value(&self) -> bool {
+        self.renew
+    }
+
+    /// Checks the options; every backend calls this before it talks to its
+    /// server.
+    pub fn validate(&self) -> Result<()> {
+        if self.ttl < MIN_TTL || self.ttl > MAX_TTL {
+            return Err(Error::invalid_option(
+                "ttl",
+                format!(
+                    "must be between {MIN_TTL:?} and {MAX_TTL:?}, got {:?}",
+                    self.ttl
+                ),
+            ));
+        }
+        if self.drift_value() >= self.ttl / 2 {
+            return Err(Error::invalid_option(
+                "drift",
+                format!(
+                    "must be less than half the TTL ({:?}), got {:?}",
+                    self.ttl / 2,
+                    self.drift_value()
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// The validity deadline of a lease granted by a request sent at
+    /// `sent`: the TTL minus the drift allowance, on the client's monotonic
+    /// clock.
+    pub fn valid_until(&self, sent: Instant) -> Instant {
+        deadline_after(sent, self.ttl - self.drift_value())
+    }
+}
+
+/// `start + d`, saturating far in the future instead of overflowing.
+pub(crate) fn deadline_after(start: Instant, d: Duration) -> Instant {
+    start
+        .checked_add(d)
+        .unwrap_or_else(|| start + Duration::from_secs(100 * 365 * 24 * 60 * 60))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bounds_are_enforced() {
+        let bad = [
+            LockOptions::new().ttl(Duration::ZERO),
+            LockOptions::new().ttl(Duration::from_millis(9)),
+            LockOptions::new().ttl(MAX_TTL + Duration::from_secs(1)),
+            LockOptions::new().drift(Duration::from_secs(15)),
+        ];
+        for opts in bad {
+            assert!(
+                matches!(opts.validate(), Err(Error::InvalidOption { .. })),
+                "{opts:?}"
+            );
+        }
+        assert!(LockOptions::new().ttl(MIN_TTL).validate().is_ok());
+        assert!(LockOptions::new().wait(Duration::MAX).validate().is_ok());
+    }
+
+    #[test]
+    fn validity_is_ttl_minus_drift() {
+        let opts = LockOptions::new().ttl(Duration::from_secs(10));
+        let now = Instant::now();
+        assert_eq!(
+            opts.valid_until(now) - now,
+            Duration::from_millis(10_000 - 100 - 2)
+        );
+    }
+}

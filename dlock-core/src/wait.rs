@@ -1,0 +1,284 @@
+//! Building blocks for drivers' wait loops: deadlines, jittered backoff,
+//! in-process wake-ups, and the loop itself.
+
+use std::collections::HashMap;
+use std::future::{Future, pending};
+use std::pin::pin;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use tokio::sync::Notify;
+use tokio::sync::futures::Notified;
+use tokio::time::{Instant, sleep};
+
+use crate::options::deadline_after;
+use crate::{Error, Lease, LockOptions, Result};
+
+/// The end of a wait bound.
+#[derive(Debug, Clone, Copy)]
+pub struct Deadline {
+    start: Instant,
+    end: Option<Instant>,
+}
+
+impl Deadline {
+    /// A deadline `wait` from now; `None` never passes.
+    pub fn after(wait: Option<Duration>) -> Self {
+        let start = Instant::now();
+        Deadline {
+            start,
+            end: wait.map(|w| deadline_after(start, w)),
+        }
+    }
+
+    /// Whether the deadline has passed.
+    pub fn is_past(&self) -> bool {
+        self.end.is_some_and(|end| Instant::now() >= end)
+    }
+
+    /// Time since the wait began.
+    pub fn elapsed(&self) -> Duration {
+        self.start.elapsed()
+    }
+
+    /// `delay`, shortened so that a sleep of it ends by the deadline.
+    pub fn cap(&self, delay: Duration) -> Duration {
+        match self.end {
+            Some(end) => delay.min(end.saturating_duration_since(Instant::now())),
+            None => delay,
+        }
+    }
+
+    /// The [`Error::Timeout`] for a wait on `name` that ends now.
+    pub fn timeout_error(&self, name: &str) -> Error {
+        Error::Timeout {
+            name: name.to_owned(),
+            waited: self.elapsed(),
+        }
+    }
+}
+
+/// `d` scaled by a random factor in `[0.5, 1.0]`, so that clients that
+/// collided once do not collide again on every retry.
+pub fn jitter(d: Duration) -> Duration {
+    d.mul_f64(0.5 + fastrand::f64() / 2.0)
+}
+
+/// Exponential backoff with jitter ("equal jitter"): each delay is drawn from
+/// the upper half of a range that doubles up to a cap.
+#[derive(Debug, Clone)]
+pub struct Backoff {
+    min: Duration,
+    max: Duration,
+    current: Duration,
+}
+
+impl Backoff {
+    /// Delays start near `min` and double up to `max`.
+    pub fn new(min: Duration, max: Duration) -> Self {
+        let max = max.max(min);
+        Backoff {
+            min,
+            max,
+            current: min,
+        }
+    }
+
+    /// The next delay.
+    pub fn next_delay(&mut self) -> Duration {
+        let d = jitter(self.current);
+        self.current = (self.current * 2).min(self.max);
+        d
+    }
+
+    /// Start again from the smallest delay.
+    pub fn reset(&mut self) {
+        self.current = self.min;
+    }
+}
+
+/// In-process wake-ups per lock name: drivers call [`Wakeups::wake`] when
+/// they release a lock or hear of a release (a pub/sub message, a watch),
+/// and their wait loops sleep on a [`Waiter`].
+#[derive(Debug, Default)]
+pub struct Wakeups {
+    names: Mutex<HashMap<String, (Arc<Notify>, usize)>>,
+}
+
+impl Wakeups {
+    /// An empty hub.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Registers interest in `name` until the returned waiter is dropped.
+    pub fn register(&self, name: &str) -> Waiter<'_> {
+        let mut names = self.names.lock().unwrap_or_else(PoisonError::into_inner);
+        let entry = names
+            .entry(name.to_owned())
+            .or_insert_with(|| (Arc::new(Notify::new()), 0));
+        entry.1 += 1;
+        Waiter {
+            hub: self,
+            name: name.to_owned(),
+            notify: entry.0.clone(),
+            first: entry.1 == 1,
+        }
+    }
+
+    /// Wakes every waiter of `name` in this process.
+    pub fn wake(&self, name: &str) {
+        let names = self.names.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some((notify, _)) = names.get(name) {
+            notify.notify_waiters();
+        }
+    }
+
+    /// Wakes every waiter of every name: for drivers that lost their
+    /// notification channel and cannot tell which releases they missed.
+    pub fn wake_all(&self) {
+        let names = self.names.lock().unwrap_or_else(PoisonError::into_inner);
+        for (notify, _) in names.values() {
+            notify.notify_waiters();
+        }
+    }
+
+    /// The names that have waiters now.
+    pub fn names(&self) -> Vec<String> {
+        let names = self.names.lock().unwrap_or_else(PoisonError::into_inner);
+        names.keys().cloned().collect()
+    }
+}
+
+/// Interest in one name's wake-ups; see [`Wakeups::register`].
+#[derive(Debug)]
+pub struct Waiter<'a> {
+    hub: &'a Wakeups,
+    name: String,
+    notify: Arc<Notify>,
+    first: bool,
+}
+
+impl Waiter<'_> {
+    /// A future that completes on the next wake-up of this name. It hears
+    /// every wake-up from the moment it is created, before it is polled, so
+    /// create it *before* the attempt whose failure makes you wait.
+    pub fn notified(&self) -> Notified<'_> {
+        self.notify.notified()
+    }
+
+    /// Whether this was the only waiter of its name when it registered:
+    /// drivers subscribe to a server-side channel then.
+    pub fn is_first(&self) -> bool {
+        self.first
+    }
+
+    /// The name waited for.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+}
+
+impl Drop for Waiter<'_> {
+    fn drop(&mut self) {
+        let mut names = self.hub.names.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(entry) = names.get_mut(&self.name) {
+            entry.1 -= 1;
+            if entry.1 == 0 {
+                names.remove(&self.name);
+            }
+        }
+    }
+}
+
+/// What one acquire attempt found.
+#[derive(Debug)]
+pub enum Attempt {
+    /// The lock was granted.
+    Acquired(Lease),
+    /// The lock is held; `expires_in` is the holder's remaining lease when
+    /// the backend knows it, so the waiter can look again when it ends.
+    Held {
+        /// The holder's remaining lease.
+        expires_in: Option<Duration>,
+    },
+}
+
+/// The wait loop every driver shares: attempt, and while the lock is held,
+/// sleep until a wake-up, the holder's expiry, or the next jittered backoff
+/// step, whichever is first, never past the wait bound.
+///
+/// The wake-up future is created before each attempt, so a release that
+/// lands between a failed attempt and the sleep is not missed.
+pub async fn wait_for_lock<F, Fut>(
+    name: &str,
+    opts: &LockOptions,
+    wakeups: Option<&Wakeups>,
+    mut backoff: Backoff,
+    mut attempt: F,
+) -> Result<Lease>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<Attempt>>,
+{
+    let deadline = Deadline::after(opts.wait_value());
+    let waiter = wakeups.map(|w| w.register(name));
+    loop {
+        let mut notified = pin!(waiter.as_ref().map(Waiter::notified));
+        let expires_in = match attempt().await? {
+            Attempt::Acquired(lease) => return Ok(lease),
+            Attempt::Held { expires_in } => expires_in,
+        };
+        if deadline.is_past() {
+            return Err(deadline.timeout_error(name));
+        }
+        let mut delay = backoff.next_delay();
+        if let Some(left) = expires_in {
+            // Expiry notifies nobody: look again just after it, with a little
+            // jitter so that a crowd of waiters does not arrive at once.
+            delay = delay.min(left + jitter(Duration::from_millis(4)));
+        }
+        let woken = async {
+            match notified.as_mut().as_pin_mut() {
+                Some(n) => n.await,
+                None => pending().await,
+            }
+        };
+        tokio::select! {
+            () = sleep(deadline.cap(delay)) => {}
+            () = woken => backoff.reset(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_doubles_within_jitter_and_caps() {
+        let mut b = Backoff::new(Duration::from_millis(10), Duration::from_millis(40));
+        let d: Vec<_> = (0..5).map(|_| b.next_delay()).collect();
+        let within = |d: Duration, hi: u64| {
+            d >= Duration::from_millis(hi) / 2 && d <= Duration::from_millis(hi)
+        };
+        assert!(within(d[0], 10) && within(d[1], 20) && within(d[2], 40));
+        assert!(within(d[3], 40) && within(d[4], 40));
+        b.reset();
+        assert!(within(b.next_delay(), 10));
+    }
+
+    #[tokio::test]
+    async fn a_wakeup_before_the_wait_is_not_missed() {
+        let hub = Wakeups::new();
+        let waiter = hub.register("x");
+        assert!(waiter.is_first());
+        let notified = waiter.notified();
+        hub.wake("x");
+        tokio::time::timeout(Duration::from_secs(1), notified)
+            .await
+            .expect("the wake-up was lost");
+        drop(waiter);
+        assert!(hub.names().is_empty());
+    }
+}

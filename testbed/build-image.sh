@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# Builds the local test image that the container harness and the benchmark
+# start Redis, MariaDB and ZooKeeper from. Prints the image reference.
+#
+# The tag is a hash of this folder's contents, so an unchanged testbed reuses
+# the image already built and any edit here gives a new one.
+#
+# Without a registry (the usual case on our machines) the root filesystem is
+# made by mmdebstrap from this machine's own apt sources and turned into an
+# image with `docker import`. With DLOCK_IMAGE_FROM_REGISTRY=1 the same
+# packages are installed by the Dockerfile on debian:bookworm-slim instead.
+set -euo pipefail
+
+here=$(cd "$(dirname "$0")" && pwd)
+hash=$(cd "$here" && cat build-image.sh Dockerfile packages.txt bin/* | sha256sum | cut -c1-12)
+image="dlock-testbed:$hash"
+
+if docker image inspect "$image" >/dev/null 2>&1; then
+  echo "$image"
+  exit 0
+fi
+
+packages=$(grep -v '^#' "$here/packages.txt" | xargs | tr ' ' ',')
+
+if [ "${DLOCK_IMAGE_FROM_REGISTRY:-0}" = 1 ]; then
+  docker build -q -t "$image" "$here" >&2
+  echo "$image"
+  exit 0
+fi
+
+command -v mmdebstrap >/dev/null || {
+  echo "build-image.sh: mmdebstrap is missing: apt-get install -y mmdebstrap" >&2
+  exit 1
+}
+
+# Only the sources apt itself uses on this machine (enabled files), so no
+# mirror is ever named in the repository.
+sources() {
+  [ -f /etc/apt/sources.list ] && grep -E '^\s*deb\s' /etc/apt/sources.list || true
+  for f in /etc/apt/sources.list.d/*.list; do
+    [ -f "$f" ] && grep -E '^\s*deb\s' "$f" | grep -E '\sbookworm(-[a-z]+)?\s' || true
+  done
+  for f in /etc/apt/sources.list.d/*.sources; do
+    [ -f "$f" ] && grep -q '^Suites:.*bookworm' "$f" && { cat "$f"; echo; } || true
+  done
+}
+
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+
+sources | mmdebstrap --quiet --variant=minbase --include="$packages" \
+  --customize-hook="copy-in $here/bin/dlock-redis $here/bin/dlock-mariadb $here/bin/dlock-zookeeper /usr/local/bin/" \
+  --customize-hook='chmod 755 "$1"/usr/local/bin/dlock-redis "$1"/usr/local/bin/dlock-mariadb "$1"/usr/local/bin/dlock-zookeeper' \
+  --customize-hook='rm -rf "$1"/var/cache/apt/archives/*.deb "$1"/var/lib/apt/lists/*' \
+  bookworm "$work/rootfs.tar" - >&2
+
+docker import "$work/rootfs.tar" "$image" >/dev/null
+echo "$image"
