@@ -1,0 +1,441 @@
+//! The cases of the suite: one public async fn per rule of the contract.
+//!
+//! Each case takes a backend, uses fresh random lock names, panics with a
+//! message naming the broken rule when the backend breaks it, and skips
+//! itself, saying so, when the backend lacks the capability the rule needs.
+//! The list of cases grows with releases; it is not a semver promise.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use dlock_core::{
+    Backend, Error, Guard, Lease, LeaseKind, LockOptions, Locker, OwnerToken, validate_name,
+};
+use tokio::time::{Instant, sleep};
+
+/// A lock name no other test or run uses: `<case>-<random hex>`.
+pub fn unique_name(case: &str) -> String {
+    format!("{case}-{:016x}", fastrand::u64(..))
+}
+
+/// Options for cases that hold locks for a long time: a TTL far longer
+/// than any case, so that only a release can free the lock.
+fn long() -> LockOptions {
+    LockOptions::new().ttl(Duration::from_secs(60))
+}
+
+/// A short TTL, for cases that let leases expire.
+const SHORT_TTL: Duration = Duration::from_millis(400);
+
+fn short() -> LockOptions {
+    LockOptions::new().ttl(SHORT_TTL)
+}
+
+fn needs_ttl(backend: &dyn Backend, case: &str) -> bool {
+    let ok = backend.capabilities().lease == LeaseKind::Ttl;
+    if !ok {
+        eprintln!("{case}: not applicable: the backend has session leases, not TTLs");
+    }
+    ok
+}
+
+fn needs_fencing(backend: &dyn Backend, case: &str) -> bool {
+    let ok = backend.capabilities().fencing;
+    if !ok {
+        eprintln!("{case}: not applicable: the backend has no fencing tokens");
+    }
+    ok
+}
+
+async fn must_acquire(backend: &dyn Backend, name: &str, opts: &LockOptions) -> Lease {
+    match backend.try_acquire(name, opts).await {
+        Ok(Some(lease)) => lease,
+        Ok(None) => panic!("try_acquire({name:?}) found the lock held, expected it free"),
+        Err(e) => panic!("try_acquire({name:?}) failed: {e}"),
+    }
+}
+
+async fn assert_held(backend: &dyn Backend, name: &str, why: &str) {
+    match backend.try_acquire(name, &long()).await {
+        Ok(None) => {}
+        Ok(Some(_)) => panic!("{name:?} was granted twice: {why}"),
+        Err(e) => panic!("try_acquire({name:?}) failed: {e}"),
+    }
+}
+
+fn assert_not_held<T: std::fmt::Debug>(result: dlock_core::Result<T>, what: &str) {
+    match result {
+        Err(Error::NotHeld { .. }) => {}
+        other => panic!("{what}: expected Error::NotHeld, got {other:?}"),
+    }
+}
+
+/// A lease for `name` that the server never granted: what a client that
+/// guessed or forged a lease holds.
+fn foreign_lease(name: &str) -> Lease {
+    let owner = OwnerToken::random().expect("the OS has randomness");
+    Lease::with_ttl(name, owner, 1, &long(), Instant::now())
+}
+
+/// Acquire, see the holder through `inspect`, release, and see it free.
+pub async fn acquire_then_release(backend: &Arc<dyn Backend>) {
+    let name = unique_name("acquire_then_release");
+    let lease = must_acquire(backend.as_ref(), &name, &long()).await;
+    assert_eq!(lease.name(), name);
+    assert!(lease.is_valid(), "a fresh lease is valid");
+    let info = backend
+        .inspect(&name)
+        .await
+        .expect("inspect")
+        .expect("inspect shows the holder");
+    assert_eq!(info.owner, lease.owner(), "inspect reports the holder's token");
+    if backend.capabilities().fencing {
+        assert_eq!(info.fencing_token, lease.fencing_token());
+    }
+    backend.release(&lease).await.expect("release");
+    assert!(
+        backend.inspect(&name).await.expect("inspect").is_none(),
+        "the lock is free after release"
+    );
+    let again = must_acquire(backend.as_ref(), &name, &long()).await;
+    backend.release(&again).await.expect("release");
+}
+
+/// `try_acquire` on a held lock returns `None` and leaves the holder alone.
+pub async fn try_acquire_when_held_is_none(backend: &Arc<dyn Backend>) {
+    let name = unique_name("try_acquire_when_held_is_none");
+    let lease = must_acquire(backend.as_ref(), &name, &long()).await;
+    assert_held(backend.as_ref(), &name, "try_acquire while held").await;
+    backend
+        .release(&lease)
+        .await
+        .expect("the holder can still release");
+}
+
+/// Releasing twice: the second release is "not held".
+pub async fn release_twice_is_not_held(backend: &Arc<dyn Backend>) {
+    let name = unique_name("release_twice_is_not_held");
+    let lease = must_acquire(backend.as_ref(), &name, &long()).await;
+    backend.release(&lease).await.expect("first release");
+    assert_not_held(backend.release(&lease).await, "second release");
+}
+
+/// A stale lease (released, then the lock granted again) can neither
+/// release nor extend the new holder's lock.
+pub async fn stale_lease_cannot_touch_new_holder(backend: &Arc<dyn Backend>) {
+    let name = unique_name("stale_lease_cannot_touch_new_holder");
+    let mut stale = must_acquire(backend.as_ref(), &name, &long()).await;
+    backend.release(&stale).await.expect("release");
+    let holder = must_acquire(backend.as_ref(), &name, &long()).await;
+    assert_not_held(backend.release(&stale).await, "release by a stale lease");
+    assert_not_held(backend.extend(&mut stale).await, "extend by a stale lease");
+    assert_held(backend.as_ref(), &name, "a stale lease freed the new holder's lock").await;
+    let info = backend.inspect(&name).await.expect("inspect").expect("held");
+    assert_eq!(info.owner, holder.owner(), "the holder is unchanged");
+    backend.release(&holder).await.expect("the holder releases");
+}
+
+/// A lease the server never granted can neither release nor extend.
+pub async fn foreign_lease_is_not_held(backend: &Arc<dyn Backend>) {
+    let name = unique_name("foreign_lease_is_not_held");
+    let holder = must_acquire(backend.as_ref(), &name, &long()).await;
+    let mut forged = foreign_lease(&name);
+    assert_not_held(backend.release(&forged).await, "release by a foreign lease");
+    assert_not_held(backend.extend(&mut forged).await, "extend by a foreign lease");
+    assert_held(backend.as_ref(), &name, "a foreign lease freed the lock").await;
+    backend.release(&holder).await.expect("the holder releases");
+    // And on a name nobody holds.
+    let free = foreign_lease(&unique_name("foreign_lease_is_not_held"));
+    assert_not_held(backend.release(&free).await, "release of a free lock");
+}
+
+/// A TTL lease that is not extended expires on the server, and another
+/// client can take the lock over.
+pub async fn expiry_then_takeover(backend: &Arc<dyn Backend>) {
+    if !needs_ttl(backend.as_ref(), "expiry_then_takeover") {
+        return;
+    }
+    let name = unique_name("expiry_then_takeover");
+    let first = must_acquire(backend.as_ref(), &name, &short()).await;
+    let deadline = first.valid_until().expect("TTL leases have a deadline");
+    assert!(
+        deadline <= Instant::now() + SHORT_TTL,
+        "validity is counted from before the request"
+    );
+    sleep(SHORT_TTL + Duration::from_millis(200)).await;
+    assert!(!first.is_valid(), "the lease is invalid after its TTL");
+    let second = must_acquire(backend.as_ref(), &name, &long()).await;
+    if backend.capabilities().fencing {
+        assert!(
+            second.fencing_token() > first.fencing_token(),
+            "takeover must carry a greater fencing token ({} then {})",
+            first.fencing_token(),
+            second.fencing_token()
+        );
+    }
+    backend.release(&second).await.expect("release");
+}
+
+/// After expiry and takeover, the first holder's release and extend are
+/// "not held" and the new holder keeps the lock.
+pub async fn release_after_expiry_is_not_held(backend: &Arc<dyn Backend>) {
+    if !needs_ttl(backend.as_ref(), "release_after_expiry_is_not_held") {
+        return;
+    }
+    let name = unique_name("release_after_expiry_is_not_held");
+    let mut first = must_acquire(backend.as_ref(), &name, &short()).await;
+    sleep(SHORT_TTL + Duration::from_millis(200)).await;
+    // Not taken over yet: the expired lease still must not come back to life.
+    assert_not_held(backend.extend(&mut first).await, "extend after expiry");
+    let second = must_acquire(backend.as_ref(), &name, &long()).await;
+    assert_not_held(backend.release(&first).await, "release after takeover");
+    assert_not_held(backend.extend(&mut first).await, "extend after takeover");
+    assert_held(backend.as_ref(), &name, "the expired holder freed the new holder's lock").await;
+    backend.release(&second).await.expect("the new holder releases");
+}
+
+/// Extending a lease keeps the lock past its original TTL and moves its
+/// validity deadline. For session leases extend is a no-op that succeeds.
+pub async fn extend_keeps_the_lock(backend: &Arc<dyn Backend>) {
+    let name = unique_name("extend_keeps_the_lock");
+    let mut lease = must_acquire(backend.as_ref(), &name, &short()).await;
+    for _ in 0..4 {
+        sleep(SHORT_TTL / 3).await;
+        let before = lease.valid_until();
+        backend.extend(&mut lease).await.expect("extend while held");
+        if let (Some(before), Some(after)) = (before, lease.valid_until()) {
+            assert!(after > before, "extend moves the validity deadline");
+        }
+    }
+    // 4/3 of the TTL has passed since the grant.
+    assert!(lease.is_valid(), "the extended lease is valid");
+    assert_held(backend.as_ref(), &name, "an extended lock expired").await;
+    backend.release(&lease).await.expect("release");
+}
+
+/// Fencing tokens strictly increase over successive grants of one name.
+pub async fn fencing_increases_across_grants(backend: &Arc<dyn Backend>) {
+    if !needs_fencing(backend.as_ref(), "fencing_increases_across_grants") {
+        return;
+    }
+    let name = unique_name("fencing_increases_across_grants");
+    let mut last = 0;
+    for i in 0..5 {
+        let lease = must_acquire(backend.as_ref(), &name, &long()).await;
+        assert!(
+            lease.fencing_token() > last,
+            "grant {i}: fencing token {} is not greater than {last}",
+            lease.fencing_token()
+        );
+        last = lease.fencing_token();
+        backend.release(&lease).await.expect("release");
+    }
+}
+
+/// `acquire` on a held lock gives `Error::Timeout` once the wait bound has
+/// passed, and not long after; a zero bound makes one attempt.
+pub async fn acquire_times_out_within_wait_bound(backend: &Arc<dyn Backend>) {
+    let name = unique_name("acquire_times_out_within_wait_bound");
+    let holder = must_acquire(backend.as_ref(), &name, &long()).await;
+    for wait in [Duration::ZERO, Duration::from_millis(300)] {
+        let started = Instant::now();
+        let result = backend.acquire(&name, &long().wait(wait)).await;
+        let took = started.elapsed();
+        assert!(
+            matches!(result, Err(Error::Timeout { .. })),
+            "acquire with wait {wait:?} on a held lock: expected Timeout, got {result:?}"
+        );
+        assert!(took >= wait, "gave up after {took:?}, before the {wait:?} bound");
+        // The bound plus one round trip; generous for a loaded CI machine.
+        assert!(
+            took < wait + Duration::from_secs(2),
+            "acquire with wait {wait:?} took {took:?}"
+        );
+    }
+    backend.release(&holder).await.expect("release");
+}
+
+/// A waiter gets the lock soon after the holder releases it, long before
+/// the holder's TTL would have freed it.
+pub async fn waiter_acquires_after_release(backend: &Arc<dyn Backend>) {
+    let name = unique_name("waiter_acquires_after_release");
+    let holder = must_acquire(backend.as_ref(), &name, &long()).await;
+    let waiter = {
+        let backend = backend.clone();
+        let name = name.clone();
+        tokio::spawn(async move {
+            let lease = backend
+                .acquire(&name, &long().wait(Duration::from_secs(30)))
+                .await;
+            (lease, Instant::now())
+        })
+    };
+    sleep(Duration::from_millis(300)).await;
+    assert!(!waiter.is_finished(), "the waiter got a held lock");
+    let released = Instant::now();
+    backend.release(&holder).await.expect("release");
+    let (lease, granted) = waiter.await.expect("waiter task");
+    let lease = lease.expect("the waiter acquires after release");
+    let after = granted - released;
+    assert!(
+        after < Duration::from_secs(5),
+        "the waiter took {after:?} after the release"
+    );
+    backend.release(&lease).await.expect("release");
+}
+
+/// Names that are easy to map onto one key by mistake are distinct locks.
+pub async fn tricky_names_are_distinct(backend: &Arc<dyn Backend>) {
+    let id = format!("{:08x}", fastrand::u32(..));
+    let mut names: Vec<String> = [
+        "a/b", "a%2Fb", "a_b", "a{b}", "{a}b", "}x", "{", "}", "Job", "job", "JOB", "🔒 lock",
+        "with space", "with  space", ".", "..", "/", "//", "a:b", "a\\b", "é", "e\u{301}",
+        "tab\tx", "line\nx", "*", "?",
+    ]
+    .iter()
+    .map(|n| format!("{n}{id}"))
+    .collect();
+    names.push(format!("{}{id}", "x".repeat(255 - id.len())));
+    names.push(format!("{}{id}", "é".repeat((255 - id.len()) / 2)));
+    for n in &names {
+        validate_name(n).expect("test names are legal");
+    }
+    let mut unique = names.clone();
+    unique.sort();
+    unique.dedup();
+    assert_eq!(unique.len(), names.len(), "the test's names repeat");
+    let mut leases = Vec::new();
+    for n in &names {
+        let lease = backend
+            .try_acquire(n, &long())
+            .await
+            .unwrap_or_else(|e| panic!("try_acquire({n:?}) failed: {e}"))
+            .unwrap_or_else(|| panic!("{n:?} was held already: it shares a key with another name"));
+        leases.push(lease);
+    }
+    for (n, lease) in names.iter().zip(&leases) {
+        let info = backend.inspect(n).await.expect("inspect").expect("held");
+        assert_eq!(info.owner, lease.owner(), "{n:?} reports another name's holder");
+    }
+    for lease in &leases {
+        backend.release(lease).await.expect("release");
+    }
+}
+
+/// Illegal names give `Error::InvalidName` from every operation.
+pub async fn invalid_names_are_rejected(backend: &Arc<dyn Backend>) {
+    for name in [String::new(), "x".repeat(256), "a\0b".to_owned(), "é".repeat(128)] {
+        let shown = format!("{:?}", name.chars().take(12).collect::<String>());
+        let r = backend.try_acquire(&name, &long()).await;
+        assert!(matches!(r, Err(Error::InvalidName { .. })), "try_acquire({shown}): {r:?}");
+        let r = backend.acquire(&name, &long().wait(Duration::ZERO)).await;
+        assert!(matches!(r, Err(Error::InvalidName { .. })), "acquire({shown}): {r:?}");
+        let r = backend.inspect(&name).await;
+        assert!(matches!(r, Err(Error::InvalidName { .. })), "inspect({shown}): {r:?}");
+    }
+}
+
+/// Out-of-range options give `Error::InvalidOption`.
+pub async fn invalid_options_are_rejected(backend: &Arc<dyn Backend>) {
+    let name = unique_name("invalid_options_are_rejected");
+    for opts in [
+        LockOptions::new().ttl(Duration::ZERO),
+        LockOptions::new().ttl(Duration::from_secs(400 * 24 * 3600)),
+        LockOptions::new().ttl(Duration::from_secs(1)).drift(Duration::from_secs(1)),
+    ] {
+        let r = backend.try_acquire(&name, &opts).await;
+        assert!(matches!(r, Err(Error::InvalidOption { .. })), "{opts:?}: {r:?}");
+        let r = backend.acquire(&name, &opts).await;
+        assert!(matches!(r, Err(Error::InvalidOption { .. })), "{opts:?}: {r:?}");
+    }
+    assert!(
+        backend.inspect(&name).await.expect("inspect").is_none(),
+        "a refused acquire took the lock"
+    );
+}
+
+/// A guard renews its lease in the background, so it outlives its TTL.
+pub async fn guard_renews_past_ttl(backend: &Arc<dyn Backend>) {
+    if !needs_ttl(backend.as_ref(), "guard_renews_past_ttl") {
+        return;
+    }
+    let name = unique_name("guard_renews_past_ttl");
+    let locker = Locker::from_arc(backend.clone());
+    let guard = locker
+        .try_acquire(&name, &short())
+        .await
+        .expect("try_acquire")
+        .expect("free");
+    sleep(SHORT_TTL * 3).await;
+    assert!(guard.is_valid(), "the renewed guard is valid after 3 TTLs");
+    assert_held(backend.as_ref(), &name, "a renewed guard's lock expired").await;
+    guard.release().await.expect("release");
+}
+
+/// Without renewal a guard's `lost()` resolves when its lease runs out.
+pub async fn guard_lost_fires_at_expiry(backend: &Arc<dyn Backend>) {
+    if !needs_ttl(backend.as_ref(), "guard_lost_fires_at_expiry") {
+        return;
+    }
+    let name = unique_name("guard_lost_fires_at_expiry");
+    let locker = Locker::from_arc(backend.clone());
+    let guard = locker
+        .try_acquire(&name, &short().renew(false))
+        .await
+        .expect("try_acquire")
+        .expect("free");
+    let started = Instant::now();
+    tokio::time::timeout(SHORT_TTL * 3, guard.lost())
+        .await
+        .expect("lost() resolves when the lease runs out");
+    assert!(
+        started.elapsed() < SHORT_TTL,
+        "lost() must fire before the server's TTL ends"
+    );
+    assert!(!guard.is_valid(), "a lost guard is invalid");
+    drop(guard);
+}
+
+/// Dropping a guard releases the lock in the background, long before its TTL.
+pub async fn guard_drop_releases(backend: &Arc<dyn Backend>) {
+    let name = unique_name("guard_drop_releases");
+    let locker = Locker::from_arc(backend.clone());
+    let guard: Guard = locker
+        .try_acquire(&name, &long())
+        .await
+        .expect("try_acquire")
+        .expect("free");
+    drop(guard);
+    let started = Instant::now();
+    loop {
+        if backend.inspect(&name).await.expect("inspect").is_none() {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "the dropped guard's lock is still held"
+        );
+        sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// `with_lock` runs the closure while holding the lock and releases after.
+pub async fn with_lock_runs_under_the_lock(backend: &Arc<dyn Backend>) {
+    let name = unique_name("with_lock_runs_under_the_lock");
+    let locker = Locker::from_arc(backend.clone());
+    let value = locker
+        .with_lock(&name, &long(), async |guard| {
+            assert!(guard.is_valid());
+            backend.try_acquire(&name, &long()).await
+        })
+        .await
+        .expect("with_lock");
+    assert!(
+        matches!(value, Ok(None)),
+        "the lock must be held inside with_lock, got {value:?}"
+    );
+    assert!(
+        backend.inspect(&name).await.expect("inspect").is_none(),
+        "with_lock releases when the closure ends"
+    );
+}

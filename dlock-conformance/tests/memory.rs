@@ -1,0 +1,11 @@
+//! The whole suite against the in-memory reference driver: no Docker needed.
+
+use std::sync::Arc;
+
+use dlock_core::{Backend, MemoryBackend};
+
+async fn memory() -> Arc<dyn Backend> {
+    Arc::new(MemoryBackend::new())
+}
+
+dlock_conformance::conformance_tests!(memory);
