@@ -5,7 +5,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use tokio::time::Instant;
 
-use crate::wait::{Attempt, Backoff, Wakeups, wait_for_lock};
+use crate::wait::{Attempt, Backoff, Deadline, Wakeups, wait_for_lock};
 use crate::{
     Backend, Capabilities, Error, Lease, LeaseKind, LockInfo, LockOptions, OwnerToken, Result,
     validate_name,
@@ -128,7 +128,8 @@ impl Backend for MemoryBackend {
         validate_name(name)?;
         opts.validate()?;
         let backoff = Backoff::new(Duration::from_millis(50), Duration::from_secs(1));
-        wait_for_lock(name, opts, Some(&self.inner.wakeups), backoff, || async {
+        let deadline = Deadline::after(opts.wait_value());
+        wait_for_lock(name, deadline, Some(&self.inner.wakeups), backoff, || async {
             self.attempt(name, opts)
         })
         .await

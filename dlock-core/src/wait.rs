@@ -12,7 +12,7 @@ use tokio::sync::futures::Notified;
 use tokio::time::{Instant, sleep};
 
 use crate::options::deadline_after;
-use crate::{Error, Lease, LockOptions, Result};
+use crate::{Error, Lease, Result};
 
 /// The end of a wait bound.
 #[derive(Debug, Clone, Copy)]
@@ -209,10 +209,12 @@ pub enum Attempt {
 /// step, whichever is first, never past the wait bound.
 ///
 /// The wake-up future is created before each attempt, so a release that
-/// lands between a failed attempt and the sleep is not missed.
+/// lands between a failed attempt and the sleep is not missed. The deadline
+/// is the caller's, usually `Deadline::after(opts.wait_value())` taken
+/// before any request of the acquire.
 pub async fn wait_for_lock<F, Fut>(
     name: &str,
-    opts: &LockOptions,
+    deadline: Deadline,
     wakeups: Option<&Wakeups>,
     mut backoff: Backoff,
     mut attempt: F,
@@ -221,7 +223,6 @@ where
     F: FnMut() -> Fut,
     Fut: Future<Output = Result<Attempt>>,
 {
-    let deadline = Deadline::after(opts.wait_value());
     let waiter = wakeups.map(|w| w.register(name));
     loop {
         let mut notified = pin!(waiter.as_ref().map(Waiter::notified));

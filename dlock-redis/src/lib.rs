@@ -1,1 +1,12 @@
-//! placeholder
+#![doc = include_str!("../README.md")]
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
+mod backend;
+mod keys;
+mod notify;
+mod scripts;
+
+pub use backend::{RedisBackend, RedisBuilder};
+/// The redis client crate this driver is built on, so that callers use the
+/// same version.
+pub use redis;

@@ -1,0 +1,375 @@
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use dlock_core::wait::{Attempt, Backoff, Deadline, wait_for_lock};
+use dlock_core::{
+    Backend, Capabilities, Error, Lease, LeaseKind, LockInfo, LockOptions, OwnerToken, Result,
+    async_trait, validate_name,
+};
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::{IntoConnectionInfo, ProtocolVersion, RedisError};
+use tokio::time::Instant;
+
+use crate::keys::{Keys, keys, validate_prefix};
+use crate::notify::Notifications;
+use crate::scripts::{ACQUIRE, EXTEND, FENCE_RETENTION_MS, INSPECT, RELEASE};
+
+const NAME: &str = "redis";
+
+/// A Redis lock backend. Cheap to clone; clones share connections.
+///
+/// Needs Redis 6 or later (RESP3 for the pub/sub connection). See the crate
+/// docs for the key layout.
+#[derive(Clone)]
+pub struct RedisBackend {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    conn: ConnectionManager,
+    prefix: String,
+    max_poll: Duration,
+    notifications: Notifications,
+}
+
+impl fmt::Debug for RedisBackend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisBackend")
+            .field("prefix", &self.inner.prefix)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Settings for [`RedisBackend`]; start from [`RedisBackend::builder`].
+#[derive(Debug, Clone)]
+pub struct RedisBuilder {
+    url: String,
+    prefix: String,
+    response_timeout: Duration,
+    connection_timeout: Duration,
+    max_poll: Duration,
+}
+
+impl RedisBuilder {
+    /// The longest a waiter sleeps between attempts when no release message
+    /// arrives (default 1 s). Release messages and the holder's expiry wake
+    /// it sooner; this poll only covers lost messages.
+    pub fn max_poll_interval(mut self, interval: Duration) -> Self {
+        self.max_poll = interval;
+        self
+    }
+
+    /// The prefix of every key (default `dlock`); it must not contain braces.
+    pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.prefix = prefix.into();
+        self
+    }
+
+    /// How long to wait for a reply before the request counts as failed
+    /// (default 1 s). An acquire whose reply times out may still have taken
+    /// the lock: the driver then releases it by its owner token, and its TTL
+    /// frees it in any case.
+    pub fn response_timeout(mut self, timeout: Duration) -> Self {
+        self.response_timeout = timeout;
+        self
+    }
+
+    /// How long to wait for a connection (default 2 s).
+    pub fn connection_timeout(mut self, timeout: Duration) -> Self {
+        self.connection_timeout = timeout;
+        self
+    }
+
+    /// Connects: one connection for commands, one for release notifications.
+    ///
+    /// # Errors
+    /// [`Error::InvalidOption`] for a malformed URL or prefix,
+    /// [`Error::Connection`] when the server cannot be reached,
+    /// [`Error::Backend`] when it refuses us (wrong password, say).
+    pub async fn connect(self) -> Result<RedisBackend> {
+        validate_prefix(&self.prefix)?;
+        let info = self
+            .url
+            .as_str()
+            .into_connection_info()
+            .map_err(|e| Error::invalid_option("url", format!("not a Redis URL: {e}")))?;
+        let settings = info.redis_settings().clone().set_protocol(ProtocolVersion::RESP3);
+        let push_info = info.clone().set_redis_settings(settings);
+        let client = redis::Client::open(info).map_err(|e| bad_url(&e))?;
+        let push_client = redis::Client::open(push_info).map_err(|e| bad_url(&e))?;
+
+        let config = ConnectionManagerConfig::new()
+            .set_response_timeout(Some(self.response_timeout))
+            .set_connection_timeout(Some(self.connection_timeout))
+            .set_number_of_retries(2);
+        let conn = ConnectionManager::new_with_config(client, config.clone())
+            .await
+            .map_err(|e| redis_error(e, "connect"))?;
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        let push_conn = ConnectionManager::new_with_config(
+            push_client,
+            config.set_push_sender(tx).set_automatic_resubscription(),
+        )
+        .await
+        .map_err(|e| redis_error(e, "connect for notifications"))?;
+        Ok(RedisBackend {
+            inner: Arc::new(Inner {
+                conn,
+                prefix: self.prefix,
+                max_poll: self.max_poll,
+                notifications: Notifications::start(push_conn, rx),
+            }),
+        })
+    }
+}
+
+fn bad_url(e: &RedisError) -> Error {
+    Error::invalid_option("url", e.to_string())
+}
+
+/// Maps a client error: transport trouble is a connection error (the
+/// request may or may not have run), anything the server said is a backend
+/// error.
+fn redis_error(e: RedisError, doing: &str) -> Error {
+    if e.kind() == redis::ErrorKind::AuthenticationFailed {
+        return Error::backend(NAME, format!("{doing}: authentication failed"), e);
+    }
+    if e.is_io_error()
+        || e.is_timeout()
+        || e.is_connection_dropped()
+        || e.is_connection_refusal()
+        || e.is_unrecoverable_error()
+    {
+        Error::connection(NAME, doing, e)
+    } else {
+        Error::backend(NAME, doing, e)
+    }
+}
+
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+fn malformed(what: &str, reply: impl fmt::Debug) -> Error {
+    Error::Backend {
+        backend: NAME,
+        message: format!("unexpected reply to {what}: {reply:?}"),
+        source: None,
+    }
+}
+
+impl RedisBackend {
+    /// Connects with default settings.
+    ///
+    /// URLs: `redis://[user:password@]host[:port][/db]`, `rediss://…` for
+    /// TLS (with the `tls` feature), `redis+unix:///path`.
+    pub async fn connect(url: &str) -> Result<Self> {
+        Self::builder(url).connect().await
+    }
+
+    /// Settings, starting from a URL.
+    pub fn builder(url: impl Into<String>) -> RedisBuilder {
+        RedisBuilder {
+            url: url.into(),
+            prefix: "dlock".to_owned(),
+            response_timeout: Duration::from_secs(1),
+            connection_timeout: Duration::from_secs(2),
+            max_poll: Duration::from_secs(1),
+        }
+    }
+
+    /// The key prefix.
+    pub fn prefix(&self) -> &str {
+        &self.inner.prefix
+    }
+
+    /// The command connection, for callers that want to look at the keys.
+    pub fn connection(&self) -> ConnectionManager {
+        self.inner.conn.clone()
+    }
+
+    fn keys(&self, name: &str) -> Keys {
+        keys(&self.inner.prefix, name)
+    }
+
+    async fn attempt(&self, name: &str, keys: &Keys, opts: &LockOptions) -> Result<Attempt> {
+        let owner = OwnerToken::random()?;
+        let sent = Instant::now();
+        // Armed until the reply is in: if the request fails or this future is
+        // dropped mid-flight, the script may still run and take the lock for
+        // a caller who never hears of it, so release it by its token.
+        let mut cleanup = Cleanup {
+            backend: Some(self.clone()),
+            lock: keys.lock.clone(),
+            owner,
+        };
+        let reply: (i64, String) = ACQUIRE
+            .key(&keys.lock)
+            .key(&keys.fence)
+            .arg(owner.to_string())
+            .arg(millis(opts.ttl_value()))
+            .arg(FENCE_RETENTION_MS)
+            .invoke_async(&mut self.inner.conn.clone())
+            .await
+            .map_err(|e| redis_error(e, "acquire"))?;
+        let attempt = match reply {
+            (1, fence) => {
+                let fence = fence.parse().map_err(|_| malformed("acquire", &fence))?;
+                Attempt::Acquired(Lease::with_ttl(name, owner, fence, opts, sent))
+            }
+            (0, pttl) => Attempt::Held {
+                expires_in: pttl
+                    .parse::<u64>()
+                    .ok()
+                    .map(Duration::from_millis),
+            },
+            other => return Err(malformed("acquire", other)),
+        };
+        cleanup.backend = None;
+        Ok(attempt)
+    }
+}
+
+/// Releases an acquire whose outcome is unknown.
+struct Cleanup {
+    backend: Option<RedisBackend>,
+    lock: String,
+    owner: OwnerToken,
+}
+
+impl Drop for Cleanup {
+    fn drop(&mut self) {
+        let (Some(backend), Ok(rt)) = (self.backend.take(), tokio::runtime::Handle::try_current())
+        else {
+            return;
+        };
+        let lock = std::mem::take(&mut self.lock);
+        let owner = self.owner.to_string();
+        rt.spawn(async move {
+            // No channel or name: nobody can be waiting on a grant nobody saw.
+            let done: redis::RedisResult<i64> = RELEASE
+                .key(&lock)
+                .arg(owner)
+                .arg("")
+                .arg("")
+                .invoke_async(&mut backend.inner.conn.clone())
+                .await;
+            tracing::debug!(%lock, ?done, "released an acquire of unknown outcome");
+        });
+    }
+}
+
+#[async_trait]
+impl Backend for RedisBackend {
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            lease: LeaseKind::Ttl,
+            fencing: true,
+            fencing_survives_restart: true,
+            notify: true,
+            fifo: false,
+            distributed: true,
+        }
+    }
+
+    async fn try_acquire(&self, name: &str, opts: &LockOptions) -> Result<Option<Lease>> {
+        validate_name(name)?;
+        opts.validate()?;
+        Ok(match self.attempt(name, &self.keys(name), opts).await? {
+            Attempt::Acquired(lease) => Some(lease),
+            Attempt::Held { .. } => None,
+        })
+    }
+
+    async fn acquire(&self, name: &str, opts: &LockOptions) -> Result<Lease> {
+        validate_name(name)?;
+        opts.validate()?;
+        let deadline = Deadline::after(opts.wait_value());
+        let keys = self.keys(name);
+        // The uncontended case costs one round trip: subscribe only once the
+        // lock turns out to be held.
+        if let Attempt::Acquired(lease) = self.attempt(name, &keys, opts).await? {
+            return Ok(lease);
+        }
+        if deadline.is_past() {
+            return Err(deadline.timeout_error(name));
+        }
+        let notifications = &self.inner.notifications;
+        let _interest = notifications.interest(&keys.channel).await;
+        let max_poll = self.inner.max_poll;
+        let backoff = Backoff::new(max_poll.min(Duration::from_millis(100)), max_poll);
+        wait_for_lock(name, deadline, Some(&notifications.wakeups), backoff, || {
+            self.attempt(name, &keys, opts)
+        })
+        .await
+    }
+
+    async fn release(&self, lease: &Lease) -> Result<()> {
+        let keys = self.keys(lease.name());
+        let released: i64 = RELEASE
+            .key(&keys.lock)
+            .arg(lease.owner().to_string())
+            .arg(&keys.channel)
+            .arg(lease.name())
+            .invoke_async(&mut self.inner.conn.clone())
+            .await
+            .map_err(|e| redis_error(e, "release"))?;
+        if released != 1 {
+            return Err(Error::NotHeld {
+                name: lease.name().to_owned(),
+            });
+        }
+        // Waiters in this process need not wait for the message to come back.
+        self.inner.notifications.wakeups.wake(lease.name());
+        Ok(())
+    }
+
+    async fn extend(&self, lease: &mut Lease) -> Result<()> {
+        let keys = self.keys(lease.name());
+        let ttl = lease.ttl().unwrap_or_default();
+        let sent = Instant::now();
+        let extended: i64 = EXTEND
+            .key(&keys.lock)
+            .key(&keys.fence)
+            .arg(lease.owner().to_string())
+            .arg(millis(ttl))
+            .arg(FENCE_RETENTION_MS)
+            .invoke_async(&mut self.inner.conn.clone())
+            .await
+            .map_err(|e| redis_error(e, "extend"))?;
+        if extended != 1 {
+            return Err(Error::NotHeld {
+                name: lease.name().to_owned(),
+            });
+        }
+        lease.extended(sent);
+        Ok(())
+    }
+
+    async fn inspect(&self, name: &str) -> Result<Option<LockInfo>> {
+        validate_name(name)?;
+        let keys = self.keys(name);
+        let reply: Vec<String> = INSPECT
+            .key(&keys.lock)
+            .key(&keys.fence)
+            .invoke_async(&mut self.inner.conn.clone())
+            .await
+            .map_err(|e| redis_error(e, "inspect"))?;
+        let [owner, pttl, fence] = reply.as_slice() else {
+            return if reply.is_empty() {
+                Ok(None)
+            } else {
+                Err(malformed("inspect", reply))
+            };
+        };
+        let owner = owner
+            .parse()
+            .map_err(|_| malformed("inspect (owner)", owner))?;
+        let fence = fence
+            .parse()
+            .map_err(|_| malformed("inspect (fence)", fence))?;
+        let expires_in = pttl.parse::<u64>().ok().map(Duration::from_millis);
+        Ok(Some(LockInfo::new(owner, fence, expires_in)))
+    }
+}

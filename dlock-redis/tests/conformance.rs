@@ -1,0 +1,14 @@
+//! The whole conformance suite against a real Redis in a container.
+
+use std::sync::Arc;
+
+use dlock_conformance::harness::{Service, shared};
+use dlock_core::Backend;
+use dlock_redis::RedisBackend;
+
+async fn redis() -> Arc<dyn Backend> {
+    let server = shared(Service::Redis).await;
+    Arc::new(RedisBackend::connect(server.url()).await.expect("connect to the test Redis"))
+}
+
+dlock_conformance::conformance_tests!(redis);

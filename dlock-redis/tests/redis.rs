@@ -1,0 +1,210 @@
+//! Redis-specific behaviour: key layout, fencing across a restart without
+//! persistence, script reload, wake-up by pub/sub, configuration errors.
+
+use std::time::Duration;
+
+use dlock_conformance::cases::unique_name;
+use dlock_conformance::harness::{Service, ServerOptions, shared, start, wait_ready};
+use dlock_core::{Backend, Error, LockOptions};
+use dlock_redis::RedisBackend;
+use dlock_redis::redis::{self, AsyncCommands};
+use tokio::time::Instant;
+
+fn opts() -> LockOptions {
+    LockOptions::new().ttl(Duration::from_secs(30))
+}
+
+async fn backend() -> RedisBackend {
+    RedisBackend::connect(shared(Service::Redis).await.url())
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn keys_follow_the_documented_layout() {
+    let b = backend().await;
+    let name = format!("}}layout/{}", unique_name("x"));
+    let lease = b.try_acquire(&name, &opts()).await.unwrap().unwrap();
+    let escaped = name.replace('%', "%25").replace('}', "%7D");
+    let lock_key = format!("dlock:{{{escaped}}}");
+    let mut conn = b.connection();
+    let value: String = conn.get(&lock_key).await.unwrap();
+    assert_eq!(value, lease.owner().to_string());
+    let pttl: i64 = conn.pttl(&lock_key).await.unwrap();
+    assert!(pttl > 29_000 && pttl <= 30_000, "{pttl}");
+    let fence: u64 = conn.get(format!("{lock_key}:fence")).await.unwrap();
+    assert_eq!(fence, lease.fencing_token());
+    b.release(&lease).await.unwrap();
+    let gone: Option<String> = conn.get(&lock_key).await.unwrap();
+    assert_eq!(gone, None);
+}
+
+#[tokio::test]
+async fn prefixes_keep_lock_spaces_apart() {
+    let url = shared(Service::Redis).await.url();
+    let a = RedisBackend::builder(url).prefix("app-a").connect().await.unwrap();
+    let b = RedisBackend::builder(url).prefix("app-b").connect().await.unwrap();
+    let name = unique_name("prefixes");
+    let la = a.try_acquire(&name, &opts()).await.unwrap().unwrap();
+    let lb = b.try_acquire(&name, &opts()).await.unwrap().unwrap();
+    a.release(&la).await.unwrap();
+    b.release(&lb).await.unwrap();
+    let bad = RedisBackend::builder(url).prefix("a{b}").connect().await;
+    assert!(matches!(bad, Err(Error::InvalidOption { option: "prefix", .. })));
+}
+
+#[tokio::test]
+async fn fencing_survives_a_restart_without_persistence() {
+    let server = start(
+        Service::Redis,
+        ServerOptions {
+            fixed_port: true,
+            ..ServerOptions::default()
+        },
+    )
+    .await;
+    let b = RedisBackend::connect(server.url()).await.unwrap();
+    let name = unique_name("restart");
+    let mut last = 0;
+    for _ in 0..3 {
+        let lease = b.try_acquire(&name, &opts()).await.unwrap().unwrap();
+        last = lease.fencing_token();
+        b.release(&lease).await.unwrap();
+    }
+    let container = server.container().unwrap();
+    container.stop().await.unwrap();
+    container.start().await.unwrap();
+    wait_ready(Service::Redis, server.url()).await.unwrap();
+    // The first request meets the broken connection; the manager reconnects.
+    let started = Instant::now();
+    let lease = loop {
+        match b.try_acquire(&name, &opts()).await {
+            Ok(lease) => break lease.expect("the restarted server has no locks"),
+            Err(e) if e.is_retryable() && started.elapsed() < Duration::from_secs(10) => {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            Err(e) => panic!("no reconnect after the restart: {e}"),
+        }
+    };
+    // The data was lost with the restart, counter included.
+    let mut conn = b.connection();
+    let keys: Vec<String> = redis::cmd("KEYS").arg("*").query_async(&mut conn).await.unwrap();
+    assert_eq!(keys.len(), 2, "only the new lock and its counter: {keys:?}");
+    assert!(
+        lease.fencing_token() > last,
+        "after a restart the token went from {last} to {}",
+        lease.fencing_token()
+    );
+}
+
+#[tokio::test]
+async fn scripts_are_reloaded_after_script_flush() {
+    let b = backend().await;
+    let name = unique_name("flush");
+    let lease = b.try_acquire(&name, &opts()).await.unwrap().unwrap();
+    let mut conn = b.connection();
+    let () = redis::cmd("SCRIPT").arg("FLUSH").query_async(&mut conn).await.unwrap();
+    b.release(&lease).await.unwrap();
+    let () = redis::cmd("SCRIPT").arg("FLUSH").query_async(&mut conn).await.unwrap();
+    let lease = b.try_acquire(&name, &opts()).await.unwrap().unwrap();
+    b.release(&lease).await.unwrap();
+}
+
+/// With the fallback poll set to a minute, a waiter that gets the lock within
+/// seconds of the release was woken by the release message.
+#[tokio::test]
+async fn a_release_wakes_a_waiter_in_another_process() {
+    let url = shared(Service::Redis).await.url();
+    let holder = RedisBackend::connect(url).await.unwrap();
+    let waiter = RedisBackend::builder(url)
+        .max_poll_interval(Duration::from_secs(60))
+        .connect()
+        .await
+        .unwrap();
+    let name = unique_name("wake");
+    let lease = holder.try_acquire(&name, &opts()).await.unwrap().unwrap();
+    let task = {
+        let name = name.clone();
+        tokio::spawn(async move {
+            let lease = waiter
+                .acquire(&name, &opts().wait(Duration::from_secs(50)))
+                .await;
+            (lease, Instant::now(), waiter)
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(!task.is_finished());
+    let released = Instant::now();
+    holder.release(&lease).await.unwrap();
+    let (granted, at, waiter) = task.await.unwrap();
+    let granted = granted.expect("the waiter gets the lock");
+    assert!(
+        at - released < Duration::from_secs(10),
+        "the waiter polled instead of being woken ({:?})",
+        at - released
+    );
+    waiter.release(&granted).await.unwrap();
+}
+
+#[tokio::test]
+async fn malformed_url_is_an_invalid_option() {
+    for url in ["not a url", "http://127.0.0.1:6379", "redis://:99999999"] {
+        let r = RedisBackend::connect(url).await;
+        assert!(
+            matches!(r, Err(Error::InvalidOption { option: "url", .. })),
+            "{url}: {r:?}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn refused_connection_is_a_connection_error() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let r = RedisBackend::connect(&format!("redis://127.0.0.1:{port}")).await;
+    match r {
+        Err(e @ Error::Connection { .. }) => assert!(e.is_retryable()),
+        other => panic!("expected a connection error, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn wrong_password_is_a_backend_error() {
+    let server = shared(Service::Redis).await;
+    let mut conn = backend().await.connection();
+    let user = unique_name("user");
+    let () = redis::cmd("ACL")
+        .arg(&["SETUSER", &user, "on", ">right", "~*", "&*", "+@all"][..])
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let url = |pw: &str| server.url().replace("redis://", &format!("redis://{user}:{pw}@"));
+    let r = RedisBackend::connect(&url("wrong")).await;
+    match r {
+        Err(e @ Error::Backend { .. }) => {
+            assert!(e.to_string().contains("authentication"), "{e}");
+            assert!(!e.is_retryable());
+        }
+        other => panic!("expected an authentication error, got {other:?}"),
+    }
+    let ok = RedisBackend::connect(&url("right")).await.unwrap();
+    let name = unique_name("acl");
+    let lease = ok.try_acquire(&name, &opts()).await.unwrap().unwrap();
+    ok.release(&lease).await.unwrap();
+}
+
+#[tokio::test]
+async fn a_server_that_is_down_gives_errors_not_grants() {
+    let server = start(Service::Redis, ServerOptions::default()).await;
+    let b = RedisBackend::connect(server.url()).await.unwrap();
+    let name = unique_name("down");
+    let lease = b.try_acquire(&name, &opts()).await.unwrap().unwrap();
+    server.container().unwrap().stop().await.unwrap();
+    let r = b.try_acquire(&unique_name("down"), &opts()).await;
+    assert!(matches!(r, Err(Error::Connection { .. })), "{r:?}");
+    let r = b.release(&lease).await;
+    assert!(matches!(r, Err(Error::Connection { .. })), "{r:?}");
+}
