@@ -295,6 +295,8 @@ pub async fn tricky_names_are_distinct(backend: &Arc<dyn Backend>) {
     .iter()
     .map(|n| format!("{n}{id}"))
     .collect();
+    // SQL's PAD SPACE collations compare these equal to `pad<id>`.
+    names.extend([format!("pad{id}"), format!("pad{id} "), format!("pad{id}  ")]);
     names.push(format!("{}{id}", "x".repeat(255 - id.len())));
     names.push(format!("{}{id}", "é".repeat((255 - id.len()) / 2)));
     for n in &names {

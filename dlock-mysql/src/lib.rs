@@ -1,1 +1,10 @@
-//! placeholder
+#![doc = include_str!("../README.md")]
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
+mod backend;
+mod sql;
+
+pub use backend::{MySqlBackend, MySqlBuilder};
+/// The sqlx crate this driver is built on, so that callers use the same
+/// version.
+pub use sqlx;

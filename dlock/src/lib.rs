@@ -1,1 +1,100 @@
-//! placeholder
+#![doc = include_str!("../README.md")]
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
+pub use dlock_core::{
+    Backend, Capabilities, Error, Guard, Lease, LeaseKind, LockInfo, LockOptions, Locker,
+    MemoryBackend, OwnerToken, Result, validate_name, wait,
+};
+
+/// The Redis driver.
+#[cfg(feature = "redis")]
+#[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
+pub use dlock_redis as redis;
+
+/// Connects to the lock service a URL names, picking the driver by scheme:
+///
+/// | scheme | driver | feature |
+/// |---|---|---|
+/// | `redis://`, `rediss://`, `redis+unix://` | Redis | `redis` (`redis-tls` for `rediss`) |
+/// | `memory://` | in-process, a fresh lock space per call | none |
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> dlock::Result<()> {
+/// let locker = dlock::connect("memory://").await?;
+/// let guard = locker.acquire("job:nightly", &dlock::LockOptions::new()).await?;
+/// guard.release().await?;
+/// # Ok(())
+/// # }
+/// ```
+///
+/// # Errors
+/// [`Error::InvalidOption`] for an unknown scheme, or one whose driver's
+/// feature is off (the message names the feature); otherwise whatever the
+/// driver's connect gives.
+pub async fn connect(url: &str) -> Result<Locker> {
+    let Some((scheme, _)) = url.split_once("://") else {
+        return Err(Error::invalid_option(
+            "url",
+            // Not echoed: the URL may carry a password.
+            "the URL has no scheme; expected e.g. redis://host:6379",
+        ));
+    };
+    match scheme.to_ascii_lowercase().as_str() {
+        "memory" => Ok(Locker::new(MemoryBackend::new())),
+        "redis" | "rediss" | "redis+unix" => connect_redis(url).await,
+        other => Err(Error::invalid_option(
+            "url",
+            format!("unknown scheme `{other}`; expected redis, rediss or memory"),
+        )),
+    }
+}
+
+#[cfg(feature = "redis")]
+async fn connect_redis(url: &str) -> Result<Locker> {
+    Ok(Locker::new(dlock_redis::RedisBackend::connect(url).await?))
+}
+
+#[cfg(not(feature = "redis"))]
+async fn connect_redis(_url: &str) -> Result<Locker> {
+    Err(feature_off("redis", "redis"))
+}
+
+#[allow(dead_code)] // unused when every driver is enabled
+fn feature_off(scheme: &str, feature: &str) -> Error {
+    Error::invalid_option(
+        "url",
+        format!("`{scheme}://` needs the `{feature}` feature of dlock: dlock = {{ features = [\"{feature}\"] }}"),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn memory_urls_connect() {
+        let locker = connect("memory://").await.unwrap();
+        let guard = locker
+            .try_acquire("x", &LockOptions::new())
+            .await
+            .unwrap()
+            .unwrap();
+        guard.release().await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn unknown_and_missing_schemes_are_invalid() {
+        for url in ["ftp://host", "no-scheme", "user:secret@host"] {
+            let e = connect(url).await.unwrap_err();
+            assert!(matches!(e, Error::InvalidOption { option: "url", .. }), "{e}");
+            assert!(!e.to_string().contains("secret"), "{e}");
+        }
+    }
+
+    #[test]
+    fn a_disabled_driver_names_its_feature() {
+        let e = feature_off("zk", "zookeeper").to_string();
+        assert!(e.contains("`zookeeper` feature"), "{e}");
+    }
+}

@@ -1,0 +1,118 @@
+//! The statements, written once per table name.
+
+use dlock_core::{Error, Result};
+use sqlx::{AssertSqlSafe, SqlSafeStr, SqlStr};
+
+/// A table name that is safe to splice into SQL: a plain identifier.
+pub(crate) fn validate_table(name: &str) -> Result<()> {
+    let mut chars = name.chars();
+    let ok = name.len() <= 64
+        && chars
+            .next()
+            .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '$');
+    if ok {
+        Ok(())
+    } else {
+        Err(Error::invalid_option(
+            "table",
+            format!(
+                "must be 1 to 64 ASCII letters, digits, `_` or `$`, not starting with a digit; got {name:?}"
+            ),
+        ))
+    }
+}
+
+/// Every statement the driver runs, for one table.
+#[derive(Debug)]
+pub(crate) struct Statements {
+    pub create: SqlStr,
+    pub acquire: SqlStr,
+    pub remaining: SqlStr,
+    pub release: SqlStr,
+    pub extend: SqlStr,
+    pub inspect: SqlStr,
+}
+
+/// `table` has passed [`validate_table`]: a plain identifier, quoted.
+fn safe(sql: String) -> SqlStr {
+    AssertSqlSafe(sql).into_sql_str()
+}
+
+impl Statements {
+    /// `table` must have passed [`validate_table`].
+    pub fn new(table: &str) -> Self {
+        // The database's clock decides expiry, never the client's. UTC so
+        // that the session time zone cannot shift it.
+        const NOW: &str = "UTC_TIMESTAMP(6)";
+        Statements {
+            // `name` is VARBINARY: compared byte for byte. A `utf8mb4_bin`
+            // VARCHAR would be PAD SPACE, making `a` and `a ` one lock.
+            create: safe(format!(
+                "CREATE TABLE IF NOT EXISTS `{table}` (
+                    name VARBINARY(255) NOT NULL PRIMARY KEY,
+                    owner CHAR(32) CHARACTER SET ascii NOT NULL,
+                    version BIGINT UNSIGNED NOT NULL,
+                    expires_at DATETIME(6) NOT NULL,
+                    acquired_at DATETIME(6) NOT NULL,
+                    holder VARCHAR(255) NOT NULL
+                ) ENGINE=InnoDB"
+            )),
+            // One statement, race-free: the row lock taken by the insert or
+            // the duplicate-key update orders concurrent acquirers. The
+            // update only fires on an expired or released row. The statement
+            // reports its outcome through LAST_INSERT_ID(expr), whose last
+            // value lands in the OK packet: 1 for a new row, version + 1 for
+            // a takeover, and 0 when the lock is held. The held branch must
+            // set 0 itself, because the VALUES row (and its
+            // LAST_INSERT_ID(1)) is evaluated before the duplicate key is
+            // found. MySQL applies
+            // the assignments left to right, so `expires_at`, which the
+            // conditions read, goes last. Parameters are bound twice instead
+            // of using VALUES() (deprecated in MySQL 8) or `AS new` (not in
+            // MariaDB).
+            acquire: safe(format!(
+                "INSERT INTO `{table}` (name, owner, version, expires_at, acquired_at, holder)
+                 VALUES (?, ?, LAST_INSERT_ID(1), {NOW} + INTERVAL ? MICROSECOND, {NOW}, ?)
+                 ON DUPLICATE KEY UPDATE
+                   owner = IF(expires_at <= {NOW}, ?, owner),
+                   version = IF(expires_at <= {NOW}, LAST_INSERT_ID(version + 1), version + LAST_INSERT_ID(0)),
+                   acquired_at = IF(expires_at <= {NOW}, {NOW}, acquired_at),
+                   holder = IF(expires_at <= {NOW}, ?, holder),
+                   expires_at = IF(expires_at <= {NOW}, {NOW} + INTERVAL ? MICROSECOND, expires_at)"
+            )),
+            remaining: safe(format!(
+                "SELECT GREATEST(TIMESTAMPDIFF(MICROSECOND, {NOW}, expires_at), 0)
+                 FROM `{table}` WHERE name = ?"
+            )),
+            // The row stays, so the version keeps counting up.
+            release: safe(format!(
+                "UPDATE `{table}` SET owner = '', expires_at = {NOW}
+                 WHERE name = ? AND owner = ? AND expires_at > {NOW}"
+            )),
+            extend: safe(format!(
+                "UPDATE `{table}` SET expires_at = {NOW} + INTERVAL ? MICROSECOND
+                 WHERE name = ? AND owner = ? AND expires_at > {NOW}"
+            )),
+            inspect: safe(format!(
+                "SELECT owner, version, TIMESTAMPDIFF(MICROSECOND, {NOW}, expires_at)
+                 FROM `{table}` WHERE name = ? AND expires_at > {NOW}"
+            )),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn table_names_are_identifiers() {
+        for ok in ["dlock_locks", "_t", "Locks$2", &"x".repeat(64)] {
+            assert!(validate_table(ok).is_ok(), "{ok}");
+        }
+        for bad in ["", "1abc", "a-b", "a`b", "a b", "t; DROP TABLE x", "schema.t", &"x".repeat(65)] {
+            assert!(validate_table(bad).is_err(), "{bad}");
+        }
+    }
+}

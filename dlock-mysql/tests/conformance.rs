@@ -1,0 +1,18 @@
+//! The whole conformance suite against a real MariaDB in a container.
+
+use std::sync::Arc;
+
+use dlock_conformance::harness::{Service, shared};
+use dlock_core::Backend;
+use dlock_mysql::MySqlBackend;
+
+async fn mariadb() -> Arc<dyn Backend> {
+    let server = shared(Service::MariaDb).await;
+    let backend = MySqlBackend::connect(server.url())
+        .await
+        .expect("connect to the test MariaDB");
+    backend.migrate().await.expect("migrate");
+    Arc::new(backend)
+}
+
+dlock_conformance::conformance_tests!(mariadb);
