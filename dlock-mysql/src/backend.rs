@@ -85,6 +85,13 @@ impl MySqlBuilder {
         if self.max_connections == 0 {
             return Err(Error::invalid_option("max_connections", "must be at least 1"));
         }
+        let scheme = self.url.split_once("://").map(|(s, _)| s.to_ascii_lowercase());
+        if !matches!(scheme.as_deref(), Some("mysql" | "mariadb")) {
+            return Err(Error::invalid_option(
+                "url",
+                "expected mysql://user:password@host:port/database",
+            ));
+        }
         let options = MySqlConnectOptions::from_str(&self.url)
             .map_err(|e| Error::invalid_option("url", format!("not a MySQL URL: {e}")))?;
         let pool = MySqlPoolOptions::new()
