@@ -88,7 +88,11 @@ pub async fn acquire_then_release(backend: &Arc<dyn Backend>) {
         .await
         .expect("inspect")
         .expect("inspect shows the holder");
-    assert_eq!(info.owner, lease.owner(), "inspect reports the holder's token");
+    assert_eq!(
+        info.owner,
+        lease.owner(),
+        "inspect reports the holder's token"
+    );
     if backend.capabilities().fencing {
         assert_eq!(info.fencing_token, lease.fencing_token());
     }
@@ -129,8 +133,17 @@ pub async fn stale_lease_cannot_touch_new_holder(backend: &Arc<dyn Backend>) {
     let holder = must_acquire(backend.as_ref(), &name, &long()).await;
     assert_not_held(backend.release(&stale).await, "release by a stale lease");
     assert_not_held(backend.extend(&mut stale).await, "extend by a stale lease");
-    assert_held(backend.as_ref(), &name, "a stale lease freed the new holder's lock").await;
-    let info = backend.inspect(&name).await.expect("inspect").expect("held");
+    assert_held(
+        backend.as_ref(),
+        &name,
+        "a stale lease freed the new holder's lock",
+    )
+    .await;
+    let info = backend
+        .inspect(&name)
+        .await
+        .expect("inspect")
+        .expect("held");
     assert_eq!(info.owner, holder.owner(), "the holder is unchanged");
     backend.release(&holder).await.expect("the holder releases");
 }
@@ -141,7 +154,10 @@ pub async fn foreign_lease_is_not_held(backend: &Arc<dyn Backend>) {
     let holder = must_acquire(backend.as_ref(), &name, &long()).await;
     let mut forged = foreign_lease(&name);
     assert_not_held(backend.release(&forged).await, "release by a foreign lease");
-    assert_not_held(backend.extend(&mut forged).await, "extend by a foreign lease");
+    assert_not_held(
+        backend.extend(&mut forged).await,
+        "extend by a foreign lease",
+    );
     assert_held(backend.as_ref(), &name, "a foreign lease freed the lock").await;
     backend.release(&holder).await.expect("the holder releases");
     // And on a name nobody holds.
@@ -190,8 +206,16 @@ pub async fn release_after_expiry_is_not_held(backend: &Arc<dyn Backend>) {
     let second = must_acquire(backend.as_ref(), &name, &long()).await;
     assert_not_held(backend.release(&first).await, "release after takeover");
     assert_not_held(backend.extend(&mut first).await, "extend after takeover");
-    assert_held(backend.as_ref(), &name, "the expired holder freed the new holder's lock").await;
-    backend.release(&second).await.expect("the new holder releases");
+    assert_held(
+        backend.as_ref(),
+        &name,
+        "the expired holder freed the new holder's lock",
+    )
+    .await;
+    backend
+        .release(&second)
+        .await
+        .expect("the new holder releases");
 }
 
 /// Extending a lease keeps the lock past its original TTL and moves its
@@ -245,7 +269,10 @@ pub async fn acquire_times_out_within_wait_bound(backend: &Arc<dyn Backend>) {
             matches!(result, Err(Error::Timeout { .. })),
             "acquire with wait {wait:?} on a held lock: expected Timeout, got {result:?}"
         );
-        assert!(took >= wait, "gave up after {took:?}, before the {wait:?} bound");
+        assert!(
+            took >= wait,
+            "gave up after {took:?}, before the {wait:?} bound"
+        );
         // The bound plus one round trip; generous for a loaded CI machine.
         assert!(
             took < wait + Duration::from_secs(2),
@@ -288,15 +315,42 @@ pub async fn waiter_acquires_after_release(backend: &Arc<dyn Backend>) {
 pub async fn tricky_names_are_distinct(backend: &Arc<dyn Backend>) {
     let id = format!("{:08x}", fastrand::u32(..));
     let mut names: Vec<String> = [
-        "a/b", "a%2Fb", "a_b", "a{b}", "{a}b", "}x", "{", "}", "Job", "job", "JOB", "🔒 lock",
-        "with space", "with  space", ".", "..", "/", "//", "a:b", "a\\b", "é", "e\u{301}",
-        "tab\tx", "line\nx", "*", "?",
+        "a/b",
+        "a%2Fb",
+        "a_b",
+        "a{b}",
+        "{a}b",
+        "}x",
+        "{",
+        "}",
+        "Job",
+        "job",
+        "JOB",
+        "🔒 lock",
+        "with space",
+        "with  space",
+        ".",
+        "..",
+        "/",
+        "//",
+        "a:b",
+        "a\\b",
+        "é",
+        "e\u{301}",
+        "tab\tx",
+        "line\nx",
+        "*",
+        "?",
     ]
     .iter()
     .map(|n| format!("{n}{id}"))
     .collect();
     // SQL's PAD SPACE collations compare these equal to `pad<id>`.
-    names.extend([format!("pad{id}"), format!("pad{id} "), format!("pad{id}  ")]);
+    names.extend([
+        format!("pad{id}"),
+        format!("pad{id} "),
+        format!("pad{id}  "),
+    ]);
     names.push(format!("{}{id}", "x".repeat(255 - id.len())));
     names.push(format!("{}{id}", "é".repeat((255 - id.len()) / 2)));
     for n in &names {
@@ -317,7 +371,11 @@ pub async fn tricky_names_are_distinct(backend: &Arc<dyn Backend>) {
     }
     for (n, lease) in names.iter().zip(&leases) {
         let info = backend.inspect(n).await.expect("inspect").expect("held");
-        assert_eq!(info.owner, lease.owner(), "{n:?} reports another name's holder");
+        assert_eq!(
+            info.owner,
+            lease.owner(),
+            "{n:?} reports another name's holder"
+        );
     }
     for lease in &leases {
         backend.release(lease).await.expect("release");
@@ -326,14 +384,28 @@ pub async fn tricky_names_are_distinct(backend: &Arc<dyn Backend>) {
 
 /// Illegal names give `Error::InvalidName` from every operation.
 pub async fn invalid_names_are_rejected(backend: &Arc<dyn Backend>) {
-    for name in [String::new(), "x".repeat(256), "a\0b".to_owned(), "é".repeat(128)] {
+    for name in [
+        String::new(),
+        "x".repeat(256),
+        "a\0b".to_owned(),
+        "é".repeat(128),
+    ] {
         let shown = format!("{:?}", name.chars().take(12).collect::<String>());
         let r = backend.try_acquire(&name, &long()).await;
-        assert!(matches!(r, Err(Error::InvalidName { .. })), "try_acquire({shown}): {r:?}");
+        assert!(
+            matches!(r, Err(Error::InvalidName { .. })),
+            "try_acquire({shown}): {r:?}"
+        );
         let r = backend.acquire(&name, &long().wait(Duration::ZERO)).await;
-        assert!(matches!(r, Err(Error::InvalidName { .. })), "acquire({shown}): {r:?}");
+        assert!(
+            matches!(r, Err(Error::InvalidName { .. })),
+            "acquire({shown}): {r:?}"
+        );
         let r = backend.inspect(&name).await;
-        assert!(matches!(r, Err(Error::InvalidName { .. })), "inspect({shown}): {r:?}");
+        assert!(
+            matches!(r, Err(Error::InvalidName { .. })),
+            "inspect({shown}): {r:?}"
+        );
     }
 }
 
@@ -343,12 +415,20 @@ pub async fn invalid_options_are_rejected(backend: &Arc<dyn Backend>) {
     for opts in [
         LockOptions::new().ttl(Duration::ZERO),
         LockOptions::new().ttl(Duration::from_secs(400 * 24 * 3600)),
-        LockOptions::new().ttl(Duration::from_secs(1)).drift(Duration::from_secs(1)),
+        LockOptions::new()
+            .ttl(Duration::from_secs(1))
+            .drift(Duration::from_secs(1)),
     ] {
         let r = backend.try_acquire(&name, &opts).await;
-        assert!(matches!(r, Err(Error::InvalidOption { .. })), "{opts:?}: {r:?}");
+        assert!(
+            matches!(r, Err(Error::InvalidOption { .. })),
+            "{opts:?}: {r:?}"
+        );
         let r = backend.acquire(&name, &opts).await;
-        assert!(matches!(r, Err(Error::InvalidOption { .. })), "{opts:?}: {r:?}");
+        assert!(
+            matches!(r, Err(Error::InvalidOption { .. })),
+            "{opts:?}: {r:?}"
+        );
     }
     assert!(
         backend.inspect(&name).await.expect("inspect").is_none(),

@@ -250,7 +250,9 @@ fn test_image() -> Result<String, String> {
         }
         let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../testbed/build-image.sh");
         let out = Command::new("bash").arg(script).output().map_err(|e| {
-            format!("dlock harness: cannot run {script}: {e}; set DLOCK_TEST_IMAGE or {README_STEP}")
+            format!(
+                "dlock harness: cannot run {script}: {e}; set DLOCK_TEST_IMAGE or {README_STEP}"
+            )
         })?;
         if !out.status.success() {
             return Err(format!(
@@ -323,10 +325,7 @@ async fn probe_zookeeper(connect: &str) -> Result<(), String> {
     let mut stream = tokio::net::TcpStream::connect(addr)
         .await
         .map_err(|e| e.to_string())?;
-    stream
-        .write_all(b"srvr")
-        .await
-        .map_err(|e| e.to_string())?;
+    stream.write_all(b"srvr").await.map_err(|e| e.to_string())?;
     let mut reply = String::new();
     stream
         .read_to_string(&mut reply)

@@ -1,5 +1,7 @@
 //! The harness really starts each server from the test image and talks to it.
 
+#![allow(clippy::unwrap_used)] // tests panic on purpose
+
 use dlock_conformance::harness::{Service, shared};
 use zookeeper_client as zk;
 

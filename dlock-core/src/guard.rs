@@ -127,7 +127,9 @@ impl Guard {
                 }
                 // No runtime to renew on: the lease runs out at its TTL, and
                 // `is_valid` still judges it by its deadline.
-                Err(_) => tracing::warn!(name = lease.name(), "no tokio runtime: lease not renewed"),
+                Err(_) => {
+                    tracing::warn!(name = lease.name(), "no tokio runtime: lease not renewed")
+                }
             }
         }
         Guard {
@@ -208,7 +210,10 @@ impl Drop for Guard {
                 });
             }
             Err(_) => {
-                tracing::debug!(name = self.lease.name(), "guard dropped outside a runtime: lock left to expire")
+                tracing::debug!(
+                    name = self.lease.name(),
+                    "guard dropped outside a runtime: lock left to expire"
+                )
             }
         }
     }
@@ -235,14 +240,21 @@ impl Watchdog {
             let Some(deadline) = self.lease.valid_until() else {
                 return;
             };
-            let wake = if self.renew { next.min(deadline) } else { deadline };
+            let wake = if self.renew {
+                next.min(deadline)
+            } else {
+                deadline
+            };
             tokio::select! {
                 () = self.stop.cancelled() => return,
                 () = self.lost.cancelled() => return,
                 () = sleep_until(wake) => {}
             }
             if Instant::now() >= deadline {
-                tracing::warn!(name = self.lease.name(), "lease expired before it could be renewed");
+                tracing::warn!(
+                    name = self.lease.name(),
+                    "lease expired before it could be renewed"
+                );
                 self.lost.cancel();
                 return;
             }
@@ -265,7 +277,10 @@ impl Watchdog {
                     next = Instant::now() + retry;
                 }
                 Err(_) => {
-                    tracing::warn!(name = self.lease.name(), "renewal did not finish before the lease ended");
+                    tracing::warn!(
+                        name = self.lease.name(),
+                        "renewal did not finish before the lease ended"
+                    );
                     self.lost.cancel();
                     return;
                 }

@@ -129,9 +129,13 @@ impl Backend for MemoryBackend {
         opts.validate()?;
         let backoff = Backoff::new(Duration::from_millis(50), Duration::from_secs(1));
         let deadline = Deadline::after(opts.wait_value());
-        wait_for_lock(name, deadline, Some(&self.inner.wakeups), backoff, || async {
-            self.attempt(name, opts)
-        })
+        wait_for_lock(
+            name,
+            deadline,
+            Some(&self.inner.wakeups),
+            backoff,
+            || async { self.attempt(name, opts) },
+        )
         .await
     }
 

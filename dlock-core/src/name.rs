@@ -45,7 +45,10 @@ mod tests {
     #[test]
     fn nul_and_empty_are_refused() {
         assert!(matches!(validate_name(""), Err(Error::InvalidName { .. })));
-        assert!(matches!(validate_name("a\0b"), Err(Error::InvalidName { .. })));
+        assert!(matches!(
+            validate_name("a\0b"),
+            Err(Error::InvalidName { .. })
+        ));
     }
 
     #[test]

@@ -181,7 +181,11 @@ impl Waiter<'_> {
 
 impl Drop for Waiter<'_> {
     fn drop(&mut self) {
-        let mut names = self.hub.names.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut names = self
+            .hub
+            .names
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
         if let Some(entry) = names.get_mut(&self.name) {
             entry.1 -= 1;
             if entry.1 == 0 {

@@ -83,9 +83,15 @@ impl MySqlBuilder {
     pub async fn connect(self) -> Result<MySqlBackend> {
         validate_table(&self.table)?;
         if self.max_connections == 0 {
-            return Err(Error::invalid_option("max_connections", "must be at least 1"));
+            return Err(Error::invalid_option(
+                "max_connections",
+                "must be at least 1",
+            ));
         }
-        let scheme = self.url.split_once("://").map(|(s, _)| s.to_ascii_lowercase());
+        let scheme = self
+            .url
+            .split_once("://")
+            .map(|(s, _)| s.to_ascii_lowercase());
         if !matches!(scheme.as_deref(), Some("mysql" | "mariadb")) {
             return Err(Error::invalid_option(
                 "url",
@@ -256,7 +262,12 @@ impl MySqlBackend {
 
     /// Runs a statement that changes the caller's own live row; "not held"
     /// unless it matched one.
-    async fn own_row(&self, query: sqlx::query::Query<'_, sqlx::MySql, sqlx::mysql::MySqlArguments>, lease: &Lease, doing: &str) -> Result<()> {
+    async fn own_row(
+        &self,
+        query: sqlx::query::Query<'_, sqlx::MySql, sqlx::mysql::MySqlArguments>,
+        lease: &Lease,
+        doing: &str,
+    ) -> Result<()> {
         // sqlx sets CLIENT_FOUND_ROWS: rows matched, not rows changed.
         let done = query
             .execute(&self.inner.pool)

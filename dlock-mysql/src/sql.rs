@@ -111,7 +111,16 @@ mod tests {
         for ok in ["dlock_locks", "_t", "Locks$2", &"x".repeat(64)] {
             assert!(validate_table(ok).is_ok(), "{ok}");
         }
-        for bad in ["", "1abc", "a-b", "a`b", "a b", "t; DROP TABLE x", "schema.t", &"x".repeat(65)] {
+        for bad in [
+            "",
+            "1abc",
+            "a-b",
+            "a`b",
+            "a b",
+            "t; DROP TABLE x",
+            "schema.t",
+            &"x".repeat(65),
+        ] {
             assert!(validate_table(bad).is_err(), "{bad}");
         }
     }

@@ -1,5 +1,7 @@
 //! The whole conformance suite against a real MariaDB in a container.
 
+#![allow(clippy::unwrap_used)] // tests panic on purpose
+
 use std::sync::Arc;
 
 use dlock_conformance::harness::{Service, shared};

@@ -1,10 +1,12 @@
 //! MySQL-specific behaviour: the table, versions, migrate, configuration
 //! errors.
 
+#![allow(clippy::unwrap_used)] // tests panic on purpose
+
 use std::time::Duration;
 
 use dlock_conformance::cases::unique_name;
-use dlock_conformance::harness::{Service, ServerOptions, shared, start};
+use dlock_conformance::harness::{ServerOptions, Service, shared, start};
 use dlock_core::{Backend, Error, LockOptions};
 use dlock_mysql::MySqlBackend;
 
@@ -29,7 +31,12 @@ async fn names_differing_in_case_or_trailing_space_are_distinct_rows() {
     let names = [format!("Job{id}"), format!("job{id}"), format!("job{id} ")];
     let mut leases = Vec::new();
     for n in &names {
-        leases.push(b.try_acquire(n, &opts()).await.unwrap().expect("distinct lock"));
+        leases.push(
+            b.try_acquire(n, &opts())
+                .await
+                .unwrap()
+                .expect("distinct lock"),
+        );
     }
     let rows: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM dlock_locks WHERE name LIKE ?")
         .bind(format!("%{id}%"))
@@ -70,7 +77,11 @@ async fn takeover_of_an_expired_row_bumps_the_version() {
     assert_eq!(second.fencing_token(), 2);
     b.release(&second).await.unwrap();
     let third = b.try_acquire(&name, &opts()).await.unwrap().unwrap();
-    assert_eq!(third.fencing_token(), 3, "release keeps the row and its version");
+    assert_eq!(
+        third.fencing_token(),
+        3,
+        "release keeps the row and its version"
+    );
     let (version, owner, holder): (u64, String, String) =
         sqlx::query_as("SELECT version, owner, holder FROM dlock_locks WHERE name = ?")
             .bind(name.as_bytes())
@@ -79,7 +90,10 @@ async fn takeover_of_an_expired_row_bumps_the_version() {
             .unwrap();
     assert_eq!(version, 3);
     assert_eq!(owner, third.owner().to_string());
-    assert!(holder.ends_with(&format!(":{}", std::process::id())), "{holder}");
+    assert!(
+        holder.ends_with(&format!(":{}", std::process::id())),
+        "{holder}"
+    );
     b.release(&third).await.unwrap();
 }
 
@@ -90,7 +104,10 @@ async fn migrate_twice_is_a_no_op() {
     let lease = b.try_acquire(&name, &opts()).await.unwrap().unwrap();
     b.migrate().await.unwrap();
     b.migrate().await.unwrap();
-    assert_eq!(b.inspect(&name).await.unwrap().unwrap().owner, lease.owner());
+    assert_eq!(
+        b.inspect(&name).await.unwrap().unwrap().owner,
+        lease.owner()
+    );
     b.release(&lease).await.unwrap();
 }
 
@@ -120,7 +137,13 @@ async fn an_invalid_table_name_is_refused_before_connecting() {
             .connect()
             .await;
         assert!(
-            matches!(r, Err(Error::InvalidOption { option: "table", .. })),
+            matches!(
+                r,
+                Err(Error::InvalidOption {
+                    option: "table",
+                    ..
+                })
+            ),
             "{table:?}: {r:?}"
         );
     }
@@ -139,11 +162,16 @@ async fn configuration_errors_are_typed() {
     }
     let missing_db = format!("{}/no_such_database", good.trim_end_matches("/dlock"));
     match MySqlBackend::connect(&missing_db).await {
-        Err(e @ Error::Backend { .. }) => assert!(e.to_string().contains("unknown database"), "{e}"),
+        Err(e @ Error::Backend { .. }) => {
+            assert!(e.to_string().contains("unknown database"), "{e}")
+        }
         other => panic!("missing database: {other:?}"),
     }
     let r = MySqlBackend::connect("postgres://x@127.0.0.1/db").await;
-    assert!(matches!(r, Err(Error::InvalidOption { option: "url", .. })), "{r:?}");
+    assert!(
+        matches!(r, Err(Error::InvalidOption { option: "url", .. })),
+        "{r:?}"
+    );
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()

@@ -94,7 +94,10 @@ impl RedisBuilder {
             .as_str()
             .into_connection_info()
             .map_err(|e| Error::invalid_option("url", format!("not a Redis URL: {e}")))?;
-        let settings = info.redis_settings().clone().set_protocol(ProtocolVersion::RESP3);
+        let settings = info
+            .redis_settings()
+            .clone()
+            .set_protocol(ProtocolVersion::RESP3);
         let push_info = info.clone().set_redis_settings(settings);
         let client = redis::Client::open(info).map_err(|e| bad_url(&e))?;
         let push_client = redis::Client::open(push_info).map_err(|e| bad_url(&e))?;
@@ -219,10 +222,7 @@ impl RedisBackend {
                 Attempt::Acquired(Lease::with_ttl(name, owner, fence, opts, sent))
             }
             (0, pttl) => Attempt::Held {
-                expires_in: pttl
-                    .parse::<u64>()
-                    .ok()
-                    .map(Duration::from_millis),
+                expires_in: pttl.parse::<u64>().ok().map(Duration::from_millis),
             },
             other => return Err(malformed("acquire", other)),
         };
@@ -299,9 +299,13 @@ impl Backend for RedisBackend {
         let _interest = notifications.interest(&keys.channel).await;
         let max_poll = self.inner.max_poll;
         let backoff = Backoff::new(max_poll.min(Duration::from_millis(100)), max_poll);
-        wait_for_lock(name, deadline, Some(&notifications.wakeups), backoff, || {
-            self.attempt(name, &keys, opts)
-        })
+        wait_for_lock(
+            name,
+            deadline,
+            Some(&notifications.wakeups),
+            backoff,
+            || self.attempt(name, &keys, opts),
+        )
         .await
     }
 

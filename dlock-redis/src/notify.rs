@@ -25,7 +25,10 @@ pub(crate) struct Notifications {
 impl Notifications {
     /// Starts the tasks: one applies (un)subscriptions in order, one turns
     /// release messages into wake-ups. Both end when the backend is dropped.
-    pub fn start(mut conn: ConnectionManager, mut pushes: mpsc::UnboundedReceiver<PushInfo>) -> Self {
+    pub fn start(
+        mut conn: ConnectionManager,
+        mut pushes: mpsc::UnboundedReceiver<PushInfo>,
+    ) -> Self {
         let wakeups = Arc::new(Wakeups::new());
         let interest: Arc<Mutex<HashMap<String, usize>>> = Arc::default();
         let (commands, mut rx) = mpsc::unbounded_channel();

@@ -1,10 +1,12 @@
 //! Redis-specific behaviour: key layout, fencing across a restart without
 //! persistence, script reload, wake-up by pub/sub, configuration errors.
 
+#![allow(clippy::unwrap_used)] // tests panic on purpose
+
 use std::time::Duration;
 
 use dlock_conformance::cases::unique_name;
-use dlock_conformance::harness::{Service, ServerOptions, shared, start, wait_ready};
+use dlock_conformance::harness::{ServerOptions, Service, shared, start, wait_ready};
 use dlock_core::{Backend, Error, LockOptions};
 use dlock_redis::RedisBackend;
 use dlock_redis::redis::{self, AsyncCommands};
@@ -42,15 +44,29 @@ async fn keys_follow_the_documented_layout() {
 #[tokio::test]
 async fn prefixes_keep_lock_spaces_apart() {
     let url = shared(Service::Redis).await.url();
-    let a = RedisBackend::builder(url).prefix("app-a").connect().await.unwrap();
-    let b = RedisBackend::builder(url).prefix("app-b").connect().await.unwrap();
+    let a = RedisBackend::builder(url)
+        .prefix("app-a")
+        .connect()
+        .await
+        .unwrap();
+    let b = RedisBackend::builder(url)
+        .prefix("app-b")
+        .connect()
+        .await
+        .unwrap();
     let name = unique_name("prefixes");
     let la = a.try_acquire(&name, &opts()).await.unwrap().unwrap();
     let lb = b.try_acquire(&name, &opts()).await.unwrap().unwrap();
     a.release(&la).await.unwrap();
     b.release(&lb).await.unwrap();
     let bad = RedisBackend::builder(url).prefix("a{b}").connect().await;
-    assert!(matches!(bad, Err(Error::InvalidOption { option: "prefix", .. })));
+    assert!(matches!(
+        bad,
+        Err(Error::InvalidOption {
+            option: "prefix",
+            ..
+        })
+    ));
 }
 
 #[tokio::test]
@@ -88,7 +104,11 @@ async fn fencing_survives_a_restart_without_persistence() {
     };
     // The data was lost with the restart, counter included.
     let mut conn = b.connection();
-    let keys: Vec<String> = redis::cmd("KEYS").arg("*").query_async(&mut conn).await.unwrap();
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg("*")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
     assert_eq!(keys.len(), 2, "only the new lock and its counter: {keys:?}");
     assert!(
         lease.fencing_token() > last,
@@ -103,9 +123,17 @@ async fn scripts_are_reloaded_after_script_flush() {
     let name = unique_name("flush");
     let lease = b.try_acquire(&name, &opts()).await.unwrap().unwrap();
     let mut conn = b.connection();
-    let () = redis::cmd("SCRIPT").arg("FLUSH").query_async(&mut conn).await.unwrap();
+    let () = redis::cmd("SCRIPT")
+        .arg("FLUSH")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
     b.release(&lease).await.unwrap();
-    let () = redis::cmd("SCRIPT").arg("FLUSH").query_async(&mut conn).await.unwrap();
+    let () = redis::cmd("SCRIPT")
+        .arg("FLUSH")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
     let lease = b.try_acquire(&name, &opts()).await.unwrap().unwrap();
     b.release(&lease).await.unwrap();
 }
@@ -181,7 +209,11 @@ async fn wrong_password_is_a_backend_error() {
         .query_async(&mut conn)
         .await
         .unwrap();
-    let url = |pw: &str| server.url().replace("redis://", &format!("redis://{user}:{pw}@"));
+    let url = |pw: &str| {
+        server
+            .url()
+            .replace("redis://", &format!("redis://{user}:{pw}@"))
+    };
     let r = RedisBackend::connect(&url("wrong")).await;
     match r {
         Err(e @ Error::Backend { .. }) => {

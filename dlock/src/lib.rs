@@ -64,7 +64,9 @@ async fn connect_redis(_url: &str) -> Result<Locker> {
 fn feature_off(scheme: &str, feature: &str) -> Error {
     Error::invalid_option(
         "url",
-        format!("`{scheme}://` needs the `{feature}` feature of dlock: dlock = {{ features = [\"{feature}\"] }}"),
+        format!(
+            "`{scheme}://` needs the `{feature}` feature of dlock: dlock = {{ features = [\"{feature}\"] }}"
+        ),
     )
 }
 
@@ -87,7 +89,10 @@ mod tests {
     async fn unknown_and_missing_schemes_are_invalid() {
         for url in ["ftp://host", "no-scheme", "user:secret@host"] {
             let e = connect(url).await.unwrap_err();
-            assert!(matches!(e, Error::InvalidOption { option: "url", .. }), "{e}");
+            assert!(
+                matches!(e, Error::InvalidOption { option: "url", .. }),
+                "{e}"
+            );
             assert!(!e.to_string().contains("secret"), "{e}");
         }
     }
