@@ -11,11 +11,23 @@ pub use dlock_core::{
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub use dlock_redis as redis;
 
+/// The MySQL / MariaDB driver.
+#[cfg(feature = "mysql")]
+#[cfg_attr(docsrs, doc(cfg(feature = "mysql")))]
+pub use dlock_mysql as mysql;
+
+/// The ZooKeeper driver.
+#[cfg(feature = "zookeeper")]
+#[cfg_attr(docsrs, doc(cfg(feature = "zookeeper")))]
+pub use dlock_zk as zk;
+
 /// Connects to the lock service a URL names, picking the driver by scheme:
 ///
 /// | scheme | driver | feature |
 /// |---|---|---|
 /// | `redis://`, `rediss://`, `redis+unix://` | Redis | `redis` (`redis-tls` for `rediss`) |
+/// | `mysql://`, `mariadb://` | MySQL / MariaDB (the table must exist: see `MySqlBackend::migrate`) | `mysql` |
+/// | `zk://host:port[,host:port...][/chroot]` | ZooKeeper | `zookeeper` |
 /// | `memory://` | in-process, a fresh lock space per call | none |
 ///
 /// ```
@@ -43,9 +55,13 @@ pub async fn connect(url: &str) -> Result<Locker> {
     match scheme.to_ascii_lowercase().as_str() {
         "memory" => Ok(Locker::new(MemoryBackend::new())),
         "redis" | "rediss" | "redis+unix" => connect_redis(url).await,
+        "mysql" | "mariadb" => connect_mysql(url).await,
+        "zk" | "zookeeper" => connect_zk(url).await,
         other => Err(Error::invalid_option(
             "url",
-            format!("unknown scheme `{other}`; expected redis, rediss or memory"),
+            format!(
+                "unknown scheme `{other}`; expected redis, rediss, mysql, mariadb, zk or memory"
+            ),
         )),
     }
 }
@@ -58,6 +74,26 @@ async fn connect_redis(url: &str) -> Result<Locker> {
 #[cfg(not(feature = "redis"))]
 async fn connect_redis(_url: &str) -> Result<Locker> {
     Err(feature_off("redis", "redis"))
+}
+
+#[cfg(feature = "mysql")]
+async fn connect_mysql(url: &str) -> Result<Locker> {
+    Ok(Locker::new(dlock_mysql::MySqlBackend::connect(url).await?))
+}
+
+#[cfg(not(feature = "mysql"))]
+async fn connect_mysql(_url: &str) -> Result<Locker> {
+    Err(feature_off("mysql", "mysql"))
+}
+
+#[cfg(feature = "zookeeper")]
+async fn connect_zk(url: &str) -> Result<Locker> {
+    Ok(Locker::new(dlock_zk::ZkBackend::connect(url).await?))
+}
+
+#[cfg(not(feature = "zookeeper"))]
+async fn connect_zk(_url: &str) -> Result<Locker> {
+    Err(feature_off("zk", "zookeeper"))
 }
 
 #[allow(dead_code)] // unused when every driver is enabled

@@ -1,0 +1,591 @@
+use std::fmt;
+use std::sync::{Arc, Mutex, PoisonError, Weak};
+use std::time::Duration;
+
+use dlock_core::wait::{Backoff, Deadline};
+use dlock_core::{
+    Backend, CancellationToken, Capabilities, Error, Lease, LeaseKind, LockInfo, LockOptions,
+    OwnerToken, Result, async_trait, validate_name,
+};
+use tokio::time::sleep;
+use zookeeper_client as zk;
+
+use crate::path::{LOCK_MARKER, escape, owner_of, protected_prefix, sequence};
+
+const NAME: &str = "zookeeper";
+
+/// A ZooKeeper lock backend: one session, shared by clones.
+///
+/// Leases live as long as the session: there is no TTL and extend only
+/// checks that the lock node still exists.
+///
+/// # When a lease is lost
+///
+/// A lease's `lost` signal (and so `Guard::lost`) fires the moment the
+/// client reports it is **disconnected**, not only when the session expires:
+/// once disconnected, the client cannot know whether the server has expired
+/// the session and handed the lock to the next waiter. If the connection
+/// comes back within the session timeout the lock node still exists; the
+/// driver keeps it until the lease is released or dropped (a release that
+/// failed during the disconnect is retried on reconnect), but the lease
+/// stays marked lost.
+#[derive(Clone)]
+pub struct ZkBackend {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    config: ZkBuilder,
+    root: String,
+    session: Mutex<Session>,
+    /// Lock nodes whose delete failed for want of a connection.
+    orphans: Mutex<Vec<String>>,
+}
+
+struct Session {
+    client: Arc<zk::Client>,
+    lost: CancellationToken,
+}
+
+impl fmt::Debug for ZkBackend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ZkBackend")
+            .field("root", &self.inner.root)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Settings for [`ZkBackend`]; start from [`ZkBackend::builder`].
+#[derive(Clone)]
+pub struct ZkBuilder {
+    connect: String,
+    root: String,
+    session_timeout: Duration,
+    connection_timeout: Duration,
+    auth: Option<(String, String)>,
+}
+
+impl fmt::Debug for ZkBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ZkBuilder")
+            .field("connect", &self.connect)
+            .field("root", &self.root)
+            .field("session_timeout", &self.session_timeout)
+            .field("auth", &self.auth.as_ref().map(|(user, _)| user))
+            .finish_non_exhaustive()
+    }
+}
+
+impl ZkBuilder {
+    /// The parent of every lock node (default `/dlock`).
+    pub fn root(mut self, root: impl Into<String>) -> Self {
+        self.root = root.into();
+        self
+    }
+
+    /// The session timeout (default 10 s): how long after losing touch with
+    /// the client the server frees its locks. The server bounds it to
+    /// between 2 and 20 ticks.
+    pub fn session_timeout(mut self, timeout: Duration) -> Self {
+        self.session_timeout = timeout;
+        self
+    }
+
+    /// How long to wait for a connection (default 5 s).
+    pub fn connection_timeout(mut self, timeout: Duration) -> Self {
+        self.connection_timeout = timeout;
+        self
+    }
+
+    /// Digest authentication. Lock nodes and their parents are then created
+    /// with the `creator all` ACL, so clients of another identity can
+    /// neither contend on these locks nor delete their nodes.
+    pub fn digest_auth(mut self, user: impl Into<String>, password: impl Into<String>) -> Self {
+        self.auth = Some((user.into(), password.into()));
+        self
+    }
+
+    /// Connects and starts watching the session.
+    ///
+    /// # Errors
+    /// [`Error::InvalidOption`] for a malformed connect string or root,
+    /// [`Error::Connection`] when no server answers,
+    /// [`Error::Backend`] when authentication fails.
+    pub async fn connect(self) -> Result<ZkBackend> {
+        let root = self.root.trim_end_matches('/').to_owned();
+        if !root.starts_with('/') || root.contains("//") {
+            return Err(Error::invalid_option(
+                "root",
+                format!("must be an absolute path like /dlock, got {:?}", self.root),
+            ));
+        }
+        if self.session_timeout.is_zero() {
+            return Err(Error::invalid_option("session_timeout", "must be positive"));
+        }
+        let client = self.open().await?;
+        let watcher = client.state_watcher();
+        let inner = Arc::new(Inner {
+            root,
+            session: Mutex::new(Session {
+                client: Arc::new(client),
+                lost: CancellationToken::new(),
+            }),
+            orphans: Mutex::new(Vec::new()),
+            config: self,
+        });
+        tokio::spawn(watch_session(Arc::downgrade(&inner), watcher));
+        Ok(ZkBackend { inner })
+    }
+
+    async fn open(&self) -> Result<zk::Client> {
+        let cluster = self
+            .connect
+            .strip_prefix("zk://")
+            .or_else(|| self.connect.strip_prefix("zookeeper://"))
+            .unwrap_or(&self.connect);
+        if cluster.is_empty() || cluster.starts_with('/') {
+            return Err(Error::invalid_option(
+                "url",
+                "expected zk://host:port[,host:port...][/chroot]",
+            ));
+        }
+        let mut connector = zk::Client::connector()
+            .with_session_timeout(self.session_timeout)
+            .with_connection_timeout(self.connection_timeout);
+        if let Some((user, password)) = &self.auth {
+            connector = connector.with_auth("digest", format!("{user}:{password}").as_bytes());
+        }
+        connector
+            .connect(cluster)
+            .await
+            .map_err(|e| zk_error(e, "connect"))
+    }
+}
+
+fn zk_error(e: zk::Error, doing: &str) -> Error {
+    match e {
+        zk::Error::AuthFailed | zk::Error::NoAuth => {
+            Error::backend(NAME, format!("{doing}: authentication failed"), e)
+        }
+        zk::Error::ConnectionLoss
+        | zk::Error::SessionExpired
+        | zk::Error::ClientClosed
+        | zk::Error::Timeout => Error::connection(NAME, doing, e),
+        e => Error::backend(NAME, doing, e),
+    }
+}
+
+/// Follows the session: leases end on disconnect or expiry, orphaned nodes
+/// are deleted on reconnect, an expired session is replaced by a new one.
+async fn watch_session(inner: Weak<Inner>, mut watcher: zk::StateWatcher) {
+    loop {
+        let state = watcher.changed().await;
+        let Some(backend) = inner.upgrade().map(|inner| ZkBackend { inner }) else {
+            return;
+        };
+        match state {
+            zk::SessionState::Disconnected => backend.end_leases(),
+            zk::SessionState::SyncConnected | zk::SessionState::ConnectedReadOnly => {
+                backend.delete_orphans().await;
+            }
+            zk::SessionState::Expired | zk::SessionState::AuthFailed => {
+                backend.end_leases();
+                watcher = match backend.reopen().await {
+                    Some(watcher) => watcher,
+                    None => return,
+                };
+            }
+            zk::SessionState::Closed => return,
+        }
+    }
+}
+
+impl ZkBackend {
+    /// Connects with default settings to `zk://host:port[,host:port...][/chroot]`.
+    pub async fn connect(url: &str) -> Result<Self> {
+        Self::builder(url).connect().await
+    }
+
+    /// Settings, starting from a connect string (`zk://` prefix optional).
+    pub fn builder(url: impl Into<String>) -> ZkBuilder {
+        ZkBuilder {
+            connect: url.into(),
+            root: "/dlock".to_owned(),
+            session_timeout: Duration::from_secs(10),
+            connection_timeout: Duration::from_secs(5),
+            auth: None,
+        }
+    }
+
+    /// The current session's client.
+    pub fn client(&self) -> Arc<zk::Client> {
+        self.session().0
+    }
+
+    fn session(&self) -> (Arc<zk::Client>, CancellationToken) {
+        let s = self
+            .inner
+            .session
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        (s.client.clone(), s.lost.clone())
+    }
+
+    /// Marks every lease of the current session lost; later leases get a
+    /// fresh signal.
+    fn end_leases(&self) {
+        let mut s = self
+            .inner
+            .session
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        s.lost.cancel();
+        s.lost = CancellationToken::new();
+    }
+
+    /// Replaces an expired session, retrying while the backend lives.
+    async fn reopen(&self) -> Option<zk::StateWatcher> {
+        let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(5));
+        loop {
+            match self.inner.config.open().await {
+                Ok(client) => {
+                    let watcher = client.state_watcher();
+                    let mut s = self
+                        .inner
+                        .session
+                        .lock()
+                        .unwrap_or_else(PoisonError::into_inner);
+                    s.client = Arc::new(client);
+                    // Nodes of the old session are gone with it.
+                    self.inner
+                        .orphans
+                        .lock()
+                        .unwrap_or_else(PoisonError::into_inner)
+                        .clear();
+                    return Some(watcher);
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot open a new ZooKeeper session");
+                    if Arc::strong_count(&self.inner) <= 1 {
+                        return None;
+                    }
+                    sleep(backoff.next_delay()).await;
+                }
+            }
+        }
+    }
+
+    async fn delete_orphans(&self) {
+        let orphans = std::mem::take(
+            &mut *self
+                .inner
+                .orphans
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner),
+        );
+        for path in orphans {
+            self.delete_node(path).await;
+        }
+    }
+
+    /// Deletes a lock node, remembering it for the next reconnect when the
+    /// connection is down.
+    async fn delete_node(&self, path: String) {
+        match self.client().delete(&path, None).await {
+            Ok(()) | Err(zk::Error::NoNode | zk::Error::SessionExpired) => {}
+            Err(e) => {
+                tracing::debug!(%path, error = %e, "delete failed; retrying on reconnect");
+                self.inner
+                    .orphans
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .push(path);
+            }
+        }
+    }
+
+    fn lock_dir(&self, name: &str) -> String {
+        format!("{}/{}", self.inner.root, escape(name))
+    }
+
+    fn acls(&self) -> zk::Acls<'static> {
+        if self.inner.config.auth.is_some() {
+            zk::Acls::creator_all()
+        } else {
+            zk::Acls::anyone_all()
+        }
+    }
+
+    /// Joins the queue of `dir`: creates our ephemeral sequential node,
+    /// creating container parents as needed. If the reply is lost, finds the
+    /// node by its protected prefix instead of leaving an orphan.
+    async fn enqueue(
+        &self,
+        client: &zk::Client,
+        dir: &str,
+        owner: OwnerToken,
+    ) -> Result<(String, u64)> {
+        let prefix = protected_prefix(owner);
+        let path = format!("{dir}/{prefix}lock-");
+        let node_opts = zk::CreateMode::EphemeralSequential.with_acls(self.acls());
+        let dir_opts = zk::CreateMode::Container.with_acls(self.acls());
+        for _ in 0..5 {
+            match client.create(&path, &[], &node_opts).await {
+                Ok((stat, seq)) => {
+                    let node = format!("{path}{seq}");
+                    return Ok((node, stat.czxid.unsigned_abs()));
+                }
+                // The parents are containers: missing at first, and removed
+                // by the server whenever they are empty.
+                Err(zk::Error::NoNode) => match client.mkdir(dir, &dir_opts).await {
+                    Ok(()) | Err(zk::Error::NodeExists) => {}
+                    Err(e) => return Err(zk_error(e, "create the lock's parent")),
+                },
+                Err(zk::Error::ConnectionLoss) => {
+                    if let Some(found) = self.find_own(client, dir, &prefix).await? {
+                        return Ok(found);
+                    }
+                }
+                Err(e) => return Err(zk_error(e, "create the lock node")),
+            }
+        }
+        Err(Error::Backend {
+            backend: NAME,
+            message: format!("could not create a lock node under {dir}"),
+            source: None,
+        })
+    }
+
+    /// Our node in `dir`, by its protected prefix.
+    async fn find_own(
+        &self,
+        client: &zk::Client,
+        dir: &str,
+        prefix: &str,
+    ) -> Result<Option<(String, u64)>> {
+        let children = match client.list_children(dir).await {
+            Ok(children) => children,
+            Err(zk::Error::NoNode) => return Ok(None),
+            Err(e) => return Err(zk_error(e, "look for our lock node")),
+        };
+        let Some(node) = children.into_iter().find(|c| c.starts_with(prefix)) else {
+            return Ok(None);
+        };
+        let path = format!("{dir}/{node}");
+        match client.check_stat(&path).await {
+            Ok(Some(stat)) => Ok(Some((path, stat.czxid.unsigned_abs()))),
+            Ok(None) => Ok(None),
+            Err(e) => Err(zk_error(e, "read our lock node")),
+        }
+    }
+
+    /// The queue of `dir`, sorted by sequence number.
+    async fn queue(&self, client: &zk::Client, dir: &str) -> Result<Vec<String>> {
+        let mut children: Vec<String> = match client.list_children(dir).await {
+            Ok(children) => children,
+            Err(zk::Error::NoNode) => Vec::new(),
+            Err(e) => return Err(zk_error(e, "list the lock queue")),
+        };
+        children.retain(|c| c.contains(LOCK_MARKER) && sequence(c).is_some());
+        children.sort_by_key(|c| sequence(c));
+        Ok(children)
+    }
+
+    /// Takes a place in the queue and waits for the front, up to `deadline`
+    /// (`None`: one look only). The node is deleted if this ends without a
+    /// lease, and also if this future is dropped.
+    async fn contend(&self, name: &str, deadline: Option<Deadline>) -> Result<Option<Lease>> {
+        let (client, lost) = self.session();
+        let owner = OwnerToken::random()?;
+        let dir = self.lock_dir(name);
+        let mut pending = Pending {
+            backend: self.clone(),
+            dir: dir.clone(),
+            prefix: protected_prefix(owner),
+            node: None,
+            armed: true,
+        };
+        let (path, czxid) = self.enqueue(&client, &dir, owner).await?;
+        pending.node = Some(path.clone());
+        let node = path.rsplit('/').next().unwrap_or_default().to_owned();
+        loop {
+            let queue = self.queue(&client, &dir).await?;
+            let Some(at) = queue.iter().position(|c| *c == node) else {
+                // Our node vanished: the session expired under us.
+                return Err(Error::connection(
+                    NAME,
+                    "our lock node disappeared (session expired)",
+                    zk::Error::SessionExpired,
+                ));
+            };
+            if at == 0 {
+                pending.armed = false;
+                let lease =
+                    Lease::with_session(name, owner, czxid, lost.child_token()).with_handle(path);
+                return Ok(Some(lease));
+            }
+            let Some(deadline) = deadline else {
+                // Leave the queue before saying "held", so the next attempt
+                // (ours or anyone's) does not queue behind a ghost.
+                pending.armed = false;
+                self.delete_node(path).await;
+                return Ok(None);
+            };
+            // Watch only the node just ahead of ours: a release wakes one
+            // waiter, not the herd.
+            let predecessor = format!("{dir}/{}", queue[at - 1]);
+            let watcher = match client.check_and_watch_stat(&predecessor).await {
+                Ok((Some(_), watcher)) => watcher,
+                Ok((None, _)) => continue,
+                Err(e) => return Err(zk_error(e, "watch the lock's predecessor")),
+            };
+            if !deadline.is_past() {
+                tokio::select! {
+                    _ = watcher.changed() => continue,
+                    () = sleep(deadline.cap(Duration::MAX)) => {}
+                }
+            }
+            pending.armed = false;
+            self.delete_node(path).await;
+            return Err(deadline.timeout_error(name));
+        }
+    }
+
+    /// The lease's node, if the lease is one of ours.
+    fn node_of<'a>(&self, lease: &'a Lease) -> Option<&'a str> {
+        let path = lease.handle()?;
+        let node = path.rsplit('/').next()?;
+        (path.starts_with(&self.lock_dir(lease.name()))
+            && node.starts_with(&protected_prefix(lease.owner())))
+        .then_some(path)
+    }
+}
+
+/// A queue place not yet handed over as a lease: deleted when dropped.
+struct Pending {
+    backend: ZkBackend,
+    dir: String,
+    prefix: String,
+    node: Option<String>,
+    armed: bool,
+}
+
+impl Drop for Pending {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let backend = self.backend.clone();
+        let dir = std::mem::take(&mut self.dir);
+        let prefix = std::mem::take(&mut self.prefix);
+        let node = self.node.take();
+        rt.spawn(async move {
+            let node = match node {
+                Some(node) => Some(node),
+                // Dropped while the create was in flight: it may have landed.
+                None => {
+                    let client = backend.client();
+                    backend
+                        .find_own(&client, &dir, &prefix)
+                        .await
+                        .ok()
+                        .flatten()
+                        .map(|(path, _)| path)
+                }
+            };
+            if let Some(node) = node {
+                backend.delete_node(node).await;
+            }
+        });
+    }
+}
+
+#[async_trait]
+impl Backend for ZkBackend {
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            lease: LeaseKind::Session,
+            fencing: true,
+            fencing_survives_restart: true,
+            notify: true,
+            fifo: true,
+            distributed: true,
+        }
+    }
+
+    async fn try_acquire(&self, name: &str, opts: &LockOptions) -> Result<Option<Lease>> {
+        validate_name(name)?;
+        opts.validate()?;
+        self.contend(name, None).await
+    }
+
+    async fn acquire(&self, name: &str, opts: &LockOptions) -> Result<Lease> {
+        validate_name(name)?;
+        opts.validate()?;
+        let deadline = Deadline::after(opts.wait_value());
+        match self.contend(name, Some(deadline)).await? {
+            Some(lease) => Ok(lease),
+            None => Err(deadline.timeout_error(name)),
+        }
+    }
+
+    async fn release(&self, lease: &Lease) -> Result<()> {
+        let not_held = || Error::NotHeld {
+            name: lease.name().to_owned(),
+        };
+        let path = self.node_of(lease).ok_or_else(not_held)?;
+        match self.client().delete(path, None).await {
+            Ok(()) => Ok(()),
+            Err(zk::Error::NoNode | zk::Error::SessionExpired) => Err(not_held()),
+            Err(e) => {
+                self.inner
+                    .orphans
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .push(path.to_owned());
+                Err(zk_error(e, "release"))
+            }
+        }
+    }
+
+    async fn extend(&self, lease: &mut Lease) -> Result<()> {
+        let not_held = || Error::NotHeld {
+            name: lease.name().to_owned(),
+        };
+        let path = self.node_of(lease).ok_or_else(not_held)?;
+        match self.client().check_stat(path).await {
+            Ok(Some(_)) if !lease.lost_token().is_cancelled() => Ok(()),
+            Ok(_) | Err(zk::Error::NoNode | zk::Error::SessionExpired) => Err(not_held()),
+            Err(e) => Err(zk_error(e, "extend")),
+        }
+    }
+
+    async fn inspect(&self, name: &str) -> Result<Option<LockInfo>> {
+        validate_name(name)?;
+        let client = self.client();
+        let dir = self.lock_dir(name);
+        for _ in 0..3 {
+            let queue = self.queue(&client, &dir).await?;
+            let Some(first) = queue.first() else {
+                return Ok(None);
+            };
+            match client.check_stat(&format!("{dir}/{first}")).await {
+                Ok(Some(stat)) => {
+                    let owner = owner_of(first).unwrap_or(OwnerToken::from_u128(0));
+                    return Ok(Some(LockInfo::new(owner, stat.czxid.unsigned_abs(), None)));
+                }
+                // Released between the two reads: look again.
+                Ok(None) => {}
+                Err(e) => return Err(zk_error(e, "inspect")),
+            }
+        }
+        Err(Error::Backend {
+            backend: NAME,
+            message: format!("the queue of {dir} keeps changing"),
+            source: None,
+        })
+    }
+}

@@ -1,0 +1,113 @@
+//! Where a lock lives in the tree: Curator's layout, so Curator (Java) and
+//! kazoo (Python) clients contend on the same locks.
+//!
+//! `/<root>/<E>/_c_<uuid>-lock-<10-digit sequence>`, where `E` is the lock
+//! name with `%`, `/` and every character ZooKeeper refuses in a path
+//! written as `%XX` per UTF-8 byte, and with `.` and `..` written `%2E` and
+//! `%2E%2E` (ZooKeeper refuses them as path components). The escape is
+//! injective: every name gets its own node.
+
+use dlock_core::OwnerToken;
+
+/// The marker between the protected prefix and the sequence number.
+pub(crate) const LOCK_MARKER: &str = "-lock-";
+
+/// Characters that ZooKeeper refuses in a path (PathUtils.validatePath),
+/// plus `/` and our escape character. ZooKeeper checks UTF-16 code units,
+/// so every character beyond the BMP (a surrogate pair, inside the refused
+/// `\ud800-\uf8ff`) is refused too.
+fn must_escape(c: char) -> bool {
+    matches!(c,
+        '%' | '/'
+        | '\u{1}'..='\u{1f}'
+        | '\u{7f}'..='\u{9f}'
+        | '\u{e000}'..='\u{f8ff}'
+        | '\u{fff0}'..)
+}
+
+/// The path component of a lock name.
+pub(crate) fn escape(name: &str) -> String {
+    if name == "." || name == ".." {
+        return "%2E".repeat(name.len());
+    }
+    let mut out = String::with_capacity(name.len());
+    let mut buf = [0u8; 4];
+    for c in name.chars() {
+        if must_escape(c) {
+            for b in c.encode_utf8(&mut buf).bytes() {
+                out.push_str(&format!("%{b:02X}"));
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+/// The protected-creation prefix of a node: `_c_<uuid>-`, with the owner
+/// token written as a UUID, as Curator writes its own.
+pub(crate) fn protected_prefix(owner: OwnerToken) -> String {
+    let h = owner.to_string();
+    format!(
+        "_c_{}-{}-{}-{}-{}-",
+        &h[0..8],
+        &h[8..12],
+        &h[12..16],
+        &h[16..20],
+        &h[20..32]
+    )
+}
+
+/// The owner token in a node name made by us or by Curator
+/// (`_c_<uuid>-lock-…`); `None` for other recipes.
+pub(crate) fn owner_of(node: &str) -> Option<OwnerToken> {
+    let rest = node.strip_prefix("_c_")?;
+    let uuid = rest.get(..36)?;
+    let hex: String = uuid.chars().filter(|&c| c != '-').collect();
+    hex.parse().ok()
+}
+
+/// The sequence number of a lock node; the queue is sorted by it.
+pub(crate) fn sequence(node: &str) -> Option<u64> {
+    let at = node.rfind(LOCK_MARKER)?;
+    node[at + LOCK_MARKER.len()..].parse().ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_become_single_legal_components() {
+        assert_eq!(escape("a/b"), "a%2Fb");
+        assert_eq!(escape("a%2Fb"), "a%252Fb");
+        assert_eq!(escape("."), "%2E");
+        assert_eq!(escape(".."), "%2E%2E");
+        assert_eq!(escape("..."), "...");
+        assert_eq!(escape("tab\t"), "tab%09");
+        assert_eq!(escape("é x"), "é x");
+        assert_eq!(escape("🔒"), "%F0%9F%94%92");
+        assert_eq!(escape("\u{e000}"), "%EE%80%80");
+    }
+
+    #[test]
+    fn escaping_is_injective_on_tricky_names() {
+        let names = [
+            "a/b", "a%2Fb", "a%252Fb", ".", "..", "%2E", "%2E%2E", "/", "%2F", "%",
+        ];
+        let mut escaped: Vec<_> = names.iter().map(|n| escape(n)).collect();
+        escaped.sort();
+        escaped.dedup();
+        assert_eq!(escaped.len(), names.len());
+    }
+
+    #[test]
+    fn node_names_round_trip() {
+        let owner = OwnerToken::random().unwrap();
+        let node = format!("{}lock-0000000042", protected_prefix(owner));
+        assert_eq!(owner_of(&node), Some(owner));
+        assert_eq!(sequence(&node), Some(42));
+        assert_eq!(owner_of("lock-0000000001"), None);
+        assert_eq!(sequence("_c_x-lock-abc"), None);
+    }
+}

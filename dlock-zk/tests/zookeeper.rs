@@ -1,0 +1,247 @@
+//! ZooKeeper-specific behaviour: node layout, session loss, one waiter woken
+//! per release, node clean-up, auth, configuration errors.
+
+#![allow(clippy::unwrap_used)] // tests panic on purpose
+
+use std::time::Duration;
+
+use dlock_conformance::cases::unique_name;
+use dlock_conformance::harness::{ServerOptions, Service, shared, start};
+use dlock_core::{Backend, Error, LockOptions, Locker};
+use dlock_zk::ZkBackend;
+use dlock_zk::zookeeper_client as zk;
+use tokio::time::{Instant, sleep, timeout};
+
+fn opts() -> LockOptions {
+    LockOptions::new()
+}
+
+async fn url() -> &'static str {
+    shared(Service::ZooKeeper).await.url()
+}
+
+async fn backend() -> ZkBackend {
+    ZkBackend::connect(url().await).await.unwrap()
+}
+
+/// The lock nodes under a lock's directory.
+async fn queue(b: &ZkBackend, dir: &str) -> Vec<String> {
+    match b.client().list_children(dir).await {
+        Ok(children) => children,
+        Err(zk::Error::NoNode) => Vec::new(),
+        Err(e) => panic!("{e}"),
+    }
+}
+
+/// Polls until `check` holds, for at most 5 s.
+async fn eventually(what: &str, mut check: impl AsyncFnMut() -> bool) {
+    let started = Instant::now();
+    while !check().await {
+        assert!(started.elapsed() < Duration::from_secs(15), "never: {what}");
+        sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test]
+async fn nodes_follow_curators_layout() {
+    let b = backend().await;
+    let name = format!("a/b/{}", unique_name("layout"));
+    let lease = b.try_acquire(&name, &opts()).await.unwrap().unwrap();
+    let dir = format!("/dlock/{}", name.replace('/', "%2F"));
+    let nodes = queue(&b, &dir).await;
+    assert_eq!(nodes.len(), 1, "{nodes:?}");
+    let node = &nodes[0];
+    let hex = lease.owner().to_string();
+    let uuid = format!(
+        "{}-{}-{}-{}-{}",
+        &hex[..8],
+        &hex[8..12],
+        &hex[12..16],
+        &hex[16..20],
+        &hex[20..]
+    );
+    assert!(node.starts_with(&format!("_c_{uuid}-lock-")), "{node}");
+    assert_eq!(node.len(), format!("_c_{uuid}-lock-").len() + 10, "{node}");
+    let (_, stat) = b.client().get_data(&format!("{dir}/{node}")).await.unwrap();
+    assert_eq!(stat.czxid.unsigned_abs(), lease.fencing_token());
+    assert_eq!(stat.ephemeral_owner, b.client().session_id().0);
+    b.release(&lease).await.unwrap();
+}
+
+#[tokio::test]
+async fn a_hung_server_fires_lost_and_expires_the_session() {
+    let server = start(Service::ZooKeeper, ServerOptions::default()).await;
+    let url = server.url();
+    let holder = ZkBackend::builder(url)
+        .session_timeout(Duration::from_secs(2))
+        .connect()
+        .await
+        .unwrap();
+    let locker = Locker::new(holder.clone());
+    let name = unique_name("session");
+    let guard = locker.try_acquire(&name, &opts()).await.unwrap().unwrap();
+    assert!(guard.is_valid());
+
+    // A paused server accepts nothing: the client disconnects, and once the
+    // server runs again it expires the silent session and its nodes.
+    let container = server.container().unwrap();
+    container.pause().await.unwrap();
+    timeout(Duration::from_secs(5), guard.lost())
+        .await
+        .expect("lost() fires once the client is cut off");
+    assert!(!guard.is_valid());
+    sleep(Duration::from_secs(3)).await;
+    container.unpause().await.unwrap();
+
+    let other = ZkBackend::connect(url).await.unwrap();
+    let lease = other
+        .acquire(&name, &opts().wait(Duration::from_secs(15)))
+        .await
+        .expect("the lock frees with the session");
+    assert!(lease.fencing_token() > guard.fencing_token());
+    assert!(matches!(guard.release().await, Err(Error::NotHeld { .. })));
+    other.release(&lease).await.unwrap();
+
+    // The backend opens a new session for later acquires.
+    eventually("a new session", async || {
+        holder
+            .try_acquire(&unique_name("after"), &opts())
+            .await
+            .is_ok()
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn each_release_wakes_the_next_waiter_in_order() {
+    let b = backend().await;
+    let name = unique_name("fifo");
+    let holder = b.try_acquire(&name, &opts()).await.unwrap().unwrap();
+    let dir = format!("/dlock/{name}");
+    let mut waiters = Vec::new();
+    for i in 0..4 {
+        let waiter = b.clone();
+        let name = name.clone();
+        waiters.push(tokio::spawn(async move {
+            let lease = waiter
+                .acquire(&name, &opts().wait(Duration::from_secs(30)))
+                .await;
+            (i, lease)
+        }));
+        // Queue the waiters in a known order.
+        eventually("the waiter queued", async || {
+            queue(&b, &dir).await.len() == i + 2
+        })
+        .await;
+    }
+    let mut current = holder;
+    for (i, waiter) in waiters.into_iter().enumerate() {
+        b.release(&current).await.unwrap();
+        let (who, lease) = timeout(Duration::from_secs(5), waiter)
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(who, i);
+        let lease = lease.unwrap();
+        assert!(lease.fencing_token() > current.fencing_token());
+        // Exactly one waiter was granted: the rest are still queued.
+        assert_eq!(queue(&b, &dir).await.len(), 4 - i);
+        current = lease;
+    }
+    b.release(&current).await.unwrap();
+}
+
+#[tokio::test]
+async fn losers_leave_no_node_behind() {
+    let b = backend().await;
+    let name = unique_name("cleanup");
+    let dir = format!("/dlock/{name}");
+    let holder = b.try_acquire(&name, &opts()).await.unwrap().unwrap();
+
+    assert!(b.try_acquire(&name, &opts()).await.unwrap().is_none());
+    assert_eq!(queue(&b, &dir).await.len(), 1, "try_acquire left its node");
+
+    let r = b
+        .acquire(&name, &opts().wait(Duration::from_millis(200)))
+        .await;
+    assert!(matches!(r, Err(Error::Timeout { .. })), "{r:?}");
+    eventually("the timed-out waiter's node is gone", async || {
+        queue(&b, &dir).await.len() == 1
+    })
+    .await;
+
+    let dropped = timeout(
+        Duration::from_millis(200),
+        b.acquire(&name, &opts().wait(Duration::from_secs(60))),
+    )
+    .await;
+    assert!(dropped.is_err(), "the acquire should still be waiting");
+    eventually("the dropped waiter's node is gone", async || {
+        queue(&b, &dir).await.len() == 1
+    })
+    .await;
+    b.release(&holder).await.unwrap();
+}
+
+#[tokio::test]
+async fn other_identities_cannot_delete_our_nodes() {
+    let url = url().await;
+    let root = format!("/{}", unique_name("auth"));
+    let ours = ZkBackend::builder(url)
+        .root(&root)
+        .digest_auth("alice", "secret")
+        .connect()
+        .await
+        .unwrap();
+    let name = unique_name("n");
+    let lease = ours.try_acquire(&name, &opts()).await.unwrap().unwrap();
+    let node = lease.handle().unwrap().to_owned();
+    let stranger = zk::Client::connector()
+        .with_auth("digest", b"mallory:guess")
+        .connect(url)
+        .await
+        .unwrap();
+    assert!(matches!(
+        stranger.delete(&node, None).await,
+        Err(zk::Error::NoAuth)
+    ));
+    let anonymous = zk::Client::connect(url).await.unwrap();
+    assert!(matches!(
+        anonymous.delete(&node, None).await,
+        Err(zk::Error::NoAuth)
+    ));
+    assert_eq!(
+        ours.inspect(&name).await.unwrap().unwrap().owner,
+        lease.owner()
+    );
+    ours.release(&lease).await.unwrap();
+}
+
+#[tokio::test]
+async fn configuration_errors_are_typed() {
+    for bad in ["zk://", "zk:///chroot-only"] {
+        let r = ZkBackend::connect(bad).await;
+        assert!(
+            matches!(r, Err(Error::InvalidOption { option: "url", .. })),
+            "{bad}: {r:?}"
+        );
+    }
+    let r = ZkBackend::builder(url().await)
+        .root("relative")
+        .connect()
+        .await;
+    assert!(
+        matches!(r, Err(Error::InvalidOption { option: "root", .. })),
+        "{r:?}"
+    );
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let r = ZkBackend::builder(format!("zk://127.0.0.1:{port}"))
+        .connection_timeout(Duration::from_millis(500))
+        .connect()
+        .await;
+    assert!(matches!(r, Err(Error::Connection { .. })), "{r:?}");
+}
