@@ -1,2 +1,269 @@
-//! placeholder
-fn main() {}
+//! `cargo run --release -p dlock-bench`: compares the dlock backends side by
+//! side. Starts Redis, MariaDB and ZooKeeper from the project's test image
+//! (the same harness as the tests) unless given running servers.
+
+mod report;
+mod scenarios;
+mod target;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use clap::{Parser, ValueEnum};
+use dlock::MemoryBackend;
+use dlock_conformance::harness::{Service, shared};
+use indicatif::{ProgressBar, ProgressStyle};
+
+use report::{BackendReport, Report};
+use target::{Op, Result, Target};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum Which {
+    Memory,
+    Redis,
+    Mysql,
+    Zookeeper,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum Scenario {
+    /// Uncontended acquire+release, with bare-client floors.
+    Cycle,
+    /// Many clients on one name: hand-off latency and fairness.
+    Contended,
+    /// Many leases held and renewed: requests per tick, memory per lock.
+    Held,
+    /// Uncontended throughput as clients double.
+    Scaling,
+}
+
+/// Compare the dlock backends: throughput, hand-off latency, fairness,
+/// held leases and scaling, against the bare client library.
+#[derive(Debug, Parser)]
+#[command(version)]
+struct Args {
+    /// Backends to measure.
+    #[arg(long, value_delimiter = ',', default_values = ["memory", "redis", "mysql", "zookeeper"])]
+    backends: Vec<Which>,
+    /// Scenarios to run.
+    #[arg(long, value_delimiter = ',', default_values = ["cycle", "contended", "held", "scaling"])]
+    scenarios: Vec<Scenario>,
+    /// Concurrent clients (each with its own connections) in the cycle and
+    /// contended scenarios.
+    #[arg(long, default_value_t = 16)]
+    clients: usize,
+    /// Seconds per measurement.
+    #[arg(long, default_value_t = 5.0)]
+    duration: f64,
+    /// The most clients in the scaling scenario (it doubles from 1).
+    #[arg(long, default_value_t = 64)]
+    max_clients: usize,
+    /// Leases held at once in the held scenario.
+    #[arg(long, default_value_t = 10_000)]
+    held: usize,
+    /// A smoke run in well under two minutes: 4 clients, 0.3 s per
+    /// measurement, scaling to 16, 200 held leases.
+    #[arg(long)]
+    quick: bool,
+    /// Write every figure as JSON here.
+    #[arg(long)]
+    json: Option<PathBuf>,
+    /// Where the charts go (scaling.svg, latency.svg).
+    #[arg(long, default_value = "target/dlock-bench")]
+    charts: PathBuf,
+    /// A running Redis instead of a container (also DLOCK_REDIS_URL).
+    #[arg(long)]
+    redis_url: Option<String>,
+    /// A running MySQL/MariaDB instead of a container (also DLOCK_MYSQL_URL).
+    #[arg(long)]
+    mysql_url: Option<String>,
+    /// A running ZooKeeper instead of a container (also DLOCK_ZK_CONNECT).
+    #[arg(long)]
+    zk_connect: Option<String>,
+}
+
+fn main() -> Result<()> {
+    let mut args = Args::parse();
+    if args.quick {
+        args.clients = args.clients.min(4);
+        args.duration = args.duration.min(0.3);
+        args.max_clients = args.max_clients.min(16);
+        args.held = args.held.min(200);
+    }
+    if args.clients == 0 || args.max_clients == 0 || args.duration <= 0.0 {
+        return Err("--clients, --max-clients and --duration must be positive".into());
+    }
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?
+        .block_on(run(args))
+}
+
+async fn url(flag: Option<String>, service: Service) -> String {
+    match flag {
+        Some(url) => url,
+        None => shared(service).await.url().to_owned(),
+    }
+}
+
+async fn run(args: Args) -> Result<()> {
+    let duration = Duration::from_secs_f64(args.duration);
+    let mut targets = Vec::new();
+    for which in &args.backends {
+        targets.push(match which {
+            Which::Memory => Target::Memory(MemoryBackend::new()),
+            Which::Redis => Target::Redis(url(args.redis_url.clone(), Service::Redis).await),
+            Which::Mysql => Target::MySql(url(args.mysql_url.clone(), Service::MariaDb).await),
+            Which::Zookeeper => {
+                Target::ZooKeeper(url(args.zk_connect.clone(), Service::ZooKeeper).await)
+            }
+        });
+    }
+    let scaling_points: Vec<usize> = std::iter::successors(Some(1usize), |c| Some(c * 2))
+        .take_while(|&c| c <= args.max_clients)
+        .collect();
+    let has = |s| args.scenarios.contains(&s);
+    let steps = targets.len()
+        * (usize::from(has(Scenario::Cycle)) * 4
+            + usize::from(has(Scenario::Contended))
+            + usize::from(has(Scenario::Held))
+            + usize::from(has(Scenario::Scaling)) * scaling_points.len());
+    let bar = ProgressBar::new(u64::try_from(steps).unwrap_or(0));
+    bar.set_style(ProgressStyle::with_template(
+        "{bar:30} {pos}/{len} {elapsed} {msg}",
+    )?);
+
+    let mut report = Report {
+        machine: machine(),
+        clients: args.clients,
+        duration_s: args.duration,
+        quick: args.quick,
+        backends: Vec::new(),
+    };
+    for target in &targets {
+        let name = target.label();
+        target.prepare().await?;
+        let mut r = BackendReport {
+            backend: name,
+            ..BackendReport::default()
+        };
+        let need = if has(Scenario::Scaling) {
+            args.clients.max(args.max_clients)
+        } else {
+            args.clients
+        };
+        let mut clients = Vec::with_capacity(need);
+        for _ in 0..need {
+            clients.push(target.client().await?);
+        }
+        let cycles = |n: usize| -> Vec<Arc<dyn Op>> {
+            clients[..n]
+                .iter()
+                .map(|b| {
+                    Arc::new(target::Cycle {
+                        backend: b.clone(),
+                        opts: dlock::LockOptions::new().ttl(Duration::from_secs(30)),
+                    }) as Arc<dyn Op>
+                })
+                .collect()
+        };
+        if has(Scenario::Cycle) {
+            bar.set_message(format!("{name}: round trip"));
+            if let Some(op) = target.round_trip().await? {
+                r.round_trip = Some(
+                    scenarios::throughput(&[Arc::from(op)], "rtt", duration)
+                        .await?
+                        .latency,
+                );
+            }
+            bar.inc(1);
+            bar.set_message(format!("{name}: cycles"));
+            r.cycle = Some(scenarios::throughput(&cycles(args.clients), "cycle", duration).await?);
+            bar.inc(1);
+            bar.set_message(format!("{name}: raw floor"));
+            r.raw_floor = floor(
+                target.raw_floor().await?,
+                args.clients,
+                "raw",
+                duration,
+                async || target.raw_floor().await,
+            )
+            .await?;
+            bar.inc(1);
+            bar.set_message(format!("{name}: classic CAS"));
+            r.classic_cas = floor(
+                target.classic_cas().await?,
+                args.clients,
+                "cas",
+                duration,
+                async || target.classic_cas().await,
+            )
+            .await?;
+            bar.inc(1);
+        }
+        if has(Scenario::Contended) {
+            bar.set_message(format!("{name}: contended"));
+            r.contended =
+                Some(scenarios::contended(&clients[..args.clients], name, duration).await?);
+            bar.inc(1);
+        }
+        if has(Scenario::Held) {
+            bar.set_message(format!("{name}: {} held leases", args.held));
+            r.held = scenarios::held(target, target.client().await?, args.held).await?;
+            bar.inc(1);
+        }
+        if has(Scenario::Scaling) {
+            for &n in &scaling_points {
+                bar.set_message(format!("{name}: scaling, {n} clients"));
+                r.scaling
+                    .push(scenarios::throughput(&cycles(n), &format!("scale{n}"), duration).await?);
+                bar.inc(1);
+            }
+        }
+        report.backends.push(r);
+    }
+    bar.finish_and_clear();
+
+    println!("{}", report::markdown(&report));
+    if let Some(path) = &args.json {
+        std::fs::write(path, serde_json::to_string_pretty(&report)?)?;
+        eprintln!("figures: {}", path.display());
+    }
+    report::charts(&report, &args.charts)?;
+    eprintln!("charts: {}", args.charts.display());
+    Ok(())
+}
+
+/// Runs a bare-client baseline with `n` clients, each with its own
+/// connection, if the backend has one.
+async fn floor(
+    first: Option<Box<dyn Op>>,
+    n: usize,
+    run: &str,
+    duration: Duration,
+    mut make: impl AsyncFnMut() -> Result<Option<Box<dyn Op>>>,
+) -> Result<Option<scenarios::Throughput>> {
+    let Some(first) = first else { return Ok(None) };
+    let mut ops: Vec<Arc<dyn Op>> = vec![Arc::from(first)];
+    while ops.len() < n {
+        ops.extend(make().await?.map(Arc::from));
+    }
+    Ok(Some(scenarios::throughput(&ops, run, duration).await?))
+}
+
+fn machine() -> String {
+    let cores = std::thread::available_parallelism().map_or(0, usize::from);
+    let cpu = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|s| {
+            s.lines().find_map(|l| {
+                l.strip_prefix("model name")?
+                    .split(':')
+                    .nth(1)
+                    .map(|m| m.trim().to_owned())
+            })
+        })
+        .unwrap_or_else(|| "unknown CPU".to_owned());
+    format!("{cores} cores, {cpu}, servers in Docker through 127.0.0.1 port mappings")
+}

@@ -3,7 +3,7 @@
 
 pub use dlock_core::{
     Backend, Capabilities, Error, Guard, Lease, LeaseKind, LockInfo, LockOptions, Locker,
-    MemoryBackend, OwnerToken, Result, validate_name, wait,
+    MemoryBackend, OwnerToken, Result, async_trait, validate_name, wait,
 };
 
 /// The Redis driver.

@@ -1,0 +1,305 @@
+//! The results: a markdown table on stdout, JSON, and SVG charts.
+
+use std::fmt::Write as _;
+use std::path::Path;
+
+use plotters::prelude::*;
+use serde::Serialize;
+
+use crate::scenarios::{Contention, Held, Latency, Throughput};
+use crate::target::Result;
+
+#[derive(Debug, Default, Serialize)]
+pub struct BackendReport {
+    pub backend: &'static str,
+    /// One bare round trip (PING, SELECT 1, exists /).
+    pub round_trip: Option<Latency>,
+    /// dlock try_acquire + release on distinct names.
+    pub cycle: Option<Throughput>,
+    /// The same server operations sent bare with the client library.
+    pub raw_floor: Option<Throughput>,
+    /// MySQL only: SELECT, UPDATE … WHERE version = ?, release UPDATE.
+    pub classic_cas: Option<Throughput>,
+    pub contended: Option<Contention>,
+    pub held: Option<Held>,
+    pub scaling: Vec<Throughput>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct Report {
+    pub machine: String,
+    pub clients: usize,
+    pub duration_s: f64,
+    pub quick: bool,
+    pub backends: Vec<BackendReport>,
+}
+
+fn ms(us: u64) -> String {
+    format!("{:.2}", us as f64 / 1000.0)
+}
+
+fn opt<T>(v: Option<T>, f: impl FnOnce(T) -> String) -> String {
+    v.map(f).unwrap_or_else(|| "–".to_owned())
+}
+
+pub fn markdown(r: &Report) -> String {
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "Machine: {}. {} clients, {:.1} s per measurement{}.\n",
+        r.machine,
+        r.clients,
+        r.duration_s,
+        if r.quick { " (--quick)" } else { "" }
+    );
+    let _ = writeln!(
+        s,
+        "**Uncontended cycles** (acquire + release, distinct names; latency in ms)\n"
+    );
+    let _ = writeln!(
+        s,
+        "| backend | round trip p50 | cycles/s | p50 | p99 | p999 | raw floor cycles/s | dlock / raw | classic CAS cycles/s | dlock / CAS |"
+    );
+    let _ = writeln!(s, "|---|---|---|---|---|---|---|---|---|---|");
+    for b in &r.backends {
+        let cycle = b.cycle.as_ref();
+        let ratio = |base: Option<&Throughput>| match (cycle, base) {
+            (Some(c), Some(b)) if b.ops_per_s > 0.0 => format!("{:.2}", c.ops_per_s / b.ops_per_s),
+            _ => "–".to_owned(),
+        };
+        let _ = writeln!(
+            s,
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+            b.backend,
+            opt(b.round_trip.as_ref(), |l| ms(l.p50_us)),
+            opt(cycle, |c| format!("{:.0}", c.ops_per_s)),
+            opt(cycle, |c| ms(c.latency.p50_us)),
+            opt(cycle, |c| ms(c.latency.p99_us)),
+            opt(cycle, |c| ms(c.latency.p999_us)),
+            opt(b.raw_floor.as_ref(), |c| format!("{:.0}", c.ops_per_s)),
+            ratio(b.raw_floor.as_ref()),
+            opt(b.classic_cas.as_ref(), |c| format!("{:.0}", c.ops_per_s)),
+            ratio(b.classic_cas.as_ref()),
+        );
+    }
+    let _ = writeln!(
+        s,
+        "\n**Contention on one name** (hand-off: release to next grant, ms)\n"
+    );
+    let _ = writeln!(
+        s,
+        "| backend | grants/s | hand-off p50 | p99 | p50 in round trips | grants per client min–max | Jain |"
+    );
+    let _ = writeln!(s, "|---|---|---|---|---|---|---|");
+    for b in &r.backends {
+        let Some(c) = &b.contended else { continue };
+        let rtts = opt(b.round_trip.as_ref(), |l| {
+            format!("{:.1}", c.handoff.p50_us as f64 / l.p50_us.max(1) as f64)
+        });
+        let _ = writeln!(
+            s,
+            "| {} | {:.0} | {} | {} | {} | {}–{} | {:.3} |",
+            b.backend,
+            c.grants_per_s,
+            ms(c.handoff.p50_us),
+            ms(c.handoff.p99_us),
+            rtts,
+            c.min_grants_per_client,
+            c.max_grants_per_client,
+            c.jain
+        );
+    }
+    if r.backends.iter().any(|b| b.held.is_some()) {
+        let _ = writeln!(s, "\n**Held leases** (renewed by their guards)\n");
+        let _ = writeln!(
+            s,
+            "| backend | leases | TTL | server requests per renewal tick | memory per lock (bytes) | lost |"
+        );
+        let _ = writeln!(s, "|---|---|---|---|---|---|");
+        for b in &r.backends {
+            let Some(h) = &b.held else { continue };
+            let _ = writeln!(
+                s,
+                "| {} | {} | {} s | {:.0} | {:.0} | {} |",
+                b.backend,
+                h.leases,
+                h.ttl_ms / 1000,
+                h.requests_per_tick,
+                h.memory_per_lock_bytes,
+                h.lost
+            );
+        }
+    }
+    if r.backends.iter().any(|b| !b.scaling.is_empty()) {
+        let clients: Vec<usize> = r
+            .backends
+            .iter()
+            .flat_map(|b| b.scaling.iter().map(|t| t.clients))
+            .fold(Vec::new(), |mut v, c| {
+                if !v.contains(&c) {
+                    v.push(c);
+                }
+                v
+            });
+        let _ = writeln!(
+            s,
+            "\n**Scaling** (uncontended cycles/s by number of clients)\n"
+        );
+        let header: Vec<String> = clients.iter().map(|c| c.to_string()).collect();
+        let _ = writeln!(s, "| backend | {} |", header.join(" | "));
+        let _ = writeln!(s, "|---|{}", "---|".repeat(clients.len()));
+        for b in &r.backends {
+            let row: Vec<String> = clients
+                .iter()
+                .map(|c| {
+                    opt(b.scaling.iter().find(|t| t.clients == *c), |t| {
+                        format!("{:.0}", t.ops_per_s)
+                    })
+                })
+                .collect();
+            let _ = writeln!(s, "| {} | {} |", b.backend, row.join(" | "));
+        }
+    }
+    s
+}
+
+const COLORS: [RGBColor; 4] = [
+    RGBColor(31, 119, 180),
+    RGBColor(214, 39, 40),
+    RGBColor(44, 160, 44),
+    RGBColor(148, 103, 189),
+];
+
+/// `scaling.svg`: cycles/s by clients; `latency.svg`: cycle latency by
+/// percentile.
+pub fn charts(r: &Report, dir: &Path) -> Result<()> {
+    std::fs::create_dir_all(dir)?;
+    let scaling = dir.join("scaling.svg");
+    {
+        let root = SVGBackend::new(&scaling, (800, 500)).into_drawing_area();
+        root.fill(&WHITE)?;
+        let max_clients = r
+            .backends
+            .iter()
+            .flat_map(|b| &b.scaling)
+            .map(|t| t.clients)
+            .max()
+            .unwrap_or(1);
+        let max_ops = r
+            .backends
+            .iter()
+            .flat_map(|b| &b.scaling)
+            .map(|t| t.ops_per_s)
+            .fold(1.0, f64::max);
+        let mut chart = ChartBuilder::on(&root)
+            .caption(
+                "Uncontended acquire+release cycles/s by clients",
+                ("sans-serif", 20),
+            )
+            .margin(15)
+            .x_label_area_size(40)
+            .y_label_area_size(70)
+            .build_cartesian_2d(
+                (1u32..u32::try_from(max_clients).unwrap_or(64)).log_scale(),
+                0f64..max_ops * 1.1,
+            )?;
+        chart
+            .configure_mesh()
+            .x_desc("clients")
+            .y_desc("cycles/s")
+            .draw()?;
+        for (i, b) in r
+            .backends
+            .iter()
+            .filter(|b| !b.scaling.is_empty())
+            .enumerate()
+        {
+            let color = COLORS[i % COLORS.len()];
+            let points: Vec<(u32, f64)> = b
+                .scaling
+                .iter()
+                .map(|t| (u32::try_from(t.clients).unwrap_or(u32::MAX), t.ops_per_s))
+                .collect();
+            chart
+                .draw_series(LineSeries::new(points.clone(), color.stroke_width(2)))?
+                .label(b.backend)
+                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color));
+            chart.draw_series(
+                points
+                    .into_iter()
+                    .map(|p| Circle::new(p, 3, color.filled())),
+            )?;
+        }
+        chart
+            .configure_series_labels()
+            .background_style(WHITE)
+            .border_style(BLACK)
+            .draw()?;
+        root.present()?;
+    }
+    let latency = dir.join("latency.svg");
+    {
+        let root = SVGBackend::new(&latency, (800, 500)).into_drawing_area();
+        root.fill(&WHITE)?;
+        let series: Vec<(&str, [f64; 4])> = r
+            .backends
+            .iter()
+            .filter_map(|b| {
+                let l = &b.cycle.as_ref()?.latency;
+                Some((
+                    b.backend,
+                    [l.p50_us, l.p90_us, l.p99_us, l.p999_us].map(|v| v as f64 / 1000.0),
+                ))
+            })
+            .collect();
+        let max = series
+            .iter()
+            .flat_map(|(_, v)| v.iter().copied())
+            .fold(0.01, f64::max);
+        let mut chart = ChartBuilder::on(&root)
+            .caption(
+                "Cycle latency (ms) at p50, p90, p99, p99.9",
+                ("sans-serif", 20),
+            )
+            .margin(15)
+            .x_label_area_size(40)
+            .y_label_area_size(70)
+            .build_cartesian_2d(0f64..3.2, (0.001f64..max * 2.0).log_scale())?;
+        chart
+            .configure_mesh()
+            .x_labels(4)
+            .x_label_formatter(&|x| {
+                ["p50", "p90", "p99", "p99.9"]
+                    .get(x.round() as usize)
+                    .copied()
+                    .unwrap_or("")
+                    .to_owned()
+            })
+            .y_desc("ms")
+            .draw()?;
+        for (i, (name, values)) in series.into_iter().enumerate() {
+            let color = COLORS[i % COLORS.len()];
+            let points: Vec<(f64, f64)> = values
+                .iter()
+                .enumerate()
+                .map(|(x, &y)| (x as f64, y.max(0.001)))
+                .collect();
+            chart
+                .draw_series(LineSeries::new(points.clone(), color.stroke_width(2)))?
+                .label(name)
+                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color));
+            chart.draw_series(
+                points
+                    .into_iter()
+                    .map(|p| Circle::new(p, 3, color.filled())),
+            )?;
+        }
+        chart
+            .configure_series_labels()
+            .background_style(WHITE)
+            .border_style(BLACK)
+            .draw()?;
+        root.present()?;
+    }
+    Ok(())
+}

@@ -1,0 +1,217 @@
+//! The measurements. Each returns figures only; judging them is the
+//! reader's job (the README says how).
+
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use dlock::{Backend, LockOptions, Locker};
+use hdrhistogram::Histogram;
+use serde::Serialize;
+use tokio::time::{Instant, sleep};
+
+use crate::target::{GRANT_TIMEOUT, Op, Result, Target};
+
+/// Latency percentiles in microseconds.
+#[derive(Debug, Clone, Serialize)]
+pub struct Latency {
+    pub count: u64,
+    pub mean_us: f64,
+    pub p50_us: u64,
+    pub p90_us: u64,
+    pub p99_us: u64,
+    pub p999_us: u64,
+}
+
+impl Latency {
+    fn from(h: &Histogram<u64>) -> Self {
+        Latency {
+            count: h.len(),
+            mean_us: h.mean(),
+            p50_us: h.value_at_quantile(0.5),
+            p90_us: h.value_at_quantile(0.9),
+            p99_us: h.value_at_quantile(0.99),
+            p999_us: h.value_at_quantile(0.999),
+        }
+    }
+}
+
+fn histogram() -> Result<Histogram<u64>> {
+    Ok(Histogram::new_with_bounds(1, 60_000_000, 3)?)
+}
+
+fn micros(d: Duration) -> u64 {
+    u64::try_from(d.as_micros()).unwrap_or(u64::MAX).max(1)
+}
+
+/// Operations per second and their latency.
+#[derive(Debug, Clone, Serialize)]
+pub struct Throughput {
+    pub clients: usize,
+    pub ops_per_s: f64,
+    pub latency: Latency,
+}
+
+/// Runs each op in its own task on its own key until `duration` passes.
+pub async fn throughput(ops: &[Arc<dyn Op>], run: &str, duration: Duration) -> Result<Throughput> {
+    let started = Instant::now();
+    let end = started + duration;
+    let mut tasks = Vec::new();
+    for (i, op) in ops.iter().enumerate() {
+        let op = op.clone();
+        let key = format!("bench:{run}:{i}:{:x}", std::process::id());
+        tasks.push(tokio::spawn(async move {
+            let mut h = histogram()?;
+            while Instant::now() < end {
+                let t = Instant::now();
+                op.run(&key).await?;
+                h.record(micros(t.elapsed()))?;
+            }
+            Ok::<_, crate::target::BoxError>(h)
+        }));
+    }
+    let mut all = histogram()?;
+    for task in tasks {
+        all.add(task.await??)?;
+    }
+    let secs = started.elapsed().as_secs_f64();
+    Ok(Throughput {
+        clients: ops.len(),
+        ops_per_s: all.len() as f64 / secs,
+        latency: Latency::from(&all),
+    })
+}
+
+/// Contention on one name.
+#[derive(Debug, Clone, Serialize)]
+pub struct Contention {
+    pub clients: usize,
+    pub grants: u64,
+    pub grants_per_s: f64,
+    /// From the holder's release to the next grant, in any client.
+    pub handoff: Latency,
+    pub min_grants_per_client: u64,
+    pub max_grants_per_client: u64,
+    /// Jain's fairness index of grants per client: 1 is perfectly even.
+    pub jain: f64,
+}
+
+pub async fn contended(
+    clients: &[Arc<dyn Backend>],
+    run: &str,
+    duration: Duration,
+) -> Result<Contention> {
+    let name = format!("bench:{run}:contended:{:x}", std::process::id());
+    let released: Arc<Mutex<Option<Instant>>> = Arc::default();
+    let started = Instant::now();
+    let end = started + duration;
+    let mut tasks = Vec::new();
+    for backend in clients {
+        let backend = backend.clone();
+        let name = name.clone();
+        let released = released.clone();
+        tasks.push(tokio::spawn(async move {
+            let opts = LockOptions::new()
+                .ttl(Duration::from_secs(10))
+                .wait(GRANT_TIMEOUT);
+            let mut h = histogram()?;
+            let mut grants = 0u64;
+            while Instant::now() < end {
+                let lease = backend.acquire(&name, &opts).await?;
+                let previous = released
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .take();
+                if let Some(at) = previous {
+                    h.record(micros(at.elapsed()))?;
+                }
+                grants += 1;
+                *released.lock().unwrap_or_else(PoisonError::into_inner) = Some(Instant::now());
+                backend.release(&lease).await?;
+            }
+            Ok::<_, crate::target::BoxError>((h, grants))
+        }));
+    }
+    let mut all = histogram()?;
+    let mut per_client = Vec::new();
+    for task in tasks {
+        let (h, grants) = task.await??;
+        all.add(h)?;
+        per_client.push(grants);
+    }
+    let total: u64 = per_client.iter().sum();
+    let squares: f64 = per_client.iter().map(|&g| (g as f64).powi(2)).sum();
+    let n = per_client.len() as f64;
+    Ok(Contention {
+        clients: clients.len(),
+        grants: total,
+        grants_per_s: total as f64 / started.elapsed().as_secs_f64(),
+        handoff: Latency::from(&all),
+        min_grants_per_client: per_client.iter().copied().min().unwrap_or(0),
+        max_grants_per_client: per_client.iter().copied().max().unwrap_or(0),
+        jain: if squares > 0.0 {
+            (total as f64).powi(2) / (n * squares)
+        } else {
+            0.0
+        },
+    })
+}
+
+/// Many leases held at once, renewed by their guards.
+#[derive(Debug, Clone, Serialize)]
+pub struct Held {
+    pub leases: usize,
+    pub ttl_ms: u64,
+    /// Requests the server handled per renewal period (a third of the TTL),
+    /// from every client, while the leases were held.
+    pub requests_per_tick: f64,
+    pub memory_per_lock_bytes: f64,
+    /// Leases whose guard reported them lost during the measurement.
+    pub lost: usize,
+}
+
+pub async fn held(
+    target: &Target,
+    backend: Arc<dyn Backend>,
+    leases: usize,
+) -> Result<Option<Held>> {
+    let Some((_, memory_before)) = target.server_stats().await? else {
+        return Ok(None);
+    };
+    let ttl = Duration::from_secs(6);
+    let tick = ttl / 3;
+    let locker = Locker::from_arc(backend);
+    let opts = LockOptions::new().ttl(ttl);
+    let prefix = format!("bench:held:{:x}", std::process::id());
+    let mut guards = Vec::with_capacity(leases);
+    // Acquire in waves so that a slow backend is not flooded.
+    for wave in (0..leases).collect::<Vec<_>>().chunks(64) {
+        let mut tasks = Vec::new();
+        for &i in wave {
+            let locker = locker.clone();
+            let opts = opts.clone();
+            let name = format!("{prefix}:{i}");
+            tasks.push(tokio::spawn(async move {
+                locker.try_acquire(&name, &opts).await
+            }));
+        }
+        for task in tasks {
+            guards.push(task.await??.ok_or("a held-lease name was taken")?);
+        }
+    }
+    sleep(tick / 2).await;
+    let (requests_a, memory_after) = target.server_stats().await?.unwrap_or_default();
+    let ticks = 3;
+    sleep(tick * ticks).await;
+    let (requests_b, _) = target.server_stats().await?.unwrap_or_default();
+    let lost = guards.iter().filter(|g| !g.is_valid()).count();
+    for guard in guards {
+        guard.release().await.ok();
+    }
+    Ok(Some(Held {
+        leases,
+        ttl_ms: u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX),
+        requests_per_tick: requests_b.saturating_sub(requests_a) as f64 / f64::from(ticks),
+        memory_per_lock_bytes: memory_after.saturating_sub(memory_before) as f64 / leases as f64,
+        lost,
+    }))
+}
