@@ -155,7 +155,8 @@ async fn run(args: Args) -> Result<()> {
         };
         let mut clients = Vec::with_capacity(need);
         for _ in 0..need {
-            clients.push(target.client().await?);
+            // One connection each: a client is one node's worth of traffic.
+            clients.push(target.client(1).await?);
         }
         let cycles = |n: usize| -> Vec<Arc<dyn Op>> {
             clients[..n]
@@ -210,7 +211,8 @@ async fn run(args: Args) -> Result<()> {
         }
         if has(Scenario::Held) {
             bar.set_message(format!("{name}: {} held leases", args.held));
-            r.held = scenarios::held(target, target.client().await?, args.held).await?;
+            // One process holding many leases, as a busy node would.
+            r.held = scenarios::held(target, target.client(16).await?, args.held).await?;
             bar.inc(1);
         }
         if has(Scenario::Scaling) {

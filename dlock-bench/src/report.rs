@@ -170,136 +170,97 @@ const COLORS: [RGBColor; 4] = [
     RGBColor(148, 103, 189),
 ];
 
+type Series<'a> = (&'a str, Vec<(f64, f64)>);
+
+/// One SVG line chart with a line and dots per backend.
+fn line_chart(
+    path: &Path,
+    caption: &str,
+    (x_desc, y_desc): (&str, &str),
+    x_label: &dyn Fn(&f64) -> String,
+    series: &[Series<'_>],
+) -> Result<()> {
+    let points = series.iter().flat_map(|(_, p)| p.iter());
+    let (x_max, y_max) = points.fold((0.0f64, 0.0f64), |(x, y), &(px, py)| (x.max(px), y.max(py)));
+    let root = SVGBackend::new(path, (800, 500)).into_drawing_area();
+    root.fill(&WHITE)?;
+    let mut chart = ChartBuilder::on(&root)
+        .caption(caption, ("sans-serif", 20))
+        .margin(15)
+        .x_label_area_size(40)
+        .y_label_area_size(70)
+        .build_cartesian_2d(-0.2f64..x_max + 0.2, 0f64..(y_max * 1.1).max(0.001))?;
+    chart
+        .configure_mesh()
+        .x_labels(x_max as usize + 1)
+        .x_label_formatter(x_label)
+        .x_desc(x_desc)
+        .y_desc(y_desc)
+        .draw()?;
+    for (i, (name, points)) in series.iter().enumerate() {
+        let color = COLORS[i % COLORS.len()];
+        chart
+            .draw_series(LineSeries::new(points.clone(), color.stroke_width(2)))?
+            .label(*name)
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color));
+        chart.draw_series(points.iter().map(|&p| Circle::new(p, 3, color.filled())))?;
+    }
+    chart
+        .configure_series_labels()
+        .background_style(WHITE)
+        .border_style(BLACK)
+        .draw()?;
+    root.present()?;
+    Ok(())
+}
+
 /// `scaling.svg`: cycles/s by clients; `latency.svg`: cycle latency by
 /// percentile.
 pub fn charts(r: &Report, dir: &Path) -> Result<()> {
     std::fs::create_dir_all(dir)?;
-    let scaling = dir.join("scaling.svg");
-    {
-        let root = SVGBackend::new(&scaling, (800, 500)).into_drawing_area();
-        root.fill(&WHITE)?;
-        let max_clients = r
-            .backends
-            .iter()
-            .flat_map(|b| &b.scaling)
-            .map(|t| t.clients)
-            .max()
-            .unwrap_or(1);
-        let max_ops = r
-            .backends
-            .iter()
-            .flat_map(|b| &b.scaling)
-            .map(|t| t.ops_per_s)
-            .fold(1.0, f64::max);
-        let mut chart = ChartBuilder::on(&root)
-            .caption(
-                "Uncontended acquire+release cycles/s by clients",
-                ("sans-serif", 20),
-            )
-            .margin(15)
-            .x_label_area_size(40)
-            .y_label_area_size(70)
-            .build_cartesian_2d(
-                (1u32..u32::try_from(max_clients).unwrap_or(64)).log_scale(),
-                0f64..max_ops * 1.1,
-            )?;
-        chart
-            .configure_mesh()
-            .x_desc("clients")
-            .y_desc("cycles/s")
-            .draw()?;
-        for (i, b) in r
-            .backends
-            .iter()
-            .filter(|b| !b.scaling.is_empty())
-            .enumerate()
-        {
-            let color = COLORS[i % COLORS.len()];
-            let points: Vec<(u32, f64)> = b
+    let scaling: Vec<Series<'_>> = r
+        .backends
+        .iter()
+        .filter(|b| !b.scaling.is_empty())
+        .map(|b| {
+            let points = b
                 .scaling
                 .iter()
-                .map(|t| (u32::try_from(t.clients).unwrap_or(u32::MAX), t.ops_per_s))
-                .collect();
-            chart
-                .draw_series(LineSeries::new(points.clone(), color.stroke_width(2)))?
-                .label(b.backend)
-                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color));
-            chart.draw_series(
-                points
-                    .into_iter()
-                    .map(|p| Circle::new(p, 3, color.filled())),
-            )?;
-        }
-        chart
-            .configure_series_labels()
-            .background_style(WHITE)
-            .border_style(BLACK)
-            .draw()?;
-        root.present()?;
-    }
-    let latency = dir.join("latency.svg");
-    {
-        let root = SVGBackend::new(&latency, (800, 500)).into_drawing_area();
-        root.fill(&WHITE)?;
-        let series: Vec<(&str, [f64; 4])> = r
-            .backends
-            .iter()
-            .filter_map(|b| {
-                let l = &b.cycle.as_ref()?.latency;
-                Some((
-                    b.backend,
-                    [l.p50_us, l.p90_us, l.p99_us, l.p999_us].map(|v| v as f64 / 1000.0),
-                ))
-            })
-            .collect();
-        let max = series
-            .iter()
-            .flat_map(|(_, v)| v.iter().copied())
-            .fold(0.01, f64::max);
-        let mut chart = ChartBuilder::on(&root)
-            .caption(
-                "Cycle latency (ms) at p50, p90, p99, p99.9",
-                ("sans-serif", 20),
-            )
-            .margin(15)
-            .x_label_area_size(40)
-            .y_label_area_size(70)
-            .build_cartesian_2d(0f64..3.2, (0.001f64..max * 2.0).log_scale())?;
-        chart
-            .configure_mesh()
-            .x_labels(4)
-            .x_label_formatter(&|x| {
-                ["p50", "p90", "p99", "p99.9"]
-                    .get(x.round() as usize)
-                    .copied()
-                    .unwrap_or("")
-                    .to_owned()
-            })
-            .y_desc("ms")
-            .draw()?;
-        for (i, (name, values)) in series.into_iter().enumerate() {
-            let color = COLORS[i % COLORS.len()];
-            let points: Vec<(f64, f64)> = values
+                .map(|t| ((t.clients as f64).log2(), t.ops_per_s));
+            (b.backend, points.collect())
+        })
+        .collect();
+    line_chart(
+        &dir.join("scaling.svg"),
+        "Uncontended acquire+release cycles/s by clients",
+        ("clients", "cycles/s"),
+        &|x| format!("{}", 2f64.powf(x.round())),
+        &scaling,
+    )?;
+    const PERCENTILES: [&str; 4] = ["p50", "p90", "p99", "p99.9"];
+    let latency: Vec<Series<'_>> = r
+        .backends
+        .iter()
+        .filter_map(|b| {
+            let l = &b.cycle.as_ref()?.latency;
+            let values = [l.p50_us, l.p90_us, l.p99_us, l.p999_us];
+            let points = values
                 .iter()
                 .enumerate()
-                .map(|(x, &y)| (x as f64, y.max(0.001)))
-                .collect();
-            chart
-                .draw_series(LineSeries::new(points.clone(), color.stroke_width(2)))?
-                .label(name)
-                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color));
-            chart.draw_series(
-                points
-                    .into_iter()
-                    .map(|p| Circle::new(p, 3, color.filled())),
-            )?;
-        }
-        chart
-            .configure_series_labels()
-            .background_style(WHITE)
-            .border_style(BLACK)
-            .draw()?;
-        root.present()?;
-    }
-    Ok(())
+                .map(|(i, &us)| (i as f64, us as f64 / 1000.0));
+            Some((b.backend, points.collect()))
+        })
+        .collect();
+    line_chart(
+        &dir.join("latency.svg"),
+        "Cycle latency (ms) by percentile",
+        ("percentile", "ms"),
+        &|x| {
+            let i = x.round();
+            let known = i >= 0.0 && (x - i).abs() < 0.01;
+            let label = known.then(|| PERCENTILES.get(i as usize)).flatten();
+            label.copied().unwrap_or("").to_owned()
+        },
+        &latency,
+    )
 }

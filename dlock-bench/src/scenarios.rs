@@ -204,9 +204,15 @@ pub async fn held(
     sleep(tick * ticks).await;
     let (requests_b, _) = target.server_stats().await?.unwrap_or_default();
     let lost = guards.iter().filter(|g| !g.is_valid()).count();
+    let mut releases = tokio::task::JoinSet::new();
     for guard in guards {
-        guard.release().await.ok();
+        releases.spawn(guard.release());
+        // Bound the requests in flight, as the acquire waves do.
+        if releases.len() >= 64 {
+            releases.join_next().await;
+        }
     }
+    releases.join_all().await;
     Ok(Some(Held {
         leases,
         ttl_ms: u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX),

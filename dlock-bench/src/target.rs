@@ -32,13 +32,15 @@ impl Target {
     }
 
     /// A client of its own: its own connections, as another node would have.
-    pub async fn client(&self) -> Result<Arc<dyn Backend>> {
+    /// `connections` sizes a MySQL pool; the other drivers multiplex one
+    /// connection.
+    pub async fn client(&self, connections: u32) -> Result<Arc<dyn Backend>> {
         Ok(match self {
             Target::Memory(m) => Arc::new(m.clone()),
             Target::Redis(url) => Arc::new(dlock::redis::RedisBackend::connect(url).await?),
             Target::MySql(url) => Arc::new(
                 dlock::mysql::MySqlBackend::builder(url)
-                    .max_connections(2)
+                    .max_connections(connections)
                     .connect()
                     .await?,
             ),

@@ -193,6 +193,8 @@ pub async fn on_harness<T: Send + 'static>(fut: impl Future<Output = T> + Send +
 const README_STEP: &str = "see \"Running the tests\" in the README";
 
 async fn start_container(service: Service, options: ServerOptions) -> Result<Server, String> {
+    static SWEEP: std::sync::Once = std::sync::Once::new();
+    SWEEP.call_once(remove_stale_containers);
     let image = test_image()?;
     let (repo, tag) = image.split_once(':').unwrap_or((image.as_str(), "latest"));
     let port = service.port();
@@ -270,6 +272,14 @@ fn free_port() -> Result<u16, String> {
         .and_then(|l| l.local_addr())
         .map(|a| a.port())
         .map_err(|e| format!("dlock harness: no free port: {e}"))
+}
+
+/// A port on 127.0.0.1 that nothing listens on, for "server is down" tests.
+///
+/// # Panics
+/// When the OS has no free port to give.
+pub fn unused_port() -> u16 {
+    free_port().unwrap_or_else(|e| panic!("{e}"))
 }
 
 /// Polls the server's own protocol until it answers.
@@ -350,6 +360,33 @@ fn register_for_cleanup(id: &str) {
         }
     }
     ids.push(id.to_owned());
+}
+
+/// Removes containers left by test processes that were killed before their
+/// exit hook ran: each carries its process id in the `dlock.harness` label.
+fn remove_stale_containers() {
+    if !cfg!(target_os = "linux") {
+        return; // no /proc to tell a live process from a dead one
+    }
+    let Ok(out) = Command::new("docker")
+        .args(["ps", "-a", "--filter", "label=dlock.harness"])
+        .args(["--format", "{{.ID}} {{.Label \"dlock.harness\"}}"])
+        .output()
+    else {
+        return;
+    };
+    let stale: Vec<String> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|line| line.split_once(' '))
+        .filter(|(_, pid)| !std::path::Path::new(&format!("/proc/{pid}")).exists())
+        .map(|(id, _)| id.to_owned())
+        .collect();
+    if !stale.is_empty() {
+        let _ = Command::new("docker")
+            .args(["rm", "-f", "-v"])
+            .args(&stale)
+            .output();
+    }
 }
 
 extern "C" fn remove_containers() {

@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use dlock_conformance::cases::unique_name;
-use dlock_conformance::harness::{ServerOptions, Service, shared, start};
+use dlock_conformance::harness::{ServerOptions, Service, shared, start, unused_port};
 use dlock_core::{Backend, Error, LockOptions};
 use dlock_mysql::MySqlBackend;
 
@@ -172,11 +172,7 @@ async fn configuration_errors_are_typed() {
         matches!(r, Err(Error::InvalidOption { option: "url", .. })),
         "{r:?}"
     );
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = unused_port();
     let r = MySqlBackend::builder(format!("mysql://dlock:dlock@127.0.0.1:{port}/dlock"))
         .connect_timeout(Duration::from_secs(2))
         .connect()

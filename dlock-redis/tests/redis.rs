@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use dlock_conformance::cases::unique_name;
-use dlock_conformance::harness::{ServerOptions, Service, shared, start, wait_ready};
+use dlock_conformance::harness::{ServerOptions, Service, shared, start, unused_port, wait_ready};
 use dlock_core::{Backend, Error, LockOptions};
 use dlock_redis::RedisBackend;
 use dlock_redis::redis::{self, AsyncCommands};
@@ -187,11 +187,7 @@ async fn malformed_url_is_an_invalid_option() {
 
 #[tokio::test]
 async fn refused_connection_is_a_connection_error() {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = unused_port();
     let r = RedisBackend::connect(&format!("redis://127.0.0.1:{port}")).await;
     match r {
         Err(e @ Error::Connection { .. }) => assert!(e.is_retryable()),

@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use dlock_conformance::cases::unique_name;
-use dlock_conformance::harness::{ServerOptions, Service, shared, start};
+use dlock_conformance::harness::{ServerOptions, Service, shared, start, unused_port};
 use dlock_core::{Backend, Error, LockOptions, Locker};
 use dlock_zk::ZkBackend;
 use dlock_zk::zookeeper_client as zk;
@@ -234,11 +234,7 @@ async fn configuration_errors_are_typed() {
         matches!(r, Err(Error::InvalidOption { option: "root", .. })),
         "{r:?}"
     );
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = unused_port();
     let r = ZkBackend::builder(format!("zk://127.0.0.1:{port}"))
         .connection_timeout(Duration::from_millis(500))
         .connect()
