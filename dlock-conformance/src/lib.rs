@@ -1,32 +1,130 @@
 #![doc = include_str!("../README.md")]
 
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use dlock_core::Backend;
+
 pub mod cases;
+pub mod checker;
 pub mod harness;
+
+/// A boxed future, as the programmatic suite passes them around.
+pub type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
+
+/// Makes a new client of the backend under test.
+pub type Factory = Arc<dyn Fn() -> BoxFuture<Arc<dyn Backend>> + Send + Sync>;
+
+/// One case of the suite, for running it programmatically (the macro is
+/// the usual way).
+#[derive(Clone, Copy)]
+pub struct Case {
+    /// The case's name, as its test is named.
+    pub name: &'static str,
+    /// Runs the case; it panics when the backend breaks the rule.
+    pub run: fn(Factory) -> BoxFuture<()>,
+}
+
+impl std::fmt::Debug for Case {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name)
+    }
+}
+
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __suite_fn {
+    ({} single [$($single:ident),* $(,)?] multi [$($multi:ident),* $(,)?]) => {
+        /// Every case of the suite, in the order the macro stamps them out.
+        pub fn suite() -> Vec<Case> {
+            vec![
+                $(Case {
+                    name: stringify!($single),
+                    run: |factory: Factory| -> BoxFuture<()> {
+                        Box::pin(async move { cases::$single(&factory().await).await })
+                    },
+                },)*
+                $(Case {
+                    name: stringify!($multi),
+                    run: |factory: Factory| -> BoxFuture<()> {
+                        Box::pin(cases::$multi(move || factory()))
+                    },
+                },)*
+            ]
+        }
+    };
+}
+
+__case_list!(__suite_fn {});
 
 #[doc(hidden)]
 pub mod __private {
     pub use dlock_core::Backend;
-    pub use tokio::time::timeout;
 
-    /// A fresh runtime per test, like `#[tokio::test]`, but with two workers so
-    /// that background renewal and release run alongside the case.
-    pub fn runtime() -> tokio::runtime::Runtime {
-        tokio::runtime::Builder::new_multi_thread()
+    /// Runs one case like `#[tokio::test]` would, on a fresh runtime with two
+    /// workers (so background renewal and release run alongside), bounded
+    /// so that a hung backend fails the test instead of hanging the run.
+    pub fn run(case: &str, fut: impl Future<Output = ()>) {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .enable_all()
             .build()
-            .unwrap_or_else(|e| panic!("cannot start a tokio runtime: {e}"))
+            .unwrap_or_else(|e| panic!("cannot start a tokio runtime: {e}"));
+        runtime.block_on(async {
+            if tokio::time::timeout(CASE_TIMEOUT, fut).await.is_err() {
+                panic!("{case} did not finish in {CASE_TIMEOUT:?}");
+            }
+        });
     }
 
-    /// Bounds each case so that a hung backend fails the test instead of
-    /// hanging the run.
-    pub const CASE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(120);
+    use std::future::Future;
+    use std::time::Duration;
+
+    /// The longest a case may run.
+    pub const CASE_TIMEOUT: Duration = Duration::from_secs(120);
+}
+
+/// The case list: the one place a case is named.
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __case_list {
+    ($then:ident { $($context:tt)* }) => {
+        $crate::$then! {
+            { $($context)* }
+            single [
+                acquire_then_release,
+                try_acquire_when_held_is_none,
+                release_twice_is_not_held,
+                stale_lease_cannot_touch_new_holder,
+                foreign_lease_is_not_held,
+                expiry_then_takeover,
+                release_after_expiry_is_not_held,
+                extend_keeps_the_lock,
+                fencing_increases_across_grants,
+                acquire_times_out_within_wait_bound,
+                waiter_acquires_after_release,
+                tricky_names_are_distinct,
+                invalid_names_are_rejected,
+                invalid_options_are_rejected,
+                guard_renews_past_ttl,
+                guard_lost_fires_at_expiry,
+                guard_drop_releases,
+                with_lock_runs_under_the_lock,
+            ]
+            multi [
+                stress_contended_grants_are_exclusive,
+            ]
+        }
+    };
 }
 
 /// Stamps out one `#[test]` per conformance case for a driver.
 ///
 /// `$factory` is an async fn (or closure) with no arguments returning
-/// `Arc<dyn Backend>`; each test calls it once, on the test's own runtime.
+/// `Arc<dyn Backend>`. Single-client cases call it once; multi-client
+/// cases call it once per client, so it should hand out a new client
+/// (its own connections) of the same lock service each time.
 ///
 /// ```ignore
 /// async fn my_backend() -> std::sync::Arc<dyn dlock_core::Backend> {
@@ -37,48 +135,28 @@ pub mod __private {
 #[macro_export]
 macro_rules! conformance_tests {
     ($factory:expr) => {
-        $crate::__conformance_cases!(
-            $factory;
-            acquire_then_release,
-            try_acquire_when_held_is_none,
-            release_twice_is_not_held,
-            stale_lease_cannot_touch_new_holder,
-            foreign_lease_is_not_held,
-            expiry_then_takeover,
-            release_after_expiry_is_not_held,
-            extend_keeps_the_lock,
-            fencing_increases_across_grants,
-            acquire_times_out_within_wait_bound,
-            waiter_acquires_after_release,
-            tricky_names_are_distinct,
-            invalid_names_are_rejected,
-            invalid_options_are_rejected,
-            guard_renews_past_ttl,
-            guard_lost_fires_at_expiry,
-            guard_drop_releases,
-            with_lock_runs_under_the_lock,
-        );
+        $crate::__case_list!(__stamp_tests { $factory });
     };
 }
 
 #[doc(hidden)]
 #[macro_export]
-macro_rules! __conformance_cases {
-    ($factory:expr; $($case:ident),* $(,)?) => {
+macro_rules! __stamp_tests {
+    ({ $factory:expr } single [$($single:ident),* $(,)?] multi [$($multi:ident),* $(,)?]) => {
         $(
             #[test]
-            fn $case() {
-                $crate::__private::runtime().block_on(async {
+            fn $single() {
+                $crate::__private::run(stringify!($single), async {
                     let backend: ::std::sync::Arc<dyn $crate::__private::Backend> =
                         ($factory)().await;
-                    let case = $crate::cases::$case(&backend);
-                    if $crate::__private::timeout($crate::__private::CASE_TIMEOUT, case)
-                        .await
-                        .is_err()
-                    {
-                        panic!("{} did not finish in {:?}", stringify!($case), $crate::__private::CASE_TIMEOUT);
-                    }
-                })
+                    $crate::cases::$single(&backend).await;
+                });
+            }
+        )*
+        $(
+            #[test]
+            fn $multi() {
+                $crate::__private::run(stringify!($multi), $crate::cases::$multi(|| ($factory)()));
             }
         )*
     };

@@ -1,13 +1,15 @@
 //! The whole suite against the in-memory reference driver: no Docker needed.
 
-#![allow(clippy::unwrap_used)] // tests panic on purpose
-
-use std::sync::Arc;
+use std::sync::{Arc, LazyLock};
 
 use dlock_core::{Backend, MemoryBackend};
 
+/// One lock space for every client, as one server would be; each test uses
+/// its own lock names.
+static SPACE: LazyLock<MemoryBackend> = LazyLock::new(MemoryBackend::new);
+
 async fn memory() -> Arc<dyn Backend> {
-    Arc::new(MemoryBackend::new())
+    Arc::new(SPACE.clone())
 }
 
 dlock_conformance::conformance_tests!(memory);
