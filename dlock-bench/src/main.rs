@@ -69,6 +69,10 @@ struct Args {
     /// Write every figure as JSON here.
     #[arg(long)]
     json: Option<PathBuf>,
+    /// Print the table and draw the charts from a JSON file written by
+    /// `--json`, without measuring anything.
+    #[arg(long)]
+    render: Option<PathBuf>,
     /// Where the charts go (scaling.svg, latency.svg).
     #[arg(long, default_value = "target/dlock-bench")]
     charts: PathBuf,
@@ -90,6 +94,10 @@ fn main() -> Result<()> {
         args.duration = args.duration.min(0.3);
         args.max_clients = args.max_clients.min(16);
         args.held = args.held.min(200);
+    }
+    if let Some(path) = &args.render {
+        let report: Report = serde_json::from_str(&std::fs::read_to_string(path)?)?;
+        return publish(&report, &args);
     }
     if args.clients == 0 || args.max_clients == 0 || args.duration <= 0.0 {
         return Err("--clients, --max-clients and --duration must be positive".into());
@@ -145,7 +153,7 @@ async fn run(args: Args) -> Result<()> {
         let name = target.label();
         target.prepare().await?;
         let mut r = BackendReport {
-            backend: name,
+            backend: name.to_owned(),
             ..BackendReport::default()
         };
         let need = if has(Scenario::Scaling) {
@@ -226,13 +234,16 @@ async fn run(args: Args) -> Result<()> {
         report.backends.push(r);
     }
     bar.finish_and_clear();
-
-    println!("{}", report::markdown(&report));
     if let Some(path) = &args.json {
         std::fs::write(path, serde_json::to_string_pretty(&report)?)?;
         eprintln!("figures: {}", path.display());
     }
-    report::charts(&report, &args.charts)?;
+    publish(&report, &args)
+}
+
+fn publish(report: &Report, args: &Args) -> Result<()> {
+    println!("{}", report::markdown(report));
+    report::charts(report, &args.charts)?;
     eprintln!("charts: {}", args.charts.display());
     Ok(())
 }

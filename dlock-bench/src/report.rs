@@ -4,14 +4,14 @@ use std::fmt::Write as _;
 use std::path::Path;
 
 use plotters::prelude::*;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::scenarios::{Contention, Held, Latency, Throughput};
 use crate::target::Result;
 
-#[derive(Debug, Default, Serialize)]
+#[derive(Debug, Default, Serialize, Deserialize)]
 pub struct BackendReport {
-    pub backend: &'static str,
+    pub backend: String,
     /// One bare round trip (PING, SELECT 1, exists /).
     pub round_trip: Option<Latency>,
     /// dlock try_acquire + release on distinct names.
@@ -25,7 +25,7 @@ pub struct BackendReport {
     pub scaling: Vec<Throughput>,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, Deserialize)]
 pub struct Report {
     pub machine: String,
     pub clients: usize,
@@ -190,10 +190,18 @@ fn line_chart(
         .x_label_area_size(40)
         .y_label_area_size(70)
         .build_cartesian_2d(-0.2f64..x_max + 0.2, 0f64..(y_max * 1.1).max(0.001))?;
+    let y_label = |y: &f64| {
+        if y_max >= 100.0 {
+            format!("{y:.0}")
+        } else {
+            format!("{y:.1}")
+        }
+    };
     chart
         .configure_mesh()
         .x_labels(x_max as usize + 1)
         .x_label_formatter(x_label)
+        .y_label_formatter(&y_label)
         .x_desc(x_desc)
         .y_desc(y_desc)
         .draw()?;
@@ -218,21 +226,23 @@ fn line_chart(
 /// percentile.
 pub fn charts(r: &Report, dir: &Path) -> Result<()> {
     std::fs::create_dir_all(dir)?;
+    // The in-process driver is a thousand times faster than any server and
+    // would flatten the others; its figures are in the table.
     let scaling: Vec<Series<'_>> = r
         .backends
         .iter()
-        .filter(|b| !b.scaling.is_empty())
+        .filter(|b| !b.scaling.is_empty() && b.backend != "memory")
         .map(|b| {
             let points = b
                 .scaling
                 .iter()
                 .map(|t| ((t.clients as f64).log2(), t.ops_per_s));
-            (b.backend, points.collect())
+            (b.backend.as_str(), points.collect())
         })
         .collect();
     line_chart(
         &dir.join("scaling.svg"),
-        "Uncontended acquire+release cycles/s by clients",
+        "Uncontended acquire+release cycles/s by clients (server backends)",
         ("clients", "cycles/s"),
         &|x| format!("{}", 2f64.powf(x.round())),
         &scaling,
@@ -248,7 +258,7 @@ pub fn charts(r: &Report, dir: &Path) -> Result<()> {
                 .iter()
                 .enumerate()
                 .map(|(i, &us)| (i as f64, us as f64 / 1000.0));
-            Some((b.backend, points.collect()))
+            Some((b.backend.as_str(), points.collect()))
         })
         .collect();
     line_chart(

@@ -6,13 +6,13 @@ use std::time::Duration;
 
 use dlock::{Backend, LockOptions, Locker};
 use hdrhistogram::Histogram;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use tokio::time::{Instant, sleep};
 
 use crate::target::{GRANT_TIMEOUT, Op, Result, Target};
 
 /// Latency percentiles in microseconds.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Latency {
     pub count: u64,
     pub mean_us: f64,
@@ -44,7 +44,7 @@ fn micros(d: Duration) -> u64 {
 }
 
 /// Operations per second and their latency.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Throughput {
     pub clients: usize,
     pub ops_per_s: f64,
@@ -82,7 +82,7 @@ pub async fn throughput(ops: &[Arc<dyn Op>], run: &str, duration: Duration) -> R
 }
 
 /// Contention on one name.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Contention {
     pub clients: usize,
     pub grants: u64,
@@ -157,7 +157,7 @@ pub async fn contended(
 }
 
 /// Many leases held at once, renewed by their guards.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Held {
     pub leases: usize,
     pub ttl_ms: u64,
