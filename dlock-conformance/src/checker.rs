@@ -60,6 +60,17 @@ impl Checker {
         }
     }
 
+    /// Whether a write fenced with `token` would be accepted now: what a
+    /// fenced store answers a holder whose lease may have ended.
+    pub fn would_accept(&self, token: u64) -> bool {
+        token
+            > self
+                .state
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .last_token
+    }
+
     /// Grants recorded so far.
     pub fn grants(&self) -> u64 {
         self.state

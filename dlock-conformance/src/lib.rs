@@ -8,7 +8,9 @@ use dlock_core::Backend;
 
 pub mod cases;
 pub mod checker;
+pub mod faults;
 pub mod harness;
+pub mod proxy;
 
 /// A boxed future, as the programmatic suite passes them around.
 pub type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;

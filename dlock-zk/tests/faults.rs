@@ -1,0 +1,34 @@
+//! The fault cases against a real ZooKeeper, through a fault proxy.
+
+#![allow(clippy::unwrap_used)] // tests panic on purpose
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use dlock_conformance::faults::cut_off_holder_loses_the_lock_before_takeover;
+use dlock_conformance::harness::{Service, shared};
+use dlock_conformance::proxy::Fault;
+use dlock_core::Backend;
+use dlock_zk::ZkBackend;
+
+async fn connect(url: String) -> Arc<dyn Backend> {
+    Arc::new(
+        ZkBackend::builder(url)
+            .session_timeout(Duration::from_secs(2))
+            .connect()
+            .await
+            .unwrap(),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cut_off_holder_loses_the_lock_before_takeover() {
+    let url = shared(Service::ZooKeeper).await.url();
+    cut_off_holder_loses_the_lock_before_takeover(connect, url, Fault::Cut).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_holder_loses_the_lock_before_takeover() {
+    let url = shared(Service::ZooKeeper).await.url();
+    cut_off_holder_loses_the_lock_before_takeover(connect, url, Fault::Stall).await;
+}
