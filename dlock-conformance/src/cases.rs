@@ -577,3 +577,77 @@ where
         checker.assert_safe();
     }
 }
+
+/// An acquire future dropped at any point (before its request is sent,
+/// mid-flight, while waiting in a queue) leaves no lock behind beyond the
+/// TTL: once the holder releases, another client gets the name within a
+/// TTL plus a second.
+pub async fn dropped_acquire_leaves_no_lock(backend: &Arc<dyn Backend>) {
+    let ttl = Duration::from_millis(500);
+    let opts = LockOptions::new().ttl(ttl);
+    for step in 0..16u64 {
+        // Uncontended: dropped somewhere between sending and the reply.
+        let name = unique_name("dropped_acquire_leaves_no_lock");
+        let cut = Duration::from_micros(step * 200);
+        if let Ok(done) = tokio::time::timeout(cut, backend.acquire(&name, &opts)).await {
+            // Not dropped after all: the grant is the caller's to release.
+            let lease = done.expect("acquire");
+            backend.release(&lease).await.expect("release");
+        }
+        let lease = backend
+            .acquire(&name, &opts.clone().wait(ttl + Duration::from_secs(1)))
+            .await
+            .unwrap_or_else(|e| panic!("dropped after {cut:?}: the name stayed locked: {e}"));
+        backend.release(&lease).await.expect("release");
+    }
+    // Contended: dropped while waiting behind a holder.
+    let name = unique_name("dropped_acquire_leaves_no_lock");
+    let holder = must_acquire(backend.as_ref(), &name, &long()).await;
+    let patient = opts.clone().wait(Duration::from_secs(30));
+    for step in 0..5u64 {
+        let cut = Duration::from_millis(step * 20);
+        let waiting = backend.acquire(&name, &patient);
+        assert!(
+            tokio::time::timeout(cut, waiting).await.is_err(),
+            "a waiter got a held lock"
+        );
+    }
+    backend.release(&holder).await.expect("release");
+    let lease = backend
+        .acquire(&name, &opts.clone().wait(ttl + Duration::from_secs(1)))
+        .await
+        .expect("dropped waiters left the name locked");
+    backend.release(&lease).await.expect("release");
+}
+
+/// A holder that goes away without releasing (its client dropped, its
+/// connections closed) frees the lock within its TTL plus a second, or with
+/// its session.
+pub async fn crashed_holder_frees_the_lock<F, Fut>(factory: F)
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = Arc<dyn Backend>>,
+{
+    let ttl = Duration::from_secs(1);
+    let name = unique_name("crashed_holder_frees_the_lock");
+    let holder = factory().await;
+    let lease = holder
+        .try_acquire(&name, &LockOptions::new().ttl(ttl))
+        .await
+        .expect("try_acquire")
+        .expect("free");
+    drop(lease);
+    drop(holder);
+    let other = factory().await;
+    let started = Instant::now();
+    let lease = other
+        .acquire(&name, &long().wait(ttl + Duration::from_secs(1)))
+        .await
+        .unwrap_or_else(|e| {
+            panic!(
+                "the crashed holder's lock was not free after {:?}: {e}",
+                started.elapsed()
+            )
+        });
+    other.release(&lease).await.expect("release");
+}

@@ -113,9 +113,11 @@ macro_rules! __case_list {
                 guard_lost_fires_at_expiry,
                 guard_drop_releases,
                 with_lock_runs_under_the_lock,
+                dropped_acquire_leaves_no_lock,
             ]
             multi [
                 stress_contended_grants_are_exclusive,
+                crashed_holder_frees_the_lock,
             ]
         }
     };

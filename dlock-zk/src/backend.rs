@@ -91,7 +91,8 @@ impl ZkBuilder {
         self
     }
 
-    /// How long to wait for a connection (default 5 s).
+    /// How long to wait for a connection to each server (default 5 s);
+    /// `connect` gives up after this much per server in the connect string.
     pub fn connection_timeout(mut self, timeout: Duration) -> Self {
         self.connection_timeout = timeout;
         self
@@ -155,10 +156,28 @@ impl ZkBuilder {
         if let Some((user, password)) = &self.auth {
             connector = connector.with_auth("digest", format!("{user}:{password}").as_bytes());
         }
-        connector
-            .connect(cluster)
-            .await
-            .map_err(|e| zk_error(e, "connect"))
+        // The client keeps trying while servers accept connections but do
+        // not serve (a server still starting, say); give up in bounded time.
+        let hosts = cluster
+            .split('/')
+            .next()
+            .unwrap_or(cluster)
+            .split(',')
+            .count();
+        let bound = self.connection_timeout * u32::try_from(hosts).unwrap_or(u32::MAX)
+            + Duration::from_secs(1);
+        match tokio::time::timeout(bound, connector.connect(cluster)).await {
+            Ok(Ok(client)) => Ok(client),
+            Ok(Err(e @ (zk::Error::BadArguments(_) | zk::Error::NoHosts))) => Err(
+                Error::invalid_option("url", format!("bad connect string: {e}")),
+            ),
+            Ok(Err(e)) => Err(zk_error(e, "connect")),
+            Err(_) => Err(Error::connection(
+                NAME,
+                format!("connect: no session after {bound:?}"),
+                zk::Error::Timeout,
+            )),
+        }
     }
 }
 

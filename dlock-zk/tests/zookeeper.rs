@@ -219,7 +219,12 @@ async fn other_identities_cannot_delete_our_nodes() {
 
 #[tokio::test]
 async fn configuration_errors_are_typed() {
-    for bad in ["zk://", "zk:///chroot-only"] {
+    for bad in [
+        "zk://",
+        "zk:///chroot-only",
+        "zk://127.0.0.1:notaport",
+        "zk://127.0.0.1:2181/bad//chroot",
+    ] {
         let r = ZkBackend::connect(bad).await;
         assert!(
             matches!(r, Err(Error::InvalidOption { option: "url", .. })),
