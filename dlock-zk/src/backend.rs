@@ -1,4 +1,5 @@
 use std::fmt;
+use std::future::Future;
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::Duration;
 
@@ -310,7 +311,7 @@ impl ZkBackend {
     /// Deletes a lock node, remembering it for the next reconnect when the
     /// connection is down.
     async fn delete_node(&self, path: String) {
-        match self.client().delete(&path, None).await {
+        match self.bounded(self.client().delete(&path, None)).await {
             Ok(()) | Err(zk::Error::NoNode | zk::Error::SessionExpired) => {}
             Err(e) => {
                 tracing::debug!(%path, error = %e, "delete failed; retrying on reconnect");
@@ -321,6 +322,18 @@ impl ZkBackend {
                     .push(path);
             }
         }
+    }
+
+    /// Bounds a request by the session timeout: the client holds requests
+    /// while it is disconnected, and one unanswered for a whole session
+    /// timeout belongs to a session in doubt. Counts as a lost connection.
+    async fn bounded<T>(
+        &self,
+        request: impl Future<Output = Result<T, zk::Error>>,
+    ) -> Result<T, zk::Error> {
+        tokio::time::timeout(self.inner.config.session_timeout, request)
+            .await
+            .unwrap_or(Err(zk::Error::ConnectionLoss))
     }
 
     fn lock_dir(&self, name: &str) -> String {
@@ -349,14 +362,14 @@ impl ZkBackend {
         let node_opts = zk::CreateMode::EphemeralSequential.with_acls(self.acls());
         let dir_opts = zk::CreateMode::Container.with_acls(self.acls());
         for _ in 0..5 {
-            match client.create(&path, &[], &node_opts).await {
+            match self.bounded(client.create(&path, &[], &node_opts)).await {
                 Ok((stat, seq)) => {
                     let node = format!("{path}{seq}");
                     return Ok((node, stat.czxid.unsigned_abs()));
                 }
                 // The parents are containers: missing at first, and removed
                 // by the server whenever they are empty.
-                Err(zk::Error::NoNode) => match client.mkdir(dir, &dir_opts).await {
+                Err(zk::Error::NoNode) => match self.bounded(client.mkdir(dir, &dir_opts)).await {
                     Ok(()) | Err(zk::Error::NodeExists) => {}
                     Err(e) => return Err(zk_error(e, "create the lock's parent")),
                 },
@@ -382,7 +395,7 @@ impl ZkBackend {
         dir: &str,
         prefix: &str,
     ) -> Result<Option<(String, u64)>> {
-        let children = match client.list_children(dir).await {
+        let children = match self.bounded(client.list_children(dir)).await {
             Ok(children) => children,
             Err(zk::Error::NoNode) => return Ok(None),
             Err(e) => return Err(zk_error(e, "look for our lock node")),
@@ -391,7 +404,7 @@ impl ZkBackend {
             return Ok(None);
         };
         let path = format!("{dir}/{node}");
-        match client.check_stat(&path).await {
+        match self.bounded(client.check_stat(&path)).await {
             Ok(Some(stat)) => Ok(Some((path, stat.czxid.unsigned_abs()))),
             Ok(None) => Ok(None),
             Err(e) => Err(zk_error(e, "read our lock node")),
@@ -400,7 +413,7 @@ impl ZkBackend {
 
     /// The queue of `dir`, sorted by sequence number.
     async fn queue(&self, client: &zk::Client, dir: &str) -> Result<Vec<String>> {
-        let mut children: Vec<String> = match client.list_children(dir).await {
+        let mut children: Vec<String> = match self.bounded(client.list_children(dir)).await {
             Ok(children) => children,
             Err(zk::Error::NoNode) => Vec::new(),
             Err(e) => return Err(zk_error(e, "list the lock queue")),
@@ -453,7 +466,10 @@ impl ZkBackend {
             // Watch only the node just ahead of ours: a release wakes one
             // waiter, not the herd.
             let predecessor = format!("{dir}/{}", queue[at - 1]);
-            let watcher = match client.check_and_watch_stat(&predecessor).await {
+            let watcher = match self
+                .bounded(client.check_and_watch_stat(&predecessor))
+                .await
+            {
                 Ok((Some(_), watcher)) => watcher,
                 Ok((None, _)) => continue,
                 Err(e) => return Err(zk_error(e, "watch the lock's predecessor")),
@@ -556,7 +572,7 @@ impl Backend for ZkBackend {
             name: lease.name().to_owned(),
         };
         let path = self.node_of(lease).ok_or_else(not_held)?;
-        match self.client().delete(path, None).await {
+        match self.bounded(self.client().delete(path, None)).await {
             Ok(()) => Ok(()),
             Err(zk::Error::NoNode | zk::Error::SessionExpired) => Err(not_held()),
             Err(e) => {
@@ -575,7 +591,7 @@ impl Backend for ZkBackend {
             name: lease.name().to_owned(),
         };
         let path = self.node_of(lease).ok_or_else(not_held)?;
-        match self.client().check_stat(path).await {
+        match self.bounded(self.client().check_stat(path)).await {
             Ok(Some(_)) if !lease.lost_token().is_cancelled() => Ok(()),
             Ok(_) | Err(zk::Error::NoNode | zk::Error::SessionExpired) => Err(not_held()),
             Err(e) => Err(zk_error(e, "extend")),
@@ -591,7 +607,10 @@ impl Backend for ZkBackend {
             let Some(first) = queue.first() else {
                 return Ok(None);
             };
-            match client.check_stat(&format!("{dir}/{first}")).await {
+            match self
+                .bounded(client.check_stat(&format!("{dir}/{first}")))
+                .await
+            {
                 Ok(Some(stat)) => {
                     let owner = owner_of(first).unwrap_or(OwnerToken::from_u128(0));
                     return Ok(Some(LockInfo::new(owner, stat.czxid.unsigned_abs(), None)));
