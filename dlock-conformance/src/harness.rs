@@ -31,6 +31,9 @@ use tokio::time::{Instant, sleep};
 /// How long a server may take to answer its readiness probe.
 const READY_TIMEOUT: Duration = Duration::from_secs(60);
 
+/// How long one probe may wait for an answer.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
+
 /// The password of the `dlock` user in the test MariaDB.
 pub const MYSQL_PASSWORD: &str = "dlock";
 
@@ -286,11 +289,18 @@ pub fn unused_port() -> u16 {
 pub async fn wait_ready(service: Service, url: &str) -> Result<(), String> {
     let started = Instant::now();
     loop {
-        let probe = match service {
-            Service::Redis => probe_redis(url).await,
-            Service::MariaDb => probe_mysql(url).await,
-            Service::ZooKeeper => probe_zookeeper(url).await,
+        let probe = async {
+            match service {
+                Service::Redis => probe_redis(url).await,
+                Service::MariaDb => probe_mysql(url).await,
+                Service::ZooKeeper => probe_zookeeper(url).await,
+            }
         };
+        // A server that accepts a connection but does not answer yet must
+        // not hold the probe forever.
+        let probe = tokio::time::timeout(PROBE_TIMEOUT, probe)
+            .await
+            .unwrap_or_else(|_| Err(format!("no answer within {PROBE_TIMEOUT:?}")));
         match probe {
             Ok(()) => return Ok(()),
             Err(e) if started.elapsed() > READY_TIMEOUT => {
