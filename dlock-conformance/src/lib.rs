@@ -165,3 +165,60 @@ macro_rules! __stamp_tests {
         )*
     };
 }
+
+/// Stamps out one `#[test]` per [`faults`] case for a driver whose server
+/// the [`harness`] runs.
+///
+/// `$connect` is an async fn from a URL of the server's form to a client
+/// (`Arc<dyn Backend>`); session backends should give it a session timeout
+/// of at most 2 s. `$service` is the [`harness::Service`].
+///
+/// ```ignore
+/// async fn connect(url: String) -> std::sync::Arc<dyn dlock_core::Backend> { ... }
+/// dlock_conformance::fault_tests!(connect, dlock_conformance::harness::Service::Redis);
+/// ```
+#[macro_export]
+macro_rules! fault_tests {
+    ($connect:expr, $service:expr) => {
+        #[test]
+        fn a_cut_off_holder_loses_the_lock_before_takeover() {
+            $crate::__private::run("a_cut_off_holder_loses_the_lock_before_takeover", async {
+                let url = $crate::harness::shared($service).await.url();
+                let fault = $crate::proxy::Fault::Cut;
+                $crate::faults::cut_off_holder_loses_the_lock_before_takeover($connect, url, fault)
+                    .await;
+            });
+        }
+
+        #[test]
+        fn a_stalled_holder_loses_the_lock_before_takeover() {
+            $crate::__private::run("a_stalled_holder_loses_the_lock_before_takeover", async {
+                let url = $crate::harness::shared($service).await.url();
+                let fault = $crate::proxy::Fault::Stall;
+                $crate::faults::cut_off_holder_loses_the_lock_before_takeover($connect, url, fault)
+                    .await;
+            });
+        }
+
+        #[test]
+        fn fencing_tokens_keep_increasing_across_a_server_restart() {
+            $crate::__private::run(
+                "fencing_tokens_keep_increasing_across_a_server_restart",
+                async {
+                    $crate::faults::server_restart_keeps_fencing_increasing($connect, $service)
+                        .await;
+                },
+            );
+        }
+
+        #[test]
+        fn a_server_paused_past_the_lease_loses_it_to_the_next_client() {
+            $crate::__private::run(
+                "a_server_paused_past_the_lease_loses_it_to_the_next_client",
+                async {
+                    $crate::faults::server_pause_past_the_lease($connect, $service).await;
+                },
+            );
+        }
+    };
+}

@@ -1,47 +1,22 @@
-//! The fault cases against a real Redis, through a fault proxy.
+//! The fault cases against a real Redis: a cut or stalled holder, a server
+//! restart, a server paused past the lease.
 
 #![allow(clippy::unwrap_used)] // tests panic on purpose
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use dlock_conformance::faults::{
-    cut_off_holder_loses_the_lock_before_takeover, server_pause_past_the_lease,
-    server_restart_keeps_fencing_increasing,
-};
-use dlock_conformance::harness::{Service, shared};
-use dlock_conformance::proxy::Fault;
+use dlock_conformance::harness::Service;
 use dlock_core::Backend;
 use dlock_redis::RedisBackend;
 
 async fn connect(url: String) -> Arc<dyn Backend> {
-    Arc::new(
-        RedisBackend::builder(url)
-            .response_timeout(Duration::from_millis(300))
-            .connect()
-            .await
-            .unwrap(),
-    )
+    let backend = RedisBackend::builder(url)
+        .response_timeout(Duration::from_millis(300))
+        .connect()
+        .await
+        .unwrap();
+    Arc::new(backend)
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_cut_off_holder_loses_the_lock_before_takeover() {
-    let url = shared(Service::Redis).await.url();
-    cut_off_holder_loses_the_lock_before_takeover(connect, url, Fault::Cut).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_stalled_holder_loses_the_lock_before_takeover() {
-    let url = shared(Service::Redis).await.url();
-    cut_off_holder_loses_the_lock_before_takeover(connect, url, Fault::Stall).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn fencing_tokens_keep_increasing_across_a_server_restart() {
-    server_restart_keeps_fencing_increasing(connect, Service::Redis).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_server_paused_past_the_lease_loses_it_to_the_next_client() {
-    server_pause_past_the_lease(connect, Service::Redis).await;
-}
+dlock_conformance::fault_tests!(connect, Service::Redis);
