@@ -19,6 +19,8 @@ pub enum Fault {
     /// Keep connections open but forward nothing: a hung link or a paused
     /// peer. Traffic resumes on `Pass`.
     Stall,
+    /// Forward everything, each chunk this much later: a slow link.
+    Delay(std::time::Duration),
 }
 
 /// A proxy on 127.0.0.1 in front of one server. Dropping it closes it.
@@ -98,6 +100,10 @@ async fn pipe(
             let now = *fault.borrow();
             match now {
                 Fault::Pass => break,
+                Fault::Delay(d) => {
+                    tokio::time::sleep(d).await;
+                    break;
+                }
                 Fault::Cut => return,
                 Fault::Stall => {
                     if fault.changed().await.is_err() {
