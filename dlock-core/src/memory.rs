@@ -118,10 +118,7 @@ impl Backend for MemoryBackend {
     async fn try_acquire(&self, name: &str, opts: &LockOptions) -> Result<Option<Lease>> {
         validate_name(name)?;
         opts.validate()?;
-        Ok(match self.attempt(name, opts)? {
-            Attempt::Acquired(lease) => Some(lease),
-            Attempt::Held { .. } => None,
-        })
+        Ok(self.attempt(name, opts)?.into_lease())
     }
 
     async fn acquire(&self, name: &str, opts: &LockOptions) -> Result<Lease> {

@@ -208,6 +208,16 @@ pub enum Attempt {
     },
 }
 
+impl Attempt {
+    /// The lease, if the attempt got one: what `try_acquire` returns.
+    pub fn into_lease(self) -> Option<Lease> {
+        match self {
+            Attempt::Acquired(lease) => Some(lease),
+            Attempt::Held { .. } => None,
+        }
+    }
+}
+
 /// The wait loop every driver shares: attempt, and while the lock is held,
 /// sleep until a wake-up, the holder's expiry, or the next jittered backoff
 /// step, whichever is first, never past the wait bound.

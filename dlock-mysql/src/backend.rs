@@ -299,10 +299,7 @@ impl Backend for MySqlBackend {
     async fn try_acquire(&self, name: &str, opts: &LockOptions) -> Result<Option<Lease>> {
         validate_name(name)?;
         opts.validate()?;
-        Ok(match self.attempt(name, opts, false).await? {
-            Attempt::Acquired(lease) => Some(lease),
-            Attempt::Held { .. } => None,
-        })
+        Ok(self.attempt(name, opts, false).await?.into_lease())
     }
 
     async fn acquire(&self, name: &str, opts: &LockOptions) -> Result<Lease> {

@@ -276,10 +276,10 @@ impl Backend for RedisBackend {
     async fn try_acquire(&self, name: &str, opts: &LockOptions) -> Result<Option<Lease>> {
         validate_name(name)?;
         opts.validate()?;
-        Ok(match self.attempt(name, &self.keys(name), opts).await? {
-            Attempt::Acquired(lease) => Some(lease),
-            Attempt::Held { .. } => None,
-        })
+        Ok(self
+            .attempt(name, &self.keys(name), opts)
+            .await?
+            .into_lease())
     }
 
     async fn acquire(&self, name: &str, opts: &LockOptions) -> Result<Lease> {
