@@ -191,23 +191,15 @@ async fn run(args: Args) -> Result<()> {
             r.cycle = Some(scenarios::throughput(&cycles(args.clients), "cycle", duration).await?);
             bar.inc(1);
             bar.set_message(format!("{name}: raw floor"));
-            r.raw_floor = floor(
-                target.raw_floor().await?,
-                args.clients,
-                "raw",
-                duration,
-                async || target.raw_floor().await,
-            )
+            r.raw_floor = floor(args.clients, "raw", duration, async || {
+                target.raw_floor().await
+            })
             .await?;
             bar.inc(1);
             bar.set_message(format!("{name}: classic CAS"));
-            r.classic_cas = floor(
-                target.classic_cas().await?,
-                args.clients,
-                "cas",
-                duration,
-                async || target.classic_cas().await,
-            )
+            r.classic_cas = floor(args.clients, "cas", duration, async || {
+                target.classic_cas().await
+            })
             .await?;
             bar.inc(1);
         }
@@ -249,18 +241,19 @@ fn publish(report: &Report, args: &Args) -> Result<()> {
 }
 
 /// Runs a bare-client baseline with `n` clients, each with its own
-/// connection, if the backend has one.
+/// connection from `make`, if the backend has one.
 async fn floor(
-    first: Option<Box<dyn Op>>,
     n: usize,
     run: &str,
     duration: Duration,
     mut make: impl AsyncFnMut() -> Result<Option<Box<dyn Op>>>,
 ) -> Result<Option<scenarios::Throughput>> {
-    let Some(first) = first else { return Ok(None) };
-    let mut ops: Vec<Arc<dyn Op>> = vec![Arc::from(first)];
+    let mut ops: Vec<Arc<dyn Op>> = Vec::with_capacity(n);
     while ops.len() < n {
-        ops.extend(make().await?.map(Arc::from));
+        match make().await? {
+            Some(op) => ops.push(Arc::from(op)),
+            None => return Ok(None),
+        }
     }
     Ok(Some(scenarios::throughput(&ops, run, duration).await?))
 }
