@@ -28,10 +28,21 @@ if [ "${DLOCK_IMAGE_FROM_REGISTRY:-0}" = 1 ]; then
   exit 0
 fi
 
-command -v mmdebstrap >/dev/null || {
-  echo "build-image.sh: mmdebstrap is missing: apt-get install -y mmdebstrap" >&2
-  exit 1
-}
+# A fresh machine lacks mmdebstrap: install it when we can (root with apt),
+# otherwise say in one sentence what to install.
+if ! command -v mmdebstrap >/dev/null; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    echo "build-image.sh: installing mmdebstrap with apt-get (needed to build the test image)" >&2
+    export DEBIAN_FRONTEND=noninteractive
+    { apt-get update -qq && apt-get install -y -qq mmdebstrap; } >&2 || {
+      echo "build-image.sh: could not install mmdebstrap with apt-get; install it, or set DLOCK_IMAGE_FROM_REGISTRY=1 where a registry is reachable" >&2
+      exit 1
+    }
+  else
+    echo "build-image.sh: mmdebstrap is missing: run 'sudo apt-get install -y mmdebstrap', or set DLOCK_IMAGE_FROM_REGISTRY=1 where a registry is reachable" >&2
+    exit 1
+  fi
+fi
 
 # Only the sources apt itself uses on this machine (enabled files), so no
 # mirror is ever named in the repository.

@@ -78,6 +78,7 @@ impl Backend for ToyBackend {
             notify: false,
             fifo: false,
             distributed: false,
+            cleanup: true,
         }
     }
 

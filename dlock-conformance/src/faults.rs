@@ -1,20 +1,98 @@
-//! Fault cases: the lock's promises under real network faults, through a
-//! [`FaultProxy`] between one client and its server.
+//! Fault cases: the lock's promises under real faults.
 //!
-//! These take a `connect` function from a URL to a client, because the
-//! faulty client must reach its server through the proxy.
+//! The link cases fault one client's link to its server: through a
+//! [`FaultProxy`] for a real server ([`proxied`] builds the clients), or
+//! through a driver's own [`Link`] for a driver simulated in memory (the
+//! suite's mutants). They take two factories: one for the faulty client
+//! (a client and its link; a new link each call) and one for healthy
+//! clients of the same lock service.
+//!
+//! Faulty clients must bound each request by at most [`REQUEST_TIMEOUT`]
+//! (a session backend: a session timeout of at most 2 s).
+//!
+//! The server cases ([`server_restart_keeps_fencing_increasing`],
+//! [`server_pause_past_the_lease`]) start a container of their own.
 
 use std::future::Future;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use dlock_core::{Backend, LockOptions, Locker};
+use dlock_core::{Backend, Error, Lease, LockOptions, Locker};
+use tokio::task::JoinSet;
 use tokio::time::{Instant, sleep, timeout};
 
-use crate::cases::unique_name;
+use crate::cases::{needs_ttl, unique_name};
 use crate::checker::Checker;
 use crate::harness::{ServerOptions, Service, start, wait_ready};
-use crate::proxy::{Fault, FaultProxy};
+use crate::proxy::{Fault, FaultProxy, Link};
+use crate::{BoxFuture, Factory};
+
+/// The request timeout faulty clients use: the stall cases allow each call
+/// its wait bound or this, whichever is longer.
+pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// What a loaded CI machine may add to any bound the cases check.
+const SLACK: Duration = Duration::from_millis(750);
+
+/// A client whose link to its server a case can fault, and the link.
+#[derive(Debug, Clone)]
+pub struct FaultyClient {
+    /// The client.
+    pub backend: Arc<dyn Backend>,
+    /// Its link to the server, and only its own.
+    pub link: Arc<dyn Link>,
+}
+
+/// Makes a new faulty client, with a link of its own, each call.
+pub type FaultyFactory = Arc<dyn Fn() -> BoxFuture<FaultyClient> + Send + Sync>;
+
+/// One link case, for running it programmatically.
+#[derive(Clone, Copy)]
+pub struct FaultCase {
+    /// The case's name, as its test is named.
+    pub name: &'static str,
+    /// Runs the case; it panics when the backend breaks the rule.
+    pub run: fn(FaultyFactory, Factory) -> BoxFuture<()>,
+}
+
+impl std::fmt::Debug for FaultCase {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name)
+    }
+}
+
+/// Factories for the link cases against a real server at `server_url`:
+/// faulty clients reach it through a [`FaultProxy`] each, healthy ones
+/// directly. `connect` makes a client from a URL of the server's form.
+pub fn proxied<C, Fut>(connect: C, server_url: String) -> (FaultyFactory, Factory)
+where
+    C: Fn(String) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Arc<dyn Backend>> + Send + 'static,
+{
+    let connect = Arc::new(connect);
+    let url = server_url.clone();
+    let via = connect.clone();
+    let faulty: FaultyFactory = Arc::new(move || {
+        let connect = via.clone();
+        let url = url.clone();
+        Box::pin(async move {
+            let (_, upstream) = redirect(&url, 0);
+            let proxy = FaultProxy::start(upstream).await.expect("start the proxy");
+            let (proxied, _) = redirect(&url, proxy.addr().port());
+            FaultyClient {
+                backend: connect(proxied).await,
+                link: Arc::new(proxy),
+            }
+        })
+    });
+    let client: Factory = Arc::new(move || {
+        let connect = connect.clone();
+        let url = server_url.clone();
+        Box::pin(async move { connect(url).await })
+    });
+    (faulty, client)
+}
 
 /// Fails a case that runs longer than a suite case may, instead of letting
 /// a hung backend hang the run.
@@ -47,29 +125,61 @@ fn redirect(url: &str, port: u16) -> (String, std::net::SocketAddr) {
     (redirected, upstream)
 }
 
+fn long() -> LockOptions {
+    LockOptions::new().ttl(Duration::from_secs(60))
+}
+
+/// Waits for the faulty client's grant of `name` to land on the server,
+/// then polls `try_acquire` until the server frees it; the lease and when
+/// its reply arrived.
+async fn take_after_grant(client: &dyn Backend, name: &str, within: Duration) -> (Lease, Instant) {
+    let started = Instant::now();
+    while client.inspect(name).await.expect("inspect").is_none() {
+        assert!(
+            started.elapsed() < within,
+            "the faulty client's grant of {name:?} never landed"
+        );
+        sleep(Duration::from_millis(2)).await;
+    }
+    loop {
+        match client.try_acquire(name, &long()).await {
+            Ok(Some(lease)) => return (lease, Instant::now()),
+            Ok(None) => {}
+            Err(e) => panic!("a healthy client's try_acquire({name:?}) failed: {e}"),
+        }
+        assert!(
+            started.elapsed() < within,
+            "{name:?} was not free after {within:?}"
+        );
+        sleep(Duration::from_millis(5)).await;
+    }
+}
+
 /// The holder is cut off from its server (or its link hangs) while it
 /// holds the lock. Its guard's `lost()` must fire before any other client
 /// is granted the lock, another client must then get the lock, and the
 /// stale holder's fencing token must be refused by the protected resource.
-///
-/// `connect` makes a client from a URL of the server's form; for session
-/// backends it should use a short session timeout (a few seconds).
-pub async fn cut_off_holder_loses_the_lock_before_takeover<C, Fut>(
-    connect: C,
-    server_url: &str,
+pub async fn cut_holder_loses_the_lock_before_takeover(faulty: FaultyFactory, client: Factory) {
+    holder_loses_the_lock_before_takeover(faulty, client, Fault::Cut).await;
+}
+
+/// As [`cut_holder_loses_the_lock_before_takeover`], with the holder's link
+/// hanging instead of closed: no error comes back, requests just never end.
+pub async fn stalled_holder_loses_the_lock_before_takeover(faulty: FaultyFactory, client: Factory) {
+    holder_loses_the_lock_before_takeover(faulty, client, Fault::Stall).await;
+}
+
+async fn holder_loses_the_lock_before_takeover(
+    faulty: FaultyFactory,
+    client: Factory,
     fault: Fault,
-) where
-    C: Fn(String) -> Fut,
-    Fut: Future<Output = Arc<dyn Backend>>,
-{
+) {
     bounded(
         "cut_off_holder_loses_the_lock_before_takeover",
         async move {
-            let (_, upstream) = redirect(server_url, 0);
-            let proxy = FaultProxy::start(upstream).await.expect("start the proxy");
-            let (proxied, _) = redirect(server_url, proxy.addr().port());
-            let holder = Locker::from_arc(connect(proxied).await);
-            let other = connect(server_url.to_owned()).await;
+            let f = faulty().await;
+            let holder = Locker::from_arc(f.backend.clone());
+            let other = client().await;
             let fenced = other.capabilities().fencing;
 
             let name = unique_name("cut_off_holder");
@@ -100,7 +210,7 @@ pub async fn cut_off_holder_loses_the_lock_before_takeover<C, Fut>(
             sleep(ttl / 2).await;
             assert!(guard.is_valid(), "the guard is valid before the fault");
             let faulted = Instant::now();
-            proxy.set(fault);
+            f.link.set(fault);
 
             let lease = other
                 .acquire(&name, &opts.clone().wait(Duration::from_secs(30)))
@@ -133,7 +243,300 @@ pub async fn cut_off_holder_loses_the_lock_before_takeover<C, Fut>(
             }
             checker.assert_safe();
             other.release(&lease).await.expect("release");
-            proxy.set(Fault::Pass);
+            f.link.set(Fault::Pass);
+        },
+    )
+    .await;
+}
+
+/// The faulty client's replies take longer than the lease it asks for
+/// (300 ms each way, TTL 400 ms). Whatever the server granted has expired
+/// before the reply arrives, so `try_acquire` must not return a lease (it
+/// says "held" or fails), `with_lock` must not run its closure, and the
+/// grant must be released without touching the client that takes the lock
+/// meanwhile.
+pub async fn grant_slower_than_its_lease_is_no_grant(faulty: FaultyFactory, client: Factory) {
+    bounded("grant_slower_than_its_lease_is_no_grant", async move {
+        let other = client().await;
+        if !needs_ttl(other.as_ref(), "grant_slower_than_its_lease_is_no_grant") {
+            return;
+        }
+        let f = faulty().await;
+        let ttl = Duration::from_millis(400);
+        let opts = LockOptions::new().ttl(ttl);
+        let name = unique_name("slow_grant");
+        f.link.set(Fault::Delay(Duration::from_millis(300)));
+
+        // The other client takes the lock as soon as the slow grant ends on
+        // the server.
+        let taker = {
+            let other = other.clone();
+            let name = name.clone();
+            tokio::spawn(async move {
+                take_after_grant(other.as_ref(), &name, Duration::from_secs(10)).await
+            })
+        };
+        match f.backend.try_acquire(&name, &opts).await {
+            Ok(Some(lease)) => panic!(
+                "a grant whose reply took longer than its {ttl:?} lease reached the caller \
+                 (is_valid: {}): the reply arrived after the validity deadline",
+                lease.is_valid()
+            ),
+            Ok(None) => {}
+            Err(e) => panic!(
+                "try_acquire over a link with a 600 ms round trip failed ({e}); the case needs \
+                 the reply, so the client's request timeout must be at least 1 s"
+            ),
+        }
+
+        let ran = Arc::new(AtomicBool::new(false));
+        let locker = Locker::from_arc(f.backend.clone());
+        let flag = ran.clone();
+        let result = locker
+            .with_lock(
+                &unique_name("slow_grant_with_lock"),
+                &opts.clone().wait(Duration::from_secs(1)),
+                async move |_| flag.store(true, Ordering::SeqCst),
+            )
+            .await;
+        assert!(
+            !ran.load(Ordering::SeqCst),
+            "with_lock ran its closure under a grant that expired on arrival ({result:?})"
+        );
+
+        let (lease, _) = match taker.await {
+            Ok(taken) => taken,
+            Err(e) => std::panic::resume_unwind(e.into_panic()),
+        };
+        // The discarded grant's release crosses the slow link too.
+        sleep(Duration::from_millis(1500)).await;
+        f.link.set(Fault::Pass);
+        let info = other
+            .inspect(&name)
+            .await
+            .expect("inspect")
+            .expect("the client that took the lock still holds it");
+        assert_eq!(
+            info.owner,
+            lease.owner(),
+            "releasing the slow grant touched the new holder's lock"
+        );
+        other.release(&lease).await.expect("release");
+    })
+    .await;
+}
+
+/// The faulty client's link is slow (150 ms each way) but faster than its
+/// lease (TTL 1 s): it gets the lock, and its lease's validity must end no
+/// later than the moment another client is granted the lock after the
+/// server frees it. A driver that counts the lease from the reply instead
+/// of from before the request believes it holds the lock 300 ms too long.
+pub async fn delayed_grant_is_valid_only_until_the_server_frees_it(
+    faulty: FaultyFactory,
+    client: Factory,
+) {
+    bounded(
+        "delayed_grant_is_valid_only_until_the_server_frees_it",
+        async move {
+            let other = client().await;
+            if !needs_ttl(
+                other.as_ref(),
+                "delayed_grant_is_valid_only_until_the_server_frees_it",
+            ) {
+                return;
+            }
+            let f = faulty().await;
+            let name = unique_name("delayed_grant");
+            f.link.set(Fault::Delay(Duration::from_millis(150)));
+            let taker = {
+                let other = other.clone();
+                let name = name.clone();
+                tokio::spawn(async move {
+                    take_after_grant(other.as_ref(), &name, Duration::from_secs(10)).await
+                })
+            };
+            let sent = Instant::now();
+            let lease = f
+                .backend
+                .try_acquire(&name, &LockOptions::new().ttl(Duration::from_secs(1)))
+                .await
+                .expect("try_acquire over a slow link")
+                .expect("the lock is free");
+            let valid_until = lease.valid_until().expect("TTL leases have a deadline");
+            let (taken, taken_at) = match taker.await {
+                Ok(taken) => taken,
+                Err(e) => std::panic::resume_unwind(e.into_panic()),
+            };
+            assert!(
+                valid_until <= taken_at,
+                "the lease was valid until {:?} after its request, but another client held \
+                 the lock {:?} after it: validity must be counted from before the request",
+                valid_until - sent,
+                taken_at - sent
+            );
+            f.link.set(Fault::Pass);
+            other.release(&taken).await.expect("release");
+        },
+    )
+    .await;
+}
+
+/// The wait bound of the stall cases.
+const STALLED_WAIT: Duration = Duration::from_secs(1);
+
+/// The faulty client's server stops answering (its link stalls), some
+/// calls already waiting, others started after. Every `acquire(wait =
+/// 1 s)` must return within the bound (or the request timeout, if longer)
+/// with an error, and none may be granted. Twenty calls are stalled at
+/// once; when the link recovers, the client's next call must succeed at
+/// once: no connection pool left exhausted by the stalled calls.
+pub async fn calls_on_a_stalled_server_return_within_their_bound(
+    faulty: FaultyFactory,
+    client: Factory,
+) {
+    bounded(
+        "calls_on_a_stalled_server_return_within_their_bound",
+        async move {
+            let f = faulty().await;
+            let other = client().await;
+            let held = unique_name("stalled_held");
+            let holder = other
+                .try_acquire(&held, &long())
+                .await
+                .expect("try_acquire")
+                .expect("free");
+            let bound = STALLED_WAIT.max(REQUEST_TIMEOUT) + SLACK;
+            let opts = LockOptions::new()
+                .ttl(Duration::from_secs(2))
+                .wait(STALLED_WAIT);
+            let mut calls = JoinSet::new();
+            let mut call = |name: String| {
+                let backend = f.backend.clone();
+                let opts = opts.clone();
+                calls.spawn(async move {
+                    let started = Instant::now();
+                    let done = timeout(
+                        bound + Duration::from_secs(10),
+                        backend.acquire(&name, &opts),
+                    )
+                    .await;
+                    (started.elapsed(), done)
+                });
+            };
+            // Ten already waiting when the server stalls, ten after.
+            for _ in 0..10 {
+                call(held.clone());
+            }
+            sleep(Duration::from_millis(200)).await;
+            f.link.set(Fault::Stall);
+            for _ in 0..10 {
+                call(unique_name("stalled_free"));
+            }
+            let mut slowest = Duration::ZERO;
+            while let Some(joined) = calls.join_next().await {
+                let (took, done) = match joined {
+                    Ok(out) => out,
+                    Err(e) => std::panic::resume_unwind(e.into_panic()),
+                };
+                slowest = slowest.max(took);
+                match done {
+                    Err(_) => panic!(
+                        "acquire(wait = {STALLED_WAIT:?}) on a stalled server still had not \
+                         returned after {took:?}: every call must be bounded"
+                    ),
+                    Ok(Ok(_)) => panic!("acquire on a stalled server was granted"),
+                    Ok(Err(e)) => assert!(
+                        took <= bound,
+                        "acquire(wait = {STALLED_WAIT:?}) on a stalled server returned after \
+                         {took:?} ({e}); the bound is {:?}",
+                        bound - SLACK
+                    ),
+                }
+            }
+            eprintln!("stalled server: 20 x acquire(wait = 1 s) returned within {slowest:?}");
+
+            f.link.set(Fault::Pass);
+            let recovered = Instant::now();
+            let name = unique_name("stalled_after");
+            let lease = loop {
+                match f.backend.try_acquire(&name, &long()).await {
+                    Ok(Some(lease)) => break lease,
+                    Ok(None) => panic!("{name:?} is held: nobody asked for it"),
+                    Err(e) if e.is_retryable() && recovered.elapsed() < Duration::from_secs(2) => {
+                        sleep(Duration::from_millis(50)).await;
+                    }
+                    Err(e) => panic!(
+                        "{:?} after the server recovered the client still fails: {e}",
+                        recovered.elapsed()
+                    ),
+                }
+            };
+            f.backend.release(&lease).await.expect("release");
+            other.release(&holder).await.expect("release");
+        },
+    )
+    .await;
+}
+
+/// Acquires dropped at points from before their request is sent to while
+/// the reply is on its way back (the link is slow: 50 ms each way), on
+/// free names with a 60 s TTL. For a driver that declares
+/// [`Capabilities::cleanup`](dlock_core::Capabilities::cleanup), every
+/// name must be free again within a second, not at the end of the TTL.
+pub async fn acquire_dropped_in_flight_frees_the_name_at_once(
+    faulty: FaultyFactory,
+    client: Factory,
+) {
+    bounded(
+        "acquire_dropped_in_flight_frees_the_name_at_once",
+        async move {
+            let other = client().await;
+            if !other.capabilities().cleanup {
+                eprintln!(
+                    "acquire_dropped_in_flight_frees_the_name_at_once: not applicable: \
+                     the backend does not declare cleanup of unknown outcomes"
+                );
+                return;
+            }
+            let f = faulty().await;
+            f.link.set(Fault::Delay(Duration::from_millis(50)));
+            let mut dropped = Vec::new();
+            for step in 0..12u64 {
+                let name = unique_name("dropped_in_flight");
+                let cut = Duration::from_millis(step * 10);
+                match timeout(cut, f.backend.acquire(&name, &long().wait(Duration::ZERO))).await {
+                    // Finished before the cut: the lease is the caller's.
+                    Ok(Ok(lease)) => {
+                        let _ = f.backend.release(&lease).await;
+                    }
+                    Ok(Err(e)) => panic!("acquire over a slow link failed: {e}"),
+                    Err(_) => dropped.push((cut, name)),
+                }
+            }
+            assert!(!dropped.is_empty(), "no acquire was in flight at its cut");
+            let mut checks = JoinSet::new();
+            for (cut, name) in dropped {
+                let other = other.clone();
+                checks.spawn(async move {
+                    match other
+                        .acquire(&name, &long().wait(Duration::from_secs(1)))
+                        .await
+                    {
+                        Ok(lease) => other.release(&lease).await.expect("release"),
+                        Err(Error::Timeout { .. }) => panic!(
+                            "an acquire dropped {cut:?} after it started left its name locked \
+                             for over a second: an acquire of unknown outcome must be undone \
+                             by owner token"
+                        ),
+                        Err(e) => panic!("acquire failed: {e}"),
+                    }
+                });
+            }
+            while let Some(joined) = checks.join_next().await {
+                if let Err(e) = joined {
+                    std::panic::resume_unwind(e.into_panic());
+                }
+            }
         },
     )
     .await;

@@ -61,6 +61,47 @@ macro_rules! __suite_fn {
 __case_list!(__suite_fn {});
 
 #[doc(hidden)]
+#[macro_export]
+macro_rules! __fault_suite_fn {
+    ({} link [$($case:ident),* $(,)?]) => {
+        /// Every link fault case, in the order `fault_tests!` stamps them
+        /// out, for running them against a driver of one's own (see
+        /// [`faults`] for the factories they take).
+        pub fn fault_suite() -> Vec<faults::FaultCase> {
+            vec![
+                $(faults::FaultCase {
+                    name: stringify!($case),
+                    run: |faulty, client| -> BoxFuture<()> {
+                        Box::pin(faults::$case(faulty, client))
+                    },
+                },)*
+            ]
+        }
+    };
+}
+
+__fault_case_list!(__fault_suite_fn {});
+
+/// The link fault cases: the one place each is named.
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __fault_case_list {
+    ($then:ident { $($context:tt)* }) => {
+        $crate::$then! {
+            { $($context)* }
+            link [
+                cut_holder_loses_the_lock_before_takeover,
+                stalled_holder_loses_the_lock_before_takeover,
+                grant_slower_than_its_lease_is_no_grant,
+                delayed_grant_is_valid_only_until_the_server_frees_it,
+                calls_on_a_stalled_server_return_within_their_bound,
+                acquire_dropped_in_flight_frees_the_name_at_once,
+            ]
+        }
+    };
+}
+
+#[doc(hidden)]
 pub mod __private {
     pub use dlock_core::Backend;
 
@@ -167,11 +208,14 @@ macro_rules! __stamp_tests {
 }
 
 /// Stamps out one `#[test]` per [`faults`] case for a driver whose server
-/// the [`harness`] runs.
+/// the [`harness`] runs: every link case (through a [`proxy::FaultProxy`]
+/// in front of the shared server) and the server cases (restart, pause),
+/// which start servers of their own.
 ///
 /// `$connect` is an async fn from a URL of the server's form to a client
-/// (`Arc<dyn Backend>`); session backends should give it a session timeout
-/// of at most 2 s. `$service` is the [`harness::Service`].
+/// (`Arc<dyn Backend>`). Its requests must time out within
+/// [`faults::REQUEST_TIMEOUT`]; session backends should use a session
+/// timeout of at most 2 s. `$service` is the [`harness::Service`].
 ///
 /// ```ignore
 /// async fn connect(url: String) -> std::sync::Arc<dyn dlock_core::Backend> { ... }
@@ -180,25 +224,7 @@ macro_rules! __stamp_tests {
 #[macro_export]
 macro_rules! fault_tests {
     ($connect:expr, $service:expr) => {
-        #[test]
-        fn a_cut_off_holder_loses_the_lock_before_takeover() {
-            $crate::__private::run("a_cut_off_holder_loses_the_lock_before_takeover", async {
-                let url = $crate::harness::shared($service).await.url();
-                let fault = $crate::proxy::Fault::Cut;
-                $crate::faults::cut_off_holder_loses_the_lock_before_takeover($connect, url, fault)
-                    .await;
-            });
-        }
-
-        #[test]
-        fn a_stalled_holder_loses_the_lock_before_takeover() {
-            $crate::__private::run("a_stalled_holder_loses_the_lock_before_takeover", async {
-                let url = $crate::harness::shared($service).await.url();
-                let fault = $crate::proxy::Fault::Stall;
-                $crate::faults::cut_off_holder_loses_the_lock_before_takeover($connect, url, fault)
-                    .await;
-            });
-        }
+        $crate::__fault_case_list!(__stamp_fault_tests { $connect, $service });
 
         #[test]
         fn fencing_tokens_keep_increasing_across_a_server_restart() {
@@ -220,5 +246,22 @@ macro_rules! fault_tests {
                 },
             );
         }
+    };
+}
+
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __stamp_fault_tests {
+    ({ $connect:expr, $service:expr } link [$($case:ident),* $(,)?]) => {
+        $(
+            #[test]
+            fn $case() {
+                $crate::__private::run(stringify!($case), async {
+                    let url = $crate::harness::shared($service).await.url().to_owned();
+                    let (faulty, client) = $crate::faults::proxied($connect, url);
+                    $crate::faults::$case(faulty, client).await;
+                });
+            }
+        )*
     };
 }

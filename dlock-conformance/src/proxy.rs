@@ -1,15 +1,18 @@
-//! A TCP proxy between a client and its server that can cut or stall the
-//! traffic while a test runs: the network faults of the fault cases.
+//! A TCP proxy between a client and its server that can cut, stall or
+//! delay the traffic while a test runs: the network faults of the fault
+//! cases.
 
 use std::io;
 use std::net::SocketAddr;
+use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::watch;
+use tokio::sync::{mpsc, watch};
 use tokio::task::JoinSet;
+use tokio::time::{Instant, sleep_until};
 
-/// What the proxy does to the traffic.
+/// What a link does to the traffic.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Fault {
     /// Forward everything.
@@ -17,10 +20,19 @@ pub enum Fault {
     /// Close every connection, and close new ones at once: a dead link.
     Cut,
     /// Keep connections open but forward nothing: a hung link or a paused
-    /// peer. Traffic resumes on `Pass`.
+    /// peer. Traffic held back is delivered, in order, on `Pass`.
     Stall,
-    /// Forward everything, each chunk this much later: a slow link.
-    Delay(std::time::Duration),
+    /// Forward everything this much later, in each direction: a slow link.
+    /// It is a latency, not a rate: data read at `t` is written at `t + d`.
+    Delay(Duration),
+}
+
+/// A client's link to its server, which a fault case can fault. The
+/// [`FaultProxy`] is the real one; a driver simulated in memory can have
+/// its own.
+pub trait Link: Send + Sync + std::fmt::Debug {
+    /// Switches the fault, for every connection of the link at once.
+    fn set(&self, fault: Fault);
 }
 
 /// A proxy on 127.0.0.1 in front of one server. Dropping it closes it.
@@ -57,6 +69,12 @@ impl FaultProxy {
     }
 }
 
+impl Link for FaultProxy {
+    fn set(&self, fault: Fault) {
+        FaultProxy::set(self, fault);
+    }
+}
+
 async fn accept(listener: TcpListener, upstream: SocketAddr, fault: watch::Receiver<Fault>) {
     // Owned here, so that the connections end with the accept loop.
     let mut connections = JoinSet::new();
@@ -76,44 +94,64 @@ async fn accept(listener: TcpListener, upstream: SocketAddr, fault: watch::Recei
     }
 }
 
-/// Copies one direction, holding data while stalled and stopping on a cut.
+/// Copies one direction. The reader stamps each chunk with the time it
+/// arrived; the writer applies the fault in force when the chunk is due.
 async fn pipe(
-    mut from: impl AsyncRead + Unpin,
+    mut from: impl AsyncRead + Unpin + Send + 'static,
     mut to: impl AsyncWrite + Unpin,
     mut fault: watch::Receiver<Fault>,
 ) {
-    let mut buf = vec![0u8; 16 * 1024];
-    loop {
-        let n = tokio::select! {
-            read = from.read(&mut buf) => match read {
-                Ok(0) | Err(_) => return,
-                Ok(n) => n,
-            },
-            changed = fault.changed() => {
-                if changed.is_err() || *fault.borrow() == Fault::Cut {
-                    return;
-                }
-                continue;
-            }
-        };
+    let (tx, mut rx) = mpsc::unbounded_channel::<(Instant, Vec<u8>)>();
+    let mut cut = fault.clone();
+    let reader = async move {
+        let mut buf = vec![0u8; 16 * 1024];
         loop {
-            let now = *fault.borrow();
-            match now {
-                Fault::Pass => break,
-                Fault::Delay(d) => {
-                    tokio::time::sleep(d).await;
-                    break;
-                }
-                Fault::Cut => return,
-                Fault::Stall => {
-                    if fault.changed().await.is_err() {
+            tokio::select! {
+                read = from.read(&mut buf) => match read {
+                    Ok(0) | Err(_) => return,
+                    Ok(n) => {
+                        if tx.send((Instant::now(), buf[..n].to_vec())).is_err() {
+                            return;
+                        }
+                    }
+                },
+                changed = cut.changed() => {
+                    if changed.is_err() || *cut.borrow() == Fault::Cut {
                         return;
                     }
                 }
             }
         }
-        if to.write_all(&buf[..n]).await.is_err() {
-            return;
+    };
+    let writer = async move {
+        while let Some((arrived, chunk)) = rx.recv().await {
+            loop {
+                let now = *fault.borrow_and_update();
+                match now {
+                    Fault::Pass => break,
+                    Fault::Cut => return,
+                    Fault::Delay(d) => {
+                        tokio::select! {
+                            () = sleep_until(arrived + d) => break,
+                            // The fault changed while waiting: judge again.
+                            changed = fault.changed() => if changed.is_err() { return },
+                        }
+                    }
+                    Fault::Stall => {
+                        if fault.changed().await.is_err() {
+                            return;
+                        }
+                    }
+                }
+            }
+            if to.write_all(&chunk).await.is_err() {
+                return;
+            }
         }
-    }
+    };
+    // The reader ends at EOF with the writer still owing what it queued:
+    // finish the writes, unless the link is cut.
+    let reader = tokio::spawn(reader);
+    writer.await;
+    reader.abort();
 }

@@ -1,19 +1,25 @@
-//! The suite catches broken drivers. Each mutant wraps the correct
-//! in-memory driver and adds one bug that real lock libraries have shipped;
-//! running the whole suite against it must fail the case that guards
-//! against that bug. The unmodified driver is the control: it must pass.
+//! The suite catches broken drivers. A small driver simulated in memory
+//! (a lock server, and a link to it that the fault cases can delay, stall
+//! or cut) is run with one bug at a time, each one that real lock
+//! libraries have shipped; the whole suite, link fault cases included, must
+//! fail the cases that guard against that bug. The driver without a bug
+//! is the control: it must pass everything.
 
 #![allow(clippy::unwrap_used)] // tests panic on purpose
 
-use std::collections::HashSet;
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use dlock_conformance::{Factory, suite};
-use dlock_core::wait::Deadline;
+use dlock_conformance::faults::{FaultyClient, FaultyFactory};
+use dlock_conformance::proxy::{Fault, Link};
+use dlock_conformance::{Factory, fault_suite, suite};
+use dlock_core::wait::{Attempt, Backoff, Deadline, Wakeups, on_arrival, wait_for_lock};
 use dlock_core::{
-    Backend, Capabilities, Lease, LockInfo, LockOptions, MemoryBackend, Result, async_trait,
+    Backend, Capabilities, Error, Lease, LeaseKind, LockInfo, LockOptions, OwnerToken, Result,
+    async_trait, validate_name,
 };
+use tokio::sync::watch;
 use tokio::time::{Instant, sleep, timeout};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -26,116 +32,374 @@ enum Bug {
     ResettingFence,
     /// Extend reports success and does nothing.
     ExtendDoesNothing,
-    /// try-acquire treats an expired holder as alive.
+    /// The server treats an expired holder as alive.
     TryIgnoresExpiry,
     /// Waiters poll slowly instead of being woken on release.
     NoWakeup,
+    /// Acquire reads the lock, then writes it in a second request: two
+    /// clients can both see it free and both take it. Declares no fencing,
+    /// so only the checker's overlap test can catch it.
+    RacyCheckThenSet,
+    /// The lease is counted from when the reply arrived, not from before
+    /// the request was sent.
+    ValidityFromReply,
+    /// A grant whose reply arrived after its validity deadline is returned
+    /// as a success.
+    ExpiredOnArrival,
+    /// Requests have no timeout and acquire no overall bound: a stalled
+    /// server holds the caller forever.
+    IgnoresWaitBound,
+    /// An acquire dropped or timed out while its request is in flight is
+    /// not undone: the name stays locked for the whole TTL.
+    NoCleanup,
 }
 
+/// The lock server: TTLs, fencing, release notifications.
+#[derive(Debug, Default)]
+struct Server {
+    slots: Mutex<HashMap<String, Slot>>,
+    wakeups: Wakeups,
+    /// Off for [`Bug::TryIgnoresExpiry`].
+    ignores_expiry: bool,
+}
+
+#[derive(Debug, Default)]
+struct Slot {
+    version: u64,
+    holder: Option<(OwnerToken, Instant)>,
+}
+
+impl Server {
+    fn live(&self, slot: &Slot, now: Instant) -> Option<(OwnerToken, Instant)> {
+        slot.holder
+            .filter(|&(_, expires)| self.ignores_expiry || expires > now)
+    }
+
+    /// `SET NX PX`: the new version, or the holder's remaining lease.
+    fn acquire(&self, name: &str, owner: OwnerToken, ttl: Duration) -> Result<u64, Duration> {
+        let mut slots = self.slots.lock().unwrap();
+        let slot = slots.entry(name.to_owned()).or_default();
+        let now = Instant::now();
+        if let Some((_, expires)) = self.live(slot, now) {
+            return Err(expires.saturating_duration_since(now));
+        }
+        slot.version += 1;
+        slot.holder = Some((owner, now + ttl));
+        Ok(slot.version)
+    }
+
+    /// The holder's remaining lease, if the lock is held.
+    fn check(&self, name: &str) -> Option<Duration> {
+        let slots = self.slots.lock().unwrap();
+        let now = Instant::now();
+        let slot = slots.get(name)?;
+        self.live(slot, now)
+            .map(|(_, expires)| expires.saturating_duration_since(now))
+    }
+
+    /// An unconditional write.
+    fn set(&self, name: &str, owner: OwnerToken, ttl: Duration) -> u64 {
+        let mut slots = self.slots.lock().unwrap();
+        let slot = slots.entry(name.to_owned()).or_default();
+        slot.version += 1;
+        slot.holder = Some((owner, Instant::now() + ttl));
+        slot.version
+    }
+
+    fn release(&self, name: &str, owner: Option<OwnerToken>) -> bool {
+        let mut slots = self.slots.lock().unwrap();
+        let now = Instant::now();
+        let Some(slot) = slots.get_mut(name) else {
+            return false;
+        };
+        let mine = self
+            .live(slot, now)
+            .is_some_and(|(holder, _)| owner.is_none_or(|o| o == holder));
+        if mine {
+            slot.holder = None;
+            self.wakeups.wake(name);
+        }
+        mine
+    }
+
+    fn extend(&self, name: &str, owner: OwnerToken, ttl: Duration) -> bool {
+        let mut slots = self.slots.lock().unwrap();
+        let now = Instant::now();
+        let Some(slot) = slots.get_mut(name) else {
+            return false;
+        };
+        if self.live(slot, now).is_some_and(|(o, _)| o == owner) {
+            slot.holder = Some((owner, now + ttl));
+            return true;
+        }
+        false
+    }
+
+    fn inspect(&self, name: &str) -> Option<LockInfo> {
+        let slots = self.slots.lock().unwrap();
+        let now = Instant::now();
+        let slot = slots.get(name)?;
+        let (owner, expires) = self.live(slot, now)?;
+        Some(LockInfo::new(
+            owner,
+            slot.version,
+            Some(expires.saturating_duration_since(now)),
+        ))
+    }
+}
+
+/// A client's link to the server: each request and each reply crosses it.
 #[derive(Debug)]
-struct Mutant {
-    inner: MemoryBackend,
-    bug: Option<Bug>,
-    granted: Mutex<HashSet<String>>,
+struct SimLink {
+    fault: watch::Sender<Fault>,
 }
 
-impl Mutant {
+impl SimLink {
+    fn new() -> Arc<Self> {
+        Arc::new(SimLink {
+            fault: watch::channel(Fault::Pass).0,
+        })
+    }
+
+    /// One crossing, in one direction.
+    async fn cross(&self) -> Result<()> {
+        let mut fault = self.fault.subscribe();
+        loop {
+            let now = *fault.borrow_and_update();
+            match now {
+                Fault::Pass => return Ok(()),
+                Fault::Delay(d) => {
+                    sleep(d).await;
+                    return Ok(());
+                }
+                Fault::Cut => {
+                    return Err(Error::connection(
+                        "sim",
+                        "link cut",
+                        std::io::Error::from(std::io::ErrorKind::ConnectionReset),
+                    ));
+                }
+                Fault::Stall => {
+                    let _ = fault.changed().await;
+                }
+            }
+        }
+    }
+}
+
+impl Link for SimLink {
+    fn set(&self, fault: Fault) {
+        self.fault.send_replace(fault);
+    }
+}
+
+const REQUEST_TIMEOUT: Duration = dlock_conformance::faults::REQUEST_TIMEOUT;
+
+/// The driver under test.
+#[derive(Debug, Clone)]
+struct Sim {
+    server: Arc<Server>,
+    link: Arc<SimLink>,
+    bug: Option<Bug>,
+}
+
+impl Sim {
     fn has(&self, bug: Bug) -> bool {
         self.bug == Some(bug)
+    }
+
+    /// One round trip: the request crosses the link, the server runs `op`,
+    /// the reply crosses back; bounded by the request timeout.
+    async fn call<T>(&self, op: impl FnOnce(&Server) -> T) -> Result<T> {
+        let trip = async {
+            self.link.cross().await?;
+            let out = op(&self.server);
+            self.link.cross().await?;
+            Ok(out)
+        };
+        if self.has(Bug::IgnoresWaitBound) {
+            return trip.await;
+        }
+        timeout(REQUEST_TIMEOUT, trip).await.unwrap_or_else(|_| {
+            Err(Error::connection(
+                "sim",
+                "request timed out",
+                std::io::Error::from(std::io::ErrorKind::TimedOut),
+            ))
+        })
+    }
+
+    async fn attempt(&self, name: &str, opts: &LockOptions) -> Result<Attempt> {
+        let owner = OwnerToken::random()?;
+        let sent = Instant::now();
+        let ttl = opts.ttl_value();
+        let mut cleanup = Cleanup {
+            sim: (!self.has(Bug::NoCleanup)).then(|| self.clone()),
+            name: name.to_owned(),
+            owner,
+        };
+        let granted = if self.has(Bug::RacyCheckThenSet) {
+            match self.call(|s| s.check(name)).await? {
+                Some(left) => Err(left),
+                None => Ok(self.call(|s| s.set(name, owner, ttl)).await?),
+            }
+        } else {
+            self.call(|s| s.acquire(name, owner, ttl)).await?
+        };
+        cleanup.sim = None;
+        let version = match granted {
+            Ok(version) => version,
+            Err(left) => {
+                return Ok(Attempt::Held {
+                    expires_in: Some(left),
+                });
+            }
+        };
+        let counted_from = match self.bug {
+            Some(Bug::ValidityFromReply) => Instant::now(),
+            Some(Bug::SkewedClock) => sent + ttl,
+            _ => sent,
+        };
+        let token = if self.has(Bug::ResettingFence) {
+            1
+        } else {
+            version
+        };
+        let lease = Lease::with_ttl(name, owner, token, opts, counted_from);
+        if self.has(Bug::ExpiredOnArrival) {
+            return Ok(Attempt::Acquired(lease));
+        }
+        Ok(on_arrival(self, lease))
+    }
+}
+
+/// Undoes an acquire whose outcome is unknown.
+struct Cleanup {
+    sim: Option<Sim>,
+    name: String,
+    owner: OwnerToken,
+}
+
+impl Drop for Cleanup {
+    fn drop(&mut self) {
+        if let Some(sim) = self.sim.take() {
+            let (name, owner) = (std::mem::take(&mut self.name), self.owner);
+            tokio::spawn(async move { sim.call(|s| s.release(&name, Some(owner))).await });
+        }
     }
 }
 
 #[async_trait]
-impl Backend for Mutant {
+impl Backend for Sim {
     fn capabilities(&self) -> Capabilities {
-        self.inner.capabilities()
+        Capabilities {
+            lease: LeaseKind::Ttl,
+            fencing: !self.has(Bug::RacyCheckThenSet),
+            fencing_survives_restart: false,
+            notify: true,
+            fifo: false,
+            distributed: true,
+            cleanup: true,
+        }
     }
 
     async fn try_acquire(&self, name: &str, opts: &LockOptions) -> Result<Option<Lease>> {
-        if self.has(Bug::TryIgnoresExpiry) && self.granted.lock().unwrap().contains(name) {
-            dlock_core::validate_name(name)?;
-            return Ok(None);
-        }
-        let Some(lease) = self.inner.try_acquire(name, opts).await? else {
-            return Ok(None);
-        };
-        self.granted.lock().unwrap().insert(name.to_owned());
-        let sent = Instant::now();
-        Ok(Some(match self.bug {
-            Some(Bug::SkewedClock) => {
-                let ahead = sent + opts.ttl_value();
-                Lease::with_ttl(name, lease.owner(), lease.fencing_token(), opts, ahead)
-            }
-            Some(Bug::ResettingFence) => Lease::with_ttl(name, lease.owner(), 1, opts, sent),
-            _ => lease,
-        }))
+        validate_name(name)?;
+        opts.validate()?;
+        Ok(self.attempt(name, opts).await?.into_lease())
     }
 
     async fn acquire(&self, name: &str, opts: &LockOptions) -> Result<Lease> {
-        let poll = if self.has(Bug::NoWakeup) {
-            Duration::from_secs(10)
-        } else {
-            Duration::from_millis(20)
-        };
+        validate_name(name)?;
+        opts.validate()?;
         let deadline = Deadline::after(opts.wait_value());
-        loop {
-            if let Some(lease) = self.try_acquire(name, opts).await? {
-                return Ok(lease);
-            }
-            if deadline.is_past() {
-                return Err(deadline.timeout_error(name));
-            }
-            sleep(deadline.cap(poll)).await;
+        let (wakeups, backoff) = if self.has(Bug::NoWakeup) {
+            let poll = Duration::from_secs(10);
+            (None, Backoff::new(poll, poll))
+        } else {
+            let backoff = Backoff::new(Duration::from_millis(20), Duration::from_millis(200));
+            (Some(&self.server.wakeups), backoff)
+        };
+        let wait = wait_for_lock(name, deadline, wakeups, backoff, || {
+            self.attempt(name, opts)
+        });
+        if self.has(Bug::IgnoresWaitBound) {
+            return wait.await;
         }
+        deadline.bound(name, REQUEST_TIMEOUT, wait).await
     }
 
     async fn release(&self, lease: &Lease) -> Result<()> {
-        if self.has(Bug::ReleaseWithoutOwnerCheck) {
-            if let Some(holder) = self.inner.inspect(lease.name()).await? {
-                let opts = LockOptions::new();
-                let whoever = Lease::with_ttl(lease.name(), holder.owner, 0, &opts, Instant::now());
-                self.inner.release(&whoever).await?;
-            }
-            return Ok(());
+        let owner = (!self.has(Bug::ReleaseWithoutOwnerCheck)).then_some(lease.owner());
+        let name = lease.name();
+        if self.call(|s| s.release(name, owner)).await? || owner.is_none() {
+            Ok(())
+        } else {
+            Err(Error::NotHeld {
+                name: name.to_owned(),
+            })
         }
-        self.inner.release(lease).await?;
-        self.granted.lock().unwrap().remove(lease.name());
-        Ok(())
     }
 
     async fn extend(&self, lease: &mut Lease) -> Result<()> {
-        if self.has(Bug::ExtendDoesNothing) {
-            lease.extended(Instant::now());
-            return Ok(());
+        let sent = Instant::now();
+        if !self.has(Bug::ExtendDoesNothing) {
+            let (name, owner) = (lease.name(), lease.owner());
+            let ttl = lease.ttl().unwrap_or_default();
+            if !self.call(|s| s.extend(name, owner, ttl)).await? {
+                return Err(Error::NotHeld {
+                    name: name.to_owned(),
+                });
+            }
         }
-        self.inner.extend(lease).await
+        lease.extended(sent);
+        Ok(())
     }
 
     async fn inspect(&self, name: &str) -> Result<Option<LockInfo>> {
-        self.inner.inspect(name).await
+        validate_name(name)?;
+        self.call(|s| s.inspect(name)).await
     }
 }
 
-/// Runs every case of the suite against the driver with `bug`, all at
-/// once, and returns the names of the cases that failed.
+/// Runs every case of the suite, link fault cases included, against the
+/// driver with `bug`, all at once, and returns the names of the cases
+/// that failed.
 async fn failing_cases(bug: Option<Bug>) -> Vec<&'static str> {
-    let space = MemoryBackend::new();
-    let factory: Factory = Arc::new(move || {
-        let backend: Arc<dyn Backend> = Arc::new(Mutant {
-            inner: space.clone(),
+    let server = Arc::new(Server {
+        ignores_expiry: bug == Some(Bug::TryIgnoresExpiry),
+        ..Server::default()
+    });
+    let client = {
+        let server = server.clone();
+        move || Sim {
+            server: server.clone(),
+            link: SimLink::new(),
             bug,
-            granted: Mutex::default(),
-        });
+        }
+    };
+    let healthy = client.clone();
+    let factory: Factory = Arc::new(move || {
+        let backend: Arc<dyn Backend> = Arc::new(healthy());
         Box::pin(async move { backend })
+    });
+    let faulty: FaultyFactory = Arc::new(move || {
+        let sim = client();
+        let link: Arc<dyn Link> = sim.link.clone();
+        let backend: Arc<dyn Backend> = Arc::new(sim);
+        Box::pin(async move { FaultyClient { backend, link } })
     });
     let mut runs = Vec::new();
     for case in suite() {
-        let run = (case.run)(factory.clone());
-        runs.push((
-            case.name,
-            tokio::spawn(timeout(Duration::from_secs(15), run)),
-        ));
+        runs.push((case.name, (case.run)(factory.clone())));
     }
+    for case in fault_suite() {
+        runs.push((case.name, (case.run)(faulty.clone(), factory.clone())));
+    }
+    let runs: Vec<_> = runs
+        .into_iter()
+        .map(|(name, run)| (name, tokio::spawn(timeout(Duration::from_secs(40), run))))
+        .collect();
     let mut failed = Vec::new();
     for (name, run) in runs {
         match run.await {
@@ -177,7 +441,14 @@ async fn release_without_owner_check_is_caught() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_skewed_client_clock_is_caught() {
-    assert_caught(Bug::SkewedClock, &["expiry_then_takeover"]).await;
+    assert_caught(
+        Bug::SkewedClock,
+        &[
+            "expiry_then_takeover",
+            "delayed_grant_is_valid_only_until_the_server_frees_it",
+        ],
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -209,4 +480,52 @@ async fn a_try_acquire_that_ignores_expiry_is_caught() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn no_wakeup_on_release_is_caught() {
     assert_caught(Bug::NoWakeup, &["waiter_acquires_after_release"]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_racy_check_then_set_is_caught_by_the_checker() {
+    assert_caught(
+        Bug::RacyCheckThenSet,
+        &["stress_contended_grants_are_exclusive"],
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn validity_counted_from_the_reply_is_caught() {
+    assert_caught(
+        Bug::ValidityFromReply,
+        &[
+            "delayed_grant_is_valid_only_until_the_server_frees_it",
+            "grant_slower_than_its_lease_is_no_grant",
+        ],
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_expired_on_arrival_grant_is_caught() {
+    assert_caught(
+        Bug::ExpiredOnArrival,
+        &["grant_slower_than_its_lease_is_no_grant"],
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ignoring_the_wait_bound_on_a_stalled_server_is_caught() {
+    assert_caught(
+        Bug::IgnoresWaitBound,
+        &["calls_on_a_stalled_server_return_within_their_bound"],
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_cleanup_of_a_dropped_acquire_is_caught() {
+    assert_caught(
+        Bug::NoCleanup,
+        &["acquire_dropped_in_flight_frees_the_name_at_once"],
+    )
+    .await;
 }

@@ -33,6 +33,11 @@ pub struct Capabilities {
     pub fifo: bool,
     /// Several processes can share the lock (false for the in-memory driver).
     pub distributed: bool,
+    /// An acquire whose outcome is unknown (its reply timed out, or its
+    /// future was dropped while the request was in flight) is undone by
+    /// owner token at once, so the name is free again within a round trip
+    /// or two rather than at the end of the TTL.
+    pub cleanup: bool,
 }
 
 /// Who holds a lock, as [`Backend::inspect`] reports it.
@@ -86,10 +91,19 @@ impl LockInfo {
 ///   lease that expired, was released or was taken over they return
 ///   [`Error::NotHeld`](crate::Error::NotHeld) and leave the current holder
 ///   untouched.
+/// - **A grant is valid when it reaches the caller**: a reply that arrives
+///   after the lease's validity deadline is not a grant. The driver
+///   releases it (owner-checked, see [`wait::on_arrival`](crate::wait::on_arrival))
+///   and the attempt counts as "held".
 /// - **Waiting**: [`try_acquire`](Backend::try_acquire) makes one attempt.
-///   [`acquire`](Backend::acquire) returns within the wait bound plus one
-///   round trip. Waiters wake on release by notification where the backend
-///   has one, and otherwise poll with jitter; never a busy loop.
+///   [`acquire`](Backend::acquire) returns within the wait bound, or within
+///   the driver's request timeout when that is longer (one attempt always
+///   gets its round trip); see [`Deadline::bound`](crate::wait::Deadline::bound).
+///   Waiters wake on release by notification where the backend has one,
+///   and otherwise poll with jitter; never a busy loop.
+/// - **Every call is bounded**: each request has a timeout; a request that
+///   timed out has an unknown outcome, and a driver that declares
+///   [`Capabilities::cleanup`] undoes such an acquire by owner token.
 /// - **Cancellation**: dropping any future of this trait at any await point
 ///   leaves no lock held beyond its TTL or session, and no lock held that
 ///   the caller was not told about beyond that.

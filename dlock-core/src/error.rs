@@ -62,6 +62,20 @@ pub enum Error {
         source: Option<BoxError>,
     },
 
+    /// The server is reachable but cannot serve for now: it is loading its
+    /// data, busy with a long script, a read-only replica, or in the middle
+    /// of a failover. Trying again later may succeed.
+    #[error("{backend}: temporarily unavailable: {message}")]
+    Unavailable {
+        /// The driver's name.
+        backend: &'static str,
+        /// What the server said.
+        message: String,
+        /// The client library's error.
+        #[source]
+        source: Option<BoxError>,
+    },
+
     /// The backend answered with an error (bad credentials, missing table,
     /// script error, ...).
     #[error("{backend}: {message}")]
@@ -112,6 +126,19 @@ impl Error {
         }
     }
 
+    /// An [`Error::Unavailable`] wrapping a client library error.
+    pub fn unavailable(
+        backend: &'static str,
+        message: impl Into<String>,
+        source: impl Into<BoxError>,
+    ) -> Self {
+        Error::Unavailable {
+            backend,
+            message: message.into(),
+            source: Some(source.into()),
+        }
+    }
+
     /// An [`Error::InvalidOption`].
     pub fn invalid_option(option: &'static str, reason: impl Into<String>) -> Self {
         Error::InvalidOption {
@@ -120,10 +147,14 @@ impl Error {
         }
     }
 
-    /// Whether trying the same call again may succeed: the lock was busy or
-    /// the connection failed. Invalid input, "not held" and unsupported
-    /// operations fail the same way every time.
+    /// Whether trying the same call again may succeed: the lock was busy,
+    /// the connection failed, or the server was briefly unavailable.
+    /// Invalid input, "not held" and unsupported operations fail the same
+    /// way every time.
     pub fn is_retryable(&self) -> bool {
-        matches!(self, Error::Timeout { .. } | Error::Connection { .. })
+        matches!(
+            self,
+            Error::Timeout { .. } | Error::Connection { .. } | Error::Unavailable { .. }
+        )
     }
 }

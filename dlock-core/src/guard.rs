@@ -5,6 +5,7 @@ use tokio::sync::watch;
 use tokio::time::{Instant, sleep_until, timeout_at};
 use tokio_util::sync::{CancellationToken, DropGuard};
 
+use crate::options::deadline_after;
 use crate::{Backend, Error, Lease, LockInfo, LockOptions, OwnerToken, Result};
 
 /// The handle users lock with: a shared backend plus guards, renewal and
@@ -59,7 +60,8 @@ impl Locker {
     }
 
     /// Runs `f` while holding `name`, then releases it: the "lock this method
-    /// body by a key" pattern.
+    /// body by a key" pattern. `f` does not run unless the lease is valid
+    /// when it would start.
     ///
     /// The guard is renewed while `f` runs and `f` may watch
     /// [`Guard::lost`] to stop early. If the lease was lost before `f`
@@ -73,6 +75,13 @@ impl Locker {
         f: impl AsyncFnOnce(&Guard) -> T,
     ) -> Result<T> {
         let guard = self.acquire(name, opts).await?;
+        // The lease may have run out between the grant and now (a slow
+        // caller, a paused process): never run the body without the lock.
+        if !guard.is_valid() {
+            return Err(Error::NotHeld {
+                name: name.to_owned(),
+            });
+        }
         let value = f(&guard).await;
         if !guard.is_valid() {
             return Err(Error::NotHeld {
@@ -235,7 +244,7 @@ impl Watchdog {
         let period = ttl / 3;
         // After a failed renewal, try again well before the deadline.
         let retry = (ttl / 10).max(Duration::from_millis(5));
-        let mut next = Instant::now() + period;
+        let mut next = deadline_after(Instant::now(), period);
         loop {
             let Some(deadline) = self.lease.valid_until() else {
                 return;
@@ -265,7 +274,7 @@ impl Watchdog {
             match outcome {
                 Ok(Ok(())) => {
                     self.valid_until.send_replace(self.lease.valid_until());
-                    next = Instant::now() + period;
+                    next = deadline_after(Instant::now(), period);
                 }
                 Ok(Err(Error::NotHeld { .. })) => {
                     tracing::warn!(name = self.lease.name(), "lock was taken over");
@@ -274,7 +283,7 @@ impl Watchdog {
                 }
                 Ok(Err(e)) => {
                     tracing::debug!(name = self.lease.name(), error = %e, "renewal failed, retrying");
-                    next = Instant::now() + retry;
+                    next = deadline_after(Instant::now(), retry);
                 }
                 Err(_) => {
                     tracing::warn!(

@@ -182,7 +182,7 @@ impl Lease {
     /// Records a successful extension whose request was sent at `sent`.
     pub fn extended(&mut self, sent: Instant) {
         if let Some(ttl) = self.ttl {
-            self.valid_until = Some(deadline_after(sent, ttl - self.drift));
+            self.valid_until = Some(deadline_after(sent, ttl.saturating_sub(self.drift)));
         }
     }
 }

@@ -5,6 +5,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use tokio::time::Instant;
 
+use crate::options::deadline_after;
 use crate::wait::{Attempt, Backoff, Deadline, Wakeups, wait_for_lock};
 use crate::{
     Backend, Capabilities, Error, Lease, LeaseKind, LockInfo, LockOptions, OwnerToken, Result,
@@ -70,7 +71,7 @@ impl MemoryBackend {
                 });
             }
             slot.version += 1;
-            slot.holder = Some((owner, now + opts.ttl_value()));
+            slot.holder = Some((owner, deadline_after(now, opts.ttl_value())));
             Ok(Attempt::Acquired(Lease::with_ttl(
                 name,
                 owner,
@@ -112,6 +113,8 @@ impl Backend for MemoryBackend {
             notify: true,
             fifo: false,
             distributed: false,
+            // Nothing is ever in flight.
+            cleanup: true,
         }
     }
 
@@ -146,7 +149,9 @@ impl Backend for MemoryBackend {
         let sent = Instant::now();
         let ttl = lease.ttl().unwrap_or_default();
         self.on_own_slot(lease, |slot, now| {
-            slot.holder = slot.holder.map(|(owner, _)| (owner, now + ttl));
+            slot.holder = slot
+                .holder
+                .map(|(owner, _)| (owner, deadline_after(now, ttl)));
         })?;
         lease.extended(sent);
         Ok(())

@@ -95,7 +95,7 @@ impl LockOptions {
     /// The drift allowance in effect.
     pub fn drift_value(&self) -> Duration {
         self.drift
-            .unwrap_or_else(|| self.ttl / 100 + Duration::from_millis(2))
+            .unwrap_or_else(|| (self.ttl / 100).saturating_add(Duration::from_millis(2)))
     }
 
     /// Whether guards renew the lease.
@@ -132,7 +132,9 @@ impl LockOptions {
     /// `sent`: the TTL minus the drift allowance, on the client's monotonic
     /// clock.
     pub fn valid_until(&self, sent: Instant) -> Instant {
-        deadline_after(sent, self.ttl - self.drift_value())
+        // Saturating: options that were never validated give a lease that
+        // is invalid at once, not a panic.
+        deadline_after(sent, self.ttl.saturating_sub(self.drift_value()))
     }
 }
 

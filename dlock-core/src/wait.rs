@@ -9,10 +9,10 @@ use std::time::Duration;
 
 use tokio::sync::Notify;
 use tokio::sync::futures::Notified;
-use tokio::time::{Instant, sleep};
+use tokio::time::{Instant, sleep, timeout_at};
 
 use crate::options::deadline_after;
-use crate::{Error, Lease, Result};
+use crate::{Backend, Error, Lease, Result};
 
 /// The end of a wait bound.
 #[derive(Debug, Clone, Copy)]
@@ -56,12 +56,78 @@ impl Deadline {
             waited: self.elapsed(),
         }
     }
+
+    /// When an acquire under this deadline must have returned: the deadline
+    /// itself, but never sooner than one request timeout after the wait
+    /// began, so that a zero or tiny wait bound still gets its one attempt.
+    /// `None` for an unbounded wait.
+    pub fn cut_off(&self, request_timeout: Duration) -> Option<Instant> {
+        let end = self.end?;
+        Some(end.max(deadline_after(self.start, request_timeout)))
+    }
+
+    /// Runs a whole acquire of `name`, cut off at [`Deadline::cut_off`]
+    /// with [`Error::Timeout`]: the hard bound on a call whose requests
+    /// hang (a stalled server, a lost reply the client library does not
+    /// time out). The cut drops `acquire` wherever it is waiting, so the
+    /// driver's cancellation handling (cleanup by owner token) applies.
+    pub async fn bound<T>(
+        &self,
+        name: &str,
+        request_timeout: Duration,
+        acquire: impl Future<Output = Result<T>>,
+    ) -> Result<T> {
+        let Some(cut) = self.cut_off(request_timeout) else {
+            return acquire.await;
+        };
+        match timeout_at(cut, acquire).await {
+            Ok(done) => done,
+            Err(_) => Err(self.timeout_error(name)),
+        }
+    }
+}
+
+/// Judges a grant the moment its reply arrives: a lease already past its
+/// validity deadline (the reply was slower than the lease) is no grant.
+/// It is released, owner-checked, in the background, and the attempt
+/// counts as "held", so the caller waits on or reports the lock as taken.
+pub fn on_arrival<B>(backend: &B, lease: Lease) -> Attempt
+where
+    B: Backend + Clone + 'static,
+{
+    if lease.is_valid() {
+        return Attempt::Acquired(lease);
+    }
+    tracing::debug!(
+        name = lease.name(),
+        "grant arrived after its validity deadline; releasing it"
+    );
+    release_in_background(Arc::new(backend.clone()), lease);
+    Attempt::Held { expires_in: None }
+}
+
+/// Releases `lease` on a spawned task, if there is a runtime to spawn on;
+/// the TTL or session frees it otherwise.
+pub fn release_in_background(backend: Arc<dyn Backend>, lease: Lease) {
+    let Ok(rt) = tokio::runtime::Handle::try_current() else {
+        tracing::debug!(name = lease.name(), "no runtime: lock left to expire");
+        return;
+    };
+    rt.spawn(async move {
+        if let Err(e) = backend.release(&lease).await {
+            tracing::debug!(name = lease.name(), error = %e, "background release failed");
+        }
+    });
 }
 
 /// `d` scaled by a random factor in `[0.5, 1.0]`, so that clients that
 /// collided once do not collide again on every retry.
 pub fn jitter(d: Duration) -> Duration {
-    d.mul_f64(0.5 + fastrand::f64() / 2.0)
+    let factor = 0.5 + fastrand::f64() / 2.0;
+    // Through f64 the largest durations round up past `Duration::MAX`.
+    Duration::try_from_secs_f64(d.as_secs_f64() * factor)
+        .unwrap_or(d)
+        .min(d)
 }
 
 /// Exponential backoff with jitter ("equal jitter"): each delay is drawn from
@@ -73,9 +139,14 @@ pub struct Backoff {
     current: Duration,
 }
 
+/// The shortest delay a [`Backoff`] gives: a zero delay would be a busy loop.
+pub const MIN_BACKOFF: Duration = Duration::from_millis(1);
+
 impl Backoff {
-    /// Delays start near `min` and double up to `max`.
+    /// Delays start near `min` and double up to `max`; both are raised to
+    /// at least [`MIN_BACKOFF`].
     pub fn new(min: Duration, max: Duration) -> Self {
+        let min = min.max(MIN_BACKOFF);
         let max = max.max(min);
         Backoff {
             min,
@@ -87,7 +158,7 @@ impl Backoff {
     /// The next delay.
     pub fn next_delay(&mut self) -> Duration {
         let d = jitter(self.current);
-        self.current = (self.current * 2).min(self.max);
+        self.current = self.current.saturating_mul(2).min(self.max);
         d
     }
 
@@ -218,6 +289,10 @@ impl Attempt {
     }
 }
 
+/// How many failed attempts in a row (connection lost, server briefly
+/// unavailable) the wait loop rides out before it reports the error.
+const RETRIES: u32 = 3;
+
 /// The wait loop every driver shares: attempt, and while the lock is held,
 /// sleep until a wake-up, the holder's expiry, or the next jittered backoff
 /// step, whichever is first, never past the wait bound.
@@ -225,7 +300,10 @@ impl Attempt {
 /// The wake-up future is created before each attempt, so a release that
 /// lands between a failed attempt and the sleep is not missed. The deadline
 /// is the caller's, usually `Deadline::after(opts.wait_value())` taken
-/// before any request of the acquire.
+/// before any request of the acquire. A retryable error (a dropped
+/// connection the client library is re-opening, a server that is loading)
+/// is tried again after a backoff step, a few times in a row at most and
+/// never past the deadline; then it is returned.
 pub async fn wait_for_lock<F, Fut>(
     name: &str,
     deadline: Deadline,
@@ -238,11 +316,21 @@ where
     Fut: Future<Output = Result<Attempt>>,
 {
     let waiter = wakeups.map(|w| w.register(name));
+    let mut failures = 0;
     loop {
         let mut notified = pin!(waiter.as_ref().map(Waiter::notified));
-        let expires_in = match attempt().await? {
-            Attempt::Acquired(lease) => return Ok(lease),
-            Attempt::Held { expires_in } => expires_in,
+        let expires_in = match attempt().await {
+            Ok(Attempt::Acquired(lease)) => return Ok(lease),
+            Ok(Attempt::Held { expires_in }) => {
+                failures = 0;
+                expires_in
+            }
+            Err(e) if e.is_retryable() && failures < RETRIES && !deadline.is_past() => {
+                failures += 1;
+                tracing::debug!(name, error = %e, "attempt failed; trying again");
+                None
+            }
+            Err(e) => return Err(e),
         };
         if deadline.is_past() {
             return Err(deadline.timeout_error(name));
@@ -281,6 +369,18 @@ mod tests {
         assert!(within(d[3], 40) && within(d[4], 40));
         b.reset();
         assert!(within(b.next_delay(), 10));
+    }
+
+    #[test]
+    fn extreme_durations_do_not_panic() {
+        for d in [Duration::ZERO, Duration::from_nanos(1), Duration::MAX] {
+            assert!(jitter(d) <= d);
+            let mut b = Backoff::new(d, d);
+            for _ in 0..70 {
+                assert!(b.next_delay() <= d.max(MIN_BACKOFF));
+            }
+        }
+        assert!(Backoff::new(Duration::ZERO, Duration::ZERO).next_delay() > Duration::ZERO);
     }
 
     #[tokio::test]
