@@ -2,7 +2,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use dlock_core::wait::{Attempt, Backoff, Deadline, wait_for_lock};
+use dlock_core::wait::{Attempt, Backoff, Deadline, MIN_BACKOFF, on_arrival, wait_for_lock};
 use dlock_core::{
     Backend, Capabilities, Error, Lease, LeaseKind, LockInfo, LockOptions, OwnerToken, Result,
     async_trait, validate_name,
@@ -30,6 +30,7 @@ struct Inner {
     conn: ConnectionManager,
     prefix: String,
     max_poll: Duration,
+    response_timeout: Duration,
     notifications: Notifications,
 }
 
@@ -89,6 +90,17 @@ impl RedisBuilder {
     /// [`Error::Backend`] when it refuses us (wrong password, say).
     pub async fn connect(self) -> Result<RedisBackend> {
         validate_prefix(&self.prefix)?;
+        positive("max_poll_interval", self.max_poll, MIN_BACKOFF)?;
+        positive(
+            "response_timeout",
+            self.response_timeout,
+            Duration::from_millis(1),
+        )?;
+        positive(
+            "connection_timeout",
+            self.connection_timeout,
+            Duration::from_millis(1),
+        )?;
         let info = self
             .url
             .as_str()
@@ -121,10 +133,25 @@ impl RedisBuilder {
                 conn,
                 prefix: self.prefix,
                 max_poll: self.max_poll,
+                response_timeout: self.response_timeout,
                 notifications: Notifications::start(push_conn, rx),
             }),
         })
     }
+}
+
+/// Checks a duration setting: at least `min`, and at most a day, beyond
+/// which it is surely a mistake (and overflows the client library's
+/// arithmetic).
+fn positive(option: &'static str, value: Duration, min: Duration) -> Result<()> {
+    const MAX: Duration = Duration::from_secs(24 * 60 * 60);
+    if value < min || value > MAX {
+        return Err(Error::invalid_option(
+            option,
+            format!("must be between {min:?} and {MAX:?}, got {value:?}"),
+        ));
+    }
+    Ok(())
 }
 
 fn bad_url(e: &RedisError) -> Error {
@@ -137,6 +164,14 @@ fn bad_url(e: &RedisError) -> Error {
 fn redis_error(e: RedisError, doing: &str) -> Error {
     if e.kind() == redis::ErrorKind::AuthenticationFailed {
         return Error::backend(NAME, format!("{doing}: authentication failed"), e);
+    }
+    // The server is there but cannot serve this moment: loading its data,
+    // running a long script, a replica, or mid-failover.
+    if matches!(
+        e.code(),
+        Some("LOADING" | "BUSY" | "READONLY" | "MASTERDOWN" | "TRYAGAIN" | "CLUSTERDOWN")
+    ) {
+        return Error::unavailable(NAME, doing, e);
     }
     if e.is_io_error()
         || e.is_timeout()
@@ -192,6 +227,12 @@ impl RedisBackend {
         self.inner.conn.clone()
     }
 
+    /// How many release channels this client is subscribed to for its
+    /// waiters now: one per name that has a waiter in this process.
+    pub fn subscribed_channels(&self) -> usize {
+        self.inner.notifications.channels()
+    }
+
     fn keys(&self, name: &str) -> Keys {
         keys(&self.inner.prefix, name)
     }
@@ -204,8 +245,9 @@ impl RedisBackend {
         // a caller who never hears of it, so release it by its token.
         let mut cleanup = Cleanup {
             backend: Some(self.clone()),
-            lock: keys.lock.clone(),
+            name: name.to_owned(),
             owner,
+            ttl: opts.ttl_value(),
         };
         let reply: (i64, String) = ACQUIRE
             .key(&keys.lock)
@@ -219,7 +261,7 @@ impl RedisBackend {
         let attempt = match reply {
             (1, fence) => {
                 let fence = fence.parse().map_err(|_| malformed("acquire", &fence))?;
-                Attempt::Acquired(Lease::with_ttl(name, owner, fence, opts, sent))
+                on_arrival(self, Lease::with_ttl(name, owner, fence, opts, sent))
             }
             (0, pttl) => Attempt::Held {
                 expires_in: pttl.parse::<u64>().ok().map(Duration::from_millis),
@@ -234,8 +276,9 @@ impl RedisBackend {
 /// Releases an acquire whose outcome is unknown.
 struct Cleanup {
     backend: Option<RedisBackend>,
-    lock: String,
+    name: String,
     owner: OwnerToken,
+    ttl: Duration,
 }
 
 impl Drop for Cleanup {
@@ -244,53 +287,25 @@ impl Drop for Cleanup {
         else {
             return;
         };
-        let lock = std::mem::take(&mut self.lock);
-        let owner = self.owner.to_string();
-        rt.spawn(async move {
-            // No channel or name: nobody can be waiting on a grant nobody saw.
-            let done: redis::RedisResult<i64> = RELEASE
-                .key(&lock)
-                .arg(owner)
-                .arg("")
-                .arg("")
-                .invoke_async(&mut backend.inner.conn.clone())
-                .await;
-            tracing::debug!(%lock, ?done, "released an acquire of unknown outcome");
-        });
+        let name = std::mem::take(&mut self.name);
+        let (owner, ttl) = (self.owner, self.ttl);
+        rt.spawn(async move { backend.undo(&name, owner, ttl).await });
     }
 }
 
-#[async_trait]
-impl Backend for RedisBackend {
-    fn capabilities(&self) -> Capabilities {
-        Capabilities {
-            lease: LeaseKind::Ttl,
-            fencing: true,
-            fencing_survives_restart: true,
-            notify: true,
-            fifo: false,
-            distributed: true,
-        }
-    }
-
-    async fn try_acquire(&self, name: &str, opts: &LockOptions) -> Result<Option<Lease>> {
-        validate_name(name)?;
-        opts.validate()?;
-        Ok(self
-            .attempt(name, &self.keys(name), opts)
-            .await?
-            .into_lease())
-    }
-
-    async fn acquire(&self, name: &str, opts: &LockOptions) -> Result<Lease> {
-        validate_name(name)?;
-        opts.validate()?;
-        let deadline = Deadline::after(opts.wait_value());
+impl RedisBackend {
+    /// Acquire's wait: one attempt, then subscribe to the name's releases
+    /// and wait for the lock.
+    async fn wait(&self, name: &str, opts: &LockOptions, deadline: Deadline) -> Result<Lease> {
         let keys = self.keys(name);
         // The uncontended case costs one round trip: subscribe only once the
-        // lock turns out to be held.
-        if let Attempt::Acquired(lease) = self.attempt(name, &keys, opts).await? {
-            return Ok(lease);
+        // lock turns out to be held (or the attempt failed in a way worth
+        // another try, which the wait loop makes).
+        match self.attempt(name, &keys, opts).await {
+            Ok(Attempt::Acquired(lease)) => return Ok(lease),
+            Ok(Attempt::Held { .. }) => {}
+            Err(e) if e.is_retryable() => {}
+            Err(e) => return Err(e),
         }
         if deadline.is_past() {
             return Err(deadline.timeout_error(name));
@@ -309,6 +324,74 @@ impl Backend for RedisBackend {
         .await
     }
 
+    /// Releases `name` if `owner` holds it, retrying while the server is
+    /// out of reach, until it answers or the TTL has freed the lock anyway.
+    /// Publishes like any release, so that waiters wake.
+    async fn undo(&self, name: &str, owner: OwnerToken, ttl: Duration) {
+        let keys = self.keys(name);
+        let started = Instant::now();
+        let mut backoff = Backoff::new(Duration::from_millis(20), Duration::from_millis(500));
+        loop {
+            let done: redis::RedisResult<i64> = RELEASE
+                .key(&keys.lock)
+                .arg(owner.to_string())
+                .arg(&keys.channel)
+                .arg(name)
+                .invoke_async(&mut self.inner.conn.clone())
+                .await;
+            match done {
+                Ok(released) => {
+                    tracing::debug!(name, released, "undid an acquire of unknown outcome");
+                    if released == 1 {
+                        self.inner.notifications.wakeups.wake(name);
+                    }
+                    return;
+                }
+                Err(e) if started.elapsed() < ttl => {
+                    tracing::debug!(name, error = %e, "undoing an acquire failed; retrying");
+                    tokio::time::sleep(backoff.next_delay()).await;
+                }
+                Err(e) => {
+                    tracing::debug!(name, error = %e, "gave up undoing an acquire: its TTL has passed");
+                    return;
+                }
+            }
+        }
+    }
+}
+
+#[async_trait]
+impl Backend for RedisBackend {
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            lease: LeaseKind::Ttl,
+            fencing: true,
+            fencing_survives_restart: true,
+            notify: true,
+            fifo: false,
+            distributed: true,
+            cleanup: true,
+        }
+    }
+
+    async fn try_acquire(&self, name: &str, opts: &LockOptions) -> Result<Option<Lease>> {
+        validate_name(name)?;
+        opts.validate()?;
+        Ok(self
+            .attempt(name, &self.keys(name), opts)
+            .await?
+            .into_lease())
+    }
+
+    async fn acquire(&self, name: &str, opts: &LockOptions) -> Result<Lease> {
+        validate_name(name)?;
+        opts.validate()?;
+        let deadline = Deadline::after(opts.wait_value());
+        let wait = self.wait(name, opts, deadline);
+        deadline
+            .bound(name, self.inner.response_timeout, wait)
+            .await
+    }
     async fn release(&self, lease: &Lease) -> Result<()> {
         let keys = self.keys(lease.name());
         let released: i64 = RELEASE
@@ -375,5 +458,31 @@ impl Backend for RedisBackend {
             .map_err(|_| malformed("inspect (fence)", fence))?;
         let expires_in = pttl.parse::<u64>().ok().map(Duration::from_millis);
         Ok(Some(LockInfo::new(owner, fence, expires_in)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn transient_server_states_are_retryable() {
+        for code in [
+            "LOADING",
+            "BUSY",
+            "READONLY",
+            "MASTERDOWN",
+            "TRYAGAIN",
+            "CLUSTERDOWN",
+        ] {
+            let e = redis::make_extension_error(code.to_owned(), Some("try later".to_owned()));
+            let mapped = redis_error(e, "acquire");
+            assert!(
+                matches!(mapped, Error::Unavailable { .. }) && mapped.is_retryable(),
+                "{code}: {mapped:?}"
+            );
+        }
+        let e = redis::make_extension_error("ERR".to_owned(), Some("bad".to_owned()));
+        assert!(!redis_error(e, "acquire").is_retryable());
     }
 }

@@ -3,8 +3,9 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
 
-use dlock_core::wait::Wakeups;
+use dlock_core::wait::{Backoff, Wakeups};
 use redis::aio::ConnectionManager;
 use redis::{PushInfo, PushKind, RedisResult, Value};
 use tokio::sync::{mpsc, oneshot};
@@ -12,50 +13,32 @@ use tokio::sync::{mpsc, oneshot};
 enum Command {
     Subscribe(String, oneshot::Sender<RedisResult<()>>),
     Unsubscribe(String),
+    /// The connection dropped: subscribe to every wanted channel again,
+    /// then let every waiter look again for releases it missed.
+    Resubscribe,
 }
+
+type Interests = Arc<Mutex<HashMap<String, usize>>>;
 
 /// Channel subscriptions, counted per channel, and the tasks that keep them.
 #[derive(Debug)]
 pub(crate) struct Notifications {
     pub wakeups: Arc<Wakeups>,
-    interest: Arc<Mutex<HashMap<String, usize>>>,
+    interest: Interests,
     commands: mpsc::UnboundedSender<Command>,
 }
 
 impl Notifications {
     /// Starts the tasks: one applies (un)subscriptions in order, one turns
     /// release messages into wake-ups. Both end when the backend is dropped.
-    pub fn start(
-        mut conn: ConnectionManager,
-        mut pushes: mpsc::UnboundedReceiver<PushInfo>,
-    ) -> Self {
+    pub fn start(conn: ConnectionManager, mut pushes: mpsc::UnboundedReceiver<PushInfo>) -> Self {
         let wakeups = Arc::new(Wakeups::new());
-        let interest: Arc<Mutex<HashMap<String, usize>>> = Arc::default();
-        let (commands, mut rx) = mpsc::unbounded_channel();
-
-        let still_wanted = interest.clone();
-        tokio::spawn(async move {
-            while let Some(command) = rx.recv().await {
-                match command {
-                    // Subscribing twice is harmless, and the reply tells the
-                    // waiter that releases from now on will reach it.
-                    Command::Subscribe(channel, ack) => {
-                        let _ = ack.send(conn.subscribe(&channel).await);
-                    }
-                    Command::Unsubscribe(channel) => {
-                        let wanted = still_wanted
-                            .lock()
-                            .unwrap_or_else(PoisonError::into_inner)
-                            .contains_key(&channel);
-                        if !wanted && let Err(e) = conn.unsubscribe(&channel).await {
-                            tracing::debug!(%channel, error = %e, "unsubscribe failed");
-                        }
-                    }
-                }
-            }
-        });
+        let interest: Interests = Arc::default();
+        let (commands, rx) = mpsc::unbounded_channel();
+        tokio::spawn(subscriber(conn, rx, interest.clone(), wakeups.clone()));
 
         let hub = wakeups.clone();
+        let resubscribe = commands.clone();
         tokio::spawn(async move {
             while let Some(push) = pushes.recv().await {
                 match push.kind {
@@ -64,9 +47,12 @@ impl Notifications {
                             hub.wake(&String::from_utf8_lossy(name));
                         }
                     }
-                    // Releases published while disconnected are lost: let
-                    // every waiter look again.
-                    PushKind::Disconnection => hub.wake_all(),
+                    // Releases published while disconnected are lost. Waking
+                    // waiters now would send them at a dead connection: wake
+                    // them once the subscriptions are back instead.
+                    PushKind::Disconnection => {
+                        let _ = resubscribe.send(Command::Resubscribe);
+                    }
                     _ => {}
                 }
             }
@@ -81,6 +67,7 @@ impl Notifications {
 
     /// Subscribes to `channel` for as long as the returned guard lives. When
     /// this returns, releases published on the channel reach this process.
+    /// Dropping this future midway drops the interest with it.
     pub async fn interest(&self, channel: &str) -> Interest<'_> {
         *self
             .interest
@@ -88,6 +75,12 @@ impl Notifications {
             .unwrap_or_else(PoisonError::into_inner)
             .entry(channel.to_owned())
             .or_default() += 1;
+        // From here on the count comes down on every path, a cancelled
+        // await included.
+        let interest = Interest {
+            notifications: self,
+            channel: channel.to_owned(),
+        };
         let (ack, done) = oneshot::channel();
         let sent = self
             .commands
@@ -101,9 +94,69 @@ impl Notifications {
             Err(_) if sent => tracing::warn!(%channel, "subscriber gone; polling"),
             Err(_) => {}
         }
-        Interest {
-            notifications: self,
-            channel: channel.to_owned(),
+        interest
+    }
+
+    /// How many channels this process wants to hear from now.
+    pub fn channels(&self) -> usize {
+        self.interest
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .len()
+    }
+}
+
+/// Applies (un)subscriptions in the order they were asked for.
+async fn subscriber(
+    mut conn: ConnectionManager,
+    mut rx: mpsc::UnboundedReceiver<Command>,
+    interest: Interests,
+    wakeups: Arc<Wakeups>,
+) {
+    let wanted = |channel: &str| {
+        interest
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .contains_key(channel)
+    };
+    while let Some(command) = rx.recv().await {
+        match command {
+            // Subscribing twice is harmless, and the reply tells the
+            // waiter that releases from now on will reach it.
+            Command::Subscribe(channel, ack) => {
+                let _ = ack.send(conn.subscribe(&channel).await);
+            }
+            Command::Unsubscribe(channel) => {
+                if !wanted(&channel)
+                    && let Err(e) = conn.unsubscribe(&channel).await
+                {
+                    tracing::debug!(%channel, error = %e, "unsubscribe failed");
+                }
+            }
+            Command::Resubscribe => {
+                let mut backoff = Backoff::new(Duration::from_millis(20), Duration::from_secs(1));
+                loop {
+                    let channels: Vec<String> = interest
+                        .lock()
+                        .unwrap_or_else(PoisonError::into_inner)
+                        .keys()
+                        .cloned()
+                        .collect();
+                    if channels.is_empty() {
+                        break;
+                    }
+                    match conn.subscribe(&channels).await {
+                        Ok(()) => break,
+                        Err(e) => {
+                            tracing::debug!(error = %e, "resubscribing failed; retrying");
+                            tokio::time::sleep(backoff.next_delay()).await;
+                        }
+                    }
+                }
+                // Subscribed again: whatever was released in the gap is
+                // found by looking again now.
+                wakeups.wake_all();
+            }
         }
     }
 }

@@ -4,7 +4,6 @@
 #![allow(clippy::unwrap_used)] // tests panic on purpose
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use dlock_conformance::harness::Service;
 use dlock_core::Backend;
@@ -12,7 +11,7 @@ use dlock_redis::RedisBackend;
 
 async fn connect(url: String) -> Arc<dyn Backend> {
     let backend = RedisBackend::builder(url)
-        .response_timeout(Duration::from_millis(300))
+        .response_timeout(dlock_conformance::faults::REQUEST_TIMEOUT)
         .connect()
         .await
         .unwrap();

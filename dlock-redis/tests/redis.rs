@@ -236,3 +236,151 @@ async fn a_server_that_is_down_gives_errors_not_grants() {
     let r = b.release(&lease).await;
     assert!(matches!(r, Err(Error::Connection { .. })), "{r:?}");
 }
+
+/// 1,000 acquires on distinct held names, each dropped at a random point
+/// (before, during or after its subscribe): no release channel stays
+/// subscribed, in the client's count or on the server.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancelled_waits_leave_no_subscription() {
+    let server = start(Service::Redis, ServerOptions::default()).await;
+    let holder = RedisBackend::connect(server.url()).await.unwrap();
+    let waiter = RedisBackend::connect(server.url()).await.unwrap();
+    let names: Vec<String> = (0..1000).map(|_| unique_name("cancelled")).collect();
+    let mut leases = Vec::new();
+    for name in &names {
+        leases.push(holder.try_acquire(name, &opts()).await.unwrap().unwrap());
+    }
+    let patient = opts().wait(Duration::from_secs(30));
+    for name in &names {
+        let cut = Duration::from_micros(fastrand::u64(0..3000));
+        let r = tokio::time::timeout(cut, waiter.acquire(name, &patient)).await;
+        assert!(r.is_err(), "a waiter got a held lock");
+    }
+    // Unsubscribing runs on the notification task: give it a moment.
+    let mut conn = holder.connection();
+    let started = Instant::now();
+    loop {
+        let channels: Vec<String> = redis::cmd("PUBSUB")
+            .arg("CHANNELS")
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        if channels.is_empty() && waiter.subscribed_channels() == 0 {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "{} channels left subscribed on the server, {} in the client",
+            channels.len(),
+            waiter.subscribed_channels()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    for lease in &leases {
+        holder.release(lease).await.unwrap();
+    }
+}
+
+/// The waiter's links are cut while it waits, and the holder releases
+/// during the cut: the release message is lost. Once the link is back, the
+/// waiter must subscribe again and look again, getting the lock within a
+/// few round trips instead of at its one-minute fallback poll.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_during_a_pubsub_outage_is_not_missed() {
+    use dlock_conformance::proxy::{Fault, FaultProxy};
+    let url = shared(Service::Redis).await.url();
+    let port = url.rsplit(':').next().unwrap();
+    let proxy = FaultProxy::start(format!("127.0.0.1:{port}").parse().unwrap())
+        .await
+        .unwrap();
+    let holder = RedisBackend::connect(url).await.unwrap();
+    let waiter = RedisBackend::builder(format!("redis://{}", proxy.addr()))
+        .max_poll_interval(Duration::from_secs(60))
+        .connect()
+        .await
+        .unwrap();
+    let name = unique_name("outage");
+    let lease = holder.try_acquire(&name, &opts()).await.unwrap().unwrap();
+    let task = {
+        let name = name.clone();
+        tokio::spawn(async move {
+            let lease = waiter
+                .acquire(&name, &opts().wait(Duration::from_secs(50)))
+                .await;
+            (lease, Instant::now(), waiter)
+        })
+    };
+    // Long enough that the waiter's backoff has grown to seconds: only a
+    // wake-up can bring it in quickly now.
+    tokio::time::sleep(Duration::from_millis(3500)).await;
+    proxy.set(Fault::Cut);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    holder.release(&lease).await.unwrap();
+    // An outage of seconds: longer than a few quick retries can ride out.
+    tokio::time::sleep(Duration::from_millis(2000)).await;
+    assert!(!task.is_finished(), "the waiter finished during the cut");
+    let back = Instant::now();
+    proxy.set(Fault::Pass);
+    let (granted, at, waiter) = task.await.unwrap();
+    let granted = granted.expect("the waiter gets the lock once its link is back");
+    assert!(
+        at - back < Duration::from_millis(1500),
+        "the waiter missed the release made during the outage ({:?})",
+        at - back
+    );
+    waiter.release(&granted).await.unwrap();
+}
+
+/// A server that cannot take writes (here: a replica) gives a retryable
+/// `Unavailable` error, not a fatal one, and serves again once it can.
+#[tokio::test]
+async fn a_read_only_server_is_unavailable_not_broken() {
+    let server = start(Service::Redis, ServerOptions::default()).await;
+    let b = RedisBackend::connect(server.url()).await.unwrap();
+    let mut conn = b.connection();
+    // A primary that does not exist, on the container's own loopback.
+    let () = redis::cmd("REPLICAOF")
+        .arg("127.0.0.1")
+        .arg(1)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let r = b.try_acquire(&unique_name("read_only"), &opts()).await;
+    match r {
+        Err(e @ Error::Unavailable { .. }) => assert!(e.is_retryable(), "{e}"),
+        other => panic!("expected Unavailable from a replica, got {other:?}"),
+    }
+    let () = redis::cmd("REPLICAOF")
+        .arg("NO")
+        .arg("ONE")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let name = unique_name("read_only");
+    let lease = b.try_acquire(&name, &opts()).await.unwrap().unwrap();
+    b.release(&lease).await.unwrap();
+}
+
+#[tokio::test]
+async fn zero_or_huge_durations_are_invalid_options() {
+    let url = shared(Service::Redis).await.url();
+    for (option, builder) in [
+        (
+            "max_poll_interval",
+            RedisBackend::builder(url).max_poll_interval(Duration::ZERO),
+        ),
+        (
+            "response_timeout",
+            RedisBackend::builder(url).response_timeout(Duration::ZERO),
+        ),
+        (
+            "connection_timeout",
+            RedisBackend::builder(url).connection_timeout(Duration::MAX),
+        ),
+    ] {
+        match builder.connect().await {
+            Err(Error::InvalidOption { option: o, .. }) => assert_eq!(o, option),
+            other => panic!("{option}: expected InvalidOption, got {other:?}"),
+        }
+    }
+}
