@@ -57,7 +57,7 @@ impl Target {
                  owner CHAR(32) NOT NULL, version BIGINT UNSIGNED NOT NULL, \
                  expires_at DATETIME(6) NOT NULL) ENGINE=InnoDB",
             )
-            .execute(b.pool())
+            .execute(&mysql_pool(url).await?)
             .await?;
         }
         Ok(())

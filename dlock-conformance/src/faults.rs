@@ -129,6 +129,19 @@ fn long() -> LockOptions {
     LockOptions::new().ttl(Duration::from_secs(60))
 }
 
+/// One acquire and release on a throwaway name, so that the client's
+/// connections, prepared statements and scripts are in place before a case
+/// slows its link down, as they are in a client that has been running.
+async fn warm_up(client: &dyn Backend) {
+    let name = unique_name("warm_up");
+    let lease = client
+        .try_acquire(&name, &long())
+        .await
+        .expect("warm-up try_acquire")
+        .expect("a fresh name is free");
+    client.release(&lease).await.expect("warm-up release");
+}
+
 /// Waits for the faulty client's grant of `name` to land on the server,
 /// then polls `try_acquire` until the server frees it; the lease and when
 /// its reply arrived.
@@ -262,6 +275,7 @@ pub async fn grant_slower_than_its_lease_is_no_grant(faulty: FaultyFactory, clie
             return;
         }
         let f = faulty().await;
+        warm_up(f.backend.as_ref()).await;
         let ttl = Duration::from_millis(400);
         let opts = LockOptions::new().ttl(ttl);
         let name = unique_name("slow_grant");
@@ -346,6 +360,7 @@ pub async fn delayed_grant_is_valid_only_until_the_server_frees_it(
                 return;
             }
             let f = faulty().await;
+            warm_up(f.backend.as_ref()).await;
             let name = unique_name("delayed_grant");
             f.link.set(Fault::Delay(Duration::from_millis(150)));
             let taker = {

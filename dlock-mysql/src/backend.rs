@@ -2,14 +2,16 @@ use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use dlock_core::wait::{Attempt, Backoff, Deadline, Wakeups, wait_for_lock};
+use dlock_core::wait::{Attempt, Backoff, Deadline, Wakeups, on_arrival, wait_for_lock};
 use dlock_core::{
     Backend, Capabilities, Error, Lease, LeaseKind, LockInfo, LockOptions, OwnerToken, Result,
     async_trait, validate_name,
 };
-use sqlx::mysql::{MySqlConnectOptions, MySqlDatabaseError, MySqlPool, MySqlPoolOptions};
-use tokio::time::Instant;
+use sqlx::Connection;
+use sqlx::mysql::{MySql, MySqlConnectOptions, MySqlConnection, MySqlDatabaseError};
+use tokio::time::{Instant, sleep, timeout};
 
+use crate::pool::{LendError, Lent, Pool};
 use crate::sql::{Statements, validate_table};
 
 const NAME: &str = "mysql";
@@ -22,6 +24,9 @@ const ER_NO_SUCH_TABLE: u16 = 1146;
 const ER_LOCK_WAIT_TIMEOUT: u16 = 1205;
 const ER_LOCK_DEADLOCK: u16 = 1213;
 
+/// The longest any duration setting may be: beyond it, surely a mistake.
+const MAX_SETTING: Duration = Duration::from_secs(24 * 60 * 60);
+
 /// A MySQL / MariaDB lock backend over the version-row table. Cheap to
 /// clone; clones share the pool.
 ///
@@ -30,6 +35,11 @@ const ER_LOCK_DEADLOCK: u16 = 1213;
 /// `SELECT … FOR UPDATE` design instead ties up a connection and a
 /// transaction for the whole critical section, and a stalled holder blocks
 /// everyone until the server's lock wait timeout.)
+///
+/// Every statement is bounded by the request timeout. A statement that
+/// times out has an unknown outcome: its connection is closed rather than
+/// returned to the pool, and an acquire is undone by its owner token in
+/// the background, so the name is not blocked for a whole TTL.
 #[derive(Debug, Clone)]
 pub struct MySqlBackend {
     inner: Arc<Inner>,
@@ -37,10 +47,11 @@ pub struct MySqlBackend {
 
 #[derive(Debug)]
 struct Inner {
-    pool: MySqlPool,
+    pool: Pool,
     sql: Statements,
     holder: String,
     wakeups: Wakeups,
+    request_timeout: Duration,
 }
 
 /// Settings for [`MySqlBackend`]; start from [`MySqlBackend::builder`].
@@ -49,7 +60,8 @@ pub struct MySqlBuilder {
     url: String,
     table: String,
     max_connections: u32,
-    acquire_timeout: Duration,
+    connect_timeout: Duration,
+    request_timeout: Duration,
 }
 
 impl MySqlBuilder {
@@ -65,22 +77,23 @@ impl MySqlBuilder {
         self
     }
 
-    /// How long to wait for a connection from the pool, or for a new one
-    /// (default 5 s).
+    /// How long to wait for a new connection (default 5 s).
     pub fn connect_timeout(mut self, timeout: Duration) -> Self {
-        self.acquire_timeout = timeout;
+        self.connect_timeout = timeout;
         self
     }
 
-    /// Opens the pool (one connection at once, to surface bad credentials
-    /// or a missing database now). Does not create the table: call
-    /// [`MySqlBackend::migrate`] once.
-    ///
-    /// # Errors
-    /// [`Error::InvalidOption`] for a malformed URL or table name,
-    /// [`Error::Connection`] when the server cannot be reached,
-    /// [`Error::Backend`] when it refuses us.
-    pub async fn connect(self) -> Result<MySqlBackend> {
+    /// How long one statement may take, the wait for a pooled connection
+    /// included, before it counts as failed (default 2 s). A statement
+    /// that times out may still have run: its connection is discarded, and
+    /// an acquire is undone by its owner token.
+    pub fn request_timeout(mut self, timeout: Duration) -> Self {
+        self.request_timeout = timeout;
+        self
+    }
+
+    /// Checks the settings and the URL without connecting.
+    fn validate(&self) -> Result<MySqlConnectOptions> {
         validate_table(&self.table)?;
         if self.max_connections == 0 {
             return Err(Error::invalid_option(
@@ -88,34 +101,114 @@ impl MySqlBuilder {
                 "must be at least 1",
             ));
         }
-        let scheme = self
-            .url
-            .split_once("://")
-            .map(|(s, _)| s.to_ascii_lowercase());
-        if !matches!(scheme.as_deref(), Some("mysql" | "mariadb")) {
-            return Err(Error::invalid_option(
-                "url",
-                "expected mysql://user:password@host:port/database",
-            ));
+        for (option, value) in [
+            ("connect_timeout", self.connect_timeout),
+            ("request_timeout", self.request_timeout),
+        ] {
+            if value < Duration::from_millis(1) || value > MAX_SETTING {
+                return Err(Error::invalid_option(
+                    option,
+                    format!("must be between 1ms and {MAX_SETTING:?}, got {value:?}"),
+                ));
+            }
         }
-        let options = MySqlConnectOptions::from_str(&self.url)
-            .map_err(|e| Error::invalid_option("url", format!("not a MySQL URL: {e}")))?;
-        let pool = MySqlPoolOptions::new()
-            .max_connections(self.max_connections)
-            .min_connections(1)
-            .acquire_timeout(self.acquire_timeout)
-            .connect_with(options)
-            .await
-            .map_err(|e| sql_error(e, "connect"))?;
+        parse_url(&self.url)
+    }
+
+    /// Checks the settings, then opens one connection at once, to surface
+    /// bad credentials, a missing database or a server that is down now.
+    /// Does not create the table: call [`MySqlBackend::migrate`] once.
+    ///
+    /// # Errors
+    /// [`Error::InvalidOption`] for a malformed URL, table name or setting,
+    /// [`Error::Connection`] when the server cannot be reached,
+    /// [`Error::Backend`] when it refuses us.
+    pub async fn connect(self) -> Result<MySqlBackend> {
+        let options = self.validate()?;
+        // A first connection at once reports what went wrong ("connection
+        // refused", "access denied") instead of a later statement.
+        let first = match timeout(
+            self.connect_timeout,
+            MySqlConnection::connect_with(&options),
+        )
+        .await
+        {
+            Ok(Ok(first)) => first,
+            Ok(Err(e)) => return Err(sql_error(e, "connect")),
+            Err(_) => {
+                return Err(timed_out(format!(
+                    "connect: no answer within {:?}",
+                    self.connect_timeout
+                )));
+            }
+        };
+        let pool = Pool::new(options, self.max_connections, self.connect_timeout);
+        pool.put(first);
         Ok(MySqlBackend {
             inner: Arc::new(Inner {
                 pool,
                 sql: Statements::new(&self.table),
                 holder: holder_info(),
                 wakeups: Wakeups::new(),
+                request_timeout: self.request_timeout,
             }),
         })
     }
+}
+
+/// Parses a `mysql://` or `mariadb://` URL, refusing what sqlx would only
+/// notice when it connects (or would quietly replace by a default).
+fn parse_url(url: &str) -> Result<MySqlConnectOptions> {
+    let bad = |reason: &str| Error::invalid_option("url", reason.to_owned());
+    let parsed = url::Url::parse(url)
+        .map_err(|e| Error::invalid_option("url", format!("not a URL: {e}")))?;
+    if !matches!(parsed.scheme(), "mysql" | "mariadb") {
+        return Err(bad("expected mysql://user:password@host:port/database"));
+    }
+    if parsed.host_str().is_none_or(str::is_empty) {
+        return Err(bad(
+            "no host: expected mysql://user:password@host:port/database",
+        ));
+    }
+    for (part, text) in [
+        ("user name", parsed.username()),
+        ("password", parsed.password().unwrap_or_default()),
+        ("database", parsed.path()),
+    ] {
+        if !percent_decodes(text) {
+            // The part itself is not shown: it may be a password.
+            return Err(Error::invalid_option(
+                "url",
+                format!("the {part} has a malformed %-escape or is not UTF-8"),
+            ));
+        }
+    }
+    MySqlConnectOptions::from_str(url)
+        .map_err(|e| Error::invalid_option("url", format!("not a MySQL URL: {e}")))
+}
+
+/// Whether every `%` in `s` starts a two-digit hex escape and the decoded
+/// bytes are UTF-8.
+fn percent_decodes(s: &str) -> bool {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' {
+            let hex = bytes
+                .get(i + 1..i + 3)
+                .and_then(|h| std::str::from_utf8(h).ok());
+            match hex.and_then(|h| u8::from_str_radix(h, 16).ok()) {
+                Some(b) => out.push(b),
+                None => return false,
+            }
+            i += 3;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8(out).is_ok()
 }
 
 /// `host:pid`, shown in the table for operators.
@@ -153,9 +246,13 @@ fn sql_error(e: sqlx::Error, doing: &str) -> Error {
         _ => {}
     }
     match e {
-        sqlx::Error::Io(_)
-        | sqlx::Error::Tls(_)
-        | sqlx::Error::PoolTimedOut
+        // Say what the network said ("connection refused"), not just that
+        // it failed.
+        sqlx::Error::Io(ref io) => Error::connection(NAME, format!("{doing}: {io}"), e),
+        sqlx::Error::PoolTimedOut => {
+            Error::connection(NAME, format!("{doing}: no free connection in the pool"), e)
+        }
+        sqlx::Error::Tls(_)
         | sqlx::Error::PoolClosed
         | sqlx::Error::WorkerCrashed
         | sqlx::Error::Protocol(_) => Error::connection(NAME, doing, e),
@@ -164,8 +261,39 @@ fn sql_error(e: sqlx::Error, doing: &str) -> Error {
     }
 }
 
+fn timed_out(message: String) -> Error {
+    Error::connection(
+        NAME,
+        message,
+        std::io::Error::from(std::io::ErrorKind::TimedOut),
+    )
+}
+
 fn micros(d: Duration) -> u64 {
     u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
+}
+
+/// A statement's outcome. A reply (an error answer included) gives the
+/// connection back to the pool; no reply in time, or a broken connection,
+/// closes it: a statement may still be in flight on it.
+fn settle<T>(
+    lent: Lent<'_>,
+    done: Result<Result<T, sqlx::Error>, tokio::time::error::Elapsed>,
+    limit: Duration,
+    doing: &str,
+) -> Result<T> {
+    match done {
+        Ok(Ok(value)) => {
+            lent.give_back();
+            Ok(value)
+        }
+        Ok(Err(e)) if e.as_database_error().is_some() => {
+            lent.give_back();
+            Err(sql_error(e, doing))
+        }
+        Ok(Err(e)) => Err(sql_error(e, doing)),
+        Err(_) => Err(timed_out(format!("{doing}: no reply within {limit:?}"))),
+    }
 }
 
 impl MySqlBackend {
@@ -181,24 +309,91 @@ impl MySqlBackend {
             url: url.into(),
             table: "dlock_locks".to_owned(),
             max_connections: 10,
-            acquire_timeout: Duration::from_secs(5),
+            connect_timeout: Duration::from_secs(5),
+            request_timeout: Duration::from_secs(2),
         }
     }
 
     /// Creates the lock table if it does not exist. Idempotent; run it once
-    /// at deployment or start-up. Never delete rows from the table: a
-    /// deleted row restarts its lock's fencing tokens at 1.
+    /// at deployment or start-up.
     pub async fn migrate(&self) -> Result<()> {
-        sqlx::query(self.inner.sql.create.clone())
-            .execute(&self.inner.pool)
-            .await
-            .map_err(|e| sql_error(e, "migrate"))?;
+        let query = sqlx::query(self.inner.sql.create.clone());
+        self.execute(query, "migrate").await?;
         Ok(())
     }
 
-    /// The connection pool.
-    pub fn pool(&self) -> &MySqlPool {
-        &self.inner.pool
+    /// Deletes up to `limit` rows whose lease ended more than `older_than`
+    /// ago, and returns how many it deleted. Safe at any time: a held or
+    /// recently released lock is never touched, and fencing tokens do not
+    /// depend on the row, so a name acquired again after its row was purged
+    /// still gets a greater token. Call it in a loop while it returns
+    /// `limit`, or let [`MySqlBackend::spawn_purger`] do it.
+    pub async fn purge_expired(&self, older_than: Duration, limit: u32) -> Result<u64> {
+        if older_than > MAX_SETTING * 365 {
+            return Err(Error::invalid_option(
+                "older_than",
+                format!("must be at most {:?}", MAX_SETTING * 365),
+            ));
+        }
+        let query = sqlx::query(self.inner.sql.purge.clone())
+            .bind(micros(older_than))
+            .bind(limit);
+        Ok(self.execute(query, "purge").await?.rows_affected())
+    }
+
+    /// Starts a background task that purges rows expired for longer than
+    /// `older_than`, every `every` (jittered), in batches of 1,000. It runs
+    /// until the returned handle is dropped; failures are logged and tried
+    /// again at the next round. Needs a tokio runtime.
+    ///
+    /// # Errors
+    /// [`Error::InvalidOption`] when `every` is under a second.
+    pub fn spawn_purger(&self, every: Duration, older_than: Duration) -> Result<Purger> {
+        if every < Duration::from_secs(1) {
+            return Err(Error::invalid_option(
+                "every",
+                format!("must be at least 1s, got {every:?}"),
+            ));
+        }
+        let backend = self.clone();
+        let task = tokio::spawn(async move {
+            loop {
+                sleep(dlock_core::wait::jitter(every)).await;
+                loop {
+                    match backend.purge_expired(older_than, 1000).await {
+                        Ok(1000) => continue,
+                        Ok(n) => tracing::debug!(deleted = n, "purged expired lock rows"),
+                        Err(e) => tracing::warn!(error = %e, "purging expired lock rows failed"),
+                    }
+                    break;
+                }
+            }
+        });
+        Ok(Purger(task.abort_handle()))
+    }
+
+    /// A pooled connection, waited for no longer than the request timeout.
+    async fn lend(&self, doing: &str) -> Result<Lent<'_>> {
+        match self.inner.pool.lend(self.inner.request_timeout).await {
+            Ok(lent) => Ok(lent),
+            Err(LendError::Connect(e)) => Err(sql_error(e, doing)),
+            Err(LendError::TimedOut) => Err(timed_out(format!(
+                "{doing}: no connection within {:?}",
+                self.inner.request_timeout
+            ))),
+        }
+    }
+
+    /// Runs one statement that reports rows matched.
+    async fn execute(
+        &self,
+        query: sqlx::query::Query<'_, MySql, sqlx::mysql::MySqlArguments>,
+        doing: &str,
+    ) -> Result<sqlx::mysql::MySqlQueryResult> {
+        let limit = self.inner.request_timeout;
+        let mut lent = self.lend(doing).await?;
+        let done = timeout(limit, query.execute(lent.conn())).await;
+        settle(lent, done, limit, doing)
     }
 
     /// One acquire statement. Returns the granted version, or `None` when
@@ -206,24 +401,21 @@ impl MySqlBackend {
     async fn grant(&self, name: &str, owner: &str, ttl: u64) -> Result<Option<u64>> {
         let mut tries = 0;
         loop {
-            let done = sqlx::query(self.inner.sql.acquire.clone())
+            let query = sqlx::query(self.inner.sql.acquire.clone())
                 .bind(name.as_bytes())
                 .bind(owner)
                 .bind(ttl)
                 .bind(&self.inner.holder)
                 .bind(owner)
                 .bind(&self.inner.holder)
-                .bind(ttl)
-                .execute(&self.inner.pool)
-                .await;
+                .bind(ttl);
+            let limit = self.inner.request_timeout;
+            let mut lent = self.lend("acquire").await?;
+            let done = timeout(limit, query.execute(lent.conn())).await;
             match done {
-                Ok(done) => {
-                    let version = done.last_insert_id();
-                    return Ok((version != 0).then_some(version));
-                }
                 // Concurrent first inserts of one name can deadlock on the
                 // index; InnoDB rolled this one back, so it is safe to repeat.
-                Err(e)
+                Ok(Err(e))
                     if tries < 3
                         && matches!(
                             server_error_number(&e),
@@ -231,8 +423,12 @@ impl MySqlBackend {
                         ) =>
                 {
                     tries += 1;
+                    lent.give_back();
                 }
-                Err(e) => return Err(sql_error(e, "acquire")),
+                done => {
+                    let version = settle(lent, done, limit, "acquire")?.last_insert_id();
+                    return Ok((version != 0).then_some(version));
+                }
             }
         }
     }
@@ -241,18 +437,27 @@ impl MySqlBackend {
         let owner = OwnerToken::random()?;
         let sent = Instant::now();
         let ttl = micros(opts.ttl_value());
-        if let Some(version) = self.grant(name, &owner.to_string(), ttl).await? {
-            return Ok(Attempt::Acquired(Lease::with_ttl(
-                name, owner, version, opts, sent,
-            )));
+        // Armed until the reply is in: a statement that timed out, or whose
+        // future was dropped, may still have taken the lock.
+        let mut undo = Undo {
+            backend: Some(self.clone()),
+            name: name.to_owned(),
+            owner,
+            ttl: opts.ttl_value(),
+        };
+        let granted = self.grant(name, &owner.to_string(), ttl).await?;
+        undo.backend = None;
+        if let Some(version) = granted {
+            let lease = Lease::with_ttl(name, owner, version, opts, sent);
+            return Ok(on_arrival(self, lease));
         }
         // Only a waiter needs the holder's remaining lease, to cap its sleep.
         let expires_in = if waiting {
-            let left: Option<i64> = sqlx::query_scalar(self.inner.sql.remaining.clone())
-                .bind(name.as_bytes())
-                .fetch_optional(&self.inner.pool)
-                .await
-                .map_err(|e| sql_error(e, "read the holder's lease"))?;
+            let query = sqlx::query_scalar(self.inner.sql.remaining.clone()).bind(name.as_bytes());
+            let limit = self.inner.request_timeout;
+            let mut lent = self.lend("read the holder's lease").await?;
+            let done = timeout(limit, query.fetch_optional(lent.conn())).await;
+            let left: Option<i64> = settle(lent, done, limit, "read the holder's lease")?;
             left.map(|us| Duration::from_micros(us.unsigned_abs()))
         } else {
             None
@@ -264,22 +469,80 @@ impl MySqlBackend {
     /// unless it matched one.
     async fn own_row(
         &self,
-        query: sqlx::query::Query<'_, sqlx::MySql, sqlx::mysql::MySqlArguments>,
+        query: sqlx::query::Query<'_, MySql, sqlx::mysql::MySqlArguments>,
         lease: &Lease,
         doing: &str,
     ) -> Result<()> {
         // sqlx sets CLIENT_FOUND_ROWS: rows matched, not rows changed.
-        let done = query
-            .execute(&self.inner.pool)
-            .await
-            .map_err(|e| sql_error(e, doing))?;
-        if done.rows_affected() == 1 {
+        if self.execute(query, doing).await?.rows_affected() == 1 {
             Ok(())
         } else {
             Err(Error::NotHeld {
                 name: lease.name().to_owned(),
             })
         }
+    }
+
+    /// Releases `name` if `owner` holds it, retrying while the database is
+    /// out of reach, until it answers or the TTL has freed the lock anyway.
+    async fn undo(&self, name: &str, owner: OwnerToken, ttl: Duration) {
+        let started = Instant::now();
+        let mut backoff = Backoff::new(Duration::from_millis(20), Duration::from_millis(500));
+        loop {
+            let query = sqlx::query(self.inner.sql.release.clone())
+                .bind(name.as_bytes())
+                .bind(owner.to_string());
+            match self.execute(query, "undo an acquire").await {
+                Ok(done) => {
+                    tracing::debug!(
+                        name,
+                        released = done.rows_affected(),
+                        "undid an acquire of unknown outcome"
+                    );
+                    self.inner.wakeups.wake(name);
+                    return;
+                }
+                Err(e) if started.elapsed() < ttl => {
+                    tracing::debug!(name, error = %e, "undoing an acquire failed; retrying");
+                    sleep(backoff.next_delay()).await;
+                }
+                Err(e) => {
+                    tracing::debug!(name, error = %e, "gave up undoing an acquire: its TTL has passed");
+                    return;
+                }
+            }
+        }
+    }
+}
+
+/// Undoes an acquire whose outcome is unknown, when dropped armed.
+struct Undo {
+    backend: Option<MySqlBackend>,
+    name: String,
+    owner: OwnerToken,
+    ttl: Duration,
+}
+
+impl Drop for Undo {
+    fn drop(&mut self) {
+        let (Some(backend), Ok(rt)) = (self.backend.take(), tokio::runtime::Handle::try_current())
+        else {
+            return;
+        };
+        let name = std::mem::take(&mut self.name);
+        let (owner, ttl) = (self.owner, self.ttl);
+        rt.spawn(async move { backend.undo(&name, owner, ttl).await });
+    }
+}
+
+/// The background purge task of [`MySqlBackend::spawn_purger`]; dropping
+/// it stops the task.
+#[derive(Debug)]
+pub struct Purger(tokio::task::AbortHandle);
+
+impl Drop for Purger {
+    fn drop(&mut self) {
+        self.0.abort();
     }
 }
 
@@ -289,10 +552,13 @@ impl Backend for MySqlBackend {
         Capabilities {
             lease: LeaseKind::Ttl,
             fencing: true,
+            // Tokens fold in the database clock (tested across a restart and
+            // a deleted row); durable only with the settings in the README.
             fencing_survives_restart: true,
             notify: false,
             fifo: false,
             distributed: true,
+            cleanup: true,
         }
     }
 
@@ -307,10 +573,10 @@ impl Backend for MySqlBackend {
         opts.validate()?;
         let deadline = Deadline::after(opts.wait_value());
         let backoff = Backoff::new(Duration::from_millis(10), Duration::from_millis(500));
-        wait_for_lock(name, deadline, Some(&self.inner.wakeups), backoff, || {
+        let wait = wait_for_lock(name, deadline, Some(&self.inner.wakeups), backoff, || {
             self.attempt(name, opts, true)
-        })
-        .await
+        });
+        deadline.bound(name, self.inner.request_timeout, wait).await
     }
 
     async fn release(&self, lease: &Lease) -> Result<()> {
@@ -337,11 +603,11 @@ impl Backend for MySqlBackend {
 
     async fn inspect(&self, name: &str) -> Result<Option<LockInfo>> {
         validate_name(name)?;
-        let row: Option<(String, u64, i64)> = sqlx::query_as(self.inner.sql.inspect.clone())
-            .bind(name.as_bytes())
-            .fetch_optional(&self.inner.pool)
-            .await
-            .map_err(|e| sql_error(e, "inspect"))?;
+        let query = sqlx::query_as(self.inner.sql.inspect.clone()).bind(name.as_bytes());
+        let limit = self.inner.request_timeout;
+        let mut lent = self.lend("inspect").await?;
+        let done = timeout(limit, query.fetch_optional(lent.conn())).await;
+        let row: Option<(String, u64, i64)> = settle(lent, done, limit, "inspect")?;
         let Some((owner, version, left)) = row else {
             return Ok(None);
         };
@@ -355,5 +621,42 @@ impl Backend for MySqlBackend {
             version,
             Some(Duration::from_micros(left.unsigned_abs())),
         )))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls_are_checked_before_connecting() {
+        for bad in [
+            "mysql://",
+            "mysql:///db",
+            "mysql://u:%zz@127.0.0.1/db",
+            "mysql://u:%E9@127.0.0.1/db",
+            "mysql://u:p@127.0.0.1/%",
+            "postgres://u@127.0.0.1/db",
+            "not a url",
+        ] {
+            assert!(
+                matches!(
+                    parse_url(bad),
+                    Err(Error::InvalidOption { option: "url", .. })
+                ),
+                "{bad}"
+            );
+        }
+        assert!(parse_url("mysql://u:p%40ss@127.0.0.1:3306/db").is_ok());
+        assert!(parse_url("mariadb://u@localhost/db").is_ok());
+    }
+
+    #[test]
+    fn escapes_are_checked() {
+        assert!(percent_decodes("a%20b%C3%A9"));
+        assert!(!percent_decodes("%"));
+        assert!(!percent_decodes("%2"));
+        assert!(!percent_decodes("%zz"));
+        assert!(!percent_decodes("%FF"));
     }
 }

@@ -2,9 +2,10 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod backend;
+mod pool;
 mod sql;
 
-pub use backend::{MySqlBackend, MySqlBuilder};
+pub use backend::{MySqlBackend, MySqlBuilder, Purger};
 /// The sqlx crate this driver is built on, so that callers use the same
 /// version.
 pub use sqlx;

@@ -31,6 +31,7 @@ pub(crate) struct Statements {
     pub remaining: SqlStr,
     pub release: SqlStr,
     pub extend: SqlStr,
+    pub purge: SqlStr,
     pub inspect: SqlStr,
 }
 
@@ -45,6 +46,12 @@ impl Statements {
         // The database's clock decides expiry, never the client's. UTC so
         // that the session time zone cannot shift it.
         const NOW: &str = "UTC_TIMESTAMP(6)";
+        // The fencing token never falls below the database clock in
+        // microseconds, so a row deleted (by a purge, an operator, a restored
+        // backup) and created again still gets a token above every earlier
+        // one, as long as that clock does not step back. `UNIX_TIMESTAMP` of
+        // the session's own `NOW(6)` does not depend on the time zone.
+        const CLOCK: &str = "CAST(FLOOR(UNIX_TIMESTAMP(NOW(6)) * 1000000) AS UNSIGNED)";
         Statements {
             // `name` is VARBINARY: compared byte for byte. A `utf8mb4_bin`
             // VARCHAR would be PAD SPACE, making `a` and `a ` one lock.
@@ -62,10 +69,11 @@ impl Statements {
             // the duplicate-key update orders concurrent acquirers. The
             // update only fires on an expired or released row. The statement
             // reports its outcome through LAST_INSERT_ID(expr), whose last
-            // value lands in the OK packet: 1 for a new row, version + 1 for
-            // a takeover, and 0 when the lock is held. The held branch must
+            // value lands in the OK packet: the clock for a new row, the
+            // greater of version + 1 and the clock for a takeover, and 0 when
+            // the lock is held. The held branch must
             // set 0 itself, because the VALUES row (and its
-            // LAST_INSERT_ID(1)) is evaluated before the duplicate key is
+            // LAST_INSERT_ID(clock)) is evaluated before the duplicate key is
             // found. MySQL applies
             // the assignments left to right, so `expires_at`, which the
             // conditions read, goes last. Parameters are bound twice instead
@@ -73,10 +81,10 @@ impl Statements {
             // MariaDB).
             acquire: safe(format!(
                 "INSERT INTO `{table}` (name, owner, version, expires_at, acquired_at, holder)
-                 VALUES (?, ?, LAST_INSERT_ID(1), {NOW} + INTERVAL ? MICROSECOND, {NOW}, ?)
+                 VALUES (?, ?, LAST_INSERT_ID({CLOCK}), {NOW} + INTERVAL ? MICROSECOND, {NOW}, ?)
                  ON DUPLICATE KEY UPDATE
                    owner = IF(expires_at <= {NOW}, ?, owner),
-                   version = IF(expires_at <= {NOW}, LAST_INSERT_ID(version + 1), version + LAST_INSERT_ID(0)),
+                   version = IF(expires_at <= {NOW}, LAST_INSERT_ID(GREATEST(version + 1, {CLOCK})), version + LAST_INSERT_ID(0)),
                    acquired_at = IF(expires_at <= {NOW}, {NOW}, acquired_at),
                    holder = IF(expires_at <= {NOW}, ?, holder),
                    expires_at = IF(expires_at <= {NOW}, {NOW} + INTERVAL ? MICROSECOND, expires_at)"
@@ -93,6 +101,11 @@ impl Statements {
             extend: safe(format!(
                 "UPDATE `{table}` SET expires_at = {NOW} + INTERVAL ? MICROSECOND
                  WHERE name = ? AND owner = ? AND expires_at > {NOW}"
+            )),
+            // Only rows whose lease ended long ago; a later acquire of the
+            // name starts from the clock, above every token of the row.
+            purge: safe(format!(
+                "DELETE FROM `{table}` WHERE expires_at < {NOW} - INTERVAL ? MICROSECOND LIMIT ?"
             )),
             inspect: safe(format!(
                 "SELECT owner, version, TIMESTAMPDIFF(MICROSECOND, {NOW}, expires_at)

@@ -13,6 +13,7 @@ use dlock_mysql::MySqlBackend;
 async fn connect(url: String) -> Arc<dyn Backend> {
     let backend = MySqlBackend::builder(url)
         .connect_timeout(Duration::from_secs(1))
+        .request_timeout(dlock_conformance::faults::REQUEST_TIMEOUT)
         .connect()
         .await
         .unwrap();

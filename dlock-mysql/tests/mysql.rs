@@ -18,6 +18,11 @@ async fn url() -> &'static str {
     shared(Service::MariaDb).await.url()
 }
 
+/// A plain sqlx pool on the test database, to look at the table directly.
+async fn raw() -> sqlx::MySqlPool {
+    sqlx::MySqlPool::connect(url().await).await.unwrap()
+}
+
 async fn backend() -> MySqlBackend {
     let b = MySqlBackend::connect(url().await).await.unwrap();
     b.migrate().await.unwrap();
@@ -40,7 +45,7 @@ async fn names_differing_in_case_or_trailing_space_are_distinct_rows() {
     }
     let rows: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM dlock_locks WHERE name LIKE ?")
         .bind(format!("%{id}%"))
-        .fetch_one(b.pool())
+        .fetch_one(&raw().await)
         .await
         .unwrap();
     assert_eq!(rows, 3);
@@ -71,30 +76,147 @@ async fn takeover_of_an_expired_row_bumps_the_version() {
     let name = unique_name("takeover");
     let short = LockOptions::new().ttl(Duration::from_millis(100));
     let first = b.try_acquire(&name, &short).await.unwrap().unwrap();
-    assert_eq!(first.fencing_token(), 1, "a new row starts at version 1");
+    assert!(
+        first.fencing_token() > 1_600_000_000_000_000,
+        "a new row starts at the database clock in microseconds, got {}",
+        first.fencing_token()
+    );
     tokio::time::sleep(Duration::from_millis(250)).await;
     let second = b.try_acquire(&name, &opts()).await.unwrap().unwrap();
-    assert_eq!(second.fencing_token(), 2);
+    assert!(second.fencing_token() > first.fencing_token());
     b.release(&second).await.unwrap();
     let third = b.try_acquire(&name, &opts()).await.unwrap().unwrap();
-    assert_eq!(
-        third.fencing_token(),
-        3,
+    assert!(
+        third.fencing_token() > second.fencing_token(),
         "release keeps the row and its version"
     );
     let (version, owner, holder): (u64, String, String) =
         sqlx::query_as("SELECT version, owner, holder FROM dlock_locks WHERE name = ?")
             .bind(name.as_bytes())
-            .fetch_one(b.pool())
+            .fetch_one(&raw().await)
             .await
             .unwrap();
-    assert_eq!(version, 3);
+    assert_eq!(version, third.fencing_token());
     assert_eq!(owner, third.owner().to_string());
     assert!(
         holder.ends_with(&format!(":{}", std::process::id())),
         "{holder}"
     );
     b.release(&third).await.unwrap();
+}
+
+/// An operator deletes a name's row (or restores an old backup): the next
+/// grant still carries a greater token, because tokens fold in the
+/// database clock instead of counting from the row.
+#[tokio::test]
+async fn a_deleted_or_restored_row_never_lowers_the_fencing_token() {
+    let b = backend().await;
+    let name = unique_name("deleted_row");
+    let mut last = 0;
+    for _ in 0..3 {
+        let lease = b.try_acquire(&name, &opts()).await.unwrap().unwrap();
+        last = lease.fencing_token();
+        b.release(&lease).await.unwrap();
+    }
+    sqlx::query("DELETE FROM dlock_locks WHERE name = ?")
+        .bind(name.as_bytes())
+        .execute(&raw().await)
+        .await
+        .unwrap();
+    let after_delete = b.try_acquire(&name, &opts()).await.unwrap().unwrap();
+    assert!(
+        after_delete.fencing_token() > last,
+        "after the row was deleted the token went from {last} to {}",
+        after_delete.fencing_token()
+    );
+    b.release(&after_delete).await.unwrap();
+    // A restored backup: the row comes back with an old, small version.
+    sqlx::query("UPDATE dlock_locks SET version = 1 WHERE name = ?")
+        .bind(name.as_bytes())
+        .execute(&raw().await)
+        .await
+        .unwrap();
+    let after_restore = b.try_acquire(&name, &opts()).await.unwrap().unwrap();
+    assert!(after_restore.fencing_token() > after_delete.fencing_token());
+    b.release(&after_restore).await.unwrap();
+}
+
+/// Purging deletes only rows whose lease ended longer ago than asked: a
+/// held lock keeps its row and holder, and a purged name's next token is
+/// still greater than its last.
+#[tokio::test]
+async fn purging_frees_no_held_lock_and_lowers_no_token() {
+    let b = backend().await;
+    let other = backend().await;
+    let held = unique_name("purge_held");
+    let expired = unique_name("purge_expired");
+    let released = unique_name("purge_released");
+    let holder = b.try_acquire(&held, &opts()).await.unwrap().unwrap();
+    let short = LockOptions::new().ttl(Duration::from_millis(50));
+    let gone = b.try_acquire(&expired, &short).await.unwrap().unwrap();
+    let freed = b.try_acquire(&released, &opts()).await.unwrap().unwrap();
+    b.release(&freed).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+
+    // Nothing has been expired for an hour: nothing of ours goes.
+    b.purge_expired(Duration::from_secs(3600), 1000)
+        .await
+        .unwrap();
+    let pool = raw().await;
+    let rows = |name: String| {
+        let pool = pool.clone();
+        async move {
+            let n: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM dlock_locks WHERE name = ?")
+                .bind(name.into_bytes())
+                .fetch_one(&pool)
+                .await
+                .unwrap();
+            n
+        }
+    };
+    assert_eq!(rows(expired.clone()).await, 1, "a recent row was purged");
+
+    while b
+        .purge_expired(Duration::from_millis(100), 1000)
+        .await
+        .unwrap()
+        == 1000
+    {}
+    assert_eq!(rows(expired.clone()).await, 0, "the expired row stayed");
+    assert_eq!(rows(released.clone()).await, 0, "the released row stayed");
+    assert_eq!(rows(held.clone()).await, 1, "the held row was purged");
+    assert!(
+        other.try_acquire(&held, &opts()).await.unwrap().is_none(),
+        "purging freed a held lock"
+    );
+    assert_eq!(
+        other.inspect(&held).await.unwrap().unwrap().owner,
+        holder.owner()
+    );
+    for (name, before) in [
+        (&expired, gone.fencing_token()),
+        (&released, freed.fencing_token()),
+    ] {
+        let again = other.try_acquire(name, &opts()).await.unwrap().unwrap();
+        assert!(
+            again.fencing_token() > before,
+            "after a purge the token went from {before} to {}",
+            again.fencing_token()
+        );
+        other.release(&again).await.unwrap();
+    }
+    b.release(&holder).await.unwrap();
+    assert!(matches!(
+        b.spawn_purger(Duration::ZERO, Duration::ZERO),
+        Err(Error::InvalidOption {
+            option: "every",
+            ..
+        })
+    ));
+    let purger = b
+        .spawn_purger(Duration::from_secs(1), Duration::from_secs(3600))
+        .unwrap();
+    drop(purger);
 }
 
 #[tokio::test]
@@ -173,11 +295,48 @@ async fn configuration_errors_are_typed() {
         "{r:?}"
     );
     let port = unused_port();
+    let started = std::time::Instant::now();
     let r = MySqlBackend::builder(format!("mysql://dlock:dlock@127.0.0.1:{port}/dlock"))
-        .connect_timeout(Duration::from_secs(2))
+        .connect_timeout(Duration::from_secs(5))
         .connect()
         .await;
-    assert!(matches!(r, Err(Error::Connection { .. })), "{r:?}");
+    match r {
+        Err(e @ Error::Connection { .. }) => {
+            assert!(e.to_string().contains("refused"), "{e}");
+            assert!(started.elapsed() < Duration::from_secs(2), "not at once");
+        }
+        other => panic!("refused connection: {other:?}"),
+    }
+    for bad in [
+        "mysql://dlock:dlock@/dlock".to_owned(),
+        format!("mysql://dlock:%zz@127.0.0.1:{port}/dlock"),
+    ] {
+        let started = std::time::Instant::now();
+        let r = MySqlBackend::connect(&bad).await;
+        assert!(
+            matches!(r, Err(Error::InvalidOption { option: "url", .. })),
+            "{r:?}"
+        );
+        assert!(
+            started.elapsed() < Duration::from_millis(500),
+            "not at once"
+        );
+    }
+    for (option, builder) in [
+        (
+            "request_timeout",
+            MySqlBackend::builder(good).request_timeout(Duration::ZERO),
+        ),
+        (
+            "connect_timeout",
+            MySqlBackend::builder(good).connect_timeout(Duration::MAX),
+        ),
+    ] {
+        match builder.connect().await {
+            Err(Error::InvalidOption { option: o, .. }) => assert_eq!(o, option),
+            other => panic!("{option}: {other:?}"),
+        }
+    }
 }
 
 #[tokio::test]

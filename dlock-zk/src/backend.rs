@@ -548,6 +548,7 @@ impl Backend for ZkBackend {
             notify: true,
             fifo: true,
             distributed: true,
+            cleanup: true,
         }
     }
 
