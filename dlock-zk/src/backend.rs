@@ -11,7 +11,7 @@ use dlock_core::{
 use tokio::time::sleep;
 use zookeeper_client as zk;
 
-use crate::path::{LOCK_MARKER, escape, owner_of, protected_prefix, sequence};
+use crate::path::{escape, owner_of, protected_prefix, sequence};
 
 const NAME: &str = "zookeeper";
 
@@ -63,6 +63,7 @@ pub struct ZkBuilder {
     root: String,
     session_timeout: Duration,
     connection_timeout: Duration,
+    request_timeout: Duration,
     auth: Option<(String, String)>,
 }
 
@@ -72,6 +73,7 @@ impl fmt::Debug for ZkBuilder {
             .field("connect", &self.connect)
             .field("root", &self.root)
             .field("session_timeout", &self.session_timeout)
+            .field("request_timeout", &self.request_timeout)
             .field("auth", &self.auth.as_ref().map(|(user, _)| user))
             .finish_non_exhaustive()
     }
@@ -99,6 +101,15 @@ impl ZkBuilder {
         self
     }
 
+    /// How long one request may wait for its reply before it counts as
+    /// failed (default 2 s, and never longer than the session timeout).
+    /// The client holds requests while it is disconnected; one that finds
+    /// no answer in this time belongs to a session in doubt.
+    pub fn request_timeout(mut self, timeout: Duration) -> Self {
+        self.request_timeout = timeout;
+        self
+    }
+
     /// Digest authentication. Lock nodes and their parents are then created
     /// with the `creator all` ACL, so clients of another identity can
     /// neither contend on these locks nor delete their nodes.
@@ -121,8 +132,32 @@ impl ZkBuilder {
                 format!("must be an absolute path like /dlock, got {:?}", self.root),
             ));
         }
-        if self.session_timeout.is_zero() {
-            return Err(Error::invalid_option("session_timeout", "must be positive"));
+        for (option, value, min) in [
+            (
+                "session_timeout",
+                self.session_timeout,
+                Duration::from_millis(100),
+            ),
+            (
+                "connection_timeout",
+                self.connection_timeout,
+                Duration::from_millis(1),
+            ),
+            (
+                "request_timeout",
+                self.request_timeout,
+                Duration::from_millis(1),
+            ),
+        ] {
+            // ZooKeeper counts in i32 milliseconds; an hour is far beyond
+            // any server's session bound anyway.
+            let max = Duration::from_secs(3600);
+            if value < min || value > max {
+                return Err(Error::invalid_option(
+                    option,
+                    format!("must be between {min:?} and {max:?}, got {value:?}"),
+                ));
+            }
         }
         let client = self.open().await?;
         let watcher = client.state_watcher();
@@ -165,8 +200,10 @@ impl ZkBuilder {
             .unwrap_or(cluster)
             .split(',')
             .count();
-        let bound = self.connection_timeout * u32::try_from(hosts).unwrap_or(u32::MAX)
-            + Duration::from_secs(1);
+        let bound = self
+            .connection_timeout
+            .saturating_mul(u32::try_from(hosts).unwrap_or(u32::MAX))
+            .saturating_add(Duration::from_secs(1));
         match tokio::time::timeout(bound, connector.connect(cluster)).await {
             Ok(Ok(client)) => Ok(client),
             Ok(Err(e @ (zk::Error::BadArguments(_) | zk::Error::NoHosts))) => Err(
@@ -233,6 +270,7 @@ impl ZkBackend {
             root: "/dlock".to_owned(),
             session_timeout: Duration::from_secs(10),
             connection_timeout: Duration::from_secs(5),
+            request_timeout: Duration::from_secs(2),
             auth: None,
         }
     }
@@ -324,14 +362,21 @@ impl ZkBackend {
         }
     }
 
-    /// Bounds a request by the session timeout: the client holds requests
-    /// while it is disconnected, and one unanswered for a whole session
-    /// timeout belongs to a session in doubt. Counts as a lost connection.
+    /// The request timeout in force: as set, but never past the session
+    /// timeout.
+    fn request_timeout(&self) -> Duration {
+        let config = &self.inner.config;
+        config.request_timeout.min(config.session_timeout)
+    }
+
+    /// Bounds a request by the request timeout: the client holds requests
+    /// while it is disconnected, and one unanswered that long belongs to a
+    /// session in doubt. Counts as a lost connection.
     async fn bounded<T>(
         &self,
         request: impl Future<Output = Result<T, zk::Error>>,
     ) -> Result<T, zk::Error> {
-        tokio::time::timeout(self.inner.config.session_timeout, request)
+        tokio::time::timeout(self.request_timeout(), request)
             .await
             .unwrap_or(Err(zk::Error::ConnectionLoss))
     }
@@ -361,30 +406,39 @@ impl ZkBackend {
         let path = format!("{dir}/{prefix}lock-");
         let node_opts = zk::CreateMode::EphemeralSequential.with_acls(self.acls());
         let dir_opts = zk::CreateMode::Container.with_acls(self.acls());
+        let mut last = None;
         for _ in 0..5 {
             match self.bounded(client.create(&path, &[], &node_opts)).await {
                 Ok((stat, seq)) => {
                     let node = format!("{path}{seq}");
-                    return Ok((node, stat.czxid.unsigned_abs()));
+                    return Ok((node, fencing_token(stat.czxid)?));
                 }
                 // The parents are containers: missing at first, and removed
                 // by the server whenever they are empty.
-                Err(zk::Error::NoNode) => match self.bounded(client.mkdir(dir, &dir_opts)).await {
-                    Ok(()) | Err(zk::Error::NodeExists) => {}
-                    Err(e) => return Err(zk_error(e, "create the lock's parent")),
-                },
+                Err(zk::Error::NoNode) => {
+                    match self.bounded(client.mkdir(dir, &dir_opts)).await {
+                        Ok(()) | Err(zk::Error::NodeExists) => {}
+                        Err(e) => return Err(zk_error(e, "create the lock's parent")),
+                    }
+                    last = Some(zk::Error::NoNode);
+                }
                 Err(zk::Error::ConnectionLoss) => {
                     if let Some(found) = self.find_own(client, dir, &prefix).await? {
                         return Ok(found);
                     }
+                    last = Some(zk::Error::ConnectionLoss);
                 }
                 Err(e) => return Err(zk_error(e, "create the lock node")),
             }
         }
-        Err(Error::Backend {
-            backend: NAME,
-            message: format!("could not create a lock node under {dir}"),
-            source: None,
+        let doing = format!("could not create a lock node under {dir} in 5 tries");
+        Err(match last {
+            Some(e) => zk_error(e, &doing),
+            None => Error::Backend {
+                backend: NAME,
+                message: doing,
+                source: None,
+            },
         })
     }
 
@@ -405,7 +459,7 @@ impl ZkBackend {
         };
         let path = format!("{dir}/{node}");
         match self.bounded(client.check_stat(&path)).await {
-            Ok(Some(stat)) => Ok(Some((path, stat.czxid.unsigned_abs()))),
+            Ok(Some(stat)) => Ok(Some((path, fencing_token(stat.czxid)?))),
             Ok(None) => Ok(None),
             Err(e) => Err(zk_error(e, "read our lock node")),
         }
@@ -418,7 +472,7 @@ impl ZkBackend {
             Err(zk::Error::NoNode) => Vec::new(),
             Err(e) => return Err(zk_error(e, "list the lock queue")),
         };
-        children.retain(|c| c.contains(LOCK_MARKER) && sequence(c).is_some());
+        children.retain(|c| sequence(c).is_some());
         children.sort_by_key(|c| sequence(c));
         Ok(children)
     }
@@ -459,8 +513,7 @@ impl ZkBackend {
             let Some(deadline) = deadline else {
                 // Leave the queue before saying "held", so the next attempt
                 // (ours or anyone's) does not queue behind a ghost.
-                pending.armed = false;
-                self.delete_node(path).await;
+                pending.leave().await;
                 return Ok(None);
             };
             // Watch only the node just ahead of ours: a release wakes one
@@ -480,8 +533,7 @@ impl ZkBackend {
                     () = sleep(deadline.cap(Duration::MAX)) => {}
                 }
             }
-            pending.armed = false;
-            self.delete_node(path).await;
+            pending.leave().await;
             return Err(deadline.timeout_error(name));
         }
     }
@@ -494,6 +546,34 @@ impl ZkBackend {
             && node.starts_with(&protected_prefix(lease.owner())))
         .then_some(path)
     }
+}
+
+impl Pending {
+    /// Leaves the queue: deletes the node, and disarms only once the
+    /// delete is done, so that a caller dropping this midway still has the
+    /// node deleted (by `Drop`).
+    async fn leave(mut self) {
+        if let Some(node) = self.node.clone() {
+            self.backend.delete_node(node).await;
+        }
+        self.armed = false;
+    }
+}
+
+/// A fencing token from a node's creation zxid, which is positive on a
+/// healthy server; anything else (some versions report -1) is an error,
+/// never a token that could go backwards.
+fn fencing_token(czxid: i64) -> Result<u64> {
+    u64::try_from(czxid)
+        .ok()
+        .filter(|&z| z > 0)
+        .ok_or_else(|| Error::Backend {
+            backend: NAME,
+            message: format!(
+                "the server reported an invalid creation zxid ({czxid}) for a lock node"
+            ),
+            source: None,
+        })
 }
 
 /// A queue place not yet handed over as a lease: deleted when dropped.
@@ -562,10 +642,13 @@ impl Backend for ZkBackend {
         validate_name(name)?;
         opts.validate()?;
         let deadline = Deadline::after(opts.wait_value());
-        match self.contend(name, Some(deadline)).await? {
-            Some(lease) => Ok(lease),
-            None => Err(deadline.timeout_error(name)),
-        }
+        let contend = async {
+            match self.contend(name, Some(deadline)).await? {
+                Some(lease) => Ok(lease),
+                None => Err(deadline.timeout_error(name)),
+            }
+        };
+        deadline.bound(name, self.request_timeout(), contend).await
     }
 
     async fn release(&self, lease: &Lease) -> Result<()> {
@@ -614,7 +697,7 @@ impl Backend for ZkBackend {
             {
                 Ok(Some(stat)) => {
                     let owner = owner_of(first).unwrap_or(OwnerToken::from_u128(0));
-                    return Ok(Some(LockInfo::new(owner, stat.czxid.unsigned_abs(), None)));
+                    return Ok(Some(LockInfo::new(owner, fencing_token(stat.czxid)?, None)));
                 }
                 // Released between the two reads: look again.
                 Ok(None) => {}
@@ -626,5 +709,21 @@ impl Backend for ZkBackend {
             message: format!("the queue of {dir} keeps changing"),
             source: None,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_positive_czxids_are_fencing_tokens() {
+        assert_eq!(fencing_token(42).ok(), Some(42));
+        for bad in [-1, 0, i64::MIN] {
+            assert!(
+                matches!(fencing_token(bad), Err(Error::Backend { .. })),
+                "{bad}"
+            );
+        }
     }
 }

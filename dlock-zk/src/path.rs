@@ -12,6 +12,11 @@ use dlock_core::OwnerToken;
 /// The marker between the protected prefix and the sequence number.
 pub(crate) const LOCK_MARKER: &str = "-lock-";
 
+/// The markers of every recipe whose nodes queue for the same lock:
+/// Curator's and ours (`-lock-`), kazoo's `Lock` (`__lock__`) and kazoo's
+/// `ReadLock` (`__rlock__`: a reader holds off an exclusive lock too).
+const MARKERS: [&str; 3] = [LOCK_MARKER, "__lock__", "__rlock__"];
+
 /// Characters that ZooKeeper refuses in a path (PathUtils.validatePath),
 /// plus `/` and our escape character. ZooKeeper checks UTF-16 code units,
 /// so every character beyond the BMP (a surrogate pair, inside the refused
@@ -67,10 +72,15 @@ pub(crate) fn owner_of(node: &str) -> Option<OwnerToken> {
     hex.parse().ok()
 }
 
-/// The sequence number of a lock node; the queue is sorted by it.
+/// The sequence number of a lock node of any recipe in [`MARKERS`]; the
+/// queue is sorted by it (the parent's counter numbers every child, so
+/// sequences of different recipes compare). `None` for other nodes.
 pub(crate) fn sequence(node: &str) -> Option<u64> {
-    let at = node.rfind(LOCK_MARKER)?;
-    node[at + LOCK_MARKER.len()..].parse().ok()
+    MARKERS.iter().find_map(|marker| {
+        let at = node.rfind(marker)?;
+        let digits = &node[at + marker.len()..];
+        (digits.len() == 10).then(|| digits.parse().ok()).flatten()
+    })
 }
 
 #[cfg(test)]
@@ -109,5 +119,17 @@ mod tests {
         assert_eq!(sequence(&node), Some(42));
         assert_eq!(owner_of("lock-0000000001"), None);
         assert_eq!(sequence("_c_x-lock-abc"), None);
+    }
+
+    #[test]
+    fn other_recipes_nodes_queue_too() {
+        assert_eq!(
+            sequence("2b1e4f0c9a8d4e7f8a6b5c4d3e2f1a0b__lock__0000000007"),
+            Some(7)
+        );
+        assert_eq!(sequence("2b1e4f0c__rlock__0000000008"), Some(8));
+        assert_eq!(sequence("_c_9f0e-lock-0000000009"), Some(9));
+        assert_eq!(sequence("lease_holder"), None);
+        assert_eq!(sequence("x__lock__12"), None);
     }
 }

@@ -13,6 +13,7 @@ use dlock_zk::ZkBackend;
 async fn connect(url: String) -> Arc<dyn Backend> {
     let backend = ZkBackend::builder(url)
         .session_timeout(Duration::from_secs(2))
+        .request_timeout(dlock_conformance::faults::REQUEST_TIMEOUT)
         .connect()
         .await
         .unwrap();

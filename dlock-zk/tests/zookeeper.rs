@@ -245,4 +245,23 @@ async fn configuration_errors_are_typed() {
         .connect()
         .await;
     assert!(matches!(r, Err(Error::Connection { .. })), "{r:?}");
+    for (option, builder) in [
+        (
+            "session_timeout",
+            ZkBackend::builder(url().await).session_timeout(Duration::ZERO),
+        ),
+        (
+            "connection_timeout",
+            ZkBackend::builder(url().await).connection_timeout(Duration::MAX),
+        ),
+        (
+            "request_timeout",
+            ZkBackend::builder(url().await).request_timeout(Duration::ZERO),
+        ),
+    ] {
+        match builder.connect().await {
+            Err(Error::InvalidOption { option: o, .. }) => assert_eq!(o, option),
+            other => panic!("{option}: {other:?}"),
+        }
+    }
 }

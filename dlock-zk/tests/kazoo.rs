@@ -1,0 +1,182 @@
+//! dlock and kazoo (Python) on the same lock: each side sees the other's
+//! holder, in both directions, with the real kazoo client from PyPI against
+//! the container ZooKeeper. kazoo is installed into the test's scratch
+//! folder on first use; the test fails, never skips, when it cannot be.
+
+#![allow(clippy::unwrap_used)] // tests panic on purpose
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::PathBuf;
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+
+use dlock_conformance::cases::unique_name;
+use dlock_conformance::harness::{Service, shared};
+use dlock_core::{Backend, LockOptions};
+use dlock_zk::ZkBackend;
+
+const KAZOO: &str = "kazoo==2.11.0";
+
+/// A kazoo `Lock` driven line by line: `try` answers `acquired` or `held`,
+/// `release` answers `released`.
+const DRIVER: &str = r#"
+import sys
+from kazoo.client import KazooClient
+from kazoo.recipe.lock import Lock
+hosts, path, extra = sys.argv[1], sys.argv[2], sys.argv[3:]
+zk = KazooClient(hosts=hosts)
+zk.start(timeout=15)
+lock = Lock(zk, path, extra_lock_patterns=extra)
+print("ready", flush=True)
+for line in sys.stdin:
+    cmd = line.strip()
+    if cmd == "try":
+        print("acquired" if lock.acquire(blocking=False) else "held", flush=True)
+    elif cmd == "release":
+        lock.release()
+        print("released", flush=True)
+zk.stop()
+"#;
+
+/// Where kazoo is installed for the tests, installing it if need be.
+fn kazoo_path() -> PathBuf {
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("kazoo-2.11.0");
+    let present = Command::new("python3")
+        .args(["-c", "import kazoo"])
+        .env("PYTHONPATH", &dir)
+        .status()
+        .is_ok_and(|s| s.success());
+    if !present {
+        let out = Command::new("python3")
+            .args([
+                "-m",
+                "pip",
+                "install",
+                "--quiet",
+                "--disable-pip-version-check",
+            ])
+            .arg("--target")
+            .arg(&dir)
+            .arg(KAZOO)
+            .output()
+            .unwrap_or_else(|e| panic!("this test needs python3 with pip to install {KAZOO}: {e}"));
+        assert!(
+            out.status.success(),
+            "installing {KAZOO} with pip failed:\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    dir
+}
+
+struct Kazoo {
+    child: Child,
+    stdin: ChildStdin,
+    stdout: BufReader<ChildStdout>,
+}
+
+impl Kazoo {
+    fn start(hosts: &str, path: &str, extra_patterns: &[&str]) -> Self {
+        let mut child = Command::new("python3")
+            .arg("-c")
+            .arg(DRIVER)
+            .arg(hosts)
+            .arg(path)
+            .args(extra_patterns)
+            .env("PYTHONPATH", kazoo_path())
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let stdin = child.stdin.take().unwrap();
+        let stdout = BufReader::new(child.stdout.take().unwrap());
+        let mut kazoo = Kazoo {
+            child,
+            stdin,
+            stdout,
+        };
+        assert_eq!(kazoo.read(), "ready");
+        kazoo
+    }
+
+    fn read(&mut self) -> String {
+        let mut line = String::new();
+        self.stdout.read_line(&mut line).unwrap();
+        line.trim().to_owned()
+    }
+
+    fn ask(&mut self, command: &str) -> String {
+        writeln!(self.stdin, "{command}").unwrap();
+        self.read()
+    }
+}
+
+impl Drop for Kazoo {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Runs a blocking kazoo exchange off the async runtime.
+async fn with_kazoo<T: Send + 'static>(
+    kazoo: Kazoo,
+    f: impl FnOnce(&mut Kazoo) -> T + Send + 'static,
+) -> (Kazoo, T) {
+    tokio::task::spawn_blocking(move || {
+        let mut kazoo = kazoo;
+        let out = f(&mut kazoo);
+        (kazoo, out)
+    })
+    .await
+    .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dlock_and_kazoo_respect_each_others_holders() {
+    let hosts = shared(Service::ZooKeeper).await.url().to_owned();
+    let dlock = ZkBackend::connect(&hosts).await.unwrap();
+    let name = unique_name("kazoo");
+    // The name needs no escaping, so kazoo's path is dlock's lock folder.
+    let path = format!("/dlock/{name}");
+    let opts = LockOptions::new();
+    let start = |extra: &'static [&'static str]| {
+        let (hosts, path) = (hosts.clone(), path.clone());
+        tokio::task::spawn_blocking(move || Kazoo::start(&hosts, &path, extra))
+    };
+
+    // kazoo holds: dlock sees its `__lock__` node ahead in the queue.
+    let kazoo = start(&["-lock-"]).await.unwrap();
+    let (kazoo, said) = with_kazoo(kazoo, |k| k.ask("try")).await;
+    assert_eq!(said, "acquired");
+    assert!(
+        dlock.try_acquire(&name, &opts).await.unwrap().is_none(),
+        "dlock took a lock that kazoo holds"
+    );
+    let (kazoo, said) = with_kazoo(kazoo, |k| k.ask("release")).await;
+    assert_eq!(said, "released");
+    let lease = dlock
+        .try_acquire(&name, &opts)
+        .await
+        .unwrap()
+        .expect("free once kazoo released it");
+
+    // dlock holds: kazoo with `extra_lock_patterns=["-lock-"]` sees it.
+    let (kazoo, said) = with_kazoo(kazoo, |k| k.ask("try")).await;
+    assert_eq!(said, "held", "kazoo took a lock that dlock holds");
+    // Without that setting kazoo ignores dlock's nodes: the README's warning.
+    let blind = start(&[]).await.unwrap();
+    let (blind, said) = with_kazoo(blind, |k| k.ask("try")).await;
+    assert_eq!(
+        said, "acquired",
+        "kazoo's default is expected to ignore dlock"
+    );
+    let (blind, _) = with_kazoo(blind, |k| k.ask("release")).await;
+    drop(blind);
+
+    dlock.release(&lease).await.unwrap();
+    let (kazoo, said) = with_kazoo(kazoo, |k| k.ask("try")).await;
+    assert_eq!(said, "acquired", "free once dlock released it");
+    let (kazoo, said) = with_kazoo(kazoo, |k| k.ask("release")).await;
+    assert_eq!(said, "released");
+    drop(kazoo);
+}
