@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use clap::{Parser, ValueEnum};
 use dlock::MemoryBackend;
-use dlock_conformance::harness::{Service, shared};
+use dlock_conformance::harness::{Service, try_shared};
 use indicatif::{ProgressBar, ProgressStyle};
 
 use report::{BackendReport, Report};
@@ -87,7 +87,30 @@ struct Args {
     zk_connect: Option<String>,
 }
 
-fn main() -> Result<()> {
+/// Prints a failure as one readable line (with its causes), never a
+/// `Debug` struct or a backtrace, and exits non-zero.
+fn main() -> std::process::ExitCode {
+    match bench() {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            let mut line = format!("dlock-bench: {e}");
+            let mut cause = e.source();
+            while let Some(c) = cause {
+                // Client libraries often repeat their cause in their own text.
+                let text = c.to_string();
+                if !line.contains(&text) {
+                    line.push_str(": ");
+                    line.push_str(&text);
+                }
+                cause = c.source();
+            }
+            eprintln!("{line}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+fn bench() -> Result<()> {
     let mut args = Args::parse();
     if args.quick {
         args.clients = args.clients.min(4);
@@ -108,10 +131,10 @@ fn main() -> Result<()> {
         .block_on(run(args))
 }
 
-async fn url(flag: Option<String>, service: Service) -> String {
+async fn url(flag: Option<String>, service: Service) -> Result<String> {
     match flag {
-        Some(url) => url,
-        None => shared(service).await.url().to_owned(),
+        Some(url) => Ok(url),
+        None => Ok(try_shared(service).await?.url().to_owned()),
     }
 }
 
@@ -121,10 +144,10 @@ async fn run(args: Args) -> Result<()> {
     for which in &args.backends {
         targets.push(match which {
             Which::Memory => Target::Memory(MemoryBackend::new()),
-            Which::Redis => Target::Redis(url(args.redis_url.clone(), Service::Redis).await),
-            Which::Mysql => Target::MySql(url(args.mysql_url.clone(), Service::MariaDb).await),
+            Which::Redis => Target::Redis(url(args.redis_url.clone(), Service::Redis).await?),
+            Which::Mysql => Target::MySql(url(args.mysql_url.clone(), Service::MariaDb).await?),
             Which::Zookeeper => {
-                Target::ZooKeeper(url(args.zk_connect.clone(), Service::ZooKeeper).await)
+                Target::ZooKeeper(url(args.zk_connect.clone(), Service::ZooKeeper).await?)
             }
         });
     }

@@ -97,10 +97,7 @@ where
 /// Fails a case that runs longer than a suite case may, instead of letting
 /// a hung backend hang the run.
 async fn bounded(case: &str, body: impl Future<Output = ()>) {
-    let limit = crate::__private::CASE_TIMEOUT;
-    if timeout(limit, body).await.is_err() {
-        panic!("{case} did not finish in {limit:?}");
-    }
+    crate::__private::within_case_timeout(case, body).await;
 }
 
 /// `url` with its `127.0.0.1:<port>` pointed at `port` instead, and the

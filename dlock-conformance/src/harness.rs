@@ -140,6 +140,15 @@ impl Drop for Server {
 /// When Docker cannot be reached or the server does not come up: a container
 /// test must fail loudly, never pass by skipping.
 pub async fn shared(service: Service) -> &'static Server {
+    try_shared(service).await.unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// [`shared`], with a failure to start the server as a one-paragraph
+/// message instead of a panic: for programs such as the benchmark.
+///
+/// # Errors
+/// What went wrong and what to do about it.
+pub async fn try_shared(service: Service) -> Result<&'static Server, String> {
     static SHARED: LazyLock<HashMap<Service, OnceCell<Server>>> = LazyLock::new(|| {
         [Service::Redis, Service::MariaDb, Service::ZooKeeper]
             .into_iter()
@@ -149,16 +158,16 @@ pub async fn shared(service: Service) -> &'static Server {
     let Some(cell) = SHARED.get(&service) else {
         unreachable!("every service has a cell")
     };
-    cell.get_or_init(|| async move {
+    cell.get_or_try_init(|| async move {
         if let Ok(url) = std::env::var(service.env_override()) {
-            return Server {
+            return Ok(Server {
                 service,
                 url,
                 port: None,
                 container: None,
-            };
+            });
         }
-        start(service, ServerOptions::default()).await
+        on_harness(start_container(service, ServerOptions::default())).await
     })
     .await
 }
@@ -246,6 +255,19 @@ async fn start_container(service: Service, options: ServerOptions) -> Result<Ser
     })
 }
 
+/// How long this process has spent building the test image: done builds,
+/// plus the one in progress.
+static IMAGE_BUILD: Mutex<(Duration, Option<std::time::Instant>)> =
+    Mutex::new((Duration::ZERO, None));
+
+/// Time spent building the test image so far, which case time limits do
+/// not count: on a fresh machine the first case to need a server waits
+/// for the image (a minute or two) before its own work starts.
+pub fn image_build_time() -> Duration {
+    let build = IMAGE_BUILD.lock().unwrap_or_else(PoisonError::into_inner);
+    build.0 + build.1.map_or(Duration::ZERO, |started| started.elapsed())
+}
+
 /// The image to start: `DLOCK_TEST_IMAGE`, or the one `testbed/build-image.sh`
 /// builds (it returns at once when the image exists).
 fn test_image() -> Result<String, String> {
@@ -253,21 +275,31 @@ fn test_image() -> Result<String, String> {
         if let Ok(image) = std::env::var("DLOCK_TEST_IMAGE") {
             return Ok(image);
         }
-        let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../testbed/build-image.sh");
-        let out = Command::new("bash").arg(script).output().map_err(|e| {
-            format!(
-                "dlock harness: cannot run {script}: {e}; set DLOCK_TEST_IMAGE or {README_STEP}"
-            )
-        })?;
-        if !out.status.success() {
-            return Err(format!(
-                "dlock harness: {script} failed; {README_STEP}.\n{}",
-                String::from_utf8_lossy(&out.stderr)
-            ));
+        IMAGE_BUILD.lock().unwrap_or_else(PoisonError::into_inner).1 =
+            Some(std::time::Instant::now());
+        let built = build_image();
+        let mut build = IMAGE_BUILD.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(started) = build.1.take() {
+            build.0 += started.elapsed();
         }
-        Ok(String::from_utf8_lossy(&out.stdout).trim().to_owned())
+        built
     });
     IMAGE.clone()
+}
+
+/// Runs `testbed/build-image.sh`, which prints the image reference.
+fn build_image() -> Result<String, String> {
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../testbed/build-image.sh");
+    let out = Command::new("bash").arg(script).output().map_err(|e| {
+        format!("dlock harness: cannot run {script}: {e}; set DLOCK_TEST_IMAGE or {README_STEP}")
+    })?;
+    if !out.status.success() {
+        return Err(format!(
+            "dlock harness: {script} failed; {README_STEP}.\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        ));
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).trim().to_owned())
 }
 
 fn free_port() -> Result<u16, String> {

@@ -297,3 +297,62 @@ impl Watchdog {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::time::Duration;
+
+    use async_trait::async_trait;
+
+    use super::*;
+    use crate::{Capabilities, MemoryBackend};
+
+    /// Hands out leases whose validity ended before they were returned, as
+    /// a driver that forgot to judge a late reply would.
+    #[derive(Debug)]
+    struct Late(MemoryBackend);
+
+    #[async_trait]
+    impl Backend for Late {
+        fn capabilities(&self) -> Capabilities {
+            self.0.capabilities()
+        }
+        async fn try_acquire(&self, name: &str, opts: &LockOptions) -> Result<Option<Lease>> {
+            Ok(self.0.try_acquire(name, opts).await?.map(|lease| {
+                let long_ago = Instant::now() - opts.ttl_value() * 2;
+                Lease::with_ttl(name, lease.owner(), lease.fencing_token(), opts, long_ago)
+            }))
+        }
+        async fn acquire(&self, name: &str, opts: &LockOptions) -> Result<Lease> {
+            match self.try_acquire(name, opts).await? {
+                Some(lease) => Ok(lease),
+                None => Err(Error::Timeout {
+                    name: name.to_owned(),
+                    waited: Duration::ZERO,
+                }),
+            }
+        }
+        async fn release(&self, lease: &Lease) -> Result<()> {
+            self.0.release(lease).await
+        }
+        async fn extend(&self, lease: &mut Lease) -> Result<()> {
+            self.0.extend(lease).await
+        }
+        async fn inspect(&self, name: &str) -> Result<Option<LockInfo>> {
+            self.0.inspect(name).await
+        }
+    }
+
+    #[tokio::test]
+    async fn with_lock_never_runs_its_body_under_an_expired_lease() {
+        let locker = Locker::new(Late(MemoryBackend::new()));
+        let ran = AtomicBool::new(false);
+        let opts = LockOptions::new().ttl(Duration::from_secs(1));
+        let r = locker
+            .with_lock("late", &opts, async |_| ran.store(true, Ordering::SeqCst))
+            .await;
+        assert!(matches!(r, Err(Error::NotHeld { .. })), "{r:?}");
+        assert!(!ran.load(Ordering::SeqCst), "the body ran without the lock");
+    }
+}
