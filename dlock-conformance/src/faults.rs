@@ -495,6 +495,9 @@ pub async fn calls_on_a_stalled_server_return_within_their_bound(
 /// free names with a 60 s TTL. For a driver that declares
 /// [`Capabilities::cleanup`](dlock_core::Capabilities::cleanup), every
 /// name must be free again within a second, not at the end of the TTL.
+/// Then one-attempt acquires of a held name, dropped at points through
+/// their attempt: once the holder releases, the name must be free at once
+/// (no queue place left behind, as a queueing driver might).
 pub async fn acquire_dropped_in_flight_frees_the_name_at_once(
     faulty: FaultyFactory,
     client: Factory,
@@ -548,6 +551,31 @@ pub async fn acquire_dropped_in_flight_frees_the_name_at_once(
                 if let Err(e) = joined {
                     std::panic::resume_unwind(e.into_panic());
                 }
+            }
+
+            let name = unique_name("dropped_while_held");
+            let holder = other
+                .try_acquire(&name, &long())
+                .await
+                .expect("try_acquire")
+                .expect("free");
+            for step in 0..16u64 {
+                let cut = Duration::from_millis(step * 20);
+                let once = long().wait(Duration::ZERO);
+                if let Ok(done) = timeout(cut, f.backend.acquire(&name, &once)).await {
+                    assert!(done.is_err(), "a held lock was granted");
+                }
+            }
+            other.release(&holder).await.expect("release");
+            match other
+                .acquire(&name, &long().wait(Duration::from_secs(1)))
+                .await
+            {
+                Ok(lease) => other.release(&lease).await.expect("release"),
+                Err(e) => panic!(
+                    "attempts on a held name, dropped midway, kept it locked after its \
+                     holder released it: {e}"
+                ),
             }
         },
     )
