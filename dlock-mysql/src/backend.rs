@@ -21,6 +21,7 @@ const ER_ACCESS_DENIED: u16 = 1045;
 const ER_DBACCESS_DENIED: u16 = 1044;
 const ER_BAD_DB: u16 = 1049;
 const ER_NO_SUCH_TABLE: u16 = 1146;
+const ER_TABLEACCESS_DENIED: u16 = 1142;
 const ER_LOCK_WAIT_TIMEOUT: u16 = 1205;
 const ER_LOCK_DEADLOCK: u16 = 1213;
 
@@ -62,6 +63,7 @@ pub struct MySqlBuilder {
     max_connections: u32,
     connect_timeout: Duration,
     request_timeout: Duration,
+    create_table: bool,
 }
 
 impl MySqlBuilder {
@@ -92,6 +94,15 @@ impl MySqlBuilder {
         self
     }
 
+    /// Whether `connect` creates the lock table when it is missing
+    /// (default `true`, with `CREATE TABLE IF NOT EXISTS`). Turn it off
+    /// where the application's database user may not create tables; an
+    /// administrator then runs [`MySqlBackend::table_ddl`] once.
+    pub fn create_table(mut self, create: bool) -> Self {
+        self.create_table = create;
+        self
+    }
+
     /// Checks the settings and the URL without connecting.
     fn validate(&self) -> Result<MySqlConnectOptions> {
         validate_table(&self.table)?;
@@ -116,8 +127,9 @@ impl MySqlBuilder {
     }
 
     /// Checks the settings, then opens one connection at once, to surface
-    /// bad credentials, a missing database or a server that is down now.
-    /// Does not create the table: call [`MySqlBackend::migrate`] once.
+    /// bad credentials, a missing database or a server that is down now,
+    /// and creates the lock table if it is missing (unless turned off with
+    /// [`MySqlBuilder::create_table`]).
     ///
     /// # Errors
     /// [`Error::InvalidOption`] for a malformed URL, table name or setting,
@@ -142,18 +154,58 @@ impl MySqlBuilder {
                 )));
             }
         };
+        let sql = Statements::new(&self.table);
+        let mut first = first;
+        if self.create_table {
+            create_table(&mut first, &sql, &self.table, self.request_timeout).await?;
+        }
         let pool = Pool::new(options, self.max_connections, self.connect_timeout);
         pool.put(first);
         Ok(MySqlBackend {
             inner: Arc::new(Inner {
                 pool,
-                sql: Statements::new(&self.table),
+                sql,
                 holder: holder_info(),
                 wakeups: Wakeups::new(),
                 request_timeout: self.request_timeout,
             }),
         })
     }
+}
+
+/// Creates the lock table unless it exists. A user without the CREATE
+/// privilege is fine when the table is there already; otherwise the error
+/// says what to run, and as whom.
+async fn create_table(
+    conn: &mut MySqlConnection,
+    sql: &Statements,
+    table: &str,
+    limit: Duration,
+) -> Result<()> {
+    let created = timeout(limit, sqlx::query(sql.create.clone()).execute(&mut *conn)).await;
+    let denied = match created {
+        Ok(Ok(_)) => return Ok(()),
+        Ok(Err(e)) if server_error_number(&e) == Some(ER_TABLEACCESS_DENIED) => e,
+        Ok(Err(e)) => return Err(sql_error(e, "create the lock table")),
+        Err(_) => {
+            return Err(timed_out(format!(
+                "create the lock table: no reply within {limit:?}"
+            )));
+        }
+    };
+    let exists = timeout(limit, sqlx::query(sql.exists.clone()).execute(&mut *conn)).await;
+    if let Ok(Ok(_)) = exists {
+        return Ok(());
+    }
+    Err(Error::backend(
+        NAME,
+        format!(
+            "the lock table `{table}` is missing and this user may not create it; \
+             have an administrator run:\n{}",
+            sql.create.as_str()
+        ),
+        denied,
+    ))
 }
 
 /// Parses a `mysql://` or `mariadb://` URL, refusing what sqlx would only
@@ -311,11 +363,22 @@ impl MySqlBackend {
             max_connections: 10,
             connect_timeout: Duration::from_secs(5),
             request_timeout: Duration::from_secs(2),
+            create_table: true,
         }
     }
 
-    /// Creates the lock table if it does not exist. Idempotent; run it once
-    /// at deployment or start-up.
+    /// The statement that creates the lock table `table`, for an
+    /// administrator to run where the application may not create tables.
+    ///
+    /// # Errors
+    /// [`Error::InvalidOption`] when `table` is not a plain identifier.
+    pub fn table_ddl(table: &str) -> Result<String> {
+        validate_table(table)?;
+        Ok(Statements::new(table).create.as_str().to_owned())
+    }
+
+    /// Creates the lock table if it does not exist, as `connect` does by
+    /// default. Idempotent.
     pub async fn migrate(&self) -> Result<()> {
         let query = sqlx::query(self.inner.sql.create.clone());
         self.execute(query, "migrate").await?;

@@ -27,6 +27,7 @@ pub(crate) fn validate_table(name: &str) -> Result<()> {
 #[derive(Debug)]
 pub(crate) struct Statements {
     pub create: SqlStr,
+    pub exists: SqlStr,
     pub acquire: SqlStr,
     pub remaining: SqlStr,
     pub release: SqlStr,
@@ -65,6 +66,7 @@ impl Statements {
                     holder VARCHAR(255) NOT NULL
                 ) ENGINE=InnoDB"
             )),
+            exists: safe(format!("SELECT 1 FROM `{table}` LIMIT 0")),
             // One statement, race-free: the row lock taken by the insert or
             // the duplicate-key update orders concurrent acquirers. The
             // update only fires on an expired or released row. The statement

@@ -238,6 +238,7 @@ async fn a_custom_table_is_used_and_a_missing_one_is_explained() {
     let table = unique_name("t").replace('-', "_");
     let b = MySqlBackend::builder(url().await)
         .table(&table)
+        .create_table(false)
         .connect()
         .await
         .unwrap();
@@ -354,4 +355,76 @@ async fn a_server_that_is_down_gives_errors_not_grants() {
     assert!(matches!(r, Err(Error::Connection { .. })), "{r:?}");
     let r = b.release(&lease).await;
     assert!(matches!(r, Err(Error::Connection { .. })), "{r:?}");
+}
+
+/// `connect` on an empty database creates the table; a least-privilege
+/// user (SELECT, INSERT, UPDATE, DELETE on the table) works once it exists;
+/// a user who may not create the missing table is told what to run.
+#[tokio::test]
+async fn the_table_is_created_on_connect_and_least_privilege_suffices() {
+    let admin = raw().await;
+    let id = unique_name("priv").replace('-', "_");
+    let table = format!("t_{id}");
+    let fresh = MySqlBackend::builder(url().await)
+        .table(&table)
+        .connect()
+        .await
+        .expect("connect creates the missing table");
+    let lease = fresh.try_acquire("x", &opts()).await.unwrap().unwrap();
+    fresh.release(&lease).await.unwrap();
+
+    let user = format!("u_{}", &id[id.len() - 12..]);
+    let statements = [
+        format!("CREATE USER '{user}'@'%' IDENTIFIED BY 'pw'"),
+        format!("GRANT SELECT, INSERT, UPDATE, DELETE ON dlock.`{table}` TO '{user}'@'%'"),
+    ];
+    for statement in &statements {
+        sqlx::raw_sql(sqlx::AssertSqlSafe(statement.clone()))
+            .execute(&admin)
+            .await
+            .unwrap();
+    }
+    let url = url_with_user(&user).await;
+    let least = MySqlBackend::builder(&url)
+        .table(&table)
+        .connect()
+        .await
+        .expect("a user with SELECT, INSERT, UPDATE, DELETE on an existing table can connect");
+    let name = unique_name("least");
+    let lease = least.try_acquire(&name, &opts()).await.unwrap().unwrap();
+    least.release(&lease).await.unwrap();
+    least
+        .purge_expired(std::time::Duration::ZERO, 10)
+        .await
+        .unwrap();
+
+    let missing = format!("m_{id}");
+    match MySqlBackend::builder(&url).table(&missing).connect().await {
+        Err(e @ Error::Backend { .. }) => {
+            let text = e.to_string();
+            assert!(text.contains("may not create it"), "{text}");
+            assert!(
+                text.contains(&format!("CREATE TABLE IF NOT EXISTS `{missing}`")),
+                "{text}"
+            );
+            assert!(!text.contains("pw"), "the password leaked: {text}");
+        }
+        other => panic!("expected the DDL to run, got {other:?}"),
+    }
+    assert_eq!(
+        MySqlBackend::table_ddl(&missing)
+            .unwrap()
+            .lines()
+            .next()
+            .unwrap()
+            .trim(),
+        format!("CREATE TABLE IF NOT EXISTS `{missing}` (")
+    );
+}
+
+/// The test server's URL with another user, password `pw`.
+async fn url_with_user(user: &str) -> String {
+    let good = url().await;
+    let at = good.find('@').unwrap();
+    format!("mysql://{user}:pw{}", &good[at..])
 }
