@@ -114,6 +114,12 @@ pub trait Backend: Send + Sync + Debug {
     /// What this backend can do.
     fn capabilities(&self) -> Capabilities;
 
+    /// The driver's name (`redis`, `mysql`, ...), as traces, metrics and
+    /// errors show it.
+    fn driver(&self) -> &'static str {
+        "custom"
+    }
+
     /// One attempt: the lease if the lock was free (or its holder's lease had
     /// expired), `None` if it is held.
     async fn try_acquire(&self, name: &str, opts: &LockOptions) -> Result<Option<Lease>>;

@@ -147,6 +147,22 @@ impl Error {
         }
     }
 
+    /// A short name of the variant (`invalid_name`, `invalid_option`,
+    /// `not_held`, `timeout`, `connection`, `unavailable`, `backend`,
+    /// `unsupported`), for metrics labels and logs.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Error::InvalidName { .. } => "invalid_name",
+            Error::InvalidOption { .. } => "invalid_option",
+            Error::NotHeld { .. } => "not_held",
+            Error::Timeout { .. } => "timeout",
+            Error::Connection { .. } => "connection",
+            Error::Unavailable { .. } => "unavailable",
+            Error::Backend { .. } => "backend",
+            Error::Unsupported { .. } => "unsupported",
+        }
+    }
+
     /// Whether trying the same call again may succeed: the lock was busy,
     /// the connection failed, or the server was briefly unavailable.
     /// Invalid input, "not held" and unsupported operations fail the same

@@ -5,8 +5,9 @@ use tokio::sync::watch;
 use tokio::time::{Instant, sleep_until, timeout_at};
 use tokio_util::sync::{CancellationToken, DropGuard};
 
+use crate::observe::metric;
 use crate::options::deadline_after;
-use crate::{Backend, Error, Lease, LockInfo, LockOptions, OwnerToken, Result};
+use crate::{Backend, Error, Lease, LockInfo, LockOptions, Observed, OwnerToken, Result};
 
 /// The handle users lock with: a shared backend plus guards, renewal and
 /// [`with_lock`](Locker::with_lock). Cheap to clone.
@@ -29,19 +30,20 @@ pub struct Locker {
 }
 
 impl Locker {
-    /// A locker over a backend.
+    /// A locker over a backend. Every call it makes is traced (and, with
+    /// the `metrics` feature, counted): see [`Observed`].
     pub fn new(backend: impl Backend + 'static) -> Self {
-        Locker {
-            backend: Arc::new(backend),
-        }
+        Self::from_arc(Arc::new(backend))
     }
 
     /// A locker over a backend that is already shared.
     pub fn from_arc(backend: Arc<dyn Backend>) -> Self {
-        Locker { backend }
+        Locker {
+            backend: Arc::new(Observed::new(backend)),
+        }
     }
 
-    /// The backend, for direct use of the lease-level API.
+    /// The backend (observed), for direct use of the lease-level API.
     pub fn backend(&self) -> &Arc<dyn Backend> {
         &self.backend
     }
@@ -228,6 +230,14 @@ impl Drop for Guard {
     }
 }
 
+impl Watchdog {
+    /// The lease can no longer be trusted: tell the guard's holder.
+    fn lose(&self) {
+        metric::count("dlock_lost_total", self.backend.driver());
+        self.lost.cancel();
+    }
+}
+
 /// The guard's background task.
 struct Watchdog {
     backend: Arc<dyn Backend>,
@@ -261,36 +271,48 @@ impl Watchdog {
             }
             if Instant::now() >= deadline {
                 tracing::warn!(
-                    name = self.lease.name(),
+                    lock = self.lease.name(),
+                    backend = self.backend.driver(),
                     "lease expired before it could be renewed"
                 );
-                self.lost.cancel();
+                self.lose();
                 return;
             }
             let outcome = tokio::select! {
                 () = self.stop.cancelled() => return,
                 r = timeout_at(deadline, self.backend.extend(&mut self.lease)) => r,
             };
+            let backend = self.backend.driver();
             match outcome {
                 Ok(Ok(())) => {
+                    metric::count("dlock_renewals_total", backend);
                     self.valid_until.send_replace(self.lease.valid_until());
                     next = deadline_after(Instant::now(), period);
                 }
                 Ok(Err(Error::NotHeld { .. })) => {
-                    tracing::warn!(name = self.lease.name(), "lock was taken over");
-                    self.lost.cancel();
+                    metric::count("dlock_renewal_failures_total", backend);
+                    tracing::warn!(lock = self.lease.name(), backend, "lock was taken over");
+                    self.lose();
                     return;
                 }
                 Ok(Err(e)) => {
-                    tracing::debug!(name = self.lease.name(), error = %e, "renewal failed, retrying");
+                    metric::count("dlock_renewal_failures_total", backend);
+                    tracing::warn!(
+                        lock = self.lease.name(),
+                        backend,
+                        error = %e,
+                        "renewal failed; retrying before the lease ends"
+                    );
                     next = deadline_after(Instant::now(), retry);
                 }
                 Err(_) => {
+                    metric::count("dlock_renewal_failures_total", backend);
                     tracing::warn!(
-                        name = self.lease.name(),
+                        lock = self.lease.name(),
+                        backend,
                         "renewal did not finish before the lease ended"
                     );
-                    self.lost.cancel();
+                    self.lose();
                     return;
                 }
             }

@@ -7,6 +7,7 @@ mod guard;
 mod lease;
 mod memory;
 mod name;
+mod observe;
 mod options;
 pub mod wait;
 
@@ -17,5 +18,6 @@ pub use guard::{Guard, Locker};
 pub use lease::{Lease, OwnerToken};
 pub use memory::MemoryBackend;
 pub use name::{MAX_NAME_LEN, validate_name};
+pub use observe::Observed;
 pub use options::{LockOptions, MAX_TTL, MIN_TTL};
 pub use tokio_util::sync::CancellationToken;

@@ -118,6 +118,10 @@ impl Backend for MemoryBackend {
         }
     }
 
+    fn driver(&self) -> &'static str {
+        "memory"
+    }
+
     async fn try_acquire(&self, name: &str, opts: &LockOptions) -> Result<Option<Lease>> {
         validate_name(name)?;
         opts.validate()?;

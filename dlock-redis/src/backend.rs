@@ -374,6 +374,10 @@ impl Backend for RedisBackend {
         }
     }
 
+    fn driver(&self) -> &'static str {
+        NAME
+    }
+
     async fn try_acquire(&self, name: &str, opts: &LockOptions) -> Result<Option<Lease>> {
         validate_name(name)?;
         opts.validate()?;

@@ -632,6 +632,10 @@ impl Backend for ZkBackend {
         }
     }
 
+    fn driver(&self) -> &'static str {
+        NAME
+    }
+
     async fn try_acquire(&self, name: &str, opts: &LockOptions) -> Result<Option<Lease>> {
         validate_name(name)?;
         opts.validate()?;

@@ -3,7 +3,7 @@
 
 pub use dlock_core::{
     Backend, Capabilities, Error, Guard, Lease, LeaseKind, LockInfo, LockOptions, Locker,
-    MemoryBackend, OwnerToken, Result, async_trait, validate_name, wait,
+    MemoryBackend, Observed, OwnerToken, Result, async_trait, validate_name, wait,
 };
 
 /// The Redis driver.

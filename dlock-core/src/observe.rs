@@ -1,0 +1,236 @@
+//! Tracing spans and metrics for every backend call, in one place: the
+//! [`Observed`] wrapper that every [`Locker`](crate::Locker) puts around its
+//! backend.
+//!
+//! Spans (`dlock.try_acquire`, `dlock.acquire`, `dlock.release`,
+//! `dlock.extend`, `dlock.inspect`) are at debug level and carry the
+//! backend, the lock name, the outcome, the fencing token of a grant and
+//! the time the call took. Nothing else is recorded: never a URL, a
+//! password or an owner token.
+//!
+//! With the `metrics` feature the same calls feed the
+//! [`metrics`](https://docs.rs/metrics) facade, so any exporter works. Every
+//! metric has a `backend` label:
+//!
+//! | metric | kind | what |
+//! |---|---|---|
+//! | `dlock_acquire_seconds` | histogram | duration of each `acquire` and `try_acquire`, labelled `call` and `outcome` (`granted`, `held`, `timeout`, `error`) |
+//! | `dlock_wait_seconds` | histogram | how long a granted `acquire` waited |
+//! | `dlock_grants_total` | counter | grants |
+//! | `dlock_contended_total` | counter | calls that found the lock held: `try_acquire` answering "held", `acquire` timing out |
+//! | `dlock_timeouts_total` | counter | `acquire` calls that timed out |
+//! | `dlock_renewals_total` | counter | successful renewals by guards |
+//! | `dlock_renewal_failures_total` | counter | failed renewal attempts |
+//! | `dlock_lost_total` | counter | guards whose lease was lost |
+//! | `dlock_errors_total` | counter | errors, labelled `kind` ([`Error::kind`]) |
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use tokio::time::Instant;
+use tracing::Instrument;
+
+use crate::{Backend, Capabilities, Error, Lease, LockInfo, LockOptions, Result};
+
+/// A backend whose every call is traced and counted. [`Locker`](crate::Locker)
+/// wraps its backend in one; wrap a backend yourself only to use the
+/// lease-level API with the same observability.
+#[derive(Debug, Clone)]
+pub struct Observed {
+    inner: Arc<dyn Backend>,
+}
+
+impl Observed {
+    /// Observes `inner`.
+    pub fn new(inner: Arc<dyn Backend>) -> Self {
+        Observed { inner }
+    }
+
+    fn span(&self, call: &'static str, name: &str) -> tracing::Span {
+        tracing::debug_span!(
+            "dlock",
+            call,
+            backend = self.inner.driver(),
+            lock = name,
+            outcome = tracing::field::Empty,
+            fencing_token = tracing::field::Empty,
+            elapsed_ms = tracing::field::Empty,
+        )
+    }
+}
+
+/// Records a call's outcome on its span and in the metrics.
+fn finish(
+    span: &tracing::Span,
+    backend: &'static str,
+    call: &'static str,
+    outcome: &str,
+    started: Instant,
+) {
+    let elapsed = started.elapsed();
+    span.record("outcome", outcome);
+    span.record("elapsed_ms", elapsed.as_secs_f64() * 1000.0);
+    if matches!(call, "acquire" | "try_acquire") {
+        metric::acquire_seconds(backend, call, outcome, elapsed);
+    }
+}
+
+fn error_outcome(backend: &'static str, e: &Error) -> &'static str {
+    metric::count_error(backend, e.kind());
+    match e {
+        Error::Timeout { .. } => "timeout",
+        Error::NotHeld { .. } => "not_held",
+        _ => "error",
+    }
+}
+
+#[async_trait]
+impl Backend for Observed {
+    fn capabilities(&self) -> Capabilities {
+        self.inner.capabilities()
+    }
+
+    fn driver(&self) -> &'static str {
+        self.inner.driver()
+    }
+
+    async fn try_acquire(&self, name: &str, opts: &LockOptions) -> Result<Option<Lease>> {
+        let (span, backend, started) = (
+            self.span("try_acquire", name),
+            self.driver(),
+            Instant::now(),
+        );
+        let result = self
+            .inner
+            .try_acquire(name, opts)
+            .instrument(span.clone())
+            .await;
+        let outcome = match &result {
+            Ok(Some(lease)) => {
+                span.record("fencing_token", lease.fencing_token());
+                metric::count("dlock_grants_total", backend);
+                "granted"
+            }
+            Ok(None) => {
+                metric::count("dlock_contended_total", backend);
+                "held"
+            }
+            Err(e) => error_outcome(backend, e),
+        };
+        finish(&span, backend, "try_acquire", outcome, started);
+        result
+    }
+
+    async fn acquire(&self, name: &str, opts: &LockOptions) -> Result<Lease> {
+        let (span, backend, started) = (self.span("acquire", name), self.driver(), Instant::now());
+        let result = self
+            .inner
+            .acquire(name, opts)
+            .instrument(span.clone())
+            .await;
+        let outcome = match &result {
+            Ok(lease) => {
+                span.record("fencing_token", lease.fencing_token());
+                metric::count("dlock_grants_total", backend);
+                metric::wait_seconds(backend, started.elapsed());
+                "granted"
+            }
+            Err(e @ Error::Timeout { .. }) => {
+                metric::count("dlock_contended_total", backend);
+                metric::count("dlock_timeouts_total", backend);
+                error_outcome(backend, e)
+            }
+            Err(e) => error_outcome(backend, e),
+        };
+        finish(&span, backend, "acquire", outcome, started);
+        result
+    }
+
+    async fn release(&self, lease: &Lease) -> Result<()> {
+        let (span, backend, started) = (
+            self.span("release", lease.name()),
+            self.driver(),
+            Instant::now(),
+        );
+        span.record("fencing_token", lease.fencing_token());
+        let result = self.inner.release(lease).instrument(span.clone()).await;
+        let outcome = match &result {
+            Ok(()) => "released",
+            Err(e) => error_outcome(backend, e),
+        };
+        finish(&span, backend, "release", outcome, started);
+        result
+    }
+
+    async fn extend(&self, lease: &mut Lease) -> Result<()> {
+        let (span, backend, started) = (
+            self.span("extend", lease.name()),
+            self.driver(),
+            Instant::now(),
+        );
+        span.record("fencing_token", lease.fencing_token());
+        let result = self.inner.extend(lease).instrument(span.clone()).await;
+        let outcome = match &result {
+            Ok(()) => "extended",
+            Err(e) => error_outcome(backend, e),
+        };
+        finish(&span, backend, "extend", outcome, started);
+        result
+    }
+
+    async fn inspect(&self, name: &str) -> Result<Option<LockInfo>> {
+        let (span, backend, started) = (self.span("inspect", name), self.driver(), Instant::now());
+        let result = self.inner.inspect(name).instrument(span.clone()).await;
+        let outcome = match &result {
+            Ok(Some(_)) => "held",
+            Ok(None) => "free",
+            Err(e) => error_outcome(backend, e),
+        };
+        finish(&span, backend, "inspect", outcome, started);
+        result
+    }
+}
+
+/// The metrics, as no-ops without the `metrics` feature.
+pub(crate) mod metric {
+    use super::Duration;
+
+    #[cfg(feature = "metrics")]
+    pub fn count(name: &'static str, backend: &'static str) {
+        metrics::counter!(name, "backend" => backend).increment(1);
+    }
+
+    #[cfg(feature = "metrics")]
+    pub fn count_error(backend: &'static str, kind: &'static str) {
+        metrics::counter!("dlock_errors_total", "backend" => backend, "kind" => kind).increment(1);
+    }
+
+    #[cfg(feature = "metrics")]
+    pub fn acquire_seconds(backend: &'static str, call: &'static str, outcome: &str, d: Duration) {
+        metrics::histogram!(
+            "dlock_acquire_seconds",
+            "backend" => backend,
+            "call" => call,
+            "outcome" => outcome.to_owned()
+        )
+        .record(d.as_secs_f64());
+    }
+
+    #[cfg(feature = "metrics")]
+    pub fn wait_seconds(backend: &'static str, d: Duration) {
+        metrics::histogram!("dlock_wait_seconds", "backend" => backend).record(d.as_secs_f64());
+    }
+
+    #[cfg(not(feature = "metrics"))]
+    pub fn count(_: &'static str, _: &'static str) {}
+
+    #[cfg(not(feature = "metrics"))]
+    pub fn count_error(_: &'static str, _: &'static str) {}
+
+    #[cfg(not(feature = "metrics"))]
+    pub fn acquire_seconds(_: &'static str, _: &'static str, _: &str, _: Duration) {}
+
+    #[cfg(not(feature = "metrics"))]
+    pub fn wait_seconds(_: &'static str, _: Duration) {}
+}
