@@ -17,7 +17,7 @@ pub use error::{BoxError, Error, Result};
 pub use guard::{Guard, Locker};
 pub use lease::{Lease, OwnerToken};
 pub use memory::MemoryBackend;
-pub use name::{MAX_NAME_LEN, validate_name};
+pub use name::{MAX_NAME_LEN, redact_url, validate_name};
 pub use observe::Observed;
 pub use options::{LockOptions, MAX_TTL, MIN_TTL};
 pub use tokio_util::sync::CancellationToken;

@@ -30,9 +30,48 @@ pub fn validate_name(name: &str) -> Result<()> {
     Err(Error::InvalidName { reason })
 }
 
+/// `url` with the password of its user-info part, if any, written `***`,
+/// for `Debug` output and messages: `redis://app:hunter2@host/0` becomes
+/// `redis://app:***@host/0`.
+pub fn redact_url(url: &str) -> String {
+    let Some(scheme_end) = url.find("://").map(|i| i + 3) else {
+        return url.to_owned();
+    };
+    let rest = &url[scheme_end..];
+    let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    let authority = &rest[..authority_end];
+    let Some(at) = authority.rfind('@') else {
+        return url.to_owned();
+    };
+    let Some(colon) = authority[..at].find(':') else {
+        return url.to_owned();
+    };
+    format!(
+        "{}{}:***{}",
+        &url[..scheme_end],
+        &authority[..colon],
+        &rest[at..]
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn passwords_are_redacted() {
+        assert_eq!(
+            redact_url("redis://app:hunter2@host:6379/0"),
+            "redis://app:***@host:6379/0"
+        );
+        assert_eq!(
+            redact_url("mysql://u:p@ss:w@h/db?x=@"),
+            "mysql://u:***@h/db?x=@"
+        );
+        assert_eq!(redact_url("redis://host/0"), "redis://host/0");
+        assert_eq!(redact_url("redis://user@host"), "redis://user@host");
+        assert_eq!(redact_url("not a url"), "not a url");
+    }
 
     #[test]
     fn lengths_are_counted_in_bytes() {

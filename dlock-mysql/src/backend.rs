@@ -41,9 +41,18 @@ const MAX_SETTING: Duration = Duration::from_secs(24 * 60 * 60);
 /// times out has an unknown outcome: its connection is closed rather than
 /// returned to the pool, and an acquire is undone by its owner token in
 /// the background, so the name is not blocked for a whole TTL.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct MySqlBackend {
     inner: Arc<Inner>,
+}
+
+// By hand: the connect options inside hold the password.
+impl std::fmt::Debug for MySqlBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MySqlBackend")
+            .field("request_timeout", &self.inner.request_timeout)
+            .finish_non_exhaustive()
+    }
 }
 
 #[derive(Debug)]
@@ -56,7 +65,7 @@ struct Inner {
 }
 
 /// Settings for [`MySqlBackend`]; start from [`MySqlBackend::builder`].
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct MySqlBuilder {
     url: String,
     table: String,
@@ -64,6 +73,19 @@ pub struct MySqlBuilder {
     connect_timeout: Duration,
     request_timeout: Duration,
     create_table: bool,
+}
+
+impl std::fmt::Debug for MySqlBuilder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MySqlBuilder")
+            .field("url", &dlock_core::redact_url(&self.url))
+            .field("table", &self.table)
+            .field("max_connections", &self.max_connections)
+            .field("connect_timeout", &self.connect_timeout)
+            .field("request_timeout", &self.request_timeout)
+            .field("create_table", &self.create_table)
+            .finish()
+    }
 }
 
 impl MySqlBuilder {

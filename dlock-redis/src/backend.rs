@@ -43,13 +43,25 @@ impl fmt::Debug for RedisBackend {
 }
 
 /// Settings for [`RedisBackend`]; start from [`RedisBackend::builder`].
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct RedisBuilder {
     url: String,
     prefix: String,
     response_timeout: Duration,
     connection_timeout: Duration,
     max_poll: Duration,
+}
+
+impl fmt::Debug for RedisBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisBuilder")
+            .field("url", &dlock_core::redact_url(&self.url))
+            .field("prefix", &self.prefix)
+            .field("response_timeout", &self.response_timeout)
+            .field("connection_timeout", &self.connection_timeout)
+            .field("max_poll", &self.max_poll)
+            .finish()
+    }
 }
 
 impl RedisBuilder {

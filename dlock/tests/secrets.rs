@@ -1,0 +1,160 @@
+//! A password in a URL never shows: not in an error's message, not in any
+//! `Debug` output, not in a log line of dlock or of the client libraries
+//! under it. Users with secret passwords are made on the test servers; every
+//! log line at every level is captured while the drivers connect, lock,
+//! fail, and are printed, and the capture is searched for the secret.
+
+#![cfg(all(feature = "redis", feature = "mysql", feature = "zookeeper"))]
+#![allow(clippy::unwrap_used)] // tests panic on purpose
+
+use std::io::Write;
+use std::sync::{Arc, Mutex};
+
+use dlock::LockOptions;
+use dlock_conformance::cases::unique_name;
+use dlock_conformance::harness::{Service, shared, unused_port};
+use tracing_subscriber::filter::LevelFilter;
+
+const SECRET: &str = "Sekr1t-pw-7f3a";
+
+#[derive(Clone, Default)]
+struct Capture(Arc<Mutex<Vec<u8>>>);
+
+impl Write for Capture {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Everything printed about `value`, and its outcome.
+fn shown<T: std::fmt::Debug, E: std::fmt::Display + std::fmt::Debug>(
+    value: &Result<T, E>,
+) -> String {
+    match value {
+        Ok(v) => format!("{v:?}"),
+        Err(e) => format!("{e} / {e:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn passwords_never_show_in_errors_debug_output_or_logs() {
+    // The users are made before the capture starts: making them sends the
+    // password, which is the test's doing, not the drivers'.
+    let redis = shared(Service::Redis).await.url();
+    let admin = dlock::redis::RedisBackend::connect(redis).await.unwrap();
+    let user = unique_name("secret_user");
+    let () = dlock::redis::redis::cmd("ACL")
+        .arg(
+            &[
+                "SETUSER",
+                &user,
+                "on",
+                &format!(">{SECRET}"),
+                "~*",
+                "&*",
+                "+@all",
+            ][..],
+        )
+        .query_async(&mut admin.connection())
+        .await
+        .unwrap();
+    let mysql = shared(Service::MariaDb).await.url();
+    let root = sqlx::MySqlPool::connect(mysql).await.unwrap();
+    let db_user = format!("s{:x}", fastrand::u32(..));
+    for statement in [
+        format!("CREATE USER '{db_user}'@'%' IDENTIFIED BY '{SECRET}'"),
+        format!("GRANT ALL PRIVILEGES ON dlock.* TO '{db_user}'@'%'"),
+    ] {
+        sqlx::raw_sql(sqlx::AssertSqlSafe(statement))
+            .execute(&root)
+            .await
+            .unwrap();
+    }
+    drop((admin, root));
+
+    let capture = Capture::default();
+    let writer = capture.clone();
+    tracing_subscriber::fmt()
+        .with_max_level(LevelFilter::TRACE)
+        .with_writer(move || writer.clone())
+        .init();
+    let mut printed = Vec::new();
+
+    // Redis: an ACL user with the secret password.
+    let with_secret = redis.replace("redis://", &format!("redis://{user}:{SECRET}@"));
+    let locker = dlock::connect(&with_secret).await;
+    printed.push(shown(&locker));
+    let locker = locker.unwrap();
+    let guard = locker
+        .try_acquire(&unique_name("secret"), &LockOptions::new())
+        .await
+        .unwrap()
+        .unwrap();
+    printed.push(format!("{guard:?} {locker:?}"));
+    guard.release().await.unwrap();
+    let wrong = redis.replace("redis://", &format!("redis://{user}:{SECRET}x@"));
+    printed.push(shown(&dlock::connect(&wrong).await));
+    printed.push(format!(
+        "{:?}",
+        dlock::redis::RedisBackend::builder(&with_secret)
+    ));
+
+    // MariaDB: a user with the secret password.
+    let at = mysql.find('@').unwrap();
+    let with_secret = format!("mysql://{db_user}:{SECRET}{}", &mysql[at..]);
+    let locker = dlock::connect(&with_secret).await;
+    printed.push(shown(&locker));
+    let locker = locker.unwrap();
+    let guard = locker
+        .try_acquire(&unique_name("secret"), &LockOptions::new())
+        .await
+        .unwrap()
+        .unwrap();
+    printed.push(format!("{guard:?} {locker:?}"));
+    guard.release().await.unwrap();
+    let wrong = format!("mysql://{db_user}:{SECRET}x{}", &mysql[at..]);
+    printed.push(shown(&dlock::connect(&wrong).await));
+    let port = unused_port();
+    let refused = format!("mysql://{db_user}:{SECRET}@127.0.0.1:{port}/dlock");
+    printed.push(shown(&dlock::connect(&refused).await));
+    let malformed = format!("mysql://{db_user}:{SECRET}%zz@127.0.0.1:{port}/dlock");
+    printed.push(shown(&dlock::connect(&malformed).await));
+    printed.push(format!(
+        "{:?}",
+        dlock::mysql::MySqlBackend::builder(&with_secret)
+    ));
+
+    // ZooKeeper: digest auth with the secret password.
+    let zk = shared(Service::ZooKeeper).await.url();
+    let builder = dlock::zk::ZkBackend::builder(format!("zk://{zk}")).digest_auth("app", SECRET);
+    printed.push(format!("{builder:?}"));
+    let backend = builder.connect().await;
+    printed.push(shown(&backend));
+    let locker = dlock::Locker::new(backend.unwrap());
+    let guard = locker
+        .try_acquire(&unique_name("secret"), &LockOptions::new())
+        .await
+        .unwrap()
+        .unwrap();
+    printed.push(format!("{guard:?} {locker:?}"));
+    guard.release().await.unwrap();
+
+    let logs = String::from_utf8_lossy(&capture.0.lock().unwrap()).into_owned();
+    assert!(
+        logs.contains("dlock"),
+        "the capture saw no dlock log line at all: it would prove nothing"
+    );
+    for text in printed.iter().chain(std::iter::once(&logs)) {
+        assert!(
+            !text.contains(SECRET),
+            "the password shows in: {}",
+            text.lines()
+                .find(|l| l.contains(SECRET))
+                .unwrap_or_default()
+        );
+    }
+}
