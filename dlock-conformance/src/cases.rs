@@ -656,3 +656,58 @@ where
         });
     other.release(&lease).await.expect("release");
 }
+
+/// `list` pages through the held locks under a prefix: every held name
+/// shows with its holder, released names and names outside the prefix do
+/// not. Drivers that cannot list say so (`Unsupported`) and the case passes.
+pub async fn list_pages_through_held_locks(backend: &Arc<dyn Backend>) {
+    let prefix = format!("{}/", unique_name("list"));
+    let mut held = std::collections::BTreeMap::new();
+    for suffix in ["a", "b", "c", "d}", "e%7D", "é f", "g/h"] {
+        let name = format!("{prefix}{suffix}");
+        let lease = must_acquire(backend.as_ref(), &name, &long()).await;
+        held.insert(name, lease);
+    }
+    let released = must_acquire(backend.as_ref(), &format!("{prefix}released"), &long()).await;
+    backend.release(&released).await.expect("release");
+    let outside_name = format!("{}x", &prefix[..prefix.len() - 1]);
+    let outside = must_acquire(backend.as_ref(), &outside_name, &long()).await;
+
+    let mut seen = std::collections::BTreeMap::new();
+    let mut cursor: Option<String> = None;
+    for page in 0.. {
+        assert!(page < 100, "list never reached its last page");
+        let listed = match backend.list(&prefix, cursor.as_deref(), 2).await {
+            Ok(listed) => listed,
+            Err(Error::Unsupported { .. }) => {
+                eprintln!("list_pages_through_held_locks: not applicable: the backend cannot list");
+                return;
+            }
+            Err(e) => panic!("list failed: {e}"),
+        };
+        for lock in listed.locks {
+            seen.insert(lock.name, lock.info);
+        }
+        match listed.next {
+            Some(next) => cursor = Some(next),
+            None => break,
+        }
+    }
+    let names: Vec<&String> = seen.keys().collect();
+    let expected: Vec<&String> = held.keys().collect();
+    assert_eq!(
+        names, expected,
+        "list shows exactly the held names under the prefix"
+    );
+    for (name, info) in &seen {
+        let lease = &held[name];
+        assert_eq!(info.owner, lease.owner(), "{name:?} lists another holder");
+        if backend.capabilities().fencing {
+            assert_eq!(info.fencing_token, lease.fencing_token(), "{name:?}");
+        }
+    }
+    for lease in held.values() {
+        backend.release(lease).await.expect("release");
+    }
+    backend.release(&outside).await.expect("release");
+}

@@ -172,6 +172,7 @@ macro_rules! __case_list {
                 guard_drop_releases,
                 with_lock_runs_under_the_lock,
                 dropped_acquire_leaves_no_lock,
+                list_pages_through_held_locks,
             ]
             multi [
                 stress_contended_grants_are_exclusive,

@@ -16,8 +16,8 @@ use dlock_conformance::proxy::{Fault, Link};
 use dlock_conformance::{Factory, fault_suite, suite};
 use dlock_core::wait::{Attempt, Backoff, Deadline, Wakeups, on_arrival, wait_for_lock};
 use dlock_core::{
-    Backend, Capabilities, Error, Lease, LeaseKind, LockInfo, LockOptions, OwnerToken, Result,
-    async_trait, validate_name,
+    Backend, Capabilities, Error, HeldLock, Lease, LeaseKind, LockInfo, LockOptions, LockPage,
+    OwnerToken, Result, async_trait, validate_name,
 };
 use tokio::sync::watch;
 use tokio::time::{Instant, sleep, timeout};
@@ -52,6 +52,9 @@ enum Bug {
     /// An acquire dropped or timed out while its request is in flight is
     /// not undone: the name stays locked for the whole TTL.
     NoCleanup,
+    /// `list` shows every row, released and expired ones too (a `SELECT`
+    /// without the expiry condition).
+    ListShowsFreeLocks,
 }
 
 /// The lock server: TTLs, fencing, release notifications.
@@ -116,7 +119,9 @@ impl Server {
             .live(slot, now)
             .is_some_and(|(holder, _)| owner.is_none_or(|o| o == holder));
         if mine {
-            slot.holder = None;
+            // The row stays with its holder's expiry set to now, as the
+            // MySQL driver keeps it.
+            slot.holder = slot.holder.map(|(o, _)| (o, now));
             self.wakeups.wake(name);
         }
         mine
@@ -133,6 +138,33 @@ impl Server {
             return true;
         }
         false
+    }
+
+    /// Held locks under `prefix` after `cursor`, sorted; with `all`, free
+    /// ones too.
+    fn list(&self, prefix: &str, cursor: Option<&str>, all: bool) -> Vec<HeldLock> {
+        let slots = self.slots.lock().unwrap();
+        let now = Instant::now();
+        let mut locks: Vec<HeldLock> = slots
+            .iter()
+            .filter(|(name, _)| {
+                name.starts_with(prefix) && cursor.is_none_or(|c| name.as_str() > c)
+            })
+            .filter_map(|(name, slot)| {
+                let (owner, expires) = if all {
+                    slot.holder?
+                } else {
+                    self.live(slot, now)?
+                };
+                let left = expires.saturating_duration_since(now);
+                Some(HeldLock::new(
+                    name.clone(),
+                    LockInfo::new(owner, slot.version, Some(left)),
+                ))
+            })
+            .collect();
+        locks.sort_by(|a, b| a.name.cmp(&b.name));
+        locks
     }
 
     fn inspect(&self, name: &str) -> Option<LockInfo> {
@@ -360,6 +392,15 @@ impl Backend for Sim {
         validate_name(name)?;
         self.call(|s| s.inspect(name)).await
     }
+
+    async fn list(&self, prefix: &str, cursor: Option<&str>, limit: usize) -> Result<LockPage> {
+        let all = self.has(Bug::ListShowsFreeLocks);
+        let mut locks = self.call(|s| s.list(prefix, cursor, all)).await?;
+        let limit = limit.max(1);
+        let next = (locks.len() > limit).then(|| locks[limit - 1].name.clone());
+        locks.truncate(limit);
+        Ok(LockPage::new(locks, next))
+    }
 }
 
 /// Runs every case of the suite, link fault cases included, against the
@@ -528,4 +569,9 @@ async fn no_cleanup_of_a_dropped_acquire_is_caught() {
         &["acquire_dropped_in_flight_frees_the_name_at_once"],
     )
     .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_list_that_shows_free_locks_is_caught() {
+    assert_caught(Bug::ListShowsFreeLocks, &["list_pages_through_held_locks"]).await;
 }

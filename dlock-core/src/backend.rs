@@ -64,6 +64,40 @@ impl LockInfo {
     }
 }
 
+/// One held lock, as [`Backend::list`] reports it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct HeldLock {
+    /// The lock name.
+    pub name: String,
+    /// Its holder.
+    pub info: LockInfo,
+}
+
+impl HeldLock {
+    /// A listed lock, for drivers.
+    pub fn new(name: String, info: LockInfo) -> Self {
+        HeldLock { name, info }
+    }
+}
+
+/// One page of [`Backend::list`].
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct LockPage {
+    /// Held locks of this page.
+    pub locks: Vec<HeldLock>,
+    /// The cursor of the next page; `None` on the last page.
+    pub next: Option<String>,
+}
+
+impl LockPage {
+    /// A page, for drivers.
+    pub fn new(locks: Vec<HeldLock>, next: Option<String>) -> Self {
+        LockPage { locks, next }
+    }
+}
+
 /// A lock service: what each driver implements. Users normally go through
 /// [`Locker`](crate::Locker), which adds guards, renewal and `with_lock`.
 ///
@@ -147,4 +181,23 @@ pub trait Backend: Send + Sync + Debug {
 
     /// Who holds `name` now, if anyone.
     async fn inspect(&self, name: &str) -> Result<Option<LockInfo>>;
+
+    /// The held locks whose names start with `prefix`, a page at a time,
+    /// for operators: start with `cursor` `None`, and pass each page's
+    /// [`LockPage::next`] to get the next one. A page holds about `limit`
+    /// locks (more or fewer where the server pages by its own measure; a
+    /// lock may show on two pages when it changes meanwhile), and each page
+    /// costs the server a bounded amount of work, so listing is safe on a
+    /// large keyspace.
+    ///
+    /// # Errors
+    /// [`Error::Unsupported`](crate::Error::Unsupported) from drivers that
+    /// cannot list (the default).
+    async fn list(&self, prefix: &str, cursor: Option<&str>, limit: usize) -> Result<LockPage> {
+        let _ = (prefix, cursor, limit);
+        Err(crate::Error::Unsupported {
+            backend: self.driver(),
+            operation: "list",
+        })
+    }
 }

@@ -7,7 +7,7 @@ use tokio_util::sync::{CancellationToken, DropGuard};
 
 use crate::observe::metric;
 use crate::options::deadline_after;
-use crate::{Backend, Error, Lease, LockInfo, LockOptions, Observed, OwnerToken, Result};
+use crate::{Backend, Error, Lease, LockInfo, LockOptions, LockPage, Observed, OwnerToken, Result};
 
 /// The handle users lock with: a shared backend plus guards, renewal and
 /// [`with_lock`](Locker::with_lock). Cheap to clone.
@@ -97,6 +97,12 @@ impl Locker {
     /// Who holds `name` now, if anyone.
     pub async fn inspect(&self, name: &str) -> Result<Option<LockInfo>> {
         self.backend.inspect(name).await
+    }
+
+    /// A page of the held locks whose names start with `prefix`; see
+    /// [`Backend::list`].
+    pub async fn list(&self, prefix: &str, cursor: Option<&str>, limit: usize) -> Result<LockPage> {
+        self.backend.list(prefix, cursor, limit).await
     }
 }
 

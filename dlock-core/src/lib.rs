@@ -12,7 +12,7 @@ mod options;
 pub mod wait;
 
 pub use async_trait::async_trait;
-pub use backend::{Backend, Capabilities, LeaseKind, LockInfo};
+pub use backend::{Backend, Capabilities, HeldLock, LeaseKind, LockInfo, LockPage};
 pub use error::{BoxError, Error, Result};
 pub use guard::{Guard, Locker};
 pub use lease::{Lease, OwnerToken};

@@ -8,8 +8,8 @@ use tokio::time::Instant;
 use crate::options::deadline_after;
 use crate::wait::{Attempt, Backoff, Deadline, Wakeups, wait_for_lock};
 use crate::{
-    Backend, Capabilities, Error, Lease, LeaseKind, LockInfo, LockOptions, OwnerToken, Result,
-    validate_name,
+    Backend, Capabilities, Error, HeldLock, Lease, LeaseKind, LockInfo, LockOptions, LockPage,
+    OwnerToken, Result, validate_name,
 };
 
 /// The in-memory reference driver: real TTLs on tokio's clock, fencing,
@@ -159,6 +159,27 @@ impl Backend for MemoryBackend {
         })?;
         lease.extended(sent);
         Ok(())
+    }
+
+    async fn list(&self, prefix: &str, cursor: Option<&str>, limit: usize) -> Result<LockPage> {
+        let limit = limit.max(1);
+        Ok(self.with_slots(|slots| {
+            let now = Instant::now();
+            let mut held: Vec<HeldLock> = slots
+                .iter()
+                .filter(|(name, _)| name.starts_with(prefix))
+                .filter(|(name, _)| cursor.is_none_or(|c| name.as_str() > c))
+                .filter_map(|(name, slot)| {
+                    let (owner, expires) = slot.live_holder(now)?;
+                    let info = LockInfo::new(owner, slot.version, Some(expires - now));
+                    Some(HeldLock::new(name.clone(), info))
+                })
+                .collect();
+            held.sort_by(|a, b| a.name.cmp(&b.name));
+            let next = (held.len() > limit).then(|| held[limit - 1].name.clone());
+            held.truncate(limit);
+            LockPage::new(held, next)
+        }))
     }
 
     async fn inspect(&self, name: &str) -> Result<Option<LockInfo>> {

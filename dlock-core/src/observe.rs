@@ -31,7 +31,7 @@ use async_trait::async_trait;
 use tokio::time::Instant;
 use tracing::Instrument;
 
-use crate::{Backend, Capabilities, Error, Lease, LockInfo, LockOptions, Result};
+use crate::{Backend, Capabilities, Error, Lease, LockInfo, LockOptions, LockPage, Result};
 
 /// A backend whose every call is traced and counted. [`Locker`](crate::Locker)
 /// wraps its backend in one; wrap a backend yourself only to use the
@@ -188,6 +188,21 @@ impl Backend for Observed {
             Err(e) => error_outcome(backend, e),
         };
         finish(&span, backend, "inspect", outcome, started);
+        result
+    }
+
+    async fn list(&self, prefix: &str, cursor: Option<&str>, limit: usize) -> Result<LockPage> {
+        let (span, backend, started) = (self.span("list", prefix), self.driver(), Instant::now());
+        let result = self
+            .inner
+            .list(prefix, cursor, limit)
+            .instrument(span.clone())
+            .await;
+        let outcome = match &result {
+            Ok(_) => "listed",
+            Err(e) => error_outcome(backend, e),
+        };
+        finish(&span, backend, "list", outcome, started);
         result
     }
 }

@@ -4,8 +4,8 @@ use std::time::Duration;
 
 use dlock_core::wait::{Attempt, Backoff, Deadline, Wakeups, on_arrival, wait_for_lock};
 use dlock_core::{
-    Backend, Capabilities, Error, Lease, LeaseKind, LockInfo, LockOptions, OwnerToken, Result,
-    async_trait, validate_name,
+    Backend, Capabilities, Error, HeldLock, Lease, LeaseKind, LockInfo, LockOptions, LockPage,
+    OwnerToken, Result, async_trait, validate_name,
 };
 use sqlx::Connection;
 use sqlx::mysql::{MySql, MySqlConnectOptions, MySqlConnection, MySqlDatabaseError};
@@ -688,6 +688,44 @@ impl Backend for MySqlBackend {
         self.own_row(query, lease, "extend").await?;
         lease.extended(sent);
         Ok(())
+    }
+
+    async fn list(&self, prefix: &str, cursor: Option<&str>, limit: usize) -> Result<LockPage> {
+        let limit = limit.clamp(1, 10_000);
+        let mut pattern = Vec::with_capacity(prefix.len() + 1);
+        for &b in prefix.as_bytes() {
+            if matches!(b, b'!' | b'%' | b'_') {
+                pattern.push(b'!');
+            }
+            pattern.push(b);
+        }
+        pattern.push(b'%');
+        let query = sqlx::query_as(self.inner.sql.list.clone())
+            .bind(cursor.unwrap_or_default().as_bytes())
+            .bind(pattern)
+            .bind(u32::try_from(limit).unwrap_or(u32::MAX));
+        let limit_time = self.inner.request_timeout;
+        let mut lent = self.lend("list").await?;
+        let done = timeout(limit_time, query.fetch_all(lent.conn())).await;
+        let rows: Vec<(Vec<u8>, String, u64, i64)> = settle(lent, done, limit_time, "list")?;
+        let full = rows.len() == limit;
+        let mut locks = Vec::with_capacity(rows.len());
+        for (name, owner, version, left) in rows {
+            let (Ok(name), Ok(owner)) = (String::from_utf8(name), owner.parse()) else {
+                continue; // not a row this driver wrote
+            };
+            let expires_in = Some(Duration::from_micros(left.unsigned_abs()));
+            locks.push(HeldLock::new(
+                name,
+                LockInfo::new(owner, version, expires_in),
+            ));
+        }
+        let next = if full {
+            locks.last().map(|l| l.name.clone())
+        } else {
+            None
+        };
+        Ok(LockPage::new(locks, next))
     }
 
     async fn inspect(&self, name: &str) -> Result<Option<LockInfo>> {

@@ -33,6 +33,7 @@ pub(crate) struct Statements {
     pub release: SqlStr,
     pub extend: SqlStr,
     pub purge: SqlStr,
+    pub list: SqlStr,
     pub inspect: SqlStr,
 }
 
@@ -108,6 +109,13 @@ impl Statements {
             // name starts from the clock, above every token of the row.
             purge: safe(format!(
                 "DELETE FROM `{table}` WHERE expires_at < {NOW} - INTERVAL ? MICROSECOND LIMIT ?"
+            )),
+            // A range of the primary key: from the cursor, within the
+            // prefix (`!` escapes LIKE's wildcards).
+            list: safe(format!(
+                "SELECT name, owner, version, TIMESTAMPDIFF(MICROSECOND, {NOW}, expires_at)
+                 FROM `{table}` WHERE name > ? AND name LIKE ? ESCAPE '!' AND expires_at > {NOW}
+                 ORDER BY name LIMIT ?"
             )),
             inspect: safe(format!(
                 "SELECT owner, version, TIMESTAMPDIFF(MICROSECOND, {NOW}, expires_at)

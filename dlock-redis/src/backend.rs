@@ -4,14 +4,14 @@ use std::time::Duration;
 
 use dlock_core::wait::{Attempt, Backoff, Deadline, MIN_BACKOFF, on_arrival, wait_for_lock};
 use dlock_core::{
-    Backend, Capabilities, Error, Lease, LeaseKind, LockInfo, LockOptions, OwnerToken, Result,
-    async_trait, validate_name,
+    Backend, Capabilities, Error, HeldLock, Lease, LeaseKind, LockInfo, LockOptions, LockPage,
+    OwnerToken, Result, async_trait, validate_name,
 };
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{IntoConnectionInfo, ProtocolVersion, RedisError};
 use tokio::time::Instant;
 
-use crate::keys::{Keys, keys, validate_prefix};
+use crate::keys::{Keys, keys, lock_pattern, name_of, validate_prefix};
 use crate::notify::Notifications;
 use crate::scripts::{ACQUIRE, EXTEND, FENCE_RETENTION_MS, INSPECT, RELEASE};
 
@@ -448,6 +448,73 @@ impl Backend for RedisBackend {
         }
         lease.extended(sent);
         Ok(())
+    }
+
+    async fn list(&self, prefix: &str, cursor: Option<&str>, limit: usize) -> Result<LockPage> {
+        let mut scan: u64 = match cursor {
+            None => 0,
+            Some(c) => c
+                .parse()
+                .map_err(|_| Error::invalid_option("cursor", "not a cursor this driver gave"))?,
+        };
+        let pattern = lock_pattern(&self.inner.prefix, prefix);
+        let mut conn = self.inner.conn.clone();
+        let mut found = Vec::new();
+        // A few SCAN steps per page: each is bounded work for the server,
+        // and a sparse prefix still fills a page.
+        for _ in 0..10 {
+            let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
+                .arg(scan)
+                .arg("MATCH")
+                .arg(&pattern)
+                .arg("COUNT")
+                .arg(1000)
+                .query_async(&mut conn)
+                .await
+                .map_err(|e| redis_error(e, "list"))?;
+            found.extend(keys);
+            scan = next;
+            if scan == 0 || found.len() >= limit {
+                break;
+            }
+        }
+        // Every holder in one round trip, each read consistently.
+        let mut pipe = redis::pipe();
+        pipe.atomic();
+        for key in &found {
+            pipe.get(key).pttl(key).get(format!("{key}:fence"));
+        }
+        let replies: Vec<redis::Value> = if found.is_empty() {
+            Vec::new()
+        } else {
+            pipe.query_async(&mut conn)
+                .await
+                .map_err(|e| redis_error(e, "list"))?
+        };
+        let mut locks = Vec::new();
+        for (key, reply) in found.iter().zip(replies.chunks(3)) {
+            let [owner, pttl, fence] = reply else {
+                return Err(malformed("list", reply));
+            };
+            let (Some(name), Ok(Some(owner)), Ok(pttl)) = (
+                name_of(&self.inner.prefix, key),
+                redis::from_redis_value_ref::<Option<String>>(owner),
+                redis::from_redis_value_ref::<i64>(pttl),
+            ) else {
+                continue; // released between SCAN and the read
+            };
+            let owner = owner
+                .parse()
+                .map_err(|_| malformed("list (owner)", &owner))?;
+            let fence = redis::from_redis_value_ref::<Option<String>>(fence)
+                .ok()
+                .flatten()
+                .and_then(|f| f.parse().ok())
+                .unwrap_or(0);
+            let expires_in = u64::try_from(pttl).ok().map(Duration::from_millis);
+            locks.push(HeldLock::new(name, LockInfo::new(owner, fence, expires_in)));
+        }
+        Ok(LockPage::new(locks, (scan != 0).then(|| scan.to_string())))
     }
 
     async fn inspect(&self, name: &str) -> Result<Option<LockInfo>> {

@@ -43,6 +43,46 @@ pub(crate) fn keys(prefix: &str, name: &str) -> Keys {
     }
 }
 
+/// The `SCAN MATCH` pattern of the lock keys whose names start with
+/// `name_prefix`: only lock keys end with `}` (escaped names have none).
+pub(crate) fn lock_pattern(prefix: &str, name_prefix: &str) -> String {
+    let escaped = keys(prefix, name_prefix).lock;
+    let open = escaped.len() - 1; // without the closing brace
+    format!("{}*}}", glob_escape(&escaped[..open]))
+}
+
+fn glob_escape(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        if matches!(c, '*' | '?' | '[' | ']' | '\\') {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out
+}
+
+/// The lock name of a lock key, `None` for other keys.
+pub(crate) fn name_of(prefix: &str, key: &str) -> Option<String> {
+    let escaped = key
+        .strip_prefix(prefix)?
+        .strip_prefix(":{")?
+        .strip_suffix('}')?;
+    let mut name = String::with_capacity(escaped.len());
+    let mut rest = escaped;
+    while let Some(at) = rest.find('%') {
+        name.push_str(&rest[..at]);
+        match rest.get(at..at + 3)? {
+            "%25" => name.push('%'),
+            "%7D" => name.push('}'),
+            _ => return None,
+        }
+        rest = &rest[at + 3..];
+    }
+    name.push_str(rest);
+    Some(name)
+}
+
 /// A key prefix must not contain braces: they would move the hash tag.
 pub(crate) fn validate_prefix(prefix: &str) -> Result<()> {
     if prefix.contains(['{', '}']) {
@@ -75,6 +115,16 @@ mod tests {
         locks.sort();
         locks.dedup();
         assert_eq!(locks.len(), names.len());
+    }
+
+    #[test]
+    fn names_come_back_from_keys_and_patterns_are_escaped() {
+        for name in ["a", "}x%", "a{b}", "%7D", "é f", "a*b?[c]\\"] {
+            assert_eq!(name_of("p", &keys("p", name).lock).as_deref(), Some(name));
+        }
+        assert_eq!(name_of("p", "p:{a}:fence"), None);
+        assert_eq!(name_of("p", "q:{a}"), None);
+        assert_eq!(lock_pattern("p", "a*}"), "p:{a\\*%7D*}");
     }
 
     #[test]

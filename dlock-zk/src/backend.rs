@@ -5,13 +5,13 @@ use std::time::Duration;
 
 use dlock_core::wait::{Backoff, Deadline};
 use dlock_core::{
-    Backend, CancellationToken, Capabilities, Error, Lease, LeaseKind, LockInfo, LockOptions,
-    OwnerToken, Result, async_trait, validate_name,
+    Backend, CancellationToken, Capabilities, Error, HeldLock, Lease, LeaseKind, LockInfo,
+    LockOptions, LockPage, OwnerToken, Result, async_trait, validate_name,
 };
 use tokio::time::sleep;
 use zookeeper_client as zk;
 
-use crate::path::{escape, owner_of, protected_prefix, sequence};
+use crate::path::{escape, owner_of, protected_prefix, sequence, unescape};
 
 const NAME: &str = "zookeeper";
 
@@ -686,12 +686,47 @@ impl Backend for ZkBackend {
         }
     }
 
+    async fn list(&self, prefix: &str, cursor: Option<&str>, limit: usize) -> Result<LockPage> {
+        let limit = limit.max(1);
+        let client = self.client();
+        let children = match self.bounded(client.list_children(&self.inner.root)).await {
+            Ok(children) => children,
+            Err(zk::Error::NoNode) => Vec::new(),
+            Err(e) => return Err(zk_error(e, "list the locks")),
+        };
+        let mut names: Vec<String> = children
+            .iter()
+            .filter_map(|c| unescape(c))
+            .filter(|n| n.starts_with(prefix) && cursor.is_none_or(|c| n.as_str() > c))
+            .collect();
+        names.sort();
+        // One look at each folder of the page; a folder whose queue is
+        // empty is a lock nobody holds.
+        let more = names.len() > limit;
+        names.truncate(limit);
+        let mut locks = Vec::new();
+        for name in &names {
+            if let Some(info) = self.holder(&client, &self.lock_dir(name)).await? {
+                locks.push(HeldLock::new(name.clone(), info));
+            }
+        }
+        Ok(LockPage::new(
+            locks,
+            more.then(|| names.last().cloned()).flatten(),
+        ))
+    }
+
     async fn inspect(&self, name: &str) -> Result<Option<LockInfo>> {
         validate_name(name)?;
-        let client = self.client();
-        let dir = self.lock_dir(name);
+        self.holder(&self.client(), &self.lock_dir(name)).await
+    }
+}
+
+impl ZkBackend {
+    /// The holder of the lock in `dir`: the first node of its queue.
+    async fn holder(&self, client: &zk::Client, dir: &str) -> Result<Option<LockInfo>> {
         for _ in 0..3 {
-            let queue = self.queue(&client, &dir).await?;
+            let queue = self.queue(client, dir).await?;
             let Some(first) = queue.first() else {
                 return Ok(None);
             };

@@ -49,6 +49,25 @@ pub(crate) fn escape(name: &str) -> String {
     out
 }
 
+/// The lock name of a path component made by [`escape`]; `None` for
+/// components it cannot have made.
+pub(crate) fn unescape(component: &str) -> Option<String> {
+    let bytes = component.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' {
+            let hex = std::str::from_utf8(bytes.get(i + 1..i + 3)?).ok()?;
+            out.push(u8::from_str_radix(hex, 16).ok()?);
+            i += 3;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8(out).ok()
+}
+
 /// The protected-creation prefix of a node: `_c_<uuid>-`, with the owner
 /// token written as a UUID, as Curator writes its own.
 pub(crate) fn protected_prefix(owner: OwnerToken) -> String {
@@ -98,6 +117,14 @@ mod tests {
         assert_eq!(escape("é x"), "é x");
         assert_eq!(escape("🔒"), "%F0%9F%94%92");
         assert_eq!(escape("\u{e000}"), "%EE%80%80");
+    }
+
+    #[test]
+    fn unescape_undoes_escape() {
+        for name in ["a/b", "%", ".", "..", "🔒 x", "tab\t", "\u{e000}"] {
+            assert_eq!(unescape(&escape(name)).as_deref(), Some(name));
+        }
+        assert_eq!(unescape("%zz"), None);
     }
 
     #[test]
