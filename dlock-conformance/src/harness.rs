@@ -90,6 +90,120 @@ pub struct ServerOptions {
     pub fixed_port: bool,
     /// Extra arguments to the server's start script.
     pub args: Vec<String>,
+    /// Files to place in the container before it starts: (path, contents).
+    pub files: Vec<(String, Vec<u8>)>,
+    /// Do not wait for the server's plain-protocol readiness probe (for a
+    /// server that speaks only TLS, say): the caller waits in its own way.
+    pub skip_probe: bool,
+}
+
+/// A CA and a server certificate for `127.0.0.1` and `localhost`, made
+/// fresh with the `openssl` command, for TLS tests.
+#[derive(Debug, Clone)]
+pub struct TestCertificates {
+    /// The CA certificate, PEM.
+    pub ca: Vec<u8>,
+    /// The server certificate, signed by the CA, PEM.
+    pub server_cert: Vec<u8>,
+    /// The server's private key, PEM.
+    pub server_key: Vec<u8>,
+}
+
+impl TestCertificates {
+    /// Makes a CA and a server certificate in a scratch folder.
+    ///
+    /// # Panics
+    /// When the `openssl` command is missing or fails: TLS tests must fail
+    /// loudly, never skip.
+    pub fn generate() -> Self {
+        let dir = std::env::temp_dir().join(format!(
+            "dlock-certs-{}-{:x}",
+            std::process::id(),
+            fastrand::u64(..)
+        ));
+        std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("scratch folder: {e}"));
+        let path = |f: &str| dir.join(f).to_string_lossy().into_owned();
+        let ext = path("ext.cnf");
+        std::fs::write(
+            &ext,
+            "subjectAltName=IP:127.0.0.1,DNS:localhost\nbasicConstraints=CA:FALSE\n",
+        )
+        .unwrap_or_else(|e| panic!("write {ext}: {e}"));
+        let steps: [Vec<String>; 3] = [
+            [
+                "req",
+                "-x509",
+                "-newkey",
+                "rsa:2048",
+                "-nodes",
+                "-days",
+                "2",
+                "-subj",
+                "/CN=dlock test CA",
+                "-keyout",
+                &path("ca.key"),
+                "-out",
+                &path("ca.crt"),
+            ]
+            .map(str::to_owned)
+            .to_vec(),
+            [
+                "req",
+                "-newkey",
+                "rsa:2048",
+                "-nodes",
+                "-subj",
+                "/CN=localhost",
+                "-keyout",
+                &path("server.key"),
+                "-out",
+                &path("server.csr"),
+            ]
+            .map(str::to_owned)
+            .to_vec(),
+            [
+                "x509",
+                "-req",
+                "-in",
+                &path("server.csr"),
+                "-CA",
+                &path("ca.crt"),
+                "-CAkey",
+                &path("ca.key"),
+                "-CAcreateserial",
+                "-days",
+                "2",
+                "-extfile",
+                &ext,
+                "-out",
+                &path("server.crt"),
+            ]
+            .map(str::to_owned)
+            .to_vec(),
+        ];
+        for args in steps {
+            let out = Command::new("openssl")
+                .args(&args)
+                .output()
+                .unwrap_or_else(|e| {
+                    panic!("TLS tests need the `openssl` command (apt-get install openssl): {e}")
+                });
+            assert!(
+                out.status.success(),
+                "openssl {} failed: {}",
+                args[0],
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        let read = |f: &str| std::fs::read(path(f)).unwrap_or_else(|e| panic!("read {f}: {e}"));
+        let certs = TestCertificates {
+            ca: read("ca.crt"),
+            server_cert: read("server.crt"),
+            server_key: read("server.key"),
+        };
+        let _ = std::fs::remove_dir_all(&dir);
+        certs
+    }
 }
 
 /// A running server.
@@ -218,7 +332,7 @@ async fn start_container(service: Service, options: ServerOptions) -> Result<Ser
     let binding_key = format!("{port}/tcp");
     let mut cmd = vec![service.command().to_owned()];
     cmd.extend(options.args.iter().cloned());
-    let request = GenericImage::new(repo, tag)
+    let mut request = GenericImage::new(repo, tag)
         .with_exposed_port(port.tcp())
         .with_wait_for(WaitFor::Nothing)
         .with_cmd(cmd)
@@ -234,6 +348,9 @@ async fn start_container(service: Service, options: ServerOptions) -> Result<Ser
                 }]),
             )]));
         });
+    for (path, contents) in options.files {
+        request = request.with_copy_to(path, contents);
+    }
     let container = request.start().await.map_err(|e| {
         format!(
             "dlock harness: cannot start a {service:?} container from image {image}: {e}\n\
@@ -246,7 +363,9 @@ async fn start_container(service: Service, options: ServerOptions) -> Result<Ser
         .await
         .map_err(|e| format!("dlock harness: {service:?} container has no port: {e}"))?;
     let url = service.url(host_port);
-    wait_ready(service, &url).await?;
+    if !options.skip_probe {
+        wait_ready(service, &url).await?;
+    }
     Ok(Server {
         service,
         url,

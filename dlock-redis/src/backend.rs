@@ -50,6 +50,7 @@ pub struct RedisBuilder {
     response_timeout: Duration,
     connection_timeout: Duration,
     max_poll: Duration,
+    tls_root: Option<Vec<u8>>,
 }
 
 impl fmt::Debug for RedisBuilder {
@@ -88,6 +89,14 @@ impl RedisBuilder {
         self
     }
 
+    /// Trust this CA certificate (PEM) for `rediss://` servers, instead of
+    /// the usual web roots: for a server with a private CA.
+    #[cfg(feature = "tls")]
+    pub fn tls_root_certificate(mut self, pem: impl Into<Vec<u8>>) -> Self {
+        self.tls_root = Some(pem.into());
+        self
+    }
+
     /// How long to wait for a connection (default 2 s).
     pub fn connection_timeout(mut self, timeout: Duration) -> Self {
         self.connection_timeout = timeout;
@@ -123,8 +132,8 @@ impl RedisBuilder {
             .clone()
             .set_protocol(ProtocolVersion::RESP3);
         let push_info = info.clone().set_redis_settings(settings);
-        let client = redis::Client::open(info).map_err(|e| bad_url(&e))?;
-        let push_client = redis::Client::open(push_info).map_err(|e| bad_url(&e))?;
+        let client = self.client(info)?;
+        let push_client = self.client(push_info)?;
 
         let config = ConnectionManagerConfig::new()
             .set_response_timeout(Some(self.response_timeout))
@@ -164,6 +173,26 @@ fn positive(option: &'static str, value: Duration, min: Duration) -> Result<()> 
         ));
     }
     Ok(())
+}
+
+impl RedisBuilder {
+    fn client(&self, info: redis::ConnectionInfo) -> Result<redis::Client> {
+        #[cfg(feature = "tls")]
+        if let Some(root) = &self.tls_root {
+            let certs = redis::TlsCertificates {
+                client_tls: None,
+                root_cert: Some(root.clone()),
+            };
+            return redis::Client::build_with_tls(info, certs).map_err(|e| bad_url(&e));
+        }
+        if self.tls_root.is_some() {
+            return Err(Error::invalid_option(
+                "tls_root_certificate",
+                "needs the `tls` feature",
+            ));
+        }
+        redis::Client::open(info).map_err(|e| bad_url(&e))
+    }
 }
 
 fn bad_url(e: &RedisError) -> Error {
@@ -226,6 +255,7 @@ impl RedisBackend {
             response_timeout: Duration::from_secs(1),
             connection_timeout: Duration::from_secs(2),
             max_poll: Duration::from_secs(1),
+            tls_root: None,
         }
     }
 

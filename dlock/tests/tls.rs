@@ -1,0 +1,174 @@
+//! TLS with certificates the test makes (a private CA), against servers
+//! that speak only TLS: Redis on a TLS-only port with an ACL user, MariaDB
+//! with `require_secure_transport`. Exercises the `tls` features of both
+//! drivers.
+
+#![cfg(all(feature = "redis", feature = "mysql", feature = "zookeeper"))]
+#![allow(clippy::unwrap_used)] // tests panic on purpose
+
+use std::future::Future;
+use std::time::Duration;
+
+use dlock::mysql::MySqlBackend;
+use dlock::redis::RedisBackend;
+use dlock::{Backend, Error, LockOptions, Locker};
+use dlock_conformance::cases::unique_name;
+use dlock_conformance::harness::{ServerOptions, Service, TestCertificates, start};
+use tokio::time::{Instant, sleep};
+
+fn files(certs: &TestCertificates) -> Vec<(String, Vec<u8>)> {
+    vec![
+        ("/tmp/ca.crt".to_owned(), certs.ca.clone()),
+        ("/tmp/server.crt".to_owned(), certs.server_cert.clone()),
+        ("/tmp/server.key".to_owned(), certs.server_key.clone()),
+    ]
+}
+
+/// Tries `connect` until the server is up (it has no plain-text probe).
+async fn when_up<T, F: Future<Output = dlock::Result<T>>>(mut connect: impl FnMut() -> F) -> T {
+    let started = Instant::now();
+    loop {
+        match connect().await {
+            Ok(value) => return value,
+            Err(e) if started.elapsed() < Duration::from_secs(60) => {
+                let _ = e;
+                sleep(Duration::from_millis(200)).await;
+            }
+            Err(e) => panic!("the TLS server never answered: {e}"),
+        }
+    }
+}
+
+async fn lock_and_unlock(backend: impl Backend + 'static) {
+    let locker = Locker::new(backend);
+    let name = unique_name("tls");
+    let guard = locker
+        .try_acquire(&name, &LockOptions::new())
+        .await
+        .unwrap()
+        .expect("free");
+    assert!(
+        locker
+            .try_acquire(&name, &LockOptions::new())
+            .await
+            .unwrap()
+            .is_none()
+    );
+    guard.release().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_over_tls_with_a_private_ca_and_an_acl_user() {
+    let certs = TestCertificates::generate();
+    let args = [
+        "--port",
+        "0",
+        "--tls-port",
+        "6379",
+        "--tls-cert-file",
+        "/tmp/server.crt",
+        "--tls-key-file",
+        "/tmp/server.key",
+        "--tls-ca-cert-file",
+        "/tmp/ca.crt",
+        "--tls-auth-clients",
+        "no",
+    ];
+    let server = start(
+        Service::Redis,
+        ServerOptions {
+            args: args.map(str::to_owned).to_vec(),
+            files: files(&certs),
+            skip_probe: true,
+            ..ServerOptions::default()
+        },
+    )
+    .await;
+    let port = server.port().unwrap();
+    let url = format!("rediss://127.0.0.1:{port}");
+    let trusted = |url: String| {
+        RedisBackend::builder(url)
+            .tls_root_certificate(certs.ca.clone())
+            .connect()
+    };
+    let admin = when_up(|| trusted(url.clone())).await;
+
+    // An ACL user with a password, over TLS.
+    let user = unique_name("tls_user");
+    let () = dlock::redis::redis::cmd("ACL")
+        .arg(&["SETUSER", &user, "on", ">right-pw", "~*", "&*", "+@all"][..])
+        .query_async(&mut admin.connection())
+        .await
+        .unwrap();
+    let as_user = trusted(format!("rediss://{user}:right-pw@127.0.0.1:{port}"))
+        .await
+        .expect("the ACL user connects over TLS");
+    lock_and_unlock(as_user).await;
+    match trusted(format!("rediss://{user}:wrong-pw@127.0.0.1:{port}")).await {
+        Err(e @ Error::Backend { .. }) => {
+            assert!(e.to_string().contains("authentication"), "{e}");
+            assert!(!e.is_retryable());
+        }
+        other => panic!("a wrong password: expected an authentication error, got {other:?}"),
+    }
+    lock_and_unlock(admin).await;
+
+    // The web's roots do not vouch for the private CA; plain text gets
+    // nowhere. Both are errors, never grants.
+    let untrusted = RedisBackend::connect(&url).await;
+    assert!(
+        untrusted.is_err(),
+        "a server the client cannot verify was accepted"
+    );
+    let plain = RedisBackend::builder(format!("redis://127.0.0.1:{port}"))
+        .connection_timeout(Duration::from_secs(2))
+        .response_timeout(Duration::from_secs(2))
+        .connect()
+        .await;
+    assert!(plain.is_err(), "plain text reached a TLS-only port");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mariadb_requiring_secure_transport() {
+    let certs = TestCertificates::generate();
+    let args = [
+        "--ssl-ca=/tmp/ca.crt",
+        "--ssl-cert=/tmp/server.crt",
+        "--ssl-key=/tmp/server.key",
+        "--require-secure-transport=ON",
+    ];
+    let server = start(
+        Service::MariaDb,
+        ServerOptions {
+            args: args.map(str::to_owned).to_vec(),
+            files: files(&certs),
+            skip_probe: true,
+            ..ServerOptions::default()
+        },
+    )
+    .await;
+    let port = server.port().unwrap();
+    let ca = std::env::temp_dir().join(format!("dlock-ca-{}.crt", unique_name("ca")));
+    std::fs::write(&ca, &certs.ca).unwrap();
+    let url = format!(
+        "mysql://dlock:dlock@127.0.0.1:{port}/dlock?ssl-mode=VERIFY_IDENTITY&ssl-ca={}",
+        ca.display()
+    );
+    let backend = when_up(|| MySqlBackend::connect(&url)).await;
+    lock_and_unlock(backend).await;
+
+    // The session really is encrypted.
+    let pool = sqlx::MySqlPool::connect(&url).await.unwrap();
+    let (_, cipher): (String, String) = sqlx::query_as("SHOW SESSION STATUS LIKE 'Ssl_cipher'")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert!(!cipher.is_empty(), "the connection is not encrypted");
+
+    let plain = format!("mysql://dlock:dlock@127.0.0.1:{port}/dlock?ssl-mode=DISABLED");
+    match MySqlBackend::connect(&plain).await {
+        Err(Error::Backend { .. }) => {}
+        other => panic!("plain text to a server requiring TLS: {other:?}"),
+    }
+    let _ = std::fs::remove_file(ca);
+}
