@@ -184,7 +184,7 @@ async fn losers_leave_no_node_behind() {
 }
 
 #[tokio::test]
-async fn other_identities_cannot_delete_our_nodes() {
+async fn other_identities_cannot_delete_overwrite_or_queue_on_our_nodes() {
     let url = url().await;
     let root = format!("/{}", unique_name("auth"));
     let ours = ZkBackend::builder(url)
@@ -205,9 +205,30 @@ async fn other_identities_cannot_delete_our_nodes() {
         stranger.delete(&node, None).await,
         Err(zk::Error::NoAuth)
     ));
+    assert!(
+        matches!(
+            stranger.set_data(&node, b"mine now", None).await,
+            Err(zk::Error::NoAuth)
+        ),
+        "a stranger overwrote our lock node"
+    );
+    // Nor may it queue under our lock's folder to steal the next turn.
+    let folder = node.rsplit_once('/').unwrap().0.to_owned();
+    let queued = stranger
+        .create(
+            &format!("{folder}/x-lock-"),
+            b"",
+            &zk::CreateMode::EphemeralSequential.with_acls(zk::Acls::anyone_all()),
+        )
+        .await;
+    assert!(matches!(queued, Err(zk::Error::NoAuth)), "{queued:?}");
     let anonymous = zk::Client::connect(url).await.unwrap();
     assert!(matches!(
         anonymous.delete(&node, None).await,
+        Err(zk::Error::NoAuth)
+    ));
+    assert!(matches!(
+        anonymous.set_data(&node, b"x", None).await,
         Err(zk::Error::NoAuth)
     ));
     assert_eq!(
