@@ -179,6 +179,9 @@ impl RedisBuilder {
     fn client(&self, info: redis::ConnectionInfo) -> Result<redis::Client> {
         #[cfg(feature = "tls")]
         if let Some(root) = &self.tls_root {
+            // The redis crate asks rustls for the process's provider, and
+            // rustls will not choose when the build has two.
+            let _ = rustls::crypto::ring::default_provider().install_default();
             let certs = redis::TlsCertificates {
                 client_tls: None,
                 root_cert: Some(root.clone()),

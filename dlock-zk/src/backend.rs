@@ -65,6 +65,7 @@ pub struct ZkBuilder {
     connection_timeout: Duration,
     request_timeout: Duration,
     auth: Option<(String, String)>,
+    tls_ca: Option<String>,
 }
 
 impl fmt::Debug for ZkBuilder {
@@ -75,6 +76,7 @@ impl fmt::Debug for ZkBuilder {
             .field("session_timeout", &self.session_timeout)
             .field("request_timeout", &self.request_timeout)
             .field("auth", &self.auth.as_ref().map(|(user, _)| user))
+            .field("tls", &self.tls_ca.is_some())
             .finish_non_exhaustive()
     }
 }
@@ -107,6 +109,14 @@ impl ZkBuilder {
     /// no answer in this time belongs to a session in doubt.
     pub fn request_timeout(mut self, timeout: Duration) -> Self {
         self.request_timeout = timeout;
+        self
+    }
+
+    /// Connects with TLS, trusting these CA certificates (PEM). The
+    /// servers' certificates must name the hosts of the connect string.
+    #[cfg(feature = "tls")]
+    pub fn tls_ca_certificates(mut self, pem: impl Into<String>) -> Self {
+        self.tls_ca = Some(pem.into());
         self
     }
 
@@ -204,7 +214,11 @@ impl ZkBuilder {
             .connection_timeout
             .saturating_mul(u32::try_from(hosts).unwrap_or(u32::MAX))
             .saturating_add(Duration::from_secs(1));
-        match tokio::time::timeout(bound, connector.connect(cluster)).await {
+        let connecting = match &self.tls_ca {
+            None => Box::pin(connector.connect(cluster)),
+            Some(ca) => self.secure_connect(connector, ca, cluster)?,
+        };
+        match tokio::time::timeout(bound, connecting).await {
             Ok(Ok(client)) => Ok(client),
             Ok(Err(e @ (zk::Error::BadArguments(_) | zk::Error::NoHosts))) => Err(
                 Error::invalid_option("url", format!("bad connect string: {e}")),
@@ -216,6 +230,38 @@ impl ZkBuilder {
                 zk::Error::Timeout,
             )),
         }
+    }
+}
+
+/// A connect in progress.
+type Connecting<'a> =
+    std::pin::Pin<Box<dyn Future<Output = Result<zk::Client, zk::Error>> + Send + 'a>>;
+
+impl ZkBuilder {
+    #[cfg(feature = "tls")]
+    fn secure_connect<'a>(
+        &self,
+        connector: zk::Connector,
+        ca: &str,
+        cluster: &'a str,
+    ) -> Result<Connecting<'a>> {
+        // zookeeper-client's rustls brings aws-lc-rs; with ring in the same
+        // build (sqlx, redis) rustls will not pick one by itself.
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let options = zk::TlsOptions::default()
+            .with_pem_ca(ca)
+            .map_err(|e| Error::invalid_option("tls_ca_certificates", e.to_string()))?;
+        Ok(Box::pin(
+            connector.with_tls(options).secure_connect(cluster),
+        ))
+    }
+
+    #[cfg(not(feature = "tls"))]
+    fn secure_connect<'a>(&self, _: zk::Connector, _: &str, _: &'a str) -> Result<Connecting<'a>> {
+        Err(Error::invalid_option(
+            "tls_ca_certificates",
+            "needs the `tls` feature",
+        ))
     }
 }
 
@@ -272,6 +318,7 @@ impl ZkBackend {
             connection_timeout: Duration::from_secs(5),
             request_timeout: Duration::from_secs(2),
             auth: None,
+            tls_ca: None,
         }
     }
 

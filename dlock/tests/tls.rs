@@ -1,7 +1,7 @@
 //! TLS with certificates the test makes (a private CA), against servers
 //! that speak only TLS: Redis on a TLS-only port with an ACL user, MariaDB
-//! with `require_secure_transport`. Exercises the `tls` features of both
-//! drivers.
+//! with `require_secure_transport`, ZooKeeper with only a secure client
+//! port. Exercises the `tls` features of the three drivers.
 
 #![cfg(all(feature = "redis", feature = "mysql", feature = "zookeeper"))]
 #![allow(clippy::unwrap_used)] // tests panic on purpose
@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use dlock::mysql::MySqlBackend;
 use dlock::redis::RedisBackend;
+use dlock::zk::ZkBackend;
 use dlock::{Backend, Error, LockOptions, Locker};
 use dlock_conformance::cases::unique_name;
 use dlock_conformance::harness::{ServerOptions, Service, TestCertificates, start};
@@ -171,4 +172,49 @@ async fn mariadb_requiring_secure_transport() {
         other => panic!("plain text to a server requiring TLS: {other:?}"),
     }
     let _ = std::fs::remove_file(ca);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn zookeeper_with_only_a_secure_client_port() {
+    let certs = TestCertificates::generate();
+    let mut pem = certs.server_key.clone();
+    pem.extend_from_slice(&certs.server_cert);
+    let config = "clientPort=2182
+secureClientPort=2181
+serverCnxnFactory=org.apache.zookeeper.server.NettyServerCnxnFactory
+ssl.keyStore.location=/tmp/server.pem
+ssl.keyStore.type=PEM
+ssl.trustStore.location=/tmp/ca.crt
+ssl.trustStore.type=PEM
+ssl.clientAuth=none
+";
+    let server = start(
+        Service::ZooKeeper,
+        ServerOptions {
+            files: vec![
+                ("/tmp/server.pem".to_owned(), pem),
+                ("/tmp/ca.crt".to_owned(), certs.ca.clone()),
+                ("/tmp/zoo-extra.cfg".to_owned(), config.as_bytes().to_vec()),
+            ],
+            skip_probe: true,
+            ..ServerOptions::default()
+        },
+    )
+    .await;
+    let port = server.port().unwrap();
+    let ca = String::from_utf8(certs.ca.clone()).unwrap();
+    let backend = when_up(|| {
+        ZkBackend::builder(format!("127.0.0.1:{port}"))
+            .tls_ca_certificates(ca.clone())
+            .connection_timeout(Duration::from_secs(2))
+            .connect()
+    })
+    .await;
+    lock_and_unlock(backend).await;
+
+    let plain = ZkBackend::builder(format!("127.0.0.1:{port}"))
+        .connection_timeout(Duration::from_secs(1))
+        .connect()
+        .await;
+    assert!(plain.is_err(), "plain text reached a TLS-only port");
 }
