@@ -26,7 +26,7 @@ pub use dlock_zk as zk;
 /// | scheme | driver | feature |
 /// |---|---|---|
 /// | `redis://`, `rediss://`, `redis+unix://` | Redis | `redis` (`redis-tls` for `rediss`) |
-/// | `mysql://`, `mariadb://` | MySQL / MariaDB (the table must exist: see `MySqlBackend::migrate`) | `mysql` |
+/// | `mysql://`, `mariadb://` | MySQL / MariaDB (the lock table is created if missing) | `mysql` |
 /// | `zk://host:port[,host:port...][/chroot]` | ZooKeeper | `zookeeper` |
 /// | `memory://` | in-process, a fresh lock space per call | none |
 ///
