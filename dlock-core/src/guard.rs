@@ -204,9 +204,12 @@ impl Guard {
     /// [`Error::NotHeld`] if the lease had already ended; connection errors
     /// leave the lock to expire with its TTL or session.
     pub async fn release(mut self) -> Result<()> {
-        self.released = true;
         self.lost.cancel();
-        self.backend.release(&self.lease).await
+        let done = self.backend.release(&self.lease).await;
+        // Only now: if this future is dropped midway, `Drop` releases in
+        // the background instead.
+        self.released = true;
+        done
     }
 }
 
@@ -216,23 +219,7 @@ impl Drop for Guard {
             return;
         }
         self.lost.cancel();
-        let backend = self.backend.clone();
-        let lease = self.lease.clone();
-        match tokio::runtime::Handle::try_current() {
-            Ok(rt) => {
-                rt.spawn(async move {
-                    if let Err(e) = backend.release(&lease).await {
-                        tracing::debug!(name = lease.name(), error = %e, "release on drop failed");
-                    }
-                });
-            }
-            Err(_) => {
-                tracing::debug!(
-                    name = self.lease.name(),
-                    "guard dropped outside a runtime: lock left to expire"
-                )
-            }
-        }
+        crate::wait::release_in_background(self.backend.clone(), self.lease.clone());
     }
 }
 

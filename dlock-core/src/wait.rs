@@ -106,16 +106,29 @@ where
     Attempt::Held { expires_in: None }
 }
 
-/// Releases `lease` on a spawned task, if there is a runtime to spawn on;
-/// the TTL or session frees it otherwise.
+/// Releases `lease` on a spawned task, if there is a runtime to spawn on,
+/// retrying while the server is out of reach until the lease's TTL would
+/// have freed it anyway; the TTL or session frees it otherwise.
 pub fn release_in_background(backend: Arc<dyn Backend>, lease: Lease) {
     let Ok(rt) = tokio::runtime::Handle::try_current() else {
         tracing::debug!(name = lease.name(), "no runtime: lock left to expire");
         return;
     };
     rt.spawn(async move {
-        if let Err(e) = backend.release(&lease).await {
-            tracing::debug!(name = lease.name(), error = %e, "background release failed");
+        let within = lease.ttl().unwrap_or_default();
+        let released = retry_for(within, || async {
+            match backend.release(&lease).await {
+                // Gone already: nothing left to release.
+                Err(Error::NotHeld { .. }) => Ok(()),
+                done => done,
+            }
+        })
+        .await;
+        if released.is_none() {
+            tracing::debug!(
+                name = lease.name(),
+                "background release gave up: left to its TTL"
+            );
         }
     });
 }
@@ -285,6 +298,32 @@ impl Attempt {
         match self {
             Attempt::Acquired(lease) => Some(lease),
             Attempt::Held { .. } => None,
+        }
+    }
+}
+
+/// Runs `op` until it succeeds, with jittered backoff, for at most
+/// `within`: how drivers undo an acquire of unknown outcome while the
+/// server is out of reach (past the lease's TTL the server has freed the
+/// lock anyway). `None` when it gave up.
+pub async fn retry_for<T, F, Fut>(within: Duration, mut op: F) -> Option<T>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T>>,
+{
+    let started = Instant::now();
+    let mut backoff = Backoff::new(Duration::from_millis(20), Duration::from_millis(500));
+    loop {
+        match op().await {
+            Ok(value) => return Some(value),
+            Err(e) if started.elapsed() < within => {
+                tracing::debug!(error = %e, "failed; retrying");
+                sleep(backoff.next_delay()).await;
+            }
+            Err(e) => {
+                tracing::debug!(error = %e, "failed; giving up");
+                return None;
+            }
         }
     }
 }

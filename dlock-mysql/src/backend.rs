@@ -2,7 +2,7 @@ use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use dlock_core::wait::{Attempt, Backoff, Deadline, Wakeups, on_arrival, wait_for_lock};
+use dlock_core::wait::{Attempt, Backoff, Deadline, Wakeups, on_arrival, retry_for, wait_for_lock};
 use dlock_core::{
     Backend, Capabilities, Error, HeldLock, Lease, LeaseKind, LockInfo, LockOptions, LockPage,
     OwnerToken, Result, async_trait, validate_name,
@@ -27,6 +27,12 @@ const ER_LOCK_DEADLOCK: u16 = 1213;
 
 /// The longest any duration setting may be: beyond it, surely a mistake.
 const MAX_SETTING: Duration = Duration::from_secs(24 * 60 * 60);
+
+/// How long a row must have been expired before a purge may delete it:
+/// the database clock may step back by less than this without a purged
+/// name's next token falling below its last (the Redis driver keeps its
+/// counter as long).
+pub const MIN_PURGE_AGE: Duration = Duration::from_secs(60 * 60);
 
 /// A MySQL / MariaDB lock backend over the version-row table. Cheap to
 /// clone; clones share the pool.
@@ -408,22 +414,39 @@ impl MySqlBackend {
     }
 
     /// Deletes up to `limit` rows whose lease ended more than `older_than`
-    /// ago, and returns how many it deleted. Safe at any time: a held or
-    /// recently released lock is never touched, and fencing tokens do not
-    /// depend on the row, so a name acquired again after its row was purged
-    /// still gets a greater token. Call it in a loop while it returns
+    /// (at least [`MIN_PURGE_AGE`], an hour) ago, and returns how many it
+    /// deleted. Safe at any time: a held or recently released lock is
+    /// never touched, and fencing tokens do not depend on the row, so a
+    /// name acquired again after its row was purged still gets a greater
+    /// token, unless the database clock steps back by more than
+    /// `older_than`. Call it in a loop while it returns
     /// `limit`, or let [`MySqlBackend::spawn_purger`] do it.
     pub async fn purge_expired(&self, older_than: Duration, limit: u32) -> Result<u64> {
-        if older_than > MAX_SETTING * 365 {
+        if older_than < MIN_PURGE_AGE || older_than > MAX_SETTING * 365 {
             return Err(Error::invalid_option(
                 "older_than",
-                format!("must be at most {:?}", MAX_SETTING * 365),
+                format!(
+                    "must be between {MIN_PURGE_AGE:?} and {:?}, got {older_than:?}",
+                    MAX_SETTING * 365
+                ),
             ));
         }
-        let query = sqlx::query(self.inner.sql.purge.clone())
-            .bind(micros(older_than))
+        let age = micros(older_than);
+        let query = sqlx::query_scalar(self.inner.sql.purge_candidates.clone())
+            .bind(age)
             .bind(limit);
-        Ok(self.execute(query, "purge").await?.rows_affected())
+        let limit_time = self.inner.request_timeout;
+        let mut lent = self.lend("purge").await?;
+        let done = timeout(limit_time, query.fetch_all(lent.conn())).await;
+        let names: Vec<Vec<u8>> = settle(lent, done, limit_time, "purge")?;
+        let mut deleted = 0;
+        for name in names {
+            let query = sqlx::query(self.inner.sql.purge.clone())
+                .bind(name)
+                .bind(age);
+            deleted += self.execute(query, "purge").await?.rows_affected();
+        }
+        Ok(deleted)
     }
 
     /// Starts a background task that purges rows expired for longer than
@@ -483,7 +506,14 @@ impl MySqlBackend {
 
     /// One acquire statement. Returns the granted version, or `None` when
     /// the lock is held.
-    async fn grant(&self, name: &str, owner: &str, ttl: u64) -> Result<Option<u64>> {
+    async fn grant(
+        &self,
+        name: &str,
+        owner_token: OwnerToken,
+        lease_ttl: Duration,
+    ) -> Result<Option<u64>> {
+        let owner_text = owner_token.to_string();
+        let (owner, ttl) = (owner_text.as_str(), micros(lease_ttl));
         let mut tries = 0;
         loop {
             let query = sqlx::query(self.inner.sql.acquire.clone())
@@ -496,7 +526,27 @@ impl MySqlBackend {
                 .bind(ttl);
             let limit = self.inner.request_timeout;
             let mut lent = self.lend("acquire").await?;
+            // Armed from the moment the statement may reach the server until
+            // its reply is in: one that timed out, or whose future was
+            // dropped, may still have taken the lock.
+            let mut undo = Undo {
+                backend: Some(self.clone()),
+                name: name.to_owned(),
+                owner: owner_token,
+                ttl: lease_ttl,
+            };
             let done = timeout(limit, query.execute(lent.conn())).await;
+            // Any answer from the server settles the outcome (an error was
+            // rolled back). Disarm then, or the undo of a deadlocked try
+            // would release the next try's grant: it has the same owner.
+            let answered = match &done {
+                Ok(Ok(_)) => true,
+                Ok(Err(e)) => e.as_database_error().is_some(),
+                Err(_) => false,
+            };
+            if answered {
+                undo.backend = None;
+            }
             match done {
                 // Concurrent first inserts of one name can deadlock on the
                 // index; InnoDB rolled this one back, so it is safe to repeat.
@@ -521,18 +571,7 @@ impl MySqlBackend {
     async fn attempt(&self, name: &str, opts: &LockOptions, waiting: bool) -> Result<Attempt> {
         let owner = OwnerToken::random()?;
         let sent = Instant::now();
-        let ttl = micros(opts.ttl_value());
-        // Armed until the reply is in: a statement that timed out, or whose
-        // future was dropped, may still have taken the lock.
-        let mut undo = Undo {
-            backend: Some(self.clone()),
-            name: name.to_owned(),
-            owner,
-            ttl: opts.ttl_value(),
-        };
-        let granted = self.grant(name, &owner.to_string(), ttl).await?;
-        undo.backend = None;
-        if let Some(version) = granted {
+        if let Some(version) = self.grant(name, owner, opts.ttl_value()).await? {
             let lease = Lease::with_ttl(name, owner, version, opts, sent);
             return Ok(on_arrival(self, lease));
         }
@@ -571,32 +610,19 @@ impl MySqlBackend {
     /// Releases `name` if `owner` holds it, retrying while the database is
     /// out of reach, until it answers or the TTL has freed the lock anyway.
     async fn undo(&self, name: &str, owner: OwnerToken, ttl: Duration) {
-        let started = Instant::now();
-        let mut backoff = Backoff::new(Duration::from_millis(20), Duration::from_millis(500));
-        loop {
+        let released = retry_for(ttl, || async {
             let query = sqlx::query(self.inner.sql.release.clone())
                 .bind(name.as_bytes())
                 .bind(owner.to_string());
-            match self.execute(query, "undo an acquire").await {
-                Ok(done) => {
-                    tracing::debug!(
-                        name,
-                        released = done.rows_affected(),
-                        "undid an acquire of unknown outcome"
-                    );
-                    self.inner.wakeups.wake(name);
-                    return;
-                }
-                Err(e) if started.elapsed() < ttl => {
-                    tracing::debug!(name, error = %e, "undoing an acquire failed; retrying");
-                    sleep(backoff.next_delay()).await;
-                }
-                Err(e) => {
-                    tracing::debug!(name, error = %e, "gave up undoing an acquire: its TTL has passed");
-                    return;
-                }
-            }
-        }
+            self.execute(query, "undo an acquire").await
+        })
+        .await;
+        tracing::debug!(
+            name,
+            released = released.map(|done| done.rows_affected()),
+            "undid an acquire of unknown outcome"
+        );
+        self.inner.wakeups.wake(name);
     }
 }
 
@@ -708,7 +734,13 @@ impl Backend for MySqlBackend {
         let mut lent = self.lend("list").await?;
         let done = timeout(limit_time, query.fetch_all(lent.conn())).await;
         let rows: Vec<(Vec<u8>, String, u64, i64)> = settle(lent, done, limit_time, "list")?;
-        let full = rows.len() == limit;
+        // The next page starts after the last row read, kept or not.
+        let next = (rows.len() == limit)
+            .then(|| {
+                rows.last()
+                    .map(|(name, ..)| String::from_utf8_lossy(name).into_owned())
+            })
+            .flatten();
         let mut locks = Vec::with_capacity(rows.len());
         for (name, owner, version, left) in rows {
             let (Ok(name), Ok(owner)) = (String::from_utf8(name), owner.parse()) else {
@@ -720,11 +752,6 @@ impl Backend for MySqlBackend {
                 LockInfo::new(owner, version, expires_in),
             ));
         }
-        let next = if full {
-            locks.last().map(|l| l.name.clone())
-        } else {
-            None
-        };
         Ok(LockPage::new(locks, next))
     }
 

@@ -5,7 +5,7 @@ mod backend;
 mod pool;
 mod sql;
 
-pub use backend::{MySqlBackend, MySqlBuilder, Purger};
+pub use backend::{MIN_PURGE_AGE, MySqlBackend, MySqlBuilder, Purger};
 /// The sqlx crate this driver is built on, so that callers use the same
 /// version.
 pub use sqlx;

@@ -32,6 +32,7 @@ pub(crate) struct Statements {
     pub remaining: SqlStr,
     pub release: SqlStr,
     pub extend: SqlStr,
+    pub purge_candidates: SqlStr,
     pub purge: SqlStr,
     pub list: SqlStr,
     pub inspect: SqlStr,
@@ -51,9 +52,11 @@ impl Statements {
         // The fencing token never falls below the database clock in
         // microseconds, so a row deleted (by a purge, an operator, a restored
         // backup) and created again still gets a token above every earlier
-        // one, as long as that clock does not step back. `UNIX_TIMESTAMP` of
-        // the session's own `NOW(6)` does not depend on the time zone.
-        const CLOCK: &str = "CAST(FLOOR(UNIX_TIMESTAMP(NOW(6)) * 1000000) AS UNSIGNED)";
+        // one, as long as that clock does not step back. Counted from the
+        // epoch in UTC, so that no session time zone (nor its daylight
+        // saving) can move it.
+        const CLOCK: &str =
+            "CAST(TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) AS UNSIGNED)";
         Statements {
             // `name` is VARBINARY: compared byte for byte. A `utf8mb4_bin`
             // VARCHAR would be PAD SPACE, making `a` and `a ` one lock.
@@ -64,7 +67,8 @@ impl Statements {
                     version BIGINT UNSIGNED NOT NULL,
                     expires_at DATETIME(6) NOT NULL,
                     acquired_at DATETIME(6) NOT NULL,
-                    holder VARCHAR(255) NOT NULL
+                    holder VARCHAR(255) NOT NULL,
+                    KEY expires_at (expires_at)
                 ) ENGINE=InnoDB"
             )),
             exists: safe(format!("SELECT 1 FROM `{table}` LIMIT 0")),
@@ -106,9 +110,15 @@ impl Statements {
                  WHERE name = ? AND owner = ? AND expires_at > {NOW}"
             )),
             // Only rows whose lease ended long ago; a later acquire of the
-            // name starts from the clock, above every token of the row.
+            // name starts from the clock, above every token of the row. The
+            // names are read first (a plain read takes no locks) and deleted
+            // by primary key, the condition checked again: a `DELETE … WHERE
+            // expires_at …` would lock every row it scans, held ones too.
+            purge_candidates: safe(format!(
+                "SELECT name FROM `{table}` WHERE expires_at < {NOW} - INTERVAL ? MICROSECOND LIMIT ?"
+            )),
             purge: safe(format!(
-                "DELETE FROM `{table}` WHERE expires_at < {NOW} - INTERVAL ? MICROSECOND LIMIT ?"
+                "DELETE FROM `{table}` WHERE name = ? AND expires_at < {NOW} - INTERVAL ? MICROSECOND"
             )),
             // A range of the primary key: from the cursor, within the
             // prefix (`!` escapes LIKE's wildcards).

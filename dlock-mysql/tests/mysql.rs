@@ -176,8 +176,18 @@ async fn purging_frees_no_held_lock_and_lowers_no_token() {
     };
     assert_eq!(rows(expired.clone()).await, 1, "a recent row was purged");
 
+    // Back-date our two free rows by two hours, as if they had expired then.
+    for name in [&expired, &released] {
+        sqlx::query(
+            "UPDATE dlock_locks SET expires_at = expires_at - INTERVAL 2 HOUR WHERE name = ?",
+        )
+        .bind(name.as_bytes())
+        .execute(&pool)
+        .await
+        .unwrap();
+    }
     while b
-        .purge_expired(Duration::from_millis(100), 1000)
+        .purge_expired(dlock_mysql::MIN_PURGE_AGE, 1000)
         .await
         .unwrap()
         == 1000
@@ -210,6 +220,13 @@ async fn purging_frees_no_held_lock_and_lowers_no_token() {
         b.spawn_purger(Duration::ZERO, Duration::ZERO),
         Err(Error::InvalidOption {
             option: "every",
+            ..
+        })
+    ));
+    assert!(matches!(
+        b.purge_expired(Duration::from_secs(60), 10).await,
+        Err(Error::InvalidOption {
+            option: "older_than",
             ..
         })
     ));
@@ -394,7 +411,7 @@ async fn the_table_is_created_on_connect_and_least_privilege_suffices() {
     let lease = least.try_acquire(&name, &opts()).await.unwrap().unwrap();
     least.release(&lease).await.unwrap();
     least
-        .purge_expired(std::time::Duration::ZERO, 10)
+        .purge_expired(dlock_mysql::MIN_PURGE_AGE, 10)
         .await
         .unwrap();
 

@@ -2,7 +2,9 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use dlock_core::wait::{Attempt, Backoff, Deadline, MIN_BACKOFF, on_arrival, wait_for_lock};
+use dlock_core::wait::{
+    Attempt, Backoff, Deadline, MIN_BACKOFF, on_arrival, retry_for, wait_for_lock,
+};
 use dlock_core::{
     Backend, Capabilities, Error, HeldLock, Lease, LeaseKind, LockInfo, LockOptions, LockPage,
     OwnerToken, Result, async_trait, validate_name,
@@ -374,33 +376,20 @@ impl RedisBackend {
     /// Publishes like any release, so that waiters wake.
     async fn undo(&self, name: &str, owner: OwnerToken, ttl: Duration) {
         let keys = self.keys(name);
-        let started = Instant::now();
-        let mut backoff = Backoff::new(Duration::from_millis(20), Duration::from_millis(500));
-        loop {
-            let done: redis::RedisResult<i64> = RELEASE
+        let released = retry_for(ttl, || async {
+            RELEASE
                 .key(&keys.lock)
                 .arg(owner.to_string())
                 .arg(&keys.channel)
                 .arg(name)
-                .invoke_async(&mut self.inner.conn.clone())
-                .await;
-            match done {
-                Ok(released) => {
-                    tracing::debug!(name, released, "undid an acquire of unknown outcome");
-                    if released == 1 {
-                        self.inner.notifications.wakeups.wake(name);
-                    }
-                    return;
-                }
-                Err(e) if started.elapsed() < ttl => {
-                    tracing::debug!(name, error = %e, "undoing an acquire failed; retrying");
-                    tokio::time::sleep(backoff.next_delay()).await;
-                }
-                Err(e) => {
-                    tracing::debug!(name, error = %e, "gave up undoing an acquire: its TTL has passed");
-                    return;
-                }
-            }
+                .invoke_async::<i64>(&mut self.inner.conn.clone())
+                .await
+                .map_err(|e| redis_error(e, "undo an acquire"))
+        })
+        .await;
+        tracing::debug!(name, ?released, "undid an acquire of unknown outcome");
+        if released == Some(1) {
+            self.inner.notifications.wakeups.wake(name);
         }
     }
 }

@@ -38,7 +38,9 @@ impl Notifications {
         tokio::spawn(subscriber(conn, rx, interest.clone(), wakeups.clone()));
 
         let hub = wakeups.clone();
-        let resubscribe = commands.clone();
+        // Weak: the subscriber task must end when the backend goes, and a
+        // strong sender here would keep its channel open forever.
+        let resubscribe = commands.downgrade();
         tokio::spawn(async move {
             while let Some(push) = pushes.recv().await {
                 match push.kind {
@@ -50,9 +52,12 @@ impl Notifications {
                     // Releases published while disconnected are lost. Waking
                     // waiters now would send them at a dead connection: wake
                     // them once the subscriptions are back instead.
-                    PushKind::Disconnection => {
-                        let _ = resubscribe.send(Command::Resubscribe);
-                    }
+                    PushKind::Disconnection => match resubscribe.upgrade() {
+                        Some(commands) => {
+                            let _ = commands.send(Command::Resubscribe);
+                        }
+                        None => return,
+                    },
                     _ => {}
                 }
             }

@@ -138,6 +138,21 @@ async fn scripts_are_reloaded_after_script_flush() {
     b.release(&lease).await.unwrap();
 }
 
+/// Starts `waiter` waiting up to 50 s for `name`; the task gives back the
+/// result, when it came, and the client.
+fn wait_for(
+    waiter: RedisBackend,
+    name: &str,
+) -> tokio::task::JoinHandle<(dlock_core::Result<dlock_core::Lease>, Instant, RedisBackend)> {
+    let name = name.to_owned();
+    tokio::spawn(async move {
+        let lease = waiter
+            .acquire(&name, &opts().wait(Duration::from_secs(50)))
+            .await;
+        (lease, Instant::now(), waiter)
+    })
+}
+
 /// With the fallback poll set to a minute, a waiter that gets the lock within
 /// seconds of the release was woken by the release message.
 #[tokio::test]
@@ -151,15 +166,7 @@ async fn a_release_wakes_a_waiter_in_another_process() {
         .unwrap();
     let name = unique_name("wake");
     let lease = holder.try_acquire(&name, &opts()).await.unwrap().unwrap();
-    let task = {
-        let name = name.clone();
-        tokio::spawn(async move {
-            let lease = waiter
-                .acquire(&name, &opts().wait(Duration::from_secs(50)))
-                .await;
-            (lease, Instant::now(), waiter)
-        })
-    };
+    let task = wait_for(waiter, &name);
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert!(!task.is_finished());
     let released = Instant::now();
@@ -301,15 +308,7 @@ async fn a_release_during_a_pubsub_outage_is_not_missed() {
         .unwrap();
     let name = unique_name("outage");
     let lease = holder.try_acquire(&name, &opts()).await.unwrap().unwrap();
-    let task = {
-        let name = name.clone();
-        tokio::spawn(async move {
-            let lease = waiter
-                .acquire(&name, &opts().wait(Duration::from_secs(50)))
-                .await;
-            (lease, Instant::now(), waiter)
-        })
-    };
+    let task = wait_for(waiter, &name);
     // Long enough that the waiter's backoff has grown to seconds: only a
     // wake-up can bring it in quickly now.
     tokio::time::sleep(Duration::from_millis(3500)).await;

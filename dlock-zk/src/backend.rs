@@ -41,6 +41,10 @@ struct Inner {
     session: Mutex<Session>,
     /// Lock nodes whose delete failed for want of a connection.
     orphans: Mutex<Vec<String>>,
+    /// Creates whose outcome is unknown (the reply never came): the node
+    /// may exist, or appear once a queued request reaches the server, so
+    /// it is looked for by its protected prefix until found or hopeless.
+    uncertain: Mutex<Vec<Uncertain>>,
 }
 
 struct Session {
@@ -178,6 +182,7 @@ impl ZkBuilder {
                 lost: CancellationToken::new(),
             }),
             orphans: Mutex::new(Vec::new()),
+            uncertain: Mutex::new(Vec::new()),
             config: self,
         });
         tokio::spawn(watch_session(Arc::downgrade(&inner), watcher));
@@ -290,6 +295,7 @@ async fn watch_session(inner: Weak<Inner>, mut watcher: zk::StateWatcher) {
             zk::SessionState::Disconnected => backend.end_leases(),
             zk::SessionState::SyncConnected | zk::SessionState::ConnectedReadOnly => {
                 backend.delete_orphans().await;
+                backend.resolve_uncertain().await;
             }
             zk::SessionState::Expired | zk::SessionState::AuthFailed => {
                 backend.end_leases();
@@ -367,6 +373,11 @@ impl ZkBackend {
                         .lock()
                         .unwrap_or_else(PoisonError::into_inner)
                         .clear();
+                    self.inner
+                        .uncertain
+                        .lock()
+                        .unwrap_or_else(PoisonError::into_inner)
+                        .clear();
                     return Some(watcher);
                 }
                 Err(e) => {
@@ -378,6 +389,36 @@ impl ZkBackend {
                 }
             }
         }
+    }
+
+    /// Looks for the nodes of creates whose outcome is unknown and deletes
+    /// those it finds. Keeps looking (on each call) for up to two session
+    /// timeouts: a create queued while disconnected reaches the server
+    /// after the reconnect. Returns whether any is left to look for.
+    async fn resolve_uncertain(&self) -> bool {
+        let pending = std::mem::take(
+            &mut *self
+                .inner
+                .uncertain
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner),
+        );
+        let client = self.client();
+        let mut left = Vec::new();
+        for u in pending {
+            match self.find_own(&client, &u.dir, &u.prefix).await {
+                Ok(Some((path, _))) => self.delete_node(path).await,
+                Ok(None) if u.since.elapsed() > self.inner.config.session_timeout * 2 => {}
+                Ok(None) | Err(_) => left.push(u),
+            }
+        }
+        let any = !left.is_empty();
+        self.inner
+            .uncertain
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .extend(left);
+        any
     }
 
     async fn delete_orphans(&self) {
@@ -448,7 +489,7 @@ impl ZkBackend {
         client: &zk::Client,
         dir: &str,
         owner: OwnerToken,
-    ) -> Result<(String, u64)> {
+    ) -> Result<(String, i64)> {
         let prefix = protected_prefix(owner);
         let path = format!("{dir}/{prefix}lock-");
         let node_opts = zk::CreateMode::EphemeralSequential.with_acls(self.acls());
@@ -458,7 +499,7 @@ impl ZkBackend {
             match self.bounded(client.create(&path, &[], &node_opts)).await {
                 Ok((stat, seq)) => {
                     let node = format!("{path}{seq}");
-                    return Ok((node, fencing_token(stat.czxid)?));
+                    return Ok((node, stat.czxid));
                 }
                 // The parents are containers: missing at first, and removed
                 // by the server whenever they are empty.
@@ -495,7 +536,7 @@ impl ZkBackend {
         client: &zk::Client,
         dir: &str,
         prefix: &str,
-    ) -> Result<Option<(String, u64)>> {
+    ) -> Result<Option<(String, i64)>> {
         let children = match self.bounded(client.list_children(dir)).await {
             Ok(children) => children,
             Err(zk::Error::NoNode) => return Ok(None),
@@ -506,7 +547,7 @@ impl ZkBackend {
         };
         let path = format!("{dir}/{node}");
         match self.bounded(client.check_stat(&path)).await {
-            Ok(Some(stat)) => Ok(Some((path, fencing_token(stat.czxid)?))),
+            Ok(Some(stat)) => Ok(Some((path, stat.czxid))),
             Ok(None) => Ok(None),
             Err(e) => Err(zk_error(e, "read our lock node")),
         }
@@ -528,7 +569,7 @@ impl ZkBackend {
     /// (`None`: one look only). The node is deleted if this ends without a
     /// lease, and also if this future is dropped.
     async fn contend(&self, name: &str, deadline: Option<Deadline>) -> Result<Option<Lease>> {
-        let (client, lost) = self.session();
+        let client = self.client();
         let owner = OwnerToken::random()?;
         let dir = self.lock_dir(name);
         let mut pending = Pending {
@@ -540,6 +581,8 @@ impl ZkBackend {
         };
         let (path, czxid) = self.enqueue(&client, &dir, owner).await?;
         pending.node = Some(path.clone());
+        // Checked only now, so that a bad one still gets the node deleted.
+        let czxid = fencing_token(czxid)?;
         let node = path.rsplit('/').next().unwrap_or_default().to_owned();
         loop {
             let queue = self.queue(&client, &dir).await?;
@@ -552,6 +595,16 @@ impl ZkBackend {
                 ));
             };
             if at == 0 {
+                // The session's signal as of now: one cancelled by a blip
+                // while we waited would make the lease lost on arrival.
+                let (current, lost) = self.session();
+                if !Arc::ptr_eq(&current, &client) {
+                    return Err(Error::connection(
+                        NAME,
+                        "the session was replaced while waiting",
+                        zk::Error::SessionExpired,
+                    ));
+                }
                 pending.armed = false;
                 let lease =
                     Lease::with_session(name, owner, czxid, lost.child_token()).with_handle(path);
@@ -645,24 +698,37 @@ impl Drop for Pending {
         let prefix = std::mem::take(&mut self.prefix);
         let node = self.node.take();
         rt.spawn(async move {
-            let node = match node {
-                Some(node) => Some(node),
-                // Dropped while the create was in flight: it may have landed.
+            match node {
+                Some(node) => backend.delete_node(node).await,
+                // Dropped while the create was unanswered: it may have
+                // landed, or may land after a reconnect.
                 None => {
-                    let client = backend.client();
                     backend
-                        .find_own(&client, &dir, &prefix)
-                        .await
-                        .ok()
-                        .flatten()
-                        .map(|(path, _)| path)
+                        .inner
+                        .uncertain
+                        .lock()
+                        .unwrap_or_else(PoisonError::into_inner)
+                        .push(Uncertain {
+                            dir,
+                            prefix,
+                            since: tokio::time::Instant::now(),
+                        });
+                    let mut backoff =
+                        Backoff::new(Duration::from_millis(50), Duration::from_secs(1));
+                    while backend.resolve_uncertain().await {
+                        sleep(backoff.next_delay()).await;
+                    }
                 }
-            };
-            if let Some(node) = node {
-                backend.delete_node(node).await;
             }
         });
     }
+}
+
+/// A create whose outcome is unknown; see `Inner::uncertain`.
+struct Uncertain {
+    dir: String,
+    prefix: String,
+    since: tokio::time::Instant,
 }
 
 #[async_trait]

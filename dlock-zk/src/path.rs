@@ -94,11 +94,15 @@ pub(crate) fn owner_of(node: &str) -> Option<OwnerToken> {
 /// The sequence number of a lock node of any recipe in [`MARKERS`]; the
 /// queue is sorted by it (the parent's counter numbers every child, so
 /// sequences of different recipes compare). `None` for other nodes.
-pub(crate) fn sequence(node: &str) -> Option<u64> {
+pub(crate) fn sequence(node: &str) -> Option<i64> {
     MARKERS.iter().find_map(|marker| {
         let at = node.rfind(marker)?;
         let digits = &node[at + marker.len()..];
-        (digits.len() == 10).then(|| digits.parse().ok()).flatten()
+        // `%010d` of the parent's counter: negative once it wraps past
+        // 2^31, and 19 digits from clients that print it as a long.
+        let unsigned = digits.strip_prefix('-').unwrap_or(digits);
+        let ok = matches!(unsigned.len(), 10 | 19) && unsigned.bytes().all(|b| b.is_ascii_digit());
+        ok.then(|| digits.parse().ok()).flatten()
     })
 }
 
@@ -158,5 +162,7 @@ mod tests {
         assert_eq!(sequence("_c_9f0e-lock-0000000009"), Some(9));
         assert_eq!(sequence("lease_holder"), None);
         assert_eq!(sequence("x__lock__12"), None);
+        assert_eq!(sequence("x-lock--2147483648"), Some(-2_147_483_648));
+        assert_eq!(sequence("x-lock-0000000002147483648"), Some(2_147_483_648));
     }
 }

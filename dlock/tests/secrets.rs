@@ -30,6 +30,18 @@ impl Write for Capture {
     }
 }
 
+/// Takes and releases a lock, printing the guard and the locker as a user
+/// debugging would.
+async fn lock_once(locker: &dlock::Locker, printed: &mut Vec<String>) {
+    let guard = locker
+        .try_acquire(&unique_name("secret"), &LockOptions::new())
+        .await
+        .unwrap()
+        .unwrap();
+    printed.push(format!("{guard:?} {locker:?}"));
+    guard.release().await.unwrap();
+}
+
 /// Everything printed about `value`, and its outcome.
 fn shown<T: std::fmt::Debug, E: std::fmt::Display + std::fmt::Debug>(
     value: &Result<T, E>,
@@ -88,14 +100,7 @@ async fn passwords_never_show_in_errors_debug_output_or_logs() {
     let with_secret = redis.replace("redis://", &format!("redis://{user}:{SECRET}@"));
     let locker = dlock::connect(&with_secret).await;
     printed.push(shown(&locker));
-    let locker = locker.unwrap();
-    let guard = locker
-        .try_acquire(&unique_name("secret"), &LockOptions::new())
-        .await
-        .unwrap()
-        .unwrap();
-    printed.push(format!("{guard:?} {locker:?}"));
-    guard.release().await.unwrap();
+    lock_once(&locker.unwrap(), &mut printed).await;
     let wrong = redis.replace("redis://", &format!("redis://{user}:{SECRET}x@"));
     printed.push(shown(&dlock::connect(&wrong).await));
     printed.push(format!(
@@ -108,14 +113,7 @@ async fn passwords_never_show_in_errors_debug_output_or_logs() {
     let with_secret = format!("mysql://{db_user}:{SECRET}{}", &mysql[at..]);
     let locker = dlock::connect(&with_secret).await;
     printed.push(shown(&locker));
-    let locker = locker.unwrap();
-    let guard = locker
-        .try_acquire(&unique_name("secret"), &LockOptions::new())
-        .await
-        .unwrap()
-        .unwrap();
-    printed.push(format!("{guard:?} {locker:?}"));
-    guard.release().await.unwrap();
+    lock_once(&locker.unwrap(), &mut printed).await;
     let wrong = format!("mysql://{db_user}:{SECRET}x{}", &mysql[at..]);
     printed.push(shown(&dlock::connect(&wrong).await));
     let port = unused_port();
@@ -134,14 +132,7 @@ async fn passwords_never_show_in_errors_debug_output_or_logs() {
     printed.push(format!("{builder:?}"));
     let backend = builder.connect().await;
     printed.push(shown(&backend));
-    let locker = dlock::Locker::new(backend.unwrap());
-    let guard = locker
-        .try_acquire(&unique_name("secret"), &LockOptions::new())
-        .await
-        .unwrap()
-        .unwrap();
-    printed.push(format!("{guard:?} {locker:?}"));
-    guard.release().await.unwrap();
+    lock_once(&dlock::Locker::new(backend.unwrap()), &mut printed).await;
 
     let logs = String::from_utf8_lossy(&capture.0.lock().unwrap()).into_owned();
     assert!(

@@ -25,6 +25,26 @@ fn files(certs: &TestCertificates) -> Vec<(String, Vec<u8>)> {
     ]
 }
 
+/// A server of its own that speaks only TLS; its host port.
+async fn tls_server(
+    service: Service,
+    args: &[&str],
+    files: Vec<(String, Vec<u8>)>,
+) -> (dlock_conformance::harness::Server, u16) {
+    let server = start(
+        service,
+        ServerOptions {
+            args: args.iter().map(|a| (*a).to_owned()).collect(),
+            files,
+            skip_probe: true,
+            ..ServerOptions::default()
+        },
+    )
+    .await;
+    let port = server.port().unwrap();
+    (server, port)
+}
+
 /// Tries `connect` until the server is up (it has no plain-text probe).
 async fn when_up<T, F: Future<Output = dlock::Result<T>>>(mut connect: impl FnMut() -> F) -> T {
     let started = Instant::now();
@@ -75,17 +95,7 @@ async fn redis_over_tls_with_a_private_ca_and_an_acl_user() {
         "--tls-auth-clients",
         "no",
     ];
-    let server = start(
-        Service::Redis,
-        ServerOptions {
-            args: args.map(str::to_owned).to_vec(),
-            files: files(&certs),
-            skip_probe: true,
-            ..ServerOptions::default()
-        },
-    )
-    .await;
-    let port = server.port().unwrap();
+    let (_server, port) = tls_server(Service::Redis, &args, files(&certs)).await;
     let url = format!("rediss://127.0.0.1:{port}");
     let trusted = |url: String| {
         RedisBackend::builder(url)
@@ -138,17 +148,7 @@ async fn mariadb_requiring_secure_transport() {
         "--ssl-key=/tmp/server.key",
         "--require-secure-transport=ON",
     ];
-    let server = start(
-        Service::MariaDb,
-        ServerOptions {
-            args: args.map(str::to_owned).to_vec(),
-            files: files(&certs),
-            skip_probe: true,
-            ..ServerOptions::default()
-        },
-    )
-    .await;
-    let port = server.port().unwrap();
+    let (_server, port) = tls_server(Service::MariaDb, &args, files(&certs)).await;
     let ca = std::env::temp_dir().join(format!("dlock-ca-{}.crt", unique_name("ca")));
     std::fs::write(&ca, &certs.ca).unwrap();
     let url = format!(
@@ -188,20 +188,12 @@ ssl.trustStore.location=/tmp/ca.crt
 ssl.trustStore.type=PEM
 ssl.clientAuth=none
 ";
-    let server = start(
-        Service::ZooKeeper,
-        ServerOptions {
-            files: vec![
-                ("/tmp/server.pem".to_owned(), pem),
-                ("/tmp/ca.crt".to_owned(), certs.ca.clone()),
-                ("/tmp/zoo-extra.cfg".to_owned(), config.as_bytes().to_vec()),
-            ],
-            skip_probe: true,
-            ..ServerOptions::default()
-        },
-    )
-    .await;
-    let port = server.port().unwrap();
+    let files = vec![
+        ("/tmp/server.pem".to_owned(), pem),
+        ("/tmp/ca.crt".to_owned(), certs.ca.clone()),
+        ("/tmp/zoo-extra.cfg".to_owned(), config.as_bytes().to_vec()),
+    ];
+    let (_server, port) = tls_server(Service::ZooKeeper, &[], files).await;
     let ca = String::from_utf8(certs.ca.clone()).unwrap();
     let backend = when_up(|| {
         ZkBackend::builder(format!("127.0.0.1:{port}"))
