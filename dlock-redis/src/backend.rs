@@ -179,11 +179,13 @@ fn positive(option: &'static str, value: Duration, min: Duration) -> Result<()> 
 
 impl RedisBuilder {
     fn client(&self, info: redis::ConnectionInfo) -> Result<redis::Client> {
+        // The redis crate asks rustls for the process's crypto provider,
+        // and rustls panics rather than choose when the build has two (a
+        // ZooKeeper client with TLS brings aws-lc-rs next to ring).
+        #[cfg(feature = "tls")]
+        let _ = rustls::crypto::ring::default_provider().install_default();
         #[cfg(feature = "tls")]
         if let Some(root) = &self.tls_root {
-            // The redis crate asks rustls for the process's provider, and
-            // rustls will not choose when the build has two.
-            let _ = rustls::crypto::ring::default_provider().install_default();
             let certs = redis::TlsCertificates {
                 client_tls: None,
                 root_cert: Some(root.clone()),
