@@ -22,26 +22,30 @@ fi
 
 packages=$(grep -v '^#' "$here/packages.txt" | xargs | tr ' ' ',')
 
+# The same packages on debian:bookworm-slim, where a registry is reachable.
+from_registry() {
+  docker build -q -t "$image" "$here" >&2 && echo "$image"
+}
+
 if [ "${DLOCK_IMAGE_FROM_REGISTRY:-0}" = 1 ]; then
-  docker build -q -t "$image" "$here" >&2
-  echo "$image"
-  exit 0
+  from_registry
+  exit
 fi
 
 # A fresh machine lacks mmdebstrap: install it when we can (root with apt),
-# otherwise say in one sentence what to install.
+# else build from a registry if one is reachable, else say in one sentence
+# what to install.
+if ! command -v mmdebstrap >/dev/null && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+  echo "build-image.sh: installing mmdebstrap with apt-get (needed to build the test image)" >&2
+  export DEBIAN_FRONTEND=noninteractive
+  { apt-get update -qq && apt-get install -y -qq mmdebstrap; } >&2 ||
+    echo "build-image.sh: could not install mmdebstrap with apt-get" >&2
+fi
 if ! command -v mmdebstrap >/dev/null; then
-  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-    echo "build-image.sh: installing mmdebstrap with apt-get (needed to build the test image)" >&2
-    export DEBIAN_FRONTEND=noninteractive
-    { apt-get update -qq && apt-get install -y -qq mmdebstrap; } >&2 || {
-      echo "build-image.sh: could not install mmdebstrap with apt-get; install it, or set DLOCK_IMAGE_FROM_REGISTRY=1 where a registry is reachable" >&2
-      exit 1
-    }
-  else
-    echo "build-image.sh: mmdebstrap is missing: run 'sudo apt-get install -y mmdebstrap', or set DLOCK_IMAGE_FROM_REGISTRY=1 where a registry is reachable" >&2
-    exit 1
-  fi
+  echo "build-image.sh: mmdebstrap is missing; trying the Dockerfile (needs a registry)" >&2
+  from_registry 2>/dev/null && exit 0
+  echo "build-image.sh: cannot build the test image: install mmdebstrap (apt-get install -y mmdebstrap) or make a container registry reachable" >&2
+  exit 1
 fi
 
 # Only the sources apt itself uses on this machine (enabled files), so no
