@@ -3,7 +3,7 @@
 
 use std::collections::HashMap;
 use std::future::{Future, pending};
-use std::pin::pin;
+use std::pin::{Pin, pin};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -298,6 +298,39 @@ impl Attempt {
         match self {
             Attempt::Acquired(lease) => Some(lease),
             Attempt::Held { .. } => None,
+        }
+    }
+}
+
+/// Undoes an acquire whose outcome is unknown: armed while its request
+/// may be in flight, it runs the undo on a spawned task if dropped armed (a
+/// request that failed, a future that was dropped midway).
+pub struct UndoOnDrop(Option<Pin<Box<dyn Future<Output = ()> + Send>>>);
+
+impl UndoOnDrop {
+    /// Armed with `undo`, which runs only if this is dropped armed.
+    pub fn new(undo: impl Future<Output = ()> + Send + 'static) -> Self {
+        UndoOnDrop(Some(Box::pin(undo)))
+    }
+
+    /// The outcome is known: nothing to undo.
+    pub fn disarm(&mut self) {
+        self.0 = None;
+    }
+}
+
+impl std::fmt::Debug for UndoOnDrop {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("UndoOnDrop")
+            .field(&self.0.is_some())
+            .finish()
+    }
+}
+
+impl Drop for UndoOnDrop {
+    fn drop(&mut self) {
+        if let (Some(undo), Ok(rt)) = (self.0.take(), tokio::runtime::Handle::try_current()) {
+            rt.spawn(undo);
         }
     }
 }

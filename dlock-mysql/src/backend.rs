@@ -2,7 +2,9 @@ use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use dlock_core::wait::{Attempt, Backoff, Deadline, Wakeups, on_arrival, retry_for, wait_for_lock};
+use dlock_core::wait::{
+    Attempt, Backoff, Deadline, UndoOnDrop, Wakeups, on_arrival, retry_for, wait_for_lock,
+};
 use dlock_core::{
     Backend, Capabilities, Error, HeldLock, Lease, LeaseKind, LockInfo, LockOptions, LockPage,
     OwnerToken, Result, async_trait, validate_name,
@@ -529,11 +531,9 @@ impl MySqlBackend {
             // Armed from the moment the statement may reach the server until
             // its reply is in: one that timed out, or whose future was
             // dropped, may still have taken the lock.
-            let mut undo = Undo {
-                backend: Some(self.clone()),
-                name: name.to_owned(),
-                owner: owner_token,
-                ttl: lease_ttl,
+            let mut undo = {
+                let (backend, name) = (self.clone(), name.to_owned());
+                UndoOnDrop::new(async move { backend.undo(&name, owner_token, lease_ttl).await })
             };
             let done = timeout(limit, query.execute(lent.conn())).await;
             // Any answer from the server settles the outcome (an error was
@@ -545,7 +545,7 @@ impl MySqlBackend {
                 Err(_) => false,
             };
             if answered {
-                undo.backend = None;
+                undo.disarm();
             }
             match done {
                 // Concurrent first inserts of one name can deadlock on the
@@ -623,26 +623,6 @@ impl MySqlBackend {
             "undid an acquire of unknown outcome"
         );
         self.inner.wakeups.wake(name);
-    }
-}
-
-/// Undoes an acquire whose outcome is unknown, when dropped armed.
-struct Undo {
-    backend: Option<MySqlBackend>,
-    name: String,
-    owner: OwnerToken,
-    ttl: Duration,
-}
-
-impl Drop for Undo {
-    fn drop(&mut self) {
-        let (Some(backend), Ok(rt)) = (self.backend.take(), tokio::runtime::Handle::try_current())
-        else {
-            return;
-        };
-        let name = std::mem::take(&mut self.name);
-        let (owner, ttl) = (self.owner, self.ttl);
-        rt.spawn(async move { backend.undo(&name, owner, ttl).await });
     }
 }
 

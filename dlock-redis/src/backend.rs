@@ -3,7 +3,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use dlock_core::wait::{
-    Attempt, Backoff, Deadline, MIN_BACKOFF, on_arrival, retry_for, wait_for_lock,
+    Attempt, Backoff, Deadline, MIN_BACKOFF, UndoOnDrop, on_arrival, retry_for, wait_for_lock,
 };
 use dlock_core::{
     Backend, Capabilities, Error, HeldLock, Lease, LeaseKind, LockInfo, LockOptions, LockPage,
@@ -292,11 +292,9 @@ impl RedisBackend {
         // Armed until the reply is in: if the request fails or this future is
         // dropped mid-flight, the script may still run and take the lock for
         // a caller who never hears of it, so release it by its token.
-        let mut cleanup = Cleanup {
-            backend: Some(self.clone()),
-            name: name.to_owned(),
-            owner,
-            ttl: opts.ttl_value(),
+        let mut cleanup = {
+            let (backend, name, ttl) = (self.clone(), name.to_owned(), opts.ttl_value());
+            UndoOnDrop::new(async move { backend.undo(&name, owner, ttl).await })
         };
         let reply: (i64, String) = ACQUIRE
             .key(&keys.lock)
@@ -317,28 +315,8 @@ impl RedisBackend {
             },
             other => return Err(malformed("acquire", other)),
         };
-        cleanup.backend = None;
+        cleanup.disarm();
         Ok(attempt)
-    }
-}
-
-/// Releases an acquire whose outcome is unknown.
-struct Cleanup {
-    backend: Option<RedisBackend>,
-    name: String,
-    owner: OwnerToken,
-    ttl: Duration,
-}
-
-impl Drop for Cleanup {
-    fn drop(&mut self) {
-        let (Some(backend), Ok(rt)) = (self.backend.take(), tokio::runtime::Handle::try_current())
-        else {
-            return;
-        };
-        let name = std::mem::take(&mut self.name);
-        let (owner, ttl) = (self.owner, self.ttl);
-        rt.spawn(async move { backend.undo(&name, owner, ttl).await });
     }
 }
 
