@@ -33,7 +33,7 @@ use crate::{BoxFuture, Factory};
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// What a loaded CI machine may add to any bound the cases check.
-const SLACK: Duration = Duration::from_millis(750);
+const SLACK: Duration = Duration::from_millis(1250);
 
 /// A client whose link to its server a case can fault, and the link.
 #[derive(Debug, Clone)]

@@ -139,7 +139,9 @@ async fn subscriber(
                 }
             }
             Command::Resubscribe => {
-                let mut backoff = Backoff::new(Duration::from_millis(20), Duration::from_secs(1));
+                // Short steps: waiters wait on this to hear of releases.
+                let mut backoff =
+                    Backoff::new(Duration::from_millis(20), Duration::from_millis(250));
                 loop {
                     let channels: Vec<String> = interest
                         .lock()
