@@ -19,5 +19,5 @@ pub use lease::{Lease, OwnerToken};
 pub use memory::MemoryBackend;
 pub use name::{MAX_NAME_LEN, redact_url, validate_name};
 pub use observe::Observed;
-pub use options::{LockOptions, MAX_TTL, MIN_TTL};
+pub use options::{LockOptions, MAX_TTL, MIN_TTL, check_duration};
 pub use tokio_util::sync::CancellationToken;

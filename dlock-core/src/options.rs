@@ -106,15 +106,7 @@ impl LockOptions {
     /// Checks the options; every backend calls this before it talks to its
     /// server.
     pub fn validate(&self) -> Result<()> {
-        if self.ttl < MIN_TTL || self.ttl > MAX_TTL {
-            return Err(Error::invalid_option(
-                "ttl",
-                format!(
-                    "must be between {MIN_TTL:?} and {MAX_TTL:?}, got {:?}",
-                    self.ttl
-                ),
-            ));
-        }
+        check_duration("ttl", self.ttl, MIN_TTL, MAX_TTL)?;
         if self.drift_value() >= self.ttl / 2 {
             return Err(Error::invalid_option(
                 "drift",
@@ -136,6 +128,23 @@ impl LockOptions {
         // is invalid at once, not a panic.
         deadline_after(sent, self.ttl.saturating_sub(self.drift_value()))
     }
+}
+
+/// Checks the duration setting `option`: [`Error::InvalidOption`] unless
+/// `value` is within `min..=max`. For drivers' builders as for the options.
+pub fn check_duration(
+    option: &'static str,
+    value: Duration,
+    min: Duration,
+    max: Duration,
+) -> Result<()> {
+    if value < min || value > max {
+        return Err(Error::invalid_option(
+            option,
+            format!("must be between {min:?} and {max:?}, got {value:?}"),
+        ));
+    }
+    Ok(())
 }
 
 /// `start + d`, saturating far in the future instead of overflowing.

@@ -7,7 +7,7 @@ use dlock_core::wait::{
 };
 use dlock_core::{
     Backend, Capabilities, Error, HeldLock, Lease, LeaseKind, LockInfo, LockOptions, LockPage,
-    OwnerToken, Result, async_trait, validate_name,
+    OwnerToken, Result, async_trait, check_duration, validate_name,
 };
 use sqlx::Connection;
 use sqlx::mysql::{MySql, MySqlConnectOptions, MySqlConnection, MySqlDatabaseError};
@@ -142,17 +142,9 @@ impl MySqlBuilder {
                 "must be at least 1",
             ));
         }
-        for (option, value) in [
-            ("connect_timeout", self.connect_timeout),
-            ("request_timeout", self.request_timeout),
-        ] {
-            if value < Duration::from_millis(1) || value > MAX_SETTING {
-                return Err(Error::invalid_option(
-                    option,
-                    format!("must be between 1ms and {MAX_SETTING:?}, got {value:?}"),
-                ));
-            }
-        }
+        let ms = Duration::from_millis(1);
+        check_duration("connect_timeout", self.connect_timeout, ms, MAX_SETTING)?;
+        check_duration("request_timeout", self.request_timeout, ms, MAX_SETTING)?;
         parse_url(&self.url)
     }
 
@@ -169,7 +161,7 @@ impl MySqlBuilder {
         let options = self.validate()?;
         // A first connection at once reports what went wrong ("connection
         // refused", "access denied") instead of a later statement.
-        let first = match timeout(
+        let mut first = match timeout(
             self.connect_timeout,
             MySqlConnection::connect_with(&options),
         )
@@ -185,7 +177,6 @@ impl MySqlBuilder {
             }
         };
         let sql = Statements::new(&self.table);
-        let mut first = first;
         if self.create_table {
             create_table(&mut first, &sql, &self.table, self.request_timeout).await?;
         }
@@ -424,15 +415,7 @@ impl MySqlBackend {
     /// `older_than`. Call it in a loop while it returns
     /// `limit`, or let [`MySqlBackend::spawn_purger`] do it.
     pub async fn purge_expired(&self, older_than: Duration, limit: u32) -> Result<u64> {
-        if older_than < MIN_PURGE_AGE || older_than > MAX_SETTING * 365 {
-            return Err(Error::invalid_option(
-                "older_than",
-                format!(
-                    "must be between {MIN_PURGE_AGE:?} and {:?}, got {older_than:?}",
-                    MAX_SETTING * 365
-                ),
-            ));
-        }
+        check_duration("older_than", older_than, MIN_PURGE_AGE, MAX_SETTING * 365)?;
         let age = micros(older_than);
         let query = sqlx::query_scalar(self.inner.sql.purge_candidates.clone())
             .bind(age)

@@ -7,7 +7,7 @@ use dlock_core::wait::{
 };
 use dlock_core::{
     Backend, Capabilities, Error, HeldLock, Lease, LeaseKind, LockInfo, LockOptions, LockPage,
-    OwnerToken, Result, async_trait, validate_name,
+    OwnerToken, Result, async_trait, check_duration, validate_name,
 };
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{IntoConnectionInfo, ProtocolVersion, RedisError};
@@ -113,16 +113,14 @@ impl RedisBuilder {
     /// [`Error::Backend`] when it refuses us (wrong password, say).
     pub async fn connect(self) -> Result<RedisBackend> {
         validate_prefix(&self.prefix)?;
-        positive("max_poll_interval", self.max_poll, MIN_BACKOFF)?;
-        positive(
-            "response_timeout",
-            self.response_timeout,
-            Duration::from_millis(1),
-        )?;
-        positive(
+        let ms = Duration::from_millis(1);
+        check_duration("max_poll_interval", self.max_poll, MIN_BACKOFF, MAX_SETTING)?;
+        check_duration("response_timeout", self.response_timeout, ms, MAX_SETTING)?;
+        check_duration(
             "connection_timeout",
             self.connection_timeout,
-            Duration::from_millis(1),
+            ms,
+            MAX_SETTING,
         )?;
         let info = self
             .url
@@ -163,19 +161,9 @@ impl RedisBuilder {
     }
 }
 
-/// Checks a duration setting: at least `min`, and at most a day, beyond
-/// which it is surely a mistake (and overflows the client library's
-/// arithmetic).
-fn positive(option: &'static str, value: Duration, min: Duration) -> Result<()> {
-    const MAX: Duration = Duration::from_secs(24 * 60 * 60);
-    if value < min || value > MAX {
-        return Err(Error::invalid_option(
-            option,
-            format!("must be between {min:?} and {MAX:?}, got {value:?}"),
-        ));
-    }
-    Ok(())
-}
+/// The longest a duration setting may be: beyond a day it is surely a
+/// mistake (and overflows the client library's arithmetic).
+const MAX_SETTING: Duration = Duration::from_secs(24 * 60 * 60);
 
 impl RedisBuilder {
     fn client(&self, info: redis::ConnectionInfo) -> Result<redis::Client> {
@@ -480,13 +468,18 @@ impl Backend for RedisBackend {
                 break;
             }
         }
+        let names: Vec<String> = found
+            .iter()
+            .filter_map(|key| name_of(&self.inner.prefix, key))
+            .collect();
         // Every holder in one round trip, each read consistently.
         let mut pipe = redis::pipe();
         pipe.atomic();
-        for key in &found {
-            pipe.get(key).pttl(key).get(format!("{key}:fence"));
+        for name in &names {
+            let keys = self.keys(name);
+            pipe.get(&keys.lock).pttl(&keys.lock).get(&keys.fence);
         }
-        let replies: Vec<redis::Value> = if found.is_empty() {
+        let replies: Vec<redis::Value> = if names.is_empty() {
             Vec::new()
         } else {
             pipe.query_async(&mut conn)
@@ -494,12 +487,11 @@ impl Backend for RedisBackend {
                 .map_err(|e| redis_error(e, "list"))?
         };
         let mut locks = Vec::new();
-        for (key, reply) in found.iter().zip(replies.chunks(3)) {
+        for (name, reply) in names.into_iter().zip(replies.chunks(3)) {
             let [owner, pttl, fence] = reply else {
                 return Err(malformed("list", reply));
             };
-            let (Some(name), Ok(Some(owner)), Ok(pttl)) = (
-                name_of(&self.inner.prefix, key),
+            let (Ok(Some(owner)), Ok(pttl)) = (
                 redis::from_redis_value_ref::<Option<String>>(owner),
                 redis::from_redis_value_ref::<i64>(pttl),
             ) else {

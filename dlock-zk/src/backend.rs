@@ -6,7 +6,7 @@ use std::time::Duration;
 use dlock_core::wait::{Backoff, Deadline};
 use dlock_core::{
     Backend, CancellationToken, Capabilities, Error, HeldLock, Lease, LeaseKind, LockInfo,
-    LockOptions, LockPage, OwnerToken, Result, async_trait, validate_name,
+    LockOptions, LockPage, OwnerToken, Result, async_trait, check_duration, validate_name,
 };
 use tokio::time::sleep;
 use zookeeper_client as zk;
@@ -146,33 +146,13 @@ impl ZkBuilder {
                 format!("must be an absolute path like /dlock, got {:?}", self.root),
             ));
         }
-        for (option, value, min) in [
-            (
-                "session_timeout",
-                self.session_timeout,
-                Duration::from_millis(100),
-            ),
-            (
-                "connection_timeout",
-                self.connection_timeout,
-                Duration::from_millis(1),
-            ),
-            (
-                "request_timeout",
-                self.request_timeout,
-                Duration::from_millis(1),
-            ),
-        ] {
-            // ZooKeeper counts in i32 milliseconds; an hour is far beyond
-            // any server's session bound anyway.
-            let max = Duration::from_secs(3600);
-            if value < min || value > max {
-                return Err(Error::invalid_option(
-                    option,
-                    format!("must be between {min:?} and {max:?}, got {value:?}"),
-                ));
-            }
-        }
+        // ZooKeeper counts in i32 milliseconds; an hour is far beyond any
+        // server's session bound anyway.
+        let (ms, hour) = (Duration::from_millis(1), Duration::from_secs(3600));
+        let session_min = Duration::from_millis(100);
+        check_duration("session_timeout", self.session_timeout, session_min, hour)?;
+        check_duration("connection_timeout", self.connection_timeout, ms, hour)?;
+        check_duration("request_timeout", self.request_timeout, ms, hour)?;
         let client = self.open().await?;
         let watcher = client.state_watcher();
         let inner = Arc::new(Inner {
