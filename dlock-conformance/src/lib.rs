@@ -173,10 +173,13 @@ macro_rules! __case_list {
                 with_lock_runs_under_the_lock,
                 dropped_acquire_leaves_no_lock,
                 list_pages_through_held_locks,
+                release_after_holds_the_name_until_then,
+                release_after_acts_only_on_its_own_lease,
             ]
             multi [
                 stress_contended_grants_are_exclusive,
                 crashed_holder_frees_the_lock,
+                release_after_outlives_its_client,
             ]
         }
     };

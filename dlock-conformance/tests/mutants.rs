@@ -55,6 +55,15 @@ enum Bug {
     /// `list` shows every row, released and expired ones too (a `SELECT`
     /// without the expiry condition).
     ListShowsFreeLocks,
+    /// `release_after` releases at once (the hold is ignored).
+    ReleaseAfterFreesAtOnce,
+    /// `release_after` keeps the lease's own TTL instead of the hold.
+    ReleaseAfterKeepsTheLeaseTtl,
+    /// `release_after` sets the hold on whoever holds the name.
+    ReleaseAfterWithoutOwnerCheck,
+    /// The hold is kept by the client (as a session's ephemeral node
+    /// would be): it ends when the client goes away.
+    HoldEndsWithClient,
 }
 
 /// The lock server: TTLs, fencing, release notifications.
@@ -125,6 +134,22 @@ impl Server {
             self.wakeups.wake(name);
         }
         mine
+    }
+
+    /// Keeps the lock until `hold` from now; `owner: None` for any holder.
+    fn hold(&self, name: &str, owner: Option<OwnerToken>, hold: Duration) -> bool {
+        let mut slots = self.slots.lock().unwrap();
+        let now = Instant::now();
+        let Some(slot) = slots.get_mut(name) else {
+            return false;
+        };
+        match self.live(slot, now) {
+            Some((holder, _)) if owner.is_none_or(|o| o == holder) => {
+                slot.holder = Some((holder, now + hold));
+                true
+            }
+            _ => false,
+        }
     }
 
     fn extend(&self, name: &str, owner: OwnerToken, ttl: Duration) -> bool {
@@ -233,6 +258,8 @@ struct Sim {
     server: Arc<Server>,
     link: Arc<SimLink>,
     bug: Option<Bug>,
+    /// Shared by this client's clones: gone when the client is.
+    alive: Arc<()>,
 }
 
 impl Sim {
@@ -332,6 +359,7 @@ impl Backend for Sim {
             fifo: false,
             distributed: true,
             cleanup: true,
+            delayed_release: true,
         }
     }
 
@@ -371,6 +399,40 @@ impl Backend for Sim {
                 name: name.to_owned(),
             })
         }
+    }
+
+    async fn release_after(&self, lease: &Lease, hold: Duration) -> Result<()> {
+        if self.has(Bug::ReleaseAfterFreesAtOnce) {
+            return self.release(lease).await;
+        }
+        let hold = if self.has(Bug::ReleaseAfterKeepsTheLeaseTtl) {
+            lease.ttl().unwrap_or_default()
+        } else {
+            hold
+        };
+        let owner = (!self.has(Bug::ReleaseAfterWithoutOwnerCheck)).then_some(lease.owner());
+        let name = lease.name().to_owned();
+        if !self.call(|s| s.hold(&name, owner, hold)).await? && owner.is_some() {
+            return Err(Error::NotHeld { name });
+        }
+        if self.has(Bug::HoldEndsWithClient) {
+            let (server, alive, owner) = (
+                self.server.clone(),
+                Arc::downgrade(&self.alive),
+                lease.owner(),
+            );
+            tokio::spawn(async move {
+                let end = Instant::now() + hold;
+                while Instant::now() < end {
+                    if alive.strong_count() == 0 {
+                        server.release(&name, Some(owner));
+                        return;
+                    }
+                    sleep(Duration::from_millis(10)).await;
+                }
+            });
+        }
+        Ok(())
     }
 
     async fn extend(&self, lease: &mut Lease) -> Result<()> {
@@ -417,6 +479,7 @@ async fn failing_cases(bug: Option<Bug>) -> Vec<&'static str> {
             server: server.clone(),
             link: SimLink::new(),
             bug,
+            alive: Arc::new(()),
         }
     };
     let healthy = client.clone();
@@ -574,4 +637,43 @@ async fn no_cleanup_of_a_dropped_acquire_is_caught() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_list_that_shows_free_locks_is_caught() {
     assert_caught(Bug::ListShowsFreeLocks, &["list_pages_through_held_locks"]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_after_that_frees_at_once_is_caught() {
+    assert_caught(
+        Bug::ReleaseAfterFreesAtOnce,
+        &[
+            "release_after_holds_the_name_until_then",
+            "release_after_outlives_its_client",
+        ],
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_after_that_ignores_the_hold_is_caught() {
+    assert_caught(
+        Bug::ReleaseAfterKeepsTheLeaseTtl,
+        &["release_after_holds_the_name_until_then"],
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_after_without_owner_check_is_caught() {
+    assert_caught(
+        Bug::ReleaseAfterWithoutOwnerCheck,
+        &["release_after_acts_only_on_its_own_lease"],
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hold_that_ends_with_its_client_is_caught() {
+    assert_caught(
+        Bug::HoldEndsWithClient,
+        &["release_after_outlives_its_client"],
+    )
+    .await;
 }

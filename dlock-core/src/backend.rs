@@ -38,6 +38,10 @@ pub struct Capabilities {
     /// owner token at once, so the name is free again within a round trip
     /// or two rather than at the end of the TTL.
     pub cleanup: bool,
+    /// [`Backend::release_after`] keeps a released name locked on the
+    /// server, by the server's clock, for the time asked, also when the
+    /// releasing client goes away.
+    pub delayed_release: bool,
 }
 
 /// Who holds a lock, as [`Backend::inspect`] reports it.
@@ -178,6 +182,30 @@ pub trait Backend: Send + Sync + Debug {
     /// [`Error::NotHeld`](crate::Error::NotHeld) if the lease is no longer the
     /// holder.
     async fn extend(&self, lease: &mut Lease) -> Result<()>;
+
+    /// Ends the lease but keeps the name locked for `hold` more, judged by
+    /// the server's clock: until then nobody is granted it, and after that
+    /// it is free without any further call. The lease's holder must stop
+    /// acting on it now (its guard does not renew it). This is what
+    /// scheduled jobs need for "lock at least": a run that ended early
+    /// keeps other nodes, whose timers fire a little later, from running the
+    /// same occurrence again. A `hold` of zero is a plain release.
+    ///
+    /// The hold outlives the client: a process that exits right after this
+    /// call still keeps the name locked until the hold ends.
+    ///
+    /// # Errors
+    /// [`Error::NotHeld`](crate::Error::NotHeld) if the lease is no longer
+    /// the holder (nothing changes then);
+    /// [`Error::Unsupported`](crate::Error::Unsupported) from drivers that
+    /// do not declare [`Capabilities::delayed_release`] (the default).
+    async fn release_after(&self, lease: &Lease, hold: Duration) -> Result<()> {
+        let _ = (lease, hold);
+        Err(crate::Error::Unsupported {
+            backend: self.driver(),
+            operation: "release_after",
+        })
+    }
 
     /// Who holds `name` now, if anyone.
     async fn inspect(&self, name: &str) -> Result<Option<LockInfo>>;

@@ -211,6 +211,31 @@ impl Guard {
         self.released = true;
         done
     }
+
+    /// Releases the lock but keeps the name locked on the server for `hold`
+    /// more (see [`Backend::release_after`]); renewal stops now.
+    ///
+    /// # Errors
+    /// [`Error::NotHeld`] if the lease had already ended;
+    /// [`Error::Unsupported`] where the backend cannot
+    /// ([`Capabilities::delayed_release`](crate::Capabilities::delayed_release)).
+    /// On an error other than `NotHeld` the lock is released (in the
+    /// background) as when the guard is dropped.
+    pub async fn release_after(mut self, hold: Duration) -> Result<()> {
+        self.lost.cancel();
+        let done = self.backend.release_after(&self.lease, hold).await;
+        // On success or `NotHeld` there is nothing left to release; on any
+        // other failure `Drop` releases in the background.
+        self.released = matches!(done, Ok(()) | Err(Error::NotHeld { .. }));
+        done
+    }
+
+    /// A token cancelled when [`Guard::lost`] resolves (or the guard is
+    /// released or dropped), for a task that cannot borrow the guard.
+    /// Cancelling it does not affect the guard.
+    pub fn lost_token(&self) -> CancellationToken {
+        self.lost.child_token()
+    }
 }
 
 impl Drop for Guard {

@@ -4,6 +4,7 @@
 mod backend;
 mod error;
 mod guard;
+mod job;
 mod lease;
 mod memory;
 mod name;
@@ -15,6 +16,7 @@ pub use async_trait::async_trait;
 pub use backend::{Backend, Capabilities, HeldLock, LeaseKind, LockInfo, LockPage};
 pub use error::{BoxError, Error, Result};
 pub use guard::{Guard, Locker};
+pub use job::{JobOptions, JobOutcome, JobRun, RunReport, Schedule, ScheduledJob};
 pub use lease::{Lease, OwnerToken};
 pub use memory::MemoryBackend;
 pub use name::{MAX_NAME_LEN, redact_url, validate_name};

@@ -115,6 +115,7 @@ impl Backend for MemoryBackend {
             distributed: false,
             // Nothing is ever in flight.
             cleanup: true,
+            delayed_release: true,
         }
     }
 
@@ -147,6 +148,17 @@ impl Backend for MemoryBackend {
         self.on_own_slot(lease, |slot, _| slot.holder = None)?;
         self.inner.wakeups.wake(lease.name());
         Ok(())
+    }
+
+    async fn release_after(&self, lease: &Lease, hold: Duration) -> Result<()> {
+        if hold.is_zero() {
+            return self.release(lease).await;
+        }
+        self.on_own_slot(lease, |slot, now| {
+            slot.holder = slot
+                .holder
+                .map(|(owner, _)| (owner, deadline_after(now, hold)));
+        })
     }
 
     async fn extend(&self, lease: &mut Lease) -> Result<()> {

@@ -163,6 +163,26 @@ impl Backend for Observed {
         result
     }
 
+    async fn release_after(&self, lease: &Lease, hold: Duration) -> Result<()> {
+        let (span, backend, started) = (
+            self.span("release_after", lease.name()),
+            self.driver(),
+            Instant::now(),
+        );
+        span.record("fencing_token", lease.fencing_token());
+        let result = self
+            .inner
+            .release_after(lease, hold)
+            .instrument(span.clone())
+            .await;
+        let outcome = match &result {
+            Ok(()) => "released",
+            Err(e) => error_outcome(backend, e),
+        };
+        finish(&span, backend, "release_after", outcome, started);
+        result
+    }
+
     async fn extend(&self, lease: &mut Lease) -> Result<()> {
         let (span, backend, started) = (
             self.span("extend", lease.name()),

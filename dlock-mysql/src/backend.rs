@@ -633,6 +633,7 @@ impl Backend for MySqlBackend {
             fifo: false,
             distributed: true,
             cleanup: true,
+            delayed_release: true,
         }
     }
 
@@ -665,6 +666,19 @@ impl Backend for MySqlBackend {
         // Waiters in this process; others find out by polling.
         self.inner.wakeups.wake(lease.name());
         Ok(())
+    }
+
+    async fn release_after(&self, lease: &Lease, hold: Duration) -> Result<()> {
+        if hold.is_zero() {
+            return self.release(lease).await;
+        }
+        // The extend statement with the hold as TTL: the row keeps its
+        // owner and expires on the database clock.
+        let query = sqlx::query(self.inner.sql.extend.clone())
+            .bind(micros(hold).max(1))
+            .bind(lease.name().as_bytes())
+            .bind(lease.owner().to_string());
+        self.own_row(query, lease, "release_after").await
     }
 
     async fn extend(&self, lease: &mut Lease) -> Result<()> {

@@ -373,6 +373,7 @@ impl Backend for RedisBackend {
             fifo: false,
             distributed: true,
             cleanup: true,
+            delayed_release: true,
         }
     }
 
@@ -415,6 +416,33 @@ impl Backend for RedisBackend {
         }
         // Waiters in this process need not wait for the message to come back.
         self.inner.notifications.wakeups.wake(lease.name());
+        Ok(())
+    }
+
+    async fn release_after(&self, lease: &Lease, hold: Duration) -> Result<()> {
+        // Rounded up: the hold is a minimum.
+        let hold_ms = millis(hold.saturating_add(Duration::from_nanos(999_999)));
+        if hold_ms == 0 {
+            return self.release(lease).await;
+        }
+        // The extend script with the hold as TTL: the key stays with its
+        // owner and expires on the server's clock. No publish: waiters poll
+        // against the remaining TTL, which the server reports.
+        let keys = self.keys(lease.name());
+        let kept: i64 = EXTEND
+            .key(&keys.lock)
+            .key(&keys.fence)
+            .arg(lease.owner().to_string())
+            .arg(hold_ms)
+            .arg(FENCE_RETENTION_MS)
+            .invoke_async(&mut self.inner.conn.clone())
+            .await
+            .map_err(|e| redis_error(e, "release_after"))?;
+        if kept != 1 {
+            return Err(Error::NotHeld {
+                name: lease.name().to_owned(),
+            });
+        }
         Ok(())
     }
 

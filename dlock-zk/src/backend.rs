@@ -11,9 +11,10 @@ use dlock_core::{
 use tokio::time::sleep;
 use zookeeper_client as zk;
 
+use crate::hold::HOLD_NODE;
 use crate::path::{escape, owner_of, protected_prefix, sequence, unescape};
 
-const NAME: &str = "zookeeper";
+pub(crate) const NAME: &str = "zookeeper";
 
 /// A ZooKeeper lock backend: one session, shared by clones.
 ///
@@ -32,10 +33,10 @@ const NAME: &str = "zookeeper";
 /// stays marked lost.
 #[derive(Clone)]
 pub struct ZkBackend {
-    inner: Arc<Inner>,
+    pub(crate) inner: Arc<Inner>,
 }
 
-struct Inner {
+pub(crate) struct Inner {
     config: ZkBuilder,
     root: String,
     session: Mutex<Session>,
@@ -250,7 +251,7 @@ impl ZkBuilder {
     }
 }
 
-fn zk_error(e: zk::Error, doing: &str) -> Error {
+pub(crate) fn zk_error(e: zk::Error, doing: &str) -> Error {
     match e {
         zk::Error::AuthFailed | zk::Error::NoAuth => {
             Error::backend(NAME, format!("{doing}: authentication failed"), e)
@@ -432,7 +433,7 @@ impl ZkBackend {
 
     /// The request timeout in force: as set, but never past the session
     /// timeout.
-    fn request_timeout(&self) -> Duration {
+    pub(crate) fn request_timeout(&self) -> Duration {
         let config = &self.inner.config;
         config.request_timeout.min(config.session_timeout)
     }
@@ -440,7 +441,7 @@ impl ZkBackend {
     /// Bounds a request by the request timeout: the client holds requests
     /// while it is disconnected, and one unanswered that long belongs to a
     /// session in doubt. Counts as a lost connection.
-    async fn bounded<T>(
+    pub(crate) async fn bounded<T>(
         &self,
         request: impl Future<Output = Result<T, zk::Error>>,
     ) -> Result<T, zk::Error> {
@@ -449,11 +450,11 @@ impl ZkBackend {
             .unwrap_or(Err(zk::Error::ConnectionLoss))
     }
 
-    fn lock_dir(&self, name: &str) -> String {
+    pub(crate) fn lock_dir(&self, name: &str) -> String {
         format!("{}/{}", self.inner.root, escape(name))
     }
 
-    fn acls(&self) -> zk::Acls<'static> {
+    pub(crate) fn acls(&self) -> zk::Acls<'static> {
         if self.inner.config.auth.is_some() {
             zk::Acls::creator_all()
         } else {
@@ -533,16 +534,18 @@ impl ZkBackend {
         }
     }
 
-    /// The queue of `dir`, sorted by sequence number.
-    async fn queue(&self, client: &zk::Client, dir: &str) -> Result<Vec<String>> {
+    /// The queue of `dir`, sorted by sequence number, and whether a hold
+    /// node (see [`crate::hold`]) is there too.
+    async fn queue(&self, client: &zk::Client, dir: &str) -> Result<(Vec<String>, bool)> {
         let mut children: Vec<String> = match self.bounded(client.list_children(dir)).await {
             Ok(children) => children,
             Err(zk::Error::NoNode) => Vec::new(),
             Err(e) => return Err(zk_error(e, "list the lock queue")),
         };
+        let hold = children.iter().any(|c| c == HOLD_NODE);
         children.retain(|c| sequence(c).is_some());
         children.sort_by_key(|c| sequence(c));
-        Ok(children)
+        Ok((children, hold))
     }
 
     /// Takes a place in the queue and waits for the front, up to `deadline`
@@ -565,7 +568,7 @@ impl ZkBackend {
         let czxid = fencing_token(czxid)?;
         let node = path.rsplit('/').next().unwrap_or_default().to_owned();
         loop {
-            let queue = self.queue(&client, &dir).await?;
+            let (queue, hold) = self.queue(&client, &dir).await?;
             let Some(at) = queue.iter().position(|c| *c == node) else {
                 // Our node vanished: the session expired under us.
                 return Err(Error::connection(
@@ -574,6 +577,31 @@ impl ZkBackend {
                     zk::Error::SessionExpired,
                 ));
             };
+            if at == 0 && hold {
+                if let Some(left) = self.hold_left(&client, &dir, &path).await? {
+                    let Some(deadline) = deadline else {
+                        pending.leave().await;
+                        return Ok(None);
+                    };
+                    if deadline.is_past() {
+                        pending.leave().await;
+                        return Err(deadline.timeout_error(name));
+                    }
+                    // Until the hold ends, or its node goes (an operator's
+                    // forced release).
+                    let hold_node = format!("{dir}/{HOLD_NODE}");
+                    let watcher = match self.bounded(client.check_and_watch_stat(&hold_node)).await
+                    {
+                        Ok((_, watcher)) => watcher,
+                        Err(e) => return Err(zk_error(e, "watch the lock's hold")),
+                    };
+                    tokio::select! {
+                        _ = watcher.changed() => {}
+                        () = sleep(deadline.cap(left)) => {}
+                    }
+                    continue;
+                }
+            }
             if at == 0 {
                 // The session's signal as of now: one cancelled by a blip
                 // while we waited would make the lease lost on arrival.
@@ -722,6 +750,7 @@ impl Backend for ZkBackend {
             fifo: true,
             distributed: true,
             cleanup: true,
+            delayed_release: true,
         }
     }
 
@@ -765,6 +794,16 @@ impl Backend for ZkBackend {
                 Err(zk_error(e, "release"))
             }
         }
+    }
+
+    async fn release_after(&self, lease: &Lease, hold: Duration) -> Result<()> {
+        if hold.is_zero() {
+            return self.release(lease).await;
+        }
+        let node = self.node_of(lease).ok_or_else(|| Error::NotHeld {
+            name: lease.name().to_owned(),
+        })?;
+        self.write_hold(lease, node, hold).await
     }
 
     async fn extend(&self, lease: &mut Lease) -> Result<()> {
@@ -819,7 +858,13 @@ impl ZkBackend {
     /// The holder of the lock in `dir`: the first node of its queue.
     async fn holder(&self, client: &zk::Client, dir: &str) -> Result<Option<LockInfo>> {
         for _ in 0..3 {
-            let queue = self.queue(client, dir).await?;
+            let (queue, hold) = self.queue(client, dir).await?;
+            // During a hold, the node at the front only waits for it.
+            if hold {
+                if let Some(info) = self.read_hold(client, dir).await?.and_then(|h| h.info()) {
+                    return Ok(Some(info));
+                }
+            }
             let Some(first) = queue.first() else {
                 return Ok(None);
             };

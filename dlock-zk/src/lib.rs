@@ -2,6 +2,7 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod backend;
+mod hold;
 mod path;
 
 pub use backend::{ZkBackend, ZkBuilder};

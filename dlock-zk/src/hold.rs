@@ -1,0 +1,213 @@
+//! Delayed release ("lock at least"): the released lock's name stays
+//! locked by a persistent node, `<lock dir>/dlock-hold`, so that the hold
+//! outlives the session that made it.
+//!
+//! Its data is `<owner> <hold ms> <fencing token>`; its `mtime`, set by the
+//! leader when the node was written, starts the hold. An acquirer at the
+//! front of the queue that sees the node learns the leader's clock now by
+//! writing its own node (the reply's `mtime`), so the hold is judged by
+//! the server's clock alone, never the clients'. An expired hold is
+//! deleted by whoever finds it, version-checked.
+//!
+//! The node is written and the lock node deleted in one transaction, so a
+//! waiter woken by the delete always sees the hold.
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use dlock_core::{Error, Lease, LockInfo, OwnerToken, Result};
+use zookeeper_client as zk;
+
+use crate::backend::{NAME, ZkBackend, zk_error};
+
+/// The hold node's name in a lock's folder. It has none of the queue's
+/// markers, so no recipe queues it.
+pub(crate) const HOLD_NODE: &str = "dlock-hold";
+
+/// A hold as read from its node.
+pub(crate) struct Hold {
+    owner: OwnerToken,
+    hold_ms: i64,
+    fencing_token: u64,
+    stat: zk::Stat,
+}
+
+impl Hold {
+    fn parse(data: &[u8], stat: zk::Stat) -> Option<Hold> {
+        let text = std::str::from_utf8(data).ok()?;
+        let mut parts = text.split(' ');
+        let owner = parts.next()?.parse().ok()?;
+        let hold_ms = parts.next()?.parse().ok()?;
+        let fencing_token = parts.next()?.parse().ok()?;
+        Some(Hold {
+            owner,
+            hold_ms,
+            fencing_token,
+            stat,
+        })
+    }
+
+    /// When the hold ends, in the leader's epoch milliseconds.
+    fn ends_at(&self) -> i64 {
+        self.stat.mtime.saturating_add(self.hold_ms)
+    }
+
+    /// The holder as `inspect` shows it. The time left is judged by this
+    /// machine's clock against the leader's, so it is approximate; acquirers
+    /// do not use it.
+    pub(crate) fn info(&self) -> Option<LockInfo> {
+        let now = SystemTime::now().duration_since(UNIX_EPOCH).ok()?;
+        let now_ms = i64::try_from(now.as_millis()).ok()?;
+        let left = u64::try_from(self.ends_at().saturating_sub(now_ms)).ok()?;
+        (left > 0).then(|| {
+            LockInfo::new(
+                self.owner,
+                self.fencing_token,
+                Some(Duration::from_millis(left)),
+            )
+        })
+    }
+}
+
+fn hold_path(dir: &str) -> String {
+    format!("{dir}/{HOLD_NODE}")
+}
+
+impl ZkBackend {
+    /// The hold of `dir`, if its node exists and is one of ours.
+    pub(crate) async fn read_hold(&self, client: &zk::Client, dir: &str) -> Result<Option<Hold>> {
+        match self.bounded(client.get_data(&hold_path(dir))).await {
+            Ok((data, stat)) => Ok(Hold::parse(&data, stat)),
+            Err(zk::Error::NoNode) => Ok(None),
+            Err(e) => Err(zk_error(e, "read the lock's hold")),
+        }
+    }
+
+    /// How long the hold of `dir` still keeps the lock, by the leader's
+    /// clock; `None` when there is none (an expired one is deleted). `node`
+    /// is our queue node, written to learn the leader's time.
+    pub(crate) async fn hold_left(
+        &self,
+        client: &zk::Client,
+        dir: &str,
+        node: &str,
+    ) -> Result<Option<Duration>> {
+        let Some(hold) = self.read_hold(client, dir).await? else {
+            return Ok(None);
+        };
+        let now = match self.bounded(client.set_data(node, &[], None)).await {
+            Ok(stat) => stat.mtime,
+            Err(e) => return Err(zk_error(e, "read the server's clock")),
+        };
+        let left = hold.ends_at().saturating_sub(now);
+        if left > 0 {
+            return Ok(u64::try_from(left).ok().map(Duration::from_millis));
+        }
+        match self
+            .bounded(client.delete(&hold_path(dir), Some(hold.stat.version)))
+            .await
+        {
+            // Gone or rewritten meanwhile: either way, look again.
+            Ok(()) | Err(zk::Error::NoNode | zk::Error::BadVersion) => Ok(None),
+            Err(e) => Err(zk_error(e, "delete an ended hold")),
+        }
+    }
+
+    /// Writes the hold and deletes the lease's node in one transaction.
+    pub(crate) async fn write_hold(&self, lease: &Lease, node: &str, hold: Duration) -> Result<()> {
+        let not_held = || Error::NotHeld {
+            name: lease.name().to_owned(),
+        };
+        let dir = self.lock_dir(lease.name());
+        let path = hold_path(&dir);
+        // Rounded up: the hold is a minimum.
+        let hold_ms = hold
+            .as_millis()
+            .saturating_add(u128::from(hold.subsec_nanos() % 1_000_000 != 0));
+        let data = format!("{} {hold_ms} {}", lease.owner(), lease.fencing_token());
+        let client = self.client();
+        let create = zk::CreateMode::Persistent.with_acls(self.acls());
+        for _ in 0..3 {
+            let existing = match self.bounded(client.check_stat(&path)).await {
+                Ok(stat) => stat,
+                Err(e) => return Err(zk_error(e, "read the lock's hold")),
+            };
+            let mut txn = client.new_multi_writer();
+            let staged = match existing {
+                Some(stat) => txn.add_set_data(&path, data.as_bytes(), Some(stat.version)),
+                None => txn.add_create(&path, data.as_bytes(), &create),
+            };
+            staged
+                .and_then(|()| txn.add_delete(node, None))
+                .map_err(|e| zk_error(e, "write the lock's hold"))?;
+            let commit = async {
+                txn.commit()
+                    .await
+                    .map_err(|e| (e.clone(), zk::Error::from(e)))
+            };
+            let outcome = tokio::time::timeout(self.request_timeout(), commit).await;
+            match outcome {
+                Ok(Ok(_)) => {
+                    self.delete_hold_later(path, data, hold);
+                    return Ok(());
+                }
+                // Our lock node is gone: the lease had ended.
+                Ok(Err((
+                    zk::MultiWriteError::OperationFailed {
+                        index: 1,
+                        source: zk::Error::NoNode,
+                    },
+                    _,
+                ))) => return Err(not_held()),
+                Ok(Err((_, zk::Error::SessionExpired))) => return Err(not_held()),
+                // The hold node changed between the look and the write (an
+                // ended hold deleted by someone else): look again.
+                Ok(Err((
+                    zk::MultiWriteError::OperationFailed {
+                        index: 0,
+                        source: zk::Error::NoNode | zk::Error::NodeExists | zk::Error::BadVersion,
+                    },
+                    _,
+                ))) => {}
+                Ok(Err((_, e))) => return Err(zk_error(e, "release_after")),
+                Err(_) => return Err(zk_error(zk::Error::ConnectionLoss, "release_after")),
+            }
+        }
+        Err(Error::Backend {
+            backend: NAME,
+            message: format!("the hold of {dir} kept changing"),
+            source: None,
+        })
+    }
+
+    /// Deletes the hold node once it has ended, if this client is still
+    /// there then, so that a name used once (a job occurrence) leaves
+    /// nothing behind. If it is not, the node stays until the name's next
+    /// acquirer deletes it.
+    fn delete_hold_later(&self, path: String, data: String, hold: Duration) {
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        // Past the end by the leader's clock too, unless the clocks run
+        // more than 10 % and a second apart.
+        let after = hold
+            .saturating_add(hold / 10)
+            .saturating_add(Duration::from_secs(1));
+        let inner = Arc::downgrade(&self.inner);
+        rt.spawn(async move {
+            tokio::time::sleep(after).await;
+            let Some(inner) = inner.upgrade() else {
+                return;
+            };
+            let backend = ZkBackend { inner };
+            let client = backend.client();
+            if let Ok((current, stat)) = backend.bounded(client.get_data(&path)).await {
+                if current == data.as_bytes() {
+                    let _ = backend
+                        .bounded(client.delete(&path, Some(stat.version)))
+                        .await;
+                }
+            }
+        });
+    }
+}
