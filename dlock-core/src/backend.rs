@@ -207,6 +207,48 @@ pub trait Backend: Send + Sync + Debug {
         })
     }
 
+    /// Frees `name` whoever holds it, for operators (a holder known to be
+    /// gone or stuck): returns the holder it removed, `None` if the name
+    /// was free. A delayed release's hold ends too. The holder is not told
+    /// until its next renewal fails, so two holders may act at once until
+    /// then; fencing tokens keep increasing, so fenced resources stay safe.
+    ///
+    /// The default reads the holder with [`inspect`](Backend::inspect) and
+    /// releases with its owner token, which suits drivers whose release
+    /// needs nothing else.
+    ///
+    /// # Errors
+    /// The driver's errors.
+    async fn force_release(&self, name: &str) -> Result<Option<LockInfo>> {
+        crate::validate_name(name)?;
+        // A holder that changes between the look and the release (it
+        // released, or the lock expired and was taken again) is looked up
+        // again.
+        for _ in 0..5 {
+            let Some(info) = self.inspect(name).await? else {
+                return Ok(None);
+            };
+            let opts = LockOptions::new();
+            let lease = Lease::with_ttl(
+                name,
+                info.owner,
+                info.fencing_token,
+                &opts,
+                tokio::time::Instant::now(),
+            );
+            match self.release(&lease).await {
+                Ok(()) => return Ok(Some(info)),
+                Err(crate::Error::NotHeld { .. }) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Err(crate::Error::Backend {
+            backend: self.driver(),
+            message: format!("the holder of {name:?} kept changing"),
+            source: None,
+        })
+    }
+
     /// Who holds `name` now, if anyone.
     async fn inspect(&self, name: &str) -> Result<Option<LockInfo>>;
 

@@ -23,3 +23,13 @@ pub use name::{MAX_NAME_LEN, redact_url, validate_name};
 pub use observe::Observed;
 pub use options::{LockOptions, MAX_TTL, MIN_TTL, check_duration};
 pub use tokio_util::sync::CancellationToken;
+
+/// Support for dlock's macros; not a public API.
+#[doc(hidden)]
+pub mod __private {
+    /// `#[locked]`: the body ran but its lock could not be released; the
+    /// lease ends with its TTL or session.
+    pub fn release_failed(name: &str, error: &crate::Error) {
+        tracing::warn!(lock = name, %error, "could not release the lock of a #[locked] fn");
+    }
+}

@@ -199,6 +199,26 @@ impl Backend for Observed {
         result
     }
 
+    async fn force_release(&self, name: &str) -> Result<Option<LockInfo>> {
+        let (span, backend, started) = (
+            self.span("force_release", name),
+            self.driver(),
+            Instant::now(),
+        );
+        let result = self
+            .inner
+            .force_release(name)
+            .instrument(span.clone())
+            .await;
+        let outcome = match &result {
+            Ok(Some(_)) => "released",
+            Ok(None) => "free",
+            Err(e) => error_outcome(backend, e),
+        };
+        finish(&span, backend, "force_release", outcome, started);
+        result
+    }
+
     async fn inspect(&self, name: &str) -> Result<Option<LockInfo>> {
         let (span, backend, started) = (self.span("inspect", name), self.driver(), Instant::now());
         let result = self.inner.inspect(name).instrument(span.clone()).await;

@@ -848,6 +848,36 @@ impl Backend for ZkBackend {
         ))
     }
 
+    async fn force_release(&self, name: &str) -> Result<Option<LockInfo>> {
+        validate_name(name)?;
+        let client = self.client();
+        let dir = self.lock_dir(name);
+        let (queue, hold) = self.queue(&client, &dir).await?;
+        if hold {
+            if let Some(info) = self.delete_hold(&client, &dir).await? {
+                // The node at the front only waited for the hold.
+                return Ok(Some(info));
+            }
+        }
+        let Some(first) = queue.first() else {
+            return Ok(None);
+        };
+        let path = format!("{dir}/{first}");
+        let stat = match self.bounded(client.check_stat(&path)).await {
+            Ok(Some(stat)) => stat,
+            Ok(None) => return Ok(None),
+            Err(e) => return Err(zk_error(e, "inspect")),
+        };
+        match self.bounded(client.delete(&path, None)).await {
+            Ok(()) => {
+                let owner = owner_of(first).unwrap_or(OwnerToken::from_u128(0));
+                Ok(Some(LockInfo::new(owner, fencing_token(stat.czxid)?, None)))
+            }
+            Err(zk::Error::NoNode) => Ok(None),
+            Err(e) => Err(zk_error(e, "force_release")),
+        }
+    }
+
     async fn inspect(&self, name: &str) -> Result<Option<LockInfo>> {
         validate_name(name)?;
         self.holder(&self.client(), &self.lock_dir(name)).await

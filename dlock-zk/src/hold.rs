@@ -83,6 +83,20 @@ impl ZkBackend {
         }
     }
 
+    /// Deletes the hold of `dir` whatever its state (a forced release);
+    /// returns it if it was still keeping the lock.
+    pub(crate) async fn delete_hold(
+        &self,
+        client: &zk::Client,
+        dir: &str,
+    ) -> Result<Option<LockInfo>> {
+        let hold = self.read_hold(client, dir).await?;
+        match self.bounded(client.delete(&hold_path(dir), None)).await {
+            Ok(()) | Err(zk::Error::NoNode) => Ok(hold.and_then(|h| h.info())),
+            Err(e) => Err(zk_error(e, "delete the lock's hold")),
+        }
+    }
+
     /// How long the hold of `dir` still keeps the lock, by the leader's
     /// clock; `None` when there is none (an expired one is deleted). `node`
     /// is our queue node, written to learn the leader's time.

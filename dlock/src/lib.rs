@@ -2,9 +2,19 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 pub use dlock_core::{
-    Backend, Capabilities, Error, Guard, Lease, LeaseKind, LockInfo, LockOptions, Locker,
-    MemoryBackend, Observed, OwnerToken, Result, async_trait, validate_name, wait,
+    Backend, CancellationToken, Capabilities, Error, Guard, JobOptions, JobOutcome, JobRun,
+    Lease, LeaseKind, LockInfo, LockOptions, Locker, MemoryBackend, Observed, OwnerToken, Result,
+    RunReport, Schedule, ScheduledJob, async_trait, validate_name, wait,
 };
+
+#[doc(hidden)]
+pub use dlock_core::__private;
+
+/// Runs an async fn under a lock named by its arguments; see
+/// [`dlock_macros::locked`].
+#[cfg(feature = "macros")]
+#[cfg_attr(docsrs, doc(cfg(feature = "macros")))]
+pub use dlock_macros::locked;
 
 /// The Redis driver.
 #[cfg(feature = "redis")]

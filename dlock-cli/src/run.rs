@@ -1,0 +1,198 @@
+//! `dlock run`: a command under a lock.
+
+use std::process::{ExitStatus, Stdio};
+use std::time::Duration;
+
+use clap::Args;
+use dlock::LockOptions;
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+use tokio::process::{Child, Command};
+use tokio::signal::unix::{SignalKind, signal};
+use tokio::sync::mpsc;
+use tokio::time::{Instant, sleep};
+
+use crate::{Failure, UrlArg, connect, status};
+
+/// Runs CMD while holding the lock NAME: the lease is renewed while CMD
+/// runs and released when it exits. CMD gets the signals dlock gets
+/// (INT, TERM, HUP, QUIT, USR1, USR2), and SIGTERM, then SIGKILL after
+/// --grace, when the lease is lost. CMD sees DLOCK_LOCK_NAME and
+/// DLOCK_FENCING_TOKEN in its environment.
+#[derive(Debug, Args)]
+pub(crate) struct RunArgs {
+    #[command(flatten)]
+    url: UrlArg,
+    /// The lock name.
+    #[arg(long)]
+    name: String,
+    /// The lease: a crashed dlock's lock frees itself after this (on
+    /// ZooKeeper, the session timeout).
+    #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
+    ttl: Duration,
+    /// How long to wait for a held lock; 0s makes one attempt.
+    #[arg(long, default_value = "0s", value_parser = humantime::parse_duration)]
+    wait: Duration,
+    /// Keep the lock until this long after CMD started, even if CMD ends
+    /// sooner (for cron lines on several machines whose clocks differ a
+    /// little).
+    #[arg(long, value_parser = humantime::parse_duration)]
+    at_least: Option<Duration>,
+    /// How long CMD has to exit after SIGTERM before SIGKILL.
+    #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
+    grace: Duration,
+    /// The command and its arguments.
+    #[arg(last = true, required = true, value_name = "CMD")]
+    command: Vec<String>,
+}
+
+/// Signals passed on to the command.
+const FORWARDED: [(SignalKind, Signal); 6] = [
+    (SignalKind::interrupt(), Signal::SIGINT),
+    (SignalKind::terminate(), Signal::SIGTERM),
+    (SignalKind::hangup(), Signal::SIGHUP),
+    (SignalKind::quit(), Signal::SIGQUIT),
+    (SignalKind::user_defined1(), Signal::SIGUSR1),
+    (SignalKind::user_defined2(), Signal::SIGUSR2),
+];
+
+pub(crate) async fn run(args: RunArgs) -> Result<u8, Failure> {
+    let Some(url) = args.url.url else {
+        return Err(Failure::new(
+            status::USAGE,
+            "no lock service: give --url or DLOCK_URL",
+        ));
+    };
+    let opts = LockOptions::new().ttl(args.ttl).wait(args.wait);
+    opts.validate()?;
+    // Signals are caught from the start, so that one that comes while the
+    // lock is awaited ends dlock cleanly rather than killing it.
+    let (tx, mut signals) = mpsc::unbounded_channel();
+    for (kind, sig) in FORWARDED {
+        let mut stream = signal(kind)
+            .map_err(|e| Failure::new(status::UNAVAILABLE, format!("cannot catch {sig}: {e}")))?;
+        let tx = tx.clone();
+        tokio::spawn(async move {
+            while stream.recv().await.is_some() && tx.send(sig).is_ok() {}
+        });
+    }
+    let locker = connect(&url, Some(args.ttl)).await?;
+    let started = Instant::now();
+    let guard = tokio::select! {
+        lock = acquire(&locker, &args.name, &opts) => lock?,
+        Some(sig) = signals.recv() => {
+            return Ok(128u8.saturating_add(u8::try_from(sig as i32).unwrap_or(0)));
+        }
+    };
+    tracing::info!(
+        name = args.name,
+        fencing_token = guard.fencing_token(),
+        "lock acquired; starting the command"
+    );
+    let mut child = spawn(&args.command, &args.name, guard.fencing_token())?;
+    let pid = child
+        .id()
+        .and_then(|id| i32::try_from(id).ok())
+        .map(Pid::from_raw);
+    let mut lost = false;
+    let exit = loop {
+        tokio::select! {
+            exit = child.wait() => break exit,
+            Some(sig) = signals.recv() => {
+                tracing::info!(%sig, "passing the signal on to the command");
+                send(pid, sig);
+            }
+            () = guard.lost(), if !lost => {
+                lost = true;
+                eprintln!("dlock: the lease of {} was lost; stopping the command", args.name);
+                stop(&mut child, pid, args.grace).await;
+            }
+        }
+    };
+    let exit = exit.map_err(|e| Failure::new(status::UNAVAILABLE, format!("waiting for the command: {e}")))?;
+    if lost {
+        return Ok(status::LOST);
+    }
+    let hold = args
+        .at_least
+        .map(|at_least| at_least.saturating_sub(started.elapsed()))
+        .unwrap_or_default();
+    let released = if hold.is_zero() {
+        guard.release().await
+    } else {
+        tracing::info!(?hold, "keeping the lock for --at-least");
+        guard.release_after(hold).await
+    };
+    if let Err(e) = released {
+        // The command ran; the lock ends with its TTL.
+        eprintln!("dlock: could not release {}: {e}", args.name);
+    }
+    Ok(exit_code(exit))
+}
+
+async fn acquire(
+    locker: &dlock::Locker,
+    name: &str,
+    opts: &LockOptions,
+) -> Result<dlock::Guard, Failure> {
+    let held = || Failure::new(status::HELD, format!("{name} is held by another"));
+    if opts.wait_value().is_some_and(|w| w.is_zero()) {
+        return locker.try_acquire(name, opts).await?.ok_or_else(held);
+    }
+    match locker.acquire(name, opts).await {
+        Ok(guard) => Ok(guard),
+        Err(dlock::Error::Timeout { .. }) => Err(held()),
+        Err(e) => Err(e.into()),
+    }
+}
+
+fn spawn(command: &[String], name: &str, fencing_token: u64) -> Result<Child, Failure> {
+    let (program, rest) = command
+        .split_first()
+        .ok_or_else(|| Failure::new(status::USAGE, "no command given"))?;
+    Command::new(program)
+        .args(rest)
+        .env("DLOCK_LOCK_NAME", name)
+        .env("DLOCK_FENCING_TOKEN", fencing_token.to_string())
+        .stdin(Stdio::inherit())
+        .spawn()
+        .map_err(|e| {
+            let status = if e.kind() == std::io::ErrorKind::NotFound {
+                status::NOT_FOUND
+            } else {
+                status::CANNOT_RUN
+            };
+            Failure::new(status, format!("cannot run {program}: {e}"))
+        })
+}
+
+fn send(pid: Option<Pid>, sig: Signal) {
+    if let Some(pid) = pid {
+        if let Err(e) = kill(pid, sig) {
+            tracing::debug!(%sig, error = %e, "could not signal the command (it may have exited)");
+        }
+    }
+}
+
+/// SIGTERM, then SIGKILL if the command is still there after `grace`.
+async fn stop(child: &mut Child, pid: Option<Pid>, grace: Duration) {
+    send(pid, Signal::SIGTERM);
+    tokio::select! {
+        _ = child.wait() => {}
+        () = sleep(grace) => {
+            eprintln!("dlock: the command did not exit within {grace:?} of SIGTERM; killing it");
+            let _ = child.start_kill();
+        }
+    }
+}
+
+/// The command's status as a shell reports it: its exit code, or 128 plus
+/// the signal that ended it.
+fn exit_code(status: ExitStatus) -> u8 {
+    use std::os::unix::process::ExitStatusExt;
+    match (status.code(), status.signal()) {
+        (Some(code), _) => u8::try_from(code).unwrap_or(1),
+        (None, Some(sig)) => 128u8.saturating_add(u8::try_from(sig).unwrap_or(0)),
+        (None, None) => 1,
+    }
+}
