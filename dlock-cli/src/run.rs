@@ -150,12 +150,14 @@ fn spawn(command: &[String], name: &str, fencing_token: u64) -> Result<Child, Fa
     let (program, rest) = command
         .split_first()
         .ok_or_else(|| Failure::new(status::USAGE, "no command given"))?;
-    Command::new(program)
+    let mut command = Command::new(program);
+    command
         .args(rest)
         .env("DLOCK_LOCK_NAME", name)
         .env("DLOCK_FENCING_TOKEN", fencing_token.to_string())
-        .stdin(Stdio::inherit())
-        .spawn()
+        .stdin(Stdio::inherit());
+    stop_with_parent(&mut command);
+    command.spawn()
         .map_err(|e| {
             let status = if e.kind() == std::io::ErrorKind::NotFound {
                 status::NOT_FOUND
@@ -165,6 +167,33 @@ fn spawn(command: &[String], name: &str, fencing_token: u64) -> Result<Child, Fa
             Failure::new(status, format!("cannot run {program}: {e}"))
         })
 }
+
+/// The command gets SIGTERM if dlock dies (killed with SIGKILL, say), as
+/// when the lease is lost: without dlock nobody renews the lock, so the
+/// command must not go on as if it held it.
+#[cfg(target_os = "linux")]
+#[allow(unsafe_code)]
+fn stop_with_parent(command: &mut Command) {
+    let parent = nix::unistd::getpid();
+    // SAFETY: the closure runs in the child between fork and exec, where
+    // only async-signal-safe calls are allowed: prctl(2) and getppid(2) are
+    // plain system calls that neither allocate nor take locks.
+    unsafe {
+        command.pre_exec(move || {
+            nix::sys::prctl::set_pdeathsig(Signal::SIGTERM).map_err(std::io::Error::from)?;
+            // dlock may have died before the signal was set.
+            if nix::unistd::getppid() != parent {
+                return Err(std::io::Error::other("dlock exited"));
+            }
+            Ok(())
+        });
+    }
+}
+
+/// Elsewhere there is no parent-death signal: a killed dlock leaves its
+/// command running.
+#[cfg(not(target_os = "linux"))]
+fn stop_with_parent(_: &mut Command) {}
 
 fn send(pid: Option<Pid>, sig: Signal) {
     if let Some(pid) = pid {

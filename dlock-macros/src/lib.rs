@@ -38,9 +38,15 @@ use syn::{Expr, FnArg, Ident, ItemFn, LitStr, Meta, Pat, ReturnType, Token, Type
 /// work meanwhile, which is why writes should carry the fencing token.
 #[proc_macro_attribute]
 pub fn locked(attr: TokenStream, item: TokenStream) -> TokenStream {
-    match expand(attr.into(), item.into()) {
+    let item = TokenStream2::from(item);
+    match expand(attr.into(), item.clone()) {
         Ok(tokens) => tokens.into(),
-        Err(e) => e.to_compile_error().into(),
+        // The fn as written stays, so that the error is the only one.
+        Err(e) => {
+            let mut out = e.to_compile_error();
+            out.extend(item);
+            out.into()
+        }
     }
 }
 

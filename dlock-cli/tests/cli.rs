@@ -1,0 +1,267 @@
+//! The real `dlock` binary as a subprocess against each backend's server.
+
+use std::process::{Output, Stdio};
+use std::time::Duration;
+
+use dlock_conformance::cases::unique_name;
+use dlock_conformance::harness::{Server, ServerOptions, Service, shared, start};
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::{Child, Command};
+use tokio::time::timeout;
+
+const DLOCK: &str = env!("CARGO_BIN_EXE_dlock");
+
+/// The exit statuses the README documents.
+const HELD: i32 = 75;
+const UNAVAILABLE: i32 = 69;
+const LOST: i32 = 76;
+const USAGE: i32 = 64;
+
+/// A command that says it started, then runs until SIGTERM, which it
+/// reports.
+const UNTIL_TERM: &str =
+    "trap 'echo got-term; exit 0' TERM; echo started; while :; do sleep 0.1; done";
+
+fn url_of(server: &Server) -> String {
+    match server.service() {
+        Service::ZooKeeper => format!("zk://{}", server.url()),
+        _ => server.url().to_owned(),
+    }
+}
+
+fn dlock(args: &[&str]) -> Command {
+    let mut cmd = Command::new(DLOCK);
+    cmd.args(args)
+        .env_remove("DLOCK_URL")
+        .stdin(Stdio::null())
+        .kill_on_drop(true);
+    cmd
+}
+
+async fn output(mut cmd: Command) -> Output {
+    timeout(Duration::from_secs(30), cmd.output())
+        .await
+        .expect("dlock did not finish within 30 s")
+        .expect("run dlock")
+}
+
+/// Starts `dlock run … -- sh -c script` and waits for the script's
+/// "started"; returns the child and the rest of its output lines.
+async fn run_until_started(url: &str, name: &str, ttl: &str, script: &str) -> (Child, Lines) {
+    let mut child = dlock(&[
+        "run", "--url", url, "--name", name, "--ttl", ttl, "--grace", "5s", "--", "sh", "-c",
+        script,
+    ])
+    .stdout(Stdio::piped())
+    .spawn()
+    .expect("spawn dlock run");
+    let mut lines = BufReader::new(child.stdout.take().expect("piped")).lines();
+    let first = timeout(Duration::from_secs(30), lines.next_line())
+        .await
+        .expect("the command did not start within 30 s")
+        .expect("read");
+    assert_eq!(first.as_deref(), Some("started"));
+    (child, lines)
+}
+
+type Lines = tokio::io::Lines<BufReader<tokio::process::ChildStdout>>;
+
+async fn exit_of(child: &mut Child) -> i32 {
+    timeout(Duration::from_secs(30), child.wait())
+        .await
+        .expect("dlock run did not exit within 30 s")
+        .expect("wait")
+        .code()
+        .expect("an exit code")
+}
+
+async fn rest(lines: &mut Lines) -> Vec<String> {
+    let mut out = Vec::new();
+    while let Ok(Ok(Some(line))) = timeout(Duration::from_secs(5), lines.next_line()).await {
+        out.push(line);
+    }
+    out
+}
+
+/// Two `dlock run` at once: one runs its command, the other exits "held"
+/// without running it; once the first is done the name is free.
+async fn one_of_two_runs(service: Service) {
+    let url = url_of(shared(service).await);
+    let name = unique_name("cli-two");
+    let (mut first, mut lines) =
+        run_until_started(&url, &name, "10s", "echo started; sleep 2; echo finished").await;
+    let second = output(dlock(&[
+        "run", "--url", &url, "--name", &name, "--", "sh", "-c", "echo second-ran",
+    ]))
+    .await;
+    assert_eq!(second.status.code(), Some(HELD), "{second:?}");
+    assert!(
+        !String::from_utf8_lossy(&second.stdout).contains("second-ran"),
+        "the second command ran while the lock was held"
+    );
+    assert!(String::from_utf8_lossy(&second.stderr).contains("held by another"));
+    assert_eq!(exit_of(&mut first).await, 0);
+    assert_eq!(rest(&mut lines).await, ["finished"]);
+    let third = output(dlock(&[
+        "run", "--url", &url, "--name", &name, "--", "sh", "-c", "exit 3",
+    ]))
+    .await;
+    assert_eq!(
+        third.status.code(),
+        Some(3),
+        "the command's status, once the lock is free: {third:?}"
+    );
+}
+
+/// The server freezes while a command runs under the lock: the lease is
+/// lost, the command gets SIGTERM, and dlock exits "lost".
+async fn lost_lease_stops_the_command(service: Service) {
+    let server = start(service, ServerOptions::default()).await;
+    let url = url_of(&server);
+    let name = unique_name("cli-lost");
+    let (mut child, mut lines) = run_until_started(&url, &name, "2s", UNTIL_TERM).await;
+    let id = server.container().expect("started by the harness").id().to_owned();
+    docker(&["pause", &id]).await;
+    let code = exit_of(&mut child).await;
+    docker(&["unpause", &id]).await;
+    assert_eq!(code, LOST);
+    assert_eq!(rest(&mut lines).await, ["got-term"]);
+}
+
+/// `inspect --json` shows the holder of a running command; `release
+/// --force` frees the name for the next run, and (on TTL backends, whose
+/// guards renew) the holder's command is stopped.
+async fn inspect_and_force_release(service: Service) {
+    let url = url_of(shared(service).await);
+    let name = unique_name("cli-force");
+    let (mut child, mut lines) = run_until_started(&url, &name, "3s", UNTIL_TERM).await;
+    let inspected = output(dlock(&["inspect", "--json", &url, &name])).await;
+    assert!(inspected.status.success(), "{inspected:?}");
+    let json = String::from_utf8_lossy(&inspected.stdout);
+    assert!(json.contains("\"held\":true"), "{json}");
+    assert!(json.contains("\"fencing_token\":"), "{json}");
+    let released = output(dlock(&["release", "--force", &url, &name])).await;
+    assert!(released.status.success(), "{released:?}");
+    assert!(String::from_utf8_lossy(&released.stderr).contains("released"));
+    let free = output(dlock(&["inspect", "--json", &url, &name])).await;
+    assert!(
+        String::from_utf8_lossy(&free.stdout).contains("\"held\":false"),
+        "{free:?}"
+    );
+    let next = output(dlock(&["run", "--url", &url, "--name", &name, "--", "true"])).await;
+    assert_eq!(next.status.code(), Some(0), "{next:?}");
+    if service == Service::ZooKeeper {
+        // A session lease is not renewed, so its holder is not told; the
+        // command ends with dlock.
+        let _ = child.start_kill();
+        assert_eq!(rest(&mut lines).await, ["got-term"]);
+        return;
+    }
+    assert_eq!(exit_of(&mut child).await, LOST);
+    assert_eq!(rest(&mut lines).await, ["got-term"]);
+}
+
+/// `--at-least` keeps the lock after a command that ended at once; a
+/// crashed (SIGKILLed) dlock's lock frees itself with the TTL.
+async fn at_least_and_crash(service: Service) {
+    let url = url_of(shared(service).await);
+    let name = unique_name("cli-at-least");
+    let quick = output(dlock(&[
+        "run", "--url", &url, "--name", &name, "--at-least", "2s", "--", "true",
+    ]))
+    .await;
+    assert_eq!(quick.status.code(), Some(0), "{quick:?}");
+    let again = output(dlock(&["run", "--url", &url, "--name", &name, "--", "true"])).await;
+    assert_eq!(again.status.code(), Some(HELD), "within --at-least: {again:?}");
+    let waited = output(dlock(&[
+        "run", "--url", &url, "--name", &name, "--wait", "10s", "--", "true",
+    ]))
+    .await;
+    assert_eq!(waited.status.code(), Some(0), "after --at-least: {waited:?}");
+
+    let crash = unique_name("cli-crash");
+    let (mut child, mut lines) = run_until_started(&url, &crash, "4s", UNTIL_TERM).await;
+    child.start_kill().expect("SIGKILL dlock");
+    let _ = child.wait().await;
+    // The command must not go on without anyone renewing its lock.
+    assert_eq!(rest(&mut lines).await, ["got-term"], "the command outlived dlock");
+    let next = output(dlock(&[
+        "run", "--url", &url, "--name", &crash, "--wait", "20s", "--", "true",
+    ]))
+    .await;
+    assert_eq!(next.status.code(), Some(0), "after the crashed holder's TTL: {next:?}");
+}
+
+async fn docker(args: &[&str]) {
+    let status = Command::new("docker")
+        .args(args)
+        .status()
+        .await
+        .expect("run docker");
+    assert!(status.success(), "docker {args:?}");
+}
+
+macro_rules! backend_tests {
+    ($module:ident, $service:expr) => {
+        mod $module {
+            use super::*;
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn two_runs_at_once_one_runs_one_is_held() {
+                one_of_two_runs($service).await;
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn a_lost_lease_sends_the_command_sigterm() {
+                lost_lease_stops_the_command($service).await;
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn inspect_shows_the_holder_and_force_release_frees_it() {
+                inspect_and_force_release($service).await;
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn at_least_holds_and_a_crashed_holder_frees_with_its_ttl() {
+                at_least_and_crash($service).await;
+            }
+        }
+    };
+}
+
+backend_tests!(redis, Service::Redis);
+backend_tests!(mysql, Service::MariaDb);
+backend_tests!(zookeeper, Service::ZooKeeper);
+
+#[tokio::test]
+async fn an_unreachable_service_and_bad_arguments_have_their_own_statuses() {
+    let down = output(dlock(&[
+        "run", "--url", "redis://127.0.0.1:1", "--name", "x", "--", "true",
+    ]))
+    .await;
+    assert_eq!(down.status.code(), Some(UNAVAILABLE), "{down:?}");
+    let bad_ttl = output(dlock(&[
+        "run", "--url", "redis://127.0.0.1:1", "--name", "x", "--ttl", "1ms", "--", "true",
+    ]))
+    .await;
+    assert_eq!(bad_ttl.status.code(), Some(USAGE), "{bad_ttl:?}");
+    let no_url = output(dlock(&["inspect", "x"])).await;
+    assert_eq!(no_url.status.code(), Some(USAGE), "{no_url:?}");
+    let missing = output(dlock(&[
+        "run", "--url", "memory://", "--name", "x", "--", "/nonexistent/command",
+    ]))
+    .await;
+    assert_eq!(missing.status.code(), Some(127), "{missing:?}");
+}
+
+#[tokio::test]
+async fn migrate_creates_the_mysql_table() {
+    let url = shared(Service::MariaDb).await.url().to_owned();
+    let table = format!("cli_{:08x}", fastrand::u32(..));
+    let migrated = output(dlock(&["migrate", &url, "--table", &table])).await;
+    assert!(migrated.status.success(), "{migrated:?}");
+    let again = output(dlock(&["migrate", &url, "--table", &table])).await;
+    assert!(again.status.success(), "migrate is idempotent: {again:?}");
+    let not_mysql = output(dlock(&["migrate", "redis://127.0.0.1:1"])).await;
+    assert_eq!(not_mysql.status.code(), Some(USAGE), "{not_mysql:?}");
+}

@@ -1,0 +1,10 @@
+#![allow(unused_variables)]
+
+use dlock::{Error, Locker};
+
+#[dlock::locked(locker = locker, name = "order:{order_id}", lease = "5s")]
+async fn ship(locker: &Locker, order_id: u64) -> Result<(), Error> {
+    Ok(())
+}
+
+fn main() {}
