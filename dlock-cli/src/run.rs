@@ -72,9 +72,7 @@ pub(crate) async fn run(args: RunArgs) -> Result<u8, Failure> {
         let mut stream = signal(kind)
             .map_err(|e| Failure::new(status::UNAVAILABLE, format!("cannot catch {sig}: {e}")))?;
         let tx = tx.clone();
-        tokio::spawn(async move {
-            while stream.recv().await.is_some() && tx.send(sig).is_ok() {}
-        });
+        tokio::spawn(async move { while stream.recv().await.is_some() && tx.send(sig).is_ok() {} });
     }
     let locker = connect(&url, Some(args.ttl)).await?;
     let started = Instant::now();
@@ -109,7 +107,8 @@ pub(crate) async fn run(args: RunArgs) -> Result<u8, Failure> {
             }
         }
     };
-    let exit = exit.map_err(|e| Failure::new(status::UNAVAILABLE, format!("waiting for the command: {e}")))?;
+    let exit = exit
+        .map_err(|e| Failure::new(status::UNAVAILABLE, format!("waiting for the command: {e}")))?;
     if lost {
         return Ok(status::LOST);
     }
@@ -157,15 +156,14 @@ fn spawn(command: &[String], name: &str, fencing_token: u64) -> Result<Child, Fa
         .env("DLOCK_FENCING_TOKEN", fencing_token.to_string())
         .stdin(Stdio::inherit());
     stop_with_parent(&mut command);
-    command.spawn()
-        .map_err(|e| {
-            let status = if e.kind() == std::io::ErrorKind::NotFound {
-                status::NOT_FOUND
-            } else {
-                status::CANNOT_RUN
-            };
-            Failure::new(status, format!("cannot run {program}: {e}"))
-        })
+    command.spawn().map_err(|e| {
+        let status = if e.kind() == std::io::ErrorKind::NotFound {
+            status::NOT_FOUND
+        } else {
+            status::CANNOT_RUN
+        };
+        Failure::new(status, format!("cannot run {program}: {e}"))
+    })
 }
 
 /// The command gets SIGTERM if dlock dies (killed with SIGKILL, say), as
@@ -196,10 +194,10 @@ fn stop_with_parent(command: &mut Command) {
 fn stop_with_parent(_: &mut Command) {}
 
 fn send(pid: Option<Pid>, sig: Signal) {
-    if let Some(pid) = pid {
-        if let Err(e) = kill(pid, sig) {
-            tracing::debug!(%sig, error = %e, "could not signal the command (it may have exited)");
-        }
+    if let Some(pid) = pid
+        && let Err(e) = kill(pid, sig)
+    {
+        tracing::debug!(%sig, error = %e, "could not signal the command (it may have exited)");
     }
 }
 

@@ -91,7 +91,15 @@ async fn one_of_two_runs(service: Service) {
     let (mut first, mut lines) =
         run_until_started(&url, &name, "10s", "echo started; sleep 2; echo finished").await;
     let second = output(dlock(&[
-        "run", "--url", &url, "--name", &name, "--", "sh", "-c", "echo second-ran",
+        "run",
+        "--url",
+        &url,
+        "--name",
+        &name,
+        "--",
+        "sh",
+        "-c",
+        "echo second-ran",
     ]))
     .await;
     assert_eq!(second.status.code(), Some(HELD), "{second:?}");
@@ -120,7 +128,11 @@ async fn lost_lease_stops_the_command(service: Service) {
     let url = url_of(&server);
     let name = unique_name("cli-lost");
     let (mut child, mut lines) = run_until_started(&url, &name, "2s", UNTIL_TERM).await;
-    let id = server.container().expect("started by the harness").id().to_owned();
+    let id = server
+        .container()
+        .expect("started by the harness")
+        .id()
+        .to_owned();
     docker(&["pause", &id]).await;
     let code = exit_of(&mut child).await;
     docker(&["unpause", &id]).await;
@@ -148,7 +160,10 @@ async fn inspect_and_force_release(service: Service) {
         String::from_utf8_lossy(&free.stdout).contains("\"held\":false"),
         "{free:?}"
     );
-    let next = output(dlock(&["run", "--url", &url, "--name", &name, "--", "true"])).await;
+    let next = output(dlock(&[
+        "run", "--url", &url, "--name", &name, "--", "true",
+    ]))
+    .await;
     assert_eq!(next.status.code(), Some(0), "{next:?}");
     if service == Service::ZooKeeper {
         // A session lease is not renewed, so its holder is not told; the
@@ -167,29 +182,56 @@ async fn at_least_and_crash(service: Service) {
     let url = url_of(shared(service).await);
     let name = unique_name("cli-at-least");
     let quick = output(dlock(&[
-        "run", "--url", &url, "--name", &name, "--at-least", "2s", "--", "true",
+        "run",
+        "--url",
+        &url,
+        "--name",
+        &name,
+        "--at-least",
+        "2s",
+        "--",
+        "true",
     ]))
     .await;
     assert_eq!(quick.status.code(), Some(0), "{quick:?}");
-    let again = output(dlock(&["run", "--url", &url, "--name", &name, "--", "true"])).await;
-    assert_eq!(again.status.code(), Some(HELD), "within --at-least: {again:?}");
+    let again = output(dlock(&[
+        "run", "--url", &url, "--name", &name, "--", "true",
+    ]))
+    .await;
+    assert_eq!(
+        again.status.code(),
+        Some(HELD),
+        "within --at-least: {again:?}"
+    );
     let waited = output(dlock(&[
         "run", "--url", &url, "--name", &name, "--wait", "10s", "--", "true",
     ]))
     .await;
-    assert_eq!(waited.status.code(), Some(0), "after --at-least: {waited:?}");
+    assert_eq!(
+        waited.status.code(),
+        Some(0),
+        "after --at-least: {waited:?}"
+    );
 
     let crash = unique_name("cli-crash");
     let (mut child, mut lines) = run_until_started(&url, &crash, "4s", UNTIL_TERM).await;
     child.start_kill().expect("SIGKILL dlock");
     let _ = child.wait().await;
     // The command must not go on without anyone renewing its lock.
-    assert_eq!(rest(&mut lines).await, ["got-term"], "the command outlived dlock");
+    assert_eq!(
+        rest(&mut lines).await,
+        ["got-term"],
+        "the command outlived dlock"
+    );
     let next = output(dlock(&[
         "run", "--url", &url, "--name", &crash, "--wait", "20s", "--", "true",
     ]))
     .await;
-    assert_eq!(next.status.code(), Some(0), "after the crashed holder's TTL: {next:?}");
+    assert_eq!(
+        next.status.code(),
+        Some(0),
+        "after the crashed holder's TTL: {next:?}"
+    );
 }
 
 async fn docker(args: &[&str]) {
@@ -236,19 +278,39 @@ backend_tests!(zookeeper, Service::ZooKeeper);
 #[tokio::test]
 async fn an_unreachable_service_and_bad_arguments_have_their_own_statuses() {
     let down = output(dlock(&[
-        "run", "--url", "redis://127.0.0.1:1", "--name", "x", "--", "true",
+        "run",
+        "--url",
+        "redis://127.0.0.1:1",
+        "--name",
+        "x",
+        "--",
+        "true",
     ]))
     .await;
     assert_eq!(down.status.code(), Some(UNAVAILABLE), "{down:?}");
     let bad_ttl = output(dlock(&[
-        "run", "--url", "redis://127.0.0.1:1", "--name", "x", "--ttl", "1ms", "--", "true",
+        "run",
+        "--url",
+        "redis://127.0.0.1:1",
+        "--name",
+        "x",
+        "--ttl",
+        "1ms",
+        "--",
+        "true",
     ]))
     .await;
     assert_eq!(bad_ttl.status.code(), Some(USAGE), "{bad_ttl:?}");
     let no_url = output(dlock(&["inspect", "x"])).await;
     assert_eq!(no_url.status.code(), Some(USAGE), "{no_url:?}");
     let missing = output(dlock(&[
-        "run", "--url", "memory://", "--name", "x", "--", "/nonexistent/command",
+        "run",
+        "--url",
+        "memory://",
+        "--name",
+        "x",
+        "--",
+        "/nonexistent/command",
     ]))
     .await;
     assert_eq!(missing.status.code(), Some(127), "{missing:?}");

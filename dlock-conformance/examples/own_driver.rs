@@ -79,6 +79,9 @@ impl Backend for ToyBackend {
             fifo: false,
             distributed: false,
             cleanup: true,
+            // No `release_after`: the suite's delayed-release cases say so
+            // and pass.
+            delayed_release: false,
         }
     }
 

@@ -831,3 +831,60 @@ where
     .await;
     wait_out_the_hold(other.as_ref(), &name, since, &first).await;
 }
+
+/// `force_release` frees a held name whoever holds it, and reports the
+/// holder; the next grant's fencing token is greater, and the old holder's
+/// lease is "not held". A free name gives `None`; a delayed release's hold
+/// ends too.
+pub async fn force_release_frees_the_name_for_the_next_holder(backend: &Arc<dyn Backend>) {
+    let case = "force_release_frees_the_name_for_the_next_holder";
+    let name = unique_name(case);
+    let held = must_acquire(backend.as_ref(), &name, &long()).await;
+    let removed = backend
+        .force_release(&name)
+        .await
+        .expect("force_release")
+        .unwrap_or_else(|| panic!("force_release of a held name reported it free"));
+    assert_eq!(
+        removed.owner,
+        held.owner(),
+        "force_release reported another holder"
+    );
+    let next = must_acquire(backend.as_ref(), &name, &long()).await;
+    if backend.capabilities().fencing {
+        assert!(next.fencing_token() > held.fencing_token());
+    }
+    assert_not_held(
+        backend.release(&held).await,
+        "release by the removed holder",
+    );
+    backend
+        .release(&next)
+        .await
+        .expect("the new holder's release");
+    assert!(
+        backend
+            .force_release(&name)
+            .await
+            .expect("force_release")
+            .is_none(),
+        "force_release of a free name reported a holder"
+    );
+    if backend.capabilities().delayed_release {
+        let last = must_acquire(backend.as_ref(), &name, &long()).await;
+        backend
+            .release_after(&last, Duration::from_secs(60))
+            .await
+            .expect("release_after");
+        assert!(
+            backend
+                .force_release(&name)
+                .await
+                .expect("force_release")
+                .is_some(),
+            "force_release did not see the hold of a delayed release"
+        );
+        let after = must_acquire(backend.as_ref(), &name, &long()).await;
+        backend.release(&after).await.expect("release");
+    }
+}

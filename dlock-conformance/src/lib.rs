@@ -175,6 +175,7 @@ macro_rules! __case_list {
                 list_pages_through_held_locks,
                 release_after_holds_the_name_until_then,
                 release_after_acts_only_on_its_own_lease,
+                force_release_frees_the_name_for_the_next_holder,
             ]
             multi [
                 stress_contended_grants_are_exclusive,

@@ -64,6 +64,9 @@ enum Bug {
     /// The hold is kept by the client (as a session's ephemeral node
     /// would be): it ends when the client goes away.
     HoldEndsWithClient,
+    /// `force_release` reports the holder but removes nothing (a delete
+    /// keyed on the wrong row).
+    ForceReleaseOnlyReports,
 }
 
 /// The lock server: TTLs, fencing, release notifications.
@@ -455,6 +458,17 @@ impl Backend for Sim {
         self.call(|s| s.inspect(name)).await
     }
 
+    async fn force_release(&self, name: &str) -> Result<Option<LockInfo>> {
+        if self.has(Bug::ForceReleaseOnlyReports) {
+            return self.inspect(name).await;
+        }
+        let owner = self.inspect(name).await?;
+        if let Some(info) = &owner {
+            self.call(|s| s.release(name, Some(info.owner))).await?;
+        }
+        Ok(owner)
+    }
+
     async fn list(&self, prefix: &str, cursor: Option<&str>, limit: usize) -> Result<LockPage> {
         let all = self.has(Bug::ListShowsFreeLocks);
         let mut locks = self.call(|s| s.list(prefix, cursor, all)).await?;
@@ -674,6 +688,15 @@ async fn a_hold_that_ends_with_its_client_is_caught() {
     assert_caught(
         Bug::HoldEndsWithClient,
         &["release_after_outlives_its_client"],
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_force_release_that_removes_nothing_is_caught() {
+    assert_caught(
+        Bug::ForceReleaseOnlyReports,
+        &["force_release_frees_the_name_for_the_next_holder"],
     )
     .await;
 }

@@ -1,6 +1,4 @@
-//! The `#[locked]` attribute of [dlock](https://docs.rs/dlock): an async fn
-//! whose body runs under a distributed lock named by its arguments.
-//! Normally used as `dlock::locked` (feature `macros` of `dlock`).
+#![doc = include_str!("../README.md")]
 
 use proc_macro::TokenStream;
 use proc_macro2::{Span, TokenStream as TokenStream2};
@@ -69,7 +67,11 @@ fn parse_settings(attr: TokenStream2) -> syn::Result<Settings> {
                 "expected `key = value`; keys: locker, name, wait, ttl, guard",
             ));
         };
-        let key = nv.path.get_ident().map(Ident::to_string).unwrap_or_default();
+        let key = nv
+            .path
+            .get_ident()
+            .map(Ident::to_string)
+            .unwrap_or_default();
         let value = nv.value;
         match key.as_str() {
             "locker" => locker = Some(value),
@@ -90,12 +92,8 @@ fn parse_settings(attr: TokenStream2) -> syn::Result<Settings> {
             }
         }
     }
-    let missing = |key: &str| {
-        syn::Error::new(
-            Span::call_site(),
-            format!("#[locked] needs `{key} = ...`"),
-        )
-    };
+    let missing =
+        |key: &str| syn::Error::new(Span::call_site(), format!("#[locked] needs `{key} = ...`"));
     Ok(Settings {
         locker: locker.ok_or_else(|| missing("locker"))?,
         name: name.ok_or_else(|| missing("name"))?,
@@ -179,13 +177,18 @@ fn parse_template(template: &str, params: &[String], span: Span) -> syn::Result<
                     };
                     return Err(syn::Error::new(
                         span,
-                        format!("`{{{path}}}` in the lock name is not an argument of this function; {known}"),
+                        format!(
+                            "`{{{path}}}` in the lock name is not an argument of this function; {known}"
+                        ),
                     ));
                 }
                 let mut expr = ident(first, span)?.into_token_stream();
                 for field in parts {
                     let member: syn::Member = syn::parse_str(field).map_err(|_| {
-                        syn::Error::new(span, format!("`{field}` in `{{{path}}}` is not a field name"))
+                        syn::Error::new(
+                            span,
+                            format!("`{field}` in `{{{path}}}` is not a field name"),
+                        )
                     })?;
                     expr = quote!(#expr.#member);
                 }
@@ -197,7 +200,12 @@ fn parse_template(template: &str, params: &[String], span: Span) -> syn::Result<
                 format.push('}');
                 args.push(expr);
             }
-            '}' => return Err(syn::Error::new(span, "unmatched `}` in the lock name; write `}}`")),
+            '}' => {
+                return Err(syn::Error::new(
+                    span,
+                    "unmatched `}` in the lock name; write `}}`",
+                ));
+            }
             c => format.push(c),
         }
     }
@@ -264,11 +272,19 @@ fn expand(attr: TokenStream2, item: TokenStream2) -> syn::Result<TokenStream2> {
     }
     let Some(ret) = result_type(&f.sig.output) else {
         return Err(syn::Error::new(
-            f.sig.output.span().join(f.sig.ident.span()).unwrap_or(f.sig.ident.span()),
+            f.sig
+                .output
+                .span()
+                .join(f.sig.ident.span())
+                .unwrap_or(f.sig.ident.span()),
             "#[locked] needs a fn returning `Result<T, E>` where `E: From<dlock::Error>`, so that a lock error can be returned",
         ));
     };
-    let template = parse_template(&settings.name.value(), &param_names(&f), settings.name.span())?;
+    let template = parse_template(
+        &settings.name.value(),
+        &param_names(&f),
+        settings.name.span(),
+    )?;
     let format = LitStr::new(&template.format, settings.name.span());
     let args = &template.args;
     let locker = &settings.locker;
@@ -281,7 +297,9 @@ fn expand(attr: TokenStream2, item: TokenStream2) -> syn::Result<TokenStream2> {
         let wait = duration_tokens(wait, span);
         options = quote!(#options.wait(#wait));
     }
-    let guard_binding = settings.guard.map(|g| quote!(let #g: &::dlock::Guard = &__dlock_guard;));
+    let guard_binding = settings
+        .guard
+        .map(|g| quote!(let #g: &::dlock::Guard = &__dlock_guard;));
     let body = &f.block;
     let new_body = quote! {{
         let __dlock_name = ::std::format!(#format #(, #args)*);
@@ -345,7 +363,10 @@ mod tests {
         );
         assert_eq!(
             holes("{user.id}/{n:04}", &["user", "n"]),
-            Ok(("{}/{:04}".to_owned(), vec!["user . id".to_owned(), "n".to_owned()]))
+            Ok((
+                "{}/{:04}".to_owned(),
+                vec!["user . id".to_owned(), "n".to_owned()]
+            ))
         );
         assert_eq!(
             holes("{{literal}} {self.0}", &["self"]),
@@ -356,7 +377,10 @@ mod tests {
     #[test]
     fn bad_templates_say_why() {
         let e = holes("order:{id}", &["order_id"]).unwrap_err();
-        assert!(e.contains("not an argument") && e.contains("order_id"), "{e}");
+        assert!(
+            e.contains("not an argument") && e.contains("order_id"),
+            "{e}"
+        );
         assert!(holes("a{b", &["b"]).unwrap_err().contains("unclosed"));
         assert!(holes("a}b", &[]).unwrap_err().contains("unmatched"));
         assert!(holes("{x.}", &["x"]).unwrap_err().contains("not a field"));

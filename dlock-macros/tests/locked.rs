@@ -72,7 +72,11 @@ async fn calls_with_one_key_never_overlap_and_get_increasing_tokens() {
     for call in calls {
         tokens.push(call.await.unwrap().unwrap());
     }
-    assert_eq!(shop.most_inside.load(Ordering::SeqCst), 1, "two calls overlapped");
+    assert_eq!(
+        shop.most_inside.load(Ordering::SeqCst),
+        1,
+        "two calls overlapped"
+    );
     tokens.sort_unstable();
     tokens.dedup();
     assert_eq!(tokens.len(), 8, "each call had its own grant");

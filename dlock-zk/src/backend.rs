@@ -577,30 +577,30 @@ impl ZkBackend {
                     zk::Error::SessionExpired,
                 ));
             };
-            if at == 0 && hold {
-                if let Some(left) = self.hold_left(&client, &dir, &path).await? {
-                    let Some(deadline) = deadline else {
-                        pending.leave().await;
-                        return Ok(None);
-                    };
-                    if deadline.is_past() {
-                        pending.leave().await;
-                        return Err(deadline.timeout_error(name));
-                    }
-                    // Until the hold ends, or its node goes (an operator's
-                    // forced release).
-                    let hold_node = format!("{dir}/{HOLD_NODE}");
-                    let watcher = match self.bounded(client.check_and_watch_stat(&hold_node)).await
-                    {
-                        Ok((_, watcher)) => watcher,
-                        Err(e) => return Err(zk_error(e, "watch the lock's hold")),
-                    };
-                    tokio::select! {
-                        _ = watcher.changed() => {}
-                        () = sleep(deadline.cap(left)) => {}
-                    }
-                    continue;
+            if at == 0
+                && hold
+                && let Some(left) = self.hold_left(&client, &dir, &path).await?
+            {
+                let Some(deadline) = deadline else {
+                    pending.leave().await;
+                    return Ok(None);
+                };
+                if deadline.is_past() {
+                    pending.leave().await;
+                    return Err(deadline.timeout_error(name));
                 }
+                // Until the hold ends, or its node goes (an operator's
+                // forced release).
+                let hold_node = format!("{dir}/{HOLD_NODE}");
+                let watcher = match self.bounded(client.check_and_watch_stat(&hold_node)).await {
+                    Ok((_, watcher)) => watcher,
+                    Err(e) => return Err(zk_error(e, "watch the lock's hold")),
+                };
+                tokio::select! {
+                    _ = watcher.changed() => {}
+                    () = sleep(deadline.cap(left)) => {}
+                }
+                continue;
             }
             if at == 0 {
                 // The session's signal as of now: one cancelled by a blip
@@ -853,11 +853,9 @@ impl Backend for ZkBackend {
         let client = self.client();
         let dir = self.lock_dir(name);
         let (queue, hold) = self.queue(&client, &dir).await?;
-        if hold {
-            if let Some(info) = self.delete_hold(&client, &dir).await? {
-                // The node at the front only waited for the hold.
-                return Ok(Some(info));
-            }
+        if hold && let Some(info) = self.delete_hold(&client, &dir).await? {
+            // The node at the front only waited for the hold.
+            return Ok(Some(info));
         }
         let Some(first) = queue.first() else {
             return Ok(None);
@@ -890,10 +888,8 @@ impl ZkBackend {
         for _ in 0..3 {
             let (queue, hold) = self.queue(client, dir).await?;
             // During a hold, the node at the front only waits for it.
-            if hold {
-                if let Some(info) = self.read_hold(client, dir).await?.and_then(|h| h.info()) {
-                    return Ok(Some(info));
-                }
+            if hold && let Some(info) = self.read_hold(client, dir).await?.and_then(|h| h.info()) {
+                return Ok(Some(info));
             }
             let Some(first) = queue.first() else {
                 return Ok(None);

@@ -137,7 +137,7 @@ impl ZkBackend {
         // Rounded up: the hold is a minimum.
         let hold_ms = hold
             .as_millis()
-            .saturating_add(u128::from(hold.subsec_nanos() % 1_000_000 != 0));
+            .saturating_add(u128::from(!hold.subsec_nanos().is_multiple_of(1_000_000)));
         let data = format!("{} {hold_ms} {}", lease.owner(), lease.fencing_token());
         let client = self.client();
         let create = zk::CreateMode::Persistent.with_acls(self.acls());
@@ -215,12 +215,12 @@ impl ZkBackend {
             };
             let backend = ZkBackend { inner };
             let client = backend.client();
-            if let Ok((current, stat)) = backend.bounded(client.get_data(&path)).await {
-                if current == data.as_bytes() {
-                    let _ = backend
-                        .bounded(client.delete(&path, Some(stat.version)))
-                        .await;
-                }
+            if let Ok((current, stat)) = backend.bounded(client.get_data(&path)).await
+                && current == data.as_bytes()
+            {
+                let _ = backend
+                    .bounded(client.delete(&path, Some(stat.version)))
+                    .await;
             }
         });
     }

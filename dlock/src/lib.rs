@@ -2,8 +2,8 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 pub use dlock_core::{
-    Backend, CancellationToken, Capabilities, Error, Guard, JobOptions, JobOutcome, JobRun,
-    Lease, LeaseKind, LockInfo, LockOptions, Locker, MemoryBackend, Observed, OwnerToken, Result,
+    Backend, CancellationToken, Capabilities, Error, Guard, JobOptions, JobOutcome, JobRun, Lease,
+    LeaseKind, LockInfo, LockOptions, Locker, MemoryBackend, Observed, OwnerToken, Result,
     RunReport, Schedule, ScheduledJob, async_trait, validate_name, wait,
 };
 

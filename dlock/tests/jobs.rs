@@ -35,7 +35,10 @@ impl Node {
             .env("DLOCK_JOB_NAME", &self.job)
             .env("DLOCK_JOB_COUNT", self.count.to_string())
             .env("DLOCK_JOB_PERIOD_MS", self.period.as_millis().to_string())
-            .env("DLOCK_JOB_AT_LEAST_MS", self.at_least.as_millis().to_string())
+            .env(
+                "DLOCK_JOB_AT_LEAST_MS",
+                self.at_least.as_millis().to_string(),
+            )
             .env("DLOCK_JOB_DELAY_MS", self.delay.as_millis().to_string())
             .env("DLOCK_JOB_WORK_MS", self.work.as_millis().to_string());
     }
@@ -117,7 +120,10 @@ fn job_node() {
             .with_max_level(tracing::Level::WARN)
             .init();
         let report = rt().block_on(Node::from_env(url).run());
-        println!("DLOCK-REPORT {} {} {}", report.ran, report.skipped, report.failed);
+        println!(
+            "DLOCK-REPORT {} {} {}",
+            report.ran, report.skipped, report.failed
+        );
         return;
     }
     let locker = dlock::Locker::new(dlock::MemoryBackend::new());
@@ -141,7 +147,10 @@ fn job_node() {
             })
         })
         .collect();
-    let ran: u64 = threads.into_iter().map(|t| t.join().expect("node").ran).sum();
+    let ran: u64 = threads
+        .into_iter()
+        .map(|t| t.join().expect("node").ran)
+        .sum();
     assert_eq!(ran, u64::from(count));
 }
 
@@ -285,10 +294,10 @@ async fn sigkilled_mid_run(service: Service) {
     let victim = timeout(Duration::from_secs(15), async {
         loop {
             for (i, p) in processes.iter_mut().enumerate() {
-                if let Ok(line) = p.lines.try_recv() {
-                    if line == format!("DLOCK-START {first}") {
-                        return i;
-                    }
+                if let Ok(line) = p.lines.try_recv()
+                    && line == format!("DLOCK-START {first}")
+                {
+                    return i;
                 }
             }
             tokio::time::sleep(Duration::from_millis(5)).await;
@@ -319,7 +328,13 @@ async fn sigkilled_mid_run(service: Service) {
 async fn late_timer(service: Service) {
     let url = url(service).await;
     let work = Duration::from_millis(50);
-    let mut held = nodes(url.clone(), "late-held", 4, Duration::from_millis(600), work);
+    let mut held = nodes(
+        url.clone(),
+        "late-held",
+        4,
+        Duration::from_millis(600),
+        work,
+    );
     let mut bare = Node {
         job: format!("late-bare-{:08x}", fastrand::u32(..)),
         at_least: Duration::ZERO,
