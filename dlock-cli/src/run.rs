@@ -15,10 +15,10 @@ use tokio::time::{Instant, sleep};
 use crate::{Failure, UrlArg, connect, status};
 
 /// Runs CMD while holding the lock NAME: the lease is renewed while CMD
-/// runs and released when it exits. CMD gets the signals dlock gets
-/// (INT, TERM, HUP, QUIT, USR1, USR2), and SIGTERM, then SIGKILL after
-/// --grace, when the lease is lost. CMD sees DLOCK_LOCK_NAME and
-/// DLOCK_FENCING_TOKEN in its environment.
+/// runs and released when it exits. CMD runs in its own process group,
+/// which gets the signals dlock gets (INT, TERM, HUP, QUIT, USR1, USR2),
+/// and SIGTERM, then SIGKILL after --grace, when the lease is lost. CMD
+/// sees DLOCK_LOCK_NAME and DLOCK_FENCING_TOKEN in its environment.
 #[derive(Debug, Args)]
 pub(crate) struct RunArgs {
     #[command(flatten)]
@@ -75,7 +75,6 @@ pub(crate) async fn run(args: RunArgs) -> Result<u8, Failure> {
         tokio::spawn(async move { while stream.recv().await.is_some() && tx.send(sig).is_ok() {} });
     }
     let locker = connect(&url, Some(args.ttl)).await?;
-    let started = Instant::now();
     let guard = tokio::select! {
         lock = acquire(&locker, &args.name, &opts) => lock?,
         Some(sig) = signals.recv() => {
@@ -88,22 +87,26 @@ pub(crate) async fn run(args: RunArgs) -> Result<u8, Failure> {
         "lock acquired; starting the command"
     );
     let mut child = spawn(&args.command, &args.name, guard.fencing_token())?;
-    let pid = child
+    let started = Instant::now();
+    // The command leads its own process group, so that signals and a stop
+    // reach what it started too (`sh -c`, a wrapper script), not the shell
+    // alone: the group's id is the command's pid, negated for kill(2).
+    let group = child
         .id()
         .and_then(|id| i32::try_from(id).ok())
-        .map(Pid::from_raw);
+        .map(|id| Pid::from_raw(-id));
     let mut lost = false;
     let exit = loop {
         tokio::select! {
             exit = child.wait() => break exit,
             Some(sig) = signals.recv() => {
                 tracing::info!(%sig, "passing the signal on to the command");
-                send(pid, sig);
+                send(group, sig);
             }
             () = guard.lost(), if !lost => {
                 lost = true;
                 eprintln!("dlock: the lease of {} was lost; stopping the command", args.name);
-                stop(&mut child, pid, args.grace).await;
+                stop(&mut child, group, args.grace).await;
             }
         }
     };
@@ -154,7 +157,8 @@ fn spawn(command: &[String], name: &str, fencing_token: u64) -> Result<Child, Fa
         .args(rest)
         .env("DLOCK_LOCK_NAME", name)
         .env("DLOCK_FENCING_TOKEN", fencing_token.to_string())
-        .stdin(Stdio::inherit());
+        .stdin(Stdio::inherit())
+        .process_group(0);
     stop_with_parent(&mut command);
     command.spawn().map_err(|e| {
         let status = if e.kind() == std::io::ErrorKind::NotFound {
@@ -181,7 +185,10 @@ fn stop_with_parent(command: &mut Command) {
             nix::sys::prctl::set_pdeathsig(Signal::SIGTERM).map_err(std::io::Error::from)?;
             // dlock may have died before the signal was set.
             if nix::unistd::getppid() != parent {
-                return Err(std::io::Error::other("dlock exited"));
+                // No allocation here: ESRCH, "no such process".
+                return Err(std::io::Error::from_raw_os_error(
+                    nix::errno::Errno::ESRCH as i32,
+                ));
             }
             Ok(())
         });
@@ -193,22 +200,23 @@ fn stop_with_parent(command: &mut Command) {
 #[cfg(not(target_os = "linux"))]
 fn stop_with_parent(_: &mut Command) {}
 
-fn send(pid: Option<Pid>, sig: Signal) {
-    if let Some(pid) = pid
-        && let Err(e) = kill(pid, sig)
+fn send(group: Option<Pid>, sig: Signal) {
+    if let Some(group) = group
+        && let Err(e) = kill(group, sig)
     {
         tracing::debug!(%sig, error = %e, "could not signal the command (it may have exited)");
     }
 }
 
-/// SIGTERM, then SIGKILL if the command is still there after `grace`.
-async fn stop(child: &mut Child, pid: Option<Pid>, grace: Duration) {
-    send(pid, Signal::SIGTERM);
+/// SIGTERM to the command's group, then SIGKILL if the command is still
+/// there after `grace`.
+async fn stop(child: &mut Child, group: Option<Pid>, grace: Duration) {
+    send(group, Signal::SIGTERM);
     tokio::select! {
         _ = child.wait() => {}
         () = sleep(grace) => {
             eprintln!("dlock: the command did not exit within {grace:?} of SIGTERM; killing it");
-            let _ = child.start_kill();
+            send(group, Signal::SIGKILL);
         }
     }
 }

@@ -769,12 +769,18 @@ pub async fn release_after_holds_the_name_until_then(backend: &Arc<dyn Backend>)
         .await
         .expect("release_after");
     let since = Instant::now();
-    assert_held(backend.as_ref(), &name, "within the hold of release_after").await;
-    wait_out_the_hold(backend.as_ref(), &name, since, &first).await;
+    // The released lease is spent: it cannot end or stretch the hold (a
+    // renewal still in flight would otherwise do just that).
+    assert_not_held(
+        backend.extend(&mut first.clone()).await,
+        "extend of a lease given up by release_after",
+    );
     assert_not_held(
         backend.release(&first).await,
-        "release of a lease already given up by release_after",
+        "release of a lease given up by release_after",
     );
+    assert_held(backend.as_ref(), &name, "within the hold of release_after").await;
+    wait_out_the_hold(backend.as_ref(), &name, since, &first).await;
 }
 
 /// `release_after` of a lease that is not the holder's is "not held" and

@@ -64,6 +64,10 @@ enum Bug {
     /// The hold is kept by the client (as a session's ephemeral node
     /// would be): it ends when the client goes away.
     HoldEndsWithClient,
+    /// `release_after` leaves the lease's owner on the hold, so the
+    /// released lease (or a renewal still in flight) can still release or
+    /// extend it.
+    ReleaseAfterKeepsOwner,
     /// `force_release` reports the holder but removes nothing (a delete
     /// keyed on the wrong row).
     ForceReleaseOnlyReports,
@@ -139,8 +143,15 @@ impl Server {
         mine
     }
 
-    /// Keeps the lock until `hold` from now; `owner: None` for any holder.
-    fn hold(&self, name: &str, owner: Option<OwnerToken>, hold: Duration) -> bool {
+    /// Keeps the lock until `hold` from now for `new_owner` (the holder's
+    /// own when `None`); `owner: None` for any holder.
+    fn hold(
+        &self,
+        name: &str,
+        owner: Option<OwnerToken>,
+        new_owner: Option<OwnerToken>,
+        hold: Duration,
+    ) -> bool {
         let mut slots = self.slots.lock().unwrap();
         let now = Instant::now();
         let Some(slot) = slots.get_mut(name) else {
@@ -148,7 +159,7 @@ impl Server {
         };
         match self.live(slot, now) {
             Some((holder, _)) if owner.is_none_or(|o| o == holder) => {
-                slot.holder = Some((holder, now + hold));
+                slot.holder = Some((new_owner.unwrap_or(holder), now + hold));
                 true
             }
             _ => false,
@@ -414,15 +425,16 @@ impl Backend for Sim {
             hold
         };
         let owner = (!self.has(Bug::ReleaseAfterWithoutOwnerCheck)).then_some(lease.owner());
+        let new_owner = (!self.has(Bug::ReleaseAfterKeepsOwner)).then(|| lease.owner().for_hold());
         let name = lease.name().to_owned();
-        if !self.call(|s| s.hold(&name, owner, hold)).await? && owner.is_some() {
+        if !self.call(|s| s.hold(&name, owner, new_owner, hold)).await? && owner.is_some() {
             return Err(Error::NotHeld { name });
         }
         if self.has(Bug::HoldEndsWithClient) {
             let (server, alive, owner) = (
                 self.server.clone(),
                 Arc::downgrade(&self.alive),
-                lease.owner(),
+                lease.owner().for_hold(),
             );
             tokio::spawn(async move {
                 let end = Instant::now() + hold;
@@ -697,6 +709,15 @@ async fn a_force_release_that_removes_nothing_is_caught() {
     assert_caught(
         Bug::ForceReleaseOnlyReports,
         &["force_release_frees_the_name_for_the_next_holder"],
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hold_the_released_lease_can_still_touch_is_caught() {
+    assert_caught(
+        Bug::ReleaseAfterKeepsOwner,
+        &["release_after_holds_the_name_until_then"],
     )
     .await;
 }

@@ -210,8 +210,9 @@ pub trait Backend: Send + Sync + Debug {
     /// Frees `name` whoever holds it, for operators (a holder known to be
     /// gone or stuck): returns the holder it removed, `None` if the name
     /// was free. A delayed release's hold ends too. The holder is not told
-    /// until its next renewal fails, so two holders may act at once until
-    /// then; fencing tokens keep increasing, so fenced resources stay safe.
+    /// until its next renewal fails (a session lease, which is not renewed,
+    /// is not told at all), so two holders may act at once until then;
+    /// fencing tokens keep increasing, so fenced resources stay safe.
     ///
     /// The default reads the holder with [`inspect`](Backend::inspect) and
     /// releases with its owner token, which suits drivers whose release

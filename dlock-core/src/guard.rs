@@ -218,16 +218,21 @@ impl Guard {
     /// # Errors
     /// [`Error::NotHeld`] if the lease had already ended;
     /// [`Error::Unsupported`] where the backend cannot
-    /// ([`Capabilities::delayed_release`](crate::Capabilities::delayed_release)).
-    /// On an error other than `NotHeld` the lock is released (in the
-    /// background) as when the guard is dropped.
+    /// ([`Capabilities::delayed_release`](crate::Capabilities::delayed_release)),
+    /// and the lock is released as when the guard is dropped. After any
+    /// other error (or if this future is dropped) the hold may have been
+    /// applied, so the lock is left to end with its TTL or session, never
+    /// released early.
     pub async fn release_after(mut self, hold: Duration) -> Result<()> {
+        if !self.backend.capabilities().delayed_release {
+            return Err(Error::Unsupported {
+                backend: self.backend.driver(),
+                operation: "release_after",
+            });
+        }
         self.lost.cancel();
-        let done = self.backend.release_after(&self.lease, hold).await;
-        // On success or `NotHeld` there is nothing left to release; on any
-        // other failure `Drop` releases in the background.
-        self.released = matches!(done, Ok(()) | Err(Error::NotHeld { .. }));
-        done
+        self.released = true;
+        self.backend.release_after(&self.lease, hold).await
     }
 
     /// A token cancelled when [`Guard::lost`] resolves (or the guard is

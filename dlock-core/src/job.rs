@@ -1,7 +1,13 @@
 //! Scheduled jobs: a job that many nodes schedule runs once per occurrence.
 //!
-//! The model is ShedLock's. Each run takes a lock without waiting and is
-//! skipped when another node holds it. [`JobOptions::at_most`] is the
+//! The model is ShedLock's, with one lock per occurrence rather than per
+//! job. Each run takes its lock without waiting and is skipped when another
+//! node holds it. Because occurrences have their own locks, a run that
+//! takes longer than the period does not hold the next occurrence back:
+//! another node runs it meanwhile (this node skips occurrences that came
+//! due while it was busy). A job that must never overlap itself takes a
+//! lock of its own inside the run (for example with [`Locker::acquire`]
+//! on the job's name). [`JobOptions::at_most`] is the
 //! lease: a node that dies mid-run frees the lock after it, and a run still
 //! going then is cancelled. [`JobOptions::at_least`] keeps the lock held, by
 //! the server's clock, until that long after the run started, even when the
@@ -417,7 +423,8 @@ impl ScheduledJob {
 
     /// Starts each run a random time between zero and `max` after it is
     /// due, so that the nodes do not all call the lock service at once.
-    /// Keep it below `at_least`, which must cover it.
+    /// At most [`JobOptions::at_least`], which must cover it ([`run`](Self::run)
+    /// checks).
     pub fn jitter(mut self, max: Duration) -> Self {
         self.jitter = max;
         self
@@ -469,6 +476,9 @@ impl ScheduledJob {
     {
         self.opts.validate()?;
         self.schedule.validate()?;
+        // Nodes start up to `jitter` apart: a node that finished before
+        // another one started would leave it the occurrence to run again.
+        check_duration("jitter", self.jitter, Duration::ZERO, self.opts.at_least)?;
         crate::validate_name(&self.lock_name(UNIX_EPOCH + Duration::from_secs(u32::MAX.into())))?;
         let mut report = RunReport::default();
         let now = SystemTime::now();

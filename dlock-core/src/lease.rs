@@ -16,6 +16,15 @@ use crate::{Error, LockOptions, Result};
 pub struct OwnerToken(u128);
 
 impl OwnerToken {
+    /// The owner a delayed release ([`Backend::release_after`](crate::Backend::release_after))
+    /// leaves on the server for its hold: derived from this token and never
+    /// equal to it, so that the released lease can no longer release or
+    /// extend the hold (a renewal still in flight, say), while an operator
+    /// can still see and end it.
+    pub fn for_hold(self) -> OwnerToken {
+        OwnerToken(!self.0)
+    }
+
     /// A fresh token from the operating system's CSPRNG.
     ///
     /// # Errors

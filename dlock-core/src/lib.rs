@@ -21,7 +21,7 @@ pub use lease::{Lease, OwnerToken};
 pub use memory::MemoryBackend;
 pub use name::{MAX_NAME_LEN, redact_url, validate_name};
 pub use observe::Observed;
-pub use options::{LockOptions, MAX_TTL, MIN_TTL, check_duration};
+pub use options::{LockOptions, MAX_TTL, MIN_TTL, check_duration, check_hold};
 pub use tokio_util::sync::CancellationToken;
 
 /// Support for dlock's macros; not a public API.

@@ -151,13 +151,12 @@ impl Backend for MemoryBackend {
     }
 
     async fn release_after(&self, lease: &Lease, hold: Duration) -> Result<()> {
+        crate::check_hold(hold)?;
         if hold.is_zero() {
             return self.release(lease).await;
         }
         self.on_own_slot(lease, |slot, now| {
-            slot.holder = slot
-                .holder
-                .map(|(owner, _)| (owner, deadline_after(now, hold)));
+            slot.holder = Some((lease.owner().for_hold(), deadline_after(now, hold)));
         })
     }
 

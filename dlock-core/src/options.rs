@@ -147,6 +147,13 @@ pub fn check_duration(
     Ok(())
 }
 
+/// Checks the hold of a delayed release
+/// ([`Backend::release_after`](crate::Backend::release_after)): at most
+/// [`MAX_TTL`], like a lease.
+pub fn check_hold(hold: Duration) -> Result<()> {
+    check_duration("hold", hold, Duration::ZERO, MAX_TTL)
+}
+
 /// `start + d`, saturating far in the future instead of overflowing.
 pub(crate) fn deadline_after(start: Instant, d: Duration) -> Instant {
     start

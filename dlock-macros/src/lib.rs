@@ -305,9 +305,9 @@ fn expand(attr: TokenStream2, item: TokenStream2) -> syn::Result<TokenStream2> {
         let __dlock_name = ::std::format!(#format #(, #args)*);
         let __dlock_options = #options;
         let __dlock_guard = match (&#locker).acquire(&__dlock_name, &__dlock_options).await {
-            ::std::result::Result::Ok(guard) => guard,
-            ::std::result::Result::Err(e) => {
-                return ::std::result::Result::Err(::std::convert::From::from(e));
+            ::std::result::Result::Ok(__dlock_acquired) => __dlock_acquired,
+            ::std::result::Result::Err(__dlock_error) => {
+                return ::std::result::Result::Err(::std::convert::From::from(__dlock_error));
             }
         };
         // `acquire` returns a valid lease, but the caller may have been
@@ -331,8 +331,8 @@ fn expand(attr: TokenStream2, item: TokenStream2) -> syn::Result<TokenStream2> {
             // Released, or already ended after the body finished.
             ::std::result::Result::Ok(()) | ::std::result::Result::Err(::dlock::Error::NotHeld { .. }) => {}
             // The body ran; the lease ends with its TTL or session.
-            ::std::result::Result::Err(e) => {
-                ::dlock::__private::release_failed(&__dlock_name, &e);
+            ::std::result::Result::Err(__dlock_error) => {
+                ::dlock::__private::release_failed(&__dlock_name, &__dlock_error);
             }
         }
         __dlock_result

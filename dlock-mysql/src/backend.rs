@@ -7,7 +7,7 @@ use dlock_core::wait::{
 };
 use dlock_core::{
     Backend, Capabilities, Error, HeldLock, Lease, LeaseKind, LockInfo, LockOptions, LockPage,
-    OwnerToken, Result, async_trait, check_duration, validate_name,
+    OwnerToken, Result, async_trait, check_duration, check_hold, validate_name,
 };
 use sqlx::Connection;
 use sqlx::mysql::{MySql, MySqlConnectOptions, MySqlConnection, MySqlDatabaseError};
@@ -669,12 +669,13 @@ impl Backend for MySqlBackend {
     }
 
     async fn release_after(&self, lease: &Lease, hold: Duration) -> Result<()> {
+        check_hold(hold)?;
         if hold.is_zero() {
             return self.release(lease).await;
         }
-        // The extend statement with the hold as TTL: the row keeps its
-        // owner and expires on the database clock.
-        let query = sqlx::query(self.inner.sql.extend.clone())
+        // The row expires on the database clock.
+        let query = sqlx::query(self.inner.sql.hold.clone())
+            .bind(lease.owner().for_hold().to_string())
             .bind(micros(hold).max(1))
             .bind(lease.name().as_bytes())
             .bind(lease.owner().to_string());

@@ -32,6 +32,7 @@ pub(crate) struct Statements {
     pub remaining: SqlStr,
     pub release: SqlStr,
     pub extend: SqlStr,
+    pub hold: SqlStr,
     pub purge_candidates: SqlStr,
     pub purge: SqlStr,
     pub list: SqlStr,
@@ -107,6 +108,12 @@ impl Statements {
             )),
             extend: safe(format!(
                 "UPDATE `{table}` SET expires_at = {NOW} + INTERVAL ? MICROSECOND
+                 WHERE name = ? AND owner = ? AND expires_at > {NOW}"
+            )),
+            // A delayed release: the row gets the hold's owner, so that
+            // the released lease can no longer touch it.
+            hold: safe(format!(
+                "UPDATE `{table}` SET owner = ?, expires_at = {NOW} + INTERVAL ? MICROSECOND
                  WHERE name = ? AND owner = ? AND expires_at > {NOW}"
             )),
             // Only rows whose lease ended long ago; a later acquire of the

@@ -7,7 +7,7 @@ use dlock_core::wait::{
 };
 use dlock_core::{
     Backend, Capabilities, Error, HeldLock, Lease, LeaseKind, LockInfo, LockOptions, LockPage,
-    OwnerToken, Result, async_trait, check_duration, validate_name,
+    OwnerToken, Result, async_trait, check_duration, check_hold, validate_name,
 };
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{IntoConnectionInfo, ProtocolVersion, RedisError};
@@ -15,7 +15,7 @@ use tokio::time::Instant;
 
 use crate::keys::{Keys, keys, lock_pattern, name_of, validate_prefix};
 use crate::notify::Notifications;
-use crate::scripts::{ACQUIRE, EXTEND, FENCE_RETENTION_MS, INSPECT, RELEASE};
+use crate::scripts::{ACQUIRE, EXTEND, FENCE_RETENTION_MS, HOLD, INSPECT, RELEASE};
 
 const NAME: &str = "redis";
 
@@ -420,25 +420,25 @@ impl Backend for RedisBackend {
     }
 
     async fn release_after(&self, lease: &Lease, hold: Duration) -> Result<()> {
+        check_hold(hold)?;
         // Rounded up: the hold is a minimum.
         let hold_ms = millis(hold.saturating_add(Duration::from_nanos(999_999)));
         if hold_ms == 0 {
             return self.release(lease).await;
         }
-        // The extend script with the hold as TTL: the key stays with its
-        // owner and expires on the server's clock. No publish: waiters poll
-        // against the remaining TTL, which the server reports.
+        // The key gets the hold's owner and expires on the server's clock.
+        // No publish: waiters poll against the remaining TTL, which the
+        // server reports.
         let keys = self.keys(lease.name());
-        let kept: i64 = EXTEND
+        let held: i64 = HOLD
             .key(&keys.lock)
-            .key(&keys.fence)
             .arg(lease.owner().to_string())
+            .arg(lease.owner().for_hold().to_string())
             .arg(hold_ms)
-            .arg(FENCE_RETENTION_MS)
             .invoke_async(&mut self.inner.conn.clone())
             .await
             .map_err(|e| redis_error(e, "release_after"))?;
-        if kept != 1 {
+        if held != 1 {
             return Err(Error::NotHeld {
                 name: lease.name().to_owned(),
             });

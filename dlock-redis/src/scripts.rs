@@ -60,6 +60,20 @@ return 0
     )
 });
 
+/// KEYS: lock. ARGV: owner token, the hold's owner token, hold in ms.
+/// Returns 1 when the hold is set, 0 when the caller was not the holder.
+pub(crate) static HOLD: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
+  return 1
+end
+return 0
+",
+    )
+});
+
 /// KEYS: lock, fence. Returns `{owner, PTTL, fencing token}`, or an empty
 /// array when the lock is free.
 pub(crate) static INSPECT: LazyLock<Script> = LazyLock::new(|| {

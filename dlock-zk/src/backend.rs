@@ -797,6 +797,7 @@ impl Backend for ZkBackend {
     }
 
     async fn release_after(&self, lease: &Lease, hold: Duration) -> Result<()> {
+        dlock_core::check_hold(hold)?;
         if hold.is_zero() {
             return self.release(lease).await;
         }

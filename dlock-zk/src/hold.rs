@@ -121,8 +121,9 @@ impl ZkBackend {
             .bounded(client.delete(&hold_path(dir), Some(hold.stat.version)))
             .await
         {
-            // Gone or rewritten meanwhile: either way, look again.
-            Ok(()) | Err(zk::Error::NoNode | zk::Error::BadVersion) => Ok(None),
+            Ok(()) | Err(zk::Error::NoNode) => Ok(None),
+            // Rewritten meanwhile: a new hold, to be looked at again.
+            Err(zk::Error::BadVersion) => Ok(Some(Duration::ZERO)),
             Err(e) => Err(zk_error(e, "delete an ended hold")),
         }
     }
@@ -162,7 +163,7 @@ impl ZkBackend {
             let outcome = tokio::time::timeout(self.request_timeout(), commit).await;
             match outcome {
                 Ok(Ok(_)) => {
-                    self.delete_hold_later(path, data, hold);
+                    self.delete_hold_later(dir, hold);
                     return Ok(());
                 }
                 // Our lock node is gone: the lease had ended.
@@ -198,30 +199,46 @@ impl ZkBackend {
     /// there then, so that a name used once (a job occurrence) leaves
     /// nothing behind. If it is not, the node stays until the name's next
     /// acquirer deletes it.
-    fn delete_hold_later(&self, path: String, data: String, hold: Duration) {
+    fn delete_hold_later(&self, dir: String, hold: Duration) {
         let Ok(rt) = tokio::runtime::Handle::try_current() else {
             return;
         };
-        // Past the end by the leader's clock too, unless the clocks run
-        // more than 10 % and a second apart.
-        let after = hold
-            .saturating_add(hold / 10)
-            .saturating_add(Duration::from_secs(1));
         let inner = Arc::downgrade(&self.inner);
         rt.spawn(async move {
-            tokio::time::sleep(after).await;
+            // A little past the end; whether it has ended is then judged by
+            // the leader's clock.
+            tokio::time::sleep(hold.saturating_add(Duration::from_millis(100))).await;
             let Some(inner) = inner.upgrade() else {
                 return;
             };
             let backend = ZkBackend { inner };
-            let client = backend.client();
-            if let Ok((current, stat)) = backend.bounded(client.get_data(&path)).await
-                && current == data.as_bytes()
-            {
-                let _ = backend
-                    .bounded(client.delete(&path, Some(stat.version)))
-                    .await;
+            if let Err(e) = backend.delete_ended_hold(&dir).await {
+                tracing::debug!(%dir, error = %e, "could not delete an ended hold");
             }
         });
+    }
+
+    /// Deletes the hold of `dir` if it has ended by the leader's clock,
+    /// which a write to the lock's folder itself tells.
+    async fn delete_ended_hold(&self, dir: &str) -> Result<()> {
+        let client = self.client();
+        let Some(hold) = self.read_hold(&client, dir).await? else {
+            return Ok(());
+        };
+        let now = match self.bounded(client.set_data(dir, &[], None)).await {
+            Ok(stat) => stat.mtime,
+            Err(zk::Error::NoNode) => return Ok(()),
+            Err(e) => return Err(zk_error(e, "read the server's clock")),
+        };
+        if hold.ends_at() > now {
+            return Ok(());
+        }
+        match self
+            .bounded(client.delete(&hold_path(dir), Some(hold.stat.version)))
+            .await
+        {
+            Ok(()) | Err(zk::Error::NoNode | zk::Error::BadVersion) => Ok(()),
+            Err(e) => Err(zk_error(e, "delete an ended hold")),
+        }
     }
 }
