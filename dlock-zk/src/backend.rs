@@ -511,6 +511,47 @@ impl ZkBackend {
         })
     }
 
+    /// Joins the queue and lists it in one round trip: the client sends
+    /// requests in call order, so the listing goes out right behind the
+    /// create, and the server, answering a session's requests in order,
+    /// lists the queue with our node in it. Falls back to [`Self::enqueue`]
+    /// (which creates missing parents and finds a node whose reply was
+    /// lost) when the create fails.
+    async fn enqueue_and_list(
+        &self,
+        client: &zk::Client,
+        dir: &str,
+        owner: OwnerToken,
+    ) -> Result<(String, i64, Option<(Vec<String>, bool)>)> {
+        let prefix = protected_prefix(owner);
+        let path = format!("{dir}/{prefix}lock-");
+        let node_opts = zk::CreateMode::EphemeralSequential.with_acls(self.acls());
+        let create = client.create(&path, &[], &node_opts);
+        let list = client.list_children(dir);
+        let (created, listed) = tokio::join!(self.bounded(create), self.bounded(list));
+        match created {
+            Ok((stat, seq)) => Ok((
+                format!("{path}{seq}"),
+                stat.czxid,
+                listed.ok().map(sorted_queue),
+            )),
+            // Not created: the parents are missing (containers come and go).
+            Err(zk::Error::NoNode) => {
+                let (node, czxid) = self.enqueue(client, dir, owner).await?;
+                Ok((node, czxid, None))
+            }
+            // Maybe created: look for it before creating another.
+            Err(zk::Error::ConnectionLoss) => match self.find_own(client, dir, &prefix).await? {
+                Some((node, czxid)) => Ok((node, czxid, None)),
+                None => {
+                    let (node, czxid) = self.enqueue(client, dir, owner).await?;
+                    Ok((node, czxid, None))
+                }
+            },
+            Err(e) => Err(zk_error(e, "create the lock node")),
+        }
+    }
+
     /// Our node in `dir`, by its protected prefix.
     async fn find_own(
         &self,
@@ -537,15 +578,12 @@ impl ZkBackend {
     /// The queue of `dir`, sorted by sequence number, and whether a hold
     /// node (see [`crate::hold`]) is there too.
     async fn queue(&self, client: &zk::Client, dir: &str) -> Result<(Vec<String>, bool)> {
-        let mut children: Vec<String> = match self.bounded(client.list_children(dir)).await {
+        let children: Vec<String> = match self.bounded(client.list_children(dir)).await {
             Ok(children) => children,
             Err(zk::Error::NoNode) => Vec::new(),
             Err(e) => return Err(zk_error(e, "list the lock queue")),
         };
-        let hold = children.iter().any(|c| c == HOLD_NODE);
-        children.retain(|c| sequence(c).is_some());
-        children.sort_by_key(|c| sequence(c));
-        Ok((children, hold))
+        Ok(sorted_queue(children))
     }
 
     /// Takes a place in the queue and waits for the front, up to `deadline`
@@ -562,13 +600,19 @@ impl ZkBackend {
             node: None,
             armed: true,
         };
-        let (path, czxid) = self.enqueue(&client, &dir, owner).await?;
+        let (path, czxid, mut listed) = self.enqueue_and_list(&client, &dir, owner).await?;
         pending.node = Some(path.clone());
         // Checked only now, so that a bad one still gets the node deleted.
         let czxid = fencing_token(czxid)?;
         let node = path.rsplit('/').next().unwrap_or_default().to_owned();
         loop {
-            let (queue, hold) = self.queue(&client, &dir).await?;
+            let (queue, hold) = match listed.take() {
+                // The listing sent with the create: the server answers a
+                // session's requests in order, so it holds our node. Read
+                // again if it does not, rather than trust it.
+                Some(first) if first.0.contains(&node) => first,
+                _ => self.queue(&client, &dir).await?,
+            };
             let Some(at) = queue.iter().position(|c| *c == node) else {
                 // Our node vanished: the session expired under us.
                 return Err(Error::connection(
@@ -666,6 +710,15 @@ impl Pending {
         }
         self.armed = false;
     }
+}
+
+/// The lock nodes among a folder's children, sorted by sequence number, and
+/// whether a hold node is there too.
+fn sorted_queue(mut children: Vec<String>) -> (Vec<String>, bool) {
+    let hold = children.iter().any(|c| c == HOLD_NODE);
+    children.retain(|c| sequence(c).is_some());
+    children.sort_by_key(|c| sequence(c));
+    (children, hold)
 }
 
 /// A fencing token from a node's creation zxid, which is positive on a
