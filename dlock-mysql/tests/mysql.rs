@@ -445,3 +445,66 @@ async fn url_with_user(user: &str) -> String {
     let at = good.find('@').unwrap();
     format!("mysql://{user}:pw{}", &good[at..])
 }
+
+/// The server's counters of statements (`Questions`) and of pings and
+/// other admin commands (`Com_admin_commands`).
+async fn counters(conn: &mut sqlx::MySqlConnection) -> (u64, u64) {
+    let rows: Vec<(String, String)> = sqlx::query_as(
+        "SHOW GLOBAL STATUS WHERE Variable_name IN ('Questions', 'Com_admin_commands')",
+    )
+    .fetch_all(conn)
+    .await
+    .unwrap();
+    let get = |name: &str| -> u64 {
+        rows.iter()
+            .find(|(n, _)| n.eq_ignore_ascii_case(name))
+            .and_then(|(_, v)| v.parse().ok())
+            .unwrap_or_else(|| panic!("no {name} in {rows:?}"))
+    };
+    (get("Questions"), get("Com_admin_commands"))
+}
+
+/// An acquire and a release cost the server two statements, and no ping:
+/// the driver's pool does not test a connection before lending it. A plain
+/// sqlx pool, which pings on every checkout by default, is the control
+/// that shows the count sees pings. On a server of its own, so that no
+/// other test's statements are counted.
+#[tokio::test]
+async fn a_cycle_costs_two_statements_and_no_ping() {
+    use sqlx::Connection;
+    let server = start(Service::MariaDb, ServerOptions::default()).await;
+    let b = MySqlBackend::connect(server.url()).await.unwrap();
+    let mut admin = sqlx::MySqlConnection::connect(server.url()).await.unwrap();
+    let cycles = 100;
+    let before = counters(&mut admin).await;
+    for i in 0..cycles {
+        let lease = b
+            .try_acquire(&format!("count-{i}"), &opts())
+            .await
+            .unwrap()
+            .unwrap();
+        b.release(&lease).await.unwrap();
+    }
+    let after = counters(&mut admin).await;
+    // The first counter read is itself a statement.
+    let statements = after.0 - before.0 - 1;
+    let pings = after.1 - before.1;
+    eprintln!("{cycles} cycles: {statements} statements, {pings} pings");
+    assert_eq!(statements, 2 * cycles, "statements for {cycles} cycles");
+    assert_eq!(pings, 0, "pings for {cycles} cycles");
+
+    let pool = sqlx::mysql::MySqlPoolOptions::new()
+        .max_connections(1)
+        .connect(server.url())
+        .await
+        .unwrap();
+    let before = counters(&mut admin).await;
+    for _ in 0..10 {
+        sqlx::query("SELECT 1").execute(&pool).await.unwrap();
+    }
+    let after = counters(&mut admin).await;
+    assert!(
+        after.1 - before.1 >= 10,
+        "the control's pings were not counted: {before:?} → {after:?}"
+    );
+}
