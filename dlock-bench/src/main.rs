@@ -73,6 +73,11 @@ struct Args {
     /// `--json`, without measuring anything.
     #[arg(long)]
     render: Option<PathBuf>,
+    /// After the tables, print every figure beside the same figure of a
+    /// run saved with `--json`, and their ratio (with `--render`, compares
+    /// two saved runs without measuring).
+    #[arg(long, value_name = "OLD.json")]
+    compare: Option<PathBuf>,
     /// Where the charts go (scaling.svg, latency.svg).
     #[arg(long, default_value = "target/dlock-bench")]
     charts: PathBuf,
@@ -258,6 +263,10 @@ async fn run(args: Args) -> Result<()> {
 
 fn publish(report: &Report, args: &Args) -> Result<()> {
     println!("{}", report::markdown(report));
+    if let Some(path) = &args.compare {
+        let old: Report = serde_json::from_str(&std::fs::read_to_string(path)?)?;
+        println!("{}", report::compare(&old, report)?);
+    }
     report::charts(report, &args.charts)?;
     eprintln!("charts: {}", args.charts.display());
     Ok(())

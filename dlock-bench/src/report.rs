@@ -1,5 +1,6 @@
 //! The results: a markdown table on stdout, JSON, and SVG charts.
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
 use std::path::Path;
 
@@ -40,6 +41,76 @@ fn ms(us: u64) -> String {
 
 fn opt<T>(v: Option<T>, f: impl FnOnce(T) -> String) -> String {
     v.map(f).unwrap_or_else(|| "–".to_owned())
+}
+
+/// Every number of a report, by where it is: `<backend>.<figure>…`, with
+/// the scaling sweep keyed by client count (`scaling.16.ops_per_s`).
+fn figures(report: &Report) -> Result<BTreeMap<String, f64>> {
+    fn walk(path: &str, value: &serde_json::Value, out: &mut BTreeMap<String, f64>) {
+        let join = |key: &str| {
+            if path.is_empty() {
+                key.to_owned()
+            } else {
+                format!("{path}.{key}")
+            }
+        };
+        match value {
+            serde_json::Value::Number(n) => {
+                if let Some(n) = n.as_f64() {
+                    out.insert(path.to_owned(), n);
+                }
+            }
+            serde_json::Value::Object(fields) => {
+                for (key, value) in fields {
+                    walk(&join(key), value, out);
+                }
+            }
+            serde_json::Value::Array(items) => {
+                for (i, item) in items.iter().enumerate() {
+                    // Rows of a sweep are matched by their client count.
+                    let key = match item.get("clients").and_then(|c| c.as_u64()) {
+                        Some(clients) => clients.to_string(),
+                        None => i.to_string(),
+                    };
+                    walk(&join(&key), item, out);
+                }
+            }
+            _ => {}
+        }
+    }
+    let mut out = BTreeMap::new();
+    for backend in &report.backends {
+        walk(&backend.backend, &serde_json::to_value(backend)?, &mut out);
+    }
+    Ok(out)
+}
+
+/// Each figure of `new` beside the same figure of `old`, and new / old.
+/// Figures in one run only are listed with a dash.
+pub fn compare(old: &Report, new: &Report) -> Result<String> {
+    let (old_figures, new_figures) = (figures(old)?, figures(new)?);
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "**Compared with a saved run** ({}; {} clients, {:.1} s per measurement{})\n",
+        old.machine,
+        old.clients,
+        old.duration_s,
+        if old.quick { ", --quick" } else { "" }
+    );
+    let _ = writeln!(s, "| figure | saved | now | now / saved |");
+    let _ = writeln!(s, "|---|---|---|---|");
+    let keys: BTreeSet<&String> = old_figures.keys().chain(new_figures.keys()).collect();
+    for key in keys {
+        let (was, is) = (old_figures.get(key), new_figures.get(key));
+        let ratio = match (was, is) {
+            (Some(&was), Some(&is)) if was != 0.0 => format!("{:.2}", is / was),
+            _ => "–".to_owned(),
+        };
+        let show = |v: Option<&f64>| v.map_or_else(|| "–".to_owned(), |v| format!("{v:.4}"));
+        let _ = writeln!(s, "| {key} | {} | {} | {ratio} |", show(was), show(is));
+    }
+    Ok(s)
 }
 
 pub fn markdown(r: &Report) -> String {
@@ -273,4 +344,39 @@ pub fn charts(r: &Report, dir: &Path) -> Result<()> {
         },
         &latency,
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn report(cycles_per_s: f64) -> Report {
+        let text = std::fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../docs/bench/results.json"
+        ))
+        .unwrap();
+        let mut report: Report = serde_json::from_str(&text).unwrap();
+        for b in &mut report.backends {
+            if let Some(c) = &mut b.cycle {
+                c.ops_per_s = cycles_per_s;
+            }
+        }
+        report
+    }
+
+    #[test]
+    fn compare_gives_each_figure_its_ratio() {
+        let table = compare(&report(1000.0), &report(1500.0)).unwrap();
+        let cycle = table
+            .lines()
+            .find(|l| l.starts_with("| redis.cycle.ops_per_s |"))
+            .unwrap();
+        assert!(cycle.ends_with("| 1.50 |"), "{cycle}");
+        let sweep = table
+            .lines()
+            .find(|l| l.starts_with("| redis.scaling.16.ops_per_s |"))
+            .unwrap();
+        assert!(sweep.ends_with("| 1.00 |"), "{sweep}");
+    }
 }
