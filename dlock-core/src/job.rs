@@ -17,6 +17,9 @@
 //! [`Locker::run_job`] runs one occurrence; [`ScheduledJob`] runs a job on
 //! a [`Schedule`] (a fixed period, or a cron expression with the `cron`
 //! feature), one lock per occurrence: `<job>@<scheduled time in Unix ms>`.
+//! Those names are used once: on Redis they expire, on ZooKeeper the
+//! releasing node cleans up, and on MySQL each leaves a row, which the
+//! driver's purger (`MySqlBackend::spawn_purger`) deletes after an hour.
 
 use std::future::Future;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
