@@ -234,7 +234,7 @@ async fn run(args: Args) -> Result<()> {
         if has(Scenario::Contended) {
             bar.set_message(format!("{name}: contended"));
             r.contended =
-                Some(scenarios::contended(&clients[..args.clients], name, duration).await?);
+                Some(scenarios::contended(target, &clients[..args.clients], name, duration).await?);
             bar.inc(1);
         }
         if has(Scenario::Held) {

@@ -155,26 +155,34 @@ pub fn markdown(r: &Report) -> String {
     }
     let _ = writeln!(
         s,
-        "\n**Contention on one name** (hand-off: release to next grant, ms)\n"
+        "\n**Contention on one name** (hand-off: release to the next grant to another client, ms; every client has its own backend instance and connections)\n"
     );
     let _ = writeln!(
         s,
-        "| backend | grants/s | hand-off p50 | p99 | p50 in round trips | grants per client min–max | Jain |"
+        "| backend | grants/s | hand-off p50 | p99 | p50 in round trips | taken back by the releaser | server requests per grant | waiting load (requests/s per waiter) | grants per client min–max | Jain |"
     );
-    let _ = writeln!(s, "|---|---|---|---|---|---|---|");
+    let _ = writeln!(s, "|---|---|---|---|---|---|---|---|---|---|");
     for b in &r.backends {
         let Some(c) = &b.contended else { continue };
         let rtts = opt(b.round_trip.as_ref(), |l| {
             format!("{:.1}", c.handoff.p50_us as f64 / l.p50_us.max(1) as f64)
         });
+        let taken_back = if c.grants > 0 {
+            format!("{:.0} %", 100.0 * c.regrants as f64 / c.grants as f64)
+        } else {
+            "–".to_owned()
+        };
         let _ = writeln!(
             s,
-            "| {} | {:.0} | {} | {} | {} | {}–{} | {:.3} |",
+            "| {} | {:.0} | {} | {} | {} | {} | {} | {} | {}–{} | {:.3} |",
             b.backend,
             c.grants_per_s,
             ms(c.handoff.p50_us),
             ms(c.handoff.p99_us),
             rtts,
+            taken_back,
+            opt(c.requests_per_grant, |r| format!("{r:.1}")),
+            opt(c.waiting_requests_per_s, |r| format!("{r:.1}")),
             c.min_grants_per_client,
             c.max_grants_per_client,
             c.jain

@@ -87,8 +87,22 @@ pub struct Contention {
     pub clients: usize,
     pub grants: u64,
     pub grants_per_s: f64,
-    /// From the holder's release to the next grant, in any client.
+    /// From the holder's release to the next grant to another client:
+    /// what two processes see. Each client has its own backend instance,
+    /// connections and pool, so no in-process wake-up helps.
     pub handoff: Latency,
+    /// Grants that went back to the client that had just released (not
+    /// hand-offs).
+    #[serde(default)]
+    pub regrants: u64,
+    /// Server requests per grant, waiting included (where the server counts
+    /// them).
+    #[serde(default)]
+    pub requests_per_grant: Option<f64>,
+    /// The load of waiting: server requests per second per waiting client,
+    /// beyond the acquire and release of each grant.
+    #[serde(default)]
+    pub waiting_requests_per_s: Option<f64>,
     pub min_grants_per_client: u64,
     pub max_grants_per_client: u64,
     /// Jain's fairness index of grants per client: 1 is perfectly even.
@@ -96,16 +110,19 @@ pub struct Contention {
 }
 
 pub async fn contended(
+    target: &Target,
     clients: &[Arc<dyn Backend>],
     run: &str,
     duration: Duration,
 ) -> Result<Contention> {
     let name = format!("bench:{run}:contended:{:x}", std::process::id());
-    let released: Arc<Mutex<Option<Instant>>> = Arc::default();
+    // When, and by which client, the lock was last released.
+    let released: Arc<Mutex<Option<(Instant, usize)>>> = Arc::default();
+    let requests_before = target.server_stats().await?.map(|(requests, _)| requests);
     let started = Instant::now();
     let end = started + duration;
     let mut tasks = Vec::new();
-    for backend in clients {
+    for (me, backend) in clients.iter().enumerate() {
         let backend = backend.clone();
         let name = name.clone();
         let released = released.clone();
@@ -114,38 +131,53 @@ pub async fn contended(
                 .ttl(Duration::from_secs(10))
                 .wait(GRANT_TIMEOUT);
             let mut h = histogram()?;
-            let mut grants = 0u64;
+            let (mut grants, mut regrants) = (0u64, 0u64);
             while Instant::now() < end {
                 let lease = backend.acquire(&name, &opts).await?;
                 let previous = released
                     .lock()
                     .unwrap_or_else(PoisonError::into_inner)
                     .take();
-                if let Some(at) = previous {
-                    h.record(micros(at.elapsed()))?;
+                match previous {
+                    Some((_, by)) if by == me => regrants += 1,
+                    Some((at, _)) => h.record(micros(at.elapsed()))?,
+                    None => {}
                 }
                 grants += 1;
-                *released.lock().unwrap_or_else(PoisonError::into_inner) = Some(Instant::now());
+                *released.lock().unwrap_or_else(PoisonError::into_inner) =
+                    Some((Instant::now(), me));
                 backend.release(&lease).await?;
             }
-            Ok::<_, crate::target::BoxError>((h, grants))
+            Ok::<_, crate::target::BoxError>((h, grants, regrants))
         }));
     }
     let mut all = histogram()?;
     let mut per_client = Vec::new();
+    let mut regrants = 0;
     for task in tasks {
-        let (h, grants) = task.await??;
+        let (h, grants, again) = task.await??;
         all.add(h)?;
         per_client.push(grants);
+        regrants += again;
     }
+    let elapsed = started.elapsed().as_secs_f64();
+    let requests_after = target.server_stats().await?.map(|(requests, _)| requests);
     let total: u64 = per_client.iter().sum();
     let squares: f64 = per_client.iter().map(|&g| (g as f64).powi(2)).sum();
     let n = per_client.len() as f64;
+    let requests = requests_before
+        .zip(requests_after)
+        .map(|(before, after)| after.saturating_sub(before) as f64);
+    let waiters = clients.len().saturating_sub(1).max(1) as f64;
     Ok(Contention {
         clients: clients.len(),
         grants: total,
-        grants_per_s: total as f64 / started.elapsed().as_secs_f64(),
+        grants_per_s: total as f64 / elapsed,
         handoff: Latency::from(&all),
+        regrants,
+        requests_per_grant: requests.map(|r| r / total.max(1) as f64),
+        waiting_requests_per_s: requests
+            .map(|r| (r - 2.0 * total as f64).max(0.0) / elapsed / waiters),
         min_grants_per_client: per_client.iter().copied().min().unwrap_or(0),
         max_grants_per_client: per_client.iter().copied().max().unwrap_or(0),
         jain: if squares > 0.0 {
