@@ -71,18 +71,12 @@ impl ToyBackend {
 #[async_trait]
 impl Backend for ToyBackend {
     fn capabilities(&self) -> Capabilities {
-        Capabilities {
-            lease: LeaseKind::Ttl,
-            fencing: true,
-            fencing_survives_restart: false,
-            notify: false,
-            fifo: false,
-            distributed: false,
-            cleanup: true,
-            // No `release_after`: the suite's delayed-release cases say so
-            // and pass.
-            delayed_release: false,
-        }
+        let mut caps = Capabilities::new(LeaseKind::Ttl);
+        caps.fencing = true;
+        caps.cleanup = true;
+        // No `release_after`: the suite's delayed-release cases say so
+        // and pass.
+        caps
     }
 
     async fn try_acquire(&self, name: &str, opts: &LockOptions) -> Result<Option<Lease>> {

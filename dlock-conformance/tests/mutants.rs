@@ -365,16 +365,13 @@ impl Drop for Cleanup {
 #[async_trait]
 impl Backend for Sim {
     fn capabilities(&self) -> Capabilities {
-        Capabilities {
-            lease: LeaseKind::Ttl,
-            fencing: !self.has(Bug::RacyCheckThenSet),
-            fencing_survives_restart: false,
-            notify: true,
-            fifo: false,
-            distributed: true,
-            cleanup: true,
-            delayed_release: true,
-        }
+        let mut caps = Capabilities::new(LeaseKind::Ttl);
+        caps.fencing = !self.has(Bug::RacyCheckThenSet);
+        caps.notify = true;
+        caps.distributed = true;
+        caps.cleanup = true;
+        caps.delayed_release = true;
+        caps
     }
 
     async fn try_acquire(&self, name: &str, opts: &LockOptions) -> Result<Option<Lease>> {

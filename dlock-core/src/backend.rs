@@ -19,7 +19,20 @@ pub enum LeaseKind {
 
 /// What a backend can do, declared by the driver and checked by the
 /// conformance suite before each case that needs it.
+///
+/// Drivers start from [`Capabilities::new`] and switch on what they have,
+/// so that a capability added in a later release is off for a driver that
+/// does not know it:
+///
+/// ```
+/// use dlock_core::{Capabilities, LeaseKind};
+/// let mut caps = Capabilities::new(LeaseKind::Ttl);
+/// caps.fencing = true;
+/// caps.distributed = true;
+/// assert!(!caps.notify);
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Capabilities {
     /// How leases end.
     pub lease: LeaseKind,
@@ -42,6 +55,22 @@ pub struct Capabilities {
     /// server, by the server's clock, for the time asked, also when the
     /// releasing client goes away.
     pub delayed_release: bool,
+}
+
+impl Capabilities {
+    /// Leases of kind `lease`, and no other capability.
+    pub const fn new(lease: LeaseKind) -> Self {
+        Capabilities {
+            lease,
+            fencing: false,
+            fencing_survives_restart: false,
+            notify: false,
+            fifo: false,
+            distributed: false,
+            cleanup: false,
+            delayed_release: false,
+        }
+    }
 }
 
 /// Who holds a lock, as [`Backend::inspect`] reports it.

@@ -623,18 +623,15 @@ impl Drop for Purger {
 #[async_trait]
 impl Backend for MySqlBackend {
     fn capabilities(&self) -> Capabilities {
-        Capabilities {
-            lease: LeaseKind::Ttl,
-            fencing: true,
-            // Tokens fold in the database clock (tested across a restart and
-            // a deleted row); durable only with the settings in the README.
-            fencing_survives_restart: true,
-            notify: false,
-            fifo: false,
-            distributed: true,
-            cleanup: true,
-            delayed_release: true,
-        }
+        let mut caps = Capabilities::new(LeaseKind::Ttl);
+        caps.fencing = true;
+        // Tokens fold in the database clock (tested across a restart and
+        // a deleted row); durable only with the settings in the README.
+        caps.fencing_survives_restart = true;
+        caps.distributed = true;
+        caps.cleanup = true;
+        caps.delayed_release = true;
+        caps
     }
 
     fn driver(&self) -> &'static str {

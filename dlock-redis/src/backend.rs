@@ -365,16 +365,14 @@ impl RedisBackend {
 #[async_trait]
 impl Backend for RedisBackend {
     fn capabilities(&self) -> Capabilities {
-        Capabilities {
-            lease: LeaseKind::Ttl,
-            fencing: true,
-            fencing_survives_restart: true,
-            notify: true,
-            fifo: false,
-            distributed: true,
-            cleanup: true,
-            delayed_release: true,
-        }
+        let mut caps = Capabilities::new(LeaseKind::Ttl);
+        caps.fencing = true;
+        caps.fencing_survives_restart = true;
+        caps.notify = true;
+        caps.distributed = true;
+        caps.cleanup = true;
+        caps.delayed_release = true;
+        caps
     }
 
     fn driver(&self) -> &'static str {

@@ -795,16 +795,15 @@ struct Uncertain {
 #[async_trait]
 impl Backend for ZkBackend {
     fn capabilities(&self) -> Capabilities {
-        Capabilities {
-            lease: LeaseKind::Session,
-            fencing: true,
-            fencing_survives_restart: true,
-            notify: true,
-            fifo: true,
-            distributed: true,
-            cleanup: true,
-            delayed_release: true,
-        }
+        let mut caps = Capabilities::new(LeaseKind::Session);
+        caps.fencing = true;
+        caps.fencing_survives_restart = true;
+        caps.notify = true;
+        caps.fifo = true;
+        caps.distributed = true;
+        caps.cleanup = true;
+        caps.delayed_release = true;
+        caps
     }
 
     fn driver(&self) -> &'static str {
