@@ -11,7 +11,7 @@ use dlock_core::{
 use tokio::time::sleep;
 use zookeeper_client as zk;
 
-use crate::hold::HOLD_NODE;
+use crate::hold::{HOLD_NODE, hold_path};
 use crate::path::{escape, owner_of, protected_prefix, sequence, unescape};
 
 pub(crate) const NAME: &str = "zookeeper";
@@ -635,8 +635,10 @@ impl ZkBackend {
                 }
                 // Until the hold ends, or its node goes (an operator's
                 // forced release).
-                let hold_node = format!("{dir}/{HOLD_NODE}");
-                let watcher = match self.bounded(client.check_and_watch_stat(&hold_node)).await {
+                let watcher = match self
+                    .bounded(client.check_and_watch_stat(&hold_path(&dir)))
+                    .await
+                {
                     Ok((_, watcher)) => watcher,
                     Err(e) => return Err(zk_error(e, "watch the lock's hold")),
                 };

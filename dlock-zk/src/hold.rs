@@ -69,7 +69,7 @@ impl Hold {
     }
 }
 
-fn hold_path(dir: &str) -> String {
+pub(crate) fn hold_path(dir: &str) -> String {
     format!("{dir}/{HOLD_NODE}")
 }
 
@@ -99,7 +99,8 @@ impl ZkBackend {
 
     /// How long the hold of `dir` still keeps the lock, by the leader's
     /// clock; `None` when there is none (an expired one is deleted). `node`
-    /// is our queue node, written to learn the leader's time.
+    /// is written to learn the leader's time: our queue node, or the
+    /// lock's folder.
     pub(crate) async fn hold_left(
         &self,
         client: &zk::Client,
@@ -221,24 +222,6 @@ impl ZkBackend {
     /// Deletes the hold of `dir` if it has ended by the leader's clock,
     /// which a write to the lock's folder itself tells.
     async fn delete_ended_hold(&self, dir: &str) -> Result<()> {
-        let client = self.client();
-        let Some(hold) = self.read_hold(&client, dir).await? else {
-            return Ok(());
-        };
-        let now = match self.bounded(client.set_data(dir, &[], None)).await {
-            Ok(stat) => stat.mtime,
-            Err(zk::Error::NoNode) => return Ok(()),
-            Err(e) => return Err(zk_error(e, "read the server's clock")),
-        };
-        if hold.ends_at() > now {
-            return Ok(());
-        }
-        match self
-            .bounded(client.delete(&hold_path(dir), Some(hold.stat.version)))
-            .await
-        {
-            Ok(()) | Err(zk::Error::NoNode | zk::Error::BadVersion) => Ok(()),
-            Err(e) => Err(zk_error(e, "delete an ended hold")),
-        }
+        self.hold_left(&self.client(), dir, dir).await.map(drop)
     }
 }
