@@ -454,6 +454,98 @@ pub async fn guard_renews_past_ttl(backend: &Arc<dyn Backend>) {
     guard.release().await.expect("release");
 }
 
+/// `extend_many` judges each lease by its own owner token: it extends the
+/// leases that still hold their names and reports the others not held, a
+/// stale lease next to the new holder of its name among them.
+pub async fn extend_many_acts_per_lease(backend: &Arc<dyn Backend>) {
+    let case = "extend_many_acts_per_lease";
+    if !needs_ttl(backend.as_ref(), case) {
+        return;
+    }
+    let (kept, taken, never) = (unique_name(case), unique_name(case), unique_name(case));
+    let holder = must_acquire(backend.as_ref(), &kept, &short()).await;
+    let stale = must_acquire(backend.as_ref(), &taken, &short()).await;
+    backend.release(&stale).await.expect("release");
+    let current = must_acquire(backend.as_ref(), &taken, &short()).await;
+    let owner = OwnerToken::random().expect("random");
+    let foreign = Lease::with_ttl(&never, owner, 1, &short(), Instant::now());
+    // Late in the first TTL, so that the leases outlive it only if extended.
+    sleep(SHORT_TTL * 5 / 8).await;
+    let mut batch = vec![stale, holder, foreign, current];
+    let held = backend.extend_many(&mut batch).await.expect("extend_many");
+    assert_eq!(
+        held,
+        [false, true, false, true],
+        "extend_many must judge each lease by its own owner token: [a stale \
+         lease, its holder, a lease never granted, the name's new holder]"
+    );
+    sleep(SHORT_TTL * 5 / 8).await;
+    for (lease, name) in [(&batch[1], &kept), (&batch[3], &taken)] {
+        assert!(
+            lease.is_valid(),
+            "an extended lease's deadline did not move"
+        );
+        assert_held(
+            backend.as_ref(),
+            name,
+            "extend_many did not extend the lock",
+        )
+        .await;
+    }
+    assert!(
+        backend.inspect(&never).await.expect("inspect").is_none(),
+        "extend_many created a lock for a lease never granted"
+    );
+    for lease in [&batch[1], &batch[3]] {
+        backend.release(lease).await.expect("release");
+    }
+}
+
+/// Renewing many guards together, the renewal that finds a lock taken
+/// over tells that guard `lost()` within a TTL, and the guards renewed with
+/// it keep their locks.
+pub async fn batch_renewal_loses_only_the_taken_over_guard(backend: &Arc<dyn Backend>) {
+    let case = "batch_renewal_loses_only_the_taken_over_guard";
+    if !needs_ttl(backend.as_ref(), case) {
+        return;
+    }
+    let locker = Locker::from_arc(backend.clone());
+    let mut guards = Vec::new();
+    for _ in 0..8 {
+        let name = unique_name(case);
+        guards.push(
+            locker
+                .try_acquire(&name, &short())
+                .await
+                .expect("try_acquire")
+                .expect("free"),
+        );
+    }
+    let victim = guards.remove(3);
+    backend.release(victim.lease()).await.expect("release");
+    let thief = must_acquire(backend.as_ref(), victim.name(), &long()).await;
+    tokio::time::timeout(SHORT_TTL, victim.lost())
+        .await
+        .expect("the guard whose lock was taken over is told lost() within a TTL");
+    sleep(SHORT_TTL * 2).await;
+    for guard in &guards {
+        assert!(
+            guard.is_valid(),
+            "a guard renewed with a lost one was lost too"
+        );
+        assert_held(
+            backend.as_ref(),
+            guard.name(),
+            "a renewed guard's lock expired",
+        )
+        .await;
+    }
+    for guard in guards {
+        guard.release().await.expect("release");
+    }
+    backend.release(&thief).await.expect("release");
+}
+
 /// Without renewal a guard's `lost()` resolves when its lease runs out.
 pub async fn guard_lost_fires_at_expiry(backend: &Arc<dyn Backend>) {
     if !needs_ttl(backend.as_ref(), "guard_lost_fires_at_expiry") {

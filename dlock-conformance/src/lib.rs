@@ -168,6 +168,8 @@ macro_rules! __case_list {
                 invalid_names_are_rejected,
                 invalid_options_are_rejected,
                 guard_renews_past_ttl,
+                extend_many_acts_per_lease,
+                batch_renewal_loses_only_the_taken_over_guard,
                 guard_lost_fires_at_expiry,
                 guard_drop_releases,
                 with_lock_runs_under_the_lock,

@@ -71,6 +71,12 @@ enum Bug {
     /// `force_release` reports the holder but removes nothing (a delete
     /// keyed on the wrong row).
     ForceReleaseOnlyReports,
+    /// `extend_many` checks ownership by name: a lease counts as extended
+    /// when any lease of the batch holds its name (a stale lease next to
+    /// the name's new holder, say).
+    BatchOwnerByName,
+    /// `extend_many` fails the whole batch as not held when one lease is.
+    BatchFailsAsAWhole,
 }
 
 /// The lock server: TTLs, fencing, release notifications.
@@ -177,6 +183,22 @@ impl Server {
             return true;
         }
         false
+    }
+
+    /// Extends each `(name, owner, ttl)` its owner holds; with `by_name`,
+    /// answers for a name as a whole instead.
+    fn extend_many(&self, batch: &[(String, OwnerToken, Duration)], by_name: bool) -> Vec<bool> {
+        let done: Vec<bool> = batch
+            .iter()
+            .map(|(n, o, t)| self.extend(n, *o, *t))
+            .collect();
+        if !by_name {
+            return done;
+        }
+        batch
+            .iter()
+            .map(|(name, ..)| batch.iter().zip(&done).any(|((n, ..), &d)| d && n == name))
+            .collect()
     }
 
     /// Held locks under `prefix` after `cursor`, sorted; with `all`, free
@@ -371,6 +393,7 @@ impl Backend for Sim {
         caps.distributed = true;
         caps.cleanup = true;
         caps.delayed_release = true;
+        caps.batch_extend = true;
         caps
     }
 
@@ -460,6 +483,29 @@ impl Backend for Sim {
         }
         lease.extended(sent);
         Ok(())
+    }
+
+    async fn extend_many(&self, leases: &mut [Lease]) -> Result<Vec<bool>> {
+        let sent = Instant::now();
+        let batch: Vec<_> = leases
+            .iter()
+            .map(|l| (l.name().to_owned(), l.owner(), l.ttl().unwrap_or_default()))
+            .collect();
+        let by_name = self.has(Bug::BatchOwnerByName);
+        let mut held = if self.has(Bug::ExtendDoesNothing) {
+            vec![true; batch.len()]
+        } else {
+            self.call(|s| s.extend_many(&batch, by_name)).await?
+        };
+        if self.has(Bug::BatchFailsAsAWhole) && held.contains(&false) {
+            held = vec![false; held.len()];
+        }
+        for (lease, &held) in leases.iter_mut().zip(&held) {
+            if held {
+                lease.extended(sent);
+            }
+        }
+        Ok(held)
     }
 
     async fn inspect(&self, name: &str) -> Result<Option<LockInfo>> {
@@ -715,6 +761,23 @@ async fn a_hold_the_released_lease_can_still_touch_is_caught() {
     assert_caught(
         Bug::ReleaseAfterKeepsOwner,
         &["release_after_holds_the_name_until_then"],
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_renewal_that_checks_owners_by_name_is_caught() {
+    assert_caught(Bug::BatchOwnerByName, &["extend_many_acts_per_lease"]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_renewal_that_fails_as_a_whole_is_caught() {
+    assert_caught(
+        Bug::BatchFailsAsAWhole,
+        &[
+            "extend_many_acts_per_lease",
+            "batch_renewal_loses_only_the_taken_over_guard",
+        ],
     )
     .await;
 }

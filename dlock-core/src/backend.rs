@@ -55,6 +55,10 @@ pub struct Capabilities {
     /// server, by the server's clock, for the time asked, also when the
     /// releasing client goes away.
     pub delayed_release: bool,
+    /// [`Backend::extend_many`] extends a whole batch of leases in one
+    /// request (or a few), so that the renewal of many held leases costs a
+    /// few requests per renewal period rather than one per lease.
+    pub batch_extend: bool,
 }
 
 impl Capabilities {
@@ -69,6 +73,7 @@ impl Capabilities {
             distributed: false,
             cleanup: false,
             delayed_release: false,
+            batch_extend: false,
         }
     }
 }
@@ -130,6 +135,11 @@ impl LockPage {
         LockPage { locks, next }
     }
 }
+
+/// The most leases [`Backend::extend_many`] is given at once: small enough
+/// for one request and for one script run to stay short on the server, large
+/// enough that 10,000 held leases cost ten requests per renewal period.
+pub const MAX_BATCH: usize = 1000;
 
 /// A lock service: what each driver implements. Users normally go through
 /// [`Locker`](crate::Locker), which adds guards, renewal and `with_lock`.
@@ -211,6 +221,30 @@ pub trait Backend: Send + Sync + Debug {
     /// [`Error::NotHeld`](crate::Error::NotHeld) if the lease is no longer the
     /// holder.
     async fn extend(&self, lease: &mut Lease) -> Result<()>;
+
+    /// Extends each lease as [`Backend::extend`] does, in as few requests as
+    /// the backend can; the guards' renewal scheduler calls it with up to
+    /// [`MAX_BATCH`] leases at a time. Returns, in order, whether each lease
+    /// was still held and is now extended (its deadline moved); `false` is
+    /// what `extend` reports as `NotHeld`.
+    ///
+    /// The default extends one lease after another; drivers that can do
+    /// better override it and declare [`Capabilities::batch_extend`].
+    ///
+    /// # Errors
+    /// A failure of the request as a whole (connection, timeout): the
+    /// caller must not count any lease of the batch as extended.
+    async fn extend_many(&self, leases: &mut [Lease]) -> Result<Vec<bool>> {
+        let mut held = Vec::with_capacity(leases.len());
+        for lease in leases {
+            match self.extend(lease).await {
+                Ok(()) => held.push(true),
+                Err(crate::Error::NotHeld { .. }) => held.push(false),
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(held)
+    }
 
     /// Ends the lease but keeps the name locked for `hold` more, judged by
     /// the server's clock: until then nobody is granted it, and after that

@@ -2,11 +2,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::watch;
-use tokio::time::{Instant, sleep_until, timeout_at};
-use tokio_util::sync::{CancellationToken, DropGuard};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
 
-use crate::observe::metric;
-use crate::options::deadline_after;
+use crate::renew::{Registration, Renewer};
 use crate::{Backend, Error, Lease, LockInfo, LockOptions, LockPage, Observed, OwnerToken, Result};
 
 /// The handle users lock with: a shared backend plus guards, renewal and
@@ -27,6 +26,7 @@ use crate::{Backend, Error, Lease, LockInfo, LockOptions, LockPage, Observed, Ow
 #[derive(Debug, Clone)]
 pub struct Locker {
     backend: Arc<dyn Backend>,
+    pub(crate) renewer: Renewer,
 }
 
 impl Locker {
@@ -38,8 +38,10 @@ impl Locker {
 
     /// A locker over a backend that is already shared.
     pub fn from_arc(backend: Arc<dyn Backend>) -> Self {
+        let backend: Arc<dyn Backend> = Arc::new(Observed::new(backend));
         Locker {
-            backend: Arc::new(Observed::new(backend)),
+            renewer: Renewer::new(backend.clone()),
+            backend,
         }
     }
 
@@ -52,13 +54,19 @@ impl Locker {
     /// that holds it.
     pub async fn acquire(&self, name: &str, opts: &LockOptions) -> Result<Guard> {
         let lease = self.backend.acquire(name, opts).await?;
-        Ok(Guard::new(self.backend.clone(), lease, opts.renew_value()))
+        Ok(Guard::watched(
+            &self.renewer,
+            self.backend.clone(),
+            lease,
+            opts.renew_value(),
+        ))
     }
 
     /// One attempt: a guard if `name` was free, `None` if it is held.
     pub async fn try_acquire(&self, name: &str, opts: &LockOptions) -> Result<Option<Guard>> {
         let lease = self.backend.try_acquire(name, opts).await?;
-        Ok(lease.map(|l| Guard::new(self.backend.clone(), l, opts.renew_value())))
+        Ok(lease
+            .map(|l| Guard::watched(&self.renewer, self.backend.clone(), l, opts.renew_value())))
     }
 
     /// Runs `f` while holding `name`, then releases it: the "lock this method
@@ -117,44 +125,30 @@ pub struct Guard {
     lease: Lease,
     valid_until: watch::Receiver<Option<Instant>>,
     lost: CancellationToken,
-    // Stops the watchdog when the guard goes away, however it goes.
-    _stop: DropGuard,
+    // Stops the renewal when the guard goes away, however it goes.
+    _registration: Option<Registration>,
     released: bool,
 }
 
 impl Guard {
-    /// Wraps a lease from `backend`, starting its watchdog: renewal when
-    /// `renew` is set, and the lost signal at the validity deadline.
+    /// Wraps a lease from `backend`, with renewal (when `renew` is set) and
+    /// the lost signal at the validity deadline. Guards from a [`Locker`]
+    /// share its renewal scheduler, which renews many leases per request;
+    /// this one gets a scheduler of its own.
     pub fn new(backend: Arc<dyn Backend>, lease: Lease, renew: bool) -> Self {
+        Self::watched(&Renewer::new(backend.clone()), backend, lease, renew)
+    }
+
+    fn watched(renewer: &Renewer, backend: Arc<dyn Backend>, lease: Lease, renew: bool) -> Self {
         let lost = lease.lost_token().child_token();
-        let stop = CancellationToken::new();
         let (tx, valid_until) = watch::channel(lease.valid_until());
-        if lease.ttl().is_some() {
-            let watchdog = Watchdog {
-                backend: backend.clone(),
-                lease: lease.clone(),
-                renew,
-                valid_until: tx,
-                lost: lost.clone(),
-                stop: stop.clone(),
-            };
-            match tokio::runtime::Handle::try_current() {
-                Ok(rt) => {
-                    rt.spawn(watchdog.run());
-                }
-                // No runtime to renew on: the lease runs out at its TTL, and
-                // `is_valid` still judges it by its deadline.
-                Err(_) => {
-                    tracing::warn!(name = lease.name(), "no tokio runtime: lease not renewed")
-                }
-            }
-        }
+        let registration = renewer.register(&lease, renew, tx, lost.clone());
         Guard {
             backend,
             lease,
             valid_until,
             lost,
-            _stop: stop.drop_guard(),
+            _registration: registration,
             released: false,
         }
     }
@@ -250,96 +244,6 @@ impl Drop for Guard {
         }
         self.lost.cancel();
         crate::wait::release_in_background(self.backend.clone(), self.lease.clone());
-    }
-}
-
-impl Watchdog {
-    /// The lease can no longer be trusted: tell the guard's holder.
-    fn lose(&self) {
-        metric::count("dlock_lost_total", self.backend.driver());
-        self.lost.cancel();
-    }
-}
-
-/// The guard's background task.
-struct Watchdog {
-    backend: Arc<dyn Backend>,
-    lease: Lease,
-    renew: bool,
-    valid_until: watch::Sender<Option<Instant>>,
-    lost: CancellationToken,
-    stop: CancellationToken,
-}
-
-impl Watchdog {
-    async fn run(mut self) {
-        let Some(ttl) = self.lease.ttl() else { return };
-        let period = ttl / 3;
-        // After a failed renewal, try again well before the deadline.
-        let retry = (ttl / 10).max(Duration::from_millis(5));
-        let mut next = deadline_after(Instant::now(), period);
-        loop {
-            let Some(deadline) = self.lease.valid_until() else {
-                return;
-            };
-            let wake = if self.renew {
-                next.min(deadline)
-            } else {
-                deadline
-            };
-            tokio::select! {
-                () = self.stop.cancelled() => return,
-                () = self.lost.cancelled() => return,
-                () = sleep_until(wake) => {}
-            }
-            if Instant::now() >= deadline {
-                tracing::warn!(
-                    lock = self.lease.name(),
-                    backend = self.backend.driver(),
-                    "lease expired before it could be renewed"
-                );
-                self.lose();
-                return;
-            }
-            let outcome = tokio::select! {
-                () = self.stop.cancelled() => return,
-                r = timeout_at(deadline, self.backend.extend(&mut self.lease)) => r,
-            };
-            let backend = self.backend.driver();
-            match outcome {
-                Ok(Ok(())) => {
-                    metric::count("dlock_renewals_total", backend);
-                    self.valid_until.send_replace(self.lease.valid_until());
-                    next = deadline_after(Instant::now(), period);
-                }
-                Ok(Err(Error::NotHeld { .. })) => {
-                    metric::count("dlock_renewal_failures_total", backend);
-                    tracing::warn!(lock = self.lease.name(), backend, "lock was taken over");
-                    self.lose();
-                    return;
-                }
-                Ok(Err(e)) => {
-                    metric::count("dlock_renewal_failures_total", backend);
-                    tracing::warn!(
-                        lock = self.lease.name(),
-                        backend,
-                        error = %e,
-                        "renewal failed; retrying before the lease ends"
-                    );
-                    next = deadline_after(Instant::now(), retry);
-                }
-                Err(_) => {
-                    metric::count("dlock_renewal_failures_total", backend);
-                    tracing::warn!(
-                        lock = self.lease.name(),
-                        backend,
-                        "renewal did not finish before the lease ended"
-                    );
-                    self.lose();
-                    return;
-                }
-            }
-        }
     }
 }
 

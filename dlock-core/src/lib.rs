@@ -10,10 +10,11 @@ mod memory;
 mod name;
 mod observe;
 mod options;
+mod renew;
 pub mod wait;
 
 pub use async_trait::async_trait;
-pub use backend::{Backend, Capabilities, HeldLock, LeaseKind, LockInfo, LockPage};
+pub use backend::{Backend, Capabilities, HeldLock, LeaseKind, LockInfo, LockPage, MAX_BATCH};
 pub use error::{BoxError, Error, Result};
 pub use guard::{Guard, Locker};
 pub use job::{JobOptions, JobOutcome, JobRun, RunReport, Schedule, ScheduledJob};

@@ -199,6 +199,26 @@ impl Backend for Observed {
         result
     }
 
+    async fn extend_many(&self, leases: &mut [Lease]) -> Result<Vec<bool>> {
+        let first = leases.first().map_or("", Lease::name);
+        let (span, backend, started) = (
+            self.span("extend_many", first),
+            self.driver(),
+            Instant::now(),
+        );
+        let result = self
+            .inner
+            .extend_many(leases)
+            .instrument(span.clone())
+            .await;
+        let outcome = match &result {
+            Ok(_) => "extended",
+            Err(e) => error_outcome(backend, e),
+        };
+        finish(&span, backend, "extend_many", outcome, started);
+        result
+    }
+
     async fn force_release(&self, name: &str) -> Result<Option<LockInfo>> {
         let (span, backend, started) = (
             self.span("force_release", name),

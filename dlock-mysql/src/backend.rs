@@ -14,7 +14,7 @@ use sqlx::mysql::{MySql, MySqlConnectOptions, MySqlConnection, MySqlDatabaseErro
 use tokio::time::{Instant, sleep, timeout};
 
 use crate::pool::{LendError, Lent, Pool};
-use crate::sql::{Statements, validate_table};
+use crate::sql::{Batch, Statements, validate_table};
 
 const NAME: &str = "mysql";
 
@@ -489,6 +489,18 @@ impl MySqlBackend {
         settle(lent, done, limit, doing)
     }
 
+    /// Runs one statement written out in full (see [`Batch`]).
+    async fn run_raw(
+        &self,
+        query: sqlx::RawSql,
+        doing: &str,
+    ) -> Result<sqlx::mysql::MySqlQueryResult> {
+        let limit = self.inner.request_timeout;
+        let mut lent = self.lend(doing).await?;
+        let done = timeout(limit, query.execute(lent.conn())).await;
+        settle(lent, done, limit, doing)
+    }
+
     /// One acquire statement. Returns the granted version, or `None` when
     /// the lock is held.
     async fn grant(
@@ -631,6 +643,7 @@ impl Backend for MySqlBackend {
         caps.distributed = true;
         caps.cleanup = true;
         caps.delayed_release = true;
+        caps.batch_extend = true;
         caps
     }
 
@@ -689,6 +702,56 @@ impl Backend for MySqlBackend {
         self.own_row(query, lease, "extend").await?;
         lease.extended(sent);
         Ok(())
+    }
+
+    async fn extend_many(&self, leases: &mut [Lease]) -> Result<Vec<bool>> {
+        let mut held = vec![false; leases.len()];
+        // One statement per TTL, and a batch's leases nearly always share one.
+        let mut ttls: Vec<Duration> = leases.iter().filter_map(Lease::ttl).collect();
+        ttls.sort_unstable();
+        ttls.dedup();
+        for ttl in ttls {
+            let mut batch = Batch::default();
+            let mut members = Vec::new();
+            for (i, lease) in leases.iter().enumerate() {
+                if lease.ttl() == Some(ttl) {
+                    batch.push(lease.name().as_bytes(), &lease.owner().to_string());
+                    members.push(i);
+                }
+            }
+            let sent = Instant::now();
+            let update = sqlx::raw_sql(self.inner.sql.extend_many(&batch, micros(ttl)));
+            let matched = self.run_raw(update, "extend").await?.rows_affected();
+            let extended: Vec<usize> = if usize::try_from(matched).is_ok_and(|m| m == members.len())
+            {
+                members
+            } else {
+                // Some were lost: ask which rows are still ours, which are
+                // exactly those the update extended.
+                let select = sqlx::raw_sql(self.inner.sql.owned_of(&batch));
+                let limit = self.inner.request_timeout;
+                let mut lent = self.lend("extend").await?;
+                let done = timeout(limit, select.fetch_all(lent.conn())).await;
+                let rows = settle(lent, done, limit, "extend")?;
+                let owned: std::collections::HashSet<Vec<u8>> = rows
+                    .iter()
+                    .filter_map(|row| sqlx::Row::try_get::<Vec<u8>, _>(row, 0).ok())
+                    .collect();
+                members
+                    .into_iter()
+                    .filter(|&i| {
+                        let mut pair = leases[i].owner().to_string().into_bytes();
+                        pair.extend_from_slice(leases[i].name().as_bytes());
+                        owned.contains(&pair)
+                    })
+                    .collect()
+            };
+            for i in extended {
+                leases[i].extended(sent);
+                held[i] = true;
+            }
+        }
+        Ok(held)
     }
 
     async fn list(&self, prefix: &str, cursor: Option<&str>, limit: usize) -> Result<LockPage> {

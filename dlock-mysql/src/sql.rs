@@ -37,6 +37,37 @@ pub(crate) struct Statements {
     pub purge: SqlStr,
     pub list: SqlStr,
     pub inspect: SqlStr,
+    table: String,
+}
+
+/// The leases of one batch renewal, as SQL literals: a batch has no fixed
+/// shape, so its statements are written out (text protocol, one round trip,
+/// no prepared statement per batch size) from hex and digits alone.
+#[derive(Debug, Default)]
+pub(crate) struct Batch {
+    names: String,
+    owned: String,
+}
+
+impl Batch {
+    /// Adds a lease: its name and the row's `CONCAT(owner, name)` when the
+    /// lease still owns it (the owner is 32 characters, so the pair is
+    /// unambiguous).
+    pub fn push(&mut self, name: &[u8], owner: &str) {
+        use std::fmt::Write;
+        let sep = if self.names.is_empty() { "" } else { ", " };
+        let _ = write!(self.names, "{sep}X'{}'", hex(name));
+        let _ = write!(self.owned, "{sep}X'{}{}'", hex(owner.as_bytes()), hex(name));
+    }
+}
+
+fn hex(bytes: &[u8]) -> String {
+    use std::fmt::Write;
+    let mut out = String::with_capacity(bytes.len() * 2);
+    for b in bytes {
+        let _ = write!(out, "{b:02x}");
+    }
+    out
 }
 
 /// `table` has passed [`validate_table`]: a plain identifier, quoted.
@@ -59,6 +90,7 @@ impl Statements {
         const CLOCK: &str =
             "CAST(TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) AS UNSIGNED)";
         Statements {
+            table: table.to_owned(),
             // `name` is VARBINARY: compared byte for byte. A `utf8mb4_bin`
             // VARCHAR would be PAD SPACE, making `a` and `a ` one lock.
             create: safe(format!(
@@ -142,9 +174,45 @@ impl Statements {
     }
 }
 
+impl Statements {
+    /// Extends the rows of the batch its leases still own, by `ttl_us`.
+    /// `name IN (…)` keeps the update to those primary keys: it locks no
+    /// other row.
+    pub fn extend_many(&self, batch: &Batch, ttl_us: u64) -> SqlStr {
+        safe(format!(
+            "UPDATE `{}` SET expires_at = UTC_TIMESTAMP(6) + INTERVAL {ttl_us} MICROSECOND
+             WHERE name IN ({}) AND CONCAT(owner, name) IN ({}) AND expires_at > UTC_TIMESTAMP(6)",
+            self.table, batch.names, batch.owned
+        ))
+    }
+
+    /// `CONCAT(owner, name)` of the rows the batch's leases still own: after
+    /// [`Statements::extend_many`] matched fewer rows than the batch has,
+    /// these are the ones it extended.
+    pub fn owned_of(&self, batch: &Batch) -> SqlStr {
+        safe(format!(
+            "SELECT CONCAT(owner, name) FROM `{}`
+             WHERE name IN ({}) AND CONCAT(owner, name) IN ({}) AND expires_at > UTC_TIMESTAMP(6)",
+            self.table, batch.names, batch.owned
+        ))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn batches_are_written_in_hex() {
+        let mut batch = Batch::default();
+        batch.push(b"a'b", "00ff");
+        batch.push(b"", "01");
+        let sql = Statements::new("t").extend_many(&batch, 5);
+        let sql = sql.as_str();
+        assert!(sql.contains("name IN (X'612762', X'')"), "{sql}");
+        assert!(sql.contains("IN (X'30306666612762', X'3031')"), "{sql}");
+        assert!(sql.contains("INTERVAL 5 MICROSECOND"), "{sql}");
+    }
 
     #[test]
     fn table_names_are_identifiers() {

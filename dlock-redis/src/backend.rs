@@ -15,7 +15,7 @@ use tokio::time::Instant;
 
 use crate::keys::{Keys, keys, lock_pattern, name_of, validate_prefix};
 use crate::notify::Notifications;
-use crate::scripts::{ACQUIRE, EXTEND, FENCE_RETENTION_MS, HOLD, INSPECT, RELEASE};
+use crate::scripts::{ACQUIRE, EXTEND, EXTEND_MANY, FENCE_RETENTION_MS, HOLD, INSPECT, RELEASE};
 
 const NAME: &str = "redis";
 
@@ -372,6 +372,7 @@ impl Backend for RedisBackend {
         caps.distributed = true;
         caps.cleanup = true;
         caps.delayed_release = true;
+        caps.batch_extend = true;
         caps
     }
 
@@ -464,6 +465,38 @@ impl Backend for RedisBackend {
         }
         lease.extended(sent);
         Ok(())
+    }
+
+    async fn extend_many(&self, leases: &mut [Lease]) -> Result<Vec<bool>> {
+        // One script run for the batch: on a single server, keys of many
+        // slots may meet in one script.
+        let mut invocation = EXTEND_MANY.prepare_invoke();
+        invocation.arg(FENCE_RETENTION_MS);
+        for lease in leases.iter() {
+            let keys = self.keys(lease.name());
+            invocation.key(keys.lock).key(keys.fence);
+            invocation
+                .arg(lease.owner().to_string())
+                .arg(millis(lease.ttl().unwrap_or_default()));
+        }
+        let sent = Instant::now();
+        let held: Vec<i64> = invocation
+            .invoke_async(&mut self.inner.conn.clone())
+            .await
+            .map_err(|e| redis_error(e, "extend"))?;
+        if held.len() != leases.len() {
+            return Err(malformed("extend_many", held));
+        }
+        Ok(leases
+            .iter_mut()
+            .zip(held)
+            .map(|(lease, held)| {
+                if held == 1 {
+                    lease.extended(sent);
+                }
+                held == 1
+            })
+            .collect())
     }
 
     async fn list(&self, prefix: &str, cursor: Option<&str>, limit: usize) -> Result<LockPage> {

@@ -60,6 +60,27 @@ return 0
     )
 });
 
+/// EXTEND for many locks at once. KEYS: lock and fence of each lock, in
+/// turn. ARGV: fence retention in ms, then owner token and TTL in ms of each
+/// lock. Returns one 1 (extended) or 0 (not the holder) per lock.
+pub(crate) static EXTEND_MANY: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"
+local out = {}
+for i = 1, #KEYS / 2 do
+  if redis.call('GET', KEYS[2 * i - 1]) == ARGV[2 * i] then
+    redis.call('PEXPIRE', KEYS[2 * i - 1], ARGV[2 * i + 1])
+    redis.call('PEXPIRE', KEYS[2 * i], ARGV[1])
+    out[i] = 1
+  else
+    out[i] = 0
+  end
+end
+return out
+",
+    )
+});
+
 /// KEYS: lock. ARGV: owner token, the hold's owner token, hold in ms.
 /// Returns 1 when the hold is set, 0 when the caller was not the holder.
 pub(crate) static HOLD: LazyLock<Script> = LazyLock::new(|| {

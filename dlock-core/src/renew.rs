@@ -1,0 +1,428 @@
+//! The renewal scheduler behind guards: one task per [`Locker`](crate::Locker)
+//! renews all its leases, a batch per request ([`Backend::extend_many`]), and
+//! tells each guard when its lease can no longer be trusted.
+//!
+//! Leases whose renewals fall due close together are renewed together (a
+//! little early rather than each on its own), so that however the grants
+//! were spread, a renewal period costs a handful of batches. Loss is judged
+//! per lease, at its own deadline, by the scheduler's clock: a slow batch
+//! never delays another lease's lost signal.
+
+use std::collections::{BTreeSet, HashMap};
+use std::fmt;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use tokio::sync::{Notify, watch};
+use tokio::time::{Instant, sleep_until, timeout_at};
+use tokio_util::sync::CancellationToken;
+
+use crate::backend::MAX_BATCH;
+use crate::observe::metric;
+use crate::options::deadline_after;
+use crate::{Backend, Error, Lease};
+
+/// Renews the leases registered with it. Cheap to clone; clones share the
+/// schedule.
+#[derive(Clone)]
+pub(crate) struct Renewer {
+    shared: Arc<Shared>,
+}
+
+impl fmt::Debug for Renewer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Renewer")
+            .field("leases", &self.shared.lock().entries.len())
+            .finish()
+    }
+}
+
+struct Shared {
+    backend: Arc<dyn Backend>,
+    state: Mutex<State>,
+    wake: Notify,
+}
+
+#[derive(Default)]
+struct State {
+    next_id: u64,
+    entries: HashMap<u64, Entry>,
+    /// When each entry next needs the scheduler: its renewal, or its
+    /// deadline while a renewal is in flight or when it is not renewed.
+    timers: BTreeSet<(Instant, u64)>,
+    /// Whether the scheduler task is alive; it ends when no lease is left.
+    running: bool,
+    /// The largest [`slack`] of any lease registered so far.
+    max_slack: Duration,
+}
+
+struct Entry {
+    lease: Lease,
+    renew: bool,
+    valid_until: watch::Sender<Option<Instant>>,
+    lost: CancellationToken,
+    timer: Instant,
+    in_flight: bool,
+}
+
+/// A lease's place in its renewer; dropping it takes the lease out.
+pub(crate) struct Registration {
+    shared: Arc<Shared>,
+    id: u64,
+}
+
+impl fmt::Debug for Registration {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Registration")
+            .field("id", &self.id)
+            .finish()
+    }
+}
+
+impl Drop for Registration {
+    fn drop(&mut self) {
+        let mut state = self.shared.lock();
+        if let Some(entry) = state.entries.remove(&self.id) {
+            state.timers.remove(&(entry.timer, self.id));
+        }
+        if state.entries.is_empty() {
+            drop(state);
+            // Let an idle scheduler end now rather than at its next timer.
+            self.shared.wake.notify_one();
+        }
+    }
+}
+
+/// How early a renewal may be sent so that it rides with others: a quarter
+/// of the renewal period, which still leaves more than half the TTL as margin.
+fn slack(ttl: Duration) -> Duration {
+    ttl / 12
+}
+
+impl Renewer {
+    pub(crate) fn new(backend: Arc<dyn Backend>) -> Self {
+        Renewer {
+            shared: Arc::new(Shared {
+                backend,
+                state: Mutex::new(State::default()),
+                wake: Notify::new(),
+            }),
+        }
+    }
+
+    /// Watches `lease`: renews it when `renew` is set, publishes each new
+    /// deadline to `valid_until`, and cancels `lost` when the lease can no
+    /// longer be trusted. `None` for session leases (nothing to do) and
+    /// outside a tokio runtime (the lease then runs out at its TTL).
+    pub(crate) fn register(
+        &self,
+        lease: &Lease,
+        renew: bool,
+        valid_until: watch::Sender<Option<Instant>>,
+        lost: CancellationToken,
+    ) -> Option<Registration> {
+        let (ttl, deadline) = (lease.ttl()?, lease.valid_until()?);
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            tracing::warn!(name = lease.name(), "no tokio runtime: lease not renewed");
+            return None;
+        };
+        let timer = if renew {
+            deadline_after(Instant::now(), ttl / 3).min(deadline)
+        } else {
+            deadline
+        };
+        let mut state = self.shared.lock();
+        let id = state.next_id;
+        state.next_id += 1;
+        state.max_slack = state.max_slack.max(slack(ttl));
+        let earliest = state.timers.first().is_none_or(|&(at, _)| timer < at);
+        state.timers.insert((timer, id));
+        state.entries.insert(
+            id,
+            Entry {
+                lease: lease.clone(),
+                renew,
+                valid_until,
+                lost,
+                timer,
+                in_flight: false,
+            },
+        );
+        let start = !state.running;
+        state.running = true;
+        drop(state);
+        if start {
+            runtime.spawn(self.shared.clone().run());
+        } else if earliest {
+            self.shared.wake.notify_one();
+        }
+        Some(Registration {
+            shared: self.shared.clone(),
+            id,
+        })
+    }
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // The state stays consistent at every unlock, so a panic elsewhere
+        // while it was held leaves nothing half done.
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    async fn run(self: Arc<Self>) {
+        let batch = if self.backend.capabilities().batch_extend {
+            MAX_BATCH
+        } else {
+            1
+        };
+        loop {
+            let (due, next) = {
+                let mut state = self.lock();
+                if state.entries.is_empty() {
+                    state.running = false;
+                    return;
+                }
+                let due = state.take_due(Instant::now(), self.backend.driver());
+                (due, state.timers.first().map(|&(at, _)| at))
+            };
+            let mut due = due.into_iter().peekable();
+            while due.peek().is_some() {
+                let chunk: Vec<_> = due.by_ref().take(batch).collect();
+                tokio::spawn(self.clone().renew(chunk));
+            }
+            match next {
+                Some(at) => {
+                    tokio::select! {
+                        () = sleep_until(at) => {}
+                        () = self.wake.notified() => {}
+                    }
+                }
+                None => self.wake.notified().await,
+            }
+        }
+    }
+
+    /// One batch's request, and what its answer means for each lease.
+    async fn renew(self: Arc<Self>, batch: Vec<(u64, Lease)>) {
+        let (ids, mut leases): (Vec<u64>, Vec<Lease>) = batch.into_iter().unzip();
+        let Some(first_deadline) = leases.iter().filter_map(Lease::valid_until).min() else {
+            return;
+        };
+        // An answer after the first deadline is no answer: that lease is
+        // already lost, and the others retry.
+        let outcome = match timeout_at(first_deadline, self.backend.extend_many(&mut leases)).await
+        {
+            Ok(Ok(held)) if held.len() == leases.len() => Ok(held),
+            Ok(Ok(held)) => Err(format!(
+                "the driver answered for {} of {} leases",
+                held.len(),
+                leases.len()
+            )),
+            Ok(Err(Error::NotHeld { .. })) => Ok(vec![false; leases.len()]),
+            Ok(Err(e)) => Err(e.to_string()),
+            Err(_) => Err("no answer before the first lease of the batch ran out".to_owned()),
+        };
+        let driver = self.backend.driver();
+        let now = Instant::now();
+        let mut state = self.lock();
+        for (i, (id, lease)) in ids.into_iter().zip(leases).enumerate() {
+            let Some(entry) = state.entries.get_mut(&id) else {
+                continue; // released, dropped or lost meanwhile
+            };
+            entry.in_flight = false;
+            let ttl = lease.ttl().unwrap_or_default();
+            let next = match &outcome {
+                Ok(held) if held[i] => {
+                    metric::count("dlock_renewals_total", driver);
+                    entry.valid_until.send_replace(lease.valid_until());
+                    entry.lease = lease;
+                    deadline_after(now, ttl / 3)
+                }
+                Ok(_) => {
+                    metric::count("dlock_renewal_failures_total", driver);
+                    tracing::warn!(lock = lease.name(), backend = driver, "lock was taken over");
+                    state.lose(id, driver);
+                    continue;
+                }
+                Err(error) => {
+                    metric::count("dlock_renewal_failures_total", driver);
+                    tracing::warn!(
+                        lock = lease.name(),
+                        backend = driver,
+                        %error,
+                        "renewal failed; retrying before the lease ends"
+                    );
+                    deadline_after(now, (ttl / 10).max(Duration::from_millis(5)))
+                }
+            };
+            state.reschedule(id, next);
+        }
+        drop(state);
+        self.wake.notify_one();
+    }
+}
+
+impl State {
+    /// Ends the leases past their deadline and takes out those whose
+    /// renewal is due (or nearly: within their slack), marking them in
+    /// flight; their timer becomes their deadline.
+    fn take_due(&mut self, now: Instant, driver: &'static str) -> Vec<(u64, Lease)> {
+        let horizon = deadline_after(now, self.max_slack);
+        let near: Vec<(Instant, u64)> =
+            self.timers.range(..=(horizon, u64::MAX)).copied().collect();
+        let mut due = Vec::new();
+        for (at, id) in near {
+            let Some(entry) = self.entries.get_mut(&id) else {
+                self.timers.remove(&(at, id));
+                continue;
+            };
+            let deadline = entry.lease.valid_until().unwrap_or(now);
+            if entry.lost.is_cancelled() {
+                // Released, or ended by the driver: nothing more to watch.
+                self.timers.remove(&(at, id));
+                self.entries.remove(&id);
+                continue;
+            }
+            if now >= deadline {
+                tracing::warn!(
+                    lock = entry.lease.name(),
+                    backend = driver,
+                    "lease expired before it could be renewed"
+                );
+                self.lose(id, driver);
+                continue;
+            }
+            let ttl = entry.lease.ttl().unwrap_or_default();
+            if entry.in_flight || !entry.renew || at > deadline_after(now, slack(ttl)) {
+                continue;
+            }
+            entry.in_flight = true;
+            entry.timer = deadline;
+            due.push((id, entry.lease.clone()));
+            self.timers.remove(&(at, id));
+            self.timers.insert((deadline, id));
+        }
+        due
+    }
+
+    /// Moves an entry's renewal to `at`, never past its deadline.
+    fn reschedule(&mut self, id: u64, at: Instant) {
+        let Some(entry) = self.entries.get_mut(&id) else {
+            return;
+        };
+        let at = entry.lease.valid_until().map_or(at, |d| at.min(d));
+        self.timers.remove(&(entry.timer, id));
+        entry.timer = at;
+        self.timers.insert((at, id));
+    }
+
+    /// The lease can no longer be trusted: tell its holder, stop watching.
+    fn lose(&mut self, id: u64, driver: &'static str) {
+        if let Some(entry) = self.entries.remove(&id) {
+            self.timers.remove(&(entry.timer, id));
+            metric::count("dlock_lost_total", driver);
+            entry.lost.cancel();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use async_trait::async_trait;
+
+    use super::*;
+    use crate::{Capabilities, Guard, LockInfo, LockOptions, Locker, MemoryBackend, Result};
+
+    /// Counts batches, and reports leases named `doomed…` as taken over.
+    #[derive(Debug, Default)]
+    struct Batches {
+        inner: MemoryBackend,
+        calls: AtomicUsize,
+        largest: AtomicUsize,
+    }
+
+    #[async_trait]
+    impl Backend for Batches {
+        fn capabilities(&self) -> Capabilities {
+            self.inner.capabilities()
+        }
+        async fn try_acquire(&self, name: &str, opts: &LockOptions) -> Result<Option<Lease>> {
+            self.inner.try_acquire(name, opts).await
+        }
+        async fn acquire(&self, name: &str, opts: &LockOptions) -> Result<Lease> {
+            self.inner.acquire(name, opts).await
+        }
+        async fn release(&self, lease: &Lease) -> Result<()> {
+            self.inner.release(lease).await
+        }
+        async fn extend(&self, lease: &mut Lease) -> Result<()> {
+            self.inner.extend(lease).await
+        }
+        async fn extend_many(&self, leases: &mut [Lease]) -> Result<Vec<bool>> {
+            self.calls.fetch_add(1, Ordering::SeqCst);
+            self.largest.fetch_max(leases.len(), Ordering::SeqCst);
+            let mut held = self.inner.extend_many(leases).await?;
+            for (lease, held) in leases.iter().zip(&mut held) {
+                *held &= !lease.name().starts_with("doomed");
+            }
+            Ok(held)
+        }
+        async fn inspect(&self, name: &str) -> Result<Option<LockInfo>> {
+            self.inner.inspect(name).await
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn many_leases_cost_a_few_batches_per_period_and_a_failed_one_is_lost_alone() {
+        let backend = Arc::new(Batches::default());
+        let locker = Locker::from_arc(backend.clone());
+        let ttl = Duration::from_secs(3);
+        let opts = LockOptions::new().ttl(ttl);
+        let mut guards = Vec::new();
+        for i in 0..2500 {
+            // Grants spread over a whole period, as a busy service's are.
+            if i % 100 == 0 {
+                tokio::time::sleep(Duration::from_millis(40)).await;
+            }
+            let name = if i == 1234 {
+                "doomed".to_owned()
+            } else {
+                format!("held:{i}")
+            };
+            guards.push(locker.try_acquire(&name, &opts).await.unwrap().unwrap());
+        }
+        let doomed = guards.remove(1234);
+        let before = backend.calls.load(Ordering::SeqCst);
+        let periods = 6;
+        tokio::select! {
+            () = doomed.lost() => {}
+            () = tokio::time::sleep(ttl) => panic!("the taken-over lease was not told lost"),
+        }
+        tokio::time::sleep(ttl / 3 * periods - ttl).await;
+        let calls = backend.calls.load(Ordering::SeqCst) - before;
+        assert!(
+            guards.iter().all(Guard::is_valid),
+            "a renewed lease was lost"
+        );
+        assert!(backend.largest.load(Ordering::SeqCst) <= MAX_BATCH);
+        // Three batches of 1,000 at most, in at most five groups a period.
+        let limit = periods as usize * (3 + 5);
+        assert!(
+            (periods as usize..=limit).contains(&calls),
+            "{calls} batches in {periods} periods"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_scheduler_ends_with_its_last_lease() {
+        let locker = Locker::new(MemoryBackend::new());
+        let guard = locker.acquire("one", &LockOptions::new()).await.unwrap();
+        assert!(locker.renewer.shared.lock().running);
+        guard.release().await.unwrap();
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        assert!(!locker.renewer.shared.lock().running);
+    }
+}
