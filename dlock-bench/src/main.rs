@@ -6,6 +6,10 @@ mod report;
 mod scenarios;
 mod target;
 
+/// Counts heap bytes, for the client memory per held lease.
+#[global_allocator]
+static GLOBAL: &stats_alloc::StatsAlloc<std::alloc::System> = &stats_alloc::INSTRUMENTED_SYSTEM;
+
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
@@ -59,9 +63,9 @@ struct Args {
     /// The most clients in the scaling scenario (it doubles from 1).
     #[arg(long, default_value_t = 64)]
     max_clients: usize,
-    /// Leases held at once in the held scenario.
-    #[arg(long, default_value_t = 10_000)]
-    held: usize,
+    /// Leases held at once in the held scenario, one run per count.
+    #[arg(long, value_delimiter = ',', default_values_t = [10_000, 100_000])]
+    held: Vec<usize>,
     /// A smoke run in well under two minutes: 4 clients, 0.3 s per
     /// measurement, scaling to 16, 200 held leases.
     #[arg(long)]
@@ -121,7 +125,7 @@ fn bench() -> Result<()> {
         args.clients = args.clients.min(4);
         args.duration = args.duration.min(0.3);
         args.max_clients = args.max_clients.min(16);
-        args.held = args.held.min(200);
+        args.held = vec![200];
     }
     if let Some(path) = &args.render {
         let report: Report = serde_json::from_str(&std::fs::read_to_string(path)?)?;
@@ -238,9 +242,13 @@ async fn run(args: Args) -> Result<()> {
             bar.inc(1);
         }
         if has(Scenario::Held) {
-            bar.set_message(format!("{name}: {} held leases", args.held));
-            // One process holding many leases, as a busy node would.
-            r.held = scenarios::held(target, target.client(16).await?, args.held).await?;
+            for &leases in &args.held {
+                bar.set_message(format!("{name}: {leases} held leases"));
+                // One process holding many leases, as a busy node would.
+                let client = target.client(16).await?;
+                r.held
+                    .extend(scenarios::held(target, client, leases).await?);
+            }
             bar.inc(1);
         }
         if has(Scenario::Scaling) {

@@ -22,8 +22,25 @@ pub struct BackendReport {
     /// MySQL only: SELECT, UPDATE … WHERE version = ?, release UPDATE.
     pub classic_cas: Option<Throughput>,
     pub contended: Option<Contention>,
-    pub held: Option<Held>,
+    /// One run per lease count (a single object in older reports).
+    #[serde(default, deserialize_with = "one_or_many")]
+    pub held: Vec<Held>,
     pub scaling: Vec<Throughput>,
+}
+
+/// Reads `null`, one value, or a list.
+fn one_or_many<'de, D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Vec<Held>, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum OneOrMany {
+        One(Held),
+        Many(Vec<Held>),
+    }
+    Ok(match Option::<OneOrMany>::deserialize(d)? {
+        None => Vec::new(),
+        Some(OneOrMany::One(h)) => vec![h],
+        Some(OneOrMany::Many(v)) => v,
+    })
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -67,8 +84,10 @@ fn figures(report: &Report) -> Result<BTreeMap<String, f64>> {
             }
             serde_json::Value::Array(items) => {
                 for (i, item) in items.iter().enumerate() {
-                    // Rows of a sweep are matched by their client count.
-                    let key = match item.get("clients").and_then(|c| c.as_u64()) {
+                    // Rows of a sweep are matched by their client count,
+                    // held-lease runs by their lease count.
+                    let count = item.get("clients").or_else(|| item.get("leases"));
+                    let key = match count.and_then(|c| c.as_u64()) {
                         Some(clients) => clients.to_string(),
                         None => i.to_string(),
                     };
@@ -188,25 +207,27 @@ pub fn markdown(r: &Report) -> String {
             c.jain
         );
     }
-    if r.backends.iter().any(|b| b.held.is_some()) {
+    if r.backends.iter().any(|b| !b.held.is_empty()) {
         let _ = writeln!(s, "\n**Held leases** (renewed by their guards)\n");
         let _ = writeln!(
             s,
-            "| backend | leases | TTL | server requests per renewal tick | memory per lock (bytes) | lost |"
+            "| backend | leases | TTL | server requests per renewal tick | server memory per lock (bytes) | client heap per lease (bytes) | lost |"
         );
-        let _ = writeln!(s, "|---|---|---|---|---|---|");
+        let _ = writeln!(s, "|---|---|---|---|---|---|---|");
         for b in &r.backends {
-            let Some(h) = &b.held else { continue };
-            let _ = writeln!(
-                s,
-                "| {} | {} | {} s | {:.0} | {:.0} | {} |",
-                b.backend,
-                h.leases,
-                h.ttl_ms / 1000,
-                h.requests_per_tick,
-                h.memory_per_lock_bytes,
-                h.lost
-            );
+            for h in &b.held {
+                let _ = writeln!(
+                    s,
+                    "| {} | {} | {} s | {:.0} | {:.0} | {} | {} |",
+                    b.backend,
+                    h.leases,
+                    h.ttl_ms / 1000,
+                    h.requests_per_tick,
+                    h.memory_per_lock_bytes,
+                    opt(h.client_memory_per_lease_bytes, |m| format!("{m:.0}")),
+                    h.lost
+                );
+            }
         }
     }
     if r.backends.iter().any(|b| !b.scaling.is_empty()) {

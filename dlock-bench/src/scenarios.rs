@@ -197,6 +197,10 @@ pub struct Held {
     /// from every client, while the leases were held.
     pub requests_per_tick: f64,
     pub memory_per_lock_bytes: f64,
+    /// Heap bytes this process holds per held lease: its guard, its place
+    /// in the renewal schedule, and whatever the driver keeps for it.
+    #[serde(default)]
+    pub client_memory_per_lease_bytes: Option<f64>,
     /// Leases whose guard reported them lost during the measurement.
     pub lost: usize,
 }
@@ -209,6 +213,7 @@ pub async fn held(
     let Some((_, memory_before)) = target.server_stats().await? else {
         return Ok(None);
     };
+    let heap = stats_alloc::Region::new(crate::GLOBAL);
     let ttl = Duration::from_secs(6);
     let tick = ttl / 3;
     let locker = Locker::from_arc(backend);
@@ -231,6 +236,8 @@ pub async fn held(
         }
     }
     sleep(tick / 2).await;
+    let heap = heap.change();
+    let client_bytes = heap.bytes_allocated as f64 - heap.bytes_deallocated as f64;
     let (requests_a, memory_after) = target.server_stats().await?.unwrap_or_default();
     let ticks = 3;
     sleep(tick * ticks).await;
@@ -250,6 +257,7 @@ pub async fn held(
         ttl_ms: u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX),
         requests_per_tick: requests_b.saturating_sub(requests_a) as f64 / f64::from(ticks),
         memory_per_lock_bytes: memory_after.saturating_sub(memory_before) as f64 / leases as f64,
+        client_memory_per_lease_bytes: Some(client_bytes / leases as f64),
         lost,
     }))
 }
