@@ -15,7 +15,10 @@ use tokio::time::Instant;
 
 use crate::keys::{Keys, keys, lock_pattern, name_of, validate_prefix};
 use crate::notify::Notifications;
-use crate::scripts::{ACQUIRE, EXTEND, EXTEND_MANY, FENCE_RETENTION_MS, HOLD, INSPECT, RELEASE};
+use crate::scripts::{
+    ABANDON, ACQUIRE, EXTEND, EXTEND_MANY, FENCE_RETENTION_MS, HOLD, INSPECT, PLACE_HEARTBEATS,
+    RELEASE,
+};
 
 const NAME: &str = "redis";
 
@@ -34,6 +37,11 @@ struct Inner {
     max_poll: Duration,
     response_timeout: Duration,
     notifications: Notifications,
+    /// Identifies this client's waiters in the lock queues.
+    client_id: String,
+    /// `<prefix>:wake:`: with the client id, the channel a client's
+    /// waiters are woken on.
+    wake_prefix: String,
 }
 
 impl fmt::Debug for RedisBackend {
@@ -149,9 +157,13 @@ impl RedisBuilder {
         )
         .await
         .map_err(|e| redis_error(e, "connect for notifications"))?;
+        let mut client_id = OwnerToken::random()?.to_string();
+        client_id.truncate(16);
         Ok(RedisBackend {
             inner: Arc::new(Inner {
                 conn,
+                wake_prefix: format!("{}:wake:", self.prefix),
+                client_id,
                 prefix: self.prefix,
                 max_poll: self.max_poll,
                 response_timeout: self.response_timeout,
@@ -264,8 +276,8 @@ impl RedisBackend {
         self.inner.conn.clone()
     }
 
-    /// How many release channels this client is subscribed to for its
-    /// waiters now: one per name that has a waiter in this process.
+    /// How many wake-up channels this client is subscribed to now: its own
+    /// one while it has waiters, else none.
     pub fn subscribed_channels(&self) -> usize {
         self.inner.notifications.channels()
     }
@@ -274,7 +286,16 @@ impl RedisBackend {
         keys(&self.inner.prefix, name)
     }
 
-    async fn attempt(&self, name: &str, keys: &Keys, opts: &LockOptions) -> Result<Attempt> {
+    /// One acquire script: a grant, or the holder's remaining TTL. With a
+    /// `waiter`, a caller not granted keeps (or takes) its place in the
+    /// name's queue.
+    async fn attempt(
+        &self,
+        name: &str,
+        keys: &Keys,
+        opts: &LockOptions,
+        waiter: &str,
+    ) -> Result<Attempt> {
         let owner = OwnerToken::random()?;
         let sent = Instant::now();
         // Armed until the reply is in: if the request fails or this future is
@@ -287,9 +308,15 @@ impl RedisBackend {
         let reply: (i64, String) = ACQUIRE
             .key(&keys.lock)
             .key(&keys.fence)
+            .key(&keys.queue)
+            .key(&keys.queue_expiry)
             .arg(owner.to_string())
             .arg(millis(opts.ttl_value()))
             .arg(FENCE_RETENTION_MS)
+            .arg(waiter)
+            .arg(millis(self.place_lifetime()))
+            .arg(&self.inner.wake_prefix)
+            .arg(name)
             .invoke_async(&mut self.inner.conn.clone())
             .await
             .map_err(|e| redis_error(e, "acquire"))?;
@@ -309,14 +336,19 @@ impl RedisBackend {
 }
 
 impl RedisBackend {
-    /// Acquire's wait: one attempt, then subscribe to the name's releases
-    /// and wait for the lock.
+    /// How long a queued waiter keeps its place without asking again.
+    fn place_lifetime(&self) -> Duration {
+        self.inner.max_poll * PLACE_HEARTBEATS
+    }
+
+    /// Acquire's wait: one attempt, then a place in the name's queue and
+    /// wake-ups on this client's channel when the place comes first.
     async fn wait(&self, name: &str, opts: &LockOptions, deadline: Deadline) -> Result<Lease> {
         let keys = self.keys(name);
-        // The uncontended case costs one round trip: subscribe only once the
-        // lock turns out to be held (or the attempt failed in a way worth
-        // another try, which the wait loop makes).
-        match self.attempt(name, &keys, opts).await {
+        // The uncontended case costs one round trip: subscribe and queue
+        // only once the lock turns out to be held (or the attempt failed in
+        // a way worth another try, which the wait loop makes).
+        match self.attempt(name, &keys, opts, "").await {
             Ok(Attempt::Acquired(lease)) => return Ok(lease),
             Ok(Attempt::Held { .. }) => {}
             Err(e) if e.is_retryable() => {}
@@ -326,17 +358,69 @@ impl RedisBackend {
             return Err(deadline.timeout_error(name));
         }
         let notifications = &self.inner.notifications;
-        let _interest = notifications.interest(&keys.channel).await;
+        let channel = format!("{}{}", self.inner.wake_prefix, self.inner.client_id);
+        let _interest = notifications.interest(&channel).await;
+        let waiter = format!("{}{}", OwnerToken::random()?, self.inner.client_id);
+        // However the wait ends without a grant (timeout, error, dropped),
+        // give the place up, so that the next waiter need not wait for it
+        // to lapse. A grant took it out of the queue already.
+        let mut leave = {
+            let (backend, name, waiter) = (self.clone(), name.to_owned(), waiter.clone());
+            UndoOnDrop::new(async move { backend.abandon(&name, &waiter).await })
+        };
+        // Heartbeats no longer apart than `max_poll` keep the place.
         let max_poll = self.inner.max_poll;
         let backoff = Backoff::new(max_poll.min(Duration::from_millis(100)), max_poll);
-        wait_for_lock(
+        let lease = wait_for_lock(
             name,
             deadline,
             Some(&notifications.wakeups),
             backoff,
-            || self.attempt(name, &keys, opts),
+            || self.attempt(name, &keys, opts, &waiter),
         )
-        .await
+        .await?;
+        leave.disarm();
+        Ok(lease)
+    }
+
+    /// Takes `waiter` out of the queue of `name`, waking the next waiter if
+    /// it was first and the lock is free.
+    async fn abandon(&self, name: &str, waiter: &str) {
+        let keys = self.keys(name);
+        let left = retry_for(self.inner.response_timeout * 2, || async {
+            ABANDON
+                .key(&keys.lock)
+                .key(&keys.queue)
+                .key(&keys.queue_expiry)
+                .arg(waiter)
+                .arg(&self.inner.wake_prefix)
+                .arg(name)
+                .invoke_async::<i64>(&mut self.inner.conn.clone())
+                .await
+                .map_err(|e| redis_error(e, "leave the queue"))
+        })
+        .await;
+        // Otherwise the place lapses by itself.
+        tracing::debug!(name, ?left, "left the queue");
+    }
+
+    /// The release script for `owner`'s hold on `name`; it wakes the head
+    /// of the queue.
+    fn release_script<'a>(
+        &'a self,
+        keys: &'a Keys,
+        name: &'a str,
+        owner: OwnerToken,
+    ) -> redis::ScriptInvocation<'a> {
+        let mut invocation = RELEASE.prepare_invoke();
+        invocation
+            .key(&keys.lock)
+            .key(&keys.queue)
+            .key(&keys.queue_expiry)
+            .arg(owner.to_string())
+            .arg(&self.inner.wake_prefix)
+            .arg(name);
+        invocation
     }
 
     /// Releases `name` if `owner` holds it, retrying while the server is
@@ -345,20 +429,13 @@ impl RedisBackend {
     async fn undo(&self, name: &str, owner: OwnerToken, ttl: Duration) {
         let keys = self.keys(name);
         let released = retry_for(ttl, || async {
-            RELEASE
-                .key(&keys.lock)
-                .arg(owner.to_string())
-                .arg(&keys.channel)
-                .arg(name)
+            self.release_script(&keys, name, owner)
                 .invoke_async::<i64>(&mut self.inner.conn.clone())
                 .await
                 .map_err(|e| redis_error(e, "undo an acquire"))
         })
         .await;
         tracing::debug!(name, ?released, "undid an acquire of unknown outcome");
-        if released == Some(1) {
-            self.inner.notifications.wakeups.wake(name);
-        }
     }
 }
 
@@ -369,6 +446,7 @@ impl Backend for RedisBackend {
         caps.fencing = true;
         caps.fencing_survives_restart = true;
         caps.notify = true;
+        caps.fifo = true;
         caps.distributed = true;
         caps.cleanup = true;
         caps.delayed_release = true;
@@ -384,7 +462,7 @@ impl Backend for RedisBackend {
         validate_name(name)?;
         opts.validate()?;
         Ok(self
-            .attempt(name, &self.keys(name), opts)
+            .attempt(name, &self.keys(name), opts, "")
             .await?
             .into_lease())
     }
@@ -400,11 +478,8 @@ impl Backend for RedisBackend {
     }
     async fn release(&self, lease: &Lease) -> Result<()> {
         let keys = self.keys(lease.name());
-        let released: i64 = RELEASE
-            .key(&keys.lock)
-            .arg(lease.owner().to_string())
-            .arg(&keys.channel)
-            .arg(lease.name())
+        let released: i64 = self
+            .release_script(&keys, lease.name(), lease.owner())
             .invoke_async(&mut self.inner.conn.clone())
             .await
             .map_err(|e| redis_error(e, "release"))?;
@@ -413,8 +488,6 @@ impl Backend for RedisBackend {
                 name: lease.name().to_owned(),
             });
         }
-        // Waiters in this process need not wait for the message to come back.
-        self.inner.notifications.wakeups.wake(lease.name());
         Ok(())
     }
 

@@ -6,7 +6,9 @@
 //! |---|---|---|
 //! | `P:{E}` | string, with a PX expiry | the holder's owner token, 32 hex digits |
 //! | `P:{E}:fence` | string | the last fencing token granted |
-//! | `P:{E}:released` | pub/sub channel | a message with `N` on every release |
+//! | `P:{E}:q` | sorted set, with a PX expiry | the waiters, by arrival (server µs) |
+//! | `P:{E}:qexp` | sorted set, with a PX expiry | when each waiter's place lapses (server ms) |
+//! | `P:wake:C` | pub/sub channel | `N`, when the client `C`'s waiter for `N` is next |
 //!
 //! `E` is `N` with `%` written `%25` and `}` written `%7D`. Without a `}`
 //! inside, the hash tag is exactly `E`, never empty (a name starting with
@@ -21,7 +23,8 @@ use dlock_core::{Error, Result};
 pub(crate) struct Keys {
     pub lock: String,
     pub fence: String,
-    pub channel: String,
+    pub queue: String,
+    pub queue_expiry: String,
 }
 
 pub(crate) fn keys(prefix: &str, name: &str) -> Keys {
@@ -38,7 +41,8 @@ pub(crate) fn keys(prefix: &str, name: &str) -> Keys {
     lock.push('}');
     Keys {
         fence: format!("{lock}:fence"),
-        channel: format!("{lock}:released"),
+        queue: format!("{lock}:q"),
+        queue_expiry: format!("{lock}:qexp"),
         lock,
     }
 }
@@ -103,7 +107,8 @@ mod tests {
         let k = keys("dlock", "job:nightly");
         assert_eq!(k.lock, "dlock:{job:nightly}");
         assert_eq!(k.fence, "dlock:{job:nightly}:fence");
-        assert_eq!(k.channel, "dlock:{job:nightly}:released");
+        assert_eq!(k.queue, "dlock:{job:nightly}:q");
+        assert_eq!(k.queue_expiry, "dlock:{job:nightly}:qexp");
     }
 
     #[test]

@@ -12,35 +12,113 @@ use redis::Script;
 /// only has to cover the server's clock stepping back.
 pub(crate) const FENCE_RETENTION_MS: u64 = 60 * 60 * 1000;
 
-/// KEYS: lock, fence. ARGV: owner token, TTL in ms, fence retention in ms.
-/// Returns `{1, fencing token}` when granted, `{0, holder's PTTL}` when held.
-pub(crate) static ACQUIRE: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
-        r"
-if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+/// How long a queued waiter keeps its place without asking again, in
+/// multiples of its heartbeat (the longest a waiter sleeps between attempts).
+pub(crate) const PLACE_HEARTBEATS: u32 = 3;
+
+/// The waiter queue, shared by the scripts below. `q` holds waiters by
+/// arrival (score: server time in µs), `qexp` when each one's place lapses
+/// (score: server time in ms). A waiter is `<32 hex digits><client id>`,
+/// and its client hears wake-ups on `<wake prefix><client id>`.
+const QUEUE: &str = r"
+local function now_us()
   local t = redis.call('TIME')
-  local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  return tonumber(t[1]) * 1000000 + tonumber(t[2])
+end
+-- The first waiter whose place has not lapsed; lapsed places are dropped,
+-- a bounded number per call.
+local function head(q, qexp, us)
+  local gone = redis.call('ZRANGEBYSCORE', qexp, '-inf', math.floor(us / 1000), 'LIMIT', 0, 16)
+  if #gone > 0 then
+    redis.call('ZREM', q, unpack(gone))
+    redis.call('ZREM', qexp, unpack(gone))
+  end
+  return redis.call('ZRANGE', q, 0, 0)[1]
+end
+local function wake(waiter, prefix, name)
+  if waiter then
+    redis.call('PUBLISH', prefix .. string.sub(waiter, 33), name)
+  end
+end
+";
+
+fn with_queue(body: &str) -> Script {
+    Script::new(&format!("{QUEUE}{body}"))
+}
+
+/// KEYS: lock, fence, queue, queue expiry. ARGV: owner token, TTL in ms,
+/// fence retention in ms, waiter (empty: do not queue), place lifetime in
+/// ms, wake prefix, lock name.
+/// Returns `{1, fencing token}` when granted, `{0, holder's PTTL}` when held
+/// (-2: free, but promised to the waiter at the head of the queue).
+///
+/// A free lock goes to the head of the queue, or to anyone when nobody
+/// waits; a waiter not granted joins the queue (once) and renews its place.
+pub(crate) static ACQUIRE: LazyLock<Script> = LazyLock::new(|| {
+    with_queue(
+        r"
+local us = now_us()
+local first = head(KEYS[3], KEYS[4], us)
+local me = ARGV[4]
+if (not first or first == me) and redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+  if first then
+    redis.call('ZREM', KEYS[3], me)
+    redis.call('ZREM', KEYS[4], me)
+  end
   local last = tonumber(redis.call('GET', KEYS[2]) or '0')
-  local fence = string.format('%.0f', math.max(last + 1, now))
+  local fence = string.format('%.0f', math.max(last + 1, us))
   redis.call('SET', KEYS[2], fence, 'PX', ARGV[3])
   return {1, fence}
 end
-return {0, tostring(redis.call('PTTL', KEYS[1]))}
+if me ~= '' then
+  if not redis.call('ZSCORE', KEYS[3], me) then
+    redis.call('ZADD', KEYS[3], us, me)
+  end
+  redis.call('ZADD', KEYS[4], math.floor(us / 1000) + tonumber(ARGV[5]), me)
+  redis.call('PEXPIRE', KEYS[3], ARGV[5])
+  redis.call('PEXPIRE', KEYS[4], ARGV[5])
+end
+local pttl = redis.call('PTTL', KEYS[1])
+-- Free but promised: the head may have missed its wake-up (a lapsed head
+-- was just dropped, or the lock expired): tell it again.
+if pttl == -2 and first ~= me then
+  wake(first, ARGV[6], ARGV[7])
+end
+return {0, tostring(pttl)}
 ",
     )
 });
 
-/// KEYS: lock. ARGV: owner token, channel, lock name.
-/// Returns 1 when released, 0 when the caller was not the holder.
+/// KEYS: lock, queue, queue expiry. ARGV: owner token, wake prefix, lock
+/// name. Returns 1 when released, 0 when the caller was not the holder.
+/// Wakes the head of the queue only: one message per release, however many
+/// wait.
 pub(crate) static RELEASE: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
+    with_queue(
         r"
 if redis.call('GET', KEYS[1]) == ARGV[1] then
   redis.call('DEL', KEYS[1])
-  redis.call('PUBLISH', ARGV[2], ARGV[3])
+  wake(head(KEYS[2], KEYS[3], now_us()), ARGV[2], ARGV[3])
   return 1
 end
 return 0
+",
+    )
+});
+
+/// KEYS: lock, queue, queue expiry. ARGV: waiter, wake prefix, lock name.
+/// A waiter gives up its place; if it was first and the lock is free, the
+/// next one is woken.
+pub(crate) static ABANDON: LazyLock<Script> = LazyLock::new(|| {
+    with_queue(
+        r"
+local first = redis.call('ZRANGE', KEYS[2], 0, 0)[1]
+redis.call('ZREM', KEYS[2], ARGV[1])
+redis.call('ZREM', KEYS[3], ARGV[1])
+if first == ARGV[1] and redis.call('EXISTS', KEYS[1]) == 0 then
+  wake(head(KEYS[2], KEYS[3], now_us()), ARGV[2], ARGV[3])
+end
+return 1
 ",
     )
 });

@@ -383,3 +383,124 @@ async fn zero_or_huge_durations_are_invalid_options() {
         }
     }
 }
+
+/// `(calls of PUBLISH, calls of EVALSHA)` the server has run so far.
+async fn command_counts(conn: &mut redis::aio::ConnectionManager) -> (u64, u64) {
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(conn)
+        .await
+        .unwrap();
+    let calls = |command: &str| {
+        info.lines()
+            .find_map(|l| l.strip_prefix(&format!("cmdstat_{command}:calls=")))
+            .and_then(|rest| rest.split(',').next()?.parse().ok())
+            .unwrap_or(0)
+    };
+    (calls("publish"), calls("evalsha"))
+}
+
+/// Sixteen clients queue for one name and pass it on: each gets it in the
+/// order it arrived, each release wakes one waiter (one message), and the
+/// server runs a bounded number of scripts per hand-off, not one per waiter.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiters_are_served_in_arrival_order_one_wake_up_per_release() {
+    let server = start(Service::Redis, ServerOptions::default()).await;
+    let holder = RedisBackend::connect(server.url()).await.unwrap();
+    let name = unique_name("queue");
+    let lease = holder.try_acquire(&name, &opts()).await.unwrap().unwrap();
+    let waiters = 16;
+    let order = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let mut tasks = Vec::new();
+    for i in 0..waiters {
+        // Heartbeats minutes apart: only wake-ups move the queue.
+        let b = RedisBackend::builder(server.url())
+            .max_poll_interval(Duration::from_secs(60))
+            .connect()
+            .await
+            .unwrap();
+        let (name, order) = (name.clone(), order.clone());
+        tasks.push(tokio::spawn(async move {
+            let lease = b
+                .acquire(&name, &opts().wait(Duration::from_secs(50)))
+                .await
+                .unwrap();
+            order.lock().unwrap().push(i);
+            b.release(&lease).await.unwrap();
+        }));
+        // Long enough for its first attempt and its place in the queue.
+        tokio::time::sleep(Duration::from_millis(150)).await;
+    }
+    // Past the waiters' early retries (100 ms, doubling).
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let mut conn = holder.connection();
+    let (publish_before, scripts_before) = command_counts(&mut conn).await;
+    holder.release(&lease).await.unwrap();
+    for task in tasks {
+        tokio::time::timeout(Duration::from_secs(20), task)
+            .await
+            .expect("every waiter is served within seconds")
+            .unwrap();
+    }
+    let (publish_after, scripts_after) = command_counts(&mut conn).await;
+    assert_eq!(*order.lock().unwrap(), (0..waiters).collect::<Vec<_>>());
+    let published = publish_after - publish_before;
+    let scripts = scripts_after - scripts_before;
+    // One wake-up per release with a waiter behind it (the last has none).
+    assert!(
+        (waiters..=waiters + 2).contains(&published),
+        "{published} messages for {waiters} hand-offs"
+    );
+    // A grant and a release per hand-off, and a few heartbeats: a herd
+    // would make it grow with the square of the waiters.
+    assert!(
+        scripts <= 3 * waiters,
+        "{scripts} scripts for {waiters} hand-offs"
+    );
+}
+
+/// A queued waiter whose client vanishes (its link cut, its task gone, so
+/// it cannot leave the queue) keeps its place only until the place lapses:
+/// the waiter behind it is granted the lock within seconds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_that_vanishes_loses_its_place() {
+    use dlock_conformance::proxy::{Fault, FaultProxy};
+    let url = shared(Service::Redis).await.url();
+    let port = url.rsplit(':').next().unwrap();
+    let proxy = FaultProxy::start(format!("127.0.0.1:{port}").parse().unwrap())
+        .await
+        .unwrap();
+    let holder = RedisBackend::connect(url).await.unwrap();
+    let name = unique_name("vanish");
+    let lease = holder.try_acquire(&name, &opts()).await.unwrap().unwrap();
+    // Its place lapses 3 heartbeats (here 600 ms) after its last attempt.
+    let doomed = RedisBackend::builder(format!("redis://{}", proxy.addr()))
+        .max_poll_interval(Duration::from_millis(200))
+        .connect()
+        .await
+        .unwrap();
+    let doomed = wait_for(doomed, &name);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let patient = RedisBackend::builder(url)
+        .max_poll_interval(Duration::from_secs(2))
+        .connect()
+        .await
+        .unwrap();
+    let next = wait_for(patient, &name);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    proxy.set(Fault::Cut);
+    doomed.abort();
+    let released = Instant::now();
+    holder.release(&lease).await.unwrap();
+    let (granted, at, patient) = tokio::time::timeout(Duration::from_secs(20), next)
+        .await
+        .expect("the waiter behind a vanished one is not stuck")
+        .unwrap();
+    let granted = granted.expect("granted");
+    assert!(
+        at - released < Duration::from_secs(5),
+        "the vanished waiter's place held the queue for {:?}",
+        at - released
+    );
+    patient.release(&granted).await.unwrap();
+}
