@@ -456,31 +456,54 @@ pub async fn guard_renews_past_ttl(backend: &Arc<dyn Backend>) {
 
 /// `extend_many` judges each lease by its own owner token: it extends the
 /// leases that still hold their names and reports the others not held, a
-/// stale lease next to the new holder of its name among them.
+/// stale lease next to the new holder of its name among them, and it never
+/// touches a lock that a lease of the batch no longer holds.
 pub async fn extend_many_acts_per_lease(backend: &Arc<dyn Backend>) {
     let case = "extend_many_acts_per_lease";
     if !needs_ttl(backend.as_ref(), case) {
         return;
     }
-    let (kept, taken, never) = (unique_name(case), unique_name(case), unique_name(case));
-    let holder = must_acquire(backend.as_ref(), &kept, &short()).await;
-    let stale = must_acquire(backend.as_ref(), &taken, &short()).await;
+    // Longer than the suite's short TTL: four round trips fit before the
+    // batch with room to spare on a loaded server.
+    let ttl = Duration::from_millis(1200);
+    let opts = LockOptions::new().ttl(ttl);
+    let names: Vec<String> = (0..4).map(|_| unique_name(case)).collect();
+    let [kept, taken, never, elsewhere] = names.as_slice() else {
+        unreachable!("four names")
+    };
+    let holder = must_acquire(backend.as_ref(), kept, &opts).await;
+    let stale = must_acquire(backend.as_ref(), taken, &opts).await;
     backend.release(&stale).await.expect("release");
-    let current = must_acquire(backend.as_ref(), &taken, &short()).await;
+    let current = must_acquire(backend.as_ref(), taken, &opts).await;
+    let gone = must_acquire(backend.as_ref(), elsewhere, &opts).await;
+    backend.release(&gone).await.expect("release");
+    // Its new holder is not in the batch: only an owner check keeps the
+    // batch from moving its expiry.
+    let outsider = must_acquire(backend.as_ref(), elsewhere, &long()).await;
     let owner = OwnerToken::random().expect("random");
-    let foreign = Lease::with_ttl(&never, owner, 1, &short(), Instant::now());
+    let foreign = Lease::with_ttl(never, owner, 1, &opts, Instant::now());
     // Late in the first TTL, so that the leases outlive it only if extended.
-    sleep(SHORT_TTL * 5 / 8).await;
-    let mut batch = vec![stale, holder, foreign, current];
+    sleep(ttl * 5 / 8).await;
+    let mut batch = vec![stale, holder, foreign, current, gone];
     let held = backend.extend_many(&mut batch).await.expect("extend_many");
     assert_eq!(
         held,
-        [false, true, false, true],
+        [false, true, false, true, false],
         "extend_many must judge each lease by its own owner token: [a stale \
-         lease, its holder, a lease never granted, the name's new holder]"
+         lease, its holder, a lease never granted, the name's new holder, a \
+         stale lease whose name another holds]"
     );
-    sleep(SHORT_TTL * 5 / 8).await;
-    for (lease, name) in [(&batch[1], &kept), (&batch[3], &taken)] {
+    let left = backend
+        .inspect(elsewhere)
+        .await
+        .expect("inspect")
+        .and_then(|info| info.expires_in);
+    assert!(
+        left.is_none_or(|left| left > Duration::from_secs(30)),
+        "extend_many moved the expiry of a lock its lease no longer holds ({left:?} left)"
+    );
+    sleep(ttl * 5 / 8).await;
+    for (lease, name) in [(&batch[1], kept), (&batch[3], taken)] {
         assert!(
             lease.is_valid(),
             "an extended lease's deadline did not move"
@@ -493,29 +516,31 @@ pub async fn extend_many_acts_per_lease(backend: &Arc<dyn Backend>) {
         .await;
     }
     assert!(
-        backend.inspect(&never).await.expect("inspect").is_none(),
+        backend.inspect(never).await.expect("inspect").is_none(),
         "extend_many created a lock for a lease never granted"
     );
-    for lease in [&batch[1], &batch[3]] {
+    for lease in [&batch[1], &batch[3], &outsider] {
         backend.release(lease).await.expect("release");
     }
 }
 
 /// Renewing many guards together, the renewal that finds a lock taken
-/// over tells that guard `lost()` within a TTL, and the guards renewed with
-/// it keep their locks.
+/// over tells that guard `lost()` well before its lease would have run out,
+/// and the guards renewed with it keep their locks.
 pub async fn batch_renewal_loses_only_the_taken_over_guard(backend: &Arc<dyn Backend>) {
     let case = "batch_renewal_loses_only_the_taken_over_guard";
     if !needs_ttl(backend.as_ref(), case) {
         return;
     }
+    let ttl = Duration::from_millis(1200);
+    let opts = LockOptions::new().ttl(ttl);
     let locker = Locker::from_arc(backend.clone());
     let mut guards = Vec::new();
     for _ in 0..8 {
         let name = unique_name(case);
         guards.push(
             locker
-                .try_acquire(&name, &short())
+                .try_acquire(&name, &opts)
                 .await
                 .expect("try_acquire")
                 .expect("free"),
@@ -524,10 +549,12 @@ pub async fn batch_renewal_loses_only_the_taken_over_guard(backend: &Arc<dyn Bac
     let victim = guards.remove(3);
     backend.release(victim.lease()).await.expect("release");
     let thief = must_acquire(backend.as_ref(), victim.name(), &long()).await;
-    tokio::time::timeout(SHORT_TTL, victim.lost())
+    let deadline = victim.valid_until().expect("a TTL lease");
+    // The first renewal, at a third of the TTL, finds the lock taken.
+    tokio::time::timeout_at(deadline - ttl / 4, victim.lost())
         .await
-        .expect("the guard whose lock was taken over is told lost() within a TTL");
-    sleep(SHORT_TTL * 2).await;
+        .expect("the guard whose lock was taken over is told lost() at its next renewal");
+    sleep(ttl * 2).await;
     for guard in &guards {
         assert!(
             guard.is_valid(),

@@ -77,6 +77,9 @@ enum Bug {
     BatchOwnerByName,
     /// `extend_many` fails the whole batch as not held when one lease is.
     BatchFailsAsAWhole,
+    /// `extend_many` extends every named lock, owner or not (`UPDATE …
+    /// WHERE name IN (…)`), and reports the owner check's result.
+    BatchExtendsWithoutOwnerCheck,
 }
 
 /// The lock server: TTLs, fencing, release notifications.
@@ -187,11 +190,27 @@ impl Server {
 
     /// Extends each `(name, owner, ttl)` its owner holds; with `by_name`,
     /// answers for a name as a whole instead.
-    fn extend_many(&self, batch: &[(String, OwnerToken, Duration)], by_name: bool) -> Vec<bool> {
+    fn extend_many(
+        &self,
+        batch: &[(String, OwnerToken, Duration)],
+        by_name: bool,
+        unchecked: bool,
+    ) -> Vec<bool> {
         let done: Vec<bool> = batch
             .iter()
             .map(|(n, o, t)| self.extend(n, *o, *t))
             .collect();
+        if unchecked {
+            let mut slots = self.slots.lock().unwrap();
+            let now = Instant::now();
+            for (name, _, ttl) in batch {
+                if let Some(slot) = slots.get_mut(name)
+                    && let Some((owner, _)) = self.live(slot, now)
+                {
+                    slot.holder = Some((owner, now + *ttl));
+                }
+            }
+        }
         if !by_name {
             return done;
         }
@@ -495,7 +514,9 @@ impl Backend for Sim {
         let mut held = if self.has(Bug::ExtendDoesNothing) {
             vec![true; batch.len()]
         } else {
-            self.call(|s| s.extend_many(&batch, by_name)).await?
+            let unchecked = self.has(Bug::BatchExtendsWithoutOwnerCheck);
+            self.call(|s| s.extend_many(&batch, by_name, unchecked))
+                .await?
         };
         if self.has(Bug::BatchFailsAsAWhole) && held.contains(&false) {
             held = vec![false; held.len()];
@@ -778,6 +799,15 @@ async fn a_batch_renewal_that_fails_as_a_whole_is_caught() {
             "extend_many_acts_per_lease",
             "batch_renewal_loses_only_the_taken_over_guard",
         ],
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_renewal_without_owner_check_is_caught() {
+    assert_caught(
+        Bug::BatchExtendsWithoutOwnerCheck,
+        &["extend_many_acts_per_lease"],
     )
     .await;
 }

@@ -1,7 +1,6 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::watch;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
@@ -123,7 +122,6 @@ impl Locker {
 pub struct Guard {
     backend: Arc<dyn Backend>,
     lease: Lease,
-    valid_until: watch::Receiver<Option<Instant>>,
     lost: CancellationToken,
     // Stops the renewal when the guard goes away, however it goes.
     _registration: Option<Registration>,
@@ -141,12 +139,10 @@ impl Guard {
 
     fn watched(renewer: &Renewer, backend: Arc<dyn Backend>, lease: Lease, renew: bool) -> Self {
         let lost = lease.lost_token().child_token();
-        let (tx, valid_until) = watch::channel(lease.valid_until());
-        let registration = renewer.register(&lease, renew, tx, lost.clone());
+        let registration = renewer.register(&lease, renew, lost.clone());
         Guard {
             backend,
             lease,
-            valid_until,
             lost,
             _registration: registration,
             released: false,
@@ -171,7 +167,10 @@ impl Guard {
     /// Until when the lease can be trusted, as of the last renewal; `None`
     /// for session leases.
     pub fn valid_until(&self) -> Option<Instant> {
-        *self.valid_until.borrow()
+        match &self._registration {
+            Some(registration) => registration.valid_until(),
+            None => self.lease.valid_until(),
+        }
     }
 
     /// Whether the lease can still be trusted now.

@@ -13,7 +13,7 @@ use std::fmt;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
-use tokio::sync::{Notify, watch};
+use tokio::sync::Notify;
 use tokio::time::{Instant, sleep_until, timeout_at};
 use tokio_util::sync::CancellationToken;
 
@@ -59,7 +59,6 @@ struct State {
 struct Entry {
     lease: Lease,
     renew: bool,
-    valid_until: watch::Sender<Option<Instant>>,
     lost: CancellationToken,
     timer: Instant,
     in_flight: bool,
@@ -76,6 +75,14 @@ impl fmt::Debug for Registration {
         f.debug_struct("Registration")
             .field("id", &self.id)
             .finish()
+    }
+}
+
+impl Registration {
+    /// The lease's deadline as of its last renewal.
+    pub(crate) fn valid_until(&self) -> Option<Instant> {
+        let state = self.shared.lock();
+        state.entries.get(&self.id)?.lease.valid_until()
     }
 }
 
@@ -110,15 +117,14 @@ impl Renewer {
         }
     }
 
-    /// Watches `lease`: renews it when `renew` is set, publishes each new
-    /// deadline to `valid_until`, and cancels `lost` when the lease can no
+    /// Watches `lease`: renews it when `renew` is set (the registration
+    /// tells the new deadline), and cancels `lost` when the lease can no
     /// longer be trusted. `None` for session leases (nothing to do) and
     /// outside a tokio runtime (the lease then runs out at its TTL).
     pub(crate) fn register(
         &self,
         lease: &Lease,
         renew: bool,
-        valid_until: watch::Sender<Option<Instant>>,
         lost: CancellationToken,
     ) -> Option<Registration> {
         let (ttl, deadline) = (lease.ttl()?, lease.valid_until()?);
@@ -142,7 +148,6 @@ impl Renewer {
             Entry {
                 lease: lease.clone(),
                 renew,
-                valid_until,
                 lost,
                 timer,
                 in_flight: false,
@@ -163,6 +168,17 @@ impl Renewer {
     }
 }
 
+/// Marks the scheduler stopped when its task goes away unfinished.
+struct Running(Option<Arc<Shared>>);
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        if let Some(shared) = self.0.take() {
+            shared.lock().running = false;
+        }
+    }
+}
+
 impl Shared {
     fn lock(&self) -> MutexGuard<'_, State> {
         // The state stays consistent at every unlock, so a panic elsewhere
@@ -171,6 +187,9 @@ impl Shared {
     }
 
     async fn run(self: Arc<Self>) {
+        // Dropped with the task, also when its runtime shuts down first (a
+        // locker shared by several runtimes): the next lease starts a new one.
+        let mut alive = Running(Some(self.clone()));
         let batch = if self.backend.capabilities().batch_extend {
             MAX_BATCH
         } else {
@@ -181,6 +200,7 @@ impl Shared {
                 let mut state = self.lock();
                 if state.entries.is_empty() {
                     state.running = false;
+                    alive.0 = None;
                     return;
                 }
                 let due = state.take_due(Instant::now(), self.backend.driver());
@@ -228,14 +248,16 @@ impl Shared {
         let mut state = self.lock();
         for (i, (id, lease)) in ids.into_iter().zip(leases).enumerate() {
             let Some(entry) = state.entries.get_mut(&id) else {
-                continue; // released, dropped or lost meanwhile
+                continue; // dropped meanwhile
             };
+            if entry.lost.is_cancelled() {
+                continue; // released or lost meanwhile
+            }
             entry.in_flight = false;
             let ttl = lease.ttl().unwrap_or_default();
             let next = match &outcome {
                 Ok(held) if held[i] => {
                     metric::count("dlock_renewals_total", driver);
-                    entry.valid_until.send_replace(lease.valid_until());
                     entry.lease = lease;
                     deadline_after(now, ttl / 3)
                 }
@@ -281,7 +303,6 @@ impl State {
             if entry.lost.is_cancelled() {
                 // Released, or ended by the driver: nothing more to watch.
                 self.timers.remove(&(at, id));
-                self.entries.remove(&id);
                 continue;
             }
             if now >= deadline {
@@ -318,8 +339,9 @@ impl State {
     }
 
     /// The lease can no longer be trusted: tell its holder, stop watching.
+    /// The entry stays (untimed) until its guard goes, for its deadline.
     fn lose(&mut self, id: u64, driver: &'static str) {
-        if let Some(entry) = self.entries.remove(&id) {
+        if let Some(entry) = self.entries.get(&id) {
             self.timers.remove(&(entry.timer, id));
             metric::count("dlock_lost_total", driver);
             entry.lost.cancel();

@@ -28,12 +28,27 @@ end
 -- The first waiter whose place has not lapsed; lapsed places are dropped,
 -- a bounded number per call.
 local function head(q, qexp, us)
-  local gone = redis.call('ZRANGEBYSCORE', qexp, '-inf', math.floor(us / 1000), 'LIMIT', 0, 16)
+  local ms = math.floor(us / 1000)
+  local gone = redis.call('ZRANGEBYSCORE', qexp, '-inf', ms, 'LIMIT', 0, 16)
   if #gone > 0 then
     redis.call('ZREM', q, unpack(gone))
     redis.call('ZREM', qexp, unpack(gone))
   end
+  for _ = 1, 16 do
+    local first = redis.call('ZRANGE', q, 0, 0)[1]
+    if not first or tonumber(redis.call('ZSCORE', qexp, first) or '0') > ms then
+      return first
+    end
+    redis.call('ZREM', q, first)
+    redis.call('ZREM', qexp, first)
+  end
   return redis.call('ZRANGE', q, 0, 0)[1]
+end
+-- The queue keys live as long as the longest-lived place in them.
+local function keep(key, ms)
+  if redis.call('PTTL', key) < tonumber(ms) then
+    redis.call('PEXPIRE', key, ms)
+  end
 end
 local function wake(waiter, prefix, name)
   if waiter then
@@ -75,8 +90,8 @@ if me ~= '' then
     redis.call('ZADD', KEYS[3], us, me)
   end
   redis.call('ZADD', KEYS[4], math.floor(us / 1000) + tonumber(ARGV[5]), me)
-  redis.call('PEXPIRE', KEYS[3], ARGV[5])
-  redis.call('PEXPIRE', KEYS[4], ARGV[5])
+  keep(KEYS[3], ARGV[5])
+  keep(KEYS[4], ARGV[5])
 end
 local pttl = redis.call('PTTL', KEYS[1])
 -- Free but promised: the head may have missed its wake-up (a lapsed head
@@ -112,7 +127,7 @@ return 0
 pub(crate) static ABANDON: LazyLock<Script> = LazyLock::new(|| {
     with_queue(
         r"
-local first = redis.call('ZRANGE', KEYS[2], 0, 0)[1]
+local first = head(KEYS[2], KEYS[3], now_us())
 redis.call('ZREM', KEYS[2], ARGV[1])
 redis.call('ZREM', KEYS[3], ARGV[1])
 if first == ARGV[1] and redis.call('EXISTS', KEYS[1]) == 0 then
