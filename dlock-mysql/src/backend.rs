@@ -2,9 +2,7 @@ use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use dlock_core::wait::{
-    Attempt, Backoff, Deadline, UndoOnDrop, Wakeups, on_arrival, retry_for, wait_for_lock,
-};
+use dlock_core::wait::{Attempt, Backoff, Deadline, UndoOnDrop, Wakeups, on_arrival, retry_for};
 use dlock_core::{
     Backend, Capabilities, Error, HeldLock, Lease, LeaseKind, LockInfo, LockOptions, LockPage,
     OwnerToken, Result, async_trait, check_duration, check_hold, validate_name,
@@ -15,6 +13,7 @@ use tokio::time::{Instant, sleep, timeout};
 
 use crate::pool::{LendError, Lent, Pool};
 use crate::sql::{Batch, Statements, validate_table};
+use crate::wake::{Sleeper, Sleepers};
 
 const NAME: &str = "mysql";
 
@@ -69,6 +68,8 @@ struct Inner {
     sql: Statements,
     holder: String,
     wakeups: Wakeups,
+    sleepers: Sleepers,
+    max_poll: Duration,
     request_timeout: Duration,
 }
 
@@ -80,6 +81,7 @@ pub struct MySqlBuilder {
     max_connections: u32,
     connect_timeout: Duration,
     request_timeout: Duration,
+    max_poll: Duration,
     create_table: bool,
 }
 
@@ -91,6 +93,7 @@ impl std::fmt::Debug for MySqlBuilder {
             .field("max_connections", &self.max_connections)
             .field("connect_timeout", &self.connect_timeout)
             .field("request_timeout", &self.request_timeout)
+            .field("max_poll", &self.max_poll)
             .field("create_table", &self.create_table)
             .finish()
     }
@@ -124,6 +127,15 @@ impl MySqlBuilder {
         self
     }
 
+    /// The longest a waiter goes without looking at the lock again
+    /// (default 1 s). A release wakes the waiter registered for the name at
+    /// once, and the holder's expiry wakes it too; this bounds the others'
+    /// polls and covers a wake-up that could not be sent.
+    pub fn max_poll_interval(mut self, interval: Duration) -> Self {
+        self.max_poll = interval;
+        self
+    }
+
     /// Whether `connect` creates the lock table when it is missing
     /// (default `true`, with `CREATE TABLE IF NOT EXISTS`). Turn it off
     /// where the application's database user may not create tables; an
@@ -145,6 +157,8 @@ impl MySqlBuilder {
         let ms = Duration::from_millis(1);
         check_duration("connect_timeout", self.connect_timeout, ms, MAX_SETTING)?;
         check_duration("request_timeout", self.request_timeout, ms, MAX_SETTING)?;
+        let min_poll = Duration::from_millis(10);
+        check_duration("max_poll_interval", self.max_poll, min_poll, MAX_SETTING)?;
         parse_url(&self.url)
     }
 
@@ -188,6 +202,8 @@ impl MySqlBuilder {
                 sql,
                 holder: holder_info(),
                 wakeups: Wakeups::new(),
+                sleepers: Sleepers::new(),
+                max_poll: self.max_poll,
                 request_timeout: self.request_timeout,
             }),
         })
@@ -384,6 +400,7 @@ impl MySqlBackend {
             max_connections: 10,
             connect_timeout: Duration::from_secs(5),
             request_timeout: Duration::from_secs(2),
+            max_poll: Duration::from_secs(1),
             create_table: true,
         }
     }
@@ -563,25 +580,16 @@ impl MySqlBackend {
         }
     }
 
-    async fn attempt(&self, name: &str, opts: &LockOptions, waiting: bool) -> Result<Attempt> {
+    async fn attempt(&self, name: &str, opts: &LockOptions) -> Result<Attempt> {
         let owner = OwnerToken::random()?;
         let sent = Instant::now();
         if let Some(version) = self.grant(name, owner, opts.ttl_value()).await? {
             let lease = Lease::with_ttl(name, owner, version, opts, sent);
             return Ok(on_arrival(self, lease));
         }
-        // Only a waiter needs the holder's remaining lease, to cap its sleep.
-        let expires_in = if waiting {
-            let query = sqlx::query_scalar(self.inner.sql.remaining.clone()).bind(name.as_bytes());
-            let limit = self.inner.request_timeout;
-            let mut lent = self.lend("read the holder's lease").await?;
-            let done = timeout(limit, query.fetch_optional(lent.conn())).await;
-            let left: Option<i64> = settle(lent, done, limit, "read the holder's lease")?;
-            left.map(|us| Duration::from_micros(us.unsigned_abs()))
-        } else {
-            None
-        };
-        Ok(Attempt::Held { expires_in })
+        // Waiters do not need the holder's remaining lease: the registered
+        // one sleeps in the server until it ends.
+        Ok(Attempt::Held { expires_in: None })
     }
 
     /// Runs a statement that changes the caller's own live row; "not held"
@@ -602,6 +610,108 @@ impl MySqlBackend {
         }
     }
 
+    /// After a release of `name`: wakes the waiters in this process, and
+    /// the registered waiter's sleep on connection `sleeper` (0: none).
+    async fn wake(&self, name: &str, sleeper: u64) {
+        self.inner.wakeups.wake(name);
+        if sleeper == 0 {
+            return;
+        }
+        // Only the waiters' own connections are ever registered, so this
+        // can cut short nothing but a sleep. A user who may not kill the
+        // waiter's connection (another MySQL user) gets an error here, and
+        // the waiter wakes at the end of the lease or its poll.
+        let kill = sqlx::raw_sql(sqlx::AssertSqlSafe(format!("KILL QUERY {sleeper}")));
+        if let Err(e) = self.run_raw(kill, "wake a waiter").await {
+            tracing::debug!(name, error = %e, "could not wake the registered waiter");
+        }
+    }
+
+    /// Acquire's wait: attempts, with one waiter per name registered to
+    /// sleep in the server until a release wakes it, the others polling
+    /// (and taking the registration over when it frees).
+    async fn wait(&self, name: &str, opts: &LockOptions, deadline: Deadline) -> Result<Lease> {
+        let local = self.inner.wakeups.register(name);
+        let max_poll = self.inner.max_poll;
+        let mut backoff = Backoff::new(Duration::from_millis(50).min(max_poll), max_poll);
+        let mut failures = 0;
+        loop {
+            let mut woken = std::pin::pin!(local.notified());
+            match self.attempt(name, opts).await {
+                Ok(Attempt::Acquired(lease)) => return Ok(lease),
+                Ok(Attempt::Held { .. }) => failures = 0,
+                Err(e) if e.is_retryable() && failures < 3 && !deadline.is_past() => failures += 1,
+                Err(e) => return Err(e),
+            }
+            if deadline.is_past() {
+                return Err(deadline.timeout_error(name));
+            }
+            if let Some(mut sleeper) = self.register(name).await {
+                let limit = self.inner.request_timeout;
+                let granted = self.sleep_wait(&mut sleeper, name, opts, deadline).await;
+                sleeper.unregister(&self.inner.sql, name, limit).await;
+                match granted {
+                    Ok(Some(lease)) => return Ok(lease),
+                    Ok(None) => {} // the sleeper connection broke: poll
+                    Err(e) => return Err(e),
+                }
+                continue;
+            }
+            tokio::select! {
+                () = sleep(deadline.cap(backoff.next_delay())) => {}
+                () = &mut woken => backoff.reset(),
+            }
+        }
+    }
+
+    /// Registers as the waiter of `name`: `None` when another waiter is,
+    /// or this backend's sleeper connections are all busy or unavailable.
+    async fn register(&self, name: &str) -> Option<Sleeper<'_>> {
+        let sleepers = &self.inner.sleepers;
+        if sleepers.should_open() {
+            // Opening a connection can take long on a busy server: not on
+            // this waiter's path. It polls meanwhile.
+            let backend = self.clone();
+            tokio::spawn(async move {
+                let conn = backend.inner.pool.open().await.ok();
+                backend.inner.sleepers.opened(conn);
+            });
+        }
+        let (permit, conn) = sleepers.take()?;
+        let limit = self.inner.request_timeout;
+        Sleeper::register(sleepers, permit, conn, &self.inner.sql, name, limit).await
+    }
+
+    /// The registered waiter's loop: attempt, then sleep in the server
+    /// until the lease ends or a release wakes us. `None` if the sleeper
+    /// connection broke.
+    async fn sleep_wait(
+        &self,
+        sleeper: &mut Sleeper<'_>,
+        name: &str,
+        opts: &LockOptions,
+        deadline: Deadline,
+    ) -> Result<Option<Lease>> {
+        let mut failures = 0;
+        loop {
+            // Registered before this look: a release from here on wakes us.
+            match self.attempt(name, opts).await {
+                Ok(Attempt::Acquired(lease)) => return Ok(Some(lease)),
+                Ok(Attempt::Held { .. }) => failures = 0,
+                Err(e) if e.is_retryable() && failures < 3 && !deadline.is_past() => failures += 1,
+                Err(e) => return Err(e),
+            }
+            if deadline.is_past() {
+                return Err(deadline.timeout_error(name));
+            }
+            let (sql, limit) = (&self.inner.sql, self.inner.request_timeout);
+            let cap = deadline.cap(self.inner.max_poll);
+            if !sleeper.sleep(sql, name, cap, limit).await {
+                return Ok(None);
+            }
+        }
+    }
+
     /// Releases `name` if `owner` holds it, retrying while the database is
     /// out of reach, until it answers or the TTL has freed the lock anyway.
     async fn undo(&self, name: &str, owner: OwnerToken, ttl: Duration) {
@@ -614,10 +724,11 @@ impl MySqlBackend {
         .await;
         tracing::debug!(
             name,
-            released = released.map(|done| done.rows_affected()),
+            released = released.as_ref().map(|done| done.rows_affected()),
             "undid an acquire of unknown outcome"
         );
-        self.inner.wakeups.wake(name);
+        let sleeper = released.map_or(0, |done| done.last_insert_id());
+        self.wake(name, sleeper).await;
     }
 }
 
@@ -654,17 +765,14 @@ impl Backend for MySqlBackend {
     async fn try_acquire(&self, name: &str, opts: &LockOptions) -> Result<Option<Lease>> {
         validate_name(name)?;
         opts.validate()?;
-        Ok(self.attempt(name, opts, false).await?.into_lease())
+        Ok(self.attempt(name, opts).await?.into_lease())
     }
 
     async fn acquire(&self, name: &str, opts: &LockOptions) -> Result<Lease> {
         validate_name(name)?;
         opts.validate()?;
         let deadline = Deadline::after(opts.wait_value());
-        let backoff = Backoff::new(Duration::from_millis(10), Duration::from_millis(500));
-        let wait = wait_for_lock(name, deadline, Some(&self.inner.wakeups), backoff, || {
-            self.attempt(name, opts, true)
-        });
+        let wait = self.wait(name, opts, deadline);
         deadline.bound(name, self.inner.request_timeout, wait).await
     }
 
@@ -672,9 +780,13 @@ impl Backend for MySqlBackend {
         let query = sqlx::query(self.inner.sql.release.clone())
             .bind(lease.name().as_bytes())
             .bind(lease.owner().to_string());
-        self.own_row(query, lease, "release").await?;
-        // Waiters in this process; others find out by polling.
-        self.inner.wakeups.wake(lease.name());
+        let done = self.execute(query, "release").await?;
+        if done.rows_affected() != 1 {
+            return Err(Error::NotHeld {
+                name: lease.name().to_owned(),
+            });
+        }
+        self.wake(lease.name(), done.last_insert_id()).await;
         Ok(())
     }
 

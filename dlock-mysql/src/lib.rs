@@ -4,6 +4,7 @@
 mod backend;
 mod pool;
 mod sql;
+mod wake;
 
 pub use backend::{MIN_PURGE_AGE, MySqlBackend, MySqlBuilder, Purger};
 /// The sqlx crate this driver is built on, so that callers use the same

@@ -46,6 +46,20 @@ impl Pool {
         }
     }
 
+    /// A new connection outside the pool's count, within the connect timeout.
+    pub async fn open(&self) -> Result<MySqlConnection, LendError> {
+        match tokio::time::timeout(
+            self.connect_timeout,
+            MySqlConnection::connect_with(&self.options),
+        )
+        .await
+        {
+            Ok(Ok(conn)) => Ok(conn),
+            Ok(Err(e)) => Err(LendError::Connect(e)),
+            Err(_) => Err(LendError::TimedOut),
+        }
+    }
+
     /// Adds a connection opened elsewhere (the one `connect` checks with).
     pub fn put(&self, conn: MySqlConnection) {
         self.idle().push((conn, Instant::now()));

@@ -3,6 +3,12 @@
 use dlock_core::{Error, Result};
 use sqlx::{AssertSqlSafe, SqlSafeStr, SqlStr};
 
+/// The named lock (at most 64 characters) that a name's registered waiter
+/// holds; `name` is an SQL expression for the lock name's bytes.
+fn wait_key(table: &str, name: &str) -> String {
+    format!("CONCAT('dlock-w:', SHA1(CONCAT('{table}:', {name})))")
+}
+
 /// A table name that is safe to splice into SQL: a plain identifier.
 pub(crate) fn validate_table(name: &str) -> Result<()> {
     let mut chars = name.chars();
@@ -29,7 +35,6 @@ pub(crate) struct Statements {
     pub create: SqlStr,
     pub exists: SqlStr,
     pub acquire: SqlStr,
-    pub remaining: SqlStr,
     pub release: SqlStr,
     pub extend: SqlStr,
     pub hold: SqlStr,
@@ -37,6 +42,9 @@ pub(crate) struct Statements {
     pub purge: SqlStr,
     pub list: SqlStr,
     pub inspect: SqlStr,
+    pub register: SqlStr,
+    pub unregister: SqlStr,
+    pub sleep: SqlStr,
     table: String,
 }
 
@@ -129,14 +137,14 @@ impl Statements {
                    holder = IF(expires_at <= {NOW}, ?, holder),
                    expires_at = IF(expires_at <= {NOW}, {NOW} + INTERVAL ? MICROSECOND, expires_at)"
             )),
-            remaining: safe(format!(
-                "SELECT GREATEST(TIMESTAMPDIFF(MICROSECOND, {NOW}, expires_at), 0)
-                 FROM `{table}` WHERE name = ?"
-            )),
-            // The row stays, so the version keeps counting up.
+            // The row stays, so the version keeps counting up. The reply's
+            // LAST_INSERT_ID is the connection of the waiter registered for
+            // the name (0: none), which the releaser then wakes.
             release: safe(format!(
-                "UPDATE `{table}` SET owner = '', expires_at = {NOW}
-                 WHERE name = ? AND owner = ? AND expires_at > {NOW}"
+                "UPDATE `{table}` SET owner = '', expires_at = {NOW},
+                   version = IF(LAST_INSERT_ID(COALESCE(IS_USED_LOCK({wait_key}), 0)) IS NULL, 0, version)
+                 WHERE name = ? AND owner = ? AND expires_at > {NOW}",
+                wait_key = wait_key(table, "name")
             )),
             extend: safe(format!(
                 "UPDATE `{table}` SET expires_at = {NOW} + INTERVAL ? MICROSECOND
@@ -165,6 +173,17 @@ impl Statements {
                 "SELECT name, owner, version, TIMESTAMPDIFF(MICROSECOND, {NOW}, expires_at)
                  FROM `{table}` WHERE name > ? AND name LIKE ? ESCAPE '!' AND expires_at > {NOW}
                  ORDER BY name LIMIT ?"
+            )),
+            // The waiter registered for a name holds a named lock on a
+            // connection of its own and sleeps on it until the holder's lease
+            // ends, or a release kills the sleep. The sleep reads the row
+            // itself: a release just before it finds the row free (no sleep),
+            // one during it is a kill.
+            register: safe(format!("SELECT GET_LOCK({}, 0)", wait_key(table, "?"))),
+            unregister: safe(format!("SELECT RELEASE_LOCK({})", wait_key(table, "?"))),
+            sleep: safe(format!(
+                "SELECT SLEEP(LEAST(GREATEST(TIMESTAMPDIFF(MICROSECOND, {NOW}, expires_at), 0) / 1000000 + 0.002, ?))
+                 FROM `{table}` WHERE name = ? AND expires_at > {NOW}"
             )),
             inspect: safe(format!(
                 "SELECT owner, version, TIMESTAMPDIFF(MICROSECOND, {NOW}, expires_at)

@@ -508,3 +508,82 @@ async fn a_cycle_costs_two_statements_and_no_ping() {
         "the control's pings were not counted: {before:?} → {after:?}"
     );
 }
+
+/// With polls a minute apart, a waiter in another process (its own backend
+/// and connections) gets the lock within seconds of the release: the
+/// release woke its sleep in the server.
+#[tokio::test]
+async fn a_release_wakes_a_waiter_in_another_process() {
+    let holder = backend().await;
+    let waiter = MySqlBackend::builder(url().await)
+        .max_poll_interval(Duration::from_secs(60))
+        .connect()
+        .await
+        .unwrap();
+    let name = unique_name("wake");
+    let lease = holder.try_acquire(&name, &opts()).await.unwrap().unwrap();
+    let task = {
+        let name = name.clone();
+        tokio::spawn(async move {
+            let lease = waiter
+                .acquire(&name, &opts().wait(Duration::from_secs(50)))
+                .await;
+            (lease, tokio::time::Instant::now(), waiter)
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert!(!task.is_finished());
+    let released = tokio::time::Instant::now();
+    holder.release(&lease).await.unwrap();
+    let (granted, at, waiter) = task.await.unwrap();
+    let granted = granted.expect("the waiter gets the lock");
+    assert!(
+        at - released < Duration::from_secs(10),
+        "the waiter polled instead of being woken ({:?})",
+        at - released
+    );
+    waiter.release(&granted).await.unwrap();
+}
+
+/// Eight waiters in other processes cost the server a few statements a
+/// second each while they wait (one sleeps in the server, the others poll
+/// at the default interval), and each is served once the holder releases.
+/// On a server of its own, so that no other test's statements are counted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiting_costs_a_few_statements_a_second_per_waiter() {
+    use sqlx::Connection;
+    let server = start(Service::MariaDb, ServerOptions::default()).await;
+    let holder = MySqlBackend::connect(server.url()).await.unwrap();
+    let mut admin = sqlx::MySqlConnection::connect(server.url()).await.unwrap();
+    let name = unique_name("load");
+    let lease = holder.try_acquire(&name, &opts()).await.unwrap().unwrap();
+    let waiters = 8;
+    let mut tasks = Vec::new();
+    for _ in 0..waiters {
+        let b = MySqlBackend::connect(server.url()).await.unwrap();
+        let name = name.clone();
+        tasks.push(tokio::spawn(async move {
+            let lease = b
+                .acquire(&name, &opts().wait(Duration::from_secs(60)))
+                .await
+                .unwrap();
+            b.release(&lease).await.unwrap();
+        }));
+    }
+    // Past the waiters' first quick polls.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let before = counters(&mut admin).await;
+    let window = Duration::from_secs(5);
+    tokio::time::sleep(window).await;
+    let after = counters(&mut admin).await;
+    let per_waiter = (after.0 - before.0 - 1) as f64 / window.as_secs_f64() / f64::from(waiters);
+    eprintln!("{per_waiter:.1} statements/s per waiter");
+    assert!(per_waiter <= 5.0, "{per_waiter:.1} statements/s per waiter");
+    holder.release(&lease).await.unwrap();
+    for task in tasks {
+        tokio::time::timeout(Duration::from_secs(30), task)
+            .await
+            .expect("every waiter is served")
+            .unwrap();
+    }
+}
