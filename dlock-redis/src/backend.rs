@@ -276,8 +276,8 @@ impl RedisBackend {
         self.inner.conn.clone()
     }
 
-    /// How many wake-up channels this client is subscribed to now: its own
-    /// one while it has waiters, else none.
+    /// How many wake-up channels this client is subscribed to: its own one
+    /// once it has waited for a lock, else none.
     pub fn subscribed_channels(&self) -> usize {
         self.inner.notifications.channels()
     }
@@ -345,21 +345,25 @@ impl RedisBackend {
     /// wake-ups on this client's channel when the place comes first.
     async fn wait(&self, name: &str, opts: &LockOptions, deadline: Deadline) -> Result<Lease> {
         let keys = self.keys(name);
-        // The uncontended case costs one round trip: subscribe and queue
-        // only once the lock turns out to be held (or the attempt failed in
-        // a way worth another try, which the wait loop makes).
-        match self.attempt(name, &keys, opts, "").await {
-            Ok(Attempt::Acquired(lease)) => return Ok(lease),
-            Ok(Attempt::Held { .. }) => {}
-            Err(e) if e.is_retryable() => {}
-            Err(e) => return Err(e),
-        }
-        if deadline.is_past() {
-            return Err(deadline.timeout_error(name));
-        }
         let notifications = &self.inner.notifications;
-        let channel = format!("{}{}", self.inner.wake_prefix, self.inner.client_id);
-        let _interest = notifications.interest(&channel).await;
+        // Until this client first waits, the uncontended case costs one
+        // round trip: subscribe and queue only once the lock turns out to
+        // be held (or the attempt failed in a way worth another try, which
+        // the wait loop makes). From then on the channel is kept, and the
+        // first attempt queues at once.
+        if !notifications.is_kept() {
+            match self.attempt(name, &keys, opts, "").await {
+                Ok(Attempt::Acquired(lease)) => return Ok(lease),
+                Ok(Attempt::Held { .. }) => {}
+                Err(e) if e.is_retryable() => {}
+                Err(e) => return Err(e),
+            }
+            if deadline.is_past() {
+                return Err(deadline.timeout_error(name));
+            }
+            let channel = format!("{}{}", self.inner.wake_prefix, self.inner.client_id);
+            notifications.keep(&channel).await;
+        }
         let waiter = format!("{}{}", OwnerToken::random()?, self.inner.client_id);
         // However the wait ends without a grant (timeout, error, dropped),
         // give the place up, so that the next waiter need not wait for it

@@ -26,6 +26,8 @@ pub(crate) struct Notifications {
     pub wakeups: Arc<Wakeups>,
     interest: Interests,
     commands: mpsc::UnboundedSender<Command>,
+    /// Set once a channel is kept for good ([`Notifications::keep`]).
+    kept: tokio::sync::OnceCell<()>,
 }
 
 impl Notifications {
@@ -67,6 +69,7 @@ impl Notifications {
             wakeups,
             interest,
             commands,
+            kept: tokio::sync::OnceCell::new(),
         }
     }
 
@@ -100,6 +103,25 @@ impl Notifications {
             Err(_) => {}
         }
         interest
+    }
+
+    /// Subscribes to `channel` for the rest of this client's life, the
+    /// first time it is asked; later calls return at once. A client's
+    /// waiters all hear on one channel, so keeping it costs one
+    /// subscription, and saves a subscribe and an unsubscribe per wait.
+    pub async fn keep(&self, channel: &str) {
+        self.kept
+            .get_or_init(|| async {
+                // Never dropped: the count stays up, so the subscription
+                // is renewed after a reconnect like any other.
+                std::mem::forget(self.interest(channel).await);
+            })
+            .await;
+    }
+
+    /// Whether [`Notifications::keep`] has subscribed.
+    pub fn is_kept(&self) -> bool {
+        self.kept.initialized()
     }
 
     /// How many channels this process wants to hear from now.
