@@ -219,15 +219,17 @@ async fn run(args: Args) -> Result<()> {
                 );
             }
             bar.inc(1);
-            bar.set_message(format!("{name}: cycles"));
-            r.cycle = Some(scenarios::throughput(&cycles(args.clients), "cycle", duration).await?);
-            bar.inc(1);
-            bar.set_message(format!("{name}: raw floor"));
-            r.raw_floor = floor(args.clients, "raw", duration, async || {
-                target.raw_floor().await
-            })
-            .await?;
-            bar.inc(1);
+            bar.set_message(format!("{name}: cycles and raw floor, in turns"));
+            let raw = ops(args.clients, async || target.raw_floor().await).await?;
+            if let Some(raw) = raw {
+                let (cycle, floor) =
+                    scenarios::paired(&cycles(args.clients), &raw, "cycle", duration * 2).await?;
+                (r.cycle, r.raw_floor) = (Some(cycle), Some(floor));
+            } else {
+                r.cycle =
+                    Some(scenarios::throughput(&cycles(args.clients), "cycle", duration).await?);
+            }
+            bar.inc(2);
             bar.set_message(format!("{name}: classic CAS"));
             r.classic_cas = floor(args.clients, "cas", duration, async || {
                 target.classic_cas().await
@@ -286,8 +288,19 @@ async fn floor(
     n: usize,
     run: &str,
     duration: Duration,
-    mut make: impl AsyncFnMut() -> Result<Option<Box<dyn Op>>>,
+    make: impl AsyncFnMut() -> Result<Option<Box<dyn Op>>>,
 ) -> Result<Option<scenarios::Throughput>> {
+    match ops(n, make).await? {
+        Some(ops) => Ok(Some(scenarios::throughput(&ops, run, duration).await?)),
+        None => Ok(None),
+    }
+}
+
+/// `n` ops from `make`, or `None` when the target has no such op.
+async fn ops(
+    n: usize,
+    mut make: impl AsyncFnMut() -> Result<Option<Box<dyn Op>>>,
+) -> Result<Option<Vec<Arc<dyn Op>>>> {
     let mut ops: Vec<Arc<dyn Op>> = Vec::with_capacity(n);
     while ops.len() < n {
         match make().await? {
@@ -295,7 +308,7 @@ async fn floor(
             None => return Ok(None),
         }
     }
-    Ok(Some(scenarios::throughput(&ops, run, duration).await?))
+    Ok(Some(ops))
 }
 
 fn machine() -> String {

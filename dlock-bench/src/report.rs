@@ -178,9 +178,9 @@ pub fn markdown(r: &Report) -> String {
     );
     let _ = writeln!(
         s,
-        "| backend | grants/s | hand-off p50 | p99 | p50 in round trips | taken back by the releaser | server requests per grant | waiting load (requests/s per waiter) | grants per client min–max | Jain |"
+        "| backend | grants/s | hand-off p50 | p99 | p50 in round trips | taken back by the releaser | server requests per grant | load per waiter during hand-offs (requests/s) | load per waiter while the lock is held (requests/s) | grants per client min–max | Jain |"
     );
-    let _ = writeln!(s, "|---|---|---|---|---|---|---|---|---|---|");
+    let _ = writeln!(s, "|---|---|---|---|---|---|---|---|---|---|---|");
     for b in &r.backends {
         let Some(c) = &b.contended else { continue };
         let rtts = opt(b.round_trip.as_ref(), |l| {
@@ -193,7 +193,7 @@ pub fn markdown(r: &Report) -> String {
         };
         let _ = writeln!(
             s,
-            "| {} | {:.0} | {} | {} | {} | {} | {} | {} | {}–{} | {:.3} |",
+            "| {} | {:.0} | {} | {} | {} | {} | {} | {} | {} | {}–{} | {:.3} |",
             b.backend,
             c.grants_per_s,
             ms(c.handoff.p50_us),
@@ -202,6 +202,7 @@ pub fn markdown(r: &Report) -> String {
             taken_back,
             opt(c.requests_per_grant, |r| format!("{r:.1}")),
             opt(c.waiting_requests_per_s, |r| format!("{r:.1}")),
+            opt(c.idle_waiting_requests_per_s, |r| format!("{r:.1}")),
             c.min_grants_per_client,
             c.max_grants_per_client,
             c.jain

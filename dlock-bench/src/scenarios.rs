@@ -53,6 +53,54 @@ pub struct Throughput {
 
 /// Runs each op in its own task on its own key until `duration` passes.
 pub async fn throughput(ops: &[Arc<dyn Op>], run: &str, duration: Duration) -> Result<Throughput> {
+    let (h, secs) = timed(ops, run, duration).await?;
+    Ok(Throughput {
+        clients: ops.len(),
+        ops_per_s: h.len() as f64 / secs,
+        latency: Latency::from(&h),
+    })
+}
+
+/// Two sets of ops measured in turns, `SLICES` each, alternating which
+/// goes first, so that a noisy machine (a neighbour, a frequency change,
+/// the server's own housekeeping) weighs on both alike: their ratio is
+/// what the bench reports.
+pub async fn paired(
+    a: &[Arc<dyn Op>],
+    b: &[Arc<dyn Op>],
+    run: &str,
+    duration: Duration,
+) -> Result<(Throughput, Throughput)> {
+    const SLICES: u32 = 5;
+    let slice = duration / SLICES;
+    let (mut ha, mut hb) = (histogram()?, histogram()?);
+    let (mut sa, mut sb) = (0.0, 0.0);
+    for i in 0..SLICES {
+        for first in [i % 2 == 0, i % 2 != 0] {
+            let (ops, h, secs) = if first {
+                (a, &mut ha, &mut sa)
+            } else {
+                (b, &mut hb, &mut sb)
+            };
+            let (part, took) = timed(ops, &format!("{run}{i}{first}"), slice).await?;
+            h.add(part)?;
+            *secs += took;
+        }
+    }
+    let result = |ops: &[Arc<dyn Op>], h: &Histogram<u64>, secs: f64| Throughput {
+        clients: ops.len(),
+        ops_per_s: h.len() as f64 / secs,
+        latency: Latency::from(h),
+    };
+    Ok((result(a, &ha, sa), result(b, &hb, sb)))
+}
+
+/// The latencies of every op run, and the seconds it took.
+async fn timed(
+    ops: &[Arc<dyn Op>],
+    run: &str,
+    duration: Duration,
+) -> Result<(Histogram<u64>, f64)> {
     let started = Instant::now();
     let end = started + duration;
     let mut tasks = Vec::new();
@@ -73,12 +121,7 @@ pub async fn throughput(ops: &[Arc<dyn Op>], run: &str, duration: Duration) -> R
     for task in tasks {
         all.add(task.await??)?;
     }
-    let secs = started.elapsed().as_secs_f64();
-    Ok(Throughput {
-        clients: ops.len(),
-        ops_per_s: all.len() as f64 / secs,
-        latency: Latency::from(&all),
-    })
+    Ok((all, started.elapsed().as_secs_f64()))
 }
 
 /// Contention on one name.
@@ -103,6 +146,11 @@ pub struct Contention {
     /// beyond the acquire and release of each grant.
     #[serde(default)]
     pub waiting_requests_per_s: Option<f64>,
+    /// The load of waiting alone: server requests per second per waiting
+    /// client while one client holds the lock for a while and the others
+    /// wait for it.
+    #[serde(default)]
+    pub idle_waiting_requests_per_s: Option<f64>,
     pub min_grants_per_client: u64,
     pub max_grants_per_client: u64,
     /// Jain's fairness index of grants per client: 1 is perfectly even.
@@ -162,6 +210,7 @@ pub async fn contended(
     }
     let elapsed = started.elapsed().as_secs_f64();
     let requests_after = target.server_stats().await?.map(|(requests, _)| requests);
+    let idle = idle_waiting(target, clients, &name).await?;
     let total: u64 = per_client.iter().sum();
     let squares: f64 = per_client.iter().map(|&g| (g as f64).powi(2)).sum();
     let n = per_client.len() as f64;
@@ -178,6 +227,7 @@ pub async fn contended(
         requests_per_grant: requests.map(|r| r / total.max(1) as f64),
         waiting_requests_per_s: requests
             .map(|r| (r - 2.0 * total as f64).max(0.0) / elapsed / waiters),
+        idle_waiting_requests_per_s: idle,
         min_grants_per_client: per_client.iter().copied().min().unwrap_or(0),
         max_grants_per_client: per_client.iter().copied().max().unwrap_or(0),
         jain: if squares > 0.0 {
@@ -186,6 +236,46 @@ pub async fn contended(
             0.0
         },
     })
+}
+
+/// Requests per second per waiter while the first client holds `name`
+/// for a while and the others wait for it (each is served afterwards).
+async fn idle_waiting(
+    target: &Target,
+    clients: &[Arc<dyn Backend>],
+    name: &str,
+) -> Result<Option<f64>> {
+    let Some((holder, waiting)) = clients.split_first() else {
+        return Ok(None);
+    };
+    if waiting.is_empty() {
+        return Ok(None);
+    }
+    let opts = LockOptions::new()
+        .ttl(Duration::from_secs(30))
+        .wait(GRANT_TIMEOUT);
+    let lease = holder.acquire(name, &opts).await?;
+    let mut tasks = Vec::new();
+    for backend in waiting {
+        let (backend, name, opts) = (backend.clone(), name.to_owned(), opts.clone());
+        tasks.push(tokio::spawn(async move {
+            let lease = backend.acquire(&name, &opts).await?;
+            backend.release(&lease).await
+        }));
+    }
+    // Past the waiters' first quick looks: what a long wait costs.
+    sleep(Duration::from_secs(1)).await;
+    let before = target.server_stats().await?;
+    let window = Duration::from_secs(3);
+    sleep(window).await;
+    let after = target.server_stats().await?;
+    holder.release(&lease).await?;
+    for task in tasks {
+        task.await??;
+    }
+    Ok(before.zip(after).map(|((before, _), (after, _))| {
+        after.saturating_sub(before) as f64 / window.as_secs_f64() / waiting.len() as f64
+    }))
 }
 
 /// Many leases held at once, renewed by their guards.
