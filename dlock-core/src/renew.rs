@@ -100,10 +100,12 @@ impl Drop for Registration {
     }
 }
 
-/// How early a renewal may be sent so that it rides with others: a quarter
-/// of the renewal period, which still leaves more than half the TTL as margin.
+/// How early a renewal may be sent so that it rides with others: half the
+/// renewal period. Renewals then come at a sixth to a third of the TTL, so
+/// that however the grants were spread, a period holds two batches of
+/// renewals, and the lease always keeps two thirds of its TTL as margin.
 fn slack(ttl: Duration) -> Duration {
-    ttl / 12
+    ttl / 6
 }
 
 impl Renewer {
@@ -430,8 +432,8 @@ mod tests {
             "a renewed lease was lost"
         );
         assert!(backend.largest.load(Ordering::SeqCst) <= MAX_BATCH);
-        // Three batches of 1,000 at most, in at most five groups a period.
-        let limit = periods as usize * (3 + 5);
+        // Three batches of 1,000 at most, in at most three groups a period.
+        let limit = periods as usize * (3 + 3);
         assert!(
             (periods as usize..=limit).contains(&calls),
             "{calls} batches in {periods} periods"

@@ -164,10 +164,10 @@ impl RedisBuilder {
                 conn,
                 wake_prefix: format!("{}:wake:", self.prefix),
                 client_id,
+                notifications: Notifications::start(push_conn, rx, self.prefix.clone()),
                 prefix: self.prefix,
                 max_poll: self.max_poll,
                 response_timeout: self.response_timeout,
-                notifications: Notifications::start(push_conn, rx),
             }),
         })
     }
@@ -305,18 +305,18 @@ impl RedisBackend {
             let (backend, name, ttl) = (self.clone(), name.to_owned(), opts.ttl_value());
             UndoOnDrop::new(async move { backend.undo(&name, owner, ttl).await })
         };
-        let reply: (i64, String) = ACQUIRE
+        let mut invocation = ACQUIRE.prepare_invoke();
+        invocation
             .key(&keys.lock)
             .key(&keys.fence)
             .key(&keys.queue)
             .key(&keys.queue_expiry)
             .arg(owner.to_string())
-            .arg(millis(opts.ttl_value()))
-            .arg(FENCE_RETENTION_MS)
-            .arg(waiter)
-            .arg(millis(self.place_lifetime()))
-            .arg(&self.inner.wake_prefix)
-            .arg(name)
+            .arg(millis(opts.ttl_value()));
+        if !waiter.is_empty() {
+            invocation.arg(waiter).arg(millis(self.place_lifetime()));
+        }
+        let reply: (i64, String) = invocation
             .invoke_async(&mut self.inner.conn.clone())
             .await
             .map_err(|e| redis_error(e, "acquire"))?;
@@ -397,8 +397,6 @@ impl RedisBackend {
                 .key(&keys.queue)
                 .key(&keys.queue_expiry)
                 .arg(waiter)
-                .arg(&self.inner.wake_prefix)
-                .arg(name)
                 .invoke_async::<i64>(&mut self.inner.conn.clone())
                 .await
                 .map_err(|e| redis_error(e, "leave the queue"))
@@ -408,12 +406,11 @@ impl RedisBackend {
         tracing::debug!(name, ?left, "left the queue");
     }
 
-    /// The release script for `owner`'s hold on `name`; it wakes the head
-    /// of the queue.
+    /// The release script for `owner`'s hold on the lock of `keys`; it
+    /// wakes the head of the queue.
     fn release_script<'a>(
         &'a self,
         keys: &'a Keys,
-        name: &'a str,
         owner: OwnerToken,
     ) -> redis::ScriptInvocation<'a> {
         let mut invocation = RELEASE.prepare_invoke();
@@ -421,9 +418,7 @@ impl RedisBackend {
             .key(&keys.lock)
             .key(&keys.queue)
             .key(&keys.queue_expiry)
-            .arg(owner.to_string())
-            .arg(&self.inner.wake_prefix)
-            .arg(name);
+            .arg(owner.to_string());
         invocation
     }
 
@@ -433,7 +428,7 @@ impl RedisBackend {
     async fn undo(&self, name: &str, owner: OwnerToken, ttl: Duration) {
         let keys = self.keys(name);
         let released = retry_for(ttl, || async {
-            self.release_script(&keys, name, owner)
+            self.release_script(&keys, owner)
                 .invoke_async::<i64>(&mut self.inner.conn.clone())
                 .await
                 .map_err(|e| redis_error(e, "undo an acquire"))
@@ -483,7 +478,7 @@ impl Backend for RedisBackend {
     async fn release(&self, lease: &Lease) -> Result<()> {
         let keys = self.keys(lease.name());
         let released: i64 = self
-            .release_script(&keys, lease.name(), lease.owner())
+            .release_script(&keys, lease.owner())
             .invoke_async(&mut self.inner.conn.clone())
             .await
             .map_err(|e| redis_error(e, "release"))?;

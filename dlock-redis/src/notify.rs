@@ -10,6 +10,8 @@ use redis::aio::ConnectionManager;
 use redis::{PushInfo, PushKind, RedisResult, Value};
 use tokio::sync::{mpsc, oneshot};
 
+use crate::keys::name_of;
+
 enum Command {
     Subscribe(String, oneshot::Sender<RedisResult<()>>),
     Unsubscribe(String),
@@ -33,7 +35,11 @@ pub(crate) struct Notifications {
 impl Notifications {
     /// Starts the tasks: one applies (un)subscriptions in order, one turns
     /// release messages into wake-ups. Both end when the backend is dropped.
-    pub fn start(conn: ConnectionManager, mut pushes: mpsc::UnboundedReceiver<PushInfo>) -> Self {
+    pub fn start(
+        conn: ConnectionManager,
+        mut pushes: mpsc::UnboundedReceiver<PushInfo>,
+        prefix: String,
+    ) -> Self {
         let wakeups = Arc::new(Wakeups::new());
         let interest: Interests = Arc::default();
         let (commands, rx) = mpsc::unbounded_channel();
@@ -46,9 +52,12 @@ impl Notifications {
         tokio::spawn(async move {
             while let Some(push) = pushes.recv().await {
                 match push.kind {
+                    // A wake-up carries the lock's key.
                     PushKind::Message => {
-                        if let [_, Value::BulkString(name)] = push.data.as_slice() {
-                            hub.wake(&String::from_utf8_lossy(name));
+                        if let [_, Value::BulkString(key)] = push.data.as_slice()
+                            && let Some(name) = name_of(&prefix, &String::from_utf8_lossy(key))
+                        {
+                            hub.wake(&name);
                         }
                     }
                     // Releases published while disconnected are lost. Waking

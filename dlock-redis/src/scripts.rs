@@ -19,7 +19,9 @@ pub(crate) const PLACE_HEARTBEATS: u32 = 3;
 /// The waiter queue, shared by the scripts below. `q` holds waiters by
 /// arrival (score: server time in µs), `qexp` when each one's place lapses
 /// (score: server time in ms). A waiter is `<32 hex digits><client id>`,
-/// and its client hears wake-ups on `<wake prefix><client id>`.
+/// and its client hears wake-ups on `<prefix>:wake:<client id>`, with the
+/// lock's key as the message. When nobody waits (the common case) the
+/// scripts cost one `ZRANGE` on a missing key more than a bare lock.
 const QUEUE: &str = r"
 local function now_us()
   local t = redis.call('TIME')
@@ -27,15 +29,19 @@ local function now_us()
 end
 -- The first waiter whose place has not lapsed; lapsed places are dropped,
 -- a bounded number per call.
-local function head(q, qexp, us)
-  local ms = math.floor(us / 1000)
+local function head(q, qexp)
+  local first = redis.call('ZRANGE', q, 0, 0)[1]
+  if not first then
+    return nil
+  end
+  local ms = math.floor(now_us() / 1000)
   local gone = redis.call('ZRANGEBYSCORE', qexp, '-inf', ms, 'LIMIT', 0, 16)
   if #gone > 0 then
     redis.call('ZREM', q, unpack(gone))
     redis.call('ZREM', qexp, unpack(gone))
   end
   for _ = 1, 16 do
-    local first = redis.call('ZRANGE', q, 0, 0)[1]
+    first = redis.call('ZRANGE', q, 0, 0)[1]
     if not first or tonumber(redis.call('ZSCORE', qexp, first) or '0') > ms then
       return first
     end
@@ -50,9 +56,11 @@ local function keep(key, ms)
     redis.call('PEXPIRE', key, ms)
   end
 end
-local function wake(waiter, prefix, name)
+-- The prefix is what precedes the hash tag (prefixes have no braces).
+local function wake(waiter)
   if waiter then
-    redis.call('PUBLISH', prefix .. string.sub(waiter, 33), name)
+    local prefix = string.match(KEYS[1], '^(.-):{')
+    redis.call('PUBLISH', prefix .. ':wake:' .. string.sub(waiter, 33), KEYS[1])
   end
 end
 ";
@@ -62,50 +70,49 @@ fn with_queue(body: &str) -> Script {
 }
 
 /// KEYS: lock, fence, queue, queue expiry. ARGV: owner token, TTL in ms,
-/// fence retention in ms, waiter (empty: do not queue), place lifetime in
-/// ms, wake prefix, lock name.
+/// and to queue when held: waiter, place lifetime in ms.
 /// Returns `{1, fencing token}` when granted, `{0, holder's PTTL}` when held
 /// (-2: free, but promised to the waiter at the head of the queue).
 ///
 /// A free lock goes to the head of the queue, or to anyone when nobody
 /// waits; a waiter not granted joins the queue (once) and renews its place.
 pub(crate) static ACQUIRE: LazyLock<Script> = LazyLock::new(|| {
-    with_queue(
+    with_queue(&format!(
         r"
-local us = now_us()
-local first = head(KEYS[3], KEYS[4], us)
-local me = ARGV[4]
+local me = ARGV[3] or ''
+local first = head(KEYS[3], KEYS[4])
 if (not first or first == me) and redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
   if first then
     redis.call('ZREM', KEYS[3], me)
     redis.call('ZREM', KEYS[4], me)
   end
   local last = tonumber(redis.call('GET', KEYS[2]) or '0')
-  local fence = string.format('%.0f', math.max(last + 1, us))
-  redis.call('SET', KEYS[2], fence, 'PX', ARGV[3])
-  return {1, fence}
+  local fence = string.format('%.0f', math.max(last + 1, now_us()))
+  redis.call('SET', KEYS[2], fence, 'PX', {FENCE_RETENTION_MS})
+  return {{1, fence}}
 end
 if me ~= '' then
+  local us = now_us()
   if not redis.call('ZSCORE', KEYS[3], me) then
     redis.call('ZADD', KEYS[3], us, me)
   end
-  redis.call('ZADD', KEYS[4], math.floor(us / 1000) + tonumber(ARGV[5]), me)
-  keep(KEYS[3], ARGV[5])
-  keep(KEYS[4], ARGV[5])
+  redis.call('ZADD', KEYS[4], math.floor(us / 1000) + tonumber(ARGV[4]), me)
+  keep(KEYS[3], ARGV[4])
+  keep(KEYS[4], ARGV[4])
 end
 local pttl = redis.call('PTTL', KEYS[1])
 -- Free but promised: the head may have missed its wake-up (a lapsed head
 -- was just dropped, or the lock expired): tell it again.
 if pttl == -2 and first ~= me then
-  wake(first, ARGV[6], ARGV[7])
+  wake(first)
 end
-return {0, tostring(pttl)}
-",
-    )
+return {{0, tostring(pttl)}}
+"
+    ))
 });
 
-/// KEYS: lock, queue, queue expiry. ARGV: owner token, wake prefix, lock
-/// name. Returns 1 when released, 0 when the caller was not the holder.
+/// KEYS: lock, queue, queue expiry. ARGV: owner token.
+/// Returns 1 when released, 0 when the caller was not the holder.
 /// Wakes the head of the queue only: one message per release, however many
 /// wait.
 pub(crate) static RELEASE: LazyLock<Script> = LazyLock::new(|| {
@@ -113,7 +120,7 @@ pub(crate) static RELEASE: LazyLock<Script> = LazyLock::new(|| {
         r"
 if redis.call('GET', KEYS[1]) == ARGV[1] then
   redis.call('DEL', KEYS[1])
-  wake(head(KEYS[2], KEYS[3], now_us()), ARGV[2], ARGV[3])
+  wake(head(KEYS[2], KEYS[3]))
   return 1
 end
 return 0
@@ -121,17 +128,17 @@ return 0
     )
 });
 
-/// KEYS: lock, queue, queue expiry. ARGV: waiter, wake prefix, lock name.
+/// KEYS: lock, queue, queue expiry. ARGV: waiter.
 /// A waiter gives up its place; if it was first and the lock is free, the
 /// next one is woken.
 pub(crate) static ABANDON: LazyLock<Script> = LazyLock::new(|| {
     with_queue(
         r"
-local first = head(KEYS[2], KEYS[3], now_us())
+local first = head(KEYS[2], KEYS[3])
 redis.call('ZREM', KEYS[2], ARGV[1])
 redis.call('ZREM', KEYS[3], ARGV[1])
 if first == ARGV[1] and redis.call('EXISTS', KEYS[1]) == 0 then
-  wake(head(KEYS[2], KEYS[3], now_us()), ARGV[2], ARGV[3])
+  wake(head(KEYS[2], KEYS[3]))
 end
 return 1
 ",
