@@ -10,6 +10,12 @@ use crate::{Backend, Error, Lease, LockInfo, LockOptions, LockPage, Observed, Ow
 /// The handle users lock with: a shared backend plus guards, renewal and
 /// [`with_lock`](Locker::with_lock). Cheap to clone.
 ///
+/// A locker and its clones share one renewal task for all their guards: it
+/// renews the leases that fall due together in batches
+/// ([`Backend::extend_many`]: one request per 1,000 leases on Redis and
+/// MySQL), and tells each guard `lost()` at its own deadline. Keep one
+/// locker per backend and clone it, rather than making a locker per lock.
+///
 /// ```
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() -> dlock_core::Result<()> {
@@ -113,8 +119,9 @@ impl Locker {
     }
 }
 
-/// A held lock. It renews its lease in the background at about a third of
-/// the TTL, tells when the lease can no longer be trusted ([`Guard::lost`]),
+/// A held lock. It renews its lease in the background, between a sixth and
+/// a third of the TTL after the last renewal, tells when the lease can no
+/// longer be trusted ([`Guard::lost`]),
 /// and releases the lock when dropped (in the background; the TTL or
 /// session is the final backstop). Prefer the explicit, awaited
 /// [`Guard::release`], which reports whether the lock was still held.

@@ -68,7 +68,7 @@ struct Inner {
     sql: Statements,
     holder: String,
     wakeups: Wakeups,
-    sleepers: Sleepers,
+    sleepers: Arc<Sleepers>,
     max_poll: Duration,
     request_timeout: Duration,
 }
@@ -202,7 +202,7 @@ impl MySqlBuilder {
                 sql,
                 holder: holder_info(),
                 wakeups: Wakeups::new(),
-                sleepers: Sleepers::new(),
+                sleepers: Arc::new(Sleepers::new()),
                 max_poll: self.max_poll,
                 request_timeout: self.request_timeout,
             }),
@@ -610,21 +610,47 @@ impl MySqlBackend {
         }
     }
 
-    /// After a release of `name`: wakes the waiters in this process, and
-    /// the registered waiter's sleep on connection `sleeper` (0: none).
-    async fn wake(&self, name: &str, sleeper: u64) {
-        self.inner.wakeups.wake(name);
+    /// Runs a release statement for `name` (the plain release, or an
+    /// undo) and wakes its waiters: those in this process, and the waiter
+    /// registered for the name, whose connection the statement reports.
+    /// The kill goes on the same connection as the release, so that it
+    /// reaches the server that read the registration. Returns rows matched.
+    async fn release_row(
+        &self,
+        query: sqlx::query::Query<'_, MySql, sqlx::mysql::MySqlArguments>,
+        name: &str,
+        doing: &str,
+    ) -> Result<u64> {
+        let limit = self.inner.request_timeout;
+        let mut lent = self.lend(doing).await?;
+        let done = timeout(limit, query.execute(lent.conn())).await;
+        let sleeper = match &done {
+            Ok(Ok(r)) if r.rows_affected() == 1 => r.last_insert_id(),
+            _ => 0,
+        };
         if sleeper == 0 {
-            return;
+            let rows = settle(lent, done, limit, doing)?.rows_affected();
+            if rows == 1 {
+                self.inner.wakeups.wake(name);
+            }
+            return Ok(rows);
         }
         // Only the waiters' own connections are ever registered, so this
-        // can cut short nothing but a sleep. A user who may not kill the
-        // waiter's connection (another MySQL user) gets an error here, and
-        // the waiter wakes at the end of the lease or its poll.
+        // cuts short nothing but a sleep. A user who may not kill that
+        // connection (another MySQL user) gets an error, and the waiter
+        // wakes at the end of the lease or of its poll.
         let kill = sqlx::raw_sql(sqlx::AssertSqlSafe(format!("KILL QUERY {sleeper}")));
-        if let Err(e) = self.run_raw(kill, "wake a waiter").await {
-            tracing::debug!(name, error = %e, "could not wake the registered waiter");
+        match timeout(limit, kill.execute(lent.conn())).await {
+            Ok(Ok(_)) => lent.give_back(),
+            Ok(Err(e)) if e.as_database_error().is_some() => {
+                tracing::debug!(name, error = %e, "could not wake the registered waiter");
+                lent.give_back();
+            }
+            // The connection's state is unknown: it is closed, not reused.
+            _ => drop(lent),
         }
+        self.inner.wakeups.wake(name);
+        Ok(1)
     }
 
     /// Acquire's wait: attempts, with one waiter per name registered to
@@ -649,7 +675,11 @@ impl MySqlBackend {
             if let Some(mut sleeper) = self.register(name).await {
                 let limit = self.inner.request_timeout;
                 let granted = self.sleep_wait(&mut sleeper, name, opts, deadline).await;
-                sleeper.unregister(&self.inner.sql, name, limit).await;
+                // On a task of its own: a lease in hand must neither wait
+                // for the unregister nor be lost if this future is dropped
+                // during it.
+                let unregister = self.inner.sql.unregister.clone();
+                tokio::spawn(sleeper.unregister(unregister, name.to_owned(), limit));
                 match granted {
                     Ok(Some(lease)) => return Ok(lease),
                     Ok(None) => {} // the sleeper connection broke: poll
@@ -665,21 +695,19 @@ impl MySqlBackend {
     }
 
     /// Registers as the waiter of `name`: `None` when another waiter is,
-    /// or this backend's sleeper connections are all busy or unavailable.
-    async fn register(&self, name: &str) -> Option<Sleeper<'_>> {
+    /// or this backend's sleeper connections are all busy or not open yet.
+    async fn register(&self, name: &str) -> Option<Sleeper> {
         let sleepers = &self.inner.sleepers;
-        if sleepers.should_open() {
+        if let Some(claim) = sleepers.open_claim() {
             // Opening a connection can take long on a busy server: not on
             // this waiter's path. It polls meanwhile.
             let backend = self.clone();
             tokio::spawn(async move {
-                let conn = backend.inner.pool.open().await.ok();
-                backend.inner.sleepers.opened(conn);
+                claim.opened(backend.inner.pool.open().await.ok());
             });
         }
-        let (permit, conn) = sleepers.take()?;
-        let limit = self.inner.request_timeout;
-        Sleeper::register(sleepers, permit, conn, &self.inner.sql, name, limit).await
+        let (sql, limit) = (&self.inner.sql, self.inner.request_timeout);
+        Sleeper::register(sleepers, sql, name, limit).await
     }
 
     /// The registered waiter's loop: attempt, then sleep in the server
@@ -687,7 +715,7 @@ impl MySqlBackend {
     /// connection broke.
     async fn sleep_wait(
         &self,
-        sleeper: &mut Sleeper<'_>,
+        sleeper: &mut Sleeper,
         name: &str,
         opts: &LockOptions,
         deadline: Deadline,
@@ -719,16 +747,10 @@ impl MySqlBackend {
             let query = sqlx::query(self.inner.sql.release.clone())
                 .bind(name.as_bytes())
                 .bind(owner.to_string());
-            self.execute(query, "undo an acquire").await
+            self.release_row(query, name, "undo an acquire").await
         })
         .await;
-        tracing::debug!(
-            name,
-            released = released.as_ref().map(|done| done.rows_affected()),
-            "undid an acquire of unknown outcome"
-        );
-        let sleeper = released.map_or(0, |done| done.last_insert_id());
-        self.wake(name, sleeper).await;
+        tracing::debug!(name, ?released, "undid an acquire of unknown outcome");
     }
 }
 
@@ -780,13 +802,11 @@ impl Backend for MySqlBackend {
         let query = sqlx::query(self.inner.sql.release.clone())
             .bind(lease.name().as_bytes())
             .bind(lease.owner().to_string());
-        let done = self.execute(query, "release").await?;
-        if done.rows_affected() != 1 {
+        if self.release_row(query, lease.name(), "release").await? != 1 {
             return Err(Error::NotHeld {
                 name: lease.name().to_owned(),
             });
         }
-        self.wake(lease.name(), done.last_insert_id()).await;
         Ok(())
     }
 

@@ -4,9 +4,10 @@ use dlock_core::{Error, Result};
 use sqlx::{AssertSqlSafe, SqlSafeStr, SqlStr};
 
 /// The named lock (at most 64 characters) that a name's registered waiter
-/// holds; `name` is an SQL expression for the lock name's bytes.
+/// holds; `name` is an SQL expression for the lock name's bytes. Named
+/// locks are global to the server: the database is part of the key.
 fn wait_key(table: &str, name: &str) -> String {
-    format!("CONCAT('dlock-w:', SHA1(CONCAT('{table}:', {name})))")
+    format!("CONCAT('dlock-w:', SHA1(CONCAT(COALESCE(DATABASE(), ''), '.{table}:', {name})))")
 }
 
 /// A table name that is safe to splice into SQL: a plain identifier.
@@ -139,10 +140,13 @@ impl Statements {
             )),
             // The row stays, so the version keeps counting up. The reply's
             // LAST_INSERT_ID is the connection of the waiter registered for
-            // the name (0: none), which the releaser then wakes.
+            // the name (0: none), which the releaser then wakes. `* 0`
+            // rather than a test of the value: an optimizer may drop an
+            // expression whose result cannot matter (`IS NULL` of a
+            // non-null argument), and the side effect with it.
             release: safe(format!(
                 "UPDATE `{table}` SET owner = '', expires_at = {NOW},
-                   version = IF(LAST_INSERT_ID(COALESCE(IS_USED_LOCK({wait_key}), 0)) IS NULL, 0, version)
+                   version = version + LAST_INSERT_ID(COALESCE(IS_USED_LOCK({wait_key}), 0)) * 0
                  WHERE name = ? AND owner = ? AND expires_at > {NOW}",
                 wait_key = wait_key(table, "name")
             )),

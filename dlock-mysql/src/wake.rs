@@ -3,18 +3,20 @@
 //! named lock (`GET_LOCK`) on a connection of its own, then sleeps there
 //! (`SELECT SLEEP(…)`) until the holder's lease ends. The release statement
 //! reads the registered connection (`IS_USED_LOCK`) in the same statement,
-//! and the releaser ends the sleep with `KILL QUERY`. Other waiters poll
-//! slowly, and take over the registration when it frees.
+//! and the releaser ends the sleep with `KILL QUERY`, sent on the same
+//! connection as the release so that it reaches the same server. Other
+//! waiters poll slowly, and take over the registration when it frees.
 //!
 //! These connections run nothing but the named lock and the sleep, so a
 //! late kill can only cut a sleep short; they never go back to the pool.
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
+use sqlx::SqlStr;
 use sqlx::mysql::MySqlConnection;
-use tokio::sync::{Semaphore, SemaphorePermit};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::timeout;
 
 use crate::sql::Statements;
@@ -27,7 +29,7 @@ const MAX_SLEEPERS: usize = 4;
 #[derive(Debug)]
 pub(crate) struct Sleepers {
     idle: Mutex<Vec<MySqlConnection>>,
-    slots: Semaphore,
+    slots: Arc<Semaphore>,
     /// A connection is being opened for the next waiter.
     opening: AtomicBool,
 }
@@ -36,7 +38,7 @@ impl Sleepers {
     pub fn new() -> Self {
         Sleepers {
             idle: Mutex::new(Vec::new()),
-            slots: Semaphore::new(MAX_SLEEPERS),
+            slots: Arc::new(Semaphore::new(MAX_SLEEPERS)),
             opening: AtomicBool::new(false),
         }
     }
@@ -46,50 +48,62 @@ impl Sleepers {
     }
 
     /// A free slot and an idle connection, if there are both.
-    pub fn take(&self) -> Option<(SemaphorePermit<'_>, MySqlConnection)> {
-        let permit = self.slots.try_acquire().ok()?;
+    fn take(&self) -> Option<(OwnedSemaphorePermit, MySqlConnection)> {
+        let permit = self.slots.clone().try_acquire_owned().ok()?;
         let conn = self.idle().pop()?;
         Some((permit, conn))
     }
 
-    /// Whether a waiter should open a connection for the next registration
-    /// (in the background, off its own wait): no idle one, and none on
-    /// its way. A true answer must be followed by [`Sleepers::opened`].
-    pub fn should_open(&self) -> bool {
-        self.idle().is_empty()
-            && self.slots.available_permits() > 0
-            && !self.opening.swap(true, Ordering::AcqRel)
-    }
-
-    /// The connection asked for by [`Sleepers::should_open`], if it opened.
-    pub fn opened(&self, conn: Option<MySqlConnection>) {
-        if let Some(conn) = conn {
-            self.idle().push(conn);
+    /// A claim on opening a connection for the next registration (in the
+    /// background, off a waiter's path): `None` when one is idle, all slots
+    /// are taken, or another is on its way.
+    pub fn open_claim(self: &Arc<Self>) -> Option<Opening> {
+        if !self.idle().is_empty() || self.slots.available_permits() == 0 {
+            return None;
         }
-        self.opening.store(false, Ordering::Release);
+        let claimed = !self.opening.swap(true, Ordering::AcqRel);
+        claimed.then(|| Opening(self.clone()))
+    }
+}
+
+/// The claim of [`Sleepers::open_claim`]; released when dropped, however
+/// the opening task ends (a runtime shutting down included).
+pub(crate) struct Opening(Arc<Sleepers>);
+
+impl Opening {
+    /// The connection asked for, if it opened.
+    pub fn opened(self, conn: Option<MySqlConnection>) {
+        if let Some(conn) = conn {
+            self.0.idle().push(conn);
+        }
+    }
+}
+
+impl Drop for Opening {
+    fn drop(&mut self) {
+        self.0.opening.store(false, Ordering::Release);
     }
 }
 
 /// A waiter registered for one name: it holds the name's named lock on its
 /// connection. Dropped without [`Sleeper::unregister`], the connection is
 /// closed, which ends the registration on the server.
-pub(crate) struct Sleeper<'a> {
-    sleepers: &'a Sleepers,
+pub(crate) struct Sleeper {
+    sleepers: Arc<Sleepers>,
     conn: MySqlConnection,
-    _permit: SemaphorePermit<'a>,
+    _permit: OwnedSemaphorePermit,
 }
 
-impl<'a> Sleeper<'a> {
-    /// Registers on `conn` for `name`; gives the connection back and
-    /// returns `None` when another waiter is registered.
+impl Sleeper {
+    /// Registers for `name` on an idle sleeper connection: `None` when
+    /// there is none free, or another waiter is registered.
     pub async fn register(
-        sleepers: &'a Sleepers,
-        permit: SemaphorePermit<'a>,
-        mut conn: MySqlConnection,
+        sleepers: &Arc<Sleepers>,
         sql: &Statements,
         name: &str,
         limit: Duration,
-    ) -> Option<Sleeper<'a>> {
+    ) -> Option<Sleeper> {
+        let (permit, mut conn) = sleepers.take()?;
         let query = sqlx::query_scalar(sql.register.clone()).bind(name.as_bytes());
         let got: Option<i64> = timeout(limit, query.fetch_one(&mut conn))
             .await
@@ -97,7 +111,7 @@ impl<'a> Sleeper<'a> {
             .ok()?;
         if got == Some(1) {
             return Some(Sleeper {
-                sleepers,
+                sleepers: sleepers.clone(),
                 conn,
                 _permit: permit,
             });
@@ -128,8 +142,10 @@ impl<'a> Sleeper<'a> {
     }
 
     /// Ends the registration and keeps the connection for the next waiter.
-    pub async fn unregister(mut self, sql: &Statements, name: &str, limit: Duration) {
-        let query = sqlx::query(sql.unregister.clone()).bind(name.as_bytes());
+    /// Owns everything it needs, so that it can run on a task of its own
+    /// while the waiter goes on with its lease.
+    pub async fn unregister(mut self, unregister: SqlStr, name: String, limit: Duration) {
+        let query = sqlx::query(unregister).bind(name.into_bytes());
         if let Ok(Ok(_)) = timeout(limit, query.execute(&mut self.conn)).await {
             self.sleepers.idle().push(self.conn);
         }

@@ -350,8 +350,12 @@ impl RedisBackend {
         // round trip: subscribe and queue only once the lock turns out to
         // be held (or the attempt failed in a way worth another try, which
         // the wait loop makes). From then on the channel is kept, and the
-        // first attempt queues at once.
-        if !notifications.is_kept() {
+        // first attempt queues at once, unless the wait is too short to
+        // be worth a place (a place left behind would hold the queue up
+        // until it is given back).
+        let worth_queueing =
+            deadline.cap(self.inner.response_timeout) >= self.inner.response_timeout;
+        if !notifications.is_kept() || !worth_queueing {
             match self.attempt(name, &keys, opts, "").await {
                 Ok(Attempt::Acquired(lease)) => return Ok(lease),
                 Ok(Attempt::Held { .. }) => {}
@@ -361,10 +365,16 @@ impl RedisBackend {
             if deadline.is_past() {
                 return Err(deadline.timeout_error(name));
             }
-            let channel = format!("{}{}", self.inner.wake_prefix, self.inner.client_id);
-            notifications.keep(&channel).await;
         }
-        let waiter = format!("{}{}", OwnerToken::random()?, self.inner.client_id);
+        let channel = format!("{}{}", self.inner.wake_prefix, self.inner.client_id);
+        // Without a subscription, a place at the head would never hear its
+        // wake-up: poll without one instead.
+        let subscribed = notifications.keep(&channel).await;
+        let waiter = if subscribed {
+            format!("{}{}", OwnerToken::random()?, self.inner.client_id)
+        } else {
+            String::new()
+        };
         // However the wait ends without a grant (timeout, error, dropped),
         // give the place up, so that the next waiter need not wait for it
         // to lapse. A grant took it out of the queue already.

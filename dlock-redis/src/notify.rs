@@ -85,7 +85,8 @@ impl Notifications {
     /// Subscribes to `channel` for as long as the returned guard lives. When
     /// this returns, releases published on the channel reach this process.
     /// Dropping this future midway drops the interest with it.
-    pub async fn interest(&self, channel: &str) -> Interest<'_> {
+    /// The flag says whether the subscription is in place.
+    pub async fn interest(&self, channel: &str) -> (Interest<'_>, bool) {
         *self
             .interest
             .lock()
@@ -105,27 +106,44 @@ impl Notifications {
             .is_ok();
         // Without a subscription the wait loop still polls, bounded by the
         // holder's TTL, so a failure here slows waiters but breaks nothing.
-        match done.await {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => tracing::warn!(%channel, error = %e, "subscribe failed; polling"),
-            Err(_) if sent => tracing::warn!(%channel, "subscriber gone; polling"),
-            Err(_) => {}
-        }
-        interest
+        let subscribed = match done.await {
+            Ok(Ok(())) => true,
+            Ok(Err(e)) => {
+                tracing::warn!(%channel, error = %e, "subscribe failed; polling");
+                false
+            }
+            Err(_) if sent => {
+                tracing::warn!(%channel, "subscriber gone; polling");
+                false
+            }
+            Err(_) => false,
+        };
+        (interest, subscribed)
     }
 
     /// Subscribes to `channel` for the rest of this client's life, the
     /// first time it is asked; later calls return at once. A client's
     /// waiters all hear on one channel, so keeping it costs one
     /// subscription, and saves a subscribe and an unsubscribe per wait.
-    pub async fn keep(&self, channel: &str) {
+    ///
+    /// Returns whether the channel is subscribed; a failed attempt is
+    /// tried again at the next call.
+    pub async fn keep(&self, channel: &str) -> bool {
         self.kept
-            .get_or_init(|| async {
-                // Never dropped: the count stays up, so the subscription
-                // is renewed after a reconnect like any other.
-                std::mem::forget(self.interest(channel).await);
+            .get_or_try_init(|| async {
+                match self.interest(channel).await {
+                    // Never dropped: the count stays up, so the
+                    // subscription is renewed after a reconnect like any
+                    // other.
+                    (interest, true) => {
+                        std::mem::forget(interest);
+                        Ok(())
+                    }
+                    (_, false) => Err(()),
+                }
             })
-            .await;
+            .await
+            .is_ok()
     }
 
     /// Whether [`Notifications::keep`] has subscribed.
