@@ -69,6 +69,7 @@ struct Inner {
     holder: String,
     wakeups: Wakeups,
     sleepers: Arc<Sleepers>,
+    wake_ups: bool,
     max_poll: Duration,
     request_timeout: Duration,
 }
@@ -82,6 +83,7 @@ pub struct MySqlBuilder {
     connect_timeout: Duration,
     request_timeout: Duration,
     max_poll: Duration,
+    wake_ups: bool,
     create_table: bool,
 }
 
@@ -94,6 +96,7 @@ impl std::fmt::Debug for MySqlBuilder {
             .field("connect_timeout", &self.connect_timeout)
             .field("request_timeout", &self.request_timeout)
             .field("max_poll", &self.max_poll)
+            .field("wake_ups", &self.wake_ups)
             .field("create_table", &self.create_table)
             .finish()
     }
@@ -133,6 +136,15 @@ impl MySqlBuilder {
     /// polls and covers a wake-up that could not be sent.
     pub fn max_poll_interval(mut self, interval: Duration) -> Self {
         self.max_poll = interval;
+        self
+    }
+
+    /// Whether waiters sleep in the server and releases wake them with
+    /// `KILL QUERY` (default `true`; see the crate's README). Turn it off,
+    /// on every client of the table, behind a proxy that may send one
+    /// connection's statements to different servers: waiters then poll.
+    pub fn wake_ups(mut self, on: bool) -> Self {
+        self.wake_ups = on;
         self
     }
 
@@ -203,6 +215,7 @@ impl MySqlBuilder {
                 holder: holder_info(),
                 wakeups: Wakeups::new(),
                 sleepers: Arc::new(Sleepers::new()),
+                wake_ups: self.wake_ups,
                 max_poll: self.max_poll,
                 request_timeout: self.request_timeout,
             }),
@@ -401,6 +414,7 @@ impl MySqlBackend {
             connect_timeout: Duration::from_secs(5),
             request_timeout: Duration::from_secs(2),
             max_poll: Duration::from_secs(1),
+            wake_ups: true,
             create_table: true,
         }
     }
@@ -625,7 +639,7 @@ impl MySqlBackend {
         let mut lent = self.lend(doing).await?;
         let done = timeout(limit, query.execute(lent.conn())).await;
         let sleeper = match &done {
-            Ok(Ok(r)) if r.rows_affected() == 1 => r.last_insert_id(),
+            Ok(Ok(r)) if r.rows_affected() == 1 && self.inner.wake_ups => r.last_insert_id(),
             _ => 0,
         };
         if sleeper == 0 {
@@ -697,6 +711,9 @@ impl MySqlBackend {
     /// Registers as the waiter of `name`: `None` when another waiter is,
     /// or this backend's sleeper connections are all busy or not open yet.
     async fn register(&self, name: &str) -> Option<Sleeper> {
+        if !self.inner.wake_ups {
+            return None;
+        }
         let sleepers = &self.inner.sleepers;
         if let Some(claim) = sleepers.open_claim() {
             // Opening a connection can take long on a busy server: not on
