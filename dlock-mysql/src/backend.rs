@@ -508,27 +508,17 @@ impl MySqlBackend {
         }
     }
 
-    /// Runs one statement that reports rows matched.
-    async fn execute(
+    /// Runs one statement, prepared or written out in full (see
+    /// [`Batch`]), on a lent connection.
+    async fn execute<'q>(
         &self,
-        query: sqlx::query::Query<'_, MySql, sqlx::mysql::MySqlArguments>,
+        query: impl sqlx::Execute<'q, MySql> + 'q,
         doing: &str,
     ) -> Result<sqlx::mysql::MySqlQueryResult> {
+        use sqlx::Executor;
         let limit = self.inner.request_timeout;
         let mut lent = self.lend(doing).await?;
-        let done = timeout(limit, query.execute(lent.conn())).await;
-        settle(lent, done, limit, doing)
-    }
-
-    /// Runs one statement written out in full (see [`Batch`]).
-    async fn run_raw(
-        &self,
-        query: sqlx::RawSql,
-        doing: &str,
-    ) -> Result<sqlx::mysql::MySqlQueryResult> {
-        let limit = self.inner.request_timeout;
-        let mut lent = self.lend(doing).await?;
-        let done = timeout(limit, query.execute(lent.conn())).await;
+        let done = timeout(limit, lent.conn().execute(query)).await;
         settle(lent, done, limit, doing)
     }
 
@@ -870,7 +860,7 @@ impl Backend for MySqlBackend {
             }
             let sent = Instant::now();
             let update = sqlx::raw_sql(self.inner.sql.extend_many(&batch, micros(ttl)));
-            let matched = self.run_raw(update, "extend").await?.rows_affected();
+            let matched = self.execute(update, "extend").await?.rows_affected();
             let extended: Vec<usize> = if usize::try_from(matched).is_ok_and(|m| m == members.len())
             {
                 members
