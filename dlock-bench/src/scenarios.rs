@@ -303,6 +303,23 @@ pub async fn held(
     let Some((_, memory_before)) = target.server_stats().await? else {
         return Ok(None);
     };
+    // A wave as wide as the acquiring ones first, so that the client's
+    // connections (and their buffers) are open before the heap is counted:
+    // what is counted is what each held lease adds.
+    let warm = format!("bench:held-warm:{:x}", std::process::id());
+    let mut tasks = tokio::task::JoinSet::new();
+    for i in 0..64 {
+        let (backend, name) = (backend.clone(), format!("{warm}:{i}"));
+        tasks.spawn(async move {
+            if let Some(lease) = backend.try_acquire(&name, &LockOptions::new()).await? {
+                backend.release(&lease).await?;
+            }
+            Ok::<_, dlock::Error>(())
+        });
+    }
+    for done in tasks.join_all().await {
+        done?;
+    }
     let heap = stats_alloc::Region::new(crate::GLOBAL);
     let ttl = Duration::from_secs(6);
     let tick = ttl / 3;

@@ -13,7 +13,7 @@ use std::fmt;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
-use tokio::sync::Notify;
+use tokio::sync::{Notify, Semaphore};
 use tokio::time::{Instant, sleep_until, timeout_at};
 use tokio_util::sync::CancellationToken;
 
@@ -41,7 +41,15 @@ struct Shared {
     backend: Arc<dyn Backend>,
     state: Mutex<State>,
     wake: Notify,
+    /// Batches in flight at once: a burst of due leases is sent a few
+    /// batches at a time, and a waiting batch holds only its lease ids.
+    permits: Semaphore,
 }
+
+/// Batches of [`MAX_BATCH`] in flight at once; a driver without batches
+/// sends one request per lease, so it gets more.
+const BATCHES_IN_FLIGHT: usize = 16;
+const SINGLES_IN_FLIGHT: usize = 1024;
 
 #[derive(Default)]
 struct State {
@@ -112,6 +120,11 @@ impl Renewer {
     pub(crate) fn new(backend: Arc<dyn Backend>) -> Self {
         Renewer {
             shared: Arc::new(Shared {
+                permits: Semaphore::new(if backend.capabilities().batch_extend {
+                    BATCHES_IN_FLIGHT
+                } else {
+                    SINGLES_IN_FLIGHT
+                }),
                 backend,
                 state: Mutex::new(State::default()),
                 wake: Notify::new(),
@@ -226,8 +239,22 @@ impl Shared {
     }
 
     /// One batch's request, and what its answer means for each lease.
-    async fn renew(self: Arc<Self>, batch: Vec<(u64, Lease)>) {
-        let (ids, mut leases): (Vec<u64>, Vec<Lease>) = batch.into_iter().unzip();
+    async fn renew(self: Arc<Self>, ids: Vec<u64>) {
+        let Ok(_permit) = self.permits.acquire().await else {
+            return;
+        };
+        // Taken only now: the leases may have been released, dropped or
+        // lost (at their deadline) while the batch waited for its turn.
+        let (ids, mut leases): (Vec<u64>, Vec<Lease>) = {
+            let state = self.lock();
+            ids.into_iter()
+                .filter_map(|id| {
+                    let entry = state.entries.get(&id)?;
+                    (entry.in_flight && !entry.lost.is_cancelled())
+                        .then(|| (id, entry.lease.clone()))
+                })
+                .unzip()
+        };
         let Some(first_deadline) = leases.iter().filter_map(Lease::valid_until).min() else {
             return;
         };
@@ -291,7 +318,7 @@ impl State {
     /// Ends the leases past their deadline and takes out those whose
     /// renewal is due (or nearly: within their slack), marking them in
     /// flight; their timer becomes their deadline.
-    fn take_due(&mut self, now: Instant, driver: &'static str) -> Vec<(u64, Lease)> {
+    fn take_due(&mut self, now: Instant, driver: &'static str) -> Vec<u64> {
         let horizon = deadline_after(now, self.max_slack);
         let near: Vec<(Instant, u64)> =
             self.timers.range(..=(horizon, u64::MAX)).copied().collect();
@@ -322,7 +349,7 @@ impl State {
             }
             entry.in_flight = true;
             entry.timer = deadline;
-            due.push((id, entry.lease.clone()));
+            due.push(id);
             self.timers.remove(&(at, id));
             self.timers.insert((deadline, id));
         }
