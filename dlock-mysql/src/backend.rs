@@ -140,9 +140,12 @@ impl MySqlBuilder {
     }
 
     /// Whether waiters sleep in the server and releases wake them with
-    /// `KILL QUERY` (default `true`; see the crate's README). Turn it off,
-    /// on every client of the table, behind a proxy that may send one
-    /// connection's statements to different servers: waiters then poll.
+    /// `KILL QUERY` (default `false`: waiters poll; see the crate's
+    /// README). Experimental: it gives cross-process hand-offs of about a
+    /// millisecond, but under many concurrent releases a `KILL QUERY` was
+    /// seen to block for the request timeout. Turn it on for every client
+    /// of the table, and never behind a proxy that may send one
+    /// connection's statements to different servers.
     pub fn wake_ups(mut self, on: bool) -> Self {
         self.wake_ups = on;
         self
@@ -414,7 +417,7 @@ impl MySqlBackend {
             connect_timeout: Duration::from_secs(5),
             request_timeout: Duration::from_secs(2),
             max_poll: Duration::from_secs(1),
-            wake_ups: true,
+            wake_ups: false,
             create_table: true,
         }
     }

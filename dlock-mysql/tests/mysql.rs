@@ -514,8 +514,13 @@ async fn a_cycle_costs_two_statements_and_no_ping() {
 /// release woke its sleep in the server.
 #[tokio::test]
 async fn a_release_wakes_a_waiter_in_another_process() {
-    let holder = backend().await;
+    let holder = MySqlBackend::builder(url().await)
+        .wake_ups(true)
+        .connect()
+        .await
+        .unwrap();
     let waiter = MySqlBackend::builder(url().await)
+        .wake_ups(true)
         .max_poll_interval(Duration::from_secs(60))
         .connect()
         .await
@@ -553,14 +558,22 @@ async fn a_release_wakes_a_waiter_in_another_process() {
 async fn waiting_costs_a_few_statements_a_second_per_waiter() {
     use sqlx::Connection;
     let server = start(Service::MariaDb, ServerOptions::default()).await;
-    let holder = MySqlBackend::connect(server.url()).await.unwrap();
+    let holder = MySqlBackend::builder(server.url())
+        .wake_ups(true)
+        .connect()
+        .await
+        .unwrap();
     let mut admin = sqlx::MySqlConnection::connect(server.url()).await.unwrap();
     let name = unique_name("load");
     let lease = holder.try_acquire(&name, &opts()).await.unwrap().unwrap();
     let waiters = 8;
     let mut tasks = Vec::new();
     for _ in 0..waiters {
-        let b = MySqlBackend::connect(server.url()).await.unwrap();
+        let b = MySqlBackend::builder(server.url())
+            .wake_ups(true)
+            .connect()
+            .await
+            .unwrap();
         let name = name.clone();
         tasks.push(tokio::spawn(async move {
             let lease = b
