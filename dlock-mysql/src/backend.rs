@@ -670,14 +670,8 @@ impl MySqlBackend {
         let mut failures = 0;
         loop {
             let mut woken = std::pin::pin!(local.notified());
-            match self.attempt(name, opts).await {
-                Ok(Attempt::Acquired(lease)) => return Ok(lease),
-                Ok(Attempt::Held { .. }) => failures = 0,
-                Err(e) if e.is_retryable() && failures < 3 && !deadline.is_past() => failures += 1,
-                Err(e) => return Err(e),
-            }
-            if deadline.is_past() {
-                return Err(deadline.timeout_error(name));
+            if let Some(lease) = self.look(name, opts, deadline, &mut failures).await? {
+                return Ok(lease);
             }
             if let Some(mut sleeper) = self.register(name).await {
                 let limit = self.inner.request_timeout;
@@ -699,6 +693,28 @@ impl MySqlBackend {
                 () = &mut woken => backoff.reset(),
             }
         }
+    }
+
+    /// One look of a wait: the lease when granted; `None` when the lock is
+    /// held, or the attempt failed in a way worth another try (up to three
+    /// in a row), and the wait bound has not passed.
+    async fn look(
+        &self,
+        name: &str,
+        opts: &LockOptions,
+        deadline: Deadline,
+        failures: &mut u32,
+    ) -> Result<Option<Lease>> {
+        match self.attempt(name, opts).await {
+            Ok(Attempt::Acquired(lease)) => return Ok(Some(lease)),
+            Ok(Attempt::Held { .. }) => *failures = 0,
+            Err(e) if e.is_retryable() && *failures < 3 && !deadline.is_past() => *failures += 1,
+            Err(e) => return Err(e),
+        }
+        if deadline.is_past() {
+            return Err(deadline.timeout_error(name));
+        }
+        Ok(None)
     }
 
     /// Registers as the waiter of `name`: `None` when another waiter is,
@@ -733,14 +749,8 @@ impl MySqlBackend {
         let mut failures = 0;
         loop {
             // Registered before this look: a release from here on wakes us.
-            match self.attempt(name, opts).await {
-                Ok(Attempt::Acquired(lease)) => return Ok(Some(lease)),
-                Ok(Attempt::Held { .. }) => failures = 0,
-                Err(e) if e.is_retryable() && failures < 3 && !deadline.is_past() => failures += 1,
-                Err(e) => return Err(e),
-            }
-            if deadline.is_past() {
-                return Err(deadline.timeout_error(name));
+            if let Some(lease) = self.look(name, opts, deadline, &mut failures).await? {
+                return Ok(Some(lease));
             }
             let (sql, limit) = (&self.inner.sql, self.inner.request_timeout);
             let cap = deadline.cap(self.inner.max_poll);
