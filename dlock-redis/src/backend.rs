@@ -377,11 +377,12 @@ impl RedisBackend {
         };
         // However the wait ends without a grant (timeout, error, dropped),
         // give the place up, so that the next waiter need not wait for it
-        // to lapse. A grant took it out of the queue already.
-        let mut leave = {
+        // to lapse. A grant took it out of the queue already; a wait that
+        // never queued has no place to give up.
+        let mut leave = (!waiter.is_empty()).then(|| {
             let (backend, name, waiter) = (self.clone(), name.to_owned(), waiter.clone());
             UndoOnDrop::new(async move { backend.abandon(&name, &waiter).await })
-        };
+        });
         // Heartbeats no longer apart than `max_poll` keep the place.
         let max_poll = self.inner.max_poll;
         let backoff = Backoff::new(max_poll.min(Duration::from_millis(100)), max_poll);
@@ -393,7 +394,9 @@ impl RedisBackend {
             || self.attempt(name, &keys, opts, &waiter),
         )
         .await?;
-        leave.disarm();
+        if let Some(leave) = &mut leave {
+            leave.disarm();
+        }
         Ok(lease)
     }
 
