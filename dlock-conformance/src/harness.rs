@@ -299,7 +299,7 @@ pub async fn start(service: Service, options: ServerOptions) -> Server {
 /// The runtime all Docker calls run on. Tests each have their own runtime,
 /// which ends with the test; the Docker client's connections must outlive
 /// any one of them.
-static RUNTIME: LazyLock<Runtime> = LazyLock::new(|| {
+pub(crate) static RUNTIME: LazyLock<Runtime> = LazyLock::new(|| {
     tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
         .thread_name("dlock-harness")
@@ -319,8 +319,6 @@ pub async fn on_harness<T: Send + 'static>(fut: impl Future<Output = T> + Send +
 const README_STEP: &str = "see \"Running the tests\" in the README";
 
 async fn start_container(service: Service, options: ServerOptions) -> Result<Server, String> {
-    static SWEEP: std::sync::Once = std::sync::Once::new();
-    SWEEP.call_once(remove_stale_containers);
     let image = test_image()?;
     let (repo, tag) = image.split_once(':').unwrap_or((image.as_str(), "latest"));
     let port = service.port();
@@ -389,7 +387,10 @@ pub fn image_build_time() -> Duration {
 
 /// The image to start: `DLOCK_TEST_IMAGE`, or the one `testbed/build-image.sh`
 /// builds (it returns at once when the image exists).
-fn test_image() -> Result<String, String> {
+pub(crate) fn test_image() -> Result<String, String> {
+    // Whoever starts a container first clears what killed runs left.
+    static SWEEP: std::sync::Once = std::sync::Once::new();
+    SWEEP.call_once(remove_stale_containers);
     static IMAGE: LazyLock<Result<String, String>> = LazyLock::new(|| {
         if let Ok(image) = std::env::var("DLOCK_TEST_IMAGE") {
             return Ok(image);
@@ -493,24 +494,49 @@ async fn probe_mysql(url: &str) -> Result<(), String> {
 /// the server is serving.
 async fn probe_zookeeper(connect: &str) -> Result<(), String> {
     let addr = connect.split(',').next().unwrap_or(connect);
-    let mut stream = tokio::net::TcpStream::connect(addr)
-        .await
-        .map_err(|e| e.to_string())?;
-    stream.write_all(b"srvr").await.map_err(|e| e.to_string())?;
-    let mut reply = String::new();
-    stream
-        .read_to_string(&mut reply)
-        .await
-        .map_err(|e| e.to_string())?;
+    let reply = four_letter_word(addr, "srvr").await?;
     reply.contains("Mode:").then_some(()).ok_or(reply)
 }
 
+/// Asks a ZooKeeper server at `addr` one of its four-letter words.
+pub(crate) async fn four_letter_word(addr: &str, word: &str) -> Result<String, String> {
+    let ask = async {
+        let mut stream = tokio::net::TcpStream::connect(addr)
+            .await
+            .map_err(|e| e.to_string())?;
+        stream
+            .write_all(word.as_bytes())
+            .await
+            .map_err(|e| e.to_string())?;
+        let mut reply = String::new();
+        stream
+            .read_to_string(&mut reply)
+            .await
+            .map_err(|e| e.to_string())?;
+        Ok(reply)
+    };
+    tokio::time::timeout(PROBE_TIMEOUT, ask)
+        .await
+        .unwrap_or_else(|_| Err(format!("no answer within {PROBE_TIMEOUT:?}")))
+}
+
 static CONTAINERS: Mutex<Vec<String>> = Mutex::new(Vec::new());
+static NETWORKS: Mutex<Vec<String>> = Mutex::new(Vec::new());
+
+/// Remembers a network to remove at exit, after the containers.
+pub(crate) fn register_network_for_cleanup(name: &str) {
+    // The exit hook is installed with the first container, which every
+    // network gets right after it is made.
+    NETWORKS
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .push(name.to_owned());
+}
 
 /// Remembers a container so that it is removed when the process exits:
 /// the shared servers live in statics, which Rust never drops, and
 /// testcontainers has no reaper.
-fn register_for_cleanup(id: &str) {
+pub(crate) fn register_for_cleanup(id: &str) {
     let mut ids = CONTAINERS.lock().unwrap_or_else(PoisonError::into_inner);
     if ids.is_empty() {
         // SAFETY: `remove_containers` is a plain `extern "C" fn` with no
@@ -548,6 +574,21 @@ fn remove_stale_containers() {
             .args(&stale)
             .output();
     }
+    let Ok(out) = Command::new("docker")
+        .args(["network", "ls", "--filter", "label=dlock.harness"])
+        .args(["--format", "{{.ID}} {{.Label \"dlock.harness\"}}"])
+        .output()
+    else {
+        return;
+    };
+    for (id, pid) in String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|line| line.split_once(' '))
+    {
+        if !std::path::Path::new(&format!("/proc/{pid}")).exists() {
+            let _ = Command::new("docker").args(["network", "rm", id]).output();
+        }
+    }
 }
 
 extern "C" fn remove_containers() {
@@ -556,6 +597,15 @@ extern "C" fn remove_containers() {
         let _ = Command::new("docker")
             .args(["rm", "-f", "-v"])
             .args(&ids)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .status();
+    }
+    let networks = std::mem::take(&mut *NETWORKS.lock().unwrap_or_else(PoisonError::into_inner));
+    if !networks.is_empty() {
+        let _ = Command::new("docker")
+            .args(["network", "rm"])
+            .args(&networks)
             .stdout(std::process::Stdio::null())
             .stderr(std::process::Stdio::null())
             .status();

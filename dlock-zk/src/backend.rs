@@ -31,6 +31,13 @@ pub(crate) const NAME: &str = "zookeeper";
 /// driver keeps it until the lease is released or dropped (a release that
 /// failed during the disconnect is retried on reconnect), but the lease
 /// stays marked lost.
+///
+/// With [`ZkBuilder::keep_leases_while_reconnecting`] a disconnect starts
+/// a grace period instead: a reconnect to the same session within it keeps
+/// the leases (the session's ephemeral nodes live as long as it does), and
+/// only the end of the grace period, or the session's expiry, marks them
+/// lost. The grace period ends before the server can have expired the
+/// session, whatever made the connection fall silent.
 #[derive(Clone)]
 pub struct ZkBackend {
     pub(crate) inner: Arc<Inner>,
@@ -71,6 +78,7 @@ pub struct ZkBuilder {
     request_timeout: Duration,
     auth: Option<(String, String)>,
     tls_ca: Option<String>,
+    keep_while_reconnecting: bool,
 }
 
 impl fmt::Debug for ZkBuilder {
@@ -82,6 +90,7 @@ impl fmt::Debug for ZkBuilder {
             .field("request_timeout", &self.request_timeout)
             .field("auth", &self.auth.as_ref().map(|(user, _)| user))
             .field("tls", &self.tls_ca.is_some())
+            .field("keep_while_reconnecting", &self.keep_while_reconnecting)
             .finish_non_exhaustive()
     }
 }
@@ -115,6 +124,46 @@ impl ZkBuilder {
     pub fn request_timeout(mut self, timeout: Duration) -> Self {
         self.request_timeout = timeout;
         self
+    }
+
+    /// Keeps leases through a disconnect for as long as the session may
+    /// still live (default `false`: a disconnect marks every lease lost at
+    /// once, like Curator's standard connection-state policy).
+    ///
+    /// With `true`, like Curator's session policy, leases survive the loss
+    /// of the server the client talks to, or of the ensemble's leader, when
+    /// the client gets back to its session in time. The grace period is
+    /// the session timeout less the longest the client takes to notice a
+    /// silent connection (its connection timeout, or 2/5 of the session
+    /// timeout) and a tenth of the session timeout for round trips and
+    /// clock rates: with the defaults, 10 s − 5.6 s − 1 s ≈ 3.4 s. A
+    /// lease is not valid in that window in the sense of the contract: the
+    /// holder cannot prove it holds the lock until it reconnects, so work
+    /// that must not overlap another holder should check the fencing token
+    /// at the resource.
+    pub fn keep_leases_while_reconnecting(mut self, keep: bool) -> Self {
+        self.keep_while_reconnecting = keep;
+        self
+    }
+
+    /// How long leases outlive a disconnect of a session whose negotiated
+    /// timeout is `session`: until the server could have expired it.
+    /// Mirrors zookeeper-client, which reports a silent connection lost
+    /// after 8 ticks of its connection timeout / 8 (or session / 20 when
+    /// the connection timeout exceeds 3/5 of the session), checked each
+    /// tick.
+    fn reconnect_grace(&self, session: Duration) -> Duration {
+        if !self.keep_while_reconnecting {
+            return Duration::ZERO;
+        }
+        let tick = if self.connection_timeout > session * 3 / 5 {
+            session / 20
+        } else {
+            self.connection_timeout / 8
+        };
+        session
+            .saturating_sub(tick * 9)
+            .saturating_sub(session / 10)
     }
 
     /// Connects with TLS, trusting these CA certificates (PEM). The
@@ -267,18 +316,47 @@ pub(crate) fn zk_error(e: zk::Error, doing: &str) -> Error {
 /// Follows the session: leases end on disconnect or expiry, orphaned nodes
 /// are deleted on reconnect, an expired session is replaced by a new one.
 async fn watch_session(inner: Weak<Inner>, mut watcher: zk::StateWatcher) {
+    // While disconnected with leases kept: when they are given up.
+    let mut grace_ends: Option<tokio::time::Instant> = None;
     loop {
-        let state = watcher.changed().await;
+        let state = match grace_ends {
+            None => watcher.changed().await,
+            Some(at) => tokio::select! {
+                state = watcher.changed() => state,
+                () = tokio::time::sleep_until(at) => {
+                    grace_ends = None;
+                    if let Some(inner) = inner.upgrade() {
+                        tracing::warn!("no reconnect within the grace period: leases lost");
+                        ZkBackend { inner }.end_leases();
+                    }
+                    continue;
+                }
+            },
+        };
         let Some(backend) = inner.upgrade().map(|inner| ZkBackend { inner }) else {
             return;
         };
         match state {
-            zk::SessionState::Disconnected => backend.end_leases(),
+            zk::SessionState::Disconnected => {
+                let session = backend.client().session_timeout();
+                let grace = backend.inner.config.reconnect_grace(session);
+                if grace.is_zero() {
+                    backend.end_leases();
+                } else if grace_ends.is_none() {
+                    grace_ends = Some(tokio::time::Instant::now() + grace);
+                }
+            }
             zk::SessionState::SyncConnected | zk::SessionState::ConnectedReadOnly => {
+                // The same session, back with the quorum: its lock nodes
+                // are still there. A read-only server speaks for no quorum.
+                if state == zk::SessionState::SyncConnected {
+                    grace_ends = None;
+                }
                 backend.delete_orphans().await;
                 backend.resolve_uncertain().await;
             }
             zk::SessionState::Expired | zk::SessionState::AuthFailed => {
+                grace_ends = None;
                 backend.end_leases();
                 watcher = match backend.reopen().await {
                     Some(watcher) => watcher,
@@ -306,6 +384,7 @@ impl ZkBackend {
             request_timeout: Duration::from_secs(2),
             auth: None,
             tls_ca: None,
+            keep_while_reconnecting: false,
         }
     }
 

@@ -1,0 +1,434 @@
+//! Several servers on a private Docker network that the harness makes:
+//! a ZooKeeper ensemble, a Redis primary with a replica and Sentinels.
+//!
+//! Tests reach the nodes at their addresses on that network (the host
+//! routes to a bridge network it created) and nowhere else. Nodes can be
+//! killed, paused, and cut off from the network to make failovers and
+//! partitions. The network and its containers carry the `dlock.harness`
+//! label and are removed when the topology is dropped, or at the latest
+//! when the test process exits.
+
+use std::net::IpAddr;
+use std::process::Command;
+use std::time::Duration;
+
+use testcontainers::core::WaitFor;
+use testcontainers::runners::AsyncRunner;
+use testcontainers::{ContainerAsync, GenericImage, ImageExt};
+
+use crate::harness::{Service, on_harness, register_for_cleanup, test_image, wait_ready};
+
+/// One server of a topology.
+#[derive(Debug)]
+pub struct Node {
+    name: String,
+    network: String,
+    ip: IpAddr,
+    port: u16,
+    container: Option<ContainerAsync<GenericImage>>,
+}
+
+impl Node {
+    /// The container's name, which is also its host name on the network.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Its address on the topology's network.
+    pub fn ip(&self) -> IpAddr {
+        self.ip
+    }
+
+    /// `ip:port` of the server.
+    pub fn addr(&self) -> String {
+        format!("{}:{}", self.ip, self.port)
+    }
+
+    /// Kills the server at once (SIGKILL): no goodbye to clients or peers.
+    pub async fn kill(&self) {
+        docker(&["kill", &self.name]);
+    }
+
+    /// Freezes the server: it keeps its connections but answers nothing.
+    pub async fn pause(&self) {
+        docker(&["pause", &self.name]);
+    }
+
+    /// Thaws a paused server.
+    pub async fn unpause(&self) {
+        docker(&["unpause", &self.name]);
+    }
+
+    /// Cuts the server off the network: from its peers and from clients.
+    pub async fn disconnect(&self) {
+        docker(&[
+            "network",
+            "disconnect",
+            "--force",
+            &self.network,
+            &self.name,
+        ]);
+    }
+}
+
+/// Servers on a network of their own.
+#[derive(Debug)]
+pub struct Topology {
+    network: String,
+    nodes: Vec<Node>,
+}
+
+impl Topology {
+    /// The nodes, in the order they were started.
+    pub fn nodes(&self) -> &[Node] {
+        &self.nodes
+    }
+
+    /// The node at `index`.
+    ///
+    /// # Panics
+    /// When there is no such node.
+    pub fn node(&self, index: usize) -> &Node {
+        &self.nodes[index]
+    }
+
+    /// A ZooKeeper connect string naming the nodes at `indexes`.
+    pub fn connect_string(&self, indexes: &[usize]) -> String {
+        indexes
+            .iter()
+            .map(|&i| self.nodes[i].addr())
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+
+    /// Index of the ZooKeeper node that reports `Mode: leader`, if one does.
+    pub async fn zookeeper_leader(&self) -> Option<usize> {
+        for (i, node) in self.nodes.iter().enumerate() {
+            if let Ok(reply) = crate::harness::four_letter_word(&node.addr(), "srvr").await
+                && reply.contains("Mode: leader")
+            {
+                return Some(i);
+            }
+        }
+        None
+    }
+}
+
+impl Drop for Topology {
+    fn drop(&mut self) {
+        let names: Vec<String> = self.nodes.iter().map(|n| n.name.clone()).collect();
+        let mut args = vec!["rm", "-f", "-v"];
+        args.extend(names.iter().map(String::as_str));
+        docker(&args);
+        docker(&["network", "rm", &self.network]);
+        let containers: Vec<_> = self
+            .nodes
+            .iter_mut()
+            .filter_map(|n| n.container.take())
+            .collect();
+        // Already removed: dropping the handles only tidies testcontainers.
+        crate::harness::RUNTIME.spawn(async move { drop(containers) });
+    }
+}
+
+/// The ZooKeeper settings of an ensemble, beyond the standalone ones.
+const ENSEMBLE_TICK_MS: u32 = 500;
+
+/// A ZooKeeper ensemble of `size` nodes (tick 500 ms, so sessions of 1 to
+/// 10 s), each in its own container with a 128 MiB heap.
+///
+/// # Panics
+/// When Docker cannot be reached or the ensemble does not form.
+pub async fn zookeeper_ensemble(size: usize) -> Topology {
+    on_harness(async move {
+        let network = create_network()?;
+        // Peers are named by address, not host name: a dead peer's name
+        // goes to the outside resolvers, whose timeouts stall an election
+        // for seconds. So each node waits for its peer list, written once
+        // every node has its address.
+        let wait_for_peers = "while [ ! -s /tmp/zoo-extra.cfg ]; do sleep 0.05; done; \
+                              exec dlock-zookeeper";
+        let mut nodes = Vec::new();
+        for i in 1..=size {
+            let myid = (
+                "/var/lib/zookeeper/data/myid".to_owned(),
+                format!("{i}\n").into_bytes(),
+            );
+            let env = [
+                ("ZK_HEAP", "128m".to_owned()),
+                ("ZK_TICK_MS", ENSEMBLE_TICK_MS.to_string()),
+            ];
+            let cmd = vec!["sh".to_owned(), "-c".to_owned(), wait_for_peers.to_owned()];
+            let name = format!("{network}-zk{i}");
+            nodes.push(start_node(&network, &name, cmd, vec![myid], &env, 2181).await?);
+        }
+        let servers: String = nodes
+            .iter()
+            .enumerate()
+            .map(|(i, node)| format!("server.{}={}:2888:3888\n", i + 1, node.ip))
+            // A dead peer's address answers nothing: without a short
+            // connect timeout (5 s by default) an election waits on it.
+            .chain(["cnxTimeout=500\n".to_owned()])
+            .collect();
+        for node in &nodes {
+            write_file(&node.name, "/tmp/zoo-extra.cfg", servers.as_bytes())?;
+        }
+        let topology = Topology { network, nodes };
+        for node in &topology.nodes {
+            wait_ready(Service::ZooKeeper, &node.addr()).await?;
+        }
+        Ok::<_, String>(topology)
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// The Sentinel service name of [`redis_sentinel`].
+pub const SENTINEL_SERVICE: &str = "dlock";
+
+/// A Redis primary (node 0) with one replica (node 1) and three Sentinels
+/// (nodes 2 to 4) watching it with a quorum of two. A primary that does
+/// not answer for 1 s is failed over to the replica.
+///
+/// # Panics
+/// When Docker cannot be reached or the servers do not come up.
+pub async fn redis_sentinel() -> Topology {
+    on_harness(async move {
+        let network = create_network()?;
+        let primary = start_node(
+            &network,
+            &format!("{network}-primary"),
+            vec!["dlock-redis".into()],
+            Vec::new(),
+            &[],
+            6379,
+        )
+        .await?;
+        wait_ready(Service::Redis, &format!("redis://{}", primary.addr())).await?;
+        let replica = start_node(
+            &network,
+            &format!("{network}-replica"),
+            [
+                "dlock-redis",
+                "--replicaof",
+                &primary.ip.to_string(),
+                "6379",
+            ]
+            .map(str::to_owned)
+            .to_vec(),
+            Vec::new(),
+            &[],
+            6379,
+        )
+        .await?;
+        wait_ready(Service::Redis, &format!("redis://{}", replica.addr())).await?;
+        let config = format!(
+            "port 26379\nbind 0.0.0.0\nprotected-mode no\n\
+             sentinel monitor {SENTINEL_SERVICE} {} 6379 2\n\
+             sentinel down-after-milliseconds {SENTINEL_SERVICE} 1000\n\
+             sentinel failover-timeout {SENTINEL_SERVICE} 10000\n",
+            primary.ip
+        );
+        let mut nodes = vec![primary, replica];
+        for i in 1..=3 {
+            let sentinel = start_node(
+                &network,
+                &format!("{network}-sentinel{i}"),
+                ["redis-server", "/etc/sentinel.conf", "--sentinel"]
+                    .map(str::to_owned)
+                    .to_vec(),
+                vec![("/etc/sentinel.conf".to_owned(), config.clone().into_bytes())],
+                &[],
+                26379,
+            )
+            .await?;
+            nodes.push(sentinel);
+        }
+        let topology = Topology { network, nodes };
+        for sentinel in &topology.nodes[2..] {
+            wait_ready(Service::Redis, &format!("redis://{}", sentinel.addr())).await?;
+        }
+        // The replica must be in sync before a test counts on it.
+        wait_replica_synced(&topology.nodes[1].addr()).await?;
+        Ok::<_, String>(topology)
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}"))
+}
+
+impl Topology {
+    /// The `redis+sentinel://` URL of a [`redis_sentinel`] topology.
+    pub fn sentinel_url(&self) -> String {
+        let sentinels: Vec<String> = self.nodes[2..].iter().map(Node::addr).collect();
+        format!(
+            "redis+sentinel://{}/{SENTINEL_SERVICE}",
+            sentinels.join(",")
+        )
+    }
+
+    /// The address of the primary that the Sentinels name, asked of the
+    /// first Sentinel that answers.
+    pub async fn sentinel_primary(&self) -> Option<String> {
+        for sentinel in &self.nodes[2..] {
+            let reply = async {
+                let client = redis::Client::open(format!("redis://{}", sentinel.addr())).ok()?;
+                let mut conn = client.get_multiplexed_async_connection().await.ok()?;
+                let addr: Vec<String> = redis::cmd("SENTINEL")
+                    .arg("get-master-addr-by-name")
+                    .arg(SENTINEL_SERVICE)
+                    .query_async(&mut conn)
+                    .await
+                    .ok()?;
+                Some(addr.join(":"))
+            };
+            if let Ok(Some(addr)) = tokio::time::timeout(Duration::from_secs(2), reply).await {
+                return Some(addr);
+            }
+        }
+        None
+    }
+}
+
+async fn wait_replica_synced(addr: &str) -> Result<(), String> {
+    let started = std::time::Instant::now();
+    loop {
+        let info = async {
+            let client = redis::Client::open(format!("redis://{addr}")).ok()?;
+            let mut conn = client.get_multiplexed_async_connection().await.ok()?;
+            redis::cmd("INFO")
+                .arg("replication")
+                .query_async::<String>(&mut conn)
+                .await
+                .ok()
+        };
+        if let Ok(Some(info)) = tokio::time::timeout(Duration::from_secs(2), info).await
+            && info.contains("master_link_status:up")
+        {
+            return Ok(());
+        }
+        if started.elapsed() > Duration::from_secs(60) {
+            return Err(format!(
+                "dlock harness: replica {addr} did not sync in 60 s"
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Writes a file into a running container, all at once (through a
+/// rename), for a process there that waits for it.
+fn write_file(container: &str, path: &str, contents: &[u8]) -> Result<(), String> {
+    use std::io::Write;
+    let mut child = Command::new("docker")
+        .args(["exec", "-i", container, "sh", "-c"])
+        .arg(format!("cat > {path}.part && mv {path}.part {path}"))
+        .stdin(std::process::Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("dlock harness: cannot run docker: {e}"))?;
+    if let Some(mut stdin) = child.stdin.take() {
+        stdin
+            .write_all(contents)
+            .map_err(|e| format!("dlock harness: write {path} in {container}: {e}"))?;
+    }
+    let status = child
+        .wait()
+        .map_err(|e| format!("dlock harness: write {path} in {container}: {e}"))?;
+    if status.success() {
+        Ok(())
+    } else {
+        Err(format!(
+            "dlock harness: write {path} in {container}: {status}"
+        ))
+    }
+}
+
+/// Makes a bridge network for one topology, labelled for clean-up.
+fn create_network() -> Result<String, String> {
+    let name = format!(
+        "dlock-{}-{:06x}",
+        std::process::id(),
+        fastrand::u32(..0x100_0000)
+    );
+    let out = Command::new("docker")
+        .args(["network", "create", "--label"])
+        .arg(format!("dlock.harness={}", std::process::id()))
+        .arg(&name)
+        .output()
+        .map_err(|e| format!("dlock harness: cannot run docker: {e}"))?;
+    if !out.status.success() {
+        return Err(format!(
+            "dlock harness: cannot create network {name}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        ));
+    }
+    crate::harness::register_network_for_cleanup(&name);
+    Ok(name)
+}
+
+async fn start_node(
+    network: &str,
+    name: &str,
+    cmd: Vec<String>,
+    files: Vec<(String, Vec<u8>)>,
+    env: &[(&str, String)],
+    port: u16,
+) -> Result<Node, String> {
+    let image = test_image()?;
+    let (repo, tag) = image.split_once(':').unwrap_or((image.as_str(), "latest"));
+    let mut request = GenericImage::new(repo, tag)
+        .with_wait_for(WaitFor::Nothing)
+        .with_cmd(cmd)
+        .with_network(network)
+        .with_container_name(name)
+        .with_hostname(name)
+        .with_label("dlock.harness", std::process::id().to_string());
+    for (key, value) in env {
+        request = request.with_env_var(*key, value.clone());
+    }
+    for (path, contents) in files {
+        request = request.with_copy_to(path, contents);
+    }
+    let container = request
+        .start()
+        .await
+        .map_err(|e| format!("dlock harness: cannot start {name} from image {image}: {e}"))?;
+    register_for_cleanup(container.id());
+    let ip = inspect_ip(name, network)?;
+    Ok(Node {
+        name: name.to_owned(),
+        network: network.to_owned(),
+        ip,
+        port,
+        container: Some(container),
+    })
+}
+
+fn inspect_ip(name: &str, network: &str) -> Result<IpAddr, String> {
+    let format = format!("{{{{(index .NetworkSettings.Networks \"{network}\").IPAddress}}}}");
+    let out = Command::new("docker")
+        .args(["inspect", "-f", &format, name])
+        .output()
+        .map_err(|e| format!("dlock harness: cannot run docker: {e}"))?;
+    String::from_utf8_lossy(&out.stdout)
+        .trim()
+        .parse()
+        .map_err(|e| format!("dlock harness: no address for {name} on {network}: {e}"))
+}
+
+/// Runs a docker command whose failure a test notices by itself (a node
+/// that should be down still answering, say).
+fn docker(args: &[&str]) {
+    match Command::new("docker").args(args).output() {
+        Ok(out) if !out.status.success() => warn_failed(args, &out.stderr),
+        Err(e) => warn_failed(args, e.to_string().as_bytes()),
+        Ok(_) => {}
+    }
+}
+
+fn warn_failed(args: &[&str], stderr: &[u8]) {
+    eprintln!(
+        "dlock harness: docker {} failed: {}",
+        args.join(" "),
+        String::from_utf8_lossy(stderr).trim()
+    );
+}
