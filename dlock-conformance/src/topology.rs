@@ -59,6 +59,21 @@ impl Node {
         docker(&["unpause", &self.name]);
     }
 
+    /// Drops everything this node sends to `other` (a blackhole route in
+    /// its network namespace): `other` stops hearing from it, as behind a
+    /// one-way partition, while both keep running. Redis nodes only.
+    pub async fn stop_sending_to(&self, other: &Node) {
+        docker(&[
+            "exec",
+            &self.name,
+            "ip",
+            "route",
+            "add",
+            "blackhole",
+            &format!("{}/32", other.ip),
+        ]);
+    }
+
     /// Cuts the server off the network: from its peers and from clients.
     pub async fn disconnect(&self) {
         docker(&[
@@ -266,6 +281,30 @@ impl Topology {
         )
     }
 
+    /// Waits until the replica of a [`redis_sentinel`] topology has every
+    /// write the primary took so far (`WAIT 1` on the primary).
+    ///
+    /// # Panics
+    /// When it does not within 10 s.
+    pub async fn wait_replicated(&self) {
+        let primary = format!("redis://{}", self.nodes[0].addr());
+        let acked = async {
+            let client = redis::Client::open(primary).ok()?;
+            let mut conn = client.get_multiplexed_async_connection().await.ok()?;
+            redis::cmd("WAIT")
+                .arg(1)
+                .arg(5000)
+                .query_async::<i64>(&mut conn)
+                .await
+                .ok()
+        };
+        let acked = tokio::time::timeout(Duration::from_secs(10), acked).await;
+        assert!(
+            matches!(acked, Ok(Some(n)) if n >= 1),
+            "the replica did not acknowledge: {acked:?}"
+        );
+    }
+
     /// The address of the primary that the Sentinels name, asked of the
     /// first Sentinel that answers.
     pub async fn sentinel_primary(&self) -> Option<String> {
@@ -381,7 +420,9 @@ async fn start_node(
         .with_network(network)
         .with_container_name(name)
         .with_hostname(name)
-        .with_label("dlock.harness", std::process::id().to_string());
+        .with_label("dlock.harness", std::process::id().to_string())
+        // For `stop_sending_to`: routes in the node's own namespace.
+        .with_cap_add("NET_ADMIN");
     for (key, value) in env {
         request = request.with_env_var(*key, value.clone());
     }

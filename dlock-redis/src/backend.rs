@@ -1,5 +1,5 @@
 use std::fmt;
-use std::sync::Arc;
+use std::sync::{Arc, PoisonError, RwLock};
 use std::time::Duration;
 
 use dlock_core::wait::{
@@ -10,7 +10,7 @@ use dlock_core::{
     OwnerToken, Result, async_trait, check_duration, check_hold, validate_name,
 };
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use redis::{IntoConnectionInfo, ProtocolVersion, RedisError};
+use redis::{FromRedisValue, IntoConnectionInfo, ProtocolVersion, PushInfo, RedisError};
 use tokio::time::Instant;
 
 use crate::keys::{Keys, keys, lock_pattern, name_of, validate_prefix};
@@ -19,6 +19,7 @@ use crate::scripts::{
     ABANDON, ACQUIRE, EXTEND, EXTEND_MANY, FENCE_RETENTION_MS, HOLD, INSPECT, PLACE_HEARTBEATS,
     RELEASE,
 };
+use crate::sentinel::{Sentinel, parse_url};
 
 const NAME: &str = "redis";
 
@@ -26,13 +27,27 @@ const NAME: &str = "redis";
 ///
 /// Needs Redis 6 or later (RESP3 for the pub/sub connection). See the crate
 /// docs for the key layout.
+///
+/// With a `redis+sentinel://` URL it asks the Sentinels for the primary,
+/// and asks again whenever a request fails for want of a primary (the
+/// connection drops, or the old primary answers `READONLY` as a replica),
+/// so it follows a failover.
 #[derive(Clone)]
 pub struct RedisBackend {
     inner: Arc<Inner>,
 }
 
 struct Inner {
-    conn: ConnectionManager,
+    /// Replaced when Sentinel names a new primary.
+    conn: RwLock<ConnectionManager>,
+    sentinel: Option<Sentinel>,
+    /// Connection settings, for connections to a new primary.
+    config: ConnectionManagerConfig,
+    builder: RedisBuilder,
+    pushes: tokio::sync::mpsc::UnboundedSender<PushInfo>,
+    /// Replicas that must confirm a grant or extension, and how long they
+    /// have to.
+    durable: Option<(u32, Duration)>,
     prefix: String,
     max_poll: Duration,
     response_timeout: Duration,
@@ -61,6 +76,7 @@ pub struct RedisBuilder {
     connection_timeout: Duration,
     max_poll: Duration,
     tls_root: Option<Vec<u8>>,
+    durable: Option<(u32, Duration)>,
 }
 
 impl fmt::Debug for RedisBuilder {
@@ -71,6 +87,7 @@ impl fmt::Debug for RedisBuilder {
             .field("response_timeout", &self.response_timeout)
             .field("connection_timeout", &self.connection_timeout)
             .field("max_poll", &self.max_poll)
+            .field("durable", &self.durable)
             .finish()
     }
 }
@@ -107,6 +124,27 @@ impl RedisBuilder {
         self
     }
 
+    /// Durable grants (off by default): a grant, an extension or a
+    /// `release_after` counts only once `replicas` replicas have
+    /// acknowledged it, with Redis's `WAIT replicas timeout` sent on the
+    /// same connection right behind the script (one round trip). A grant
+    /// not confirmed in time is released and reported as
+    /// [`Error::Unavailable`] (waiting acquires try again); an extension
+    /// not confirmed leaves the lease's deadline where it was.
+    ///
+    /// This narrows the failover window, it does not close it: replication
+    /// stays asynchronous, a confirmed write can still be lost (a replica
+    /// that acknowledged it may not be the one promoted, and without
+    /// `appendfsync always` a restart loses it), and `WAIT` blocks this
+    /// client's shared connection until the replicas answer. Fencing tokens
+    /// are what protects a resource. With fewer than `replicas` replicas
+    /// up, nothing can be granted. `timeout` must be below the response
+    /// timeout.
+    pub fn durable_grants(mut self, replicas: u32, timeout: Duration) -> Self {
+        self.durable = Some((replicas, timeout));
+        self
+    }
+
     /// How long to wait for a connection (default 2 s).
     pub fn connection_timeout(mut self, timeout: Duration) -> Self {
         self.connection_timeout = timeout;
@@ -130,11 +168,65 @@ impl RedisBuilder {
             ms,
             MAX_SETTING,
         )?;
-        let info = self
-            .url
-            .as_str()
-            .into_connection_info()
-            .map_err(|e| Error::invalid_option("url", format!("not a Redis URL: {e}")))?;
+        if let Some((replicas, timeout)) = self.durable
+            && (replicas == 0 || timeout.is_zero() || timeout >= self.response_timeout)
+        {
+            return Err(Error::invalid_option(
+                "durable_grants",
+                format!(
+                    "needs at least one replica and a timeout between 1 ms and the response \
+                     timeout ({:?}), got {replicas} and {timeout:?}",
+                    self.response_timeout
+                ),
+            ));
+        }
+        let sentinel = parse_url(&self.url)?
+            .map(|url| Sentinel::new(&url, self.connection_timeout))
+            .transpose()?;
+        let info = match &sentinel {
+            Some(sentinel) => sentinel.lookup().await?.get_connection_info().clone(),
+            None => self
+                .url
+                .as_str()
+                .into_connection_info()
+                .map_err(|e| Error::invalid_option("url", format!("not a Redis URL: {e}")))?,
+        };
+        let config = ConnectionManagerConfig::new()
+            .set_response_timeout(Some(self.response_timeout))
+            .set_connection_timeout(Some(self.connection_timeout))
+            .set_number_of_retries(2);
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        let (conn, push_conn) = self.open(info.clone(), &config, &tx).await?;
+        if let Some(sentinel) = &sentinel {
+            sentinel.switch_to(info.addr());
+        }
+        let mut client_id = OwnerToken::random()?.to_string();
+        client_id.truncate(16);
+        Ok(RedisBackend {
+            inner: Arc::new(Inner {
+                conn: RwLock::new(conn),
+                sentinel,
+                config,
+                pushes: tx,
+                durable: self.durable,
+                wake_prefix: format!("{}:wake:", self.prefix),
+                client_id,
+                notifications: Notifications::start(push_conn, rx, self.prefix.clone()),
+                prefix: self.prefix.clone(),
+                max_poll: self.max_poll,
+                response_timeout: self.response_timeout,
+                builder: self,
+            }),
+        })
+    }
+
+    /// Opens the command connection and the RESP3 one for notifications.
+    async fn open(
+        &self,
+        info: redis::ConnectionInfo,
+        config: &ConnectionManagerConfig,
+        pushes: &tokio::sync::mpsc::UnboundedSender<PushInfo>,
+    ) -> Result<(ConnectionManager, ConnectionManager)> {
         let settings = info
             .redis_settings()
             .clone()
@@ -142,34 +234,19 @@ impl RedisBuilder {
         let push_info = info.clone().set_redis_settings(settings);
         let client = self.client(info)?;
         let push_client = self.client(push_info)?;
-
-        let config = ConnectionManagerConfig::new()
-            .set_response_timeout(Some(self.response_timeout))
-            .set_connection_timeout(Some(self.connection_timeout))
-            .set_number_of_retries(2);
         let conn = ConnectionManager::new_with_config(client, config.clone())
             .await
             .map_err(|e| redis_error(e, "connect"))?;
-        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
         let push_conn = ConnectionManager::new_with_config(
             push_client,
-            config.set_push_sender(tx).set_automatic_resubscription(),
+            config
+                .clone()
+                .set_push_sender(pushes.clone())
+                .set_automatic_resubscription(),
         )
         .await
         .map_err(|e| redis_error(e, "connect for notifications"))?;
-        let mut client_id = OwnerToken::random()?.to_string();
-        client_id.truncate(16);
-        Ok(RedisBackend {
-            inner: Arc::new(Inner {
-                conn,
-                wake_prefix: format!("{}:wake:", self.prefix),
-                client_id,
-                notifications: Notifications::start(push_conn, rx, self.prefix.clone()),
-                prefix: self.prefix,
-                max_poll: self.max_poll,
-                response_timeout: self.response_timeout,
-            }),
-        })
+        Ok((conn, push_conn))
     }
 }
 
@@ -237,6 +314,15 @@ fn millis(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
+/// A grant or extension that too few replicas acknowledged in time.
+fn unconfirmed(doing: &str) -> Error {
+    Error::unavailable(
+        NAME,
+        doing,
+        std::io::Error::other("too few replicas acknowledged it in time (durable grants)"),
+    )
+}
+
 fn malformed(what: &str, reply: impl fmt::Debug) -> Error {
     Error::Backend {
         backend: NAME,
@@ -263,6 +349,7 @@ impl RedisBackend {
             connection_timeout: Duration::from_secs(2),
             max_poll: Duration::from_secs(1),
             tls_root: None,
+            durable: None,
         }
     }
 
@@ -273,7 +360,106 @@ impl RedisBackend {
 
     /// The command connection, for callers that want to look at the keys.
     pub fn connection(&self) -> ConnectionManager {
-        self.inner.conn.clone()
+        self.inner
+            .conn
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    /// The primary's address, when Sentinel chose it.
+    pub fn sentinel_primary(&self) -> Option<String> {
+        let sentinel = self.inner.sentinel.as_ref()?;
+        sentinel.primary().map(|addr| addr.to_string())
+    }
+
+    /// Maps a failed request's error, and with Sentinel, looks for a new
+    /// primary when the failure may mean the old one is gone.
+    fn fail(&self, e: RedisError, doing: &str) -> Error {
+        let error = redis_error(e, doing);
+        if matches!(error, Error::Connection { .. } | Error::Unavailable { .. })
+            && let Some(sentinel) = &self.inner.sentinel
+            && sentinel.lookup_due()
+        {
+            let backend = self.clone();
+            tokio::spawn(async move { backend.follow_primary().await });
+        }
+        error
+    }
+
+    /// Asks the Sentinels for the primary and, when it moved, points the
+    /// connections at it.
+    async fn follow_primary(&self) {
+        let Some(sentinel) = &self.inner.sentinel else {
+            return;
+        };
+        let found = match sentinel.lookup().await {
+            Ok(client) => client.get_connection_info().clone(),
+            Err(e) => {
+                tracing::debug!(error = %e, "no primary from Sentinel yet");
+                return;
+            }
+        };
+        if sentinel.primary().as_ref() == Some(found.addr()) {
+            return;
+        }
+        let pushes = self.inner.pushes.clone();
+        match self
+            .inner
+            .builder
+            .open(found.clone(), &self.inner.config, &pushes)
+            .await
+        {
+            Ok((conn, push_conn)) => {
+                *self
+                    .inner
+                    .conn
+                    .write()
+                    .unwrap_or_else(PoisonError::into_inner) = conn;
+                self.inner.notifications.reconnect(push_conn);
+                sentinel.switch_to(found.addr());
+                tracing::info!(primary = %found.addr(), "following the new primary");
+            }
+            Err(e) => tracing::debug!(error = %e, "cannot reach the new primary yet"),
+        }
+    }
+
+    /// Runs a script. With durable grants and `confirm`, the replicas'
+    /// acknowledgement is asked for on the same connection right behind
+    /// it; the flag says whether enough replicas acknowledged in time
+    /// (always `true` otherwise).
+    async fn run<T: FromRedisValue>(
+        &self,
+        invocation: &redis::ScriptInvocation<'_>,
+        script: &redis::Script,
+        confirm: bool,
+        doing: &str,
+    ) -> Result<(T, bool)> {
+        let mut conn = self.connection();
+        let Some((replicas, timeout)) = self.inner.durable.filter(|_| confirm) else {
+            let reply = invocation
+                .invoke_async(&mut conn)
+                .await
+                .map_err(|e| self.fail(e, doing))?;
+            return Ok((reply, true));
+        };
+        let mut pipe = redis::pipe();
+        pipe.invoke_script(invocation)
+            .cmd("WAIT")
+            .arg(replicas)
+            .arg(millis(timeout));
+        let mut reply = pipe.query_async::<(T, u32)>(&mut conn).await;
+        if matches!(&reply, Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript))
+        {
+            // A new primary, or a flushed script cache: load it, once.
+            script
+                .load_async(&mut conn)
+                .await
+                .map_err(|e| self.fail(e, doing))?;
+            reply = pipe.query_async(&mut conn).await;
+        }
+        let (value, acked) = reply.map_err(|e| self.fail(e, doing))?;
+        Ok((value, acked >= replicas))
     }
 
     /// How many wake-up channels this client is subscribed to: its own one
@@ -316,10 +502,13 @@ impl RedisBackend {
         if !waiter.is_empty() {
             invocation.arg(waiter).arg(millis(self.place_lifetime()));
         }
-        let reply: (i64, String) = invocation
-            .invoke_async(&mut self.inner.conn.clone())
-            .await
-            .map_err(|e| redis_error(e, "acquire"))?;
+        let (reply, confirmed) = self
+            .run::<(i64, String)>(&invocation, &ACQUIRE, true, "acquire")
+            .await?;
+        if reply.0 == 1 && !confirmed {
+            // Granted on the primary only: the armed undo releases it.
+            return Err(unconfirmed("acquire"));
+        }
         let attempt = match reply {
             (1, fence) => {
                 let fence = fence.parse().map_err(|_| malformed("acquire", &fence))?;
@@ -410,9 +599,9 @@ impl RedisBackend {
                 .key(&keys.queue)
                 .key(&keys.queue_expiry)
                 .arg(waiter)
-                .invoke_async::<i64>(&mut self.inner.conn.clone())
+                .invoke_async::<i64>(&mut self.connection())
                 .await
-                .map_err(|e| redis_error(e, "leave the queue"))
+                .map_err(|e| self.fail(e, "leave the queue"))
         })
         .await;
         // Otherwise the place lapses by itself.
@@ -442,9 +631,9 @@ impl RedisBackend {
         let keys = self.keys(name);
         let released = retry_for(ttl, || async {
             self.release_script(&keys, owner)
-                .invoke_async::<i64>(&mut self.inner.conn.clone())
+                .invoke_async::<i64>(&mut self.connection())
                 .await
-                .map_err(|e| redis_error(e, "undo an acquire"))
+                .map_err(|e| self.fail(e, "undo an acquire"))
         })
         .await;
         tracing::debug!(name, ?released, "undid an acquire of unknown outcome");
@@ -492,9 +681,9 @@ impl Backend for RedisBackend {
         let keys = self.keys(lease.name());
         let released: i64 = self
             .release_script(&keys, lease.owner())
-            .invoke_async(&mut self.inner.conn.clone())
+            .invoke_async(&mut self.connection())
             .await
-            .map_err(|e| redis_error(e, "release"))?;
+            .map_err(|e| self.fail(e, "release"))?;
         if released != 1 {
             return Err(Error::NotHeld {
                 name: lease.name().to_owned(),
@@ -514,14 +703,18 @@ impl Backend for RedisBackend {
         // No publish: waiters poll against the remaining TTL, which the
         // server reports.
         let keys = self.keys(lease.name());
-        let held: i64 = HOLD
+        let mut invocation = HOLD.prepare_invoke();
+        invocation
             .key(&keys.lock)
             .arg(lease.owner().to_string())
             .arg(lease.owner().for_hold().to_string())
-            .arg(hold_ms)
-            .invoke_async(&mut self.inner.conn.clone())
-            .await
-            .map_err(|e| redis_error(e, "release_after"))?;
+            .arg(hold_ms);
+        let (held, confirmed) = self
+            .run::<i64>(&invocation, &HOLD, true, "release_after")
+            .await?;
+        if held == 1 && !confirmed {
+            return Err(unconfirmed("release_after"));
+        }
         if held != 1 {
             return Err(Error::NotHeld {
                 name: lease.name().to_owned(),
@@ -534,15 +727,20 @@ impl Backend for RedisBackend {
         let keys = self.keys(lease.name());
         let ttl = lease.ttl().unwrap_or_default();
         let sent = Instant::now();
-        let extended: i64 = EXTEND
+        let mut invocation = EXTEND.prepare_invoke();
+        invocation
             .key(&keys.lock)
             .key(&keys.fence)
             .arg(lease.owner().to_string())
             .arg(millis(ttl))
-            .arg(FENCE_RETENTION_MS)
-            .invoke_async(&mut self.inner.conn.clone())
-            .await
-            .map_err(|e| redis_error(e, "extend"))?;
+            .arg(FENCE_RETENTION_MS);
+        let (extended, confirmed) = self
+            .run::<i64>(&invocation, &EXTEND, true, "extend")
+            .await?;
+        if extended == 1 && !confirmed {
+            // The promoted replica may hold only the old deadline.
+            return Err(unconfirmed("extend"));
+        }
         if extended != 1 {
             return Err(Error::NotHeld {
                 name: lease.name().to_owned(),
@@ -565,10 +763,12 @@ impl Backend for RedisBackend {
                 .arg(millis(lease.ttl().unwrap_or_default()));
         }
         let sent = Instant::now();
-        let held: Vec<i64> = invocation
-            .invoke_async(&mut self.inner.conn.clone())
-            .await
-            .map_err(|e| redis_error(e, "extend"))?;
+        let (held, confirmed) = self
+            .run::<Vec<i64>>(&invocation, &EXTEND_MANY, true, "extend")
+            .await?;
+        if !confirmed {
+            return Err(unconfirmed("extend"));
+        }
         if held.len() != leases.len() {
             return Err(malformed("extend_many", held));
         }
@@ -592,7 +792,7 @@ impl Backend for RedisBackend {
                 .map_err(|_| Error::invalid_option("cursor", "not a cursor this driver gave"))?,
         };
         let pattern = lock_pattern(&self.inner.prefix, prefix);
-        let mut conn = self.inner.conn.clone();
+        let mut conn = self.connection();
         let mut found = Vec::new();
         // A few SCAN steps per page: each is bounded work for the server,
         // and a sparse prefix still fills a page.
@@ -605,7 +805,7 @@ impl Backend for RedisBackend {
                 .arg(1000)
                 .query_async(&mut conn)
                 .await
-                .map_err(|e| redis_error(e, "list"))?;
+                .map_err(|e| self.fail(e, "list"))?;
             found.extend(keys);
             scan = next;
             if scan == 0 || found.len() >= limit {
@@ -628,7 +828,7 @@ impl Backend for RedisBackend {
         } else {
             pipe.query_async(&mut conn)
                 .await
-                .map_err(|e| redis_error(e, "list"))?
+                .map_err(|e| self.fail(e, "list"))?
         };
         let mut locks = Vec::new();
         for (name, reply) in names.into_iter().zip(replies.chunks(3)) {
@@ -661,9 +861,9 @@ impl Backend for RedisBackend {
         let reply: Vec<String> = INSPECT
             .key(&keys.lock)
             .key(&keys.fence)
-            .invoke_async(&mut self.inner.conn.clone())
+            .invoke_async(&mut self.connection())
             .await
-            .map_err(|e| redis_error(e, "inspect"))?;
+            .map_err(|e| self.fail(e, "inspect"))?;
         let [owner, pttl, fence] = reply.as_slice() else {
             return if reply.is_empty() {
                 Ok(None)

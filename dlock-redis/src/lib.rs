@@ -5,6 +5,7 @@ mod backend;
 mod keys;
 mod notify;
 mod scripts;
+mod sentinel;
 
 pub use backend::{RedisBackend, RedisBuilder};
 /// The redis client crate this driver is built on, so that callers use the

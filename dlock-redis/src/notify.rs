@@ -18,7 +18,15 @@ enum Command {
     /// The connection dropped: subscribe to every wanted channel again,
     /// then let every waiter look again for releases it missed.
     Resubscribe,
+    /// Sentinel named a new primary: listen there from now on (the
+    /// connection waits in [`Notifications::moved_to`]).
+    Reconnect,
 }
+
+/// A connection to a new primary, until the subscriber takes it up. Not
+/// in the command itself: a subscriber retrying a dead connection looks
+/// here between tries.
+type MovedTo = Arc<Mutex<Option<ConnectionManager>>>;
 
 type Interests = Arc<Mutex<HashMap<String, usize>>>;
 
@@ -30,6 +38,7 @@ pub(crate) struct Notifications {
     commands: mpsc::UnboundedSender<Command>,
     /// Set once a channel is kept for good ([`Notifications::keep`]).
     kept: tokio::sync::OnceCell<()>,
+    moved_to: MovedTo,
 }
 
 impl Notifications {
@@ -43,7 +52,14 @@ impl Notifications {
         let wakeups = Arc::new(Wakeups::new());
         let interest: Interests = Arc::default();
         let (commands, rx) = mpsc::unbounded_channel();
-        tokio::spawn(subscriber(conn, rx, interest.clone(), wakeups.clone()));
+        let moved_to = MovedTo::default();
+        tokio::spawn(subscriber(
+            conn,
+            rx,
+            interest.clone(),
+            wakeups.clone(),
+            moved_to.clone(),
+        ));
 
         let hub = wakeups.clone();
         // Weak: the subscriber task must end when the backend goes, and a
@@ -79,6 +95,7 @@ impl Notifications {
             interest,
             commands,
             kept: tokio::sync::OnceCell::new(),
+            moved_to,
         }
     }
 
@@ -146,6 +163,12 @@ impl Notifications {
             .is_ok()
     }
 
+    /// Moves the subscriptions to a new connection (a new primary).
+    pub fn reconnect(&self, conn: ConnectionManager) {
+        *self.moved_to.lock().unwrap_or_else(PoisonError::into_inner) = Some(conn);
+        let _ = self.commands.send(Command::Reconnect);
+    }
+
     /// Whether [`Notifications::keep`] has subscribed.
     pub fn is_kept(&self) -> bool {
         self.kept.initialized()
@@ -166,6 +189,7 @@ async fn subscriber(
     mut rx: mpsc::UnboundedReceiver<Command>,
     interest: Interests,
     wakeups: Arc<Wakeups>,
+    moved_to: MovedTo,
 ) {
     let wanted = |channel: &str| {
         interest
@@ -187,34 +211,51 @@ async fn subscriber(
                     tracing::debug!(%channel, error = %e, "unsubscribe failed");
                 }
             }
-            Command::Resubscribe => {
-                // Short steps: waiters wait on this to hear of releases.
-                let mut backoff =
-                    Backoff::new(Duration::from_millis(20), Duration::from_millis(250));
-                loop {
-                    let channels: Vec<String> = interest
-                        .lock()
-                        .unwrap_or_else(PoisonError::into_inner)
-                        .keys()
-                        .cloned()
-                        .collect();
-                    if channels.is_empty() {
-                        break;
-                    }
-                    match conn.subscribe(&channels).await {
-                        Ok(()) => break,
-                        Err(e) => {
-                            tracing::debug!(error = %e, "resubscribing failed; retrying");
-                            tokio::time::sleep(backoff.next_delay()).await;
-                        }
-                    }
-                }
-                // Subscribed again: whatever was released in the gap is
-                // found by looking again now.
-                wakeups.wake_all();
+            Command::Resubscribe | Command::Reconnect => {
+                resubscribe(&mut conn, &interest, &wakeups, &moved_to).await;
             }
         }
     }
+}
+
+/// Subscribes to every wanted channel again, then lets every waiter look
+/// again for releases it missed.
+async fn resubscribe(
+    conn: &mut ConnectionManager,
+    interest: &Interests,
+    wakeups: &Wakeups,
+    moved_to: &MovedTo,
+) {
+    // Short steps: waiters wait on this to hear of releases.
+    let mut backoff = Backoff::new(Duration::from_millis(20), Duration::from_millis(250));
+    loop {
+        if let Some(new) = moved_to
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take()
+        {
+            *conn = new;
+        }
+        let channels: Vec<String> = interest
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .keys()
+            .cloned()
+            .collect();
+        if channels.is_empty() {
+            break;
+        }
+        match conn.subscribe(&channels).await {
+            Ok(()) => break,
+            Err(e) => {
+                tracing::debug!(error = %e, "resubscribing failed; retrying");
+                tokio::time::sleep(backoff.next_delay()).await;
+            }
+        }
+    }
+    // Subscribed again: whatever was released in the gap is found by
+    // looking again now.
+    wakeups.wake_all();
 }
 
 /// A waiter's interest in one release channel.

@@ -183,7 +183,11 @@ async fn quorum_loss_tells_holders_and_grants_nothing() {
     // The surviving node drops its clients only once it misses the quorum
     // (syncLimit, 2.5 s); the grace period runs from then. No session can
     // expire without a quorum, so this later loss is still safe.
-    assert!(keeping_lost - down < SESSION * 2, "{:?}", keeping_lost - down);
+    assert!(
+        keeping_lost - down < SESSION * 2,
+        "{:?}",
+        keeping_lost - down
+    );
 
     ensemble.node(1).unpause().await;
     ensemble.node(2).unpause().await;

@@ -1,0 +1,237 @@
+//! A Redis primary with one replica and three Sentinels, failed over with
+//! a lock held. Each case has its own servers on a network of its own.
+//!
+//! The hazard of asynchronous replication, shown rather than described: a
+//! replica that missed a grant is promoted, and a second client is granted
+//! the name while the first still holds it. Fencing tokens still increase,
+//! which is what protects the resource. With durable grants, a grant the
+//! replica never acknowledged is never believed held.
+
+#![allow(clippy::unwrap_used)] // tests panic on purpose
+
+use std::time::Duration;
+
+use dlock_conformance::cases::unique_name;
+use dlock_conformance::topology::{Topology, redis_sentinel};
+use dlock_core::{Backend, Error, LockOptions};
+use dlock_redis::RedisBackend;
+use tokio::time::{Instant, sleep};
+
+/// Longer than any case: only a release, never expiry, frees these locks.
+fn opts() -> LockOptions {
+    LockOptions::new().ttl(Duration::from_secs(60))
+}
+
+async fn client(sentinel: &Topology) -> RedisBackend {
+    RedisBackend::connect(&sentinel.sentinel_url())
+        .await
+        .unwrap()
+}
+
+async fn durable_client(sentinel: &Topology) -> RedisBackend {
+    RedisBackend::builder(sentinel.sentinel_url())
+        .durable_grants(1, Duration::from_millis(300))
+        .connect()
+        .await
+        .unwrap()
+}
+
+/// Kills the primary and waits until the Sentinels name the replica.
+async fn fail_over(sentinel: &Topology) -> Duration {
+    let replica = sentinel.node(1).addr();
+    let killed = Instant::now();
+    sentinel.node(0).kill().await;
+    loop {
+        if sentinel.sentinel_primary().await.as_deref() == Some(replica.as_str()) {
+            return killed.elapsed();
+        }
+        assert!(
+            killed.elapsed() < Duration::from_secs(60),
+            "no failover to the replica"
+        );
+        sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Tries until the client, following the Sentinels, reaches the new
+/// primary: `Some` once a try got an answer.
+async fn until_answered<T>(
+    started: Instant,
+    mut attempt: impl AsyncFnMut() -> dlock_core::Result<T>,
+) -> (T, Duration) {
+    loop {
+        match attempt().await {
+            Ok(value) => return (value, started.elapsed()),
+            Err(e) => {
+                assert!(e.is_retryable(), "{e:?}");
+                assert!(
+                    started.elapsed() < Duration::from_secs(60),
+                    "never reached the new primary: {e:?}"
+                );
+                sleep(Duration::from_millis(50)).await;
+            }
+        }
+    }
+}
+
+async fn stored_fence(backend: &RedisBackend, name: &str) -> Option<u64> {
+    let key = format!("dlock:{{{name}}}:fence");
+    let mut conn = backend.connection();
+    redis::cmd("GET")
+        .arg(key)
+        .query_async::<Option<u64>>(&mut conn)
+        .await
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_durable_grants_a_promoted_replica_grants_twice_but_fences_higher() {
+    let sentinel = redis_sentinel().await;
+    let first = client(&sentinel).await;
+    let name = unique_name("hazard");
+    // An earlier holder leaves a fencing counter that the replica has.
+    let earlier = first.try_acquire(&name, &opts()).await.unwrap().unwrap();
+    first.release(&earlier).await.unwrap();
+    sentinel.wait_replicated().await;
+
+    // The replica misses the next grant: the primary's replication stream
+    // to it goes nowhere (a paused replica would still find the grant in
+    // its socket buffer when thawed).
+    sentinel.node(0).stop_sending_to(sentinel.node(1)).await;
+    let held = first.try_acquire(&name, &opts()).await.unwrap().unwrap();
+    assert!(held.fencing_token() > earlier.fencing_token());
+    let started = Instant::now();
+    let failover = fail_over(&sentinel).await;
+
+    let second = client(&sentinel).await;
+    assert_eq!(
+        second.sentinel_primary().as_deref(),
+        Some(sentinel.node(1).addr().as_str())
+    );
+    // The promoted replica never saw the grant nor its fencing token: a
+    // plain counter would now go backwards.
+    let counter = stored_fence(&second, &name).await;
+    assert_eq!(counter, Some(earlier.fencing_token()));
+    let (granted, after) =
+        until_answered(started, async || second.try_acquire(&name, &opts()).await).await;
+    let granted = granted.expect("the hazard: the new primary grants the name again");
+    assert!(
+        held.is_valid(),
+        "the first holder still believes it holds the lock"
+    );
+    assert!(
+        granted.fencing_token() > held.fencing_token(),
+        "fencing must still increase: {} after {}",
+        granted.fencing_token(),
+        held.fencing_token()
+    );
+    // The first client follows the failover too.
+    let (_, followed) = until_answered(started, async || {
+        first.try_acquire(&unique_name("after"), &opts()).await
+    })
+    .await;
+    eprintln!(
+        "sentinel, no durable grants: the Sentinels named the replica {failover:?} after the \
+         kill; the second grant came {after:?} after it, the first client's next grant {followed:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_durable_grants_no_believed_grant_is_lost_in_a_failover() {
+    let sentinel = redis_sentinel().await;
+    let first = durable_client(&sentinel).await;
+    let (kept, refused) = (unique_name("durable-kept"), unique_name("durable-refused"));
+    // Confirmed by the replica.
+    let held = first.try_acquire(&kept, &opts()).await.unwrap().unwrap();
+
+    // The replica is away: a grant it cannot acknowledge is refused and
+    // given back.
+    sentinel.node(1).pause().await;
+    let refusal = first.try_acquire(&refused, &opts()).await;
+    assert!(
+        matches!(refusal, Err(Error::Unavailable { .. })),
+        "{refusal:?}"
+    );
+    // Given back on the primary before the replica catches up.
+    let primary = RedisBackend::connect(&format!("redis://{}", sentinel.node(0).addr()))
+        .await
+        .unwrap();
+    let started = Instant::now();
+    while primary.inspect(&refused).await.unwrap().is_some() {
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "never given back"
+        );
+        sleep(Duration::from_millis(20)).await;
+    }
+    sentinel.node(1).unpause().await;
+    sentinel.wait_replicated().await;
+    let started = Instant::now();
+    let failover = fail_over(&sentinel).await;
+
+    let second = client(&sentinel).await;
+    let (taken, after) =
+        until_answered(started, async || second.try_acquire(&kept, &opts()).await).await;
+    assert!(
+        taken.is_none(),
+        "the confirmed grant survived the failover: no second holder"
+    );
+    assert!(held.is_valid());
+    let holder = second.inspect(&kept).await.unwrap().unwrap();
+    assert_eq!(holder.owner, held.owner());
+    // Nobody believed they held the refused name: granting it is fine.
+    let granted = second.try_acquire(&refused, &opts()).await.unwrap();
+    assert!(granted.is_some());
+    eprintln!(
+        "sentinel, durable grants: the Sentinels named the replica {failover:?} after the kill; \
+         the new primary answered {after:?} after it"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn durable_grants_without_replicas_grant_nothing() {
+    let server =
+        dlock_conformance::harness::shared(dlock_conformance::harness::Service::Redis).await;
+    let durable = RedisBackend::builder(server.url())
+        .durable_grants(1, Duration::from_millis(50))
+        .connect()
+        .await
+        .unwrap();
+    let name = unique_name("durable-alone");
+    let e = durable.try_acquire(&name, &opts()).await.unwrap_err();
+    assert!(matches!(e, Error::Unavailable { .. }), "{e:?}");
+    let plain = RedisBackend::connect(server.url()).await.unwrap();
+    let started = Instant::now();
+    // The unconfirmed grant is given back at once, not left to its TTL.
+    while plain.inspect(&name).await.unwrap().is_some() {
+        assert!(started.elapsed() < Duration::from_secs(5), "left held");
+        sleep(Duration::from_millis(20)).await;
+    }
+    let e = durable
+        .acquire(&name, &opts().wait(Duration::from_millis(300)))
+        .await
+        .unwrap_err();
+    assert!(e.is_retryable(), "a waiting acquire keeps trying: {e:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sentinel_urls_that_cannot_work_are_typed_errors() {
+    for url in [
+        "redis+sentinel://127.0.0.1:1/",
+        "redis+sentinel://127.0.0.1:x/svc",
+    ] {
+        let e = RedisBackend::connect(url).await.unwrap_err();
+        assert!(matches!(e, Error::InvalidOption { .. }), "{url}: {e:?}");
+    }
+    let port = dlock_conformance::harness::unused_port();
+    let e = RedisBackend::connect(&format!("redis+sentinel://127.0.0.1:{port}/svc"))
+        .await
+        .unwrap_err();
+    assert!(e.is_retryable(), "no Sentinel answers: {e:?}");
+    let e = RedisBackend::builder("redis://127.0.0.1:1")
+        .durable_grants(0, Duration::from_millis(100))
+        .connect()
+        .await
+        .unwrap_err();
+    assert!(matches!(e, Error::InvalidOption { .. }), "{e:?}");
+}
