@@ -198,6 +198,111 @@ pub async fn zookeeper_ensemble(size: usize) -> Topology {
     .unwrap_or_else(|e| panic!("{e}"))
 }
 
+/// A Redis Cluster of three primaries (nodes 0 to 2 at the start) with
+/// one replica each (nodes 3 to 5); a node that does not answer for 2 s is
+/// failed.
+///
+/// # Panics
+/// When Docker cannot be reached or the cluster does not form.
+pub async fn redis_cluster() -> Topology {
+    on_harness(async move {
+        let network = create_network()?;
+        let mut nodes = Vec::new();
+        for i in 0..6 {
+            let cmd = [
+                "dlock-redis",
+                "--cluster-enabled",
+                "yes",
+                "--cluster-config-file",
+                "/tmp/nodes.conf",
+                "--cluster-node-timeout",
+                "2000",
+            ]
+            .map(str::to_owned)
+            .to_vec();
+            let name = format!("{network}-redis{i}");
+            nodes.push(start_node(&network, &name, cmd, Vec::new(), &[], 6379).await?);
+        }
+        for node in &nodes {
+            wait_ready(Service::Redis, &format!("redis://{}", node.addr())).await?;
+        }
+        let mut create = vec!["exec", &nodes[0].name, "redis-cli", "--cluster", "create"];
+        let addrs: Vec<String> = nodes.iter().map(Node::addr).collect();
+        create.extend(addrs.iter().map(String::as_str));
+        create.extend(["--cluster-replicas", "1", "--cluster-yes"]);
+        let out = Command::new("docker")
+            .args(&create)
+            .output()
+            .map_err(|e| format!("dlock harness: cannot run docker: {e}"))?;
+        if !out.status.success() {
+            return Err(format!(
+                "dlock harness: redis-cli --cluster create failed: {}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            ));
+        }
+        let topology = Topology { network, nodes };
+        for node in &topology.nodes {
+            wait_cluster_ok(&node.addr()).await?;
+        }
+        Ok::<_, String>(topology)
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}"))
+}
+
+async fn wait_cluster_ok(addr: &str) -> Result<(), String> {
+    let started = std::time::Instant::now();
+    loop {
+        let info = async {
+            let client = redis::Client::open(format!("redis://{addr}")).ok()?;
+            let mut conn = client.get_multiplexed_async_connection().await.ok()?;
+            redis::cmd("CLUSTER")
+                .arg("INFO")
+                .query_async::<String>(&mut conn)
+                .await
+                .ok()
+        };
+        if let Ok(Some(info)) = tokio::time::timeout(Duration::from_secs(2), info).await
+            && info.contains("cluster_state:ok")
+            && info.contains("cluster_slots_ok:16384")
+        {
+            return Ok(());
+        }
+        if started.elapsed() > Duration::from_secs(60) {
+            return Err(format!("dlock harness: cluster node {addr} not ok in 60 s"));
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+impl Topology {
+    /// The `redis+cluster://` URL of a [`redis_cluster`] topology, naming
+    /// every node as a seed.
+    pub fn cluster_url(&self) -> String {
+        let nodes: Vec<String> = self.nodes.iter().map(Node::addr).collect();
+        format!("redis+cluster://{}", nodes.join(","))
+    }
+
+    /// Asks a cluster node for its `CLUSTER NODES` view.
+    pub async fn cluster_nodes(&self, index: usize) -> Option<String> {
+        let addr = self.nodes[index].addr();
+        let ask = async {
+            let client = redis::Client::open(format!("redis://{addr}")).ok()?;
+            let mut conn = client.get_multiplexed_async_connection().await.ok()?;
+            redis::cmd("CLUSTER")
+                .arg("NODES")
+                .query_async::<String>(&mut conn)
+                .await
+                .ok()
+        };
+        tokio::time::timeout(Duration::from_secs(2), ask)
+            .await
+            .ok()
+            .flatten()
+    }
+}
+
 /// The Sentinel service name of [`redis_sentinel`].
 pub const SENTINEL_SERVICE: &str = "dlock";
 

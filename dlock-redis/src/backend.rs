@@ -13,11 +13,12 @@ use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{FromRedisValue, IntoConnectionInfo, ProtocolVersion, PushInfo, RedisError};
 use tokio::time::Instant;
 
+use crate::conn::{Connection, Kind, PushConn, cluster_nodes};
 use crate::keys::{Keys, keys, lock_pattern, name_of, validate_prefix};
 use crate::notify::Notifications;
 use crate::scripts::{
-    ABANDON, ACQUIRE, EXTEND, EXTEND_MANY, FENCE_RETENTION_MS, HOLD, INSPECT, PLACE_HEARTBEATS,
-    RELEASE,
+    EXTEND, EXTEND_MANY, FENCE_RETENTION_MS, HOLD, INSPECT, PLACE_HEARTBEATS, QueueScripts,
+    SHARDED, SINGLE,
 };
 use crate::sentinel::{Sentinel, parse_url};
 
@@ -32,6 +33,12 @@ const NAME: &str = "redis";
 /// and asks again whenever a request fails for want of a primary (the
 /// connection drops, or the old primary answers `READONLY` as a replica),
 /// so it follows a failover.
+///
+/// With a `redis+cluster://` URL it talks to a Redis Cluster (7 or later):
+/// each lock's keys share one hash slot, scripts go to the slot's node,
+/// `MOVED` and `ASK` redirections are followed, and wake-ups travel on
+/// sharded channels (`SPUBLISH`), so a release message stays on the node
+/// that holds the lock. [`Backend::list`] is not supported there.
 #[derive(Clone)]
 pub struct RedisBackend {
     inner: Arc<Inner>,
@@ -39,7 +46,9 @@ pub struct RedisBackend {
 
 struct Inner {
     /// Replaced when Sentinel names a new primary.
-    conn: RwLock<ConnectionManager>,
+    conn: RwLock<Connection>,
+    /// Redis Cluster: sharded wake-up channels, one per waiting lock.
+    cluster: bool,
     sentinel: Option<Sentinel>,
     /// Connection settings, for connections to a new primary.
     config: ConnectionManagerConfig,
@@ -180,6 +189,9 @@ impl RedisBuilder {
                 ),
             ));
         }
+        if let Some(nodes) = cluster_nodes(&self.url)? {
+            return self.connect_cluster(nodes).await;
+        }
         let sentinel = parse_url(&self.url)?
             .map(|url| Sentinel::new(&url, self.connection_timeout))
             .transpose()?;
@@ -200,11 +212,25 @@ impl RedisBuilder {
         if let Some(sentinel) = &sentinel {
             sentinel.switch_to(info.addr());
         }
+        self.backend(conn, push_conn, sentinel, false, tx, rx, config)
+    }
+
+    fn backend(
+        self,
+        conn: Connection,
+        push_conn: PushConn,
+        sentinel: Option<Sentinel>,
+        cluster: bool,
+        tx: tokio::sync::mpsc::UnboundedSender<PushInfo>,
+        rx: tokio::sync::mpsc::UnboundedReceiver<PushInfo>,
+        config: ConnectionManagerConfig,
+    ) -> Result<RedisBackend> {
         let mut client_id = OwnerToken::random()?.to_string();
         client_id.truncate(16);
         Ok(RedisBackend {
             inner: Arc::new(Inner {
                 conn: RwLock::new(conn),
+                cluster,
                 sentinel,
                 config,
                 pushes: tx,
@@ -220,13 +246,67 @@ impl RedisBuilder {
         })
     }
 
+    /// Connects to a Redis Cluster through any of its nodes.
+    async fn connect_cluster(self, nodes: Vec<String>) -> Result<RedisBackend> {
+        if self.durable.is_some() {
+            return Err(Error::invalid_option(
+                "durable_grants",
+                "not supported on Redis Cluster yet (use Sentinel)",
+            ));
+        }
+        if self.tls_root.is_some() {
+            return Err(Error::invalid_option(
+                "tls_root_certificate",
+                "not supported on Redis Cluster yet",
+            ));
+        }
+        let builder = || {
+            redis::cluster::ClusterClientBuilder::new(nodes.clone())
+                .connection_timeout(self.connection_timeout)
+                .response_timeout(self.response_timeout)
+                .retries(2)
+        };
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        let client = builder().build().map_err(|e| bad_url(&e))?;
+        let push_client = builder()
+            .use_protocol(ProtocolVersion::RESP3)
+            .push_sender(tx.clone())
+            .build()
+            .map_err(|e| bad_url(&e))?;
+        // The client tries its seeds in turn; bound the whole walk.
+        let bound = self.connection_timeout * 2 + self.response_timeout;
+        let connect = |client: redis::cluster::ClusterClient, doing: &'static str| async move {
+            match tokio::time::timeout(bound, client.get_async_connection()).await {
+                Ok(Ok(conn)) => Ok(conn),
+                Ok(Err(e)) => Err(redis_error(e, doing)),
+                Err(_) => Err(Error::connection(
+                    NAME,
+                    doing,
+                    std::io::Error::from(std::io::ErrorKind::TimedOut),
+                )),
+            }
+        };
+        let conn = connect(client, "connect to the cluster").await?;
+        let push_conn = connect(push_client, "connect to the cluster for notifications").await?;
+        let config = ConnectionManagerConfig::new();
+        self.backend(
+            Connection(Kind::Cluster(conn)),
+            PushConn::Cluster(push_conn),
+            None,
+            true,
+            tx,
+            rx,
+            config,
+        )
+    }
+
     /// Opens the command connection and the RESP3 one for notifications.
     async fn open(
         &self,
         info: redis::ConnectionInfo,
         config: &ConnectionManagerConfig,
         pushes: &tokio::sync::mpsc::UnboundedSender<PushInfo>,
-    ) -> Result<(ConnectionManager, ConnectionManager)> {
+    ) -> Result<(Connection, PushConn)> {
         let settings = info
             .redis_settings()
             .clone()
@@ -246,7 +326,7 @@ impl RedisBuilder {
         )
         .await
         .map_err(|e| redis_error(e, "connect for notifications"))?;
-        Ok((conn, push_conn))
+        Ok((Connection(Kind::Single(conn)), PushConn::Single(push_conn)))
     }
 }
 
@@ -359,7 +439,7 @@ impl RedisBackend {
     }
 
     /// The command connection, for callers that want to look at the keys.
-    pub fn connection(&self) -> ConnectionManager {
+    pub fn connection(&self) -> Connection {
         self.inner
             .conn
             .read()
@@ -468,6 +548,15 @@ impl RedisBackend {
         self.inner.notifications.channels()
     }
 
+    /// The scripts that wake waiters, as this deployment needs them.
+    fn queue_scripts(&self) -> &'static QueueScripts {
+        if self.inner.cluster {
+            &SHARDED
+        } else {
+            &SINGLE
+        }
+    }
+
     fn keys(&self, name: &str) -> Keys {
         keys(&self.inner.prefix, name)
     }
@@ -491,7 +580,8 @@ impl RedisBackend {
             let (backend, name, ttl) = (self.clone(), name.to_owned(), opts.ttl_value());
             UndoOnDrop::new(async move { backend.undo(&name, owner, ttl).await })
         };
-        let mut invocation = ACQUIRE.prepare_invoke();
+        let acquire = &self.queue_scripts().acquire;
+        let mut invocation = acquire.prepare_invoke();
         invocation
             .key(&keys.lock)
             .key(&keys.fence)
@@ -503,7 +593,7 @@ impl RedisBackend {
             invocation.arg(waiter).arg(millis(self.place_lifetime()));
         }
         let (reply, confirmed) = self
-            .run::<(i64, String)>(&invocation, &ACQUIRE, true, "acquire")
+            .run::<(i64, String)>(&invocation, acquire, true, "acquire")
             .await?;
         if reply.0 == 1 && !confirmed {
             // Granted on the primary only: the armed undo releases it.
@@ -542,9 +632,13 @@ impl RedisBackend {
         // first attempt queues at once, unless the wait is too short to
         // be worth a place (a place left behind would hold the queue up
         // until it is given back).
+        //
+        // On a cluster each lock has its own channel per client, in the
+        // lock's slot: it is subscribed for the wait only.
         let worth_queueing =
             deadline.cap(self.inner.response_timeout) >= self.inner.response_timeout;
-        if !notifications.is_kept() || !worth_queueing {
+        let cluster = self.inner.cluster;
+        if cluster || !notifications.is_kept() || !worth_queueing {
             match self.attempt(name, &keys, opts, "").await {
                 Ok(Attempt::Acquired(lease)) => return Ok(lease),
                 Ok(Attempt::Held { .. }) => {}
@@ -555,10 +649,16 @@ impl RedisBackend {
                 return Err(deadline.timeout_error(name));
             }
         }
-        let channel = format!("{}{}", self.inner.wake_prefix, self.inner.client_id);
         // Without a subscription, a place at the head would never hear its
         // wake-up: poll without one instead.
-        let subscribed = notifications.keep(&channel).await;
+        let (_interest, subscribed) = if cluster {
+            let channel = format!("{}:wake:{}", keys.lock, self.inner.client_id);
+            let (interest, subscribed) = notifications.interest(&channel).await;
+            (Some(interest), subscribed)
+        } else {
+            let channel = format!("{}{}", self.inner.wake_prefix, self.inner.client_id);
+            (None, notifications.keep(&channel).await)
+        };
         let waiter = if subscribed {
             format!("{}{}", OwnerToken::random()?, self.inner.client_id)
         } else {
@@ -594,7 +694,8 @@ impl RedisBackend {
     async fn abandon(&self, name: &str, waiter: &str) {
         let keys = self.keys(name);
         let left = retry_for(self.inner.response_timeout * 2, || async {
-            ABANDON
+            self.queue_scripts()
+                .abandon
                 .key(&keys.lock)
                 .key(&keys.queue)
                 .key(&keys.queue_expiry)
@@ -615,7 +716,7 @@ impl RedisBackend {
         keys: &'a Keys,
         owner: OwnerToken,
     ) -> redis::ScriptInvocation<'a> {
-        let mut invocation = RELEASE.prepare_invoke();
+        let mut invocation = self.queue_scripts().release.prepare_invoke();
         invocation
             .key(&keys.lock)
             .key(&keys.queue)
@@ -638,6 +739,70 @@ impl RedisBackend {
         .await;
         tracing::debug!(name, ?released, "undid an acquire of unknown outcome");
     }
+
+    /// `extend_many` on a cluster: a script may touch one slot only, so one
+    /// `EXTEND_MANY` per slot, all in flight at once (the cluster
+    /// connection pipelines those bound for one node).
+    async fn extend_by_slot(&self, leases: &mut [Lease]) -> Result<Vec<bool>> {
+        let mut by_slot: std::collections::HashMap<u16, Vec<usize>> = Default::default();
+        for (i, lease) in leases.iter().enumerate() {
+            by_slot.entry(slot(lease.name())).or_default().push(i);
+        }
+        let sent = Instant::now();
+        let groups: Vec<Vec<usize>> = by_slot.into_values().collect();
+        let replies = futures_util::future::join_all(groups.iter().map(|group| {
+            let mut invocation = EXTEND_MANY.prepare_invoke();
+            invocation.arg(FENCE_RETENTION_MS);
+            for &i in group {
+                let keys = self.keys(leases[i].name());
+                invocation.key(keys.lock).key(keys.fence);
+                invocation
+                    .arg(leases[i].owner().to_string())
+                    .arg(millis(leases[i].ttl().unwrap_or_default()));
+            }
+            async move {
+                invocation
+                    .invoke_async::<Vec<i64>>(&mut self.connection())
+                    .await
+            }
+        }))
+        .await;
+        let mut held = vec![false; leases.len()];
+        let mut failure = None;
+        for (group, reply) in groups.iter().zip(replies) {
+            match reply {
+                Ok(reply) if reply.len() == group.len() => {
+                    for (&i, h) in group.iter().zip(reply) {
+                        held[i] = h == 1;
+                    }
+                }
+                Ok(reply) => return Err(malformed("extend_many", reply)),
+                Err(e) => failure = Some(self.fail(e, "extend")),
+            }
+        }
+        // One slot's node unreachable fails the batch, which the renewal
+        // retries; extensions that did land only moved deadlines forward.
+        if let Some(e) = failure {
+            return Err(e);
+        }
+        for (lease, &held) in leases.iter_mut().zip(&held) {
+            if held {
+                lease.extended(sent);
+            }
+        }
+        Ok(held)
+    }
+}
+
+/// The cluster hash slot of a lock's keys: CRC16 of the hash tag, which
+/// is the escaped name.
+fn slot(name: &str) -> u16 {
+    let lock = keys("", name).lock;
+    let tag = lock
+        .strip_prefix(":{")
+        .and_then(|rest| rest.strip_suffix('}'))
+        .unwrap_or(&lock);
+    crc16::State::<crc16::XMODEM>::calculate(tag.as_bytes()) % 16384
 }
 
 #[async_trait]
@@ -751,6 +916,9 @@ impl Backend for RedisBackend {
     }
 
     async fn extend_many(&self, leases: &mut [Lease]) -> Result<Vec<bool>> {
+        if self.inner.cluster {
+            return self.extend_by_slot(leases).await;
+        }
         // One script run for the batch: on a single server, keys of many
         // slots may meet in one script.
         let mut invocation = EXTEND_MANY.prepare_invoke();
@@ -785,6 +953,14 @@ impl Backend for RedisBackend {
     }
 
     async fn list(&self, prefix: &str, cursor: Option<&str>, limit: usize) -> Result<LockPage> {
+        if self.inner.cluster {
+            // SCAN walks one node; a cluster-wide walk needs a cursor per
+            // primary.
+            return Err(Error::Unsupported {
+                backend: NAME,
+                operation: "list on Redis Cluster",
+            });
+        }
         let mut scan: u64 = match cursor {
             None => 0,
             Some(c) => c
@@ -885,6 +1061,15 @@ impl Backend for RedisBackend {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn slots_are_redis_cluster_slots() {
+        // The example of the cluster specification.
+        assert_eq!(slot("123456789"), 12739);
+        // Escaped like the keys: `}` cannot end the tag early.
+        assert_eq!(slot("a}b"), slot("a}b"));
+        assert_ne!(slot("a}b"), slot("a"));
+    }
 
     #[test]
     fn transient_server_states_are_retryable() {

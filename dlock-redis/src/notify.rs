@@ -6,10 +6,10 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use dlock_core::wait::{Backoff, Wakeups};
-use redis::aio::ConnectionManager;
 use redis::{PushInfo, PushKind, RedisResult, Value};
 use tokio::sync::{mpsc, oneshot};
 
+use crate::conn::PushConn;
 use crate::keys::name_of;
 
 enum Command {
@@ -26,7 +26,7 @@ enum Command {
 /// A connection to a new primary, until the subscriber takes it up. Not
 /// in the command itself: a subscriber retrying a dead connection looks
 /// here between tries.
-type MovedTo = Arc<Mutex<Option<ConnectionManager>>>;
+type MovedTo = Arc<Mutex<Option<PushConn>>>;
 
 type Interests = Arc<Mutex<HashMap<String, usize>>>;
 
@@ -45,7 +45,7 @@ impl Notifications {
     /// Starts the tasks: one applies (un)subscriptions in order, one turns
     /// release messages into wake-ups. Both end when the backend is dropped.
     pub fn start(
-        conn: ConnectionManager,
+        conn: PushConn,
         mut pushes: mpsc::UnboundedReceiver<PushInfo>,
         prefix: String,
     ) -> Self {
@@ -69,7 +69,7 @@ impl Notifications {
             while let Some(push) = pushes.recv().await {
                 match push.kind {
                     // A wake-up carries the lock's key.
-                    PushKind::Message => {
+                    PushKind::Message | PushKind::SMessage => {
                         if let [_, Value::BulkString(key)] = push.data.as_slice()
                             && let Some(name) = name_of(&prefix, &String::from_utf8_lossy(key))
                         {
@@ -164,7 +164,7 @@ impl Notifications {
     }
 
     /// Moves the subscriptions to a new connection (a new primary).
-    pub fn reconnect(&self, conn: ConnectionManager) {
+    pub fn reconnect(&self, conn: PushConn) {
         *self.moved_to.lock().unwrap_or_else(PoisonError::into_inner) = Some(conn);
         let _ = self.commands.send(Command::Reconnect);
     }
@@ -185,7 +185,7 @@ impl Notifications {
 
 /// Applies (un)subscriptions in the order they were asked for.
 async fn subscriber(
-    mut conn: ConnectionManager,
+    mut conn: PushConn,
     mut rx: mpsc::UnboundedReceiver<Command>,
     interest: Interests,
     wakeups: Arc<Wakeups>,
@@ -202,7 +202,7 @@ async fn subscriber(
             // Subscribing twice is harmless, and the reply tells the
             // waiter that releases from now on will reach it.
             Command::Subscribe(channel, ack) => {
-                let _ = ack.send(conn.subscribe(&channel).await);
+                let _ = ack.send(conn.subscribe(std::slice::from_ref(&channel)).await);
             }
             Command::Unsubscribe(channel) => {
                 if !wanted(&channel)
@@ -221,7 +221,7 @@ async fn subscriber(
 /// Subscribes to every wanted channel again, then lets every waiter look
 /// again for releases it missed.
 async fn resubscribe(
-    conn: &mut ConnectionManager,
+    conn: &mut PushConn,
     interest: &Interests,
     wakeups: &Wakeups,
     moved_to: &MovedTo,

@@ -58,7 +58,12 @@ local function keep(key, ms)
     redis.call('PEXPIRE', key, ms)
   end
 end
--- The prefix is what precedes the hash tag (prefixes have no braces).
+";
+
+/// How a waiter's client is woken on one server: on its one channel,
+/// `<prefix>:wake:<client id>`. The prefix is what precedes the hash tag
+/// (prefixes have no braces).
+const WAKE: &str = r"
 local function wake(waiter)
   if waiter then
     local prefix = string.match(KEYS[1], '^(.-):{')
@@ -67,9 +72,44 @@ local function wake(waiter)
 end
 ";
 
-fn with_queue(body: &str) -> Script {
-    Script::new(&format!("{QUEUE}{body}"))
+/// How a waiter's client is woken on a cluster: a sharded channel per lock
+/// and client, `<lock key>:wake:<client id>`, in the lock's slot, so the
+/// message stays on the node that holds the lock.
+const WAKE_SHARDED: &str = r"
+local function wake(waiter)
+  if waiter then
+    redis.call('SPUBLISH', KEYS[1] .. ':wake:' .. string.sub(waiter, 33), KEYS[1])
+  end
+end
+";
+
+fn with_queue(body: &str, wake: &str) -> Script {
+    Script::new(&format!("{QUEUE}{wake}{body}"))
 }
+
+/// The scripts that wake waiters, in the flavour of one deployment.
+pub(crate) struct QueueScripts {
+    pub acquire: Script,
+    pub release: Script,
+    pub abandon: Script,
+}
+
+impl QueueScripts {
+    fn new(wake: &str) -> Self {
+        QueueScripts {
+            acquire: with_queue(&ACQUIRE_BODY, wake),
+            release: with_queue(RELEASE_BODY, wake),
+            abandon: with_queue(ABANDON_BODY, wake),
+        }
+    }
+}
+
+/// For one server (or Sentinel's primary).
+pub(crate) static SINGLE: LazyLock<QueueScripts> = LazyLock::new(|| QueueScripts::new(WAKE));
+
+/// For Redis Cluster: sharded pub/sub.
+pub(crate) static SHARDED: LazyLock<QueueScripts> =
+    LazyLock::new(|| QueueScripts::new(WAKE_SHARDED));
 
 /// KEYS: lock, fence, queue, queue expiry. ARGV: owner token, TTL in ms,
 /// and to queue when held: waiter, place lifetime in ms.
@@ -78,8 +118,8 @@ fn with_queue(body: &str) -> Script {
 ///
 /// A free lock goes to the head of the queue, or to anyone when nobody
 /// waits; a waiter not granted joins the queue (once) and renews its place.
-pub(crate) static ACQUIRE: LazyLock<Script> = LazyLock::new(|| {
-    with_queue(&format!(
+static ACQUIRE_BODY: LazyLock<String> = LazyLock::new(|| {
+    format!(
         r"
 local me = ARGV[3] or ''
 local first = head(KEYS[3], KEYS[4])
@@ -110,32 +150,26 @@ if pttl == -2 and first ~= me then
 end
 return {{0, tostring(pttl)}}
 "
-    ))
+    )
 });
 
 /// KEYS: lock, queue, queue expiry. ARGV: owner token.
 /// Returns 1 when released, 0 when the caller was not the holder.
 /// Wakes the head of the queue only: one message per release, however many
 /// wait.
-pub(crate) static RELEASE: LazyLock<Script> = LazyLock::new(|| {
-    with_queue(
-        r"
+const RELEASE_BODY: &str = r"
 if redis.call('GET', KEYS[1]) == ARGV[1] then
   redis.call('DEL', KEYS[1])
   wake(head(KEYS[2], KEYS[3]))
   return 1
 end
 return 0
-",
-    )
-});
+";
 
 /// KEYS: lock, queue, queue expiry. ARGV: waiter.
 /// A waiter gives up its place; if it was first and the lock is free, the
 /// next one is woken.
-pub(crate) static ABANDON: LazyLock<Script> = LazyLock::new(|| {
-    with_queue(
-        r"
+const ABANDON_BODY: &str = r"
 local first = head(KEYS[2], KEYS[3])
 redis.call('ZREM', KEYS[2], ARGV[1])
 redis.call('ZREM', KEYS[3], ARGV[1])
@@ -143,9 +177,7 @@ if first == ARGV[1] and redis.call('EXISTS', KEYS[1]) == 0 then
   wake(head(KEYS[2], KEYS[3]))
 end
 return 1
-",
-    )
-});
+";
 
 /// KEYS: lock, fence. ARGV: owner token, TTL in ms, fence retention in ms.
 /// Returns 1 when extended, 0 when the caller was not the holder.

@@ -1,0 +1,143 @@
+//! The two kinds of deployment a backend talks to: one server (given by
+//! URL or found through Sentinel) or a Redis Cluster.
+
+use redis::aio::{ConnectionLike, ConnectionManager};
+use redis::cluster_async::ClusterConnection;
+use redis::{Cmd, Pipeline, RedisFuture, RedisResult, Value};
+
+/// The command connection of a [`RedisBackend`](crate::RedisBackend), to
+/// run commands of one's own with the redis crate (`query_async`). Cheap to
+/// clone; clones share the connection.
+#[derive(Clone)]
+pub struct Connection(pub(crate) Kind);
+
+#[derive(Clone)]
+pub(crate) enum Kind {
+    Single(ConnectionManager),
+    Cluster(ClusterConnection),
+}
+
+impl ConnectionLike for Connection {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        match &mut self.0 {
+            Kind::Single(c) => c.req_packed_command(cmd),
+            Kind::Cluster(c) => c.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        match &mut self.0 {
+            Kind::Single(c) => c.req_packed_commands(pipeline, offset, count),
+            Kind::Cluster(c) => c.req_packed_commands(pipeline, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match &self.0 {
+            Kind::Single(c) => c.get_db(),
+            Kind::Cluster(c) => c.get_db(),
+        }
+    }
+}
+
+/// The RESP3 connection that release messages arrive on: plain channels on
+/// one server, sharded channels (`SSUBSCRIBE`) on a cluster, where each
+/// goes to the node of its slot.
+pub(crate) enum PushConn {
+    Single(ConnectionManager),
+    Cluster(ClusterConnection),
+}
+
+impl std::fmt::Debug for PushConn {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            PushConn::Single(_) => "PushConn::Single",
+            PushConn::Cluster(_) => "PushConn::Cluster",
+        })
+    }
+}
+
+impl PushConn {
+    pub async fn subscribe(&mut self, channels: &[String]) -> RedisResult<()> {
+        match self {
+            PushConn::Single(c) => c.subscribe(channels).await,
+            // One at a time: channels of different slots live on different
+            // nodes, and one command may not span slots.
+            PushConn::Cluster(c) => {
+                for channel in channels {
+                    c.ssubscribe(channel).await?;
+                }
+                Ok(())
+            }
+        }
+    }
+
+    pub async fn unsubscribe(&mut self, channel: &str) -> RedisResult<()> {
+        match self {
+            PushConn::Single(c) => c.unsubscribe(channel).await,
+            PushConn::Cluster(c) => c.sunsubscribe(channel).await,
+        }
+    }
+}
+
+/// The node URLs of a `redis+cluster://[user:password@]host[:port][,host[:port]…]`
+/// URL, `None` for other URLs. Any node of the cluster will do as a seed;
+/// the client learns the rest from it.
+pub(crate) fn cluster_nodes(url: &str) -> dlock_core::Result<Option<Vec<String>>> {
+    let Some(rest) = url.strip_prefix("redis+cluster://") else {
+        return Ok(None);
+    };
+    let rest = rest.trim_end_matches('/');
+    if rest.contains('/') {
+        return Err(dlock_core::Error::invalid_option(
+            "url",
+            "a cluster has one database: expected redis+cluster://[user:password@]host[:port][,host[:port]...]",
+        ));
+    }
+    let (credentials, hosts) = match rest.rsplit_once('@') {
+        Some((credentials, hosts)) => (format!("{credentials}@"), hosts),
+        None => (String::new(), rest),
+    };
+    hosts
+        .split(',')
+        .map(|host| {
+            if host.is_empty() {
+                return Err(dlock_core::Error::invalid_option("url", "empty host"));
+            }
+            let has_port = match host.rsplit_once(':') {
+                Some((name, _)) => !name.starts_with('[') || name.ends_with(']'),
+                None => false,
+            };
+            let port = if has_port { "" } else { ":6379" };
+            Ok(format!("redis://{credentials}{host}{port}"))
+        })
+        .collect::<dlock_core::Result<Vec<_>>>()
+        .map(Some)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cluster_urls() {
+        assert_eq!(
+            cluster_nodes("redis+cluster://u:p@a:1,b,[::1]:3/")
+                .unwrap()
+                .unwrap(),
+            vec![
+                "redis://u:p@a:1",
+                "redis://u:p@b:6379",
+                "redis://u:p@[::1]:3"
+            ]
+        );
+        assert!(cluster_nodes("redis://a").unwrap().is_none());
+        assert!(cluster_nodes("redis+cluster://a/0").is_err());
+        assert!(cluster_nodes("redis+cluster://a,,b").is_err());
+    }
+}
