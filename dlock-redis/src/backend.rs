@@ -212,7 +212,7 @@ impl RedisBuilder {
         if let Some(sentinel) = &sentinel {
             sentinel.switch_to(info.addr());
         }
-        self.backend(conn, push_conn, sentinel, false, tx, rx, config)
+        self.backend(conn, push_conn, sentinel, false, (tx, rx), config)
     }
 
     fn backend(
@@ -221,8 +221,7 @@ impl RedisBuilder {
         push_conn: PushConn,
         sentinel: Option<Sentinel>,
         cluster: bool,
-        tx: tokio::sync::mpsc::UnboundedSender<PushInfo>,
-        rx: tokio::sync::mpsc::UnboundedReceiver<PushInfo>,
+        (tx, rx): PushChannel,
         config: ConnectionManagerConfig,
     ) -> Result<RedisBackend> {
         let mut client_id = OwnerToken::random()?.to_string();
@@ -294,8 +293,7 @@ impl RedisBuilder {
             PushConn::Cluster(push_conn),
             None,
             true,
-            tx,
-            rx,
+            (tx, rx),
             config,
         )
     }
@@ -329,6 +327,12 @@ impl RedisBuilder {
         Ok((Connection(Kind::Single(conn)), PushConn::Single(push_conn)))
     }
 }
+
+/// Where the notification connection hands its messages over.
+type PushChannel = (
+    tokio::sync::mpsc::UnboundedSender<PushInfo>,
+    tokio::sync::mpsc::UnboundedReceiver<PushInfo>,
+);
 
 /// The longest a duration setting may be: beyond a day it is surely a
 /// mistake (and overflows the client library's arithmetic).

@@ -396,7 +396,7 @@ async fn zero_or_huge_durations_are_invalid_options() {
 }
 
 /// `(calls of PUBLISH, calls of EVALSHA)` the server has run so far.
-async fn command_counts(conn: &mut redis::aio::ConnectionManager) -> (u64, u64) {
+async fn command_counts(conn: &mut dlock_redis::Connection) -> (u64, u64) {
     let info: String = redis::cmd("INFO")
         .arg("commandstats")
         .query_async(conn)

@@ -36,6 +36,8 @@ pub use dlock_zk as zk;
 /// | scheme | driver | feature |
 /// |---|---|---|
 /// | `redis://`, `rediss://`, `redis+unix://` | Redis | `redis` (`redis-tls` for `rediss`) |
+/// | `redis+sentinel://host:port[,…]/service` | Redis behind Sentinel | `redis` |
+/// | `redis+cluster://host:port[,…]` | Redis Cluster | `redis` |
 /// | `mysql://`, `mariadb://` | MySQL / MariaDB (the lock table is created if missing) | `mysql` |
 /// | `zk://host:port[,host:port...][/chroot]` | ZooKeeper | `zookeeper` |
 /// | `memory://` | in-process, a fresh lock space per call | none |
@@ -64,7 +66,9 @@ pub async fn connect(url: &str) -> Result<Locker> {
     };
     match scheme.to_ascii_lowercase().as_str() {
         "memory" => Ok(Locker::new(MemoryBackend::new())),
-        "redis" | "rediss" | "redis+unix" => connect_redis(url).await,
+        "redis" | "rediss" | "redis+unix" | "redis+sentinel" | "redis+cluster" => {
+            connect_redis(url).await
+        }
         "mysql" | "mariadb" => connect_mysql(url).await,
         "zk" | "zookeeper" => connect_zk(url).await,
         other => Err(Error::invalid_option(

@@ -1,0 +1,209 @@
+//! Redis Cluster specifics: sharded wake-ups, names over every slot, and a
+//! primary killed while it holds a lock. One cluster per case, each on a
+//! network of its own.
+
+#![allow(clippy::unwrap_used)] // tests panic on purpose
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use dlock_conformance::cases::unique_name;
+use dlock_conformance::topology::{Topology, redis_cluster};
+use dlock_core::{Backend, LockOptions};
+use dlock_redis::RedisBackend;
+use tokio::sync::Mutex;
+use tokio::time::{Instant, sleep};
+
+/// One six-node cluster at a time.
+static ONE_AT_A_TIME: Mutex<()> = Mutex::const_new(());
+
+fn opts() -> LockOptions {
+    LockOptions::new().ttl(Duration::from_secs(60))
+}
+
+async fn client(cluster: &Topology) -> RedisBackend {
+    RedisBackend::builder(cluster.cluster_url())
+        // Polling alone would take seconds: only a wake-up is quick.
+        .max_poll_interval(Duration::from_secs(5))
+        .connect()
+        .await
+        .unwrap()
+}
+
+/// Which node serves each slot range, from `CLUSTER SLOTS` via node 0.
+async fn slot_owner(cluster: &Topology, key: &str) -> String {
+    let client = redis::Client::open(format!("redis://{}", cluster.node(0).addr())).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let slot: u16 = redis::cmd("CLUSTER")
+        .arg("KEYSLOT")
+        .arg(key)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let nodes = cluster.cluster_nodes(0).await.unwrap();
+    for line in nodes.lines() {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        if !fields.get(2).is_some_and(|f| f.contains("master")) {
+            continue;
+        }
+        for range in &fields[8..] {
+            let (lo, hi) = range.split_once('-').unwrap_or((range, range));
+            if let (Ok(lo), Ok(hi)) = (lo.parse::<u16>(), hi.parse::<u16>())
+                && (lo..=hi).contains(&slot)
+            {
+                return fields[1].split('@').next().unwrap().to_owned();
+            }
+        }
+    }
+    panic!("no primary serves slot {slot}: {nodes}");
+}
+
+fn index_of(cluster: &Topology, addr: &str) -> usize {
+    (0..cluster.nodes().len())
+        .find(|&i| cluster.node(i).addr() == addr)
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_wakes_the_waiter_on_a_sharded_channel() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let cluster = redis_cluster().await;
+    let (holder, waiter) = (client(&cluster).await, client(&cluster).await);
+    let name = unique_name("sharded-wake");
+    let lease = holder.try_acquire(&name, &opts()).await.unwrap().unwrap();
+    let waiting = tokio::spawn({
+        let (waiter, name) = (waiter.clone(), name.clone());
+        async move {
+            let lease = waiter
+                .acquire(&name, &opts().wait(Duration::from_secs(20)))
+                .await
+                .unwrap();
+            (Instant::now(), lease)
+        }
+    });
+    // Queued and subscribed, then past its first polls.
+    sleep(Duration::from_millis(600)).await;
+    let released = Instant::now();
+    holder.release(&lease).await.unwrap();
+    let (granted, next) = waiting.await.unwrap();
+    let handoff = granted - released;
+    eprintln!("cluster: hand-off on a sharded wake-up took {handoff:?}");
+    assert!(
+        handoff < Duration::from_millis(2500),
+        "the waiter polled (every 5 s) instead of hearing the release: {handoff:?}"
+    );
+    assert!(next.fencing_token() > lease.fencing_token());
+    assert_eq!(
+        waiter.subscribed_channels(),
+        0,
+        "the wait's channel is given up"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_thousand_names_spread_over_every_primary() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let cluster = redis_cluster().await;
+    let backend = client(&cluster).await;
+    let mut leases = Vec::new();
+    for i in 0..1000 {
+        let name = format!("{}-{i}", unique_name("spread"));
+        leases.push(backend.try_acquire(&name, &opts()).await.unwrap().unwrap());
+    }
+    // Every primary holds some of them.
+    let mut per_primary: HashMap<String, usize> = HashMap::new();
+    for node in cluster.nodes() {
+        let client = redis::Client::open(format!("redis://{}", node.addr())).unwrap();
+        let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+        let role: Vec<redis::Value> = redis::cmd("ROLE").query_async(&mut conn).await.unwrap();
+        if redis::from_redis_value_ref::<String>(&role[0]).unwrap() == "master" {
+            let keys: usize = redis::cmd("DBSIZE").query_async(&mut conn).await.unwrap();
+            per_primary.insert(node.addr(), keys);
+        }
+    }
+    assert_eq!(per_primary.len(), 3, "{per_primary:?}");
+    assert!(
+        per_primary.values().all(|&keys| keys > 100),
+        "{per_primary:?}"
+    );
+    let extended = backend.extend_many(&mut leases).await.unwrap();
+    assert!(extended.iter().all(|&e| e), "every lease extended");
+    for lease in &leases {
+        backend.release(lease).await.unwrap();
+    }
+    for lease in &leases[..10] {
+        assert!(backend.inspect(lease.name()).await.unwrap().is_none());
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn primary_killed_mid_hold_keeps_a_replicated_lock() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let cluster = redis_cluster().await;
+    let holder = client(&cluster).await;
+    let name = unique_name("cluster-kill");
+    let mut lease = holder.try_acquire(&name, &opts()).await.unwrap().unwrap();
+    let key = format!("dlock:{{{name}}}");
+    let primary = index_of(&cluster, &slot_owner(&cluster, &key).await);
+    // Held by the replica too before the primary dies (replication is
+    // asynchronous; the Sentinel tests show what happens otherwise).
+    let started = Instant::now();
+    loop {
+        let mut replicated = false;
+        for node in cluster.nodes() {
+            let client = redis::Client::open(format!("redis://{}", node.addr())).unwrap();
+            let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+            let _: () = redis::cmd("READONLY").query_async(&mut conn).await.unwrap();
+            let role: Vec<redis::Value> = redis::cmd("ROLE").query_async(&mut conn).await.unwrap();
+            let is_replica = redis::from_redis_value_ref::<String>(&role[0]).unwrap() == "slave";
+            let has: Result<Option<String>, _> =
+                redis::cmd("GET").arg(&key).query_async(&mut conn).await;
+            replicated |= is_replica && matches!(has, Ok(Some(_)));
+        }
+        if replicated {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "never replicated"
+        );
+        sleep(Duration::from_millis(50)).await;
+    }
+
+    let killed = Instant::now();
+    cluster.node(primary).kill().await;
+    let other = client(&cluster).await;
+    // Until the replica takes over, requests for the slot fail (retryable);
+    // at no point may the name be granted again.
+    let answered = loop {
+        match other.try_acquire(&name, &opts()).await {
+            Ok(None) => break killed.elapsed(),
+            Ok(Some(_)) => panic!("granted twice after the primary died"),
+            Err(e) => {
+                assert!(e.is_retryable(), "{e:?}");
+                assert!(
+                    killed.elapsed() < Duration::from_secs(60),
+                    "no failover: {e:?}"
+                );
+                sleep(Duration::from_millis(50)).await;
+            }
+        }
+    };
+    let extended = loop {
+        match holder.extend(&mut lease).await {
+            Ok(()) => break killed.elapsed(),
+            Err(e) => {
+                assert!(e.is_retryable(), "{e:?}");
+                assert!(killed.elapsed() < Duration::from_secs(60), "{e:?}");
+                sleep(Duration::from_millis(50)).await;
+            }
+        }
+    };
+    holder.release(&lease).await.unwrap();
+    let next = other.try_acquire(&name, &opts()).await.unwrap().unwrap();
+    assert!(next.fencing_token() > lease.fencing_token());
+    eprintln!(
+        "cluster: primary killed; the slot answered again after {answered:?} (still held), \
+         the holder extended after {extended:?}"
+    );
+}
