@@ -79,6 +79,7 @@ pub struct ZkBuilder {
     auth: Option<(String, String)>,
     tls_ca: Option<String>,
     keep_while_reconnecting: bool,
+    grace_override: Option<Duration>,
 }
 
 impl fmt::Debug for ZkBuilder {
@@ -152,9 +153,21 @@ impl ZkBuilder {
     /// after 8 ticks of its connection timeout / 8 (or session / 20 when
     /// the connection timeout exceeds 3/5 of the session), checked each
     /// tick.
+    /// A grace period of one's own instead of the computed one: only for
+    /// tests that show what a too-long grace period does.
+    #[doc(hidden)]
+    pub fn reconnect_grace_for_tests(mut self, grace: Duration) -> Self {
+        self.keep_while_reconnecting = true;
+        self.grace_override = Some(grace);
+        self
+    }
+
     fn reconnect_grace(&self, session: Duration) -> Duration {
         if !self.keep_while_reconnecting {
             return Duration::ZERO;
+        }
+        if let Some(grace) = self.grace_override {
+            return grace;
         }
         let tick = if self.connection_timeout > session * 3 / 5 {
             session / 20
@@ -385,6 +398,7 @@ impl ZkBackend {
             auth: None,
             tls_ca: None,
             keep_while_reconnecting: false,
+            grace_override: None,
         }
     }
 

@@ -225,26 +225,36 @@ async fn partitioned_minority_loses_before_the_majority_is_granted() {
     let majority: Vec<usize> = (0..3).filter(|&i| i != minority).collect();
     let strict = client(&ensemble, &[minority], false).await;
     let keeping = client(&ensemble, &[minority], true).await;
+    // The control: a grace period of a whole session from the disconnect,
+    // as a naive session policy would keep, outlives the takeover.
+    let naive = ZkBackend::builder(ensemble.connect_string(&[minority]))
+        .session_timeout(SESSION)
+        .connection_timeout(Duration::from_secs(1))
+        .reconnect_grace_for_tests(SESSION)
+        .connect()
+        .await
+        .unwrap();
     let waiter = client(&ensemble, &majority, false).await;
     let opts = LockOptions::new();
-    let (a, b) = (unique_name("part-a"), unique_name("part-b"));
+    let (a, b, c) = (
+        unique_name("part-a"),
+        unique_name("part-b"),
+        unique_name("part-c"),
+    );
     let strict_lease = strict.try_acquire(&a, &opts).await.unwrap().unwrap();
     let keeping_lease = keeping.try_acquire(&b, &opts).await.unwrap().unwrap();
+    let naive_lease = naive.try_acquire(&c, &opts).await.unwrap().unwrap();
     let (strict_lost, keeping_lost) = (lost_at(&strict_lease), lost_at(&keeping_lease));
+    let naive_lost = lost_at(&naive_lease);
 
     let cut = Instant::now();
     ensemble.node(minority).disconnect().await;
     let wait = LockOptions::new().wait(SESSION * 4);
-    let (granted_a, granted_b) = tokio::join!(
-        async {
-            let lease = waiter.acquire(&a, &wait).await.unwrap();
-            (Instant::now(), lease)
-        },
-        async {
-            let lease = waiter.acquire(&b, &wait).await.unwrap();
-            (Instant::now(), lease)
-        }
-    );
+    let granted = async |name: &str| {
+        let lease = waiter.acquire(name, &wait).await.unwrap();
+        (Instant::now(), lease)
+    };
+    let (granted_a, granted_b, granted_c) = tokio::join!(granted(&a), granted(&b), granted(&c));
     let strict_lost = timeout(Duration::from_secs(1), strict_lost)
         .await
         .unwrap()
@@ -270,4 +280,12 @@ async fn partitioned_minority_loses_before_the_majority_is_granted() {
     );
     assert!(granted_a.1.fencing_token() > strict_lease.fencing_token());
     assert!(granted_b.1.fencing_token() > keeping_lease.fencing_token());
+    let naive_lost = timeout(SESSION * 2, naive_lost).await.unwrap().unwrap();
+    assert!(
+        naive_lost > granted_c.0,
+        "the control: a grace of a whole session from the disconnect overlaps the next \
+         holder ({:?} vs {:?} after the cut), which this test must be able to see",
+        naive_lost - cut,
+        granted_c.0 - cut
+    );
 }
