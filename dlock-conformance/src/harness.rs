@@ -525,8 +525,7 @@ static NETWORKS: Mutex<Vec<String>> = Mutex::new(Vec::new());
 
 /// Remembers a network to remove at exit, after the containers.
 pub(crate) fn register_network_for_cleanup(name: &str) {
-    // The exit hook is installed with the first container, which every
-    // network gets right after it is made.
+    install_exit_hook();
     NETWORKS
         .lock()
         .unwrap_or_else(PoisonError::into_inner)
@@ -537,16 +536,23 @@ pub(crate) fn register_network_for_cleanup(name: &str) {
 /// the shared servers live in statics, which Rust never drops, and
 /// testcontainers has no reaper.
 pub(crate) fn register_for_cleanup(id: &str) {
-    let mut ids = CONTAINERS.lock().unwrap_or_else(PoisonError::into_inner);
-    if ids.is_empty() {
+    install_exit_hook();
+    CONTAINERS
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .push(id.to_owned());
+}
+
+fn install_exit_hook() {
+    static HOOK: std::sync::Once = std::sync::Once::new();
+    HOOK.call_once(|| {
         // SAFETY: `remove_containers` is a plain `extern "C" fn` with no
         // arguments, as atexit requires; registering it has no other effect.
         #[allow(unsafe_code)]
         unsafe {
             libc::atexit(remove_containers);
         }
-    }
-    ids.push(id.to_owned());
+    });
 }
 
 /// Removes containers left by test processes that were killed before their

@@ -46,43 +46,46 @@ impl Node {
 
     /// Kills the server at once (SIGKILL): no goodbye to clients or peers.
     pub async fn kill(&self) {
-        docker(&["kill", &self.name]);
+        docker_async(["kill", &self.name]).await;
     }
 
     /// Freezes the server: it keeps its connections but answers nothing.
     pub async fn pause(&self) {
-        docker(&["pause", &self.name]);
+        docker_async(["pause", &self.name]).await;
     }
 
     /// Thaws a paused server.
     pub async fn unpause(&self) {
-        docker(&["unpause", &self.name]);
+        docker_async(["unpause", &self.name]).await;
     }
 
     /// Drops everything this node sends to `other` (a blackhole route in
     /// its network namespace): `other` stops hearing from it, as behind a
     /// one-way partition, while both keep running. Redis nodes only.
     pub async fn stop_sending_to(&self, other: &Node) {
-        docker(&[
+        let target = format!("{}/32", other.ip);
+        docker_async([
             "exec",
             &self.name,
             "ip",
             "route",
             "add",
             "blackhole",
-            &format!("{}/32", other.ip),
-        ]);
+            &target,
+        ])
+        .await;
     }
 
     /// Cuts the server off the network: from its peers and from clients.
     pub async fn disconnect(&self) {
-        docker(&[
+        docker_async([
             "network",
             "disconnect",
             "--force",
             &self.network,
             &self.name,
-        ]);
+        ])
+        .await;
     }
 }
 
@@ -368,8 +371,13 @@ pub async fn redis_sentinel() -> Topology {
         for sentinel in &topology.nodes[2..] {
             wait_ready(Service::Redis, &format!("redis://{}", sentinel.addr())).await?;
         }
-        // The replica must be in sync before a test counts on it.
+        // The replica must be in sync, and every Sentinel must know the
+        // replica and the other Sentinels, before a test counts on a
+        // failover.
         wait_replica_synced(&topology.nodes[1].addr()).await?;
+        for sentinel in &topology.nodes[2..] {
+            wait_sentinel_ready(&sentinel.addr()).await?;
+        }
         Ok::<_, String>(topology)
     })
     .await
@@ -430,6 +438,34 @@ impl Topology {
             }
         }
         None
+    }
+}
+
+async fn wait_sentinel_ready(addr: &str) -> Result<(), String> {
+    let started = std::time::Instant::now();
+    loop {
+        let state = async {
+            let client = redis::Client::open(format!("redis://{addr}")).ok()?;
+            let mut conn = client.get_multiplexed_async_connection().await.ok()?;
+            redis::cmd("SENTINEL")
+                .arg("MASTER")
+                .arg(SENTINEL_SERVICE)
+                .query_async::<std::collections::HashMap<String, String>>(&mut conn)
+                .await
+                .ok()
+        };
+        if let Ok(Some(state)) = tokio::time::timeout(Duration::from_secs(2), state).await
+            && state.get("num-slaves").map(String::as_str) == Some("1")
+            && state.get("num-other-sentinels").map(String::as_str) == Some("2")
+        {
+            return Ok(());
+        }
+        if started.elapsed() > Duration::from_secs(60) {
+            return Err(format!(
+                "dlock harness: Sentinel {addr} did not find its peers in 60 s"
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
 
@@ -559,6 +595,20 @@ fn inspect_ip(name: &str, network: &str) -> Result<IpAddr, String> {
         .trim()
         .parse()
         .map_err(|e| format!("dlock harness: no address for {name} on {network}: {e}"))
+}
+
+/// [`docker`] off the async threads, so a test's timers and tasks keep
+/// running while the Docker CLI works.
+async fn docker_async<const N: usize>(args: [&str; N]) {
+    let args: Vec<String> = args.iter().map(|a| (*a).to_owned()).collect();
+    let ran = tokio::task::spawn_blocking(move || {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        docker(&args);
+    })
+    .await;
+    if let Err(e) = ran {
+        eprintln!("dlock harness: docker command did not finish: {e}");
+    }
 }
 
 /// Runs a docker command whose failure a test notices by itself (a node

@@ -145,7 +145,8 @@ impl RedisBuilder {
     /// stays asynchronous, a confirmed write can still be lost (a replica
     /// that acknowledged it may not be the one promoted, and without
     /// `appendfsync always` a restart loses it), and `WAIT` blocks this
-    /// client's shared connection until the replicas answer. Fencing tokens
+    /// client's shared connection until the replicas answer (with a replica
+    /// down, each durable request holds it for `timeout`). Fencing tokens
     /// are what protects a resource. With fewer than `replicas` replicas
     /// up, nothing can be granted. `timeout` must be below the response
     /// timeout.
@@ -236,7 +237,12 @@ impl RedisBuilder {
                 durable: self.durable,
                 wake_prefix: format!("{}:wake:", self.prefix),
                 client_id,
-                notifications: Notifications::start(push_conn, rx, self.prefix.clone()),
+                notifications: Notifications::start(
+                    push_conn,
+                    rx,
+                    self.prefix.clone(),
+                    self.response_timeout * 2,
+                ),
                 prefix: self.prefix.clone(),
                 max_poll: self.max_poll,
                 response_timeout: self.response_timeout,
@@ -328,6 +334,10 @@ impl RedisBuilder {
     }
 }
 
+/// How long one search for a new primary goes on; failed requests start
+/// another.
+const FOLLOW_FOR: Duration = Duration::from_secs(30);
+
 /// Where the notification connection hands its messages over.
 type PushChannel = (
     tokio::sync::mpsc::UnboundedSender<PushInfo>,
@@ -375,9 +385,14 @@ fn redis_error(e: RedisError, doing: &str) -> Error {
         return Error::backend(NAME, format!("{doing}: authentication failed"), e);
     }
     // The server is there but cannot serve this moment: loading its data,
-    // running a long script, a replica, or mid-failover.
+    // running a long script, a replica, or mid-failover. A pipeline's
+    // error carries its first failed command's code.
+    let code = e.code().map(str::to_owned).or_else(|| {
+        let errors = e.clone().into_server_errors()?;
+        errors.first().map(|(_, error)| error.code().to_owned())
+    });
     if matches!(
-        e.code(),
+        code.as_deref(),
         Some("LOADING" | "BUSY" | "READONLY" | "MASTERDOWN" | "TRYAGAIN" | "CLUSTERDOWN")
     ) {
         return Error::unavailable(NAME, doing, e);
@@ -477,11 +492,27 @@ impl RedisBackend {
         let Some(sentinel) = &self.inner.sentinel else {
             return;
         };
-        let found = match sentinel.lookup().await {
-            Ok(client) => client.get_connection_info().clone(),
-            Err(e) => {
-                tracing::debug!(error = %e, "no primary from Sentinel yet");
-                return;
+        // One at a time, from the lookup to the swap: a slower follower
+        // with an older answer must not undo a newer one.
+        let Some(_following) = sentinel.following() else {
+            return;
+        };
+        // Mid-failover the Sentinels may name no primary, or one that does
+        // not confirm its role yet: keep asking for a while, rather than
+        // wait for the next failed request to ask again.
+        let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_millis(500));
+        let asking = Instant::now();
+        let found = loop {
+            match sentinel.lookup().await {
+                Ok(client) => break client.get_connection_info().clone(),
+                Err(e) if asking.elapsed() < FOLLOW_FOR => {
+                    tracing::debug!(error = %e, "no primary from Sentinel yet");
+                    tokio::time::sleep(backoff.next_delay()).await;
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "no primary from Sentinel");
+                    return;
+                }
             }
         };
         if sentinel.primary().as_ref() == Some(found.addr()) {
@@ -512,6 +543,9 @@ impl RedisBackend {
     /// acknowledgement is asked for on the same connection right behind
     /// it; the flag says whether enough replicas acknowledged in time
     /// (always `true` otherwise).
+    ///
+    /// Bounded by the connection and response timeouts together: a request
+    /// may wait for the connection manager to reconnect before it is sent.
     async fn run<T: FromRedisValue>(
         &self,
         invocation: &redis::ScriptInvocation<'_>,
@@ -519,13 +553,29 @@ impl RedisBackend {
         confirm: bool,
         doing: &str,
     ) -> Result<(T, bool)> {
+        let bound = self.inner.builder.connection_timeout + self.inner.response_timeout;
+        match tokio::time::timeout(bound, self.run_unbounded(invocation, script, confirm)).await {
+            Ok(Ok(reply)) => Ok(reply),
+            Ok(Err(e)) => Err(self.fail(e, doing)),
+            Err(_) => Err(self.fail(
+                RedisError::from(std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    format!("no reply within {bound:?}"),
+                )),
+                doing,
+            )),
+        }
+    }
+
+    async fn run_unbounded<T: FromRedisValue>(
+        &self,
+        invocation: &redis::ScriptInvocation<'_>,
+        script: &redis::Script,
+        confirm: bool,
+    ) -> redis::RedisResult<(T, bool)> {
         let mut conn = self.connection();
         let Some((replicas, timeout)) = self.inner.durable.filter(|_| confirm) else {
-            let reply = invocation
-                .invoke_async(&mut conn)
-                .await
-                .map_err(|e| self.fail(e, doing))?;
-            return Ok((reply, true));
+            return Ok((invocation.invoke_async(&mut conn).await?, true));
         };
         let mut pipe = redis::pipe();
         pipe.invoke_script(invocation)
@@ -536,13 +586,10 @@ impl RedisBackend {
         if matches!(&reply, Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript))
         {
             // A new primary, or a flushed script cache: load it, once.
-            script
-                .load_async(&mut conn)
-                .await
-                .map_err(|e| self.fail(e, doing))?;
+            script.load_async(&mut conn).await?;
             reply = pipe.query_async(&mut conn).await;
         }
-        let (value, acked) = reply.map_err(|e| self.fail(e, doing))?;
+        let (value, acked) = reply?;
         Ok((value, acked >= replicas))
     }
 
@@ -697,16 +744,16 @@ impl RedisBackend {
     /// it was first and the lock is free.
     async fn abandon(&self, name: &str, waiter: &str) {
         let keys = self.keys(name);
+        let abandon = &self.queue_scripts().abandon;
+        let mut invocation = abandon.prepare_invoke();
+        invocation
+            .key(&keys.lock)
+            .key(&keys.queue)
+            .key(&keys.queue_expiry)
+            .arg(waiter);
         let left = retry_for(self.inner.response_timeout * 2, || async {
-            self.queue_scripts()
-                .abandon
-                .key(&keys.lock)
-                .key(&keys.queue)
-                .key(&keys.queue_expiry)
-                .arg(waiter)
-                .invoke_async::<i64>(&mut self.connection())
+            self.run::<i64>(&invocation, abandon, false, "leave the queue")
                 .await
-                .map_err(|e| self.fail(e, "leave the queue"))
         })
         .await;
         // Otherwise the place lapses by itself.
@@ -734,11 +781,11 @@ impl RedisBackend {
     /// Publishes like any release, so that waiters wake.
     async fn undo(&self, name: &str, owner: OwnerToken, ttl: Duration) {
         let keys = self.keys(name);
+        let invocation = self.release_script(&keys, owner);
+        let release = &self.queue_scripts().release;
         let released = retry_for(ttl, || async {
-            self.release_script(&keys, owner)
-                .invoke_async::<i64>(&mut self.connection())
+            self.run::<i64>(&invocation, release, false, "undo an acquire")
                 .await
-                .map_err(|e| self.fail(e, "undo an acquire"))
         })
         .await;
         tracing::debug!(name, ?released, "undid an acquire of unknown outcome");
@@ -765,9 +812,9 @@ impl RedisBackend {
                     .arg(millis(leases[i].ttl().unwrap_or_default()));
             }
             async move {
-                invocation
-                    .invoke_async::<Vec<i64>>(&mut self.connection())
+                self.run::<Vec<i64>>(&invocation, &EXTEND_MANY, false, "extend")
                     .await
+                    .map(|(held, _)| held)
             }
         }))
         .await;
@@ -778,23 +825,22 @@ impl RedisBackend {
                 Ok(reply) if reply.len() == group.len() => {
                     for (&i, h) in group.iter().zip(reply) {
                         held[i] = h == 1;
+                        if held[i] {
+                            leases[i].extended(sent);
+                        }
                     }
                 }
-                Ok(reply) => return Err(malformed("extend_many", reply)),
-                Err(e) => failure = Some(self.fail(e, "extend")),
+                Ok(reply) => failure = Some(malformed("extend_many", reply)),
+                Err(e) => failure = Some(e),
             }
         }
         // One slot's node unreachable fails the batch, which the renewal
-        // retries; extensions that did land only moved deadlines forward.
-        if let Some(e) = failure {
-            return Err(e);
+        // retries; the slots that answered have their leases extended
+        // already, so a shard down does not cost the others theirs.
+        match failure {
+            Some(e) => Err(e),
+            None => Ok(held),
         }
-        for (lease, &held) in leases.iter_mut().zip(&held) {
-            if held {
-                lease.extended(sent);
-            }
-        }
-        Ok(held)
     }
 }
 
@@ -848,11 +894,14 @@ impl Backend for RedisBackend {
     }
     async fn release(&self, lease: &Lease) -> Result<()> {
         let keys = self.keys(lease.name());
-        let released: i64 = self
-            .release_script(&keys, lease.owner())
-            .invoke_async(&mut self.connection())
-            .await
-            .map_err(|e| self.fail(e, "release"))?;
+        let (released, _) = self
+            .run::<i64>(
+                &self.release_script(&keys, lease.owner()),
+                &self.queue_scripts().release,
+                false,
+                "release",
+            )
+            .await?;
         if released != 1 {
             return Err(Error::NotHeld {
                 name: lease.name().to_owned(),
@@ -1038,12 +1087,11 @@ impl Backend for RedisBackend {
     async fn inspect(&self, name: &str) -> Result<Option<LockInfo>> {
         validate_name(name)?;
         let keys = self.keys(name);
-        let reply: Vec<String> = INSPECT
-            .key(&keys.lock)
-            .key(&keys.fence)
-            .invoke_async(&mut self.connection())
-            .await
-            .map_err(|e| self.fail(e, "inspect"))?;
+        let mut invocation = INSPECT.prepare_invoke();
+        invocation.key(&keys.lock).key(&keys.fence);
+        let (reply, _) = self
+            .run::<Vec<String>>(&invocation, &INSPECT, false, "inspect")
+            .await?;
         let [owner, pttl, fence] = reply.as_slice() else {
             return if reply.is_empty() {
                 Ok(None)
@@ -1070,9 +1118,11 @@ mod tests {
     fn slots_are_redis_cluster_slots() {
         // The example of the cluster specification.
         assert_eq!(slot("123456789"), 12739);
-        // Escaped like the keys: `}` cannot end the tag early.
-        assert_eq!(slot("a}b"), slot("a}b"));
-        assert_ne!(slot("a}b"), slot("a"));
+        // Escaped like the keys: `}` cannot end the tag early, so `a}b`
+        // hashes as `a%7Db`, not as `a`.
+        let crc = |tag: &str| crc16::State::<crc16::XMODEM>::calculate(tag.as_bytes()) % 16384;
+        assert_eq!(slot("a}b"), crc("a%7Db"));
+        assert_ne!(slot("a}b"), crc("a"));
     }
 
     #[test]

@@ -77,6 +77,26 @@ impl PushConn {
         }
     }
 
+    /// Subscribes to each channel; returns those that failed. On a
+    /// cluster one node down fails only its own slots' channels.
+    pub async fn subscribe_each(&mut self, channels: &[String]) -> Vec<String> {
+        match self {
+            PushConn::Single(c) => match c.subscribe(channels).await {
+                Ok(()) => Vec::new(),
+                Err(_) => channels.to_vec(),
+            },
+            PushConn::Cluster(c) => {
+                let mut failed = Vec::new();
+                for channel in channels {
+                    if c.ssubscribe(channel).await.is_err() {
+                        failed.push(channel.clone());
+                    }
+                }
+                failed
+            }
+        }
+    }
+
     pub async fn unsubscribe(&mut self, channel: &str) -> RedisResult<()> {
         match self {
             PushConn::Single(c) => c.unsubscribe(channel).await,

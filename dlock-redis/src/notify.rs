@@ -39,6 +39,10 @@ pub(crate) struct Notifications {
     /// Set once a channel is kept for good ([`Notifications::keep`]).
     kept: tokio::sync::OnceCell<()>,
     moved_to: MovedTo,
+    /// How long a waiter waits for its subscription before it polls
+    /// without one: the subscriber may be busy resubscribing to a node
+    /// that is down.
+    ack_timeout: Duration,
 }
 
 impl Notifications {
@@ -48,6 +52,7 @@ impl Notifications {
         conn: PushConn,
         mut pushes: mpsc::UnboundedReceiver<PushInfo>,
         prefix: String,
+        ack_timeout: Duration,
     ) -> Self {
         let wakeups = Arc::new(Wakeups::new());
         let interest: Interests = Arc::default();
@@ -96,6 +101,7 @@ impl Notifications {
             commands,
             kept: tokio::sync::OnceCell::new(),
             moved_to,
+            ack_timeout,
         }
     }
 
@@ -123,7 +129,11 @@ impl Notifications {
             .is_ok();
         // Without a subscription the wait loop still polls, bounded by the
         // holder's TTL, so a failure here slows waiters but breaks nothing.
-        let subscribed = match done.await {
+        let Ok(done) = tokio::time::timeout(self.ack_timeout, done).await else {
+            tracing::warn!(%channel, "no subscription in time; polling");
+            return (interest, false);
+        };
+        let subscribed = match done {
             Ok(Ok(())) => true,
             Ok(Err(e)) => {
                 tracing::warn!(%channel, error = %e, "subscribe failed; polling");
@@ -228,6 +238,15 @@ async fn resubscribe(
 ) {
     // Short steps: waiters wait on this to hear of releases.
     let mut backoff = Backoff::new(Duration::from_millis(20), Duration::from_millis(250));
+    let wanted = || -> Vec<String> {
+        interest
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .keys()
+            .cloned()
+            .collect()
+    };
+    let mut pending = wanted();
     loop {
         if let Some(new) = moved_to
             .lock()
@@ -235,22 +254,18 @@ async fn resubscribe(
             .take()
         {
             *conn = new;
+            pending = wanted();
         }
-        let channels: Vec<String> = interest
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .keys()
-            .cloned()
-            .collect();
-        if channels.is_empty() {
+        // Channels no longer wanted need no retry.
+        let still = wanted();
+        pending.retain(|c| still.contains(c));
+        if pending.is_empty() {
             break;
         }
-        match conn.subscribe(&channels).await {
-            Ok(()) => break,
-            Err(e) => {
-                tracing::debug!(error = %e, "resubscribing failed; retrying");
-                tokio::time::sleep(backoff.next_delay()).await;
-            }
+        pending = conn.subscribe_each(&pending).await;
+        if !pending.is_empty() {
+            tracing::debug!(left = pending.len(), "resubscribing failed; retrying");
+            tokio::time::sleep(backoff.next_delay()).await;
         }
     }
     // Subscribed again: whatever was released in the gap is found by

@@ -133,6 +133,11 @@ if (not first or first == me) and redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX'
   redis.call('SET', KEYS[2], fence, 'PX', {FENCE_RETENTION_MS})
   return {{1, fence}}
 end
+-- A replayed request (the cluster client sends a request again when its
+-- connection failed, and the first may have run) finds its own grant.
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  return {{1, redis.call('GET', KEYS[2]) or '0'}}
+end
 if me ~= '' then
   local us = now_us()
   if not redis.call('ZSCORE', KEYS[3], me) then

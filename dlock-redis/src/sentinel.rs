@@ -57,8 +57,9 @@ pub(crate) fn parse_url(url: &str) -> Result<Option<SentinelUrl>> {
     };
     let mut sentinels = Vec::new();
     for host in hosts.split(',') {
+        // `[::1]` has no port, `[::1]:3` and `a:3` have one.
         let (name, port) = match host.rsplit_once(':') {
-            Some((name, port)) if !name.ends_with(']') || name.starts_with('[') => (
+            Some((name, port)) if !name.starts_with('[') || name.ends_with(']') => (
                 name,
                 port.parse()
                     .map_err(|_| bad(&format!("bad port in {host:?}")))?,
@@ -104,6 +105,8 @@ pub(crate) struct Sentinel {
     /// The primary the connections go to now.
     primary: Mutex<Option<ConnectionAddr>>,
     last_lookup: Mutex<Option<Instant>>,
+    /// Held from a lookup to the switch it leads to.
+    following: tokio::sync::Mutex<()>,
     timeout: Duration,
 }
 
@@ -137,7 +140,10 @@ impl Sentinel {
             client: tokio::sync::Mutex::new(client),
             primary: Mutex::new(None),
             last_lookup: Mutex::new(None),
-            timeout,
+            following: tokio::sync::Mutex::new(()),
+            // The client checks a named primary's role with its own 1 s
+            // connect bound, Sentinel by Sentinel: leave room for one.
+            timeout: timeout.max(Duration::from_secs(1)) + Duration::from_secs(1),
         })
     }
 
@@ -168,7 +174,12 @@ impl Sentinel {
             .last_lookup
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
-        self.client.try_lock().is_ok() && last.is_none_or(|at| at.elapsed() >= LOOKUP_INTERVAL)
+        self.following.try_lock().is_ok() && last.is_none_or(|at| at.elapsed() >= LOOKUP_INTERVAL)
+    }
+
+    /// The right to look up and switch, if no one else has it now.
+    pub fn following(&self) -> Option<tokio::sync::MutexGuard<'_, ()>> {
+        self.following.try_lock().ok()
     }
 
     /// Records `addr` as the primary; returns whether it changed.
@@ -207,6 +218,8 @@ mod tests {
                 ("::1".to_owned(), 3)
             ]
         );
+        let u = parse_url("redis+sentinel://[::1]/svc").unwrap().unwrap();
+        assert_eq!(u.sentinels, vec![("::1".to_owned(), SENTINEL_PORT)]);
         assert_eq!((u.service.as_str(), u.db), ("svc", 2));
         let u = parse_url("redis+sentinel://me:p%40ss@h/svc")
             .unwrap()

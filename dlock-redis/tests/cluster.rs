@@ -22,12 +22,7 @@ fn opts() -> LockOptions {
 }
 
 async fn client(cluster: &Topology) -> RedisBackend {
-    RedisBackend::builder(cluster.cluster_url())
-        // Polling alone would take seconds: only a wake-up is quick.
-        .max_poll_interval(Duration::from_secs(5))
-        .connect()
-        .await
-        .unwrap()
+    RedisBackend::connect(&cluster.cluster_url()).await.unwrap()
 }
 
 /// Which node serves each slot range, from `CLUSTER SLOTS` via node 0.
@@ -64,12 +59,30 @@ fn index_of(cluster: &Topology, addr: &str) -> usize {
         .unwrap()
 }
 
+/// A command's count in a node's `INFO commandstats` (scripts' calls
+/// included).
+async fn command_count(addr: &str, command: &str) -> u64 {
+    let client = redis::Client::open(format!("redis://{addr}")).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    info.lines()
+        .find_map(|line| line.strip_prefix(&format!("cmdstat_{command}:calls=")))
+        .and_then(|rest| rest.split(',').next())
+        .map_or(0, |calls| calls.parse().unwrap())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_release_wakes_the_waiter_on_a_sharded_channel() {
     let _one = ONE_AT_A_TIME.lock().await;
     let cluster = redis_cluster().await;
     let (holder, waiter) = (client(&cluster).await, client(&cluster).await);
     let name = unique_name("sharded-wake");
+    let lock_key = format!("dlock:{{{name}}}");
+    let owner = slot_owner(&cluster, &lock_key).await;
     let lease = holder.try_acquire(&name, &opts()).await.unwrap().unwrap();
     let waiting = tokio::spawn({
         let (waiter, name) = (waiter.clone(), name.clone());
@@ -81,16 +94,38 @@ async fn a_release_wakes_the_waiter_on_a_sharded_channel() {
             (Instant::now(), lease)
         }
     });
-    // Queued and subscribed, then past its first polls.
-    sleep(Duration::from_millis(600)).await;
+    // The waiter's channel is subscribed on the node of the lock's slot.
+    let client = redis::Client::open(format!("redis://{owner}")).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let started = Instant::now();
+    loop {
+        let channels: Vec<String> = redis::cmd("PUBSUB")
+            .arg("SHARDCHANNELS")
+            .arg(format!("{lock_key}:wake:*"))
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        if channels.len() == 1 {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "no sharded subscription on {owner}: {channels:?}"
+        );
+        sleep(Duration::from_millis(20)).await;
+    }
+    let published = command_count(&owner, "spublish").await;
     let released = Instant::now();
     holder.release(&lease).await.unwrap();
     let (granted, next) = waiting.await.unwrap();
-    let handoff = granted - released;
-    eprintln!("cluster: hand-off on a sharded wake-up took {handoff:?}");
-    assert!(
-        handoff < Duration::from_millis(2500),
-        "the waiter polled (every 5 s) instead of hearing the release: {handoff:?}"
+    eprintln!(
+        "cluster: hand-off on a sharded wake-up took {:?}",
+        granted - released
+    );
+    assert_eq!(
+        command_count(&owner, "spublish").await,
+        published + 1,
+        "one sharded message per release"
     );
     assert!(next.fencing_token() > lease.fencing_token());
     assert_eq!(

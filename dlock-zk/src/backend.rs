@@ -134,10 +134,12 @@ impl ZkBuilder {
     /// With `true`, like Curator's session policy, leases survive the loss
     /// of the server the client talks to, or of the ensemble's leader, when
     /// the client gets back to its session in time. The grace period is
-    /// the session timeout less the longest the client takes to notice a
-    /// silent connection (its connection timeout, or 2/5 of the session
-    /// timeout) and a tenth of the session timeout for round trips and
-    /// clock rates: with the defaults, 10 s − 5.6 s − 1 s ≈ 3.4 s. A
+    /// the session timeout less the longest the server may have gone without
+    /// hearing from the client when it reports the disconnect (13 ticks of
+    /// its connection timeout / 8) and a tenth of the session timeout for
+    /// clock rates and a late timer: with the defaults (10 s session, 5 s
+    /// connection timeout) only 10 − 8.1 − 1 ≈ 0.9 s, so pair the option
+    /// with a shorter connection timeout: with 2 s, 10 − 3.25 − 1 ≈ 5.75 s. A
     /// lease is not valid in that window in the sense of the contract: the
     /// holder cannot prove it holds the lock until it reconnects, so work
     /// that must not overlap another holder should check the fencing token
@@ -147,12 +149,6 @@ impl ZkBuilder {
         self
     }
 
-    /// How long leases outlive a disconnect of a session whose negotiated
-    /// timeout is `session`: until the server could have expired it.
-    /// Mirrors zookeeper-client, which reports a silent connection lost
-    /// after 8 ticks of its connection timeout / 8 (or session / 20 when
-    /// the connection timeout exceeds 3/5 of the session), checked each
-    /// tick.
     /// A grace period of one's own instead of the computed one: only for
     /// tests that show what a too-long grace period does.
     #[doc(hidden)]
@@ -162,6 +158,15 @@ impl ZkBuilder {
         self
     }
 
+    /// How long leases outlive a disconnect of a session whose negotiated
+    /// timeout is `session`: until the server could have expired it.
+    /// Mirrors zookeeper-client, which pings once nothing was sent for 3
+    /// ticks and reports a silent connection lost once nothing was received
+    /// for 8 ticks, checked each tick (a tick is its connection timeout / 8,
+    /// or session / 20 when the connection timeout exceeds 3/5 of the
+    /// session). The server may last have heard from the client 13 ticks
+    /// (3 + 1 + 8 + 1) before the client reports the disconnect, and a tenth
+    /// of the session is kept for clock rates and a late timer.
     fn reconnect_grace(&self, session: Duration) -> Duration {
         if !self.keep_while_reconnecting {
             return Duration::ZERO;
@@ -175,7 +180,7 @@ impl ZkBuilder {
             self.connection_timeout / 8
         };
         session
-            .saturating_sub(tick * 9)
+            .saturating_sub(tick * 13)
             .saturating_sub(session / 10)
     }
 

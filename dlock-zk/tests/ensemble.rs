@@ -2,10 +2,10 @@
 //! partition, with locks held. Each case has an ensemble of its own, on a
 //! network of its own; the cases run one at a time (three JVMs each).
 //!
-//! Sessions are 6 s and connection timeouts 1 s, so a client notices a
-//! silent server after about 1.1 s and, with
-//! `keep_leases_while_reconnecting`, keeps its leases for 6 − 1.125 − 0.6
-//! ≈ 4.3 s more.
+//! Sessions are 6 s and connection timeouts 1 s (ticks of 125 ms), so a
+//! client notices a silent server after about 1.1 s and, with
+//! `keep_leases_while_reconnecting`, keeps its leases for 6 − 13 × 0.125 −
+//! 0.6 ≈ 3.8 s more.
 
 #![allow(clippy::unwrap_used)] // tests panic on purpose
 
