@@ -218,9 +218,9 @@ mod tests {
                 ("::1".to_owned(), 3)
             ]
         );
+        assert_eq!((u.service.as_str(), u.db), ("svc", 2));
         let u = parse_url("redis+sentinel://[::1]/svc").unwrap().unwrap();
         assert_eq!(u.sentinels, vec![("::1".to_owned(), SENTINEL_PORT)]);
-        assert_eq!((u.service.as_str(), u.db), ("svc", 2));
         let u = parse_url("redis+sentinel://me:p%40ss@h/svc")
             .unwrap()
             .unwrap();

@@ -242,3 +242,147 @@ async fn primary_killed_mid_hold_keeps_a_replicated_lock() {
          the holder extended after {extended:?}"
     );
 }
+
+async fn node_conn(addr: &str) -> redis::aio::MultiplexedConnection {
+    let client = redis::Client::open(format!("redis://{addr}")).unwrap();
+    client.get_multiplexed_async_connection().await.unwrap()
+}
+
+/// Moves the keys of `slot` whose names pass `which` from `from` to `to`
+/// (`MIGRATE`), leaving the slot migrating.
+async fn migrate_keys(from: &str, to: &str, slot: u16, which: impl Fn(&str) -> bool) {
+    let mut src = node_conn(from).await;
+    let keys: Vec<String> = redis::cmd("CLUSTER")
+        .arg("GETKEYSINSLOT")
+        .arg(slot)
+        .arg(100)
+        .query_async(&mut src)
+        .await
+        .unwrap();
+    let keys: Vec<String> = keys.into_iter().filter(|k| which(k)).collect();
+    if keys.is_empty() {
+        return;
+    }
+    let (host, port) = to.split_once(':').unwrap();
+    let _: () = redis::cmd("MIGRATE")
+        .arg(host)
+        .arg(port)
+        .arg("")
+        .arg(0)
+        .arg(5000)
+        .arg("KEYS")
+        .arg(&keys)
+        .query_async(&mut src)
+        .await
+        .unwrap();
+}
+
+/// A slot moved to another primary while a lock in it is held and used:
+/// `ASK` and `TRYAGAIN` mid-migration, `MOVED` after, all followed; never a
+/// second grant, and the holder keeps its lock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn resharding_a_held_lock_keeps_it() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let cluster = redis_cluster().await;
+    let holder = client(&cluster).await;
+    let other = client(&cluster).await;
+    let name = unique_name("reshard");
+    let key = format!("dlock:{{{name}}}");
+    let mut lease = holder.try_acquire(&name, &opts()).await.unwrap().unwrap();
+    let from = slot_owner(&cluster, &key).await;
+    let to = {
+        let nodes = cluster.cluster_nodes(0).await.unwrap();
+        nodes
+            .lines()
+            .map(|l| l.split_whitespace().collect::<Vec<_>>())
+            .filter(|f| f[2].contains("master") && f.len() > 8)
+            .map(|f| f[1].split('@').next().unwrap().to_owned())
+            .find(|addr| *addr != from)
+            .unwrap()
+    };
+    let id = async |addr: &str| -> String {
+        redis::cmd("CLUSTER")
+            .arg("MYID")
+            .query_async(&mut node_conn(addr).await)
+            .await
+            .unwrap()
+    };
+    let (from_id, to_id) = (id(&from).await, id(&to).await);
+    let slot: u16 = redis::cmd("CLUSTER")
+        .arg("KEYSLOT")
+        .arg(&key)
+        .query_async(&mut node_conn(&from).await)
+        .await
+        .unwrap();
+
+    // The lock in use all through the move.
+    let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let user = tokio::spawn({
+        let (holder, other, name, done) =
+            (holder.clone(), other.clone(), name.clone(), done.clone());
+        async move {
+            let (mut extended, mut refused, mut errors) = (0, 0, 0);
+            while !done.load(std::sync::atomic::Ordering::Relaxed) {
+                match holder.extend(&mut lease).await {
+                    Ok(()) => extended += 1,
+                    Err(e) => {
+                        assert!(e.is_retryable(), "extend: {e:?}");
+                        errors += 1;
+                    }
+                }
+                match other.try_acquire(&name, &opts()).await {
+                    Ok(None) => refused += 1,
+                    Ok(Some(_)) => panic!("granted twice while the slot moved"),
+                    Err(e) => {
+                        assert!(e.is_retryable(), "try_acquire: {e:?}");
+                        errors += 1;
+                    }
+                }
+                sleep(Duration::from_millis(20)).await;
+            }
+            (lease, extended, refused, errors)
+        }
+    });
+
+    let setslot = async |addr: &str, args: &[&str]| {
+        let _: () = redis::cmd("CLUSTER")
+            .arg("SETSLOT")
+            .arg(slot)
+            .arg(args)
+            .query_async(&mut node_conn(addr).await)
+            .await
+            .unwrap();
+    };
+    setslot(&to, &["IMPORTING", &from_id]).await;
+    setslot(&from, &["MIGRATING", &to_id]).await;
+    // Half moved: scripts over the lock's keys meet TRYAGAIN or ASK.
+    migrate_keys(&from, &to, slot, |k| k.ends_with(":fence")).await;
+    sleep(Duration::from_millis(500)).await;
+    migrate_keys(&from, &to, slot, |_| true).await;
+    sleep(Duration::from_millis(500)).await;
+    // Done: every primary learns the new owner; clients get MOVED.
+    for node in cluster.nodes() {
+        let mut conn = node_conn(&node.addr()).await;
+        let role: Vec<redis::Value> = redis::cmd("ROLE").query_async(&mut conn).await.unwrap();
+        if redis::from_redis_value_ref::<String>(&role[0]).unwrap() == "master" {
+            setslot(&node.addr(), &["NODE", &to_id]).await;
+        }
+    }
+    sleep(Duration::from_millis(500)).await;
+    done.store(true, std::sync::atomic::Ordering::Relaxed);
+    let (mut lease, extended, refused, errors) = user.await.unwrap();
+    assert_eq!(slot_owner(&cluster, &key).await, to);
+    holder.extend(&mut lease).await.unwrap();
+    assert_eq!(
+        other.inspect(&name).await.unwrap().unwrap().owner,
+        lease.owner()
+    );
+    holder.release(&lease).await.unwrap();
+    let next = other.try_acquire(&name, &opts()).await.unwrap().unwrap();
+    assert!(next.fencing_token() > lease.fencing_token());
+    eprintln!(
+        "cluster: slot moved under a held lock: {extended} extensions and {refused} refusals \
+         went through, {errors} retryable errors"
+    );
+    assert!(extended > 0 && refused > 0);
+}
