@@ -153,7 +153,7 @@ impl Drop for Topology {
 const ENSEMBLE_TICK_MS: u32 = 500;
 
 /// A ZooKeeper ensemble of `size` nodes (tick 500 ms, so sessions of 1 to
-/// 10 s), each in its own container with a 128 MiB heap.
+/// 10 s), each in its own container with a 256 MiB heap.
 ///
 /// # Panics
 /// When Docker cannot be reached or the ensemble does not form.
@@ -173,7 +173,7 @@ pub async fn zookeeper_ensemble(size: usize) -> Topology {
                 format!("{i}\n").into_bytes(),
             );
             let env = [
-                ("ZK_HEAP", "128m".to_owned()),
+                ("ZK_HEAP", "256m".to_owned()),
                 ("ZK_TICK_MS", ENSEMBLE_TICK_MS.to_string()),
             ];
             let cmd = vec!["sh".to_owned(), "-c".to_owned(), wait_for_peers.to_owned()];
@@ -255,28 +255,61 @@ pub async fn redis_cluster() -> Topology {
 }
 
 async fn wait_cluster_ok(addr: &str) -> Result<(), String> {
+    wait_until(
+        format!("cluster node {addr} serving every slot"),
+        || async move {
+            let info: Option<String> = ask(addr, redis::cmd("CLUSTER").arg("INFO")).await;
+            info.is_some_and(|i| {
+                i.contains("cluster_state:ok") && i.contains("cluster_slots_ok:16384")
+            })
+        },
+    )
+    .await
+}
+
+/// Runs one command on the Redis server or Sentinel at `addr`, on a
+/// connection of its own, bounded by 3 s: `None` when it does not answer.
+async fn ask<T: redis::FromRedisValue>(addr: &str, cmd: &mut redis::Cmd) -> Option<T> {
+    let run = async {
+        let mut conn = node_connection(addr).await.ok()?;
+        cmd.query_async::<T>(&mut conn).await.ok()
+    };
+    tokio::time::timeout(Duration::from_secs(3), run)
+        .await
+        .ok()
+        .flatten()
+}
+
+/// A connection to one node of a topology, for tests' own commands. Its
+/// replies may take up to 10 s (the client's default is 0.5 s, too short
+/// for `WAIT` or `MIGRATE`).
+///
+/// # Errors
+/// When the node cannot be reached.
+pub async fn node_connection(addr: &str) -> redis::RedisResult<redis::aio::MultiplexedConnection> {
+    let client = redis::Client::open(format!("redis://{addr}"))?;
+    let config = redis::AsyncConnectionConfig::new()
+        .set_connection_timeout(Some(Duration::from_secs(2)))
+        .set_response_timeout(Some(Duration::from_secs(10)));
+    client
+        .get_multiplexed_async_connection_with_config(&config)
+        .await
+}
+
+/// Polls `check` until it holds, for at most a minute.
+async fn wait_until<F, Fut>(what: String, mut check: F) -> Result<(), String>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
     let started = std::time::Instant::now();
-    loop {
-        let info = async {
-            let client = redis::Client::open(format!("redis://{addr}")).ok()?;
-            let mut conn = client.get_multiplexed_async_connection().await.ok()?;
-            redis::cmd("CLUSTER")
-                .arg("INFO")
-                .query_async::<String>(&mut conn)
-                .await
-                .ok()
-        };
-        if let Ok(Some(info)) = tokio::time::timeout(Duration::from_secs(2), info).await
-            && info.contains("cluster_state:ok")
-            && info.contains("cluster_slots_ok:16384")
-        {
-            return Ok(());
-        }
+    while !check().await {
         if started.elapsed() > Duration::from_secs(60) {
-            return Err(format!("dlock harness: cluster node {addr} not ok in 60 s"));
+            return Err(format!("dlock harness: not so after 60 s: {what}"));
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+    Ok(())
 }
 
 impl Topology {
@@ -289,20 +322,11 @@ impl Topology {
 
     /// Asks a cluster node for its `CLUSTER NODES` view.
     pub async fn cluster_nodes(&self, index: usize) -> Option<String> {
-        let addr = self.nodes[index].addr();
-        let ask = async {
-            let client = redis::Client::open(format!("redis://{addr}")).ok()?;
-            let mut conn = client.get_multiplexed_async_connection().await.ok()?;
-            redis::cmd("CLUSTER")
-                .arg("NODES")
-                .query_async::<String>(&mut conn)
-                .await
-                .ok()
-        };
-        tokio::time::timeout(Duration::from_secs(2), ask)
-            .await
-            .ok()
-            .flatten()
+        ask(
+            &self.nodes[index].addr(),
+            redis::cmd("CLUSTER").arg("NODES"),
+        )
+        .await
     }
 }
 
@@ -400,20 +424,10 @@ impl Topology {
     /// # Panics
     /// When it does not within 10 s.
     pub async fn wait_replicated(&self) {
-        let primary = format!("redis://{}", self.nodes[0].addr());
-        let acked = async {
-            let client = redis::Client::open(primary).ok()?;
-            let mut conn = client.get_multiplexed_async_connection().await.ok()?;
-            redis::cmd("WAIT")
-                .arg(1)
-                .arg(5000)
-                .query_async::<i64>(&mut conn)
-                .await
-                .ok()
-        };
-        let acked = tokio::time::timeout(Duration::from_secs(10), acked).await;
+        let acked: Option<i64> =
+            ask(&self.nodes[0].addr(), redis::cmd("WAIT").arg(1).arg(1500)).await;
         assert!(
-            matches!(acked, Ok(Some(n)) if n >= 1),
+            acked.is_some_and(|n| n >= 1),
             "the replica did not acknowledge: {acked:?}"
         );
     }
@@ -422,19 +436,10 @@ impl Topology {
     /// first Sentinel that answers.
     pub async fn sentinel_primary(&self) -> Option<String> {
         for sentinel in &self.nodes[2..] {
-            let reply = async {
-                let client = redis::Client::open(format!("redis://{}", sentinel.addr())).ok()?;
-                let mut conn = client.get_multiplexed_async_connection().await.ok()?;
-                let addr: Vec<String> = redis::cmd("SENTINEL")
-                    .arg("get-master-addr-by-name")
-                    .arg(SENTINEL_SERVICE)
-                    .query_async(&mut conn)
-                    .await
-                    .ok()?;
-                Some(addr.join(":"))
-            };
-            if let Ok(Some(addr)) = tokio::time::timeout(Duration::from_secs(2), reply).await {
-                return Some(addr);
+            let mut cmd = redis::cmd("SENTINEL");
+            cmd.arg("get-master-addr-by-name").arg(SENTINEL_SERVICE);
+            if let Some(addr) = ask::<Vec<String>>(&sentinel.addr(), &mut cmd).await {
+                return Some(addr.join(":"));
             }
         }
         None
@@ -442,57 +447,28 @@ impl Topology {
 }
 
 async fn wait_sentinel_ready(addr: &str) -> Result<(), String> {
-    let started = std::time::Instant::now();
-    loop {
-        let state = async {
-            let client = redis::Client::open(format!("redis://{addr}")).ok()?;
-            let mut conn = client.get_multiplexed_async_connection().await.ok()?;
-            redis::cmd("SENTINEL")
-                .arg("MASTER")
-                .arg(SENTINEL_SERVICE)
-                .query_async::<std::collections::HashMap<String, String>>(&mut conn)
-                .await
-                .ok()
-        };
-        if let Ok(Some(state)) = tokio::time::timeout(Duration::from_secs(2), state).await
-            && state.get("num-slaves").map(String::as_str) == Some("1")
-            && state.get("num-other-sentinels").map(String::as_str) == Some("2")
-        {
-            return Ok(());
-        }
-        if started.elapsed() > Duration::from_secs(60) {
-            return Err(format!(
-                "dlock harness: Sentinel {addr} did not find its peers in 60 s"
-            ));
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    wait_until(
+        format!("Sentinel {addr} knows the replica and its peers"),
+        || async move {
+            let mut cmd = redis::cmd("SENTINEL");
+            cmd.arg("MASTER").arg(SENTINEL_SERVICE);
+            let state: Option<std::collections::HashMap<String, String>> =
+                ask(addr, &mut cmd).await;
+            state.is_some_and(|state| {
+                state.get("num-slaves").map(String::as_str) == Some("1")
+                    && state.get("num-other-sentinels").map(String::as_str) == Some("2")
+            })
+        },
+    )
+    .await
 }
 
 async fn wait_replica_synced(addr: &str) -> Result<(), String> {
-    let started = std::time::Instant::now();
-    loop {
-        let info = async {
-            let client = redis::Client::open(format!("redis://{addr}")).ok()?;
-            let mut conn = client.get_multiplexed_async_connection().await.ok()?;
-            redis::cmd("INFO")
-                .arg("replication")
-                .query_async::<String>(&mut conn)
-                .await
-                .ok()
-        };
-        if let Ok(Some(info)) = tokio::time::timeout(Duration::from_secs(2), info).await
-            && info.contains("master_link_status:up")
-        {
-            return Ok(());
-        }
-        if started.elapsed() > Duration::from_secs(60) {
-            return Err(format!(
-                "dlock harness: replica {addr} did not sync in 60 s"
-            ));
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    wait_until(format!("replica {addr} in sync"), || async move {
+        let info: Option<String> = ask(addr, redis::cmd("INFO").arg("replication")).await;
+        info.is_some_and(|i| i.contains("master_link_status:up"))
+    })
+    .await
 }
 
 /// Writes a file into a running container, all at once (through a

@@ -232,8 +232,10 @@ pub trait Backend: Send + Sync + Debug {
     /// better override it and declare [`Capabilities::batch_extend`].
     ///
     /// # Errors
-    /// A failure of the request as a whole (connection, timeout): the
-    /// caller must not count any lease of the batch as extended.
+    /// A failure of the request, or of part of it (one shard of a cluster
+    /// down, say): the leases whose deadline the driver moved (with
+    /// [`Lease::extended`], only on a confirmed extension) were extended,
+    /// the others must not be counted as extended.
     async fn extend_many(&self, leases: &mut [Lease]) -> Result<Vec<bool>> {
         let mut held = Vec::with_capacity(leases.len());
         for lease in leases {

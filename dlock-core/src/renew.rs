@@ -70,6 +70,10 @@ struct Entry {
     lost: CancellationToken,
     timer: Instant,
     in_flight: bool,
+    /// The timer is a retry after a failed renewal: due at that time, not
+    /// within the slack before it (a retry sooner than the slack would
+    /// otherwise be taken again at once, and again, without pause).
+    retry: bool,
 }
 
 /// A lease's place in its renewer; dropping it takes the lease out.
@@ -166,6 +170,7 @@ impl Renewer {
                 lost,
                 timer,
                 in_flight: false,
+                retry: false,
             },
         );
         let start = !state.running;
@@ -283,6 +288,7 @@ impl Shared {
                 continue; // released or lost meanwhile
             }
             entry.in_flight = false;
+            entry.retry = false;
             let ttl = lease.ttl().unwrap_or_default();
             let next = match &outcome {
                 Ok(held) if held[i] => {
@@ -296,6 +302,13 @@ impl Shared {
                     state.lose(id, driver);
                     continue;
                 }
+                // A driver may extend part of a batch before another part
+                // fails (a cluster shard down): keep what it did extend.
+                Err(_) if lease.valid_until() > entry.lease.valid_until() => {
+                    metric::count("dlock_renewals_total", driver);
+                    entry.lease = lease;
+                    deadline_after(now, ttl / 3)
+                }
                 Err(error) => {
                     metric::count("dlock_renewal_failures_total", driver);
                     tracing::warn!(
@@ -304,6 +317,7 @@ impl Shared {
                         %error,
                         "renewal failed; retrying before the lease ends"
                     );
+                    entry.retry = true;
                     deadline_after(now, (ttl / 10).max(Duration::from_millis(5)))
                 }
             };
@@ -344,7 +358,12 @@ impl State {
                 continue;
             }
             let ttl = entry.lease.ttl().unwrap_or_default();
-            if entry.in_flight || !entry.renew || at > deadline_after(now, slack(ttl)) {
+            let early = if entry.retry {
+                Duration::ZERO
+            } else {
+                slack(ttl)
+            };
+            if entry.in_flight || !entry.renew || at > deadline_after(now, early) {
                 continue;
             }
             entry.in_flight = true;
@@ -415,6 +434,15 @@ mod tests {
         async fn extend_many(&self, leases: &mut [Lease]) -> Result<Vec<bool>> {
             self.calls.fetch_add(1, Ordering::SeqCst);
             self.largest.fetch_max(leases.len(), Ordering::SeqCst);
+            // A shard down: the other leases are extended, the batch fails.
+            if leases.iter().any(|l| l.name().starts_with("shard-down")) {
+                for lease in leases.iter_mut() {
+                    if !lease.name().starts_with("shard-down") {
+                        self.inner.extend(lease).await?;
+                    }
+                }
+                return Err(crate::Error::connection("test", "extend", "one shard down"));
+            }
             let mut held = self.inner.extend_many(leases).await?;
             for (lease, held) in leases.iter().zip(&mut held) {
                 *held &= !lease.name().starts_with("doomed");
@@ -424,6 +452,25 @@ mod tests {
         async fn inspect(&self, name: &str) -> Result<Option<LockInfo>> {
             self.inner.inspect(name).await
         }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_batch_that_fails_in_part_keeps_what_it_extended() {
+        let locker = Locker::from_arc(Arc::new(Batches::default()));
+        let opts = LockOptions::new().ttl(Duration::from_secs(3));
+        let kept = locker.try_acquire("kept", &opts).await.unwrap().unwrap();
+        let down = locker
+            .try_acquire("shard-down", &opts)
+            .await
+            .unwrap()
+            .unwrap();
+        tokio::select! {
+            () = kept.lost() => panic!("an extended lease was lost with its batch"),
+            () = down.lost() => {}
+        }
+        tokio::time::sleep(Duration::from_secs(10)).await;
+        assert!(kept.is_valid(), "still renewed, batch after failing batch");
+        assert!(!down.is_valid());
     }
 
     #[tokio::test(start_paused = true)]

@@ -704,11 +704,13 @@ impl RedisBackend {
         // wake-up: poll without one instead.
         let (_interest, subscribed) = if cluster {
             let channel = format!("{}:wake:{}", keys.lock, self.inner.client_id);
-            let (interest, subscribed) = notifications.interest(&channel).await;
+            let limit = deadline.cap(self.inner.response_timeout * 2);
+            let (interest, subscribed) = notifications.interest(&channel, limit).await;
             (Some(interest), subscribed)
         } else {
             let channel = format!("{}{}", self.inner.wake_prefix, self.inner.client_id);
-            (None, notifications.keep(&channel).await)
+            let limit = deadline.cap(self.inner.response_timeout * 2);
+            (None, notifications.keep(&channel, limit).await)
         };
         let waiter = if subscribed {
             format!("{}{}", OwnerToken::random()?, self.inner.client_id)

@@ -109,7 +109,9 @@ impl Notifications {
     /// this returns, releases published on the channel reach this process.
     /// Dropping this future midway drops the interest with it.
     /// The flag says whether the subscription is in place.
-    pub async fn interest(&self, channel: &str) -> (Interest<'_>, bool) {
+    /// Waits for the subscription at most `limit` (and never beyond the
+    /// ack timeout): a waiter's deadline comes first.
+    pub async fn interest(&self, channel: &str, limit: Duration) -> (Interest<'_>, bool) {
         *self
             .interest
             .lock()
@@ -129,7 +131,7 @@ impl Notifications {
             .is_ok();
         // Without a subscription the wait loop still polls, bounded by the
         // holder's TTL, so a failure here slows waiters but breaks nothing.
-        let Ok(done) = tokio::time::timeout(self.ack_timeout, done).await else {
+        let Ok(done) = tokio::time::timeout(self.ack_timeout.min(limit), done).await else {
             tracing::warn!(%channel, "no subscription in time; polling");
             return (interest, false);
         };
@@ -155,10 +157,10 @@ impl Notifications {
     ///
     /// Returns whether the channel is subscribed; a failed attempt is
     /// tried again at the next call.
-    pub async fn keep(&self, channel: &str) -> bool {
+    pub async fn keep(&self, channel: &str, limit: Duration) -> bool {
         self.kept
             .get_or_try_init(|| async {
-                match self.interest(channel).await {
+                match self.interest(channel, limit).await {
                     // Never dropped: the count stays up, so the
                     // subscription is renewed after a reconnect like any
                     // other.
@@ -262,7 +264,13 @@ async fn resubscribe(
         if pending.is_empty() {
             break;
         }
+        let before = pending.len();
         pending = conn.subscribe_each(&pending).await;
+        if pending.len() < before {
+            // Some are back: their waiters look again now, not once every
+            // channel is.
+            wakeups.wake_all();
+        }
         if !pending.is_empty() {
             tracing::debug!(left = pending.len(), "resubscribing failed; retrying");
             tokio::time::sleep(backoff.next_delay()).await;

@@ -136,7 +136,14 @@ end
 -- A replayed request (the cluster client sends a request again when its
 -- connection failed, and the first may have run) finds its own grant.
 if redis.call('GET', KEYS[1]) == ARGV[1] then
-  return {{1, redis.call('GET', KEYS[2]) or '0'}}
+  local fence = redis.call('GET', KEYS[2])
+  if not fence then
+    -- The counter is gone (evicted, deleted): the clock still gives a
+    -- token above every earlier one.
+    fence = string.format('%.0f', now_us())
+    redis.call('SET', KEYS[2], fence, 'PX', {FENCE_RETENTION_MS})
+  end
+  return {{1, fence}}
 end
 if me ~= '' then
   local us = now_us()

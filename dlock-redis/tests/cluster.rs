@@ -8,7 +8,7 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use dlock_conformance::cases::unique_name;
-use dlock_conformance::topology::{Topology, redis_cluster};
+use dlock_conformance::topology::{Topology, node_connection, redis_cluster};
 use dlock_core::{Backend, LockOptions};
 use dlock_redis::RedisBackend;
 use tokio::sync::Mutex;
@@ -27,8 +27,7 @@ async fn client(cluster: &Topology) -> RedisBackend {
 
 /// Which node serves each slot range, from `CLUSTER SLOTS` via node 0.
 async fn slot_owner(cluster: &Topology, key: &str) -> String {
-    let client = redis::Client::open(format!("redis://{}", cluster.node(0).addr())).unwrap();
-    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let mut conn = node_conn(&cluster.node(0).addr()).await;
     let slot: u16 = redis::cmd("CLUSTER")
         .arg("KEYSLOT")
         .arg(key)
@@ -62,8 +61,7 @@ fn index_of(cluster: &Topology, addr: &str) -> usize {
 /// A command's count in a node's `INFO commandstats` (scripts' calls
 /// included).
 async fn command_count(addr: &str, command: &str) -> u64 {
-    let client = redis::Client::open(format!("redis://{addr}")).unwrap();
-    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let mut conn = node_conn(addr).await;
     let info: String = redis::cmd("INFO")
         .arg("commandstats")
         .query_async(&mut conn)
@@ -79,7 +77,14 @@ async fn command_count(addr: &str, command: &str) -> u64 {
 async fn a_release_wakes_the_waiter_on_a_sharded_channel() {
     let _one = ONE_AT_A_TIME.lock().await;
     let cluster = redis_cluster().await;
-    let (holder, waiter) = (client(&cluster).await, client(&cluster).await);
+    let holder = client(&cluster).await;
+    // Polls seconds apart once it has waited a while: a quick hand-off
+    // then comes from the wake-up.
+    let waiter = RedisBackend::builder(cluster.cluster_url())
+        .max_poll_interval(Duration::from_secs(5))
+        .connect()
+        .await
+        .unwrap();
     let name = unique_name("sharded-wake");
     let lock_key = format!("dlock:{{{name}}}");
     let owner = slot_owner(&cluster, &lock_key).await;
@@ -95,8 +100,7 @@ async fn a_release_wakes_the_waiter_on_a_sharded_channel() {
         }
     });
     // The waiter's channel is subscribed on the node of the lock's slot.
-    let client = redis::Client::open(format!("redis://{owner}")).unwrap();
-    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let mut conn = node_conn(&owner).await;
     let started = Instant::now();
     loop {
         let channels: Vec<String> = redis::cmd("PUBSUB")
@@ -105,7 +109,12 @@ async fn a_release_wakes_the_waiter_on_a_sharded_channel() {
             .query_async(&mut conn)
             .await
             .unwrap();
-        if channels.len() == 1 {
+        let queued: usize = redis::cmd("ZCARD")
+            .arg(format!("{lock_key}:q"))
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        if channels.len() == 1 && queued == 1 {
             break;
         }
         assert!(
@@ -114,13 +123,17 @@ async fn a_release_wakes_the_waiter_on_a_sharded_channel() {
         );
         sleep(Duration::from_millis(20)).await;
     }
+    // Past its first polls: from 3.1 s on they are 1.6 s apart or more.
+    sleep(Duration::from_millis(3200)).await;
     let published = command_count(&owner, "spublish").await;
     let released = Instant::now();
     holder.release(&lease).await.unwrap();
     let (granted, next) = waiting.await.unwrap();
-    eprintln!(
-        "cluster: hand-off on a sharded wake-up took {:?}",
-        granted - released
+    let handoff = granted - released;
+    eprintln!("cluster: hand-off on a sharded wake-up took {handoff:?}");
+    assert!(
+        handoff < Duration::from_millis(150),
+        "the waiter polled instead of hearing the release: {handoff:?}"
     );
     assert_eq!(
         command_count(&owner, "spublish").await,
@@ -148,8 +161,7 @@ async fn a_thousand_names_spread_over_every_primary() {
     // Every primary holds some of them.
     let mut per_primary: HashMap<String, usize> = HashMap::new();
     for node in cluster.nodes() {
-        let client = redis::Client::open(format!("redis://{}", node.addr())).unwrap();
-        let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+        let mut conn = node_conn(&node.addr()).await;
         let role: Vec<redis::Value> = redis::cmd("ROLE").query_async(&mut conn).await.unwrap();
         if redis::from_redis_value_ref::<String>(&role[0]).unwrap() == "master" {
             let keys: usize = redis::cmd("DBSIZE").query_async(&mut conn).await.unwrap();
@@ -186,8 +198,7 @@ async fn primary_killed_mid_hold_keeps_a_replicated_lock() {
     loop {
         let mut replicated = false;
         for node in cluster.nodes() {
-            let client = redis::Client::open(format!("redis://{}", node.addr())).unwrap();
-            let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+            let mut conn = node_conn(&node.addr()).await;
             let _: () = redis::cmd("READONLY").query_async(&mut conn).await.unwrap();
             let role: Vec<redis::Value> = redis::cmd("ROLE").query_async(&mut conn).await.unwrap();
             let is_replica = redis::from_redis_value_ref::<String>(&role[0]).unwrap() == "slave";
@@ -244,8 +255,7 @@ async fn primary_killed_mid_hold_keeps_a_replicated_lock() {
 }
 
 async fn node_conn(addr: &str) -> redis::aio::MultiplexedConnection {
-    let client = redis::Client::open(format!("redis://{addr}")).unwrap();
-    client.get_multiplexed_async_connection().await.unwrap()
+    node_connection(addr).await.unwrap()
 }
 
 /// Moves the keys of `slot` whose names pass `which` from `from` to `to`

@@ -921,9 +921,20 @@ impl Backend for ZkBackend {
         opts.validate()?;
         let deadline = Deadline::after(opts.wait_value());
         let contend = async {
-            match self.contend(name, Some(deadline)).await? {
-                Some(lease) => Ok(lease),
-                None => Err(deadline.timeout_error(name)),
+            // A connection that drops mid-wait (the server went, or the
+            // session moves to another server of the ensemble) costs this
+            // attempt its node, not the caller its wait: contend again.
+            let mut backoff = Backoff::new(Duration::from_millis(50), Duration::from_secs(1));
+            loop {
+                match self.contend(name, Some(deadline)).await {
+                    Ok(Some(lease)) => return Ok(lease),
+                    Ok(None) => return Err(deadline.timeout_error(name)),
+                    Err(e) if e.is_retryable() && !deadline.is_past() => {
+                        tracing::debug!(name, error = %e, "contending again");
+                        sleep(deadline.cap(backoff.next_delay())).await;
+                    }
+                    Err(e) => return Err(e),
+                }
             }
         };
         deadline.bound(name, self.request_timeout(), contend).await

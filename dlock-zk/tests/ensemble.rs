@@ -25,13 +25,40 @@ const SESSION: Duration = Duration::from_secs(6);
 static ONE_AT_A_TIME: Mutex<()> = Mutex::const_new(());
 
 async fn client(ensemble: &Topology, nodes: &[usize], keep: bool) -> ZkBackend {
+    client_with(ensemble, nodes, keep, SESSION).await
+}
+
+async fn client_with(
+    ensemble: &Topology,
+    nodes: &[usize],
+    keep: bool,
+    session: Duration,
+) -> ZkBackend {
     ZkBackend::builder(ensemble.connect_string(nodes))
-        .session_timeout(SESSION)
+        .session_timeout(session)
         .connection_timeout(Duration::from_secs(1))
         .keep_leases_while_reconnecting(keep)
         .connect()
         .await
         .unwrap()
+}
+
+/// A lock held under each policy by clients given `nodes`: the default
+/// policy's client, name and lease, then the session policy's.
+async fn held_under_both(
+    ensemble: &Topology,
+    nodes: &[usize],
+    case: &str,
+    session: Duration,
+) -> [(ZkBackend, String, Lease); 2] {
+    let mut held = Vec::new();
+    for keep in [false, true] {
+        let backend = client_with(ensemble, nodes, keep, session).await;
+        let name = unique_name(&format!("{case}-{keep}"));
+        let lease = backend.try_acquire(&name, &LockOptions::new()).await;
+        held.push((backend, name, lease.unwrap().unwrap()));
+    }
+    held.try_into().unwrap()
 }
 
 /// When the lease's `lost` signal fires.
@@ -63,13 +90,12 @@ async fn leader_killed_mid_hold_never_grants_twice() {
     let _one = ONE_AT_A_TIME.lock().await;
     let ensemble = zookeeper_ensemble(3).await;
     let all = [0, 1, 2];
-    let strict = client(&ensemble, &all, false).await;
-    let keeping = client(&ensemble, &all, true).await;
+    let [(strict, a, strict_lease), (keeping, b, keeping_lease)] =
+        // The longest session the ensemble allows (20 ticks): a grace of
+        // 10 − 1.625 − 1 ≈ 7.4 s for the election and the reconnect.
+        held_under_both(&ensemble, &all, "leader", Duration::from_secs(10)).await;
     let other = client(&ensemble, &all, false).await;
     let opts = LockOptions::new();
-    let (a, b) = (unique_name("leader-a"), unique_name("leader-b"));
-    let strict_lease = strict.try_acquire(&a, &opts).await.unwrap().unwrap();
-    let keeping_lease = keeping.try_acquire(&b, &opts).await.unwrap().unwrap();
     let strict_lost = lost_at(&strict_lease);
 
     let leader = leader(&ensemble).await;
@@ -144,13 +170,10 @@ async fn quorum_loss_tells_holders_and_grants_nothing() {
     let _one = ONE_AT_A_TIME.lock().await;
     let ensemble = zookeeper_ensemble(3).await;
     let all = [0, 1, 2];
-    let strict = client(&ensemble, &all, false).await;
-    let keeping = client(&ensemble, &all, true).await;
+    let [(_strict, a, strict_lease), (_keeping, _b, keeping_lease)] =
+        held_under_both(&ensemble, &all, "quorum", SESSION).await;
     let waiter = client(&ensemble, &all, false).await;
     let opts = LockOptions::new();
-    let (a, b) = (unique_name("quorum-a"), unique_name("quorum-b"));
-    let strict_lease = strict.try_acquire(&a, &opts).await.unwrap().unwrap();
-    let keeping_lease = keeping.try_acquire(&b, &opts).await.unwrap().unwrap();
     let (strict_lost, keeping_lost) = (lost_at(&strict_lease), lost_at(&keeping_lease));
 
     let down = Instant::now();
@@ -223,8 +246,8 @@ async fn partitioned_minority_loses_before_the_majority_is_granted() {
     let leader = leader(&ensemble).await;
     let minority = (leader + 1) % 3;
     let majority: Vec<usize> = (0..3).filter(|&i| i != minority).collect();
-    let strict = client(&ensemble, &[minority], false).await;
-    let keeping = client(&ensemble, &[minority], true).await;
+    let [(_strict, a, strict_lease), (_keeping, b, keeping_lease)] =
+        held_under_both(&ensemble, &[minority], "partition", SESSION).await;
     // The control: a grace period of a whole session from the disconnect,
     // as a naive session policy would keep, outlives the takeover.
     let naive = ZkBackend::builder(ensemble.connect_string(&[minority]))
@@ -236,13 +259,7 @@ async fn partitioned_minority_loses_before_the_majority_is_granted() {
         .unwrap();
     let waiter = client(&ensemble, &majority, false).await;
     let opts = LockOptions::new();
-    let (a, b, c) = (
-        unique_name("part-a"),
-        unique_name("part-b"),
-        unique_name("part-c"),
-    );
-    let strict_lease = strict.try_acquire(&a, &opts).await.unwrap().unwrap();
-    let keeping_lease = keeping.try_acquire(&b, &opts).await.unwrap().unwrap();
+    let c = unique_name("partition-naive");
     let naive_lease = naive.try_acquire(&c, &opts).await.unwrap().unwrap();
     let (strict_lost, keeping_lost) = (lost_at(&strict_lease), lost_at(&keeping_lease));
     let naive_lost = lost_at(&naive_lease);
