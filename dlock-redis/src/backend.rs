@@ -50,13 +50,9 @@ struct Inner {
     /// Redis Cluster: sharded wake-up channels, one per waiting lock.
     cluster: bool,
     sentinel: Option<Sentinel>,
-    /// Connection settings, for connections to a new primary.
-    config: ConnectionManagerConfig,
+    /// The settings, for connections to a new primary among others.
     builder: RedisBuilder,
     pushes: tokio::sync::mpsc::UnboundedSender<PushInfo>,
-    /// Replicas that must confirm a grant or extension, and how long they
-    /// have to.
-    durable: Option<(u32, Duration)>,
     prefix: String,
     max_poll: Duration,
     response_timeout: Duration,
@@ -204,16 +200,12 @@ impl RedisBuilder {
                 .into_connection_info()
                 .map_err(|e| Error::invalid_option("url", format!("not a Redis URL: {e}")))?,
         };
-        let config = ConnectionManagerConfig::new()
-            .set_response_timeout(Some(self.response_timeout))
-            .set_connection_timeout(Some(self.connection_timeout))
-            .set_number_of_retries(2);
         let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
-        let (conn, push_conn) = self.open(info.clone(), &config, &tx).await?;
+        let (conn, push_conn) = self.open(info.clone(), &tx).await?;
         if let Some(sentinel) = &sentinel {
             sentinel.switch_to(info.addr());
         }
-        self.backend(conn, push_conn, sentinel, false, (tx, rx), config)
+        self.backend(conn, push_conn, sentinel, false, (tx, rx))
     }
 
     fn backend(
@@ -223,7 +215,6 @@ impl RedisBuilder {
         sentinel: Option<Sentinel>,
         cluster: bool,
         (tx, rx): PushChannel,
-        config: ConnectionManagerConfig,
     ) -> Result<RedisBackend> {
         let mut client_id = OwnerToken::random()?.to_string();
         client_id.truncate(16);
@@ -232,17 +223,10 @@ impl RedisBuilder {
                 conn: RwLock::new(conn),
                 cluster,
                 sentinel,
-                config,
                 pushes: tx,
-                durable: self.durable,
                 wake_prefix: format!("{}:wake:", self.prefix),
                 client_id,
-                notifications: Notifications::start(
-                    push_conn,
-                    rx,
-                    self.prefix.clone(),
-                    self.response_timeout * 2,
-                ),
+                notifications: Notifications::start(push_conn, rx, self.prefix.clone()),
                 prefix: self.prefix.clone(),
                 max_poll: self.max_poll,
                 response_timeout: self.response_timeout,
@@ -293,14 +277,12 @@ impl RedisBuilder {
         };
         let conn = connect(client, "connect to the cluster").await?;
         let push_conn = connect(push_client, "connect to the cluster for notifications").await?;
-        let config = ConnectionManagerConfig::new();
         self.backend(
             Connection(Kind::Cluster(conn)),
             PushConn::Cluster(push_conn),
             None,
             true,
             (tx, rx),
-            config,
         )
     }
 
@@ -308,9 +290,12 @@ impl RedisBuilder {
     async fn open(
         &self,
         info: redis::ConnectionInfo,
-        config: &ConnectionManagerConfig,
         pushes: &tokio::sync::mpsc::UnboundedSender<PushInfo>,
     ) -> Result<(Connection, PushConn)> {
+        let config = ConnectionManagerConfig::new()
+            .set_response_timeout(Some(self.response_timeout))
+            .set_connection_timeout(Some(self.connection_timeout))
+            .set_number_of_retries(2);
         let settings = info
             .redis_settings()
             .clone()
@@ -519,12 +504,7 @@ impl RedisBackend {
             return;
         }
         let pushes = self.inner.pushes.clone();
-        match self
-            .inner
-            .builder
-            .open(found.clone(), &self.inner.config, &pushes)
-            .await
-        {
+        match self.inner.builder.open(found.clone(), &pushes).await {
             Ok((conn, push_conn)) => {
                 *self
                     .inner
@@ -549,12 +529,11 @@ impl RedisBackend {
     async fn run<T: FromRedisValue>(
         &self,
         invocation: &redis::ScriptInvocation<'_>,
-        script: &redis::Script,
         confirm: bool,
         doing: &str,
     ) -> Result<(T, bool)> {
         let bound = self.inner.builder.connection_timeout + self.inner.response_timeout;
-        match tokio::time::timeout(bound, self.run_unbounded(invocation, script, confirm)).await {
+        match tokio::time::timeout(bound, self.run_unbounded(invocation, confirm)).await {
             Ok(Ok(reply)) => Ok(reply),
             Ok(Err(e)) => Err(self.fail(e, doing)),
             Err(_) => Err(self.fail(
@@ -570,11 +549,10 @@ impl RedisBackend {
     async fn run_unbounded<T: FromRedisValue>(
         &self,
         invocation: &redis::ScriptInvocation<'_>,
-        script: &redis::Script,
         confirm: bool,
     ) -> redis::RedisResult<(T, bool)> {
         let mut conn = self.connection();
-        let Some((replicas, timeout)) = self.inner.durable.filter(|_| confirm) else {
+        let Some((replicas, timeout)) = self.inner.builder.durable.filter(|_| confirm) else {
             return Ok((invocation.invoke_async(&mut conn).await?, true));
         };
         let mut pipe = redis::pipe();
@@ -586,7 +564,7 @@ impl RedisBackend {
         if matches!(&reply, Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript))
         {
             // A new primary, or a flushed script cache: load it, once.
-            script.load_async(&mut conn).await?;
+            invocation.load_async(&mut conn).await?;
             reply = pipe.query_async(&mut conn).await;
         }
         let (value, acked) = reply?;
@@ -631,8 +609,7 @@ impl RedisBackend {
             let (backend, name, ttl) = (self.clone(), name.to_owned(), opts.ttl_value());
             UndoOnDrop::new(async move { backend.undo(&name, owner, ttl).await })
         };
-        let acquire = &self.queue_scripts().acquire;
-        let mut invocation = acquire.prepare_invoke();
+        let mut invocation = self.queue_scripts().acquire.prepare_invoke();
         invocation
             .key(&keys.lock)
             .key(&keys.fence)
@@ -644,7 +621,7 @@ impl RedisBackend {
             invocation.arg(waiter).arg(millis(self.place_lifetime()));
         }
         let (reply, confirmed) = self
-            .run::<(i64, String)>(&invocation, acquire, true, "acquire")
+            .run::<(i64, String)>(&invocation, true, "acquire")
             .await?;
         if reply.0 == 1 && !confirmed {
             // Granted on the primary only: the armed undo releases it.
@@ -701,15 +678,15 @@ impl RedisBackend {
             }
         }
         // Without a subscription, a place at the head would never hear its
-        // wake-up: poll without one instead.
+        // wake-up: poll without one instead. The subscriber may be busy
+        // resubscribing to a node that is down: wait for it only so long.
+        let limit = deadline.cap(self.inner.response_timeout * 2);
         let (_interest, subscribed) = if cluster {
             let channel = format!("{}:wake:{}", keys.lock, self.inner.client_id);
-            let limit = deadline.cap(self.inner.response_timeout * 2);
             let (interest, subscribed) = notifications.interest(&channel, limit).await;
             (Some(interest), subscribed)
         } else {
             let channel = format!("{}{}", self.inner.wake_prefix, self.inner.client_id);
-            let limit = deadline.cap(self.inner.response_timeout * 2);
             (None, notifications.keep(&channel, limit).await)
         };
         let waiter = if subscribed {
@@ -746,16 +723,14 @@ impl RedisBackend {
     /// it was first and the lock is free.
     async fn abandon(&self, name: &str, waiter: &str) {
         let keys = self.keys(name);
-        let abandon = &self.queue_scripts().abandon;
-        let mut invocation = abandon.prepare_invoke();
+        let mut invocation = self.queue_scripts().abandon.prepare_invoke();
         invocation
             .key(&keys.lock)
             .key(&keys.queue)
             .key(&keys.queue_expiry)
             .arg(waiter);
         let left = retry_for(self.inner.response_timeout * 2, || async {
-            self.run::<i64>(&invocation, abandon, false, "leave the queue")
-                .await
+            self.run::<i64>(&invocation, false, "leave the queue").await
         })
         .await;
         // Otherwise the place lapses by itself.
@@ -784,10 +759,8 @@ impl RedisBackend {
     async fn undo(&self, name: &str, owner: OwnerToken, ttl: Duration) {
         let keys = self.keys(name);
         let invocation = self.release_script(&keys, owner);
-        let release = &self.queue_scripts().release;
         let released = retry_for(ttl, || async {
-            self.run::<i64>(&invocation, release, false, "undo an acquire")
-                .await
+            self.run::<i64>(&invocation, false, "undo an acquire").await
         })
         .await;
         tracing::debug!(name, ?released, "undid an acquire of unknown outcome");
@@ -814,7 +787,7 @@ impl RedisBackend {
                     .arg(millis(leases[i].ttl().unwrap_or_default()));
             }
             async move {
-                self.run::<Vec<i64>>(&invocation, &EXTEND_MANY, false, "extend")
+                self.run::<Vec<i64>>(&invocation, false, "extend")
                     .await
                     .map(|(held, _)| held)
             }
@@ -897,12 +870,7 @@ impl Backend for RedisBackend {
     async fn release(&self, lease: &Lease) -> Result<()> {
         let keys = self.keys(lease.name());
         let (released, _) = self
-            .run::<i64>(
-                &self.release_script(&keys, lease.owner()),
-                &self.queue_scripts().release,
-                false,
-                "release",
-            )
+            .run::<i64>(&self.release_script(&keys, lease.owner()), false, "release")
             .await?;
         if released != 1 {
             return Err(Error::NotHeld {
@@ -929,9 +897,7 @@ impl Backend for RedisBackend {
             .arg(lease.owner().to_string())
             .arg(lease.owner().for_hold().to_string())
             .arg(hold_ms);
-        let (held, confirmed) = self
-            .run::<i64>(&invocation, &HOLD, true, "release_after")
-            .await?;
+        let (held, confirmed) = self.run::<i64>(&invocation, true, "release_after").await?;
         if held == 1 && !confirmed {
             return Err(unconfirmed("release_after"));
         }
@@ -954,9 +920,7 @@ impl Backend for RedisBackend {
             .arg(lease.owner().to_string())
             .arg(millis(ttl))
             .arg(FENCE_RETENTION_MS);
-        let (extended, confirmed) = self
-            .run::<i64>(&invocation, &EXTEND, true, "extend")
-            .await?;
+        let (extended, confirmed) = self.run::<i64>(&invocation, true, "extend").await?;
         if extended == 1 && !confirmed {
             // The promoted replica may hold only the old deadline.
             return Err(unconfirmed("extend"));
@@ -986,9 +950,7 @@ impl Backend for RedisBackend {
                 .arg(millis(lease.ttl().unwrap_or_default()));
         }
         let sent = Instant::now();
-        let (held, confirmed) = self
-            .run::<Vec<i64>>(&invocation, &EXTEND_MANY, true, "extend")
-            .await?;
+        let (held, confirmed) = self.run::<Vec<i64>>(&invocation, true, "extend").await?;
         if !confirmed {
             return Err(unconfirmed("extend"));
         }
@@ -1092,7 +1054,7 @@ impl Backend for RedisBackend {
         let mut invocation = INSPECT.prepare_invoke();
         invocation.key(&keys.lock).key(&keys.fence);
         let (reply, _) = self
-            .run::<Vec<String>>(&invocation, &INSPECT, false, "inspect")
+            .run::<Vec<String>>(&invocation, false, "inspect")
             .await?;
         let [owner, pttl, fence] = reply.as_slice() else {
             return if reply.is_empty() {

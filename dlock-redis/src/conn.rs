@@ -63,32 +63,24 @@ impl std::fmt::Debug for PushConn {
 }
 
 impl PushConn {
-    pub async fn subscribe(&mut self, channels: &[String]) -> RedisResult<()> {
-        match self {
-            PushConn::Single(c) => c.subscribe(channels).await,
-            // One at a time: channels of different slots live on different
-            // nodes, and one command may not span slots.
-            PushConn::Cluster(c) => {
-                for channel in channels {
-                    c.ssubscribe(channel).await?;
-                }
-                Ok(())
-            }
-        }
-    }
-
     /// Subscribes to each channel; returns those that failed. On a
-    /// cluster one node down fails only its own slots' channels.
-    pub async fn subscribe_each(&mut self, channels: &[String]) -> Vec<String> {
+    /// cluster one at a time: channels of different slots live on
+    /// different nodes, one command may not span slots, and one node down
+    /// fails only its own slots' channels.
+    pub async fn subscribe(&mut self, channels: &[String]) -> Vec<String> {
         match self {
             PushConn::Single(c) => match c.subscribe(channels).await {
                 Ok(()) => Vec::new(),
-                Err(_) => channels.to_vec(),
+                Err(e) => {
+                    tracing::debug!(error = %e, "subscribe failed");
+                    channels.to_vec()
+                }
             },
             PushConn::Cluster(c) => {
                 let mut failed = Vec::new();
                 for channel in channels {
-                    if c.ssubscribe(channel).await.is_err() {
+                    if let Err(e) = c.ssubscribe(channel).await {
+                        tracing::debug!(%channel, error = %e, "subscribe failed");
                         failed.push(channel.clone());
                     }
                 }

@@ -6,14 +6,15 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use dlock_core::wait::{Backoff, Wakeups};
-use redis::{PushInfo, PushKind, RedisResult, Value};
+use redis::{PushInfo, PushKind, Value};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::conn::PushConn;
 use crate::keys::name_of;
 
 enum Command {
-    Subscribe(String, oneshot::Sender<RedisResult<()>>),
+    /// The answer says whether the subscription is in place.
+    Subscribe(String, oneshot::Sender<bool>),
     Unsubscribe(String),
     /// The connection dropped: subscribe to every wanted channel again,
     /// then let every waiter look again for releases it missed.
@@ -39,10 +40,6 @@ pub(crate) struct Notifications {
     /// Set once a channel is kept for good ([`Notifications::keep`]).
     kept: tokio::sync::OnceCell<()>,
     moved_to: MovedTo,
-    /// How long a waiter waits for its subscription before it polls
-    /// without one: the subscriber may be busy resubscribing to a node
-    /// that is down.
-    ack_timeout: Duration,
 }
 
 impl Notifications {
@@ -52,7 +49,6 @@ impl Notifications {
         conn: PushConn,
         mut pushes: mpsc::UnboundedReceiver<PushInfo>,
         prefix: String,
-        ack_timeout: Duration,
     ) -> Self {
         let wakeups = Arc::new(Wakeups::new());
         let interest: Interests = Arc::default();
@@ -101,7 +97,6 @@ impl Notifications {
             commands,
             kept: tokio::sync::OnceCell::new(),
             moved_to,
-            ack_timeout,
         }
     }
 
@@ -109,8 +104,9 @@ impl Notifications {
     /// this returns, releases published on the channel reach this process.
     /// Dropping this future midway drops the interest with it.
     /// The flag says whether the subscription is in place.
-    /// Waits for the subscription at most `limit` (and never beyond the
-    /// ack timeout): a waiter's deadline comes first.
+    /// Waits for the subscription at most `limit`: the subscriber may be
+    /// busy resubscribing to a node that is down, and a waiter's deadline
+    /// comes first.
     pub async fn interest(&self, channel: &str, limit: Duration) -> (Interest<'_>, bool) {
         *self
             .interest
@@ -131,14 +127,14 @@ impl Notifications {
             .is_ok();
         // Without a subscription the wait loop still polls, bounded by the
         // holder's TTL, so a failure here slows waiters but breaks nothing.
-        let Ok(done) = tokio::time::timeout(self.ack_timeout.min(limit), done).await else {
+        let Ok(done) = tokio::time::timeout(limit, done).await else {
             tracing::warn!(%channel, "no subscription in time; polling");
             return (interest, false);
         };
         let subscribed = match done {
-            Ok(Ok(())) => true,
-            Ok(Err(e)) => {
-                tracing::warn!(%channel, error = %e, "subscribe failed; polling");
+            Ok(true) => true,
+            Ok(false) => {
+                tracing::warn!(%channel, "subscribe failed; polling");
                 false
             }
             Err(_) if sent => {
@@ -214,7 +210,8 @@ async fn subscriber(
             // Subscribing twice is harmless, and the reply tells the
             // waiter that releases from now on will reach it.
             Command::Subscribe(channel, ack) => {
-                let _ = ack.send(conn.subscribe(std::slice::from_ref(&channel)).await);
+                let failed = conn.subscribe(std::slice::from_ref(&channel)).await;
+                let _ = ack.send(failed.is_empty());
             }
             Command::Unsubscribe(channel) => {
                 if !wanted(&channel)
@@ -265,7 +262,7 @@ async fn resubscribe(
             break;
         }
         let before = pending.len();
-        pending = conn.subscribe_each(&pending).await;
+        pending = conn.subscribe(&pending).await;
         if pending.len() < before {
             // Some are back: their waiters look again now, not once every
             // channel is.

@@ -182,14 +182,9 @@ impl Sentinel {
         self.following.try_lock().ok()
     }
 
-    /// Records `addr` as the primary; returns whether it changed.
-    pub fn switch_to(&self, addr: &ConnectionAddr) -> bool {
-        let mut primary = self.primary.lock().unwrap_or_else(PoisonError::into_inner);
-        if primary.as_ref() == Some(addr) {
-            return false;
-        }
-        *primary = Some(addr.clone());
-        true
+    /// Records `addr` as the primary the connections go to.
+    pub fn switch_to(&self, addr: &ConnectionAddr) {
+        *self.primary.lock().unwrap_or_else(PoisonError::into_inner) = Some(addr.clone());
     }
 
     /// The primary the connections go to now.
