@@ -233,17 +233,7 @@ pub async fn redis_cluster() -> Topology {
         let addrs: Vec<String> = nodes.iter().map(Node::addr).collect();
         create.extend(addrs.iter().map(String::as_str));
         create.extend(["--cluster-replicas", "1", "--cluster-yes"]);
-        let out = Command::new("docker")
-            .args(&create)
-            .output()
-            .map_err(|e| format!("dlock harness: cannot run docker: {e}"))?;
-        if !out.status.success() {
-            return Err(format!(
-                "dlock harness: redis-cli --cluster create failed: {}{}",
-                String::from_utf8_lossy(&out.stdout),
-                String::from_utf8_lossy(&out.stderr)
-            ));
-        }
+        docker_output(&create)?;
         let topology = Topology { network, nodes };
         for node in &topology.nodes {
             wait_cluster_ok(&node.addr()).await?;
@@ -505,18 +495,8 @@ fn create_network() -> Result<String, String> {
         std::process::id(),
         fastrand::u32(..0x100_0000)
     );
-    let out = Command::new("docker")
-        .args(["network", "create", "--label"])
-        .arg(format!("dlock.harness={}", std::process::id()))
-        .arg(&name)
-        .output()
-        .map_err(|e| format!("dlock harness: cannot run docker: {e}"))?;
-    if !out.status.success() {
-        return Err(format!(
-            "dlock harness: cannot create network {name}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        ));
-    }
+    let label = format!("dlock.harness={}", std::process::id());
+    docker_output(&["network", "create", "--label", &label, &name])?;
     crate::harness::register_network_for_cleanup(&name);
     Ok(name)
 }
@@ -563,11 +543,7 @@ async fn start_node(
 
 fn inspect_ip(name: &str, network: &str) -> Result<IpAddr, String> {
     let format = format!("{{{{(index .NetworkSettings.Networks \"{network}\").IPAddress}}}}");
-    let out = Command::new("docker")
-        .args(["inspect", "-f", &format, name])
-        .output()
-        .map_err(|e| format!("dlock harness: cannot run docker: {e}"))?;
-    String::from_utf8_lossy(&out.stdout)
+    docker_output(&["inspect", "-f", &format, name])?
         .trim()
         .parse()
         .map_err(|e| format!("dlock harness: no address for {name} on {network}: {e}"))
@@ -588,19 +564,27 @@ async fn docker_async<const N: usize>(args: [&str; N]) {
 }
 
 /// Runs a docker command whose failure a test notices by itself (a node
-/// that should be down still answering, say).
+/// that should be down still answering, say): a failure is only reported.
 fn docker(args: &[&str]) {
-    match Command::new("docker").args(args).output() {
-        Ok(out) if !out.status.success() => warn_failed(args, &out.stderr),
-        Err(e) => warn_failed(args, e.to_string().as_bytes()),
-        Ok(_) => {}
+    if let Err(e) = docker_output(args) {
+        eprintln!("{e}");
     }
 }
 
-fn warn_failed(args: &[&str], stderr: &[u8]) {
-    eprintln!(
-        "dlock harness: docker {} failed: {}",
-        args.join(" "),
-        String::from_utf8_lossy(stderr).trim()
-    );
+/// Runs a docker command; its standard output, or what went wrong.
+fn docker_output(args: &[&str]) -> Result<String, String> {
+    let out = Command::new("docker")
+        .args(args)
+        .output()
+        .map_err(|e| format!("dlock harness: cannot run docker: {e}"))?;
+    if out.status.success() {
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    } else {
+        Err(format!(
+            "dlock harness: docker {} failed: {}{}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stdout).trim(),
+            String::from_utf8_lossy(&out.stderr).trim()
+        ))
+    }
 }
