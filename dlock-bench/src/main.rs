@@ -222,9 +222,12 @@ async fn run(args: Args) -> Result<()> {
             bar.set_message(format!("{name}: cycles and raw floor, in turns"));
             let raw = ops(args.clients, async || target.raw_floor().await).await?;
             if let Some(raw) = raw {
-                let (cycle, floor) =
+                let p =
                     scenarios::paired(&cycles(args.clients), &raw, "cycle", duration * 2).await?;
-                (r.cycle, r.raw_floor) = (Some(cycle), Some(floor));
+                (r.cycle, r.raw_floor, r.cycle_ratio) = (Some(p.a), Some(p.b), Some(p.ratio));
+                // Latency alone, without the clients competing for the cores.
+                r.one_client =
+                    Some(scenarios::paired(&cycles(1), &raw[..1], "single", duration * 2).await?);
             } else {
                 r.cycle =
                     Some(scenarios::throughput(&cycles(args.clients), "cycle", duration).await?);

@@ -7,7 +7,7 @@ use std::path::Path;
 use plotters::prelude::*;
 use serde::{Deserialize, Serialize};
 
-use crate::scenarios::{Contention, Held, Latency, Throughput};
+use crate::scenarios::{Contention, Held, Latency, Paired, Throughput};
 use crate::target::Result;
 
 #[derive(Debug, Default, Serialize, Deserialize)]
@@ -19,6 +19,13 @@ pub struct BackendReport {
     pub cycle: Option<Throughput>,
     /// The same server operations sent bare with the client library.
     pub raw_floor: Option<Throughput>,
+    /// cycle / raw floor: the median of the turns' ratios (older reports:
+    /// none, the ratio of the totals).
+    #[serde(default)]
+    pub cycle_ratio: Option<f64>,
+    /// The cycle and its raw floor with one client: `a` is dlock, `b` raw.
+    #[serde(default)]
+    pub one_client: Option<Paired>,
     /// MySQL only: SELECT, UPDATE … WHERE version = ?, release UPDATE.
     pub classic_cas: Option<Throughput>,
     pub contended: Option<Contention>,
@@ -148,18 +155,18 @@ pub fn markdown(r: &Report) -> String {
     );
     let _ = writeln!(
         s,
-        "| backend | round trip p50 | cycles/s | p50 | p99 | p999 | raw floor cycles/s | dlock / raw | classic CAS cycles/s | dlock / CAS |"
+        "| backend | round trip p50 | cycles/s | p50 | p99 | p999 | raw floor cycles/s | dlock / raw | 1 client: cycles/s | raw floor | dlock / raw | classic CAS cycles/s | dlock / CAS |"
     );
-    let _ = writeln!(s, "|---|---|---|---|---|---|---|---|---|---|");
+    let _ = writeln!(s, "|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     for b in &r.backends {
-        let cycle = b.cycle.as_ref();
+        let (cycle, single) = (b.cycle.as_ref(), b.one_client.as_ref());
         let ratio = |base: Option<&Throughput>| match (cycle, base) {
             (Some(c), Some(b)) if b.ops_per_s > 0.0 => format!("{:.2}", c.ops_per_s / b.ops_per_s),
             _ => "–".to_owned(),
         };
         let _ = writeln!(
             s,
-            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
             b.backend,
             opt(b.round_trip.as_ref(), |l| ms(l.p50_us)),
             opt(cycle, |c| format!("{:.0}", c.ops_per_s)),
@@ -167,7 +174,11 @@ pub fn markdown(r: &Report) -> String {
             opt(cycle, |c| ms(c.latency.p99_us)),
             opt(cycle, |c| ms(c.latency.p999_us)),
             opt(b.raw_floor.as_ref(), |c| format!("{:.0}", c.ops_per_s)),
-            ratio(b.raw_floor.as_ref()),
+            b.cycle_ratio
+                .map_or_else(|| ratio(b.raw_floor.as_ref()), |r| format!("{r:.2}")),
+            opt(single, |p| format!("{:.0}", p.a.ops_per_s)),
+            opt(single, |p| format!("{:.0}", p.b.ops_per_s)),
+            opt(single, |p| format!("{:.2}", p.ratio)),
             opt(b.classic_cas.as_ref(), |c| format!("{:.0}", c.ops_per_s)),
             ratio(b.classic_cas.as_ref()),
         );

@@ -61,6 +61,16 @@ pub async fn throughput(ops: &[Arc<dyn Op>], run: &str, duration: Duration) -> R
     })
 }
 
+/// Two sets of ops measured in turns: what [`paired`] gives.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Paired {
+    pub a: Throughput,
+    pub b: Throughput,
+    /// The median over the turns of a's rate / b's rate in each: a burst of
+    /// noise that falls on one side of one turn moves it little.
+    pub ratio: f64,
+}
+
 /// Two sets of ops measured in turns, `SLICES` each, alternating which
 /// goes first, so that a noisy machine (a neighbour, a frequency change,
 /// the server's own housekeeping) weighs on both alike: their ratio is
@@ -70,29 +80,45 @@ pub async fn paired(
     b: &[Arc<dyn Op>],
     run: &str,
     duration: Duration,
-) -> Result<(Throughput, Throughput)> {
-    const SLICES: u32 = 5;
+) -> Result<Paired> {
+    const SLICES: u32 = 10;
     let slice = duration / SLICES;
     let (mut ha, mut hb) = (histogram()?, histogram()?);
     let (mut sa, mut sb) = (0.0, 0.0);
+    let mut ratios = Vec::new();
     for i in 0..SLICES {
+        let mut rates = [0.0; 2];
         for first in [i % 2 == 0, i % 2 != 0] {
-            let (ops, h, secs) = if first {
-                (a, &mut ha, &mut sa)
+            let (ops, h, secs, rate) = if first {
+                (a, &mut ha, &mut sa, &mut rates[0])
             } else {
-                (b, &mut hb, &mut sb)
+                (b, &mut hb, &mut sb, &mut rates[1])
             };
             let (part, took) = timed(ops, &format!("{run}{i}{first}"), slice).await?;
+            *rate = part.len() as f64 / took;
             h.add(part)?;
             *secs += took;
         }
+        if rates[1] > 0.0 {
+            ratios.push(rates[0] / rates[1]);
+        }
     }
+    ratios.sort_by(f64::total_cmp);
+    let ratio = match ratios.len() {
+        0 => 0.0,
+        n if n % 2 == 1 => ratios[n / 2],
+        n => f64::midpoint(ratios[n / 2 - 1], ratios[n / 2]),
+    };
     let result = |ops: &[Arc<dyn Op>], h: &Histogram<u64>, secs: f64| Throughput {
         clients: ops.len(),
         ops_per_s: h.len() as f64 / secs,
         latency: Latency::from(h),
     };
-    Ok((result(a, &ha, sa), result(b, &hb, sb)))
+    Ok(Paired {
+        a: result(a, &ha, sa),
+        b: result(b, &hb, sb),
+        ratio,
+    })
 }
 
 /// The latencies of every op run, and the seconds it took.
