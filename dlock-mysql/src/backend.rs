@@ -140,12 +140,14 @@ impl MySqlBuilder {
     }
 
     /// Whether waiters sleep in the server and releases wake them with
-    /// `KILL QUERY` (default `false`: waiters poll; see the crate's
-    /// README). Experimental: it gives cross-process hand-offs of about a
-    /// millisecond, but under many concurrent releases a `KILL QUERY` was
-    /// seen to block for the request timeout. Turn it on for every client
-    /// of the table, and never behind a proxy that may send one
-    /// connection's statements to different servers.
+    /// `KILL QUERY` (default `true`; see the crate's README): hand-offs
+    /// across processes in about a millisecond, at the cost of a few
+    /// connections per backend while it waits. Turn it off behind a proxy
+    /// that may send one connection's statements to different servers (a
+    /// kill could reach another server's connection of the same id);
+    /// waiters then poll, and a release by such a client wakes no one in
+    /// other processes. On MySQL, whose `GET_LOCK` cannot wait for a
+    /// fraction of a second, waiters poll whatever this says.
     pub fn wake_ups(mut self, on: bool) -> Self {
         self.wake_ups = on;
         self
@@ -217,7 +219,8 @@ impl MySqlBuilder {
                 sql,
                 holder: holder_info(),
                 wakeups: Wakeups::new(),
-                sleepers: Arc::new(Sleepers::new()),
+                // Unique to this backend: no one else ever waits for it.
+                sleepers: Arc::new(Sleepers::new(format!("dlock-a:{}", OwnerToken::random()?))),
                 wake_ups: self.wake_ups,
                 max_poll: self.max_poll,
                 request_timeout: self.request_timeout,
@@ -408,6 +411,13 @@ impl MySqlBackend {
         Self::builder(url).connect().await
     }
 
+    /// The named lock this backend's registered waiters wait for, so that a
+    /// test can take its connection away.
+    #[doc(hidden)]
+    pub fn wake_anchor_for_tests(&self) -> &str {
+        self.inner.sleepers.anchor_name()
+    }
+
     /// Settings, starting from a URL.
     pub fn builder(url: impl Into<String>) -> MySqlBuilder {
         MySqlBuilder {
@@ -417,7 +427,7 @@ impl MySqlBackend {
             connect_timeout: Duration::from_secs(5),
             request_timeout: Duration::from_secs(2),
             max_poll: Duration::from_secs(1),
-            wake_ups: false,
+            wake_ups: true,
             create_table: true,
         }
     }
@@ -729,7 +739,10 @@ impl MySqlBackend {
             // this waiter's path. It polls meanwhile.
             let backend = self.clone();
             tokio::spawn(async move {
-                claim.opened(backend.inner.pool.open().await.ok());
+                let inner = &backend.inner;
+                claim
+                    .open(&inner.pool, &inner.sql, inner.request_timeout)
+                    .await;
             });
         }
         let (sql, limit) = (&self.inner.sql, self.inner.request_timeout);

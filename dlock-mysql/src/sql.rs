@@ -46,6 +46,7 @@ pub(crate) struct Statements {
     pub register: SqlStr,
     pub unregister: SqlStr,
     pub sleep: SqlStr,
+    pub anchor: SqlStr,
     table: String,
 }
 
@@ -183,12 +184,21 @@ impl Statements {
             // ends, or a release kills the sleep. The sleep reads the row
             // itself: a release just before it finds the row free (no sleep),
             // one during it is a kill.
+            //
+            // It sleeps by waiting for the backend's anchor, a named lock its
+            // anchor connection holds for good, not with SLEEP(): MariaDB's
+            // SLEEP() and KILL take two mutexes in opposite orders, and a kill
+            // that loses that race spins for 2 s (a release stalled, the sleep
+            // ran on past its end). A lock wait is cut short without it.
             register: safe(format!("SELECT GET_LOCK({}, 0)", wait_key(table, "?"))),
             unregister: safe(format!("SELECT RELEASE_LOCK({})", wait_key(table, "?"))),
             sleep: safe(format!(
-                "SELECT SLEEP(LEAST(GREATEST(TIMESTAMPDIFF(MICROSECOND, {NOW}, expires_at), 0) / 1000000 + 0.002, ?))
+                "SELECT GET_LOCK(?, LEAST(GREATEST(TIMESTAMPDIFF(MICROSECOND, {NOW}, expires_at), 0) / 1000000 + 0.002, ?))
                  FROM `{table}` WHERE name = ? AND expires_at > {NOW}"
             )),
+            // MySQL rounds GET_LOCK's timeout to whole seconds; MariaDB
+            // waits for fractions of one, which the sleep needs.
+            anchor: safe("SELECT GET_LOCK(?, 0), VERSION() LIKE '%MariaDB%'".to_owned()),
             inspect: safe(format!(
                 "SELECT owner, version, TIMESTAMPDIFF(MICROSECOND, {NOW}, expires_at)
                  FROM `{table}` WHERE name = ? AND expires_at > {NOW}"

@@ -1,14 +1,16 @@
 //! Wake-ups across processes. MySQL has no notifications, so a waiter
 //! sleeps in the server instead: one waiter per name registers by taking a
 //! named lock (`GET_LOCK`) on a connection of its own, then sleeps there
-//! (`SELECT SLEEP(…)`) until the holder's lease ends. The release statement
-//! reads the registered connection (`IS_USED_LOCK`) in the same statement,
-//! and the releaser ends the sleep with `KILL QUERY`, sent on the same
-//! connection as the release so that it reaches the same server. Other
-//! waiters poll slowly, and take over the registration when it frees.
+//! until the holder's lease ends, by waiting for the backend's anchor (a
+//! named lock that one more connection of its own holds, and never gives
+//! up). The release statement reads the registered connection
+//! (`IS_USED_LOCK`) in the same statement, and the releaser ends the wait
+//! with `KILL QUERY`, sent on the same connection as the release so that it
+//! reaches the same server. Other waiters poll slowly, and take over the
+//! registration when it frees.
 //!
-//! These connections run nothing but the named lock and the sleep, so a
-//! late kill can only cut a sleep short; they never go back to the pool.
+//! These connections run nothing but the named locks and the wait, so a
+//! late kill can only cut a wait short; they never go back to the pool.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -19,6 +21,7 @@ use sqlx::mysql::MySqlConnection;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::timeout;
 
+use crate::pool::Pool;
 use crate::sql::Statements;
 
 /// How many waiters of one backend can be registered (and hold a
@@ -32,33 +35,57 @@ pub(crate) struct Sleepers {
     slots: Arc<Semaphore>,
     /// A connection is being opened for the next waiter.
     opening: AtomicBool,
+    /// The named lock sleepers wait for, and the connection that holds it:
+    /// while it lives, a wait ends only at its timeout or by a kill.
+    anchor_name: String,
+    anchor: Mutex<Option<MySqlConnection>>,
+    /// The server cannot wait for a fraction of a second: waiters poll.
+    unsupported: AtomicBool,
 }
 
 impl Sleepers {
-    pub fn new() -> Self {
+    pub fn new(anchor_name: String) -> Self {
         Sleepers {
             idle: Mutex::new(Vec::new()),
             slots: Arc::new(Semaphore::new(MAX_SLEEPERS)),
             opening: AtomicBool::new(false),
+            anchor_name,
+            anchor: Mutex::new(None),
+            unsupported: AtomicBool::new(false),
         }
+    }
+
+    pub fn anchor_name(&self) -> &str {
+        &self.anchor_name
     }
 
     fn idle(&self) -> MutexGuard<'_, Vec<MySqlConnection>> {
         self.idle.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// A free slot and an idle connection, if there are both.
+    fn anchor(&self) -> MutexGuard<'_, Option<MySqlConnection>> {
+        self.anchor.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// A free slot and an idle connection, if there are both and the
+    /// anchor is held.
     fn take(&self) -> Option<(OwnedSemaphorePermit, MySqlConnection)> {
+        if self.anchor().is_none() {
+            return None;
+        }
         let permit = self.slots.clone().try_acquire_owned().ok()?;
         let conn = self.idle().pop()?;
         Some((permit, conn))
     }
 
-    /// A claim on opening a connection for the next registration (in the
-    /// background, off a waiter's path): `None` when one is idle, all slots
-    /// are taken, or another is on its way.
+    /// A claim on opening connections for the next registration (in the
+    /// background, off a waiter's path): `None` when the anchor is held and
+    /// a connection idle, all slots are taken, another opening is on its
+    /// way, or the server cannot serve sleepers.
     pub fn open_claim(self: &Arc<Self>) -> Option<Opening> {
-        if !self.idle().is_empty() || self.slots.available_permits() == 0 {
+        let ready = self.anchor().is_some() && !self.idle().is_empty();
+        if ready || self.slots.available_permits() == 0 || self.unsupported.load(Ordering::Relaxed)
+        {
             return None;
         }
         let claimed = !self.opening.swap(true, Ordering::AcqRel);
@@ -71,10 +98,27 @@ impl Sleepers {
 pub(crate) struct Opening(Arc<Sleepers>);
 
 impl Opening {
-    /// The connection asked for, if it opened.
-    pub fn opened(self, conn: Option<MySqlConnection>) {
-        if let Some(conn) = conn {
-            self.0.idle().push(conn);
+    /// Opens the anchor if it is not held, then a connection for the next
+    /// waiter. Gives up quietly on any failure: waiters poll meanwhile.
+    pub async fn open(self, pool: &Pool, sql: &Statements, limit: Duration) {
+        let sleepers = &self.0;
+        if sleepers.anchor().is_none() {
+            let Ok(mut conn) = pool.open().await else {
+                return;
+            };
+            let query = sqlx::query_as(sql.anchor.clone()).bind(&sleepers.anchor_name);
+            match timeout(limit, query.fetch_one(&mut conn)).await {
+                Ok(Ok((Some(1), Some(1)))) => *sleepers.anchor() = Some(conn),
+                Ok(Ok((_, Some(0)))) => {
+                    tracing::debug!("not MariaDB: waiters poll instead of sleeping in the server");
+                    sleepers.unsupported.store(true, Ordering::Relaxed);
+                    return;
+                }
+                _ => return,
+            }
+        }
+        if let Ok(conn) = pool.open().await {
+            sleepers.idle().push(conn);
         }
     }
 }
@@ -91,6 +135,9 @@ impl Drop for Opening {
 pub(crate) struct Sleeper {
     sleepers: Arc<Sleepers>,
     conn: MySqlConnection,
+    /// A sleep failed: the connection is in doubt (or holds the anchor),
+    /// so it is closed rather than kept.
+    broken: bool,
     _permit: OwnedSemaphorePermit,
 }
 
@@ -113,6 +160,7 @@ impl Sleeper {
             return Some(Sleeper {
                 sleepers: sleepers.clone(),
                 conn,
+                broken: false,
                 _permit: permit,
             });
         }
@@ -122,7 +170,8 @@ impl Sleeper {
 
     /// Sleeps until the holder's lease of `name` ends, a release wakes us,
     /// or `cap` passes; at once when the name is free. False when the
-    /// connection broke (the registration is gone with it).
+    /// connection broke (the registration is gone with it), or the anchor
+    /// did (its connection is then opened again).
     pub async fn sleep(
         &mut self,
         sql: &Statements,
@@ -130,21 +179,35 @@ impl Sleeper {
         cap: Duration,
         limit: Duration,
     ) -> bool {
-        let query = sqlx::query(sql.sleep.clone())
+        let query = sqlx::query_scalar(sql.sleep.clone())
+            .bind(&self.sleepers.anchor_name)
             .bind(cap.as_secs_f64())
             .bind(name.as_bytes());
-        match timeout(cap + limit, query.fetch_optional(&mut self.conn)).await {
+        // All of the reply: a kill may end it with an error after the row.
+        let fine = match timeout(cap + limit, query.fetch_all(&mut self.conn)).await {
+            Ok(Ok(got)) if got.contains(&Some(1_i64)) => {
+                // The wait got the anchor: its connection is gone. Ours is
+                // closed (it holds the anchor now) and a new one takes over.
+                self.sleepers.anchor().take();
+                false
+            }
+            // Free, timed out, or cut short by a kill (NULL).
             Ok(Ok(_)) => true,
             // Cut short by a kill: the server says so, the link is fine.
             Ok(Err(e)) => e.as_database_error().is_some(),
             Err(_) => false,
-        }
+        };
+        self.broken |= !fine;
+        fine
     }
 
     /// Ends the registration and keeps the connection for the next waiter.
     /// Owns everything it needs, so that it can run on a task of its own
     /// while the waiter goes on with its lease.
     pub async fn unregister(mut self, unregister: SqlStr, name: String, limit: Duration) {
+        if self.broken {
+            return;
+        }
         let query = sqlx::query(unregister).bind(name.into_bytes());
         if let Ok(Ok(_)) = timeout(limit, query.execute(&mut self.conn)).await {
             self.sleepers.idle().push(self.conn);

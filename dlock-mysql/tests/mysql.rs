@@ -514,13 +514,8 @@ async fn a_cycle_costs_two_statements_and_no_ping() {
 /// release woke its sleep in the server.
 #[tokio::test]
 async fn a_release_wakes_a_waiter_in_another_process() {
-    let holder = MySqlBackend::builder(url().await)
-        .wake_ups(true)
-        .connect()
-        .await
-        .unwrap();
+    let holder = MySqlBackend::connect(url().await).await.unwrap();
     let waiter = MySqlBackend::builder(url().await)
-        .wake_ups(true)
         .max_poll_interval(Duration::from_secs(60))
         .connect()
         .await
@@ -558,22 +553,14 @@ async fn a_release_wakes_a_waiter_in_another_process() {
 async fn waiting_costs_a_few_statements_a_second_per_waiter() {
     use sqlx::Connection;
     let server = start(Service::MariaDb, ServerOptions::default()).await;
-    let holder = MySqlBackend::builder(server.url())
-        .wake_ups(true)
-        .connect()
-        .await
-        .unwrap();
+    let holder = MySqlBackend::connect(server.url()).await.unwrap();
     let mut admin = sqlx::MySqlConnection::connect(server.url()).await.unwrap();
     let name = unique_name("load");
     let lease = holder.try_acquire(&name, &opts()).await.unwrap().unwrap();
     let waiters = 8;
     let mut tasks = Vec::new();
     for _ in 0..waiters {
-        let b = MySqlBackend::builder(server.url())
-            .wake_ups(true)
-            .connect()
-            .await
-            .unwrap();
+        let b = MySqlBackend::connect(server.url()).await.unwrap();
         let name = name.clone();
         tasks.push(tokio::spawn(async move {
             let lease = b
@@ -599,4 +586,95 @@ async fn waiting_costs_a_few_statements_a_second_per_waiter() {
             .expect("every waiter is served")
             .unwrap();
     }
+}
+
+/// The anchor that registered waiters wait for is lost (its connection is
+/// killed), so the registered waiter's wait takes it: that connection is
+/// closed rather than spinning on a lock it now holds, a new anchor is
+/// opened, and the next release still wakes the waiter at once. On a server
+/// of its own, so that the statements counted are this test's.
+#[tokio::test]
+async fn a_lost_anchor_is_replaced_and_wake_ups_go_on() {
+    use sqlx::Connection;
+    let server = start(Service::MariaDb, ServerOptions::default()).await;
+    let holder = MySqlBackend::connect(server.url()).await.unwrap();
+    let waiter = MySqlBackend::builder(server.url())
+        .max_poll_interval(Duration::from_secs(60))
+        .connect()
+        .await
+        .unwrap();
+    let mut admin = sqlx::MySqlConnection::connect(server.url()).await.unwrap();
+    let name = unique_name("anchor");
+    let lease = holder.try_acquire(&name, &opts()).await.unwrap().unwrap();
+    let anchor = waiter.wake_anchor_for_tests().to_owned();
+    let task = {
+        let name = name.clone();
+        tokio::spawn(async move {
+            let lease = waiter
+                .acquire(&name, &opts().wait(Duration::from_secs(50)))
+                .await;
+            (lease, tokio::time::Instant::now(), waiter)
+        })
+    };
+    // The registered waiter waits for the anchor.
+    let registered = async {
+        loop {
+            let waiting: Option<i64> = sqlx::query_scalar(
+                "SELECT id FROM information_schema.processlist \
+                 WHERE info LIKE 'SELECT GET_LOCK(%' AND command = 'Execute'",
+            )
+            .fetch_optional(&mut admin)
+            .await
+            .unwrap();
+            if waiting.is_some() {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(10), registered)
+        .await
+        .expect("the waiter sleeps in the server");
+    let holder_of = async |admin: &mut sqlx::MySqlConnection| -> Option<i64> {
+        sqlx::query_scalar("SELECT IS_USED_LOCK(?)")
+            .bind(&anchor)
+            .fetch_one(admin)
+            .await
+            .unwrap()
+    };
+    let first = holder_of(&mut admin).await.expect("the anchor is held");
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!("KILL {first}")))
+        .execute(&mut admin)
+        .await
+        .unwrap();
+    // A new anchor, on a connection that waits for nothing.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let before = counters(&mut admin).await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let after = counters(&mut admin).await;
+    let second = holder_of(&mut admin).await.expect("a new anchor is held");
+    assert_ne!(first, second);
+    let command: String =
+        sqlx::query_scalar("SELECT command FROM information_schema.processlist WHERE id = ?")
+            .bind(second)
+            .fetch_one(&mut admin)
+            .await
+            .unwrap();
+    assert_eq!(command, "Sleep", "the anchor's connection runs nothing");
+    // The waiter sleeps again rather than spinning (nor polling: a minute).
+    assert!(
+        after.0 - before.0 < 20,
+        "{} statements in 2 s while one waiter waits",
+        after.0 - before.0
+    );
+    let released = tokio::time::Instant::now();
+    holder.release(&lease).await.unwrap();
+    let (granted, at, waiter) = task.await.unwrap();
+    let granted = granted.expect("the waiter gets the lock");
+    assert!(
+        at - released < Duration::from_secs(10),
+        "the waiter polled instead of being woken ({:?})",
+        at - released
+    );
+    waiter.release(&granted).await.unwrap();
 }
