@@ -40,6 +40,7 @@ impl Target {
             Target::Redis(url) => Arc::new(dlock::redis::RedisBackend::connect(url).await?),
             Target::MySql(url) => Arc::new(
                 dlock::mysql::MySqlBackend::builder(url)
+                    .wake_ups(true)
                     .max_connections(connections)
                     .connect()
                     .await?,

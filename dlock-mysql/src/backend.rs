@@ -109,7 +109,8 @@ impl MySqlBuilder {
         self
     }
 
-    /// The most connections the pool opens (default 10).
+    /// The most connections the pool opens (default 10). With
+    /// [`wake_ups`](Self::wake_ups), up to 5 more serve waiters.
     pub fn max_connections(mut self, n: u32) -> Self {
         self.max_connections = n;
         self
@@ -140,14 +141,15 @@ impl MySqlBuilder {
     }
 
     /// Whether waiters sleep in the server and releases wake them with
-    /// `KILL QUERY` (default `true`; see the crate's README): hand-offs
-    /// across processes in about a millisecond, at the cost of a few
-    /// connections per backend while it waits. Turn it off behind a proxy
-    /// that may send one connection's statements to different servers (a
-    /// kill could reach another server's connection of the same id);
-    /// waiters then poll, and a release by such a client wakes no one in
-    /// other processes. On MySQL, whose `GET_LOCK` cannot wait for a
-    /// fraction of a second, waiters poll whatever this says.
+    /// `KILL QUERY` (default `false`: waiters poll; see the crate's
+    /// README): hand-offs across processes in about a millisecond, for up
+    /// to 5 connections per backend beyond the pool (an anchor and up to 4
+    /// sleeping waiters), opened when it first waits and kept. Turn it on
+    /// for every client of the table, and only with a direct connection to
+    /// the server: behind a proxy (ProxySQL, a multi-primary router) the
+    /// connection id a release kills may name another client's connection.
+    /// On MySQL, whose `GET_LOCK` cannot wait for a fraction of a second,
+    /// waiters poll whatever this says.
     pub fn wake_ups(mut self, on: bool) -> Self {
         self.wake_ups = on;
         self
@@ -427,7 +429,7 @@ impl MySqlBackend {
             connect_timeout: Duration::from_secs(5),
             request_timeout: Duration::from_secs(2),
             max_poll: Duration::from_secs(1),
-            wake_ups: true,
+            wake_ups: false,
             create_table: true,
         }
     }

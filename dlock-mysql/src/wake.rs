@@ -19,7 +19,7 @@ use std::time::Duration;
 use sqlx::SqlStr;
 use sqlx::mysql::MySqlConnection;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
-use tokio::time::timeout;
+use tokio::time::{Instant, timeout};
 
 use crate::pool::Pool;
 use crate::sql::Statements;
@@ -27,6 +27,9 @@ use crate::sql::Statements;
 /// How many waiters of one backend can be registered (and hold a
 /// connection each) at once; the rest poll.
 const MAX_SLEEPERS: usize = 4;
+
+/// How long after a failed connect no connection is opened for waiters.
+const RETRY_OPEN_AFTER: Duration = Duration::from_secs(30);
 
 /// The connections waiters sleep on.
 #[derive(Debug)]
@@ -39,8 +42,12 @@ pub(crate) struct Sleepers {
     /// while it lives, a wait ends only at its timeout or by a kill.
     anchor_name: String,
     anchor: Mutex<Option<MySqlConnection>>,
-    /// The server cannot wait for a fraction of a second: waiters poll.
+    /// The server cannot wait for a fraction of a second, or refuses named
+    /// locks: waiters poll.
     unsupported: AtomicBool,
+    /// No connection opens for waiters before this: the last try could not
+    /// connect.
+    retry_at: Mutex<Option<Instant>>,
 }
 
 impl Sleepers {
@@ -52,6 +59,7 @@ impl Sleepers {
             anchor_name,
             anchor: Mutex::new(None),
             unsupported: AtomicBool::new(false),
+            retry_at: Mutex::new(None),
         }
     }
 
@@ -61,6 +69,10 @@ impl Sleepers {
 
     fn idle(&self) -> MutexGuard<'_, Vec<MySqlConnection>> {
         self.idle.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn retry_at(&self) -> MutexGuard<'_, Option<Instant>> {
+        self.retry_at.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     fn anchor(&self) -> MutexGuard<'_, Option<MySqlConnection>> {
@@ -84,7 +96,11 @@ impl Sleepers {
     /// way, or the server cannot serve sleepers.
     pub fn open_claim(self: &Arc<Self>) -> Option<Opening> {
         let ready = self.anchor().is_some() && !self.idle().is_empty();
-        if ready || self.slots.available_permits() == 0 || self.unsupported.load(Ordering::Relaxed)
+        let resting = self.retry_at().is_some_and(|at| Instant::now() < at);
+        if ready
+            || resting
+            || self.slots.available_permits() == 0
+            || self.unsupported.load(Ordering::Relaxed)
         {
             return None;
         }
@@ -99,26 +115,33 @@ pub(crate) struct Opening(Arc<Sleepers>);
 
 impl Opening {
     /// Opens the anchor if it is not held, then a connection for the next
-    /// waiter. Gives up quietly on any failure: waiters poll meanwhile.
+    /// waiter. Gives up quietly on any failure, waiters polling meanwhile:
+    /// for a while when the server could not be reached (at its connection
+    /// limit, say), for good when it cannot serve sleepers.
     pub async fn open(self, pool: &Pool, sql: &Statements, limit: Duration) {
         let sleepers = &self.0;
+        let rest = || *sleepers.retry_at() = Some(Instant::now() + RETRY_OPEN_AFTER);
         if sleepers.anchor().is_none() {
             let Ok(mut conn) = pool.open().await else {
-                return;
+                return rest();
             };
             let query = sqlx::query_as(sql.anchor.clone()).bind(&sleepers.anchor_name);
             match timeout(limit, query.fetch_one(&mut conn)).await {
                 Ok(Ok((Some(1), Some(1)))) => *sleepers.anchor() = Some(conn),
-                Ok(Ok((_, Some(0)))) => {
-                    tracing::debug!("not MariaDB: waiters poll instead of sleeping in the server");
+                // Not MariaDB, or named locks refused (Galera may): poll.
+                Ok(Ok((_, Some(0))) | Err(sqlx::Error::Database(_))) => {
+                    tracing::debug!("waiters poll: the server cannot let them sleep in it");
                     sleepers.unsupported.store(true, Ordering::Relaxed);
                     return;
                 }
+                // Held for a moment by a sleeper that won it from a lost
+                // anchor (its connection is closing), or no answer: next time.
                 _ => return,
             }
         }
-        if let Ok(conn) = pool.open().await {
-            sleepers.idle().push(conn);
+        match pool.open().await {
+            Ok(conn) => sleepers.idle().push(conn),
+            Err(_) => rest(),
         }
     }
 }

@@ -9,6 +9,7 @@ use dlock_conformance::cases::unique_name;
 use dlock_conformance::harness::{ServerOptions, Service, shared, start, unused_port};
 use dlock_core::{Backend, Error, LockOptions};
 use dlock_mysql::MySqlBackend;
+use tokio::time::Instant;
 
 fn opts() -> LockOptions {
     LockOptions::new().ttl(Duration::from_secs(30))
@@ -514,27 +515,57 @@ async fn a_cycle_costs_two_statements_and_no_ping() {
 /// release woke its sleep in the server.
 #[tokio::test]
 async fn a_release_wakes_a_waiter_in_another_process() {
-    let holder = MySqlBackend::connect(url().await).await.unwrap();
-    let waiter = MySqlBackend::builder(url().await)
+    let holder = waking(url().await).await;
+    let name = unique_name("wake");
+    let lease = holder.try_acquire(&name, &opts()).await.unwrap().unwrap();
+    let task = wait_on_task(slow_polling(url().await).await, &name);
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert!(!task.is_finished());
+    release_wakes(&holder, &lease, task).await;
+}
+
+/// A client whose waiters sleep in the server, woken by releases.
+async fn waking(url: &str) -> MySqlBackend {
+    MySqlBackend::builder(url)
+        .wake_ups(true)
+        .connect()
+        .await
+        .unwrap()
+}
+
+/// A waking client whose waiters poll at most once a minute.
+async fn slow_polling(url: &str) -> MySqlBackend {
+    MySqlBackend::builder(url)
+        .wake_ups(true)
         .max_poll_interval(Duration::from_secs(60))
         .connect()
         .await
-        .unwrap();
-    let name = unique_name("wake");
-    let lease = holder.try_acquire(&name, &opts()).await.unwrap().unwrap();
-    let task = {
-        let name = name.clone();
-        tokio::spawn(async move {
-            let lease = waiter
-                .acquire(&name, &opts().wait(Duration::from_secs(50)))
-                .await;
-            (lease, tokio::time::Instant::now(), waiter)
-        })
-    };
-    tokio::time::sleep(Duration::from_millis(1500)).await;
-    assert!(!task.is_finished());
-    let released = tokio::time::Instant::now();
-    holder.release(&lease).await.unwrap();
+        .unwrap()
+}
+
+type Waited = (dlock_core::Result<dlock_core::Lease>, Instant, MySqlBackend);
+
+/// `waiter` waits for `name` on a task of its own, which gives back the
+/// outcome, when it came, and the client.
+fn wait_on_task(waiter: MySqlBackend, name: &str) -> tokio::task::JoinHandle<Waited> {
+    let name = name.to_owned();
+    tokio::spawn(async move {
+        let lease = waiter
+            .acquire(&name, &opts().wait(Duration::from_secs(50)))
+            .await;
+        (lease, Instant::now(), waiter)
+    })
+}
+
+/// Releases `lease`, and the waiter of `task` gets the lock within seconds
+/// (its polls are a minute apart when they are not woken).
+async fn release_wakes(
+    holder: &MySqlBackend,
+    lease: &dlock_core::Lease,
+    task: tokio::task::JoinHandle<Waited>,
+) {
+    let released = Instant::now();
+    holder.release(lease).await.unwrap();
     let (granted, at, waiter) = task.await.unwrap();
     let granted = granted.expect("the waiter gets the lock");
     assert!(
@@ -553,14 +584,14 @@ async fn a_release_wakes_a_waiter_in_another_process() {
 async fn waiting_costs_a_few_statements_a_second_per_waiter() {
     use sqlx::Connection;
     let server = start(Service::MariaDb, ServerOptions::default()).await;
-    let holder = MySqlBackend::connect(server.url()).await.unwrap();
+    let holder = waking(server.url()).await;
     let mut admin = sqlx::MySqlConnection::connect(server.url()).await.unwrap();
     let name = unique_name("load");
     let lease = holder.try_acquire(&name, &opts()).await.unwrap().unwrap();
     let waiters = 8;
     let mut tasks = Vec::new();
     for _ in 0..waiters {
-        let b = MySqlBackend::connect(server.url()).await.unwrap();
+        let b = waking(server.url()).await;
         let name = name.clone();
         tasks.push(tokio::spawn(async move {
             let lease = b
@@ -597,42 +628,30 @@ async fn waiting_costs_a_few_statements_a_second_per_waiter() {
 async fn a_lost_anchor_is_replaced_and_wake_ups_go_on() {
     use sqlx::Connection;
     let server = start(Service::MariaDb, ServerOptions::default()).await;
-    let holder = MySqlBackend::connect(server.url()).await.unwrap();
-    let waiter = MySqlBackend::builder(server.url())
-        .max_poll_interval(Duration::from_secs(60))
-        .connect()
-        .await
-        .unwrap();
+    let holder = waking(server.url()).await;
+    let waiter = slow_polling(server.url()).await;
     let mut admin = sqlx::MySqlConnection::connect(server.url()).await.unwrap();
     let name = unique_name("anchor");
     let lease = holder.try_acquire(&name, &opts()).await.unwrap().unwrap();
     let anchor = waiter.wake_anchor_for_tests().to_owned();
-    let task = {
-        let name = name.clone();
-        tokio::spawn(async move {
-            let lease = waiter
-                .acquire(&name, &opts().wait(Duration::from_secs(50)))
-                .await;
-            (lease, tokio::time::Instant::now(), waiter)
-        })
-    };
-    // The registered waiter waits for the anchor.
-    let registered = async {
+    let task = wait_on_task(waiter, &name);
+    // The connection of the waiter sleeping in the server, once it sleeps.
+    let sleeper = async |admin: &mut sqlx::MySqlConnection| -> i64 {
         loop {
             let waiting: Option<i64> = sqlx::query_scalar(
                 "SELECT id FROM information_schema.processlist \
-                 WHERE info LIKE 'SELECT GET_LOCK(%' AND command = 'Execute'",
+                 WHERE state = 'User lock' AND info LIKE '%expires_at%'",
             )
-            .fetch_optional(&mut admin)
+            .fetch_optional(&mut *admin)
             .await
             .unwrap();
-            if waiting.is_some() {
-                return;
+            if let Some(id) = waiting {
+                return id;
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
     };
-    tokio::time::timeout(Duration::from_secs(10), registered)
+    let first_sleeper = tokio::time::timeout(Duration::from_secs(10), sleeper(&mut admin))
         .await
         .expect("the waiter sleeps in the server");
     let holder_of = async |admin: &mut sqlx::MySqlConnection| -> Option<i64> {
@@ -667,14 +686,14 @@ async fn a_lost_anchor_is_replaced_and_wake_ups_go_on() {
         "{} statements in 2 s while one waiter waits",
         after.0 - before.0
     );
-    let released = tokio::time::Instant::now();
-    holder.release(&lease).await.unwrap();
-    let (granted, at, waiter) = task.await.unwrap();
-    let granted = granted.expect("the waiter gets the lock");
-    assert!(
-        at - released < Duration::from_secs(10),
-        "the waiter polled instead of being woken ({:?})",
-        at - released
+    // Wake-ups go on: the waiter sleeps in the server again, and the
+    // release wakes it.
+    let second_sleeper = tokio::time::timeout(Duration::from_secs(10), sleeper(&mut admin))
+        .await
+        .expect("the waiter sleeps in the server again");
+    assert_ne!(
+        first_sleeper, second_sleeper,
+        "the connection that won the anchor was kept"
     );
-    waiter.release(&granted).await.unwrap();
+    release_wakes(&holder, &lease, task).await;
 }

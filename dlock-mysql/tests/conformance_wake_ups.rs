@@ -1,0 +1,24 @@
+//! The whole conformance suite against a real MariaDB, with waiters woken
+//! across processes (`wake_ups(true)`): they sleep in the server and
+//! releases end their sleep with `KILL QUERY`.
+
+#![allow(clippy::unwrap_used)] // tests panic on purpose
+
+use std::sync::Arc;
+
+use dlock_conformance::harness::{Service, shared};
+use dlock_core::Backend;
+use dlock_mysql::MySqlBackend;
+
+async fn mariadb() -> Arc<dyn Backend> {
+    let server = shared(Service::MariaDb).await;
+    let backend = MySqlBackend::builder(server.url())
+        .wake_ups(true)
+        .connect()
+        .await
+        .expect("connect to the test MariaDB");
+    backend.migrate().await.expect("migrate");
+    Arc::new(backend)
+}
+
+dlock_conformance::conformance_tests!(mariadb);
