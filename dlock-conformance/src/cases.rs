@@ -18,6 +18,24 @@ pub fn unique_name(case: &str) -> String {
     format!("{case}-{:016x}", fastrand::u64(..))
 }
 
+/// What [`wait_on_task`] gives back: the acquire's outcome, when it came,
+/// and the backend.
+pub type Waited<B> = (dlock_core::Result<Lease>, Instant, B);
+
+/// Starts `backend` acquiring `name` with `opts` on a task of its own, for
+/// tests that act while it waits.
+pub fn wait_on_task<B: Backend + 'static>(
+    backend: B,
+    name: &str,
+    opts: LockOptions,
+) -> tokio::task::JoinHandle<Waited<B>> {
+    let name = name.to_owned();
+    tokio::spawn(async move {
+        let lease = backend.acquire(&name, &opts).await;
+        (lease, Instant::now(), backend)
+    })
+}
+
 /// Options for cases that hold locks for a long time: a TTL far longer
 /// than any case, so that only a release can free the lock.
 fn long() -> LockOptions {

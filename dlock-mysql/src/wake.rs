@@ -139,6 +139,9 @@ impl Opening {
                 _ => return,
             }
         }
+        if !sleepers.idle().is_empty() {
+            return;
+        }
         match pool.open().await {
             Ok(conn) => sleepers.idle().push(conn),
             Err(_) => rest(),

@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use dlock_conformance::cases::unique_name;
+use dlock_conformance::cases::{Waited, unique_name, wait_on_task};
 use dlock_conformance::harness::{ServerOptions, Service, shared, start, unused_port};
 use dlock_core::{Backend, Error, LockOptions};
 use dlock_mysql::MySqlBackend;
@@ -518,7 +518,7 @@ async fn a_release_wakes_a_waiter_in_another_process() {
     let holder = waking(url().await).await;
     let name = unique_name("wake");
     let lease = holder.try_acquire(&name, &opts()).await.unwrap().unwrap();
-    let task = wait_on_task(slow_polling(url().await).await, &name);
+    let task = wait_for(slow_polling(url().await).await, &name);
     tokio::time::sleep(Duration::from_millis(1500)).await;
     assert!(!task.is_finished());
     release_wakes(&holder, &lease, task).await;
@@ -543,18 +543,9 @@ async fn slow_polling(url: &str) -> MySqlBackend {
         .unwrap()
 }
 
-type Waited = (dlock_core::Result<dlock_core::Lease>, Instant, MySqlBackend);
-
-/// `waiter` waits for `name` on a task of its own, which gives back the
-/// outcome, when it came, and the client.
-fn wait_on_task(waiter: MySqlBackend, name: &str) -> tokio::task::JoinHandle<Waited> {
-    let name = name.to_owned();
-    tokio::spawn(async move {
-        let lease = waiter
-            .acquire(&name, &opts().wait(Duration::from_secs(50)))
-            .await;
-        (lease, Instant::now(), waiter)
-    })
+/// `waiter` waits up to 50 s for `name` on a task of its own.
+fn wait_for(waiter: MySqlBackend, name: &str) -> tokio::task::JoinHandle<Waited<MySqlBackend>> {
+    wait_on_task(waiter, name, opts().wait(Duration::from_secs(50)))
 }
 
 /// Releases `lease`, and the waiter of `task` gets the lock within seconds
@@ -562,7 +553,7 @@ fn wait_on_task(waiter: MySqlBackend, name: &str) -> tokio::task::JoinHandle<Wai
 async fn release_wakes(
     holder: &MySqlBackend,
     lease: &dlock_core::Lease,
-    task: tokio::task::JoinHandle<Waited>,
+    task: tokio::task::JoinHandle<Waited<MySqlBackend>>,
 ) {
     let released = Instant::now();
     holder.release(lease).await.unwrap();
@@ -634,7 +625,7 @@ async fn a_lost_anchor_is_replaced_and_wake_ups_go_on() {
     let name = unique_name("anchor");
     let lease = holder.try_acquire(&name, &opts()).await.unwrap().unwrap();
     let anchor = waiter.wake_anchor_for_tests().to_owned();
-    let task = wait_on_task(waiter, &name);
+    let task = wait_for(waiter, &name);
     // The connection of the waiter sleeping in the server, once it sleeps.
     let sleeper = async |admin: &mut sqlx::MySqlConnection| -> i64 {
         loop {

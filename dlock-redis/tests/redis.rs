@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use dlock_conformance::cases::unique_name;
+use dlock_conformance::cases::{Waited, unique_name, wait_on_task};
 use dlock_conformance::harness::{ServerOptions, Service, shared, start, unused_port, wait_ready};
 use dlock_core::{Backend, Error, LockOptions};
 use dlock_redis::RedisBackend;
@@ -138,19 +138,9 @@ async fn scripts_are_reloaded_after_script_flush() {
     b.release(&lease).await.unwrap();
 }
 
-/// Starts `waiter` waiting up to 50 s for `name`; the task gives back the
-/// result, when it came, and the client.
-fn wait_for(
-    waiter: RedisBackend,
-    name: &str,
-) -> tokio::task::JoinHandle<(dlock_core::Result<dlock_core::Lease>, Instant, RedisBackend)> {
-    let name = name.to_owned();
-    tokio::spawn(async move {
-        let lease = waiter
-            .acquire(&name, &opts().wait(Duration::from_secs(50)))
-            .await;
-        (lease, Instant::now(), waiter)
-    })
+/// Starts `waiter` waiting up to 50 s for `name`.
+fn wait_for(waiter: RedisBackend, name: &str) -> tokio::task::JoinHandle<Waited<RedisBackend>> {
+    wait_on_task(waiter, name, opts().wait(Duration::from_secs(50)))
 }
 
 /// With the fallback poll set to a minute, a waiter that gets the lock within
