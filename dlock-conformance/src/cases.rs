@@ -36,6 +36,29 @@ pub fn wait_on_task<B: Backend + 'static>(
     })
 }
 
+/// Releases `lease` with `holder`, and the waiter of `task` gets the lock
+/// within seconds: woken by the release, for a waiter whose polls are far
+/// slower than that.
+///
+/// # Panics
+/// When the release fails, or the waiter gets no lock or gets it late.
+pub async fn release_wakes<B: Backend + 'static>(
+    holder: &dyn Backend,
+    lease: &Lease,
+    task: tokio::task::JoinHandle<Waited<B>>,
+) {
+    let released = Instant::now();
+    holder.release(lease).await.expect("release");
+    let (granted, at, waiter) = task.await.expect("the waiting task");
+    let granted = granted.expect("the waiter gets the lock");
+    assert!(
+        at - released < Duration::from_secs(10),
+        "the waiter polled instead of being woken ({:?})",
+        at - released
+    );
+    waiter.release(&granted).await.expect("release");
+}
+
 /// Options for cases that hold locks for a long time: a TTL far longer
 /// than any case, so that only a release can free the lock.
 fn long() -> LockOptions {

@@ -5,11 +5,10 @@
 
 use std::time::Duration;
 
-use dlock_conformance::cases::{Waited, unique_name, wait_on_task};
+use dlock_conformance::cases::{Waited, release_wakes, unique_name, wait_on_task};
 use dlock_conformance::harness::{ServerOptions, Service, shared, start, unused_port};
 use dlock_core::{Backend, Error, LockOptions};
 use dlock_mysql::MySqlBackend;
-use tokio::time::Instant;
 
 fn opts() -> LockOptions {
     LockOptions::new().ttl(Duration::from_secs(30))
@@ -546,25 +545,6 @@ async fn slow_polling(url: &str) -> MySqlBackend {
 /// `waiter` waits up to 50 s for `name` on a task of its own.
 fn wait_for(waiter: MySqlBackend, name: &str) -> tokio::task::JoinHandle<Waited<MySqlBackend>> {
     wait_on_task(waiter, name, opts().wait(Duration::from_secs(50)))
-}
-
-/// Releases `lease`, and the waiter of `task` gets the lock within seconds
-/// (its polls are a minute apart when they are not woken).
-async fn release_wakes(
-    holder: &MySqlBackend,
-    lease: &dlock_core::Lease,
-    task: tokio::task::JoinHandle<Waited<MySqlBackend>>,
-) {
-    let released = Instant::now();
-    holder.release(lease).await.unwrap();
-    let (granted, at, waiter) = task.await.unwrap();
-    let granted = granted.expect("the waiter gets the lock");
-    assert!(
-        at - released < Duration::from_secs(10),
-        "the waiter polled instead of being woken ({:?})",
-        at - released
-    );
-    waiter.release(&granted).await.unwrap();
 }
 
 /// Eight waiters in other processes cost the server a few statements a
