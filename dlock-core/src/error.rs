@@ -139,6 +139,17 @@ impl Error {
         }
     }
 
+    /// An [`Error::Backend`] for a reply the driver cannot read (a wrong
+    /// type, a malformed token): the server or something between spoke
+    /// another protocol than the driver expects.
+    pub fn malformed(backend: &'static str, what: &str, reply: impl std::fmt::Debug) -> Self {
+        Error::Backend {
+            backend,
+            message: format!("unexpected reply to {what}: {reply:?}"),
+            source: None,
+        }
+    }
+
     /// An [`Error::InvalidOption`].
     pub fn invalid_option(option: &'static str, reason: impl Into<String>) -> Self {
         Error::InvalidOption {

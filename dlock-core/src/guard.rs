@@ -249,7 +249,7 @@ impl Drop for Guard {
             return;
         }
         self.lost.cancel();
-        crate::wait::release_in_background(self.backend.clone(), self.lease.clone());
+        crate::undo::release_in_background(self.backend.clone(), self.lease.clone());
     }
 }
 

@@ -7,10 +7,12 @@ mod guard;
 mod job;
 mod lease;
 mod memory;
+mod metrics;
 mod name;
 mod observe;
 mod options;
 mod renew;
+pub mod undo;
 pub mod wait;
 
 pub use async_trait::async_trait;
@@ -22,7 +24,7 @@ pub use lease::{Lease, OwnerToken};
 pub use memory::MemoryBackend;
 pub use name::{MAX_NAME_LEN, redact_url, validate_name};
 pub use observe::Observed;
-pub use options::{LockOptions, MAX_TTL, MIN_TTL, check_duration, check_hold};
+pub use options::{LockOptions, MAX_SETTING, MAX_TTL, MIN_TTL, check_duration, check_hold};
 pub use tokio_util::sync::CancellationToken;
 
 /// Support for dlock's macros; not a public API.

@@ -31,6 +31,7 @@ use async_trait::async_trait;
 use tokio::time::Instant;
 use tracing::Instrument;
 
+use crate::metrics as metric;
 use crate::{Backend, Capabilities, Error, Lease, LockInfo, LockOptions, LockPage, Result};
 
 /// A backend whose every call is traced and counted. [`Locker`](crate::Locker)
@@ -109,11 +110,11 @@ impl Backend for Observed {
         let outcome = match &result {
             Ok(Some(lease)) => {
                 span.record("fencing_token", lease.fencing_token());
-                metric::count("dlock_grants_total", backend);
+                metric::count(metric::GRANTS, backend);
                 "granted"
             }
             Ok(None) => {
-                metric::count("dlock_contended_total", backend);
+                metric::count(metric::CONTENDED, backend);
                 "held"
             }
             Err(e) => error_outcome(backend, e),
@@ -132,13 +133,13 @@ impl Backend for Observed {
         let outcome = match &result {
             Ok(lease) => {
                 span.record("fencing_token", lease.fencing_token());
-                metric::count("dlock_grants_total", backend);
+                metric::count(metric::GRANTS, backend);
                 metric::wait_seconds(backend, started.elapsed());
                 "granted"
             }
             Err(e @ Error::Timeout { .. }) => {
-                metric::count("dlock_contended_total", backend);
-                metric::count("dlock_timeouts_total", backend);
+                metric::count(metric::CONTENDED, backend);
+                metric::count(metric::TIMEOUTS, backend);
                 error_outcome(backend, e)
             }
             Err(e) => error_outcome(backend, e),
@@ -265,47 +266,4 @@ impl Backend for Observed {
         finish(&span, backend, "list", outcome, started);
         result
     }
-}
-
-/// The metrics, as no-ops without the `metrics` feature.
-pub(crate) mod metric {
-    use super::Duration;
-
-    #[cfg(feature = "metrics")]
-    pub fn count(name: &'static str, backend: &'static str) {
-        metrics::counter!(name, "backend" => backend).increment(1);
-    }
-
-    #[cfg(feature = "metrics")]
-    pub fn count_error(backend: &'static str, kind: &'static str) {
-        metrics::counter!("dlock_errors_total", "backend" => backend, "kind" => kind).increment(1);
-    }
-
-    #[cfg(feature = "metrics")]
-    pub fn acquire_seconds(backend: &'static str, call: &'static str, outcome: &str, d: Duration) {
-        metrics::histogram!(
-            "dlock_acquire_seconds",
-            "backend" => backend,
-            "call" => call,
-            "outcome" => outcome.to_owned()
-        )
-        .record(d.as_secs_f64());
-    }
-
-    #[cfg(feature = "metrics")]
-    pub fn wait_seconds(backend: &'static str, d: Duration) {
-        metrics::histogram!("dlock_wait_seconds", "backend" => backend).record(d.as_secs_f64());
-    }
-
-    #[cfg(not(feature = "metrics"))]
-    pub fn count(_: &'static str, _: &'static str) {}
-
-    #[cfg(not(feature = "metrics"))]
-    pub fn count_error(_: &'static str, _: &'static str) {}
-
-    #[cfg(not(feature = "metrics"))]
-    pub fn acquire_seconds(_: &'static str, _: &'static str, _: &str, _: Duration) {}
-
-    #[cfg(not(feature = "metrics"))]
-    pub fn wait_seconds(_: &'static str, _: Duration) {}
 }

@@ -12,6 +12,11 @@ pub const MIN_TTL: Duration = Duration::from_millis(10);
 /// renew it, so a crashed holder does not block everyone for hours.
 pub const MAX_TTL: Duration = Duration::from_secs(24 * 60 * 60);
 
+/// The longest a driver's duration setting (a timeout, a poll interval)
+/// may be: beyond a day it is surely a mistake, and it overflows client
+/// libraries' arithmetic.
+pub const MAX_SETTING: Duration = Duration::from_secs(24 * 60 * 60);
+
 /// How a lock is acquired and held: lease time, wait bound, drift allowance,
 /// background renewal.
 ///

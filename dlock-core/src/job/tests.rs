@@ -1,0 +1,135 @@
+use std::sync::{Arc, Mutex};
+
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use tokio::time::sleep;
+use tokio_util::sync::CancellationToken;
+
+use super::*;
+use crate::MemoryBackend;
+
+fn at(ms: u64) -> SystemTime {
+    UNIX_EPOCH + Duration::from_millis(ms)
+}
+
+#[test]
+fn periods_are_aligned_to_the_epoch() {
+    let every = Schedule::every(Duration::from_secs(60));
+    assert_eq!(every.next_after(at(0)), Some(at(60_000)));
+    assert_eq!(every.next_after(at(59_999)), Some(at(60_000)));
+    assert_eq!(every.next_after(at(60_000)), Some(at(120_000)));
+    assert!(Schedule::every(Duration::ZERO).validate().is_err());
+}
+
+#[cfg(feature = "cron")]
+#[test]
+fn cron_expressions_give_utc_occurrences() {
+    // 2026-11-22T00:00:00Z
+    let midnight = at(1_795_305_600_000);
+    let nightly = Schedule::cron("30 2 * * *").unwrap();
+    assert_eq!(
+        nightly.next_after(midnight),
+        Some(midnight + Duration::from_secs(2 * 3600 + 30 * 60))
+    );
+    let every_ten_seconds = Schedule::cron("*/10 * * * * *").unwrap();
+    assert_eq!(
+        every_ten_seconds.next_after(midnight),
+        Some(midnight + Duration::from_secs(10))
+    );
+    for bad in ["", "61 * * * *", "* * *", "nonsense"] {
+        let e = Schedule::cron(bad).unwrap_err();
+        assert!(
+            matches!(
+                e,
+                Error::InvalidOption {
+                    option: "schedule",
+                    ..
+                }
+            ),
+            "{bad}: {e}"
+        );
+    }
+}
+
+#[test]
+fn job_options_are_checked() {
+    let at_most = Duration::from_secs(10);
+    assert!(JobOptions::new(at_most).validate().is_ok());
+    assert!(JobOptions::new(Duration::ZERO).validate().is_err());
+    assert!(
+        JobOptions::new(at_most)
+            .at_least(at_most * 2)
+            .validate()
+            .is_err()
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn at_least_keeps_an_early_finish_locked() {
+    let locker = Locker::new(MemoryBackend::new());
+    let opts = JobOptions::new(Duration::from_secs(60)).at_least(Duration::from_secs(5));
+    let ran = locker.run_job("j", &opts, async |_| ()).await.unwrap();
+    assert_eq!(ran, JobOutcome::Ran(()));
+    tokio::time::advance(Duration::from_secs(4)).await;
+    let again = locker.run_job("j", &opts, async |_| ()).await.unwrap();
+    assert_eq!(again, JobOutcome::Skipped);
+    tokio::time::advance(Duration::from_secs(2)).await;
+    let later = locker.run_job("j", &opts, async |_| ()).await.unwrap();
+    assert_eq!(later, JobOutcome::Ran(()));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_run_past_at_most_is_cancelled() {
+    let locker = Locker::new(MemoryBackend::new());
+    let opts = JobOptions::new(Duration::from_secs(1));
+    let r = locker
+        .run_job("slow", &opts, async |_| sleep(Duration::from_secs(5)).await)
+        .await;
+    assert!(matches!(r, Err(Error::NotHeld { .. })), "{r:?}");
+    // Cancelled and released: the next run need not wait.
+    let next = locker.run_job("slow", &opts, async |_| ()).await.unwrap();
+    assert_eq!(next, JobOutcome::Ran(()));
+}
+
+#[tokio::test]
+async fn three_nodes_run_each_occurrence_once() {
+    let backend = MemoryBackend::new();
+    let period = Duration::from_millis(100);
+    let start = SystemTime::now() + Duration::from_millis(100);
+    let until = start + period * 8;
+    let runs = Arc::new(Mutex::new(Vec::new()));
+    let mut nodes = Vec::new();
+    for _ in 0..3 {
+        let job = ScheduledJob::new(
+            Locker::new(backend.clone()),
+            "tick",
+            Schedule::every(period),
+            JobOptions::new(Duration::from_secs(5)).at_least(period / 2),
+        )
+        .jitter(Duration::from_millis(10))
+        .starting(start)
+        .until(until);
+        let runs = runs.clone();
+        nodes.push(tokio::spawn(async move {
+            job.run(CancellationToken::new(), move |run| {
+                let runs = runs.clone();
+                async move { runs.lock().unwrap().push(run.scheduled()) }
+            })
+            .await
+            .unwrap()
+        }));
+    }
+    let mut ran = 0;
+    for node in nodes {
+        let report = node.await.unwrap();
+        assert_eq!(report.failed, 0);
+        ran += report.ran;
+    }
+    let mut runs = runs.lock().unwrap().clone();
+    runs.sort();
+    let len = runs.len();
+    runs.dedup();
+    assert_eq!(runs.len(), len, "an occurrence ran twice");
+    assert_eq!(ran, 8);
+    assert_eq!(runs.len(), 8);
+}

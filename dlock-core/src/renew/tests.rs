@@ -1,0 +1,124 @@
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use async_trait::async_trait;
+
+use super::*;
+use crate::{Capabilities, Guard, LockInfo, LockOptions, Locker, MemoryBackend, Result};
+
+/// Counts batches, and reports leases named `doomed…` as taken over.
+#[derive(Debug, Default)]
+struct Batches {
+    inner: MemoryBackend,
+    calls: AtomicUsize,
+    largest: AtomicUsize,
+}
+
+#[async_trait]
+impl Backend for Batches {
+    fn capabilities(&self) -> Capabilities {
+        self.inner.capabilities()
+    }
+    async fn try_acquire(&self, name: &str, opts: &LockOptions) -> Result<Option<Lease>> {
+        self.inner.try_acquire(name, opts).await
+    }
+    async fn acquire(&self, name: &str, opts: &LockOptions) -> Result<Lease> {
+        self.inner.acquire(name, opts).await
+    }
+    async fn release(&self, lease: &Lease) -> Result<()> {
+        self.inner.release(lease).await
+    }
+    async fn extend(&self, lease: &mut Lease) -> Result<()> {
+        self.inner.extend(lease).await
+    }
+    async fn extend_many(&self, leases: &mut [Lease]) -> Result<Vec<bool>> {
+        self.calls.fetch_add(1, Ordering::SeqCst);
+        self.largest.fetch_max(leases.len(), Ordering::SeqCst);
+        // A shard down: the other leases are extended, the batch fails.
+        if leases.iter().any(|l| l.name().starts_with("shard-down")) {
+            for lease in leases.iter_mut() {
+                if !lease.name().starts_with("shard-down") {
+                    self.inner.extend(lease).await?;
+                }
+            }
+            return Err(crate::Error::connection("test", "extend", "one shard down"));
+        }
+        let mut held = self.inner.extend_many(leases).await?;
+        for (lease, held) in leases.iter().zip(&mut held) {
+            *held &= !lease.name().starts_with("doomed");
+        }
+        Ok(held)
+    }
+    async fn inspect(&self, name: &str) -> Result<Option<LockInfo>> {
+        self.inner.inspect(name).await
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_batch_that_fails_in_part_keeps_what_it_extended() {
+    let locker = Locker::from_arc(Arc::new(Batches::default()));
+    let opts = LockOptions::new().ttl(Duration::from_secs(3));
+    let kept = locker.try_acquire("kept", &opts).await.unwrap().unwrap();
+    let down = locker
+        .try_acquire("shard-down", &opts)
+        .await
+        .unwrap()
+        .unwrap();
+    tokio::select! {
+        () = kept.lost() => panic!("an extended lease was lost with its batch"),
+        () = down.lost() => {}
+    }
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    assert!(kept.is_valid(), "still renewed, batch after failing batch");
+    assert!(!down.is_valid());
+}
+
+#[tokio::test(start_paused = true)]
+async fn many_leases_cost_a_few_batches_per_period_and_a_failed_one_is_lost_alone() {
+    let backend = Arc::new(Batches::default());
+    let locker = Locker::from_arc(backend.clone());
+    let ttl = Duration::from_secs(3);
+    let opts = LockOptions::new().ttl(ttl);
+    let mut guards = Vec::new();
+    for i in 0..2500 {
+        // Grants spread over a whole period, as a busy service's are.
+        if i % 100 == 0 {
+            tokio::time::sleep(Duration::from_millis(40)).await;
+        }
+        let name = if i == 1234 {
+            "doomed".to_owned()
+        } else {
+            format!("held:{i}")
+        };
+        guards.push(locker.try_acquire(&name, &opts).await.unwrap().unwrap());
+    }
+    let doomed = guards.remove(1234);
+    let before = backend.calls.load(Ordering::SeqCst);
+    let periods = 6;
+    tokio::select! {
+        () = doomed.lost() => {}
+        () = tokio::time::sleep(ttl) => panic!("the taken-over lease was not told lost"),
+    }
+    tokio::time::sleep(ttl / 3 * periods - ttl).await;
+    let calls = backend.calls.load(Ordering::SeqCst) - before;
+    assert!(
+        guards.iter().all(Guard::is_valid),
+        "a renewed lease was lost"
+    );
+    assert!(backend.largest.load(Ordering::SeqCst) <= MAX_BATCH);
+    // Three batches of 1,000 at most, in at most three groups a period.
+    let limit = periods as usize * (3 + 3);
+    assert!(
+        (periods as usize..=limit).contains(&calls),
+        "{calls} batches in {periods} periods"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_scheduler_ends_with_its_last_lease() {
+    let locker = Locker::new(MemoryBackend::new());
+    let guard = locker.acquire("one", &LockOptions::new()).await.unwrap();
+    assert!(locker.renewer.shared.lock().running);
+    guard.release().await.unwrap();
+    tokio::time::sleep(Duration::from_millis(1)).await;
+    assert!(!locker.renewer.shared.lock().running);
+}
