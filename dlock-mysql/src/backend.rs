@@ -2,7 +2,8 @@ use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use dlock_core::wait::{Attempt, Backoff, Deadline, UndoOnDrop, Wakeups, on_arrival, retry_for};
+use dlock_core::undo::{UndoOnDrop, retry_for};
+use dlock_core::wait::{Attempt, Backoff, Deadline, Wakeups, on_arrival};
 use dlock_core::{
     Backend, Capabilities, Error, HeldLock, Lease, LeaseKind, LockInfo, LockOptions, LockPage,
     OwnerToken, Result, async_trait, check_duration, check_hold, validate_name,

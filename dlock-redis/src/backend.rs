@@ -2,9 +2,8 @@ use std::fmt;
 use std::sync::{Arc, PoisonError, RwLock};
 use std::time::Duration;
 
-use dlock_core::wait::{
-    Attempt, Backoff, Deadline, MIN_BACKOFF, UndoOnDrop, on_arrival, retry_for, wait_for_lock,
-};
+use dlock_core::undo::{UndoOnDrop, retry_for};
+use dlock_core::wait::{Attempt, Backoff, Deadline, MIN_BACKOFF, on_arrival, wait_for_lock};
 use dlock_core::{
     Backend, Capabilities, Error, HeldLock, Lease, LeaseKind, LockInfo, LockOptions, LockPage,
     OwnerToken, Result, async_trait, check_duration, check_hold, validate_name,
@@ -55,7 +54,7 @@ struct Inner {
     pushes: tokio::sync::mpsc::UnboundedSender<PushInfo>,
     prefix: String,
     max_poll: Duration,
-    response_timeout: Duration,
+    request_timeout: Duration,
     notifications: Notifications,
     /// Identifies this client's waiters in the lock queues.
     client_id: String,
@@ -77,10 +76,10 @@ impl fmt::Debug for RedisBackend {
 pub struct RedisBuilder {
     url: String,
     prefix: String,
-    response_timeout: Duration,
-    connection_timeout: Duration,
+    request_timeout: Duration,
+    connect_timeout: Duration,
     max_poll: Duration,
-    tls_root: Option<Vec<u8>>,
+    tls_ca: Option<Vec<u8>>,
     durable: Option<(u32, Duration)>,
 }
 
@@ -89,8 +88,8 @@ impl fmt::Debug for RedisBuilder {
         f.debug_struct("RedisBuilder")
             .field("url", &dlock_core::redact_url(&self.url))
             .field("prefix", &self.prefix)
-            .field("response_timeout", &self.response_timeout)
-            .field("connection_timeout", &self.connection_timeout)
+            .field("request_timeout", &self.request_timeout)
+            .field("connect_timeout", &self.connect_timeout)
             .field("max_poll", &self.max_poll)
             .field("durable", &self.durable)
             .finish()
@@ -116,16 +115,16 @@ impl RedisBuilder {
     /// (default 1 s). An acquire whose reply times out may still have taken
     /// the lock: the driver then releases it by its owner token, and its TTL
     /// frees it in any case.
-    pub fn response_timeout(mut self, timeout: Duration) -> Self {
-        self.response_timeout = timeout;
+    pub fn request_timeout(mut self, timeout: Duration) -> Self {
+        self.request_timeout = timeout;
         self
     }
 
     /// Trust this CA certificate (PEM) for `rediss://` servers, instead of
     /// the usual web roots: for a server with a private CA.
     #[cfg(feature = "tls")]
-    pub fn tls_root_certificate(mut self, pem: impl Into<Vec<u8>>) -> Self {
-        self.tls_root = Some(pem.into());
+    pub fn tls_ca_certificates(mut self, pem: impl Into<Vec<u8>>) -> Self {
+        self.tls_ca = Some(pem.into());
         self
     }
 
@@ -152,8 +151,8 @@ impl RedisBuilder {
     }
 
     /// How long to wait for a connection (default 2 s).
-    pub fn connection_timeout(mut self, timeout: Duration) -> Self {
-        self.connection_timeout = timeout;
+    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
+        self.connect_timeout = timeout;
         self
     }
 
@@ -167,22 +166,17 @@ impl RedisBuilder {
         validate_prefix(&self.prefix)?;
         let ms = Duration::from_millis(1);
         check_duration("max_poll_interval", self.max_poll, MIN_BACKOFF, MAX_SETTING)?;
-        check_duration("response_timeout", self.response_timeout, ms, MAX_SETTING)?;
-        check_duration(
-            "connection_timeout",
-            self.connection_timeout,
-            ms,
-            MAX_SETTING,
-        )?;
+        check_duration("request_timeout", self.request_timeout, ms, MAX_SETTING)?;
+        check_duration("connect_timeout", self.connect_timeout, ms, MAX_SETTING)?;
         if let Some((replicas, timeout)) = self.durable
-            && (replicas == 0 || timeout.is_zero() || timeout >= self.response_timeout)
+            && (replicas == 0 || timeout.is_zero() || timeout >= self.request_timeout)
         {
             return Err(Error::invalid_option(
                 "durable_grants",
                 format!(
                     "needs at least one replica and a timeout between 1 ms and the response \
                      timeout ({:?}), got {replicas} and {timeout:?}",
-                    self.response_timeout
+                    self.request_timeout
                 ),
             ));
         }
@@ -190,7 +184,7 @@ impl RedisBuilder {
             return self.connect_cluster(nodes).await;
         }
         let sentinel = parse_url(&self.url)?
-            .map(|url| Sentinel::new(&url, self.connection_timeout))
+            .map(|url| Sentinel::new(&url, self.connect_timeout))
             .transpose()?;
         let info = match &sentinel {
             Some(sentinel) => sentinel.lookup().await?.get_connection_info().clone(),
@@ -229,7 +223,7 @@ impl RedisBuilder {
                 notifications: Notifications::start(push_conn, rx, self.prefix.clone()),
                 prefix: self.prefix.clone(),
                 max_poll: self.max_poll,
-                response_timeout: self.response_timeout,
+                request_timeout: self.request_timeout,
                 builder: self,
             }),
         })
@@ -243,16 +237,16 @@ impl RedisBuilder {
                 "not supported on Redis Cluster yet (use Sentinel)",
             ));
         }
-        if self.tls_root.is_some() {
+        if self.tls_ca.is_some() {
             return Err(Error::invalid_option(
-                "tls_root_certificate",
+                "tls_ca_certificates",
                 "not supported on Redis Cluster yet",
             ));
         }
         let builder = || {
             redis::cluster::ClusterClientBuilder::new(nodes.clone())
-                .connection_timeout(self.connection_timeout)
-                .response_timeout(self.response_timeout)
+                .connect_timeout(self.connect_timeout)
+                .request_timeout(self.request_timeout)
                 .retries(2)
         };
         let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
@@ -263,7 +257,7 @@ impl RedisBuilder {
             .build()
             .map_err(|e| bad_url(&e))?;
         // The client tries its seeds in turn; bound the whole walk.
-        let bound = self.connection_timeout * 2 + self.response_timeout;
+        let bound = self.connect_timeout * 2 + self.request_timeout;
         let connect = |client: redis::cluster::ClusterClient, doing: &'static str| async move {
             match tokio::time::timeout(bound, client.get_async_connection()).await {
                 Ok(Ok(conn)) => Ok(conn),
@@ -293,8 +287,8 @@ impl RedisBuilder {
         pushes: &tokio::sync::mpsc::UnboundedSender<PushInfo>,
     ) -> Result<(Connection, PushConn)> {
         let config = ConnectionManagerConfig::new()
-            .set_response_timeout(Some(self.response_timeout))
-            .set_connection_timeout(Some(self.connection_timeout))
+            .set_response_timeout(Some(self.request_timeout))
+            .set_connection_timeout(Some(self.connect_timeout))
             .set_number_of_retries(2);
         let settings = info
             .redis_settings()
@@ -341,16 +335,16 @@ impl RedisBuilder {
         #[cfg(feature = "tls")]
         let _ = rustls::crypto::ring::default_provider().install_default();
         #[cfg(feature = "tls")]
-        if let Some(root) = &self.tls_root {
+        if let Some(root) = &self.tls_ca {
             let certs = redis::TlsCertificates {
                 client_tls: None,
                 root_cert: Some(root.clone()),
             };
             return redis::Client::build_with_tls(info, certs).map_err(|e| bad_url(&e));
         }
-        if self.tls_root.is_some() {
+        if self.tls_ca.is_some() {
             return Err(Error::invalid_option(
-                "tls_root_certificate",
+                "tls_ca_certificates",
                 "needs the `tls` feature",
             ));
         }
@@ -429,10 +423,10 @@ impl RedisBackend {
         RedisBuilder {
             url: url.into(),
             prefix: "dlock".to_owned(),
-            response_timeout: Duration::from_secs(1),
-            connection_timeout: Duration::from_secs(2),
+            request_timeout: Duration::from_secs(1),
+            connect_timeout: Duration::from_secs(2),
             max_poll: Duration::from_secs(1),
-            tls_root: None,
+            tls_ca: None,
             durable: None,
         }
     }
@@ -524,7 +518,7 @@ impl RedisBackend {
     /// it; the flag says whether enough replicas acknowledged in time
     /// (always `true` otherwise).
     ///
-    /// Bounded by the connection and response timeouts together: a request
+    /// Bounded by the connection and request timeouts together: a request
     /// may wait for the connection manager to reconnect before it is sent.
     async fn run<T: FromRedisValue>(
         &self,
@@ -532,7 +526,7 @@ impl RedisBackend {
         confirm: bool,
         doing: &str,
     ) -> Result<(T, bool)> {
-        let bound = self.inner.builder.connection_timeout + self.inner.response_timeout;
+        let bound = self.inner.builder.connect_timeout + self.inner.request_timeout;
         match tokio::time::timeout(bound, self.run_unbounded(invocation, confirm)).await {
             Ok(Ok(reply)) => Ok(reply),
             Ok(Err(e)) => Err(self.fail(e, doing)),
@@ -663,8 +657,7 @@ impl RedisBackend {
         //
         // On a cluster each lock has its own channel per client, in the
         // lock's slot: it is subscribed for the wait only.
-        let worth_queueing =
-            deadline.cap(self.inner.response_timeout) >= self.inner.response_timeout;
+        let worth_queueing = deadline.cap(self.inner.request_timeout) >= self.inner.request_timeout;
         let cluster = self.inner.cluster;
         if cluster || !notifications.is_kept() || !worth_queueing {
             match self.attempt(name, &keys, opts, "").await {
@@ -680,7 +673,7 @@ impl RedisBackend {
         // Without a subscription, a place at the head would never hear its
         // wake-up: poll without one instead. The subscriber may be busy
         // resubscribing to a node that is down: wait for it only so long.
-        let limit = deadline.cap(self.inner.response_timeout * 2);
+        let limit = deadline.cap(self.inner.request_timeout * 2);
         let (_interest, subscribed) = if cluster {
             let channel = format!("{}:wake:{}", keys.lock, self.inner.client_id);
             let (interest, subscribed) = notifications.interest(&channel, limit).await;
@@ -729,7 +722,7 @@ impl RedisBackend {
             .key(&keys.queue)
             .key(&keys.queue_expiry)
             .arg(waiter);
-        let left = retry_for(self.inner.response_timeout * 2, || async {
+        let left = retry_for(self.inner.request_timeout * 2, || async {
             self.run::<i64>(&invocation, false, "leave the queue").await
         })
         .await;
@@ -863,9 +856,7 @@ impl Backend for RedisBackend {
         opts.validate()?;
         let deadline = Deadline::after(opts.wait_value());
         let wait = self.wait(name, opts, deadline);
-        deadline
-            .bound(name, self.inner.response_timeout, wait)
-            .await
+        deadline.bound(name, self.inner.request_timeout, wait).await
     }
     async fn release(&self, lease: &Lease) -> Result<()> {
         let keys = self.keys(lease.name());

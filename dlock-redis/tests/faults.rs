@@ -11,7 +11,7 @@ use dlock_redis::RedisBackend;
 
 async fn connect(url: String) -> Arc<dyn Backend> {
     let backend = RedisBackend::builder(url)
-        .response_timeout(dlock_conformance::faults::REQUEST_TIMEOUT)
+        .request_timeout(dlock_conformance::faults::REQUEST_TIMEOUT)
         .connect()
         .await
         .unwrap();

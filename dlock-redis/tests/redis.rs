@@ -361,12 +361,12 @@ async fn zero_or_huge_durations_are_invalid_options() {
             RedisBackend::builder(url).max_poll_interval(Duration::ZERO),
         ),
         (
-            "response_timeout",
-            RedisBackend::builder(url).response_timeout(Duration::ZERO),
+            "request_timeout",
+            RedisBackend::builder(url).request_timeout(Duration::ZERO),
         ),
         (
-            "connection_timeout",
-            RedisBackend::builder(url).connection_timeout(Duration::MAX),
+            "connect_timeout",
+            RedisBackend::builder(url).connect_timeout(Duration::MAX),
         ),
     ] {
         match builder.connect().await {

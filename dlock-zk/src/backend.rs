@@ -74,7 +74,7 @@ pub struct ZkBuilder {
     connect: String,
     root: String,
     session_timeout: Duration,
-    connection_timeout: Duration,
+    connect_timeout: Duration,
     request_timeout: Duration,
     auth: Option<(String, String)>,
     tls_ca: Option<String>,
@@ -113,8 +113,8 @@ impl ZkBuilder {
 
     /// How long to wait for a connection to each server (default 5 s);
     /// `connect` gives up after this much per server in the connect string.
-    pub fn connection_timeout(mut self, timeout: Duration) -> Self {
-        self.connection_timeout = timeout;
+    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
+        self.connect_timeout = timeout;
         self
     }
 
@@ -136,10 +136,10 @@ impl ZkBuilder {
     /// the client gets back to its session in time. The grace period is
     /// the session timeout less the longest the server may have gone without
     /// hearing from the client when it reports the disconnect (13 ticks of
-    /// its connection timeout / 8) and a tenth of the session timeout for
+    /// its connect timeout / 8) and a tenth of the session timeout for
     /// clock rates and a late timer: with the defaults (10 s session, 5 s
-    /// connection timeout) only 10 − 8.1 − 1 ≈ 0.9 s, so pair the option
-    /// with a shorter connection timeout: with 2 s, 10 − 3.25 − 1 ≈ 5.75 s. A
+    /// connect timeout) only 10 − 8.1 − 1 ≈ 0.9 s, so pair the option
+    /// with a shorter connect timeout: with 2 s, 10 − 3.25 − 1 ≈ 5.75 s. A
     /// lease is not valid in that window in the sense of the contract: the
     /// holder cannot prove it holds the lock until it reconnects, so work
     /// that must not overlap another holder should check the fencing token
@@ -162,8 +162,8 @@ impl ZkBuilder {
     /// timeout is `session`: until the server could have expired it.
     /// Mirrors zookeeper-client, which pings once nothing was sent for 3
     /// ticks and reports a silent connection lost once nothing was received
-    /// for 8 ticks, checked each tick (a tick is its connection timeout / 8,
-    /// or session / 20 when the connection timeout exceeds 3/5 of the
+    /// for 8 ticks, checked each tick (a tick is its connect timeout / 8,
+    /// or session / 20 when the connect timeout exceeds 3/5 of the
     /// session). The server may last have heard from the client 13 ticks
     /// (3 + 1 + 8 + 1) before the client reports the disconnect, and a tenth
     /// of the session is kept for clock rates and a late timer.
@@ -174,10 +174,10 @@ impl ZkBuilder {
         if let Some(grace) = self.grace_override {
             return grace;
         }
-        let tick = if self.connection_timeout > session * 3 / 5 {
+        let tick = if self.connect_timeout > session * 3 / 5 {
             session / 20
         } else {
-            self.connection_timeout / 8
+            self.connect_timeout / 8
         };
         session
             .saturating_sub(tick * 13)
@@ -219,7 +219,7 @@ impl ZkBuilder {
         let (ms, hour) = (Duration::from_millis(1), Duration::from_secs(3600));
         let session_min = Duration::from_millis(100);
         check_duration("session_timeout", self.session_timeout, session_min, hour)?;
-        check_duration("connection_timeout", self.connection_timeout, ms, hour)?;
+        check_duration("connect_timeout", self.connect_timeout, ms, hour)?;
         check_duration("request_timeout", self.request_timeout, ms, hour)?;
         let client = self.open().await?;
         let watcher = client.state_watcher();
@@ -251,7 +251,7 @@ impl ZkBuilder {
         }
         let mut connector = zk::Client::connector()
             .with_session_timeout(self.session_timeout)
-            .with_connection_timeout(self.connection_timeout);
+            .with_connection_timeout(self.connect_timeout);
         if let Some((user, password)) = &self.auth {
             connector = connector.with_auth("digest", format!("{user}:{password}").as_bytes());
         }
@@ -264,7 +264,7 @@ impl ZkBuilder {
             .split(',')
             .count();
         let bound = self
-            .connection_timeout
+            .connect_timeout
             .saturating_mul(u32::try_from(hosts).unwrap_or(u32::MAX))
             .saturating_add(Duration::from_secs(1));
         let connecting = match &self.tls_ca {
@@ -398,7 +398,7 @@ impl ZkBackend {
             connect: url.into(),
             root: "/dlock".to_owned(),
             session_timeout: Duration::from_secs(10),
-            connection_timeout: Duration::from_secs(5),
+            connect_timeout: Duration::from_secs(5),
             request_timeout: Duration::from_secs(2),
             auth: None,
             tls_ca: None,

@@ -2,7 +2,7 @@
 //! partition, with locks held. Each case has an ensemble of its own, on a
 //! network of its own; the cases run one at a time (three JVMs each).
 //!
-//! Sessions are 6 s and connection timeouts 1 s (ticks of 125 ms), so a
+//! Sessions are 6 s and connect timeouts 1 s (ticks of 125 ms), so a
 //! client notices a silent server after about 1.1 s and, with
 //! `keep_leases_while_reconnecting`, keeps its leases for 6 − 13 × 0.125 −
 //! 0.6 ≈ 3.8 s more.
@@ -36,7 +36,7 @@ async fn client_with(
 ) -> ZkBackend {
     ZkBackend::builder(ensemble.connect_string(nodes))
         .session_timeout(session)
-        .connection_timeout(Duration::from_secs(1))
+        .connect_timeout(Duration::from_secs(1))
         .keep_leases_while_reconnecting(keep)
         .connect()
         .await
@@ -252,7 +252,7 @@ async fn partitioned_minority_loses_before_the_majority_is_granted() {
     // as a naive session policy would keep, outlives the takeover.
     let naive = ZkBackend::builder(ensemble.connect_string(&[minority]))
         .session_timeout(SESSION)
-        .connection_timeout(Duration::from_secs(1))
+        .connect_timeout(Duration::from_secs(1))
         .reconnect_grace_for_tests(SESSION)
         .connect()
         .await

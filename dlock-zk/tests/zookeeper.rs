@@ -262,7 +262,7 @@ async fn configuration_errors_are_typed() {
     );
     let port = unused_port();
     let r = ZkBackend::builder(format!("zk://127.0.0.1:{port}"))
-        .connection_timeout(Duration::from_millis(500))
+        .connect_timeout(Duration::from_millis(500))
         .connect()
         .await;
     assert!(matches!(r, Err(Error::Connection { .. })), "{r:?}");
@@ -272,8 +272,8 @@ async fn configuration_errors_are_typed() {
             ZkBackend::builder(url().await).session_timeout(Duration::ZERO),
         ),
         (
-            "connection_timeout",
-            ZkBackend::builder(url().await).connection_timeout(Duration::MAX),
+            "connect_timeout",
+            ZkBackend::builder(url().await).connect_timeout(Duration::MAX),
         ),
         (
             "request_timeout",

@@ -4,7 +4,7 @@
 pub use dlock_core::{
     Backend, CancellationToken, Capabilities, Error, Guard, JobOptions, JobOutcome, JobRun, Lease,
     LeaseKind, LockInfo, LockOptions, Locker, MemoryBackend, Observed, OwnerToken, Result,
-    RunReport, Schedule, ScheduledJob, async_trait, validate_name, wait,
+    RunReport, Schedule, ScheduledJob, async_trait, validate_name,
 };
 
 #[doc(hidden)]

@@ -11,9 +11,9 @@
 
 use std::time::Duration;
 
-use dlock::wait::{Backoff, Deadline, jitter};
 use dlock::{Lease, LockOptions, Locker, MemoryBackend, OwnerToken};
 use dlock_conformance::harness::unused_port;
+use dlock_core::wait::{Backoff, Deadline, jitter};
 use proptest::prelude::*;
 use proptest::sample::select;
 use tokio::time::Instant;
@@ -120,8 +120,8 @@ proptest! {
             bounded(
                 dlock::redis::RedisBackend::builder(&redis)
                     .max_poll_interval(a)
-                    .response_timeout(b)
-                    .connection_timeout(c)
+                    .request_timeout(b)
+                    .connect_timeout(c)
                     .prefix(text.clone())
                     .connect(),
             )
@@ -139,7 +139,7 @@ proptest! {
             bounded(
                 dlock::zk::ZkBackend::builder(format!("zk://127.0.0.1:{port}"))
                     .session_timeout(a)
-                    .connection_timeout(b)
+                    .connect_timeout(b)
                     .request_timeout(c)
                     .root(format!("/{text}"))
                     .digest_auth(text.clone(), text.clone())

@@ -99,7 +99,7 @@ async fn redis_over_tls_with_a_private_ca_and_an_acl_user() {
     let url = format!("rediss://127.0.0.1:{port}");
     let trusted = |url: String| {
         RedisBackend::builder(url)
-            .tls_root_certificate(certs.ca.clone())
+            .tls_ca_certificates(certs.ca.clone())
             .connect()
     };
     let admin = when_up(|| trusted(url.clone())).await;
@@ -132,8 +132,8 @@ async fn redis_over_tls_with_a_private_ca_and_an_acl_user() {
         "a server the client cannot verify was accepted"
     );
     let plain = RedisBackend::builder(format!("redis://127.0.0.1:{port}"))
-        .connection_timeout(Duration::from_secs(2))
-        .response_timeout(Duration::from_secs(2))
+        .connect_timeout(Duration::from_secs(2))
+        .request_timeout(Duration::from_secs(2))
         .connect()
         .await;
     assert!(plain.is_err(), "plain text reached a TLS-only port");
@@ -198,14 +198,14 @@ ssl.clientAuth=none
     let backend = when_up(|| {
         ZkBackend::builder(format!("127.0.0.1:{port}"))
             .tls_ca_certificates(ca.clone())
-            .connection_timeout(Duration::from_secs(2))
+            .connect_timeout(Duration::from_secs(2))
             .connect()
     })
     .await;
     lock_and_unlock(backend).await;
 
     let plain = ZkBackend::builder(format!("127.0.0.1:{port}"))
-        .connection_timeout(Duration::from_secs(1))
+        .connect_timeout(Duration::from_secs(1))
         .connect()
         .await;
     assert!(plain.is_err(), "plain text reached a TLS-only port");
