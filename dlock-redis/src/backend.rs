@@ -245,8 +245,8 @@ impl RedisBuilder {
         }
         let builder = || {
             redis::cluster::ClusterClientBuilder::new(nodes.clone())
-                .connect_timeout(self.connect_timeout)
-                .request_timeout(self.request_timeout)
+                .connection_timeout(self.connect_timeout)
+                .response_timeout(self.request_timeout)
                 .retries(2)
         };
         let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
