@@ -3,8 +3,8 @@
 use std::process::{Output, Stdio};
 use std::time::Duration;
 
-use dlock_conformance::cases::unique_name;
 use dlock_conformance::harness::{Server, ServerOptions, Service, shared, start};
+use dlock_conformance::support::unique_name;
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 use tokio::time::timeout;

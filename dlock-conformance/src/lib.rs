@@ -11,6 +11,7 @@ pub mod checker;
 pub mod faults;
 pub mod harness;
 pub mod proxy;
+pub mod support;
 pub mod topology;
 
 /// A boxed future, as the programmatic suite passes them around.

@@ -7,7 +7,7 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use dlock_conformance::cases::unique_name;
+use dlock_conformance::support::unique_name;
 use dlock_conformance::topology::{Topology, node_connection, redis_cluster};
 use dlock_core::{Backend, LockOptions};
 use dlock_redis::RedisBackend;

@@ -5,8 +5,8 @@
 
 use std::time::Duration;
 
-use dlock_conformance::cases::{Waited, release_wakes, unique_name, wait_on_task};
 use dlock_conformance::harness::{ServerOptions, Service, shared, start, unused_port, wait_ready};
+use dlock_conformance::support::{Waited, release_wakes, unique_name, wait_on_task};
 use dlock_core::{Backend, Error, LockOptions};
 use dlock_redis::RedisBackend;
 use dlock_redis::redis::{self, AsyncCommands};

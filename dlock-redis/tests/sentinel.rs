@@ -11,7 +11,7 @@
 
 use std::time::Duration;
 
-use dlock_conformance::cases::unique_name;
+use dlock_conformance::support::unique_name;
 use dlock_conformance::topology::{Topology, redis_sentinel};
 use dlock_core::{Backend, Error, LockOptions, Locker};
 use dlock_redis::RedisBackend;

@@ -11,7 +11,7 @@
 
 use std::time::Duration;
 
-use dlock_conformance::cases::unique_name;
+use dlock_conformance::support::unique_name;
 use dlock_conformance::topology::{Topology, zookeeper_ensemble};
 use dlock_core::{Backend, Lease, LockOptions};
 use dlock_zk::ZkBackend;

@@ -9,8 +9,8 @@ use std::io::{BufRead, BufReader, Write};
 use std::path::PathBuf;
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 
-use dlock_conformance::cases::unique_name;
 use dlock_conformance::harness::{Service, shared};
+use dlock_conformance::support::unique_name;
 use dlock_core::{Backend, LockOptions};
 use dlock_zk::ZkBackend;
 

@@ -5,8 +5,8 @@
 
 use std::time::Duration;
 
-use dlock_conformance::cases::unique_name;
 use dlock_conformance::harness::{ServerOptions, Service, shared, start, unused_port};
+use dlock_conformance::support::unique_name;
 use dlock_core::{Backend, Error, LockOptions, Locker};
 use dlock_zk::ZkBackend;
 use dlock_zk::zookeeper_client as zk;

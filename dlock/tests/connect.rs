@@ -4,8 +4,8 @@
 #![allow(clippy::unwrap_used)] // tests panic on purpose
 
 use dlock::LockOptions;
-use dlock_conformance::cases::unique_name;
 use dlock_conformance::harness::{Service, shared};
+use dlock_conformance::support::unique_name;
 
 async fn round_trip(url: &str) {
     let locker = dlock::connect(url).await.unwrap();

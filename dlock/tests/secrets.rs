@@ -11,8 +11,8 @@ use std::io::Write;
 use std::sync::{Arc, Mutex};
 
 use dlock::LockOptions;
-use dlock_conformance::cases::unique_name;
 use dlock_conformance::harness::{Service, shared, unused_port};
+use dlock_conformance::support::unique_name;
 use tracing_subscriber::filter::LevelFilter;
 
 const SECRET: &str = "Sekr1t-pw-7f3a";

@@ -13,8 +13,8 @@ use dlock::mysql::MySqlBackend;
 use dlock::redis::RedisBackend;
 use dlock::zk::ZkBackend;
 use dlock::{Backend, Error, LockOptions, Locker};
-use dlock_conformance::cases::unique_name;
 use dlock_conformance::harness::{ServerOptions, Service, TestCertificates, start};
+use dlock_conformance::support::unique_name;
 use tokio::time::{Instant, sleep};
 
 fn files(certs: &TestCertificates) -> Vec<(String, Vec<u8>)> {

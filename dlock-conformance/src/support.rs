@@ -1,0 +1,71 @@
+//! Helpers for driver tests and the cases alike: fresh names, options,
+//! an acquire that must succeed, a waiter on a task of its own.
+
+use std::time::Duration;
+
+use dlock_core::{Backend, Lease, LockOptions};
+use tokio::time::Instant;
+
+/// A lock name no other test or run uses: `<case>-<random hex>`.
+pub fn unique_name(case: &str) -> String {
+    format!("{case}-{:016x}", fastrand::u64(..))
+}
+
+/// What [`wait_on_task`] gives back: the acquire's outcome, when it came,
+/// and the backend.
+pub type Waited<B> = (dlock_core::Result<Lease>, Instant, B);
+
+/// Starts `backend` acquiring `name` with `opts` on a task of its own, for
+/// tests that act while it waits.
+pub fn wait_on_task<B: Backend + 'static>(
+    backend: B,
+    name: &str,
+    opts: LockOptions,
+) -> tokio::task::JoinHandle<Waited<B>> {
+    let name = name.to_owned();
+    tokio::spawn(async move {
+        let lease = backend.acquire(&name, &opts).await;
+        (lease, Instant::now(), backend)
+    })
+}
+
+/// Releases `lease` with `holder`, and the waiter of `task` gets the lock
+/// within seconds: woken by the release, for a waiter whose polls are far
+/// slower than that.
+///
+/// # Panics
+/// When the release fails, or the waiter gets no lock or gets it late.
+pub async fn release_wakes<B: Backend + 'static>(
+    holder: &dyn Backend,
+    lease: &Lease,
+    task: tokio::task::JoinHandle<Waited<B>>,
+) {
+    let released = Instant::now();
+    holder.release(lease).await.expect("release");
+    let (granted, at, waiter) = task.await.expect("the waiting task");
+    let granted = granted.expect("the waiter gets the lock");
+    assert!(
+        at - released < Duration::from_secs(10),
+        "the waiter polled instead of being woken ({:?})",
+        at - released
+    );
+    waiter.release(&granted).await.expect("release");
+}
+
+/// Options for tests that hold locks for a long time: a TTL (60 s) far
+/// longer than any test, so that only a release can free the lock.
+pub fn long() -> LockOptions {
+    LockOptions::new().ttl(Duration::from_secs(60))
+}
+
+/// One `try_acquire` that must grant `name`.
+///
+/// # Panics
+/// When the lock is held or the call fails, naming the lock.
+pub async fn must_acquire(backend: &dyn Backend, name: &str, opts: &LockOptions) -> Lease {
+    match backend.try_acquire(name, opts).await {
+        Ok(Some(lease)) => lease,
+        Ok(None) => panic!("try_acquire({name:?}) found the lock held, expected it free"),
+        Err(e) => panic!("try_acquire({name:?}) failed: {e}"),
+    }
+}
