@@ -22,7 +22,8 @@ use dlock_core::{Backend, Error, Lease, LockOptions, Locker};
 use tokio::task::JoinSet;
 use tokio::time::{Instant, sleep, timeout};
 
-use crate::cases::{needs_ttl, unique_name};
+use crate::cases::needs_ttl;
+use crate::support::unique_name;
 use crate::checker::Checker;
 use crate::harness::{ServerOptions, Service, start, wait_ready};
 use crate::proxy::{Fault, FaultProxy, Link};
