@@ -23,10 +23,10 @@ use tokio::task::JoinSet;
 use tokio::time::{Instant, sleep, timeout};
 
 use crate::cases::needs_ttl;
-use crate::support::unique_name;
 use crate::checker::Checker;
 use crate::harness::{ServerOptions, Service, start, wait_ready};
 use crate::proxy::{Fault, FaultProxy, Link};
+use crate::support::unique_name;
 use crate::{BoxFuture, Factory};
 
 /// The request timeout faulty clients use: the stall cases allow each call
