@@ -6,7 +6,7 @@ use async_trait::async_trait;
 use tokio::time::Instant;
 
 use crate::options::deadline_after;
-use crate::wait::{Attempt, Backoff, Deadline, Wakeups, wait_for_lock};
+use crate::wait::{Attempt, Backoff, Deadline, Wakeups, check_request, wait_for_lock};
 use crate::{
     Backend, Capabilities, Error, HeldLock, Lease, LeaseKind, LockInfo, LockOptions, LockPage,
     OwnerToken, Result, validate_name,
@@ -127,14 +127,12 @@ impl Backend for MemoryBackend {
     }
 
     async fn try_acquire(&self, name: &str, opts: &LockOptions) -> Result<Option<Lease>> {
-        validate_name(name)?;
-        opts.validate()?;
+        check_request(name, opts)?;
         Ok(self.attempt(name, opts)?.into_lease())
     }
 
     async fn acquire(&self, name: &str, opts: &LockOptions) -> Result<Lease> {
-        validate_name(name)?;
-        opts.validate()?;
+        check_request(name, opts)?;
         let backoff = Backoff::new(Duration::from_millis(50), Duration::from_secs(1));
         let deadline = Deadline::after(opts.wait_value());
         wait_for_lock(
