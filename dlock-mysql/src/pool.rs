@@ -6,15 +6,20 @@
 //! statement here is one round trip: a connection goes back to the pool
 //! only after its statement finished, is closed otherwise, and is checked
 //! with a ping only after it sat idle long enough that the server may have
-//! dropped it.
+//! dropped it. [`settle`] decides a lent connection's fate from its
+//! statement's outcome.
 
 use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
+use dlock_core::Result;
 use sqlx::Connection;
-use sqlx::mysql::{MySqlConnectOptions, MySqlConnection};
+use sqlx::mysql::{MySql, MySqlConnectOptions, MySqlConnection, MySqlQueryResult};
 use tokio::sync::{Semaphore, SemaphorePermit};
-use tokio::time::Instant;
+use tokio::time::{Instant, timeout};
+
+use crate::backend::MySqlBackend;
+use crate::error::{sql_error, timed_out};
 
 /// Idle longer than this, a connection is pinged before it is lent.
 const CHECK_AFTER_IDLE: Duration = Duration::from_secs(30);
@@ -129,5 +134,56 @@ impl<'a> Lent<'a> {
         if let Some(conn) = self.conn.take() {
             self.pool.put(conn);
         }
+    }
+}
+
+/// A statement's outcome. A reply (an error answer included) gives the
+/// connection back to the pool; no reply in time, or a broken connection,
+/// closes it: a statement may still be in flight on it.
+pub(crate) fn settle<T>(
+    lent: Lent<'_>,
+    done: Result<Result<T, sqlx::Error>, tokio::time::error::Elapsed>,
+    limit: Duration,
+    doing: &str,
+) -> Result<T> {
+    match done {
+        Ok(Ok(value)) => {
+            lent.give_back();
+            Ok(value)
+        }
+        Ok(Err(e)) if e.as_database_error().is_some() => {
+            lent.give_back();
+            Err(sql_error(e, doing))
+        }
+        Ok(Err(e)) => Err(sql_error(e, doing)),
+        Err(_) => Err(timed_out(format!("{doing}: no reply within {limit:?}"))),
+    }
+}
+
+impl MySqlBackend {
+    /// A pooled connection, waited for no longer than the request timeout.
+    pub(crate) async fn lend(&self, doing: &str) -> Result<Lent<'_>> {
+        match self.inner.pool.lend(self.inner.request_timeout).await {
+            Ok(lent) => Ok(lent),
+            Err(LendError::Connect(e)) => Err(sql_error(e, doing)),
+            Err(LendError::TimedOut) => Err(timed_out(format!(
+                "{doing}: no connection within {:?}",
+                self.inner.request_timeout
+            ))),
+        }
+    }
+
+    /// Runs one statement, prepared or written out in full (see
+    /// [`Batch`](crate::sql::Batch)), on a lent connection.
+    pub(crate) async fn execute<'q>(
+        &self,
+        query: impl sqlx::Execute<'q, MySql> + 'q,
+        doing: &str,
+    ) -> Result<MySqlQueryResult> {
+        use sqlx::Executor;
+        let limit = self.inner.request_timeout;
+        let mut lent = self.lend(doing).await?;
+        let done = timeout(limit, lent.conn().execute(query)).await;
+        settle(lent, done, limit, doing)
     }
 }

@@ -63,6 +63,8 @@ impl Sleepers {
         }
     }
 
+    /// The anchor's named lock, for [`crate::MySqlBackend`]'s test hook.
+    #[cfg(feature = "_test-hooks")]
     pub fn anchor_name(&self) -> &str {
         &self.anchor_name
     }

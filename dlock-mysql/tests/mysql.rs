@@ -6,13 +6,11 @@
 use std::time::Duration;
 
 use dlock_conformance::harness::{ServerOptions, Service, shared, start, unused_port};
-use dlock_conformance::support::{Waited, release_wakes, unique_name, wait_on_task};
+use dlock_conformance::support::{
+    Waited, long, must_acquire, release_wakes, unique_name, wait_on_task,
+};
 use dlock_core::{Backend, Error, LockOptions};
 use dlock_mysql::MySqlBackend;
-
-fn opts() -> LockOptions {
-    LockOptions::new().ttl(Duration::from_secs(30))
-}
 
 async fn url() -> &'static str {
     shared(Service::MariaDb).await.url()
@@ -36,12 +34,7 @@ async fn names_differing_in_case_or_trailing_space_are_distinct_rows() {
     let names = [format!("Job{id}"), format!("job{id}"), format!("job{id} ")];
     let mut leases = Vec::new();
     for n in &names {
-        leases.push(
-            b.try_acquire(n, &opts())
-                .await
-                .unwrap()
-                .expect("distinct lock"),
-        );
+        leases.push(must_acquire(&b, n, &long()).await);
     }
     let rows: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM dlock_locks WHERE name LIKE ?")
         .bind(format!("%{id}%"))
@@ -63,7 +56,7 @@ async fn long_and_multibyte_names_fit() {
         format!("{id}{}", "€".repeat((255 - id.len()) / 3)),
         format!("{id}{}", "🔒".repeat((255 - id.len()) / 4)),
     ] {
-        let lease = b.try_acquire(&name, &opts()).await.unwrap().unwrap();
+        let lease = must_acquire(&b, &name, &long()).await;
         let info = b.inspect(&name).await.unwrap().unwrap();
         assert_eq!(info.owner, lease.owner());
         b.release(&lease).await.unwrap();
@@ -75,17 +68,17 @@ async fn takeover_of_an_expired_row_bumps_the_version() {
     let b = backend().await;
     let name = unique_name("takeover");
     let short = LockOptions::new().ttl(Duration::from_millis(100));
-    let first = b.try_acquire(&name, &short).await.unwrap().unwrap();
+    let first = must_acquire(&b, &name, &short).await;
     assert!(
         first.fencing_token() > 1_600_000_000_000_000,
         "a new row starts at the database clock in microseconds, got {}",
         first.fencing_token()
     );
     tokio::time::sleep(Duration::from_millis(250)).await;
-    let second = b.try_acquire(&name, &opts()).await.unwrap().unwrap();
+    let second = must_acquire(&b, &name, &long()).await;
     assert!(second.fencing_token() > first.fencing_token());
     b.release(&second).await.unwrap();
-    let third = b.try_acquire(&name, &opts()).await.unwrap().unwrap();
+    let third = must_acquire(&b, &name, &long()).await;
     assert!(
         third.fencing_token() > second.fencing_token(),
         "release keeps the row and its version"
@@ -114,7 +107,7 @@ async fn a_deleted_or_restored_row_never_lowers_the_fencing_token() {
     let name = unique_name("deleted_row");
     let mut last = 0;
     for _ in 0..3 {
-        let lease = b.try_acquire(&name, &opts()).await.unwrap().unwrap();
+        let lease = must_acquire(&b, &name, &long()).await;
         last = lease.fencing_token();
         b.release(&lease).await.unwrap();
     }
@@ -123,7 +116,7 @@ async fn a_deleted_or_restored_row_never_lowers_the_fencing_token() {
         .execute(&raw().await)
         .await
         .unwrap();
-    let after_delete = b.try_acquire(&name, &opts()).await.unwrap().unwrap();
+    let after_delete = must_acquire(&b, &name, &long()).await;
     assert!(
         after_delete.fencing_token() > last,
         "after the row was deleted the token went from {last} to {}",
@@ -136,7 +129,7 @@ async fn a_deleted_or_restored_row_never_lowers_the_fencing_token() {
         .execute(&raw().await)
         .await
         .unwrap();
-    let after_restore = b.try_acquire(&name, &opts()).await.unwrap().unwrap();
+    let after_restore = must_acquire(&b, &name, &long()).await;
     assert!(after_restore.fencing_token() > after_delete.fencing_token());
     b.release(&after_restore).await.unwrap();
 }
@@ -151,10 +144,10 @@ async fn purging_frees_no_held_lock_and_lowers_no_token() {
     let held = unique_name("purge_held");
     let expired = unique_name("purge_expired");
     let released = unique_name("purge_released");
-    let holder = b.try_acquire(&held, &opts()).await.unwrap().unwrap();
+    let holder = must_acquire(&b, &held, &long()).await;
     let short = LockOptions::new().ttl(Duration::from_millis(50));
-    let gone = b.try_acquire(&expired, &short).await.unwrap().unwrap();
-    let freed = b.try_acquire(&released, &opts()).await.unwrap().unwrap();
+    let gone = must_acquire(&b, &expired, &short).await;
+    let freed = must_acquire(&b, &released, &long()).await;
     b.release(&freed).await.unwrap();
     tokio::time::sleep(Duration::from_millis(300)).await;
 
@@ -196,7 +189,7 @@ async fn purging_frees_no_held_lock_and_lowers_no_token() {
     assert_eq!(rows(released.clone()).await, 0, "the released row stayed");
     assert_eq!(rows(held.clone()).await, 1, "the held row was purged");
     assert!(
-        other.try_acquire(&held, &opts()).await.unwrap().is_none(),
+        other.try_acquire(&held, &long()).await.unwrap().is_none(),
         "purging freed a held lock"
     );
     assert_eq!(
@@ -207,7 +200,7 @@ async fn purging_frees_no_held_lock_and_lowers_no_token() {
         (&expired, gone.fencing_token()),
         (&released, freed.fencing_token()),
     ] {
-        let again = other.try_acquire(name, &opts()).await.unwrap().unwrap();
+        let again = must_acquire(&other, name, &long()).await;
         assert!(
             again.fencing_token() > before,
             "after a purge the token went from {before} to {}",
@@ -240,7 +233,7 @@ async fn purging_frees_no_held_lock_and_lowers_no_token() {
 async fn migrate_twice_is_a_no_op() {
     let b = backend().await;
     let name = unique_name("migrate");
-    let lease = b.try_acquire(&name, &opts()).await.unwrap().unwrap();
+    let lease = must_acquire(&b, &name, &long()).await;
     b.migrate().await.unwrap();
     b.migrate().await.unwrap();
     assert_eq!(
@@ -259,13 +252,13 @@ async fn a_custom_table_is_used_and_a_missing_one_is_explained() {
         .connect()
         .await
         .unwrap();
-    let r = b.try_acquire("x", &opts()).await;
+    let r = b.try_acquire("x", &long()).await;
     match r {
         Err(e @ Error::Backend { .. }) => assert!(e.to_string().contains("migrate"), "{e}"),
         other => panic!("expected a missing-table error, got {other:?}"),
     }
     b.migrate().await.unwrap();
-    let lease = b.try_acquire("x", &opts()).await.unwrap().unwrap();
+    let lease = must_acquire(&b, "x", &long()).await;
     b.release(&lease).await.unwrap();
 }
 
@@ -366,9 +359,9 @@ async fn a_server_that_is_down_gives_errors_not_grants() {
         .await
         .unwrap();
     b.migrate().await.unwrap();
-    let lease = b.try_acquire("down", &opts()).await.unwrap().unwrap();
+    let lease = must_acquire(&b, "down", &long()).await;
     server.container().unwrap().stop().await.unwrap();
-    let r = b.try_acquire("other", &opts()).await;
+    let r = b.try_acquire("other", &long()).await;
     assert!(matches!(r, Err(Error::Connection { .. })), "{r:?}");
     let r = b.release(&lease).await;
     assert!(matches!(r, Err(Error::Connection { .. })), "{r:?}");
@@ -387,7 +380,7 @@ async fn the_table_is_created_on_connect_and_least_privilege_suffices() {
         .connect()
         .await
         .expect("connect creates the missing table");
-    let lease = fresh.try_acquire("x", &opts()).await.unwrap().unwrap();
+    let lease = must_acquire(&fresh, "x", &long()).await;
     fresh.release(&lease).await.unwrap();
 
     let user = format!("u_{}", &id[id.len() - 12..]);
@@ -408,7 +401,7 @@ async fn the_table_is_created_on_connect_and_least_privilege_suffices() {
         .await
         .expect("a user with SELECT, INSERT, UPDATE, DELETE on an existing table can connect");
     let name = unique_name("least");
-    let lease = least.try_acquire(&name, &opts()).await.unwrap().unwrap();
+    let lease = must_acquire(&least, &name, &long()).await;
     least.release(&lease).await.unwrap();
     least
         .purge_expired(dlock_mysql::MIN_PURGE_AGE, 10)
@@ -446,9 +439,19 @@ async fn url_with_user(user: &str) -> String {
     format!("mysql://{user}:pw{}", &good[at..])
 }
 
-/// The server's counters of statements (`Questions`) and of pings and
-/// other admin commands (`Com_admin_commands`).
-async fn counters(conn: &mut sqlx::MySqlConnection) -> (u64, u64) {
+/// The server's count of statements (`Questions`) and of pings and other
+/// admin commands (`Com_admin_commands`).
+#[derive(Debug, Clone, Copy)]
+struct Counters {
+    statements: u64,
+    admin: u64,
+}
+
+/// Reads the server's [`Counters`] as they are, with one
+/// `SHOW GLOBAL STATUS` on `conn`. That read is itself a statement, so the
+/// difference between two reads counts one of them (it is no admin
+/// command); [`Counters::since`] subtracts it.
+async fn counters(conn: &mut sqlx::MySqlConnection) -> Counters {
     let rows: Vec<(String, String)> = sqlx::query_as(
         "SHOW GLOBAL STATUS WHERE Variable_name IN ('Questions', 'Com_admin_commands')",
     )
@@ -461,7 +464,21 @@ async fn counters(conn: &mut sqlx::MySqlConnection) -> (u64, u64) {
             .and_then(|(_, v)| v.parse().ok())
             .unwrap_or_else(|| panic!("no {name} in {rows:?}"))
     };
-    (get("Questions"), get("Com_admin_commands"))
+    Counters {
+        statements: get("Questions"),
+        admin: get("Com_admin_commands"),
+    }
+}
+
+impl Counters {
+    /// What the server ran between the read `before` and this one, less
+    /// the counters' own read statement.
+    fn since(self, before: Counters) -> Counters {
+        Counters {
+            statements: self.statements - before.statements - 1,
+            admin: self.admin - before.admin,
+        }
+    }
 }
 
 /// An acquire and a release cost the server two statements, and no ping:
@@ -478,20 +495,16 @@ async fn a_cycle_costs_two_statements_and_no_ping() {
     let cycles = 100;
     let before = counters(&mut admin).await;
     for i in 0..cycles {
-        let lease = b
-            .try_acquire(&format!("count-{i}"), &opts())
-            .await
-            .unwrap()
-            .unwrap();
+        let lease = must_acquire(&b, &format!("count-{i}"), &long()).await;
         b.release(&lease).await.unwrap();
     }
-    let after = counters(&mut admin).await;
-    // The first counter read is itself a statement.
-    let statements = after.0 - before.0 - 1;
-    let pings = after.1 - before.1;
-    eprintln!("{cycles} cycles: {statements} statements, {pings} pings");
-    assert_eq!(statements, 2 * cycles, "statements for {cycles} cycles");
-    assert_eq!(pings, 0, "pings for {cycles} cycles");
+    let ran = counters(&mut admin).await.since(before);
+    eprintln!(
+        "{cycles} cycles: {} statements, {} pings",
+        ran.statements, ran.admin
+    );
+    assert_eq!(ran.statements, 2 * cycles, "statements for {cycles} cycles");
+    assert_eq!(ran.admin, 0, "pings for {cycles} cycles");
 
     let pool = sqlx::mysql::MySqlPoolOptions::new()
         .max_connections(1)
@@ -502,10 +515,10 @@ async fn a_cycle_costs_two_statements_and_no_ping() {
     for _ in 0..10 {
         sqlx::query("SELECT 1").execute(&pool).await.unwrap();
     }
-    let after = counters(&mut admin).await;
+    let ran = counters(&mut admin).await.since(before);
     assert!(
-        after.1 - before.1 >= 10,
-        "the control's pings were not counted: {before:?} → {after:?}"
+        ran.admin >= 10,
+        "the control's pings were not counted: {ran:?} since {before:?}"
     );
 }
 
@@ -516,7 +529,7 @@ async fn a_cycle_costs_two_statements_and_no_ping() {
 async fn a_release_wakes_a_waiter_in_another_process() {
     let holder = waking(url().await).await;
     let name = unique_name("wake");
-    let lease = holder.try_acquire(&name, &opts()).await.unwrap().unwrap();
+    let lease = must_acquire(&holder, &name, &long()).await;
     let task = wait_for(slow_polling(url().await).await, &name);
     tokio::time::sleep(Duration::from_millis(1500)).await;
     assert!(!task.is_finished());
@@ -544,7 +557,7 @@ async fn slow_polling(url: &str) -> MySqlBackend {
 
 /// `waiter` waits up to 50 s for `name` on a task of its own.
 fn wait_for(waiter: MySqlBackend, name: &str) -> tokio::task::JoinHandle<Waited<MySqlBackend>> {
-    wait_on_task(waiter, name, opts().wait(Duration::from_secs(50)))
+    wait_on_task(waiter, name, long().wait(Duration::from_secs(50)))
 }
 
 /// Eight waiters in other processes cost the server a few statements a
@@ -558,7 +571,7 @@ async fn waiting_costs_a_few_statements_a_second_per_waiter() {
     let holder = waking(server.url()).await;
     let mut admin = sqlx::MySqlConnection::connect(server.url()).await.unwrap();
     let name = unique_name("load");
-    let lease = holder.try_acquire(&name, &opts()).await.unwrap().unwrap();
+    let lease = must_acquire(&holder, &name, &long()).await;
     let waiters = 8;
     let mut tasks = Vec::new();
     for _ in 0..waiters {
@@ -566,7 +579,7 @@ async fn waiting_costs_a_few_statements_a_second_per_waiter() {
         let name = name.clone();
         tasks.push(tokio::spawn(async move {
             let lease = b
-                .acquire(&name, &opts().wait(Duration::from_secs(60)))
+                .acquire(&name, &long().wait(Duration::from_secs(60)))
                 .await
                 .unwrap();
             b.release(&lease).await.unwrap();
@@ -577,8 +590,8 @@ async fn waiting_costs_a_few_statements_a_second_per_waiter() {
     let before = counters(&mut admin).await;
     let window = Duration::from_secs(5);
     tokio::time::sleep(window).await;
-    let after = counters(&mut admin).await;
-    let per_waiter = (after.0 - before.0 - 1) as f64 / window.as_secs_f64() / f64::from(waiters);
+    let ran = counters(&mut admin).await.since(before);
+    let per_waiter = ran.statements as f64 / window.as_secs_f64() / f64::from(waiters);
     eprintln!("{per_waiter:.1} statements/s per waiter");
     assert!(per_waiter <= 5.0, "{per_waiter:.1} statements/s per waiter");
     holder.release(&lease).await.unwrap();
@@ -603,7 +616,7 @@ async fn a_lost_anchor_is_replaced_and_wake_ups_go_on() {
     let waiter = slow_polling(server.url()).await;
     let mut admin = sqlx::MySqlConnection::connect(server.url()).await.unwrap();
     let name = unique_name("anchor");
-    let lease = holder.try_acquire(&name, &opts()).await.unwrap().unwrap();
+    let lease = must_acquire(&holder, &name, &long()).await;
     let anchor = waiter.wake_anchor_for_tests().to_owned();
     let task = wait_for(waiter, &name);
     // The connection of the waiter sleeping in the server, once it sleeps.
@@ -641,7 +654,7 @@ async fn a_lost_anchor_is_replaced_and_wake_ups_go_on() {
     tokio::time::sleep(Duration::from_secs(2)).await;
     let before = counters(&mut admin).await;
     tokio::time::sleep(Duration::from_secs(2)).await;
-    let after = counters(&mut admin).await;
+    let ran = counters(&mut admin).await.since(before);
     let second = holder_of(&mut admin).await.expect("a new anchor is held");
     assert_ne!(first, second);
     let command: String =
@@ -653,9 +666,9 @@ async fn a_lost_anchor_is_replaced_and_wake_ups_go_on() {
     assert_eq!(command, "Sleep", "the anchor's connection runs nothing");
     // The waiter sleeps again rather than spinning (nor polling: a minute).
     assert!(
-        after.0 - before.0 < 20,
+        ran.statements < 20,
         "{} statements in 2 s while one waiter waits",
-        after.0 - before.0
+        ran.statements
     );
     // Wake-ups go on: the waiter sleeps in the server again, and the
     // release wakes it.

@@ -1,7 +1,7 @@
 //! Building blocks for drivers' wait loops: deadlines, jittered backoff,
 //! in-process wake-ups, and the loop itself.
 
-use std::future::{Future, pending};
+use std::future::{Future, pending, ready};
 use std::pin::pin;
 use std::sync::Arc;
 use std::time::Duration;
@@ -80,12 +80,41 @@ pub async fn wait_for_lock<F, Fut>(
     name: &str,
     deadline: Deadline,
     wakeups: Option<&Wakeups>,
-    mut backoff: Backoff,
-    mut attempt: F,
+    backoff: Backoff,
+    attempt: F,
 ) -> Result<Lease>
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = Result<Attempt>>,
+{
+    wait_for_lock_with_pause(name, deadline, wakeups, backoff, attempt, |_| ready(false)).await
+}
+
+/// [`wait_for_lock`] for a driver that can pause somewhere better than in
+/// a local sleep: MySQL's registered waiter sleeps in the server, where a
+/// release from any process ends the sleep.
+///
+/// After every attempt that did not get the lock, while the deadline has
+/// not passed, `pause(deadline)` runs first. `true`: it has paused, or wants the next
+/// attempt at once (it just registered for wake-ups, say), and the loop
+/// attempts again; it must not return `true` at once every time, or the
+/// loop spins. `false`: the loop sleeps as [`wait_for_lock`] does. Only
+/// those local sleeps advance `backoff`, and only they listen to
+/// `wakeups`. A `pause` dropped midway (the wait ends or is dropped) must
+/// leave nothing behind that the driver cannot clean up.
+pub async fn wait_for_lock_with_pause<F, Fut, P, PFut>(
+    name: &str,
+    deadline: Deadline,
+    wakeups: Option<&Wakeups>,
+    mut backoff: Backoff,
+    mut attempt: F,
+    mut pause: P,
+) -> Result<Lease>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<Attempt>>,
+    P: FnMut(Deadline) -> PFut,
+    PFut: Future<Output = bool>,
 {
     let waiter = wakeups.map(|w| w.register(name));
     let mut failures = 0;
@@ -106,6 +135,9 @@ where
         };
         if deadline.is_past() {
             return Err(deadline.timeout_error(name));
+        }
+        if pause(deadline).await {
+            continue;
         }
         let mut delay = backoff.next_delay();
         if let Some(left) = expires_in {

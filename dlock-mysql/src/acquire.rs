@@ -1,0 +1,96 @@
+//! One acquire attempt: a single `INSERT … ON DUPLICATE KEY UPDATE`, undone
+//! by its owner token when its outcome is unknown.
+
+use std::time::Duration;
+
+use dlock_core::undo::UndoOnDrop;
+use dlock_core::wait::{Attempt, on_arrival};
+use dlock_core::{Lease, LockOptions, OwnerToken, Result};
+use tokio::time::{Instant, timeout};
+
+use crate::backend::MySqlBackend;
+use crate::error::{ER_LOCK_DEADLOCK, ER_LOCK_WAIT_TIMEOUT, server_error_number};
+use crate::pool::settle;
+use crate::sql::micros;
+
+/// How many times in a row a statement that InnoDB rolled back (a
+/// deadlock, a lock wait timeout) is sent again before its error counts.
+const ROLLED_BACK_RETRIES: u32 = 3;
+
+impl MySqlBackend {
+    /// One attempt to take `name`: the lease, or "held" (also for a grant
+    /// whose reply came after its validity deadline; see [`on_arrival`]).
+    pub(crate) async fn attempt(&self, name: &str, opts: &LockOptions) -> Result<Attempt> {
+        let owner = OwnerToken::random()?;
+        let sent = Instant::now();
+        if let Some(version) = self.grant(name, owner, opts.ttl_value()).await? {
+            let lease = Lease::with_ttl(name, owner, version, opts, sent);
+            return Ok(on_arrival(self, lease));
+        }
+        // Waiters do not need the holder's remaining lease: the registered
+        // one sleeps in the server until it ends.
+        Ok(Attempt::Held { expires_in: None })
+    }
+
+    /// One acquire statement. Returns the granted version, or `None` when
+    /// the lock is held.
+    async fn grant(
+        &self,
+        name: &str,
+        owner_token: OwnerToken,
+        lease_ttl: Duration,
+    ) -> Result<Option<u64>> {
+        let owner_text = owner_token.to_string();
+        let (owner, ttl) = (owner_text.as_str(), micros(lease_ttl));
+        let mut tries = 0;
+        loop {
+            let query = sqlx::query(self.inner.sql.acquire.clone())
+                .bind(name.as_bytes())
+                .bind(owner)
+                .bind(ttl)
+                .bind(&self.inner.holder)
+                .bind(owner)
+                .bind(&self.inner.holder)
+                .bind(ttl);
+            let limit = self.inner.request_timeout;
+            let mut lent = self.lend("acquire").await?;
+            // Armed from the moment the statement may reach the server until
+            // its reply is in: one that timed out, or whose future was
+            // dropped, may still have taken the lock.
+            let mut undo = {
+                let (backend, name) = (self.clone(), name.to_owned());
+                UndoOnDrop::new(async move { backend.undo(&name, owner_token, lease_ttl).await })
+            };
+            let done = timeout(limit, query.execute(lent.conn())).await;
+            // Any answer from the server settles the outcome (an error was
+            // rolled back). Disarm then, or the undo of a deadlocked try
+            // would release the next try's grant: it has the same owner.
+            let answered = match &done {
+                Ok(Ok(_)) => true,
+                Ok(Err(e)) => e.as_database_error().is_some(),
+                Err(_) => false,
+            };
+            if answered {
+                undo.disarm();
+            }
+            match done {
+                // Concurrent first inserts of one name can deadlock on the
+                // index; InnoDB rolled this one back, so it is safe to repeat.
+                Ok(Err(e))
+                    if tries < ROLLED_BACK_RETRIES
+                        && matches!(
+                            server_error_number(&e),
+                            Some(ER_LOCK_DEADLOCK | ER_LOCK_WAIT_TIMEOUT)
+                        ) =>
+                {
+                    tries += 1;
+                    lent.give_back();
+                }
+                done => {
+                    let version = settle(lent, done, limit, "acquire")?.last_insert_id();
+                    return Ok((version != 0).then_some(version));
+                }
+            }
+        }
+    }
+}

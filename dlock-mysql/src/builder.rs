@@ -1,0 +1,354 @@
+//! Settings, the URL, the first connection and the lock table.
+
+use std::str::FromStr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use dlock_core::wait::Wakeups;
+use dlock_core::{Error, MAX_SETTING, OwnerToken, Result, check_duration};
+use sqlx::Connection;
+use sqlx::mysql::{MySqlConnectOptions, MySqlConnection};
+use tokio::time::timeout;
+
+use crate::backend::{Inner, MySqlBackend, NAME};
+use crate::error::{ER_TABLEACCESS_DENIED, server_error_number, sql_error, timed_out};
+use crate::pool::Pool;
+use crate::sql::{Statements, validate_table};
+use crate::wake::Sleepers;
+
+/// Settings for [`MySqlBackend`]; start from [`MySqlBackend::builder`].
+#[derive(Clone)]
+pub struct MySqlBuilder {
+    url: String,
+    table: String,
+    max_connections: u32,
+    connect_timeout: Duration,
+    request_timeout: Duration,
+    max_poll: Duration,
+    wake_ups: bool,
+    create_table: bool,
+}
+
+impl std::fmt::Debug for MySqlBuilder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MySqlBuilder")
+            .field("url", &dlock_core::redact_url(&self.url))
+            .field("table", &self.table)
+            .field("max_connections", &self.max_connections)
+            .field("connect_timeout", &self.connect_timeout)
+            .field("request_timeout", &self.request_timeout)
+            .field("max_poll", &self.max_poll)
+            .field("wake_ups", &self.wake_ups)
+            .field("create_table", &self.create_table)
+            .finish()
+    }
+}
+
+impl MySqlBuilder {
+    /// The lock table (default `dlock_locks`): a plain identifier.
+    pub fn table(mut self, table: impl Into<String>) -> Self {
+        self.table = table.into();
+        self
+    }
+
+    /// The most connections the pool opens (default 10). With
+    /// [`wake_ups`](Self::wake_ups), up to 5 more serve waiters.
+    pub fn max_connections(mut self, n: u32) -> Self {
+        self.max_connections = n;
+        self
+    }
+
+    /// How long to wait for a new connection (default 5 s).
+    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
+        self.connect_timeout = timeout;
+        self
+    }
+
+    /// How long one statement may take, the wait for a pooled connection
+    /// included, before it counts as failed (default 2 s). A statement
+    /// that times out may still have run: its connection is discarded, and
+    /// an acquire is undone by its owner token.
+    pub fn request_timeout(mut self, timeout: Duration) -> Self {
+        self.request_timeout = timeout;
+        self
+    }
+
+    /// The longest a waiter goes without looking at the lock again
+    /// (default 1 s). A release wakes the waiter registered for the name at
+    /// once, and the holder's expiry wakes it too; this bounds the others'
+    /// polls and covers a wake-up that could not be sent.
+    pub fn max_poll_interval(mut self, interval: Duration) -> Self {
+        self.max_poll = interval;
+        self
+    }
+
+    /// Whether waiters sleep in the server and releases wake them with
+    /// `KILL QUERY` (default `false`: waiters poll; see the crate's
+    /// README): hand-offs across processes in about a millisecond, for up
+    /// to 5 connections per backend beyond the pool (an anchor and up to 4
+    /// sleeping waiters), opened when it first waits and kept. Turn it on
+    /// for every client of the table, and only with a direct connection to
+    /// the server: behind a proxy (ProxySQL, a multi-primary router) the
+    /// connection id a release kills may name another client's connection.
+    /// On MySQL, whose `GET_LOCK` cannot wait for a fraction of a second,
+    /// waiters poll whatever this says.
+    pub fn wake_ups(mut self, on: bool) -> Self {
+        self.wake_ups = on;
+        self
+    }
+
+    /// Whether `connect` creates the lock table when it is missing
+    /// (default `true`, with `CREATE TABLE IF NOT EXISTS`). Turn it off
+    /// where the application's database user may not create tables; an
+    /// administrator then runs [`MySqlBackend::table_ddl`] once.
+    pub fn create_table(mut self, create: bool) -> Self {
+        self.create_table = create;
+        self
+    }
+
+    /// Checks the settings and the URL without connecting.
+    fn validate(&self) -> Result<MySqlConnectOptions> {
+        validate_table(&self.table)?;
+        if self.max_connections == 0 {
+            return Err(Error::invalid_option(
+                "max_connections",
+                "must be at least 1",
+            ));
+        }
+        let ms = Duration::from_millis(1);
+        check_duration("connect_timeout", self.connect_timeout, ms, MAX_SETTING)?;
+        check_duration("request_timeout", self.request_timeout, ms, MAX_SETTING)?;
+        let min_poll = Duration::from_millis(10);
+        check_duration("max_poll_interval", self.max_poll, min_poll, MAX_SETTING)?;
+        parse_url(&self.url)
+    }
+
+    /// Checks the settings, then opens one connection at once, to surface
+    /// bad credentials, a missing database or a server that is down now,
+    /// and creates the lock table if it is missing (unless turned off with
+    /// [`MySqlBuilder::create_table`]).
+    ///
+    /// # Errors
+    /// [`Error::InvalidOption`] for a malformed URL, table name or setting,
+    /// [`Error::Connection`] when the server cannot be reached,
+    /// [`Error::Backend`] when it refuses us.
+    pub async fn connect(self) -> Result<MySqlBackend> {
+        let options = self.validate()?;
+        // A first connection at once reports what went wrong ("connection
+        // refused", "access denied") instead of a later statement.
+        let mut first = match timeout(
+            self.connect_timeout,
+            MySqlConnection::connect_with(&options),
+        )
+        .await
+        {
+            Ok(Ok(first)) => first,
+            Ok(Err(e)) => return Err(sql_error(e, "connect")),
+            Err(_) => {
+                return Err(timed_out(format!(
+                    "connect: no answer within {:?}",
+                    self.connect_timeout
+                )));
+            }
+        };
+        let sql = Statements::new(&self.table);
+        if self.create_table {
+            create_table(&mut first, &sql, &self.table, self.request_timeout).await?;
+        }
+        let pool = Pool::new(options, self.max_connections, self.connect_timeout);
+        pool.put(first);
+        Ok(MySqlBackend {
+            inner: Arc::new(Inner {
+                pool,
+                sql,
+                holder: holder_info(),
+                wakeups: Wakeups::new(),
+                // Unique to this backend: no one else ever waits for it.
+                sleepers: Arc::new(Sleepers::new(format!("dlock-a:{}", OwnerToken::random()?))),
+                wake_ups: self.wake_ups,
+                max_poll: self.max_poll,
+                request_timeout: self.request_timeout,
+            }),
+        })
+    }
+}
+
+/// Creates the lock table unless it exists. A user without the CREATE
+/// privilege is fine when the table is there already; otherwise the error
+/// says what to run, and as whom.
+async fn create_table(
+    conn: &mut MySqlConnection,
+    sql: &Statements,
+    table: &str,
+    limit: Duration,
+) -> Result<()> {
+    let created = timeout(limit, sqlx::query(sql.create.clone()).execute(&mut *conn)).await;
+    let denied = match created {
+        Ok(Ok(_)) => return Ok(()),
+        Ok(Err(e)) if server_error_number(&e) == Some(ER_TABLEACCESS_DENIED) => e,
+        Ok(Err(e)) => return Err(sql_error(e, "create the lock table")),
+        Err(_) => {
+            return Err(timed_out(format!(
+                "create the lock table: no reply within {limit:?}"
+            )));
+        }
+    };
+    let exists = timeout(limit, sqlx::query(sql.exists.clone()).execute(&mut *conn)).await;
+    if let Ok(Ok(_)) = exists {
+        return Ok(());
+    }
+    Err(Error::backend(
+        NAME,
+        format!(
+            "the lock table `{table}` is missing and this user may not create it; \
+             have an administrator run:\n{}",
+            sql.create.as_str()
+        ),
+        denied,
+    ))
+}
+
+/// Parses a `mysql://` or `mariadb://` URL, refusing what sqlx would only
+/// notice when it connects (or would quietly replace by a default).
+fn parse_url(url: &str) -> Result<MySqlConnectOptions> {
+    let bad = |reason: &str| Error::invalid_option("url", reason.to_owned());
+    let parsed = url::Url::parse(url)
+        .map_err(|e| Error::invalid_option("url", format!("not a URL: {e}")))?;
+    if !matches!(parsed.scheme(), "mysql" | "mariadb") {
+        return Err(bad("expected mysql://user:password@host:port/database"));
+    }
+    if parsed.host_str().is_none_or(str::is_empty) {
+        return Err(bad(
+            "no host: expected mysql://user:password@host:port/database",
+        ));
+    }
+    for (part, text) in [
+        ("user name", parsed.username()),
+        ("password", parsed.password().unwrap_or_default()),
+        ("database", parsed.path()),
+    ] {
+        if !percent_decodes(text) {
+            // The part itself is not shown: it may be a password.
+            return Err(Error::invalid_option(
+                "url",
+                format!("the {part} has a malformed %-escape or is not UTF-8"),
+            ));
+        }
+    }
+    MySqlConnectOptions::from_str(url)
+        .map_err(|e| Error::invalid_option("url", format!("not a MySQL URL: {e}")))
+}
+
+/// Whether every `%` in `s` starts a two-digit hex escape and the decoded
+/// bytes are UTF-8.
+fn percent_decodes(s: &str) -> bool {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' {
+            let hex = bytes
+                .get(i + 1..i + 3)
+                .and_then(|h| std::str::from_utf8(h).ok());
+            match hex.and_then(|h| u8::from_str_radix(h, 16).ok()) {
+                Some(b) => out.push(b),
+                None => return false,
+            }
+            i += 3;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8(out).is_ok()
+}
+
+/// `host:pid`, shown in the table for operators.
+fn holder_info() -> String {
+    let host = std::env::var("HOSTNAME")
+        .ok()
+        .or_else(|| std::fs::read_to_string("/etc/hostname").ok())
+        .map(|h| h.trim().to_owned())
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "unknown".to_owned());
+    let mut info = format!("{host}:{}", std::process::id());
+    info.truncate(info.floor_char_boundary(255));
+    info
+}
+
+impl MySqlBackend {
+    /// Connects with default settings. URL:
+    /// `mysql://user:password@host:3306/database`.
+    pub async fn connect(url: &str) -> Result<Self> {
+        Self::builder(url).connect().await
+    }
+
+    /// Settings, starting from a URL.
+    pub fn builder(url: impl Into<String>) -> MySqlBuilder {
+        MySqlBuilder {
+            url: url.into(),
+            table: "dlock_locks".to_owned(),
+            max_connections: 10,
+            connect_timeout: Duration::from_secs(5),
+            request_timeout: Duration::from_secs(2),
+            max_poll: Duration::from_secs(1),
+            wake_ups: false,
+            create_table: true,
+        }
+    }
+
+    /// The statement that creates the lock table `table`, for an
+    /// administrator to run where the application may not create tables.
+    ///
+    /// # Errors
+    /// [`Error::InvalidOption`] when `table` is not a plain identifier.
+    pub fn table_ddl(table: &str) -> Result<String> {
+        validate_table(table)?;
+        Ok(Statements::new(table).create.as_str().to_owned())
+    }
+
+    /// Creates the lock table if it does not exist, as `connect` does by
+    /// default. Idempotent.
+    pub async fn migrate(&self) -> Result<()> {
+        let query = sqlx::query(self.inner.sql.create.clone());
+        self.execute(query, "migrate").await?;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls_are_checked_before_connecting() {
+        for bad in [
+            "mysql://",
+            "mysql:///db",
+            "mysql://u:%zz@127.0.0.1/db",
+            "mysql://u:%E9@127.0.0.1/db",
+            "mysql://u:p@127.0.0.1/%",
+            "postgres://u@127.0.0.1/db",
+            "not a url",
+        ] {
+            assert!(
+                matches!(
+                    parse_url(bad),
+                    Err(Error::InvalidOption { option: "url", .. })
+                ),
+                "{bad}"
+            );
+        }
+        assert!(parse_url("mysql://u:p%40ss@127.0.0.1:3306/db").is_ok());
+        assert!(parse_url("mariadb://u@localhost/db").is_ok());
+    }
+
+    #[test]
+    fn escapes_are_checked() {
+        assert!(percent_decodes("a%20b%C3%A9"));
+        assert!(!percent_decodes("%"));
+        assert!(!percent_decodes("%2"));
+        assert!(!percent_decodes("%zz"));
+        assert!(!percent_decodes("%FF"));
+    }
+}

@@ -1,0 +1,65 @@
+//! sqlx's errors as dlock's: what the server or the network said, in the
+//! words an operator looks for.
+
+use dlock_core::Error;
+use sqlx::mysql::MySqlDatabaseError;
+
+use crate::backend::NAME;
+
+// MySQL / MariaDB server error numbers the driver tells apart.
+const ER_ACCESS_DENIED: u16 = 1045;
+const ER_DBACCESS_DENIED: u16 = 1044;
+const ER_BAD_DB: u16 = 1049;
+const ER_NO_SUCH_TABLE: u16 = 1146;
+pub(crate) const ER_TABLEACCESS_DENIED: u16 = 1142;
+pub(crate) const ER_LOCK_WAIT_TIMEOUT: u16 = 1205;
+pub(crate) const ER_LOCK_DEADLOCK: u16 = 1213;
+
+/// The server's error number, when the server answered with an error.
+pub(crate) fn server_error_number(e: &sqlx::Error) -> Option<u16> {
+    e.as_database_error()
+        .and_then(|d| d.try_downcast_ref::<MySqlDatabaseError>())
+        .map(MySqlDatabaseError::number)
+}
+
+/// `e`, met while `doing`, as a dlock error.
+pub(crate) fn sql_error(e: sqlx::Error, doing: &str) -> Error {
+    match server_error_number(&e) {
+        Some(ER_ACCESS_DENIED | ER_DBACCESS_DENIED) => {
+            return Error::backend(NAME, format!("{doing}: access denied"), e);
+        }
+        Some(ER_BAD_DB) => return Error::backend(NAME, format!("{doing}: unknown database"), e),
+        Some(ER_NO_SUCH_TABLE) => {
+            return Error::backend(
+                NAME,
+                format!("{doing}: the lock table is missing; call MySqlBackend::migrate() once"),
+                e,
+            );
+        }
+        _ => {}
+    }
+    match e {
+        // Say what the network said ("connection refused"), not just that
+        // it failed.
+        sqlx::Error::Io(ref io) => Error::connection(NAME, format!("{doing}: {io}"), e),
+        sqlx::Error::PoolTimedOut => {
+            Error::connection(NAME, format!("{doing}: no free connection in the pool"), e)
+        }
+        sqlx::Error::Tls(_)
+        | sqlx::Error::PoolClosed
+        | sqlx::Error::WorkerCrashed
+        | sqlx::Error::Protocol(_) => Error::connection(NAME, doing, e),
+        sqlx::Error::Configuration(_) => Error::invalid_option("url", e.to_string()),
+        _ => Error::backend(NAME, doing, e),
+    }
+}
+
+/// A connection error for a request that got no answer in time: retryable,
+/// like any lost connection, and its outcome is unknown.
+pub(crate) fn timed_out(message: String) -> Error {
+    Error::connection(
+        NAME,
+        message,
+        std::io::Error::from(std::io::ErrorKind::TimedOut),
+    )
+}

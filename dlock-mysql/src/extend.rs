@@ -1,0 +1,98 @@
+//! Extending leases: one at a time, or a renewal batch in one statement per
+//! TTL.
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use dlock_core::{Error, Lease, Result};
+use sqlx::mysql::{MySql, MySqlArguments};
+use sqlx::query::Query;
+use tokio::time::{Instant, timeout};
+
+use crate::backend::MySqlBackend;
+use crate::pool::settle;
+use crate::sql::{Batch, micros};
+
+impl MySqlBackend {
+    /// [`Backend::extend`](dlock_core::Backend::extend).
+    pub(crate) async fn extend_lease(&self, lease: &mut Lease) -> Result<()> {
+        let sent = Instant::now();
+        let ttl = micros(lease.ttl().unwrap_or_default());
+        let query = sqlx::query(self.inner.sql.extend.clone())
+            .bind(ttl)
+            .bind(lease.name().as_bytes())
+            .bind(lease.owner().to_string());
+        self.own_row(query, lease, "extend").await?;
+        lease.extended(sent);
+        Ok(())
+    }
+
+    /// [`Backend::extend_many`](dlock_core::Backend::extend_many).
+    pub(crate) async fn extend_leases(&self, leases: &mut [Lease]) -> Result<Vec<bool>> {
+        let mut held = vec![false; leases.len()];
+        // One statement per TTL, and a batch's leases nearly always share one.
+        let mut ttls: Vec<Duration> = leases.iter().filter_map(Lease::ttl).collect();
+        ttls.sort_unstable();
+        ttls.dedup();
+        for ttl in ttls {
+            let mut batch = Batch::default();
+            let mut members = Vec::new();
+            for (i, lease) in leases.iter().enumerate() {
+                if lease.ttl() == Some(ttl) {
+                    batch.push(lease.name().as_bytes(), &lease.owner().to_string());
+                    members.push(i);
+                }
+            }
+            let sent = Instant::now();
+            let update = sqlx::raw_sql(self.inner.sql.extend_many(&batch, micros(ttl)));
+            let matched = self.execute(update, "extend").await?.rows_affected();
+            let extended: Vec<usize> = if usize::try_from(matched).is_ok_and(|m| m == members.len())
+            {
+                members
+            } else {
+                // Some were lost: ask which rows are still ours, which are
+                // exactly those the update extended.
+                let select = sqlx::raw_sql(self.inner.sql.owned_of(&batch));
+                let limit = self.inner.request_timeout;
+                let mut lent = self.lend("extend").await?;
+                let done = timeout(limit, select.fetch_all(lent.conn())).await;
+                let rows = settle(lent, done, limit, "extend")?;
+                let owned: HashSet<Vec<u8>> = rows
+                    .iter()
+                    .filter_map(|row| sqlx::Row::try_get::<Vec<u8>, _>(row, 0).ok())
+                    .collect();
+                members
+                    .into_iter()
+                    .filter(|&i| {
+                        let mut pair = leases[i].owner().to_string().into_bytes();
+                        pair.extend_from_slice(leases[i].name().as_bytes());
+                        owned.contains(&pair)
+                    })
+                    .collect()
+            };
+            for i in extended {
+                leases[i].extended(sent);
+                held[i] = true;
+            }
+        }
+        Ok(held)
+    }
+
+    /// Runs a statement that changes the caller's own live row (an
+    /// extension, a hold); "not held" unless it matched one.
+    pub(crate) async fn own_row(
+        &self,
+        query: Query<'_, MySql, MySqlArguments>,
+        lease: &Lease,
+        doing: &str,
+    ) -> Result<()> {
+        // sqlx sets CLIENT_FOUND_ROWS: rows matched, not rows changed.
+        if self.execute(query, doing).await?.rows_affected() == 1 {
+            Ok(())
+        } else {
+            Err(Error::NotHeld {
+                name: lease.name().to_owned(),
+            })
+        }
+    }
+}

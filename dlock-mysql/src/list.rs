@@ -1,0 +1,77 @@
+//! Reading who holds what: a page of held locks, or one lock's holder.
+
+use std::time::Duration;
+
+use dlock_core::{Error, HeldLock, LockInfo, LockPage, Result};
+use tokio::time::timeout;
+
+use crate::backend::{MySqlBackend, NAME};
+use crate::pool::settle;
+
+impl MySqlBackend {
+    /// [`Backend::list`](dlock_core::Backend::list).
+    pub(crate) async fn list_locks(
+        &self,
+        prefix: &str,
+        cursor: Option<&str>,
+        limit: usize,
+    ) -> Result<LockPage> {
+        let limit = limit.clamp(1, 10_000);
+        let mut pattern = Vec::with_capacity(prefix.len() + 1);
+        for &b in prefix.as_bytes() {
+            if matches!(b, b'!' | b'%' | b'_') {
+                pattern.push(b'!');
+            }
+            pattern.push(b);
+        }
+        pattern.push(b'%');
+        let query = sqlx::query_as(self.inner.sql.list.clone())
+            .bind(cursor.unwrap_or_default().as_bytes())
+            .bind(pattern)
+            .bind(u32::try_from(limit).unwrap_or(u32::MAX));
+        let limit_time = self.inner.request_timeout;
+        let mut lent = self.lend("list").await?;
+        let done = timeout(limit_time, query.fetch_all(lent.conn())).await;
+        let rows: Vec<(Vec<u8>, String, u64, i64)> = settle(lent, done, limit_time, "list")?;
+        // The next page starts after the last row read, kept or not.
+        let next = (rows.len() == limit)
+            .then(|| {
+                rows.last()
+                    .map(|(name, ..)| String::from_utf8_lossy(name).into_owned())
+            })
+            .flatten();
+        let mut locks = Vec::with_capacity(rows.len());
+        for (name, owner, version, left) in rows {
+            let (Ok(name), Ok(owner)) = (String::from_utf8(name), owner.parse()) else {
+                continue; // not a row this driver wrote
+            };
+            let expires_in = Some(Duration::from_micros(left.unsigned_abs()));
+            locks.push(HeldLock::new(
+                name,
+                LockInfo::new(owner, version, expires_in),
+            ));
+        }
+        Ok(LockPage::new(locks, next))
+    }
+
+    /// [`Backend::inspect`](dlock_core::Backend::inspect), with `name`
+    /// checked already.
+    pub(crate) async fn inspect_lock(&self, name: &str) -> Result<Option<LockInfo>> {
+        let query = sqlx::query_as(self.inner.sql.inspect.clone()).bind(name.as_bytes());
+        let limit = self.inner.request_timeout;
+        let mut lent = self.lend("inspect").await?;
+        let done = timeout(limit, query.fetch_optional(lent.conn())).await;
+        let row: Option<(String, u64, i64)> = settle(lent, done, limit, "inspect")?;
+        let Some((owner, version, left)) = row else {
+            return Ok(None);
+        };
+        let owner = owner
+            .parse()
+            .map_err(|_| Error::malformed(NAME, "inspect (the row's owner token)", &owner))?;
+        Ok(Some(LockInfo::new(
+            owner,
+            version,
+            Some(Duration::from_micros(left.unsigned_abs())),
+        )))
+    }
+}

@@ -1,0 +1,102 @@
+//! Acquire's wait, on core's shared loop. Its pause is MySQL's own: one
+//! waiter per name registers (see [`crate::wake`]) and sleeps in the
+//! server, where a release from any process wakes it; the others poll with
+//! jittered backoff, woken by releases in this process, and take the
+//! registration over when it frees.
+
+use std::sync::{Mutex, PoisonError};
+use std::time::Duration;
+
+use dlock_core::wait::{Backoff, Deadline, wait_for_lock_with_pause};
+use dlock_core::{Lease, LockOptions, Result};
+
+use crate::backend::MySqlBackend;
+use crate::wake::Sleeper;
+
+/// The registration a wait holds between its pauses. Behind a mutex only
+/// so that the wait stays `Send`: one wait uses it, never two tasks, and
+/// no lock is kept across an await.
+type Registration = Mutex<Option<Sleeper>>;
+
+impl MySqlBackend {
+    /// Acquire's wait for `name` until `deadline`.
+    pub(crate) async fn wait(
+        &self,
+        name: &str,
+        opts: &LockOptions,
+        deadline: Deadline,
+    ) -> Result<Lease> {
+        let max_poll = self.inner.max_poll;
+        let backoff = Backoff::new(Duration::from_millis(50).min(max_poll), max_poll);
+        let registration = Registration::new(None);
+        let waited = wait_for_lock_with_pause(
+            name,
+            deadline,
+            Some(&self.inner.wakeups),
+            backoff,
+            || self.attempt(name, opts),
+            |deadline| self.pause(name, deadline, &registration),
+        )
+        .await;
+        let sleeper = registration
+            .into_inner()
+            .unwrap_or_else(PoisonError::into_inner);
+        if let Some(sleeper) = sleeper {
+            // On a task of its own: a lease in hand must neither wait for
+            // the unregister nor be lost if this future is dropped during it.
+            let unregister = self.inner.sql.unregister.clone();
+            let limit = self.inner.request_timeout;
+            tokio::spawn(sleeper.unregister(unregister, name.to_owned(), limit));
+        }
+        waited
+    }
+
+    /// The pause after a look that did not get the lock: `false` for the
+    /// shared loop's local sleep. A waiter that registers now looks again
+    /// at once (a release from then on wakes it), then sleeps in the server
+    /// until the holder's lease ends, a release wakes it, or the poll
+    /// interval passes. A sleeper connection that broke takes the
+    /// registration with it: the waiter looks again at once, and registers
+    /// anew if it can.
+    async fn pause(&self, name: &str, deadline: Deadline, registration: &Registration) -> bool {
+        let held = registration
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        let Some(mut sleeper) = held else {
+            let Some(sleeper) = self.register(name).await else {
+                return false;
+            };
+            *registration.lock().unwrap_or_else(PoisonError::into_inner) = Some(sleeper);
+            return true;
+        };
+        let (sql, limit) = (&self.inner.sql, self.inner.request_timeout);
+        let cap = deadline.cap(self.inner.max_poll);
+        if sleeper.sleep(sql, name, cap, limit).await {
+            *registration.lock().unwrap_or_else(PoisonError::into_inner) = Some(sleeper);
+        }
+        true
+    }
+
+    /// Registers as the waiter of `name`: `None` when another waiter is,
+    /// or this backend's sleeper connections are all busy or not open yet.
+    async fn register(&self, name: &str) -> Option<Sleeper> {
+        if !self.inner.wake_ups {
+            return None;
+        }
+        let sleepers = &self.inner.sleepers;
+        if let Some(claim) = sleepers.open_claim() {
+            // Opening a connection can take long on a busy server: not on
+            // this waiter's path. It polls meanwhile.
+            let backend = self.clone();
+            tokio::spawn(async move {
+                let inner = &backend.inner;
+                claim
+                    .open(&inner.pool, &inner.sql, inner.request_timeout)
+                    .await;
+            });
+        }
+        let (sql, limit) = (&self.inner.sql, self.inner.request_timeout);
+        Sleeper::register(sleepers, sql, name, limit).await
+    }
+}
