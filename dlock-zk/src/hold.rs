@@ -15,10 +15,11 @@
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use dlock_core::{Error, Lease, LockInfo, OwnerToken, Result};
+use dlock_core::{Lease, LockInfo, OwnerToken, Result};
 use zookeeper_client as zk;
 
-use crate::backend::{NAME, ZkBackend, zk_error};
+use crate::backend::ZkBackend;
+use crate::error::{gave_up, not_held, zk_error};
 
 /// The hold node's name in a lock's folder. It has none of the queue's
 /// markers, so no recipe queues it.
@@ -131,9 +132,6 @@ impl ZkBackend {
 
     /// Writes the hold and deletes the lease's node in one transaction.
     pub(crate) async fn write_hold(&self, lease: &Lease, node: &str, hold: Duration) -> Result<()> {
-        let not_held = || Error::NotHeld {
-            name: lease.name().to_owned(),
-        };
         let dir = self.lock_dir(lease.name());
         let path = hold_path(&dir);
         // Rounded up: the hold is a minimum.
@@ -174,8 +172,8 @@ impl ZkBackend {
                         source: zk::Error::NoNode,
                     },
                     _,
-                ))) => return Err(not_held()),
-                Ok(Err((_, zk::Error::SessionExpired))) => return Err(not_held()),
+                ))) => return Err(not_held(lease)),
+                Ok(Err((_, zk::Error::SessionExpired))) => return Err(not_held(lease)),
                 // The hold node changed between the look and the write (an
                 // ended hold deleted by someone else): look again.
                 Ok(Err((
@@ -189,11 +187,7 @@ impl ZkBackend {
                 Err(_) => return Err(zk_error(zk::Error::ConnectionLoss, "release_after")),
             }
         }
-        Err(Error::Backend {
-            backend: NAME,
-            message: format!("the hold of {dir} kept changing"),
-            source: None,
-        })
+        Err(gave_up(format!("the hold of {dir} kept changing")))
     }
 
     /// Deletes the hold node once it has ended, if this client is still

@@ -1,11 +1,19 @@
 #![doc = include_str!("../README.md")]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+mod acquire;
 mod backend;
+mod builder;
+mod error;
 mod hold;
+mod list;
 mod path;
+mod release;
+mod session;
+mod wait;
 
-pub use backend::{ZkBackend, ZkBuilder};
+pub use backend::ZkBackend;
+pub use builder::ZkBuilder;
 /// The ZooKeeper client crate this driver is built on, so that callers use
 /// the same version.
 pub use zookeeper_client;

@@ -7,7 +7,9 @@
 //! `%2E%2E` (ZooKeeper refuses them as path components). The escape is
 //! injective: every name gets its own node.
 
-use dlock_core::OwnerToken;
+use dlock_core::{Lease, OwnerToken};
+
+use crate::backend::ZkBackend;
 
 /// The marker between the protected prefix and the sequence number.
 pub(crate) const LOCK_MARKER: &str = "-lock-";
@@ -104,6 +106,22 @@ pub(crate) fn sequence(node: &str) -> Option<i64> {
         let ok = matches!(unsigned.len(), 10 | 19) && unsigned.bytes().all(|b| b.is_ascii_digit());
         ok.then(|| digits.parse().ok()).flatten()
     })
+}
+
+impl ZkBackend {
+    /// The folder of the lock `name`: its queue and its hold.
+    pub(crate) fn lock_dir(&self, name: &str) -> String {
+        format!("{}/{}", self.inner.root, escape(name))
+    }
+
+    /// The lease's node, if the lease is one of ours.
+    pub(crate) fn node_of<'a>(&self, lease: &'a Lease) -> Option<&'a str> {
+        let path = lease.handle()?;
+        let node = path.rsplit('/').next()?;
+        (path.starts_with(&self.lock_dir(lease.name()))
+            && node.starts_with(&protected_prefix(lease.owner())))
+        .then_some(path)
+    }
 }
 
 #[cfg(test)]

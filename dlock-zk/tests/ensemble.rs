@@ -11,7 +11,7 @@
 
 use std::time::Duration;
 
-use dlock_conformance::support::unique_name;
+use dlock_conformance::support::{must_acquire, unique_name};
 use dlock_conformance::topology::{Topology, zookeeper_ensemble};
 use dlock_core::{Backend, Lease, LockOptions};
 use dlock_zk::ZkBackend;
@@ -55,8 +55,8 @@ async fn held_under_both(
     for keep in [false, true] {
         let backend = client_with(ensemble, nodes, keep, session).await;
         let name = unique_name(&format!("{case}-{keep}"));
-        let lease = backend.try_acquire(&name, &LockOptions::new()).await;
-        held.push((backend, name, lease.unwrap().unwrap()));
+        let lease = must_acquire(&backend, &name, &LockOptions::new()).await;
+        held.push((backend, name, lease));
     }
     held.try_into().unwrap()
 }
@@ -260,7 +260,7 @@ async fn partitioned_minority_loses_before_the_majority_is_granted() {
     let waiter = client(&ensemble, &majority, false).await;
     let opts = LockOptions::new();
     let c = unique_name("partition-naive");
-    let naive_lease = naive.try_acquire(&c, &opts).await.unwrap().unwrap();
+    let naive_lease = must_acquire(&naive, &c, &opts).await;
     let (strict_lost, keeping_lost) = (lost_at(&strict_lease), lost_at(&keeping_lease));
     let naive_lost = lost_at(&naive_lease);
 

@@ -10,7 +10,7 @@ use std::path::PathBuf;
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 
 use dlock_conformance::harness::{Service, shared};
-use dlock_conformance::support::unique_name;
+use dlock_conformance::support::{must_acquire, unique_name};
 use dlock_core::{Backend, LockOptions};
 use dlock_zk::ZkBackend;
 
@@ -154,11 +154,8 @@ async fn dlock_and_kazoo_respect_each_others_holders() {
     );
     let (kazoo, said) = with_kazoo(kazoo, |k| k.ask("release")).await;
     assert_eq!(said, "released");
-    let lease = dlock
-        .try_acquire(&name, &opts)
-        .await
-        .unwrap()
-        .expect("free once kazoo released it");
+    // Free once kazoo released it.
+    let lease = must_acquire(&dlock, &name, &opts).await;
 
     // dlock holds: kazoo with `extra_lock_patterns=["-lock-"]` sees it.
     let (kazoo, said) = with_kazoo(kazoo, |k| k.ask("try")).await;

@@ -6,15 +6,11 @@
 use std::time::Duration;
 
 use dlock_conformance::harness::{ServerOptions, Service, shared, start, unused_port};
-use dlock_conformance::support::unique_name;
+use dlock_conformance::support::{must_acquire, unique_name};
 use dlock_core::{Backend, Error, LockOptions, Locker};
 use dlock_zk::ZkBackend;
 use dlock_zk::zookeeper_client as zk;
 use tokio::time::{Instant, sleep, timeout};
-
-fn opts() -> LockOptions {
-    LockOptions::new()
-}
 
 async fn url() -> &'static str {
     shared(Service::ZooKeeper).await.url()
@@ -33,7 +29,7 @@ async fn queue(b: &ZkBackend, dir: &str) -> Vec<String> {
     }
 }
 
-/// Polls until `check` holds, for at most 5 s.
+/// Polls until `check` holds, for at most 15 s.
 async fn eventually(what: &str, mut check: impl AsyncFnMut() -> bool) {
     let started = Instant::now();
     while !check().await {
@@ -46,7 +42,7 @@ async fn eventually(what: &str, mut check: impl AsyncFnMut() -> bool) {
 async fn nodes_follow_curators_layout() {
     let b = backend().await;
     let name = format!("a/b/{}", unique_name("layout"));
-    let lease = b.try_acquire(&name, &opts()).await.unwrap().unwrap();
+    let lease = must_acquire(&b, &name, &LockOptions::new()).await;
     let dir = format!("/dlock/{}", name.replace('/', "%2F"));
     let nodes = queue(&b, &dir).await;
     assert_eq!(nodes.len(), 1, "{nodes:?}");
@@ -79,7 +75,11 @@ async fn a_hung_server_fires_lost_and_expires_the_session() {
         .unwrap();
     let locker = Locker::new(holder.clone());
     let name = unique_name("session");
-    let guard = locker.try_acquire(&name, &opts()).await.unwrap().unwrap();
+    let guard = locker
+        .try_acquire(&name, &LockOptions::new())
+        .await
+        .unwrap()
+        .unwrap();
     assert!(guard.is_valid());
 
     // A paused server accepts nothing: the client disconnects, and once the
@@ -95,7 +95,7 @@ async fn a_hung_server_fires_lost_and_expires_the_session() {
 
     let other = ZkBackend::connect(url).await.unwrap();
     let lease = other
-        .acquire(&name, &opts().wait(Duration::from_secs(15)))
+        .acquire(&name, &LockOptions::new().wait(Duration::from_secs(15)))
         .await
         .expect("the lock frees with the session");
     assert!(lease.fencing_token() > guard.fencing_token());
@@ -105,7 +105,7 @@ async fn a_hung_server_fires_lost_and_expires_the_session() {
     // The backend opens a new session for later acquires.
     eventually("a new session", async || {
         holder
-            .try_acquire(&unique_name("after"), &opts())
+            .try_acquire(&unique_name("after"), &LockOptions::new())
             .await
             .is_ok()
     })
@@ -116,7 +116,7 @@ async fn a_hung_server_fires_lost_and_expires_the_session() {
 async fn each_release_wakes_the_next_waiter_in_order() {
     let b = backend().await;
     let name = unique_name("fifo");
-    let holder = b.try_acquire(&name, &opts()).await.unwrap().unwrap();
+    let holder = must_acquire(&b, &name, &LockOptions::new()).await;
     let dir = format!("/dlock/{name}");
     let mut waiters = Vec::new();
     for i in 0..4 {
@@ -124,7 +124,7 @@ async fn each_release_wakes_the_next_waiter_in_order() {
         let name = name.clone();
         waiters.push(tokio::spawn(async move {
             let lease = waiter
-                .acquire(&name, &opts().wait(Duration::from_secs(30)))
+                .acquire(&name, &LockOptions::new().wait(Duration::from_secs(30)))
                 .await;
             (i, lease)
         }));
@@ -156,13 +156,18 @@ async fn losers_leave_no_node_behind() {
     let b = backend().await;
     let name = unique_name("cleanup");
     let dir = format!("/dlock/{name}");
-    let holder = b.try_acquire(&name, &opts()).await.unwrap().unwrap();
+    let holder = must_acquire(&b, &name, &LockOptions::new()).await;
 
-    assert!(b.try_acquire(&name, &opts()).await.unwrap().is_none());
+    assert!(
+        b.try_acquire(&name, &LockOptions::new())
+            .await
+            .unwrap()
+            .is_none()
+    );
     assert_eq!(queue(&b, &dir).await.len(), 1, "try_acquire left its node");
 
     let r = b
-        .acquire(&name, &opts().wait(Duration::from_millis(200)))
+        .acquire(&name, &LockOptions::new().wait(Duration::from_millis(200)))
         .await;
     assert!(matches!(r, Err(Error::Timeout { .. })), "{r:?}");
     eventually("the timed-out waiter's node is gone", async || {
@@ -172,7 +177,7 @@ async fn losers_leave_no_node_behind() {
 
     let dropped = timeout(
         Duration::from_millis(200),
-        b.acquire(&name, &opts().wait(Duration::from_secs(60))),
+        b.acquire(&name, &LockOptions::new().wait(Duration::from_secs(60))),
     )
     .await;
     assert!(dropped.is_err(), "the acquire should still be waiting");
@@ -194,7 +199,7 @@ async fn other_identities_cannot_delete_overwrite_or_queue_on_our_nodes() {
         .await
         .unwrap();
     let name = unique_name("n");
-    let lease = ours.try_acquire(&name, &opts()).await.unwrap().unwrap();
+    let lease = must_acquire(&ours, &name, &LockOptions::new()).await;
     let node = lease.handle().unwrap().to_owned();
     let stranger = zk::Client::connector()
         .with_auth("digest", b"mallory:guess")

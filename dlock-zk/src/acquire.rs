@@ -1,0 +1,233 @@
+//! Joining a lock's queue (protected creation of an ephemeral sequential
+//! node), reading the queue, and the grant to the node at its front.
+
+use std::sync::Arc;
+
+use dlock_core::undo::UndoOnDrop;
+use dlock_core::{Error, Lease, OwnerToken, Result};
+use zookeeper_client as zk;
+
+use crate::backend::{NAME, ZkBackend};
+use crate::error::{gave_up, zk_error};
+use crate::hold::HOLD_NODE;
+use crate::path::{protected_prefix, sequence};
+
+/// A place in a lock's queue, not yet handed over as a lease: its node is
+/// deleted if this is dropped.
+pub(crate) struct Place {
+    pub(crate) owner: OwnerToken,
+    pub(crate) dir: String,
+    /// The node's whole path.
+    pub(crate) path: String,
+    /// The node's name in `dir`.
+    pub(crate) node: String,
+    pub(crate) fencing_token: u64,
+    /// The queue as listed right behind the create, if that listing came.
+    pub(crate) listed: Option<(Vec<String>, bool)>,
+    pub(crate) undo: UndoOnDrop,
+}
+
+impl ZkBackend {
+    /// Takes a place in the queue of `name` with a fresh owner token.
+    pub(crate) async fn join(&self, client: &zk::Client, name: &str) -> Result<Place> {
+        let owner = OwnerToken::random()?;
+        let dir = self.lock_dir(name);
+        let mut undo = self.undo_create(&dir, &protected_prefix(owner));
+        let (path, czxid, listed) = self.enqueue_and_list(client, &dir, owner).await?;
+        undo.disarm();
+        let undo = self.undo_node(&path);
+        // Checked only now, so that a bad one still gets the node deleted.
+        let fencing_token = fencing_token(czxid)?;
+        let node = path.rsplit('/').next().unwrap_or_default().to_owned();
+        Ok(Place {
+            owner,
+            dir,
+            path,
+            node,
+            fencing_token,
+            listed,
+            undo,
+        })
+    }
+
+    /// The lease for a place at the front of the queue, if the session it
+    /// was created in (`client`'s) is still the current one. The lease
+    /// gets the session's lost signal as of now: one cancelled by a blip
+    /// while we waited would make the lease lost on arrival.
+    pub(crate) fn grant(
+        &self,
+        client: &Arc<zk::Client>,
+        name: &str,
+        place: &Place,
+    ) -> Result<Lease> {
+        let (current, lost) = self.session();
+        if !Arc::ptr_eq(&current, client) {
+            return Err(Error::connection(
+                NAME,
+                "the session was replaced while waiting",
+                zk::Error::SessionExpired,
+            ));
+        }
+        let lease = Lease::with_session(name, place.owner, place.fencing_token, lost.child_token());
+        Ok(lease.with_handle(place.path.clone()))
+    }
+
+    /// Joins the queue of `dir`: creates our ephemeral sequential node,
+    /// creating container parents as needed. If the reply is lost, finds the
+    /// node by its protected prefix instead of leaving an orphan.
+    async fn enqueue(
+        &self,
+        client: &zk::Client,
+        dir: &str,
+        owner: OwnerToken,
+    ) -> Result<(String, i64)> {
+        let prefix = protected_prefix(owner);
+        let path = format!("{dir}/{prefix}lock-");
+        let node_opts = zk::CreateMode::EphemeralSequential.with_acls(self.acls());
+        let dir_opts = zk::CreateMode::Container.with_acls(self.acls());
+        let mut last = None;
+        for _ in 0..5 {
+            match self.bounded(client.create(&path, &[], &node_opts)).await {
+                Ok((stat, seq)) => {
+                    let node = format!("{path}{seq}");
+                    return Ok((node, stat.czxid));
+                }
+                // The parents are containers: missing at first, and removed
+                // by the server whenever they are empty.
+                Err(zk::Error::NoNode) => {
+                    match self.bounded(client.mkdir(dir, &dir_opts)).await {
+                        Ok(()) | Err(zk::Error::NodeExists) => {}
+                        Err(e) => return Err(zk_error(e, "create the lock's parent")),
+                    }
+                    last = Some(zk::Error::NoNode);
+                }
+                Err(zk::Error::ConnectionLoss) => {
+                    if let Some(found) = self.find_own(client, dir, &prefix).await? {
+                        return Ok(found);
+                    }
+                    last = Some(zk::Error::ConnectionLoss);
+                }
+                Err(e) => return Err(zk_error(e, "create the lock node")),
+            }
+        }
+        let doing = format!("could not create a lock node under {dir} in 5 tries");
+        Err(match last {
+            Some(e) => zk_error(e, &doing),
+            None => gave_up(doing),
+        })
+    }
+
+    /// Joins the queue and lists it in one round trip: the client sends
+    /// requests in call order, so the listing goes out right behind the
+    /// create, and the server, answering a session's requests in order,
+    /// lists the queue with our node in it. Falls back to [`Self::enqueue`]
+    /// (which creates missing parents and finds a node whose reply was
+    /// lost) when the create fails.
+    async fn enqueue_and_list(
+        &self,
+        client: &zk::Client,
+        dir: &str,
+        owner: OwnerToken,
+    ) -> Result<(String, i64, Option<(Vec<String>, bool)>)> {
+        let prefix = protected_prefix(owner);
+        let path = format!("{dir}/{prefix}lock-");
+        let node_opts = zk::CreateMode::EphemeralSequential.with_acls(self.acls());
+        let create = client.create(&path, &[], &node_opts);
+        let list = client.list_children(dir);
+        let (created, listed) = tokio::join!(self.bounded(create), self.bounded(list));
+        match created {
+            Ok((stat, seq)) => Ok((
+                format!("{path}{seq}"),
+                stat.czxid,
+                listed.ok().map(sorted_queue),
+            )),
+            // Not created: the parents are missing (containers come and go).
+            Err(zk::Error::NoNode) => {
+                let (node, czxid) = self.enqueue(client, dir, owner).await?;
+                Ok((node, czxid, None))
+            }
+            // Maybe created: look for it before creating another.
+            Err(zk::Error::ConnectionLoss) => match self.find_own(client, dir, &prefix).await? {
+                Some((node, czxid)) => Ok((node, czxid, None)),
+                None => {
+                    let (node, czxid) = self.enqueue(client, dir, owner).await?;
+                    Ok((node, czxid, None))
+                }
+            },
+            Err(e) => Err(zk_error(e, "create the lock node")),
+        }
+    }
+
+    /// Our node in `dir`, by its protected prefix.
+    pub(crate) async fn find_own(
+        &self,
+        client: &zk::Client,
+        dir: &str,
+        prefix: &str,
+    ) -> Result<Option<(String, i64)>> {
+        let children = match self.bounded(client.list_children(dir)).await {
+            Ok(children) => children,
+            Err(zk::Error::NoNode) => return Ok(None),
+            Err(e) => return Err(zk_error(e, "look for our lock node")),
+        };
+        let Some(node) = children.into_iter().find(|c| c.starts_with(prefix)) else {
+            return Ok(None);
+        };
+        let path = format!("{dir}/{node}");
+        match self.bounded(client.check_stat(&path)).await {
+            Ok(Some(stat)) => Ok(Some((path, stat.czxid))),
+            Ok(None) => Ok(None),
+            Err(e) => Err(zk_error(e, "read our lock node")),
+        }
+    }
+
+    /// The queue of `dir`, sorted by sequence number, and whether a hold
+    /// node (see [`crate::hold`]) is there too.
+    pub(crate) async fn queue(
+        &self,
+        client: &zk::Client,
+        dir: &str,
+    ) -> Result<(Vec<String>, bool)> {
+        let children: Vec<String> = match self.bounded(client.list_children(dir)).await {
+            Ok(children) => children,
+            Err(zk::Error::NoNode) => Vec::new(),
+            Err(e) => return Err(zk_error(e, "list the lock queue")),
+        };
+        Ok(sorted_queue(children))
+    }
+}
+
+/// The lock nodes among a folder's children, sorted by sequence number, and
+/// whether a hold node is there too.
+fn sorted_queue(mut children: Vec<String>) -> (Vec<String>, bool) {
+    let hold = children.iter().any(|c| c == HOLD_NODE);
+    children.retain(|c| sequence(c).is_some());
+    children.sort_by_key(|c| sequence(c));
+    (children, hold)
+}
+
+/// A fencing token from a node's creation zxid, which is positive on a
+/// healthy server; anything else (some versions report -1) is an error,
+/// never a token that could go backwards.
+pub(crate) fn fencing_token(czxid: i64) -> Result<u64> {
+    u64::try_from(czxid)
+        .ok()
+        .filter(|&z| z > 0)
+        .ok_or_else(|| Error::malformed(NAME, "a lock node's stat (its czxid)", czxid))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_positive_czxids_are_fencing_tokens() {
+        assert_eq!(fencing_token(42).ok(), Some(42));
+        for bad in [-1, 0, i64::MIN] {
+            assert!(
+                matches!(fencing_token(bad), Err(Error::Backend { .. })),
+                "{bad}"
+            );
+        }
+    }
+}

@@ -1,0 +1,114 @@
+//! Admin reads and writes: the list of held locks, a lock's holder, and a
+//! forced release.
+
+use dlock_core::{HeldLock, LockInfo, LockPage, OwnerToken, Result, validate_name};
+use zookeeper_client as zk;
+
+use crate::acquire::fencing_token;
+use crate::backend::ZkBackend;
+use crate::error::{gave_up, zk_error};
+use crate::path::{owner_of, unescape};
+
+impl ZkBackend {
+    /// One page of the held locks whose names start with `prefix`, after
+    /// `cursor`. ZooKeeper has no ranged listing: every name is read, and
+    /// only the page's queues are looked at.
+    pub(crate) async fn list_page(
+        &self,
+        prefix: &str,
+        cursor: Option<&str>,
+        limit: usize,
+    ) -> Result<LockPage> {
+        let limit = limit.max(1);
+        let client = self.client();
+        let children = match self.bounded(client.list_children(&self.inner.root)).await {
+            Ok(children) => children,
+            Err(zk::Error::NoNode) => Vec::new(),
+            Err(e) => return Err(zk_error(e, "list the locks")),
+        };
+        let mut names: Vec<String> = children
+            .iter()
+            .filter_map(|c| unescape(c))
+            .filter(|n| n.starts_with(prefix) && cursor.is_none_or(|c| n.as_str() > c))
+            .collect();
+        names.sort();
+        // One look at each folder of the page; a folder whose queue is
+        // empty is a lock nobody holds.
+        let more = names.len() > limit;
+        names.truncate(limit);
+        let mut locks = Vec::new();
+        for name in &names {
+            if let Some(info) = self.holder(&client, &self.lock_dir(name)).await? {
+                locks.push(HeldLock::new(name.clone(), info));
+            }
+        }
+        Ok(LockPage::new(
+            locks,
+            more.then(|| names.last().cloned()).flatten(),
+        ))
+    }
+
+    /// The holder of `name`.
+    pub(crate) async fn holder_of(&self, name: &str) -> Result<Option<LockInfo>> {
+        validate_name(name)?;
+        self.holder(&self.client(), &self.lock_dir(name)).await
+    }
+
+    /// Deletes the hold of `name`, or else the node at the front of its
+    /// queue, whoever made it; returns what it deleted.
+    pub(crate) async fn force_delete(&self, name: &str) -> Result<Option<LockInfo>> {
+        validate_name(name)?;
+        let client = self.client();
+        let dir = self.lock_dir(name);
+        let (queue, hold) = self.queue(&client, &dir).await?;
+        if hold && let Some(info) = self.delete_hold(&client, &dir).await? {
+            // The node at the front only waited for the hold.
+            return Ok(Some(info));
+        }
+        let Some(first) = queue.first() else {
+            return Ok(None);
+        };
+        let path = format!("{dir}/{first}");
+        let stat = match self.bounded(client.check_stat(&path)).await {
+            Ok(Some(stat)) => stat,
+            Ok(None) => return Ok(None),
+            Err(e) => return Err(zk_error(e, "inspect")),
+        };
+        match self.bounded(client.delete(&path, None)).await {
+            Ok(()) => Ok(Some(front_info(first, stat.czxid)?)),
+            Err(zk::Error::NoNode) => Ok(None),
+            Err(e) => Err(zk_error(e, "force_release")),
+        }
+    }
+
+    /// The holder of the lock in `dir`: the first node of its queue.
+    async fn holder(&self, client: &zk::Client, dir: &str) -> Result<Option<LockInfo>> {
+        for _ in 0..3 {
+            let (queue, hold) = self.queue(client, dir).await?;
+            // During a hold, the node at the front only waits for it.
+            if hold && let Some(info) = self.read_hold(client, dir).await?.and_then(|h| h.info()) {
+                return Ok(Some(info));
+            }
+            let Some(first) = queue.first() else {
+                return Ok(None);
+            };
+            match self
+                .bounded(client.check_stat(&format!("{dir}/{first}")))
+                .await
+            {
+                Ok(Some(stat)) => return Ok(Some(front_info(first, stat.czxid)?)),
+                // Released between the two reads: look again.
+                Ok(None) => {}
+                Err(e) => return Err(zk_error(e, "inspect")),
+            }
+        }
+        Err(gave_up(format!("the queue of {dir} keeps changing")))
+    }
+}
+
+/// The holder as the node at the front of a queue shows it. Other recipes'
+/// nodes (kazoo's) carry no owner token: the zero token stands for them.
+fn front_info(node: &str, czxid: i64) -> Result<LockInfo> {
+    let owner = owner_of(node).unwrap_or(OwnerToken::from_u128(0));
+    Ok(LockInfo::new(owner, fencing_token(czxid)?, None))
+}

@@ -1,0 +1,148 @@
+//! The session: which client is current, when its leases are lost, and a
+//! new session once the old one has expired.
+
+use std::sync::{Arc, Mutex, PoisonError, Weak};
+use std::time::Duration;
+
+use dlock_core::CancellationToken;
+use dlock_core::wait::Backoff;
+use tokio::time::{Instant, sleep, sleep_until};
+use zookeeper_client as zk;
+
+use crate::backend::{Inner, ZkBackend};
+use crate::builder::ZkBuilder;
+
+/// The current session's client, and the signal its leases are lost by.
+pub(crate) struct Session {
+    client: Arc<zk::Client>,
+    lost: CancellationToken,
+}
+
+impl ZkBackend {
+    /// A backend on `client`'s session, with the session's watcher started.
+    pub(crate) fn start(config: ZkBuilder, root: String, client: zk::Client) -> Self {
+        let watcher = client.state_watcher();
+        let inner = Arc::new(Inner {
+            root,
+            session: Mutex::new(Session {
+                client: Arc::new(client),
+                lost: CancellationToken::new(),
+            }),
+            orphans: Mutex::new(Vec::new()),
+            uncertain: Mutex::new(Vec::new()),
+            config,
+        });
+        tokio::spawn(watch_session(Arc::downgrade(&inner), watcher));
+        ZkBackend { inner }
+    }
+
+    /// The current session's client.
+    pub fn client(&self) -> Arc<zk::Client> {
+        self.session().0
+    }
+
+    /// The current session's client and lost signal, read together.
+    pub(crate) fn session(&self) -> (Arc<zk::Client>, CancellationToken) {
+        let s = self
+            .inner
+            .session
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        (s.client.clone(), s.lost.clone())
+    }
+
+    /// Marks every lease of the current session lost; later leases get a
+    /// fresh signal.
+    fn end_leases(&self) {
+        let mut s = self
+            .inner
+            .session
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        s.lost.cancel();
+        s.lost = CancellationToken::new();
+    }
+
+    /// Replaces an expired session, retrying while the backend lives.
+    async fn reopen(&self) -> Option<zk::StateWatcher> {
+        let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(5));
+        loop {
+            match self.inner.config.open().await {
+                Ok(client) => {
+                    let watcher = client.state_watcher();
+                    let mut s = self
+                        .inner
+                        .session
+                        .lock()
+                        .unwrap_or_else(PoisonError::into_inner);
+                    s.client = Arc::new(client);
+                    // Nodes of the old session are gone with it.
+                    self.forget_cleanups();
+                    return Some(watcher);
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot open a new ZooKeeper session");
+                    if Arc::strong_count(&self.inner) <= 1 {
+                        return None;
+                    }
+                    sleep(backoff.next_delay()).await;
+                }
+            }
+        }
+    }
+}
+
+/// Follows the session: leases end on disconnect or expiry, orphaned nodes
+/// are deleted on reconnect, an expired session is replaced by a new one.
+async fn watch_session(inner: Weak<Inner>, mut watcher: zk::StateWatcher) {
+    // While disconnected with leases kept: when they are given up.
+    let mut grace_ends: Option<Instant> = None;
+    loop {
+        let state = match grace_ends {
+            None => watcher.changed().await,
+            Some(at) => tokio::select! {
+                state = watcher.changed() => state,
+                () = sleep_until(at) => {
+                    grace_ends = None;
+                    if let Some(inner) = inner.upgrade() {
+                        tracing::warn!("no reconnect within the grace period: leases lost");
+                        ZkBackend { inner }.end_leases();
+                    }
+                    continue;
+                }
+            },
+        };
+        let Some(backend) = inner.upgrade().map(|inner| ZkBackend { inner }) else {
+            return;
+        };
+        match state {
+            zk::SessionState::Disconnected => {
+                let session = backend.client().session_timeout();
+                let grace = backend.inner.config.reconnect_grace(session);
+                if grace.is_zero() {
+                    backend.end_leases();
+                } else if grace_ends.is_none() {
+                    grace_ends = Some(Instant::now() + grace);
+                }
+            }
+            zk::SessionState::SyncConnected | zk::SessionState::ConnectedReadOnly => {
+                // The same session, back with the quorum: its lock nodes
+                // are still there. A read-only server speaks for no quorum.
+                if state == zk::SessionState::SyncConnected {
+                    grace_ends = None;
+                }
+                backend.delete_orphans().await;
+                backend.resolve_uncertain().await;
+            }
+            zk::SessionState::Expired | zk::SessionState::AuthFailed => {
+                grace_ends = None;
+                backend.end_leases();
+                watcher = match backend.reopen().await {
+                    Some(watcher) => watcher,
+                    None => return,
+                };
+            }
+            zk::SessionState::Closed => return,
+        }
+    }
+}
