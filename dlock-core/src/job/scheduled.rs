@@ -32,7 +32,7 @@ impl JobRun {
         self.fencing_token
     }
 
-    /// Resolves when the run's lease is lost (see [`Guard::lost`]).
+    /// Resolves when the run's lease is lost (see [`Guard::lost`](crate::Guard::lost)).
     pub async fn lost(&self) {
         self.lost.cancelled().await
     }
