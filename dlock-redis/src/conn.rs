@@ -1,9 +1,15 @@
-//! The two kinds of deployment a backend talks to: one server (given by
-//! URL or found through Sentinel) or a Redis Cluster.
+//! The two kinds of deployment a backend talks to, one server (given by
+//! URL or found through Sentinel) or a Redis Cluster, and how a request
+//! runs on their command connection: bounded, with the replicas'
+//! acknowledgement behind it when grants are durable.
 
+use dlock_core::Result;
 use redis::aio::{ConnectionLike, ConnectionManager};
 use redis::cluster_async::ClusterConnection;
-use redis::{Cmd, Pipeline, RedisFuture, RedisResult, Value};
+use redis::{Cmd, FromRedisValue, Pipeline, RedisError, RedisFuture, RedisResult, Value};
+
+use crate::backend::RedisBackend;
+use crate::scripts::millis;
 
 /// The command connection of a [`RedisBackend`](crate::RedisBackend), to
 /// run commands of one's own with the redis crate (`query_async`). Cheap to
@@ -130,6 +136,61 @@ pub(crate) fn cluster_nodes(url: &str) -> dlock_core::Result<Option<Vec<String>>
         })
         .collect::<dlock_core::Result<Vec<_>>>()
         .map(Some)
+}
+
+impl RedisBackend {
+    /// Runs a script. With durable grants and `confirm`, the replicas'
+    /// acknowledgement is asked for on the same connection right behind
+    /// it; the flag says whether enough replicas acknowledged in time
+    /// (always `true` otherwise).
+    ///
+    /// Bounded by the connection and request timeouts together: a request
+    /// may wait for the connection manager to reconnect before it is sent.
+    pub(crate) async fn run<T: FromRedisValue>(
+        &self,
+        invocation: &redis::ScriptInvocation<'_>,
+        confirm: bool,
+        doing: &str,
+    ) -> Result<(T, bool)> {
+        let bound = self.inner.builder.connect_timeout + self.inner.request_timeout;
+        match tokio::time::timeout(bound, self.run_unbounded(invocation, confirm)).await {
+            Ok(Ok(reply)) => Ok(reply),
+            Ok(Err(e)) => Err(self.fail(e, doing)),
+            Err(_) => Err(self.fail(
+                RedisError::from(std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    format!("no reply within {bound:?}"),
+                )),
+                doing,
+            )),
+        }
+    }
+
+    /// [`RedisBackend::run`] without its bound.
+    async fn run_unbounded<T: FromRedisValue>(
+        &self,
+        invocation: &redis::ScriptInvocation<'_>,
+        confirm: bool,
+    ) -> RedisResult<(T, bool)> {
+        let mut conn = self.connection();
+        let Some((replicas, timeout)) = self.inner.builder.durable.filter(|_| confirm) else {
+            return Ok((invocation.invoke_async(&mut conn).await?, true));
+        };
+        let mut pipe = redis::pipe();
+        pipe.invoke_script(invocation)
+            .cmd("WAIT")
+            .arg(replicas)
+            .arg(millis(timeout));
+        let mut reply = pipe.query_async::<(T, u32)>(&mut conn).await;
+        if matches!(&reply, Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript))
+        {
+            // A new primary, or a flushed script cache: load it, once.
+            invocation.load_async(&mut conn).await?;
+            reply = pipe.query_async(&mut conn).await;
+        }
+        let (value, acked) = reply?;
+        Ok((value, acked >= replicas))
+    }
 }
 
 #[cfg(test)]

@@ -1,14 +1,22 @@
 #![doc = include_str!("../README.md")]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+mod acquire;
 mod backend;
+mod builder;
 mod conn;
+mod error;
+mod extend;
 mod keys;
+mod list;
 mod notify;
+mod release;
 mod scripts;
 mod sentinel;
+mod wait;
 
-pub use backend::{RedisBackend, RedisBuilder};
+pub use backend::RedisBackend;
+pub use builder::RedisBuilder;
 pub use conn::Connection;
 /// The redis client crate this driver is built on, so that callers use the
 /// same version.

@@ -183,6 +183,7 @@ impl Notifications {
     }
 
     /// How many channels this process wants to hear from now.
+    #[cfg(feature = "_test-hooks")]
     pub fn channels(&self) -> usize {
         self.interest
             .lock()

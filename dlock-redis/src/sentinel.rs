@@ -4,10 +4,13 @@
 use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
+use dlock_core::wait::Backoff;
 use dlock_core::{Error, Result};
 use redis::sentinel::{SentinelClient, SentinelNodeConnectionInfo, SentinelServerType};
 use redis::{ConnectionAddr, ConnectionInfo, IntoConnectionInfo, RedisConnectionInfo};
 use tokio::time::Instant;
+
+use crate::backend::RedisBackend;
 
 /// The default Sentinel port.
 const SENTINEL_PORT: u16 = 26379;
@@ -15,6 +18,10 @@ const SENTINEL_PORT: u16 = 26379;
 /// How often the primary may be looked up again: a primary that is down
 /// makes every request fail, and each failure asks for a lookup.
 const LOOKUP_INTERVAL: Duration = Duration::from_millis(100);
+
+/// How long one search for a new primary goes on; failed requests start
+/// another.
+const FOLLOW_FOR: Duration = Duration::from_secs(30);
 
 /// A parsed `redis+sentinel://` URL.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -193,6 +200,56 @@ impl Sentinel {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .clone()
+    }
+}
+
+impl RedisBackend {
+    /// Asks the Sentinels for the primary and, when it moved, points the
+    /// connections at it.
+    pub(crate) async fn follow_primary(&self) {
+        let Some(sentinel) = &self.inner.sentinel else {
+            return;
+        };
+        // One at a time, from the lookup to the swap: a slower follower
+        // with an older answer must not undo a newer one.
+        let Some(_following) = sentinel.following() else {
+            return;
+        };
+        // Mid-failover the Sentinels may name no primary, or one that does
+        // not confirm its role yet: keep asking for a while, rather than
+        // wait for the next failed request to ask again.
+        let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_millis(500));
+        let asking = Instant::now();
+        let found = loop {
+            match sentinel.lookup().await {
+                Ok(client) => break client.get_connection_info().clone(),
+                Err(e) if asking.elapsed() < FOLLOW_FOR => {
+                    tracing::debug!(error = %e, "no primary from Sentinel yet");
+                    tokio::time::sleep(backoff.next_delay()).await;
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "no primary from Sentinel");
+                    return;
+                }
+            }
+        };
+        if sentinel.primary().as_ref() == Some(found.addr()) {
+            return;
+        }
+        let pushes = self.inner.pushes.clone();
+        match self.inner.builder.open(found.clone(), &pushes).await {
+            Ok((conn, push_conn)) => {
+                *self
+                    .inner
+                    .conn
+                    .write()
+                    .unwrap_or_else(PoisonError::into_inner) = conn;
+                self.inner.notifications.reconnect(push_conn);
+                sentinel.switch_to(found.addr());
+                tracing::info!(primary = %found.addr(), "following the new primary");
+            }
+            Err(e) => tracing::debug!(error = %e, "cannot reach the new primary yet"),
+        }
     }
 }
 

@@ -7,19 +7,17 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use dlock_conformance::support::unique_name;
+use dlock_conformance::support::{long, must_acquire, unique_name};
 use dlock_conformance::topology::{Topology, node_connection, redis_cluster};
-use dlock_core::{Backend, LockOptions};
+use dlock_core::Backend;
 use dlock_redis::RedisBackend;
 use tokio::sync::Mutex;
 use tokio::time::{Instant, sleep};
 
+mod support;
+
 /// One six-node cluster at a time.
 static ONE_AT_A_TIME: Mutex<()> = Mutex::const_new(());
-
-fn opts() -> LockOptions {
-    LockOptions::new().ttl(Duration::from_secs(60))
-}
 
 async fn client(cluster: &Topology) -> RedisBackend {
     RedisBackend::connect(&cluster.cluster_url()).await.unwrap()
@@ -58,19 +56,10 @@ fn index_of(cluster: &Topology, addr: &str) -> usize {
         .unwrap()
 }
 
-/// A command's count in a node's `INFO commandstats` (scripts' calls
-/// included).
-async fn command_count(addr: &str, command: &str) -> u64 {
-    let mut conn = node_conn(addr).await;
-    let info: String = redis::cmd("INFO")
-        .arg("commandstats")
-        .query_async(&mut conn)
-        .await
-        .unwrap();
-    info.lines()
-        .find_map(|line| line.strip_prefix(&format!("cmdstat_{command}:calls=")))
-        .and_then(|rest| rest.split(',').next())
-        .map_or(0, |calls| calls.parse().unwrap())
+/// How many sharded messages the node at `addr` has published.
+async fn spublished(addr: &str) -> u64 {
+    let [calls] = support::command_calls(&mut node_conn(addr).await, ["spublish"]).await;
+    calls
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -88,12 +77,12 @@ async fn a_release_wakes_the_waiter_on_a_sharded_channel() {
     let name = unique_name("sharded-wake");
     let lock_key = format!("dlock:{{{name}}}");
     let owner = slot_owner(&cluster, &lock_key).await;
-    let lease = holder.try_acquire(&name, &opts()).await.unwrap().unwrap();
+    let lease = must_acquire(&holder, &name, &long()).await;
     let waiting = tokio::spawn({
         let (waiter, name) = (waiter.clone(), name.clone());
         async move {
             let lease = waiter
-                .acquire(&name, &opts().wait(Duration::from_secs(20)))
+                .acquire(&name, &long().wait(Duration::from_secs(20)))
                 .await
                 .unwrap();
             (Instant::now(), lease)
@@ -125,7 +114,7 @@ async fn a_release_wakes_the_waiter_on_a_sharded_channel() {
     }
     // Past its first polls: from 3.1 s on they are 1.6 s apart or more.
     sleep(Duration::from_millis(3200)).await;
-    let published = command_count(&owner, "spublish").await;
+    let published = spublished(&owner).await;
     let released = Instant::now();
     holder.release(&lease).await.unwrap();
     let (granted, next) = waiting.await.unwrap();
@@ -136,7 +125,7 @@ async fn a_release_wakes_the_waiter_on_a_sharded_channel() {
         "the waiter polled instead of hearing the release: {handoff:?}"
     );
     assert_eq!(
-        command_count(&owner, "spublish").await,
+        spublished(&owner).await,
         published + 1,
         "one sharded message per release"
     );
@@ -156,7 +145,7 @@ async fn a_thousand_names_spread_over_every_primary() {
     let mut leases = Vec::new();
     for i in 0..1000 {
         let name = format!("{}-{i}", unique_name("spread"));
-        leases.push(backend.try_acquire(&name, &opts()).await.unwrap().unwrap());
+        leases.push(must_acquire(&backend, &name, &long()).await);
     }
     // Every primary holds some of them.
     let mut per_primary: HashMap<String, usize> = HashMap::new();
@@ -189,7 +178,7 @@ async fn primary_killed_mid_hold_keeps_a_replicated_lock() {
     let cluster = redis_cluster().await;
     let holder = client(&cluster).await;
     let name = unique_name("cluster-kill");
-    let mut lease = holder.try_acquire(&name, &opts()).await.unwrap().unwrap();
+    let mut lease = must_acquire(&holder, &name, &long()).await;
     let key = format!("dlock:{{{name}}}");
     let primary = index_of(&cluster, &slot_owner(&cluster, &key).await);
     // Held by the replica too before the primary dies (replication is
@@ -222,7 +211,7 @@ async fn primary_killed_mid_hold_keeps_a_replicated_lock() {
     // Until the replica takes over, requests for the slot fail (retryable);
     // at no point may the name be granted again.
     let answered = loop {
-        match other.try_acquire(&name, &opts()).await {
+        match other.try_acquire(&name, &long()).await {
             Ok(None) => break killed.elapsed(),
             Ok(Some(_)) => panic!("granted twice after the primary died"),
             Err(e) => {
@@ -246,7 +235,7 @@ async fn primary_killed_mid_hold_keeps_a_replicated_lock() {
         }
     };
     holder.release(&lease).await.unwrap();
-    let next = other.try_acquire(&name, &opts()).await.unwrap().unwrap();
+    let next = must_acquire(&other, &name, &long()).await;
     assert!(next.fencing_token() > lease.fencing_token());
     eprintln!(
         "cluster: primary killed; the slot answered again after {answered:?} (still held), \
@@ -298,7 +287,7 @@ async fn resharding_a_held_lock_keeps_it() {
     let other = client(&cluster).await;
     let name = unique_name("reshard");
     let key = format!("dlock:{{{name}}}");
-    let mut lease = holder.try_acquire(&name, &opts()).await.unwrap().unwrap();
+    let mut lease = must_acquire(&holder, &name, &long()).await;
     let from = slot_owner(&cluster, &key).await;
     let to = {
         let nodes = cluster.cluster_nodes(0).await.unwrap();
@@ -340,7 +329,7 @@ async fn resharding_a_held_lock_keeps_it() {
                         errors += 1;
                     }
                 }
-                match other.try_acquire(&name, &opts()).await {
+                match other.try_acquire(&name, &long()).await {
                     Ok(None) => refused += 1,
                     Ok(Some(_)) => panic!("granted twice while the slot moved"),
                     Err(e) => {
@@ -388,7 +377,7 @@ async fn resharding_a_held_lock_keeps_it() {
         lease.owner()
     );
     holder.release(&lease).await.unwrap();
-    let next = other.try_acquire(&name, &opts()).await.unwrap().unwrap();
+    let next = must_acquire(&other, &name, &long()).await;
     assert!(next.fencing_token() > lease.fencing_token());
     eprintln!(
         "cluster: slot moved under a held lock: {extended} extensions and {refused} refusals \

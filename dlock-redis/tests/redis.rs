@@ -6,18 +6,36 @@
 use std::time::Duration;
 
 use dlock_conformance::harness::{ServerOptions, Service, shared, start, unused_port, wait_ready};
-use dlock_conformance::support::{Waited, release_wakes, unique_name, wait_on_task};
+use dlock_conformance::proxy::{Fault, FaultProxy};
+use dlock_conformance::support::{
+    Waited, long, must_acquire, release_wakes, unique_name, wait_on_task,
+};
 use dlock_core::{Backend, Error, LockOptions};
 use dlock_redis::RedisBackend;
 use dlock_redis::redis::{self, AsyncCommands};
 use tokio::time::Instant;
 
-fn opts() -> LockOptions {
-    LockOptions::new().ttl(Duration::from_secs(30))
-}
+mod support;
 
 async fn backend() -> RedisBackend {
     RedisBackend::connect(shared(Service::Redis).await.url())
+        .await
+        .unwrap()
+}
+
+/// A client whose waiters poll at most every `poll` when no wake-up comes.
+async fn polling_every(url: impl Into<String>, poll: Duration) -> RedisBackend {
+    RedisBackend::builder(url)
+        .max_poll_interval(poll)
+        .connect()
+        .await
+        .unwrap()
+}
+
+/// A proxy in front of the Redis at `url`, to cut one client's links.
+async fn proxy_to(url: &str) -> FaultProxy {
+    let port = url.rsplit(':').next().unwrap();
+    FaultProxy::start(format!("127.0.0.1:{port}").parse().unwrap())
         .await
         .unwrap()
 }
@@ -26,7 +44,9 @@ async fn backend() -> RedisBackend {
 async fn keys_follow_the_documented_layout() {
     let b = backend().await;
     let name = format!("}}layout/{}", unique_name("x"));
-    let lease = b.try_acquire(&name, &opts()).await.unwrap().unwrap();
+    // The PTTL below is checked against this TTL.
+    let opts = LockOptions::new().ttl(Duration::from_secs(30));
+    let lease = must_acquire(&b, &name, &opts).await;
     let escaped = name.replace('%', "%25").replace('}', "%7D");
     let lock_key = format!("dlock:{{{escaped}}}");
     let mut conn = b.connection();
@@ -55,8 +75,8 @@ async fn prefixes_keep_lock_spaces_apart() {
         .await
         .unwrap();
     let name = unique_name("prefixes");
-    let la = a.try_acquire(&name, &opts()).await.unwrap().unwrap();
-    let lb = b.try_acquire(&name, &opts()).await.unwrap().unwrap();
+    let la = must_acquire(&a, &name, &long()).await;
+    let lb = must_acquire(&b, &name, &long()).await;
     a.release(&la).await.unwrap();
     b.release(&lb).await.unwrap();
     let bad = RedisBackend::builder(url).prefix("a{b}").connect().await;
@@ -83,7 +103,7 @@ async fn fencing_survives_a_restart_without_persistence() {
     let name = unique_name("restart");
     let mut last = 0;
     for _ in 0..3 {
-        let lease = b.try_acquire(&name, &opts()).await.unwrap().unwrap();
+        let lease = must_acquire(&b, &name, &long()).await;
         last = lease.fencing_token();
         b.release(&lease).await.unwrap();
     }
@@ -94,7 +114,7 @@ async fn fencing_survives_a_restart_without_persistence() {
     // The first request meets the broken connection; the manager reconnects.
     let started = Instant::now();
     let lease = loop {
-        match b.try_acquire(&name, &opts()).await {
+        match b.try_acquire(&name, &long()).await {
             Ok(lease) => break lease.expect("the restarted server has no locks"),
             Err(e) if e.is_retryable() && started.elapsed() < Duration::from_secs(10) => {
                 tokio::time::sleep(Duration::from_millis(50)).await;
@@ -121,7 +141,7 @@ async fn fencing_survives_a_restart_without_persistence() {
 async fn scripts_are_reloaded_after_script_flush() {
     let b = backend().await;
     let name = unique_name("flush");
-    let lease = b.try_acquire(&name, &opts()).await.unwrap().unwrap();
+    let lease = must_acquire(&b, &name, &long()).await;
     let mut conn = b.connection();
     let () = redis::cmd("SCRIPT")
         .arg("FLUSH")
@@ -134,13 +154,13 @@ async fn scripts_are_reloaded_after_script_flush() {
         .query_async(&mut conn)
         .await
         .unwrap();
-    let lease = b.try_acquire(&name, &opts()).await.unwrap().unwrap();
+    let lease = must_acquire(&b, &name, &long()).await;
     b.release(&lease).await.unwrap();
 }
 
 /// Starts `waiter` waiting up to 50 s for `name`.
 fn wait_for(waiter: RedisBackend, name: &str) -> tokio::task::JoinHandle<Waited<RedisBackend>> {
-    wait_on_task(waiter, name, opts().wait(Duration::from_secs(50)))
+    wait_on_task(waiter, name, long().wait(Duration::from_secs(50)))
 }
 
 /// With the fallback poll set to a minute, a waiter that gets the lock within
@@ -149,13 +169,9 @@ fn wait_for(waiter: RedisBackend, name: &str) -> tokio::task::JoinHandle<Waited<
 async fn a_release_wakes_a_waiter_in_another_process() {
     let url = shared(Service::Redis).await.url();
     let holder = RedisBackend::connect(url).await.unwrap();
-    let waiter = RedisBackend::builder(url)
-        .max_poll_interval(Duration::from_secs(60))
-        .connect()
-        .await
-        .unwrap();
+    let waiter = polling_every(url, Duration::from_secs(60)).await;
     let name = unique_name("wake");
-    let lease = holder.try_acquire(&name, &opts()).await.unwrap().unwrap();
+    let lease = must_acquire(&holder, &name, &long()).await;
     let task = wait_for(waiter, &name);
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert!(!task.is_finished());
@@ -208,7 +224,7 @@ async fn wrong_password_is_a_backend_error() {
     }
     let ok = RedisBackend::connect(&url("right")).await.unwrap();
     let name = unique_name("acl");
-    let lease = ok.try_acquire(&name, &opts()).await.unwrap().unwrap();
+    let lease = must_acquire(&ok, &name, &long()).await;
     ok.release(&lease).await.unwrap();
 }
 
@@ -217,9 +233,9 @@ async fn a_server_that_is_down_gives_errors_not_grants() {
     let server = start(Service::Redis, ServerOptions::default()).await;
     let b = RedisBackend::connect(server.url()).await.unwrap();
     let name = unique_name("down");
-    let lease = b.try_acquire(&name, &opts()).await.unwrap().unwrap();
+    let lease = must_acquire(&b, &name, &long()).await;
     server.container().unwrap().stop().await.unwrap();
-    let r = b.try_acquire(&unique_name("down"), &opts()).await;
+    let r = b.try_acquire(&unique_name("down"), &long()).await;
     assert!(matches!(r, Err(Error::Connection { .. })), "{r:?}");
     let r = b.release(&lease).await;
     assert!(matches!(r, Err(Error::Connection { .. })), "{r:?}");
@@ -233,17 +249,13 @@ async fn cancelled_waits_leave_no_queue_place_and_one_channel() {
     let server = start(Service::Redis, ServerOptions::default()).await;
     let holder = RedisBackend::connect(server.url()).await.unwrap();
     // Places that would last minutes: only leaving the queue removes them.
-    let waiter = RedisBackend::builder(server.url())
-        .max_poll_interval(Duration::from_secs(60))
-        .connect()
-        .await
-        .unwrap();
+    let waiter = polling_every(server.url(), Duration::from_secs(60)).await;
     let names: Vec<String> = (0..1000).map(|_| unique_name("cancelled")).collect();
     let mut leases = Vec::new();
     for name in &names {
-        leases.push(holder.try_acquire(name, &opts()).await.unwrap().unwrap());
+        leases.push(must_acquire(&holder, name, &long()).await);
     }
-    let patient = opts().wait(Duration::from_secs(30));
+    let patient = long().wait(Duration::from_secs(30));
     for name in &names {
         let cut = Duration::from_micros(fastrand::u64(0..3000));
         let r = tokio::time::timeout(cut, waiter.acquire(name, &patient)).await;
@@ -286,20 +298,12 @@ async fn cancelled_waits_leave_no_queue_place_and_one_channel() {
 /// few round trips instead of at its one-minute fallback poll.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_release_during_a_pubsub_outage_is_not_missed() {
-    use dlock_conformance::proxy::{Fault, FaultProxy};
     let url = shared(Service::Redis).await.url();
-    let port = url.rsplit(':').next().unwrap();
-    let proxy = FaultProxy::start(format!("127.0.0.1:{port}").parse().unwrap())
-        .await
-        .unwrap();
+    let proxy = proxy_to(url).await;
     let holder = RedisBackend::connect(url).await.unwrap();
-    let waiter = RedisBackend::builder(format!("redis://{}", proxy.addr()))
-        .max_poll_interval(Duration::from_secs(60))
-        .connect()
-        .await
-        .unwrap();
+    let waiter = polling_every(format!("redis://{}", proxy.addr()), Duration::from_secs(60)).await;
     let name = unique_name("outage");
-    let lease = holder.try_acquire(&name, &opts()).await.unwrap().unwrap();
+    let lease = must_acquire(&holder, &name, &long()).await;
     let task = wait_for(waiter, &name);
     // Long enough that the waiter's backoff has grown to seconds: only a
     // wake-up can bring it in quickly now.
@@ -336,7 +340,7 @@ async fn a_read_only_server_is_unavailable_not_broken() {
         .query_async(&mut conn)
         .await
         .unwrap();
-    let r = b.try_acquire(&unique_name("read_only"), &opts()).await;
+    let r = b.try_acquire(&unique_name("read_only"), &long()).await;
     match r {
         Err(e @ Error::Unavailable { .. }) => assert!(e.is_retryable(), "{e}"),
         other => panic!("expected Unavailable from a replica, got {other:?}"),
@@ -348,7 +352,7 @@ async fn a_read_only_server_is_unavailable_not_broken() {
         .await
         .unwrap();
     let name = unique_name("read_only");
-    let lease = b.try_acquire(&name, &opts()).await.unwrap().unwrap();
+    let lease = must_acquire(&b, &name, &long()).await;
     b.release(&lease).await.unwrap();
 }
 
@@ -376,22 +380,6 @@ async fn zero_or_huge_durations_are_invalid_options() {
     }
 }
 
-/// `(calls of PUBLISH, calls of EVALSHA)` the server has run so far.
-async fn command_counts(conn: &mut dlock_redis::Connection) -> (u64, u64) {
-    let info: String = redis::cmd("INFO")
-        .arg("commandstats")
-        .query_async(conn)
-        .await
-        .unwrap();
-    let calls = |command: &str| {
-        info.lines()
-            .find_map(|l| l.strip_prefix(&format!("cmdstat_{command}:calls=")))
-            .and_then(|rest| rest.split(',').next()?.parse().ok())
-            .unwrap_or(0)
-    };
-    (calls("publish"), calls("evalsha"))
-}
-
 /// Sixteen clients queue for one name and pass it on: each gets it in the
 /// order it arrived, each release wakes one waiter (one message), and the
 /// server runs a bounded number of scripts per hand-off, not one per waiter.
@@ -400,21 +388,17 @@ async fn waiters_are_served_in_arrival_order_one_wake_up_per_release() {
     let server = start(Service::Redis, ServerOptions::default()).await;
     let holder = RedisBackend::connect(server.url()).await.unwrap();
     let name = unique_name("queue");
-    let lease = holder.try_acquire(&name, &opts()).await.unwrap().unwrap();
+    let lease = must_acquire(&holder, &name, &long()).await;
     let waiters = 16;
     let order = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
     let mut tasks = Vec::new();
     for i in 0..waiters {
         // Heartbeats minutes apart: only wake-ups move the queue.
-        let b = RedisBackend::builder(server.url())
-            .max_poll_interval(Duration::from_secs(60))
-            .connect()
-            .await
-            .unwrap();
+        let b = polling_every(server.url(), Duration::from_secs(60)).await;
         let (name, order) = (name.clone(), order.clone());
         tasks.push(tokio::spawn(async move {
             let lease = b
-                .acquire(&name, &opts().wait(Duration::from_secs(50)))
+                .acquire(&name, &long().wait(Duration::from_secs(50)))
                 .await
                 .unwrap();
             order.lock().unwrap().push(i);
@@ -426,7 +410,8 @@ async fn waiters_are_served_in_arrival_order_one_wake_up_per_release() {
     // Past the waiters' early retries (100 ms, doubling).
     tokio::time::sleep(Duration::from_secs(3)).await;
     let mut conn = holder.connection();
-    let (publish_before, scripts_before) = command_counts(&mut conn).await;
+    let [publish_before, scripts_before] =
+        support::command_calls(&mut conn, ["publish", "evalsha"]).await;
     holder.release(&lease).await.unwrap();
     for task in tasks {
         tokio::time::timeout(Duration::from_secs(20), task)
@@ -434,7 +419,8 @@ async fn waiters_are_served_in_arrival_order_one_wake_up_per_release() {
             .expect("every waiter is served within seconds")
             .unwrap();
     }
-    let (publish_after, scripts_after) = command_counts(&mut conn).await;
+    let [publish_after, scripts_after] =
+        support::command_calls(&mut conn, ["publish", "evalsha"]).await;
     assert_eq!(*order.lock().unwrap(), (0..waiters).collect::<Vec<_>>());
     let published = publish_after - publish_before;
     let scripts = scripts_after - scripts_before;
@@ -456,28 +442,20 @@ async fn waiters_are_served_in_arrival_order_one_wake_up_per_release() {
 /// the waiter behind it is granted the lock within seconds.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_waiter_that_vanishes_loses_its_place() {
-    use dlock_conformance::proxy::{Fault, FaultProxy};
     let url = shared(Service::Redis).await.url();
-    let port = url.rsplit(':').next().unwrap();
-    let proxy = FaultProxy::start(format!("127.0.0.1:{port}").parse().unwrap())
-        .await
-        .unwrap();
+    let proxy = proxy_to(url).await;
     let holder = RedisBackend::connect(url).await.unwrap();
     let name = unique_name("vanish");
-    let lease = holder.try_acquire(&name, &opts()).await.unwrap().unwrap();
+    let lease = must_acquire(&holder, &name, &long()).await;
     // Its place lapses 3 heartbeats (here 600 ms) after its last attempt.
-    let doomed = RedisBackend::builder(format!("redis://{}", proxy.addr()))
-        .max_poll_interval(Duration::from_millis(200))
-        .connect()
-        .await
-        .unwrap();
+    let doomed = polling_every(
+        format!("redis://{}", proxy.addr()),
+        Duration::from_millis(200),
+    )
+    .await;
     let doomed = wait_for(doomed, &name);
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let patient = RedisBackend::builder(url)
-        .max_poll_interval(Duration::from_secs(2))
-        .connect()
-        .await
-        .unwrap();
+    let patient = polling_every(url, Duration::from_secs(2)).await;
     let next = wait_for(patient, &name);
     tokio::time::sleep(Duration::from_millis(300)).await;
     proxy.set(Fault::Cut);

@@ -11,16 +11,11 @@
 
 use std::time::Duration;
 
-use dlock_conformance::support::unique_name;
+use dlock_conformance::support::{long, must_acquire, unique_name};
 use dlock_conformance::topology::{Topology, redis_sentinel};
 use dlock_core::{Backend, Error, LockOptions, Locker};
 use dlock_redis::RedisBackend;
 use tokio::time::{Instant, sleep};
-
-/// Longer than any case: only a release, never expiry, frees these locks.
-fn opts() -> LockOptions {
-    LockOptions::new().ttl(Duration::from_secs(60))
-}
 
 /// Connects, trying again while a failover is under way: the Sentinels
 /// may name a primary that does not yet confirm its role.
@@ -99,7 +94,7 @@ async fn without_durable_grants_a_promoted_replica_grants_twice_but_fences_highe
     let first = client(&sentinel).await;
     let name = unique_name("hazard");
     // An earlier holder leaves a fencing counter that the replica has.
-    let earlier = first.try_acquire(&name, &opts()).await.unwrap().unwrap();
+    let earlier = must_acquire(&first, &name, &long()).await;
     first.release(&earlier).await.unwrap();
     sentinel.wait_replicated().await;
 
@@ -107,7 +102,7 @@ async fn without_durable_grants_a_promoted_replica_grants_twice_but_fences_highe
     // to it goes nowhere (a paused replica would still find the grant in
     // its socket buffer when thawed).
     sentinel.node(0).stop_sending_to(sentinel.node(1)).await;
-    let held = first.try_acquire(&name, &opts()).await.unwrap().unwrap();
+    let held = must_acquire(&first, &name, &long()).await;
     assert!(held.fencing_token() > earlier.fencing_token());
     // A renewed guard, granted the same way, to see when its holder hears
     // of the loss: its first renewal on the new primary finds no lock.
@@ -133,7 +128,7 @@ async fn without_durable_grants_a_promoted_replica_grants_twice_but_fences_highe
     let counter = stored_fence(&second, &name).await;
     assert_eq!(counter, Some(earlier.fencing_token()));
     let (granted, after) =
-        until_answered(started, async || second.try_acquire(&name, &opts()).await).await;
+        until_answered(started, async || second.try_acquire(&name, &long()).await).await;
     let granted = granted.expect("the hazard: the new primary grants the name again");
     assert!(
         held.is_valid(),
@@ -147,7 +142,7 @@ async fn without_durable_grants_a_promoted_replica_grants_twice_but_fences_highe
     );
     // The first client follows the failover too.
     let (_, followed) = until_answered(started, async || {
-        first.try_acquire(&unique_name("after"), &opts()).await
+        first.try_acquire(&unique_name("after"), &long()).await
     })
     .await;
     // Well before its TTL (20 s) could run out: the loss is reported by a
@@ -170,12 +165,12 @@ async fn with_durable_grants_no_believed_grant_is_lost_in_a_failover() {
     let first = durable_client(&sentinel).await;
     let (kept, refused) = (unique_name("durable-kept"), unique_name("durable-refused"));
     // Confirmed by the replica, which is all this test waits for.
-    let held = first.try_acquire(&kept, &opts()).await.unwrap().unwrap();
+    let held = must_acquire(&first, &kept, &long()).await;
 
     // From here on the replica hears nothing from the primary: a grant it
     // cannot acknowledge is refused (and given back).
     sentinel.node(0).stop_sending_to(sentinel.node(1)).await;
-    let refusal = first.try_acquire(&refused, &opts()).await;
+    let refusal = first.try_acquire(&refused, &long()).await;
     assert!(
         matches!(refusal, Err(Error::Unavailable { .. })),
         "{refusal:?}"
@@ -185,7 +180,7 @@ async fn with_durable_grants_no_believed_grant_is_lost_in_a_failover() {
 
     let second = client(&sentinel).await;
     let (taken, after) =
-        until_answered(started, async || second.try_acquire(&kept, &opts()).await).await;
+        until_answered(started, async || second.try_acquire(&kept, &long()).await).await;
     assert!(
         taken.is_none(),
         "the confirmed grant survived the failover: no second holder"
@@ -194,15 +189,14 @@ async fn with_durable_grants_no_believed_grant_is_lost_in_a_failover() {
     let holder = second.inspect(&kept).await.unwrap().unwrap();
     assert_eq!(holder.owner, held.owner());
     // Nobody believed they held the refused name: granting it is fine.
-    let granted = second.try_acquire(&refused, &opts()).await.unwrap();
-    assert!(granted.is_some());
+    must_acquire(&second, &refused, &long()).await;
 
     // The durable client follows the failover too (its scripts are loaded
     // again on the new primary), and with no replica left it grants
     // nothing: every grant is refused and given back.
     let fresh = unique_name("durable-after");
     loop {
-        let attempt = first.try_acquire(&fresh, &opts()).await;
+        let attempt = first.try_acquire(&fresh, &long()).await;
         if first.sentinel_primary().as_deref() == Some(replica.as_str())
             && matches!(attempt, Err(Error::Unavailable { .. }))
         {
@@ -239,7 +233,7 @@ async fn durable_grants_without_replicas_grant_nothing() {
         .await
         .unwrap();
     let name = unique_name("durable-alone");
-    let e = durable.try_acquire(&name, &opts()).await.unwrap_err();
+    let e = durable.try_acquire(&name, &long()).await.unwrap_err();
     assert!(matches!(e, Error::Unavailable { .. }), "{e:?}");
     let plain = RedisBackend::connect(server.url()).await.unwrap();
     let started = Instant::now();
@@ -249,7 +243,7 @@ async fn durable_grants_without_replicas_grant_nothing() {
         sleep(Duration::from_millis(20)).await;
     }
     let e = durable
-        .acquire(&name, &opts().wait(Duration::from_millis(300)))
+        .acquire(&name, &long().wait(Duration::from_millis(300)))
         .await
         .unwrap_err();
     assert!(e.is_retryable(), "a waiting acquire keeps trying: {e:?}");

@@ -1,0 +1,315 @@
+//! Settings, their validation, and connecting: to one server, to the
+//! primary Sentinel names, or to a Redis Cluster.
+
+use std::fmt;
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use dlock_core::wait::MIN_BACKOFF;
+use dlock_core::{Error, MAX_SETTING, OwnerToken, Result, check_duration};
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::{IntoConnectionInfo, ProtocolVersion, PushInfo};
+
+use crate::backend::{Inner, NAME, RedisBackend};
+use crate::conn::{Connection, Kind, PushConn, cluster_nodes};
+use crate::error::{bad_url, redis_error};
+use crate::keys::validate_prefix;
+use crate::notify::Notifications;
+use crate::sentinel::{Sentinel, parse_url};
+
+/// Where the notification connection hands its messages over.
+type PushChannel = (
+    tokio::sync::mpsc::UnboundedSender<PushInfo>,
+    tokio::sync::mpsc::UnboundedReceiver<PushInfo>,
+);
+
+/// Settings for [`RedisBackend`]; start from [`RedisBackend::builder`].
+#[derive(Clone)]
+pub struct RedisBuilder {
+    url: String,
+    prefix: String,
+    request_timeout: Duration,
+    pub(crate) connect_timeout: Duration,
+    max_poll: Duration,
+    tls_ca: Option<Vec<u8>>,
+    pub(crate) durable: Option<(u32, Duration)>,
+}
+
+impl fmt::Debug for RedisBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisBuilder")
+            .field("url", &dlock_core::redact_url(&self.url))
+            .field("prefix", &self.prefix)
+            .field("request_timeout", &self.request_timeout)
+            .field("connect_timeout", &self.connect_timeout)
+            .field("max_poll", &self.max_poll)
+            .field("durable", &self.durable)
+            .finish()
+    }
+}
+
+impl RedisBuilder {
+    /// The longest a waiter sleeps between attempts when no release message
+    /// arrives (default 1 s). Release messages and the holder's expiry wake
+    /// it sooner; this poll only covers lost messages.
+    pub fn max_poll_interval(mut self, interval: Duration) -> Self {
+        self.max_poll = interval;
+        self
+    }
+
+    /// The prefix of every key (default `dlock`); it must not contain braces.
+    pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.prefix = prefix.into();
+        self
+    }
+
+    /// How long to wait for a reply before the request counts as failed
+    /// (default 1 s). An acquire whose reply times out may still have taken
+    /// the lock: the driver then releases it by its owner token, and its TTL
+    /// frees it in any case.
+    pub fn request_timeout(mut self, timeout: Duration) -> Self {
+        self.request_timeout = timeout;
+        self
+    }
+
+    /// Trust this CA certificate (PEM) for `rediss://` servers, instead of
+    /// the usual web roots: for a server with a private CA.
+    #[cfg(feature = "tls")]
+    pub fn tls_ca_certificates(mut self, pem: impl Into<Vec<u8>>) -> Self {
+        self.tls_ca = Some(pem.into());
+        self
+    }
+
+    /// Durable grants (off by default): a grant, an extension or a
+    /// `release_after` counts only once `replicas` replicas have
+    /// acknowledged it, with Redis's `WAIT replicas timeout` sent on the
+    /// same connection right behind the script (one round trip). A grant
+    /// not confirmed in time is released and reported as
+    /// [`Error::Unavailable`] (waiting acquires try again); an extension
+    /// not confirmed leaves the lease's deadline where it was.
+    ///
+    /// This narrows the failover window, it does not close it: replication
+    /// stays asynchronous, a confirmed write can still be lost (a replica
+    /// that acknowledged it may not be the one promoted, and without
+    /// `appendfsync always` a restart loses it), and `WAIT` blocks this
+    /// client's shared connection until the replicas answer (with a replica
+    /// down, each durable request holds it for `timeout`). Fencing tokens
+    /// are what protects a resource. With fewer than `replicas` replicas
+    /// up, nothing can be granted. `timeout` must be below the response
+    /// timeout.
+    pub fn durable_grants(mut self, replicas: u32, timeout: Duration) -> Self {
+        self.durable = Some((replicas, timeout));
+        self
+    }
+
+    /// How long to wait for a connection (default 2 s).
+    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
+        self.connect_timeout = timeout;
+        self
+    }
+
+    /// Connects: one connection for commands, one for release notifications.
+    ///
+    /// # Errors
+    /// [`Error::InvalidOption`] for a malformed URL or prefix,
+    /// [`Error::Connection`] when the server cannot be reached,
+    /// [`Error::Backend`] when it refuses us (wrong password, say).
+    pub async fn connect(self) -> Result<RedisBackend> {
+        validate_prefix(&self.prefix)?;
+        let ms = Duration::from_millis(1);
+        check_duration("max_poll_interval", self.max_poll, MIN_BACKOFF, MAX_SETTING)?;
+        check_duration("request_timeout", self.request_timeout, ms, MAX_SETTING)?;
+        check_duration("connect_timeout", self.connect_timeout, ms, MAX_SETTING)?;
+        if let Some((replicas, timeout)) = self.durable
+            && (replicas == 0 || timeout.is_zero() || timeout >= self.request_timeout)
+        {
+            return Err(Error::invalid_option(
+                "durable_grants",
+                format!(
+                    "needs at least one replica and a timeout between 1 ms and the response \
+                     timeout ({:?}), got {replicas} and {timeout:?}",
+                    self.request_timeout
+                ),
+            ));
+        }
+        if let Some(nodes) = cluster_nodes(&self.url)? {
+            return self.connect_cluster(nodes).await;
+        }
+        let sentinel = parse_url(&self.url)?
+            .map(|url| Sentinel::new(&url, self.connect_timeout))
+            .transpose()?;
+        let info = match &sentinel {
+            Some(sentinel) => sentinel.lookup().await?.get_connection_info().clone(),
+            None => self
+                .url
+                .as_str()
+                .into_connection_info()
+                .map_err(|e| Error::invalid_option("url", format!("not a Redis URL: {e}")))?,
+        };
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        let (conn, push_conn) = self.open(info.clone(), &tx).await?;
+        if let Some(sentinel) = &sentinel {
+            sentinel.switch_to(info.addr());
+        }
+        self.backend(conn, push_conn, sentinel, false, (tx, rx))
+    }
+
+    /// The backend over connections just made; it keeps the settings to
+    /// connect again when Sentinel names a new primary.
+    fn backend(
+        self,
+        conn: Connection,
+        push_conn: PushConn,
+        sentinel: Option<Sentinel>,
+        cluster: bool,
+        (tx, rx): PushChannel,
+    ) -> Result<RedisBackend> {
+        let mut client_id = OwnerToken::random()?.to_string();
+        client_id.truncate(16);
+        Ok(RedisBackend {
+            inner: Arc::new(Inner {
+                conn: RwLock::new(conn),
+                cluster,
+                sentinel,
+                pushes: tx,
+                wake_prefix: format!("{}:wake:", self.prefix),
+                client_id,
+                notifications: Notifications::start(push_conn, rx, self.prefix.clone()),
+                prefix: self.prefix.clone(),
+                max_poll: self.max_poll,
+                request_timeout: self.request_timeout,
+                builder: self,
+            }),
+        })
+    }
+
+    /// Connects to a Redis Cluster through any of its nodes.
+    async fn connect_cluster(self, nodes: Vec<String>) -> Result<RedisBackend> {
+        if self.durable.is_some() {
+            return Err(Error::invalid_option(
+                "durable_grants",
+                "not supported on Redis Cluster yet (use Sentinel)",
+            ));
+        }
+        if self.tls_ca.is_some() {
+            return Err(Error::invalid_option(
+                "tls_ca_certificates",
+                "not supported on Redis Cluster yet",
+            ));
+        }
+        let builder = || {
+            redis::cluster::ClusterClientBuilder::new(nodes.clone())
+                .connection_timeout(self.connect_timeout)
+                .response_timeout(self.request_timeout)
+                .retries(2)
+        };
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        let client = builder().build().map_err(|e| bad_url(&e))?;
+        let push_client = builder()
+            .use_protocol(ProtocolVersion::RESP3)
+            .push_sender(tx.clone())
+            .build()
+            .map_err(|e| bad_url(&e))?;
+        // The client tries its seeds in turn; bound the whole walk.
+        let bound = self.connect_timeout * 2 + self.request_timeout;
+        let connect = |client: redis::cluster::ClusterClient, doing: &'static str| async move {
+            match tokio::time::timeout(bound, client.get_async_connection()).await {
+                Ok(Ok(conn)) => Ok(conn),
+                Ok(Err(e)) => Err(redis_error(e, doing)),
+                Err(_) => Err(Error::connection(
+                    NAME,
+                    doing,
+                    std::io::Error::from(std::io::ErrorKind::TimedOut),
+                )),
+            }
+        };
+        let conn = connect(client, "connect to the cluster").await?;
+        let push_conn = connect(push_client, "connect to the cluster for notifications").await?;
+        self.backend(
+            Connection(Kind::Cluster(conn)),
+            PushConn::Cluster(push_conn),
+            None,
+            true,
+            (tx, rx),
+        )
+    }
+
+    /// Opens the command connection and the RESP3 one for notifications.
+    pub(crate) async fn open(
+        &self,
+        info: redis::ConnectionInfo,
+        pushes: &tokio::sync::mpsc::UnboundedSender<PushInfo>,
+    ) -> Result<(Connection, PushConn)> {
+        let config = ConnectionManagerConfig::new()
+            .set_response_timeout(Some(self.request_timeout))
+            .set_connection_timeout(Some(self.connect_timeout))
+            .set_number_of_retries(2);
+        let settings = info
+            .redis_settings()
+            .clone()
+            .set_protocol(ProtocolVersion::RESP3);
+        let push_info = info.clone().set_redis_settings(settings);
+        let client = self.client(info)?;
+        let push_client = self.client(push_info)?;
+        let conn = ConnectionManager::new_with_config(client, config.clone())
+            .await
+            .map_err(|e| redis_error(e, "connect"))?;
+        let push_conn = ConnectionManager::new_with_config(
+            push_client,
+            config
+                .clone()
+                .set_push_sender(pushes.clone())
+                .set_automatic_resubscription(),
+        )
+        .await
+        .map_err(|e| redis_error(e, "connect for notifications"))?;
+        Ok((Connection(Kind::Single(conn)), PushConn::Single(push_conn)))
+    }
+
+    /// A client for `info`, trusting the CA given for `rediss://`.
+    fn client(&self, info: redis::ConnectionInfo) -> Result<redis::Client> {
+        // The redis crate asks rustls for the process's crypto provider,
+        // and rustls panics rather than choose when the build has two (a
+        // ZooKeeper client with TLS brings aws-lc-rs next to ring).
+        #[cfg(feature = "tls")]
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        #[cfg(feature = "tls")]
+        if let Some(root) = &self.tls_ca {
+            let certs = redis::TlsCertificates {
+                client_tls: None,
+                root_cert: Some(root.clone()),
+            };
+            return redis::Client::build_with_tls(info, certs).map_err(|e| bad_url(&e));
+        }
+        if self.tls_ca.is_some() {
+            return Err(Error::invalid_option(
+                "tls_ca_certificates",
+                "needs the `tls` feature",
+            ));
+        }
+        redis::Client::open(info).map_err(|e| bad_url(&e))
+    }
+}
+
+impl RedisBackend {
+    /// Connects with default settings.
+    ///
+    /// URLs: `redis://[user:password@]host[:port][/db]`, `rediss://…` for
+    /// TLS (with the `tls` feature), `redis+unix:///path`.
+    pub async fn connect(url: &str) -> Result<Self> {
+        Self::builder(url).connect().await
+    }
+
+    /// Settings, starting from a URL.
+    pub fn builder(url: impl Into<String>) -> RedisBuilder {
+        RedisBuilder {
+            url: url.into(),
+            prefix: "dlock".to_owned(),
+            request_timeout: Duration::from_secs(1),
+            connect_timeout: Duration::from_secs(2),
+            max_poll: Duration::from_secs(1),
+            tls_ca: None,
+            durable: None,
+        }
+    }
+}

@@ -1,0 +1,148 @@
+//! Extending leases: one, or a whole batch in one script run (one per
+//! hash slot on a cluster).
+
+use dlock_core::{Error, Lease, Result};
+use tokio::time::Instant;
+
+use crate::backend::{NAME, RedisBackend};
+use crate::error::{owner_checked, unconfirmed};
+use crate::keys::keys;
+use crate::scripts::{EXTEND, EXTEND_MANY, FENCE_RETENTION_MS, millis};
+
+impl RedisBackend {
+    /// Pushes the expiry of the lock `lease` holds (and of its fencing
+    /// counter) out by the lease's TTL.
+    pub(crate) async fn extend_lease(&self, lease: &mut Lease) -> Result<()> {
+        let keys = self.keys(lease.name());
+        let ttl = lease.ttl().unwrap_or_default();
+        let sent = Instant::now();
+        let mut invocation = EXTEND.prepare_invoke();
+        invocation
+            .key(&keys.lock)
+            .key(&keys.fence)
+            .arg(lease.owner().to_string())
+            .arg(millis(ttl))
+            .arg(FENCE_RETENTION_MS);
+        let (extended, confirmed) = self.run::<i64>(&invocation, true, "extend").await?;
+        // Unconfirmed, the lease keeps its old deadline: the promoted
+        // replica may hold only that one.
+        owner_checked(lease, extended, confirmed, "extend")?;
+        lease.extended(sent);
+        Ok(())
+    }
+
+    /// Extends every lease of `leases` it can; says which ones it did.
+    pub(crate) async fn extend_leases(&self, leases: &mut [Lease]) -> Result<Vec<bool>> {
+        if self.inner.cluster {
+            return self.extend_by_slot(leases).await;
+        }
+        // One script run for the batch: on a single server, keys of many
+        // slots may meet in one script.
+        let mut invocation = EXTEND_MANY.prepare_invoke();
+        invocation.arg(FENCE_RETENTION_MS);
+        for lease in leases.iter() {
+            let keys = self.keys(lease.name());
+            invocation.key(keys.lock).key(keys.fence);
+            invocation
+                .arg(lease.owner().to_string())
+                .arg(millis(lease.ttl().unwrap_or_default()));
+        }
+        let sent = Instant::now();
+        let (held, confirmed) = self.run::<Vec<i64>>(&invocation, true, "extend").await?;
+        if !confirmed {
+            return Err(unconfirmed("extend"));
+        }
+        if held.len() != leases.len() {
+            return Err(Error::malformed(NAME, "extend_many", held));
+        }
+        Ok(leases
+            .iter_mut()
+            .zip(held)
+            .map(|(lease, held)| {
+                if held == 1 {
+                    lease.extended(sent);
+                }
+                held == 1
+            })
+            .collect())
+    }
+
+    /// `extend_many` on a cluster: a script may touch one slot only, so one
+    /// `EXTEND_MANY` per slot, all in flight at once (the cluster
+    /// connection pipelines those bound for one node).
+    async fn extend_by_slot(&self, leases: &mut [Lease]) -> Result<Vec<bool>> {
+        let mut by_slot: std::collections::HashMap<u16, Vec<usize>> = Default::default();
+        for (i, lease) in leases.iter().enumerate() {
+            by_slot.entry(slot(lease.name())).or_default().push(i);
+        }
+        let sent = Instant::now();
+        let groups: Vec<Vec<usize>> = by_slot.into_values().collect();
+        let replies = futures_util::future::join_all(groups.iter().map(|group| {
+            let mut invocation = EXTEND_MANY.prepare_invoke();
+            invocation.arg(FENCE_RETENTION_MS);
+            for &i in group {
+                let keys = self.keys(leases[i].name());
+                invocation.key(keys.lock).key(keys.fence);
+                invocation
+                    .arg(leases[i].owner().to_string())
+                    .arg(millis(leases[i].ttl().unwrap_or_default()));
+            }
+            async move {
+                self.run::<Vec<i64>>(&invocation, false, "extend")
+                    .await
+                    .map(|(held, _)| held)
+            }
+        }))
+        .await;
+        let mut held = vec![false; leases.len()];
+        let mut failure = None;
+        for (group, reply) in groups.iter().zip(replies) {
+            match reply {
+                Ok(reply) if reply.len() == group.len() => {
+                    for (&i, h) in group.iter().zip(reply) {
+                        held[i] = h == 1;
+                        if held[i] {
+                            leases[i].extended(sent);
+                        }
+                    }
+                }
+                Ok(reply) => failure = Some(Error::malformed(NAME, "extend_many", reply)),
+                Err(e) => failure = Some(e),
+            }
+        }
+        // One slot's node unreachable fails the batch, which the renewal
+        // retries; the slots that answered have their leases extended
+        // already, so a shard down does not cost the others theirs.
+        match failure {
+            Some(e) => Err(e),
+            None => Ok(held),
+        }
+    }
+}
+
+/// The cluster hash slot of a lock's keys: CRC16 of the hash tag, which
+/// is the escaped name.
+fn slot(name: &str) -> u16 {
+    let lock = keys("", name).lock;
+    let tag = lock
+        .strip_prefix(":{")
+        .and_then(|rest| rest.strip_suffix('}'))
+        .unwrap_or(&lock);
+    crc16::State::<crc16::XMODEM>::calculate(tag.as_bytes()) % 16384
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slots_are_redis_cluster_slots() {
+        // The example of the cluster specification.
+        assert_eq!(slot("123456789"), 12739);
+        // Escaped like the keys: `}` cannot end the tag early, so `a}b`
+        // hashes as `a%7Db`, not as `a`.
+        let crc = |tag: &str| crc16::State::<crc16::XMODEM>::calculate(tag.as_bytes()) % 16384;
+        assert_eq!(slot("a}b"), crc("a%7Db"));
+        assert_ne!(slot("a}b"), crc("a"));
+    }
+}

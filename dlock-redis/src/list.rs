@@ -1,0 +1,123 @@
+//! Reading who holds what: a page of held locks (`SCAN`), or one lock.
+
+use std::time::Duration;
+
+use dlock_core::{Error, HeldLock, LockInfo, LockPage, Result, validate_name};
+
+use crate::backend::{NAME, RedisBackend};
+use crate::keys::{lock_pattern, name_of};
+use crate::scripts::INSPECT;
+
+impl RedisBackend {
+    /// One page of the held locks whose names start with `name_prefix`
+    /// (not to be mixed up with the key prefix).
+    pub(crate) async fn list_locks(
+        &self,
+        name_prefix: &str,
+        cursor: Option<&str>,
+        limit: usize,
+    ) -> Result<LockPage> {
+        if self.inner.cluster {
+            // SCAN walks one node; a cluster-wide walk needs a cursor per
+            // primary.
+            return Err(Error::Unsupported {
+                backend: NAME,
+                operation: "list on Redis Cluster",
+            });
+        }
+        let mut scan: u64 = match cursor {
+            None => 0,
+            Some(c) => c
+                .parse()
+                .map_err(|_| Error::invalid_option("cursor", "not a cursor this driver gave"))?,
+        };
+        let pattern = lock_pattern(&self.inner.prefix, name_prefix);
+        let mut conn = self.connection();
+        let mut found = Vec::new();
+        // A few SCAN steps per page: each is bounded work for the server,
+        // and a sparse prefix still fills a page.
+        for _ in 0..10 {
+            let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
+                .arg(scan)
+                .arg("MATCH")
+                .arg(&pattern)
+                .arg("COUNT")
+                .arg(1000)
+                .query_async(&mut conn)
+                .await
+                .map_err(|e| self.fail(e, "list"))?;
+            found.extend(keys);
+            scan = next;
+            if scan == 0 || found.len() >= limit {
+                break;
+            }
+        }
+        let names: Vec<String> = found
+            .iter()
+            .filter_map(|key| name_of(&self.inner.prefix, key))
+            .collect();
+        // Every holder in one round trip, each read consistently.
+        let mut pipe = redis::pipe();
+        pipe.atomic();
+        for name in &names {
+            let keys = self.keys(name);
+            pipe.get(&keys.lock).pttl(&keys.lock).get(&keys.fence);
+        }
+        let replies: Vec<redis::Value> = if names.is_empty() {
+            Vec::new()
+        } else {
+            pipe.query_async(&mut conn)
+                .await
+                .map_err(|e| self.fail(e, "list"))?
+        };
+        let mut locks = Vec::new();
+        for (name, reply) in names.into_iter().zip(replies.chunks(3)) {
+            let [owner, pttl, fence] = reply else {
+                return Err(Error::malformed(NAME, "list", reply));
+            };
+            let (Ok(Some(owner)), Ok(pttl)) = (
+                redis::from_redis_value_ref::<Option<String>>(owner),
+                redis::from_redis_value_ref::<i64>(pttl),
+            ) else {
+                continue; // released between SCAN and the read
+            };
+            let owner = owner
+                .parse()
+                .map_err(|_| Error::malformed(NAME, "list (owner)", &owner))?;
+            let fence = redis::from_redis_value_ref::<Option<String>>(fence)
+                .ok()
+                .flatten()
+                .and_then(|f| f.parse().ok())
+                .unwrap_or(0);
+            let expires_in = u64::try_from(pttl).ok().map(Duration::from_millis);
+            locks.push(HeldLock::new(name, LockInfo::new(owner, fence, expires_in)));
+        }
+        Ok(LockPage::new(locks, (scan != 0).then(|| scan.to_string())))
+    }
+
+    /// The holder of `name`, if any.
+    pub(crate) async fn inspect_lock(&self, name: &str) -> Result<Option<LockInfo>> {
+        validate_name(name)?;
+        let keys = self.keys(name);
+        let mut invocation = INSPECT.prepare_invoke();
+        invocation.key(&keys.lock).key(&keys.fence);
+        let (reply, _) = self
+            .run::<Vec<String>>(&invocation, false, "inspect")
+            .await?;
+        let [owner, pttl, fence] = reply.as_slice() else {
+            return if reply.is_empty() {
+                Ok(None)
+            } else {
+                Err(Error::malformed(NAME, "inspect", reply))
+            };
+        };
+        let owner = owner
+            .parse()
+            .map_err(|_| Error::malformed(NAME, "inspect (owner)", owner))?;
+        let fence = fence
+            .parse()
+            .map_err(|_| Error::malformed(NAME, "inspect (fence)", fence))?;
+        let expires_in = pttl.parse::<u64>().ok().map(Duration::from_millis);
+        Ok(Some(LockInfo::new(owner, fence, expires_in)))
+    }
+}

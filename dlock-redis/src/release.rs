@@ -1,0 +1,76 @@
+//! Release, release after a hold, and the undo of an acquire whose outcome
+//! is unknown.
+
+use std::time::Duration;
+
+use dlock_core::undo::retry_for;
+use dlock_core::{Lease, OwnerToken, Result, check_hold};
+
+use crate::backend::RedisBackend;
+use crate::error::owner_checked;
+use crate::keys::Keys;
+use crate::scripts::{HOLD, millis};
+
+impl RedisBackend {
+    /// Deletes the lock if `lease` holds it, and wakes the head of its
+    /// queue.
+    pub(crate) async fn release_lease(&self, lease: &Lease) -> Result<()> {
+        let keys = self.keys(lease.name());
+        let (released, confirmed) = self
+            .run::<i64>(&self.release_script(&keys, lease.owner()), false, "release")
+            .await?;
+        owner_checked(lease, released, confirmed, "release")
+    }
+
+    /// Keeps the lock of `lease` held for `hold` more, by the server's
+    /// clock, under an owner no client has.
+    pub(crate) async fn release_with_hold(&self, lease: &Lease, hold: Duration) -> Result<()> {
+        check_hold(hold)?;
+        // Rounded up: the hold is a minimum.
+        let hold_ms = millis(hold.saturating_add(Duration::from_nanos(999_999)));
+        if hold_ms == 0 {
+            return self.release_lease(lease).await;
+        }
+        // The key gets the hold's owner and expires on the server's clock.
+        // No publish: waiters poll against the remaining TTL, which the
+        // server reports.
+        let keys = self.keys(lease.name());
+        let mut invocation = HOLD.prepare_invoke();
+        invocation
+            .key(&keys.lock)
+            .arg(lease.owner().to_string())
+            .arg(lease.owner().for_hold().to_string())
+            .arg(hold_ms);
+        let (held, confirmed) = self.run::<i64>(&invocation, true, "release_after").await?;
+        owner_checked(lease, held, confirmed, "release_after")
+    }
+
+    /// The release script for `owner`'s hold on the lock of `keys`; it
+    /// wakes the head of the queue.
+    fn release_script<'a>(
+        &'a self,
+        keys: &'a Keys,
+        owner: OwnerToken,
+    ) -> redis::ScriptInvocation<'a> {
+        let mut invocation = self.queue_scripts().release.prepare_invoke();
+        invocation
+            .key(&keys.lock)
+            .key(&keys.queue)
+            .key(&keys.queue_expiry)
+            .arg(owner.to_string());
+        invocation
+    }
+
+    /// Releases `name` if `owner` holds it, retrying while the server is
+    /// out of reach, until it answers or the TTL has freed the lock anyway.
+    /// Publishes like any release, so that waiters wake.
+    pub(crate) async fn undo(&self, name: &str, owner: OwnerToken, ttl: Duration) {
+        let keys = self.keys(name);
+        let invocation = self.release_script(&keys, owner);
+        let released = retry_for(ttl, || async {
+            self.run::<i64>(&invocation, false, "undo an acquire").await
+        })
+        .await;
+        tracing::debug!(name, ?released, "undid an acquire of unknown outcome");
+    }
+}

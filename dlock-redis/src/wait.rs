@@ -1,0 +1,112 @@
+//! Acquire's wait: a place in the name's queue, wake-ups on this client's
+//! channel when the place comes first, and giving the place up when the
+//! wait ends without a grant.
+
+use std::time::Duration;
+
+use dlock_core::undo::{UndoOnDrop, retry_for};
+use dlock_core::wait::{Attempt, Backoff, Deadline, wait_for_lock};
+use dlock_core::{Lease, LockOptions, OwnerToken, Result};
+
+use crate::backend::RedisBackend;
+use crate::scripts::PLACE_HEARTBEATS;
+
+impl RedisBackend {
+    /// How long a queued waiter keeps its place without asking again.
+    pub(crate) fn place_lifetime(&self) -> Duration {
+        self.inner.max_poll * PLACE_HEARTBEATS
+    }
+
+    /// Acquire's wait: one attempt, then a place in the name's queue and
+    /// wake-ups on this client's channel when the place comes first.
+    pub(crate) async fn wait(
+        &self,
+        name: &str,
+        opts: &LockOptions,
+        deadline: Deadline,
+    ) -> Result<Lease> {
+        let keys = self.keys(name);
+        let notifications = &self.inner.notifications;
+        // Until this client first waits, the uncontended case costs one
+        // round trip: subscribe and queue only once the lock turns out to
+        // be held (or the attempt failed in a way worth another try, which
+        // the wait loop makes). From then on the channel is kept, and the
+        // first attempt queues at once, unless the wait is too short to
+        // be worth a place (a place left behind would hold the queue up
+        // until it is given back).
+        //
+        // On a cluster each lock has its own channel per client, in the
+        // lock's slot: it is subscribed for the wait only.
+        let worth_queueing = deadline.cap(self.inner.request_timeout) >= self.inner.request_timeout;
+        let cluster = self.inner.cluster;
+        if cluster || !notifications.is_kept() || !worth_queueing {
+            match self.attempt(name, &keys, opts, "").await {
+                Ok(Attempt::Acquired(lease)) => return Ok(lease),
+                Ok(Attempt::Held { .. }) => {}
+                Err(e) if e.is_retryable() => {}
+                Err(e) => return Err(e),
+            }
+            if deadline.is_past() {
+                return Err(deadline.timeout_error(name));
+            }
+        }
+        // Without a subscription, a place at the head would never hear its
+        // wake-up: poll without one instead. The subscriber may be busy
+        // resubscribing to a node that is down: wait for it only so long.
+        let limit = deadline.cap(self.inner.request_timeout * 2);
+        let (_interest, subscribed) = if cluster {
+            let channel = format!("{}:wake:{}", keys.lock, self.inner.client_id);
+            let (interest, subscribed) = notifications.interest(&channel, limit).await;
+            (Some(interest), subscribed)
+        } else {
+            let channel = format!("{}{}", self.inner.wake_prefix, self.inner.client_id);
+            (None, notifications.keep(&channel, limit).await)
+        };
+        let waiter = if subscribed {
+            format!("{}{}", OwnerToken::random()?, self.inner.client_id)
+        } else {
+            String::new()
+        };
+        // However the wait ends without a grant (timeout, error, dropped),
+        // give the place up, so that the next waiter need not wait for it
+        // to lapse. A grant took it out of the queue already; a wait that
+        // never queued has no place to give up.
+        let mut leave = (!waiter.is_empty()).then(|| {
+            let (backend, name, waiter) = (self.clone(), name.to_owned(), waiter.clone());
+            UndoOnDrop::new(async move { backend.abandon(&name, &waiter).await })
+        });
+        // Heartbeats no longer apart than `max_poll` keep the place.
+        let max_poll = self.inner.max_poll;
+        let backoff = Backoff::new(max_poll.min(Duration::from_millis(100)), max_poll);
+        let lease = wait_for_lock(
+            name,
+            deadline,
+            Some(&notifications.wakeups),
+            backoff,
+            || self.attempt(name, &keys, opts, &waiter),
+        )
+        .await?;
+        if let Some(leave) = &mut leave {
+            leave.disarm();
+        }
+        Ok(lease)
+    }
+
+    /// Takes `waiter` out of the queue of `name`, waking the next waiter if
+    /// it was first and the lock is free.
+    async fn abandon(&self, name: &str, waiter: &str) {
+        let keys = self.keys(name);
+        let mut invocation = self.queue_scripts().abandon.prepare_invoke();
+        invocation
+            .key(&keys.lock)
+            .key(&keys.queue)
+            .key(&keys.queue_expiry)
+            .arg(waiter);
+        let left = retry_for(self.inner.request_timeout * 2, || async {
+            self.run::<i64>(&invocation, false, "leave the queue").await
+        })
+        .await;
+        // Otherwise the place lapses by itself.
+        tracing::debug!(name, ?left, "left the queue");
+    }
+}
