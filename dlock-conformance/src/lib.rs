@@ -36,117 +36,6 @@ impl std::fmt::Debug for Case {
     }
 }
 
-#[doc(hidden)]
-#[macro_export]
-macro_rules! __suite_fn {
-    ({} single [$($single:ident),* $(,)?] multi [$($multi:ident),* $(,)?]) => {
-        /// Every case of the suite, in the order the macro stamps them out.
-        pub fn suite() -> Vec<Case> {
-            vec![
-                $(Case {
-                    name: stringify!($single),
-                    run: |factory: Factory| -> BoxFuture<()> {
-                        Box::pin(async move { cases::$single(&factory().await).await })
-                    },
-                },)*
-                $(Case {
-                    name: stringify!($multi),
-                    run: |factory: Factory| -> BoxFuture<()> {
-                        Box::pin(cases::$multi(move || factory()))
-                    },
-                },)*
-            ]
-        }
-    };
-}
-
-__case_list!(__suite_fn {});
-
-#[doc(hidden)]
-#[macro_export]
-macro_rules! __fault_suite_fn {
-    ({} link [$($case:ident),* $(,)?]) => {
-        /// Every link fault case, in the order `fault_tests!` stamps them
-        /// out, for running them against a driver of one's own (see
-        /// [`faults`] for the factories they take).
-        pub fn fault_suite() -> Vec<faults::FaultCase> {
-            vec![
-                $(faults::FaultCase {
-                    name: stringify!($case),
-                    run: |faulty, client| -> BoxFuture<()> {
-                        Box::pin(faults::$case(faulty, client))
-                    },
-                },)*
-            ]
-        }
-    };
-}
-
-__fault_case_list!(__fault_suite_fn {});
-
-/// The link fault cases: the one place each is named.
-#[doc(hidden)]
-#[macro_export]
-macro_rules! __fault_case_list {
-    ($then:ident { $($context:tt)* }) => {
-        $crate::$then! {
-            { $($context)* }
-            link [
-                cut_holder_loses_the_lock_before_takeover,
-                stalled_holder_loses_the_lock_before_takeover,
-                grant_slower_than_its_lease_is_no_grant,
-                delayed_grant_is_valid_only_until_the_server_frees_it,
-                calls_on_a_stalled_server_return_within_their_bound,
-                acquire_dropped_in_flight_frees_the_name_at_once,
-            ]
-        }
-    };
-}
-
-#[doc(hidden)]
-pub mod __private {
-    pub use dlock_core::Backend;
-
-    /// Runs one case like `#[tokio::test]` would, on a fresh runtime with two
-    /// workers (so background renewal and release run alongside), bounded
-    /// so that a hung backend fails the test instead of hanging the run.
-    pub fn run(case: &str, fut: impl Future<Output = ()>) {
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .build()
-            .unwrap_or_else(|e| panic!("cannot start a tokio runtime: {e}"));
-        runtime.block_on(within_case_timeout(case, fut));
-    }
-
-    /// Runs a case, failing it when it runs longer than [`CASE_TIMEOUT`],
-    /// not counting time spent waiting for the test image to be built.
-    pub async fn within_case_timeout(case: &str, fut: impl Future<Output = ()>) {
-        let started = tokio::time::Instant::now();
-        let mut fut = std::pin::pin!(fut);
-        loop {
-            let limit = CASE_TIMEOUT + crate::harness::image_build_time();
-            if tokio::time::timeout_at(started + limit, fut.as_mut())
-                .await
-                .is_ok()
-            {
-                return;
-            }
-            // Still over the limit once a build that ran meanwhile is
-            // counted out: the case hangs.
-            if started.elapsed() >= CASE_TIMEOUT + crate::harness::image_build_time() {
-                panic!("{case} did not finish in {CASE_TIMEOUT:?}");
-            }
-        }
-    }
-
-    use std::future::Future;
-    use std::time::Duration;
-
-    /// The longest a case may run.
-    pub const CASE_TIMEOUT: Duration = Duration::from_secs(120);
-}
-
 /// The case list: the one place a case is named.
 #[doc(hidden)]
 #[macro_export]
@@ -190,24 +79,127 @@ macro_rules! __case_list {
     };
 }
 
-/// Stamps out one `#[test]` per conformance case for a driver.
-///
-/// `$factory` is an async fn (or closure) with no arguments returning
-/// `Arc<dyn Backend>`. Single-client cases call it once; multi-client
-/// cases call it once per client, so it should hand out a new client
-/// (its own connections) of the same lock service each time.
-///
-/// ```ignore
-/// async fn my_backend() -> std::sync::Arc<dyn dlock_core::Backend> {
-///     std::sync::Arc::new(MyBackend::connect("...").await.unwrap())
-/// }
-/// dlock_conformance::conformance_tests!(my_backend);
-/// ```
+#[doc(hidden)]
 #[macro_export]
-macro_rules! conformance_tests {
-    ($factory:expr) => {
-        $crate::__case_list!(__stamp_tests { $factory });
+macro_rules! __suite_fn {
+    ({} single [$($single:ident),* $(,)?] multi [$($multi:ident),* $(,)?]) => {
+        /// Every case of the suite, in the order the macro stamps them out.
+        pub fn suite() -> Vec<Case> {
+            vec![
+                $(Case {
+                    name: stringify!($single),
+                    run: |factory: Factory| -> BoxFuture<()> {
+                        Box::pin(async move { cases::$single(&factory().await).await })
+                    },
+                },)*
+                $(Case {
+                    name: stringify!($multi),
+                    run: |factory: Factory| -> BoxFuture<()> {
+                        Box::pin(cases::$multi(move || factory()))
+                    },
+                },)*
+            ]
+        }
     };
+}
+
+__case_list!(__suite_fn {});
+
+/// The fault cases: the one place each is named.
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __fault_case_list {
+    ($then:ident { $($context:tt)* }) => {
+        $crate::$then! {
+            { $($context)* }
+            link [
+                cut_holder_loses_the_lock_before_takeover,
+                stalled_holder_loses_the_lock_before_takeover,
+                grant_slower_than_its_lease_is_no_grant,
+                delayed_grant_is_valid_only_until_the_server_frees_it,
+                calls_on_a_stalled_server_return_within_their_bound,
+                acquire_dropped_in_flight_frees_the_name_at_once,
+            ]
+            server [
+                fencing_tokens_keep_increasing_across_a_server_restart,
+                a_server_paused_past_the_lease_loses_it_to_the_next_client,
+            ]
+        }
+    };
+}
+
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __fault_suite_fn {
+    ({} link [$($link:ident),* $(,)?] server [$($server:ident),* $(,)?]) => {
+        /// Every fault case, in the order `fault_tests!` stamps them out,
+        /// for running them against a driver of one's own: the link cases
+        /// ([`faults::FaultRun::Link`]) with a link one can fault, the
+        /// server cases ([`faults::FaultRun::Server`]) with a server the
+        /// [`harness`] starts.
+        pub fn fault_suite() -> Vec<faults::FaultCase> {
+            vec![
+                $(faults::FaultCase {
+                    name: stringify!($link),
+                    run: faults::FaultRun::Link(|faulty, client| -> BoxFuture<()> {
+                        Box::pin(faults::$link(faulty, client))
+                    }),
+                },)*
+                $(faults::FaultCase {
+                    name: stringify!($server),
+                    run: faults::FaultRun::Server(|connect, service| -> BoxFuture<()> {
+                        Box::pin(faults::$server(move |url| connect(url), service))
+                    }),
+                },)*
+            ]
+        }
+    };
+}
+
+__fault_case_list!(__fault_suite_fn {});
+
+#[doc(hidden)]
+pub mod __private {
+    use std::future::Future;
+    use std::time::Duration;
+
+    pub use dlock_core::Backend;
+
+    /// Runs one case like `#[tokio::test]` would, on a fresh runtime with two
+    /// workers (so background renewal and release run alongside), bounded
+    /// so that a hung backend fails the test instead of hanging the run.
+    pub fn run(case: &str, fut: impl Future<Output = ()>) {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap_or_else(|e| panic!("cannot start a tokio runtime: {e}"));
+        runtime.block_on(within_case_timeout(case, fut));
+    }
+
+    /// Runs a case, failing it when it runs longer than [`CASE_TIMEOUT`],
+    /// not counting time spent waiting for the test image to be built.
+    pub async fn within_case_timeout(case: &str, fut: impl Future<Output = ()>) {
+        let started = tokio::time::Instant::now();
+        let mut fut = std::pin::pin!(fut);
+        loop {
+            let limit = CASE_TIMEOUT + crate::harness::image_build_time();
+            if tokio::time::timeout_at(started + limit, fut.as_mut())
+                .await
+                .is_ok()
+            {
+                return;
+            }
+            // Still over the limit once a build that ran meanwhile is
+            // counted out: the case hangs.
+            if started.elapsed() >= CASE_TIMEOUT + crate::harness::image_build_time() {
+                panic!("{case} did not finish in {CASE_TIMEOUT:?}");
+            }
+        }
+    }
+
+    /// The longest a case may run.
+    pub const CASE_TIMEOUT: Duration = Duration::from_secs(120);
 }
 
 #[doc(hidden)]
@@ -233,6 +225,55 @@ macro_rules! __stamp_tests {
     };
 }
 
+/// Stamps out one `#[test]` per conformance case for a driver.
+///
+/// `$factory` is an async fn (or closure) with no arguments returning
+/// `Arc<dyn Backend>`. Single-client cases call it once; multi-client
+/// cases call it once per client, so it should hand out a new client
+/// (its own connections) of the same lock service each time.
+///
+/// ```ignore
+/// async fn my_backend() -> std::sync::Arc<dyn dlock_core::Backend> {
+///     std::sync::Arc::new(MyBackend::connect("...").await.unwrap())
+/// }
+/// dlock_conformance::conformance_tests!(my_backend);
+/// ```
+#[macro_export]
+macro_rules! conformance_tests {
+    ($factory:expr) => {
+        $crate::__case_list!(__stamp_tests { $factory });
+    };
+}
+
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __stamp_fault_tests {
+    (
+        { $connect:expr, $service:expr }
+        link [$($link:ident),* $(,)?]
+        server [$($server:ident),* $(,)?]
+    ) => {
+        $(
+            #[test]
+            fn $link() {
+                $crate::__private::run(stringify!($link), async {
+                    let url = $crate::harness::shared($service).await.url().to_owned();
+                    let (faulty, client) = $crate::faults::proxied($connect, url);
+                    $crate::faults::$link(faulty, client).await;
+                });
+            }
+        )*
+        $(
+            #[test]
+            fn $server() {
+                $crate::__private::run(stringify!($server), async {
+                    $crate::faults::$server($connect, $service).await;
+                });
+            }
+        )*
+    };
+}
+
 /// Stamps out one `#[test]` per [`faults`] case for a driver whose server
 /// the [`harness`] runs: every link case (through a [`proxy::FaultProxy`]
 /// in front of the shared server) and the server cases (restart, pause),
@@ -251,43 +292,5 @@ macro_rules! __stamp_tests {
 macro_rules! fault_tests {
     ($connect:expr, $service:expr) => {
         $crate::__fault_case_list!(__stamp_fault_tests { $connect, $service });
-
-        #[test]
-        fn fencing_tokens_keep_increasing_across_a_server_restart() {
-            $crate::__private::run(
-                "fencing_tokens_keep_increasing_across_a_server_restart",
-                async {
-                    $crate::faults::server_restart_keeps_fencing_increasing($connect, $service)
-                        .await;
-                },
-            );
-        }
-
-        #[test]
-        fn a_server_paused_past_the_lease_loses_it_to_the_next_client() {
-            $crate::__private::run(
-                "a_server_paused_past_the_lease_loses_it_to_the_next_client",
-                async {
-                    $crate::faults::server_pause_past_the_lease($connect, $service).await;
-                },
-            );
-        }
-    };
-}
-
-#[doc(hidden)]
-#[macro_export]
-macro_rules! __stamp_fault_tests {
-    ({ $connect:expr, $service:expr } link [$($case:ident),* $(,)?]) => {
-        $(
-            #[test]
-            fn $case() {
-                $crate::__private::run(stringify!($case), async {
-                    let url = $crate::harness::shared($service).await.url().to_owned();
-                    let (faulty, client) = $crate::faults::proxied($connect, url);
-                    $crate::faults::$case(faulty, client).await;
-                });
-            }
-        )*
     };
 }

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use dlock_core::{Backend, Lease, LockOptions};
+use dlock_core::{Backend, Guard, Lease, LockOptions, Locker};
 use tokio::time::Instant;
 
 /// A lock name no other test or run uses: `<case>-<random hex>`.
@@ -65,6 +65,18 @@ pub fn long() -> LockOptions {
 pub async fn must_acquire(backend: &dyn Backend, name: &str, opts: &LockOptions) -> Lease {
     match backend.try_acquire(name, opts).await {
         Ok(Some(lease)) => lease,
+        Ok(None) => panic!("try_acquire({name:?}) found the lock held, expected it free"),
+        Err(e) => panic!("try_acquire({name:?}) failed: {e}"),
+    }
+}
+
+/// One `try_acquire` through `locker` that must grant `name`: its guard.
+///
+/// # Panics
+/// When the lock is held or the call fails, naming the lock.
+pub async fn must_lock(locker: &Locker, name: &str, opts: &LockOptions) -> Guard {
+    match locker.try_acquire(name, opts).await {
+        Ok(Some(guard)) => guard,
         Ok(None) => panic!("try_acquire({name:?}) found the lock held, expected it free"),
         Err(e) => panic!("try_acquire({name:?}) failed: {e}"),
     }

@@ -1,0 +1,123 @@
+//! Administration: `list` shows exactly the held locks, page by page, and
+//! `force_release` frees a name whoever holds it.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use dlock_core::{Backend, Error};
+
+use super::assert_not_held;
+use crate::support::{long, must_acquire, unique_name};
+
+/// `list` pages through the held locks under a prefix: every held name
+/// shows with its holder, released names and names outside the prefix do
+/// not. Drivers that cannot list say so (`Unsupported`) and the case passes.
+pub async fn list_pages_through_held_locks(backend: &Arc<dyn Backend>) {
+    let prefix = format!("{}/", unique_name("list"));
+    let mut held = BTreeMap::new();
+    for suffix in ["a", "b", "c", "d}", "e%7D", "é f", "g/h"] {
+        let name = format!("{prefix}{suffix}");
+        let lease = must_acquire(backend.as_ref(), &name, &long()).await;
+        held.insert(name, lease);
+    }
+    let released = must_acquire(backend.as_ref(), &format!("{prefix}released"), &long()).await;
+    backend.release(&released).await.expect("release");
+    let outside_name = format!("{}x", &prefix[..prefix.len() - 1]);
+    let outside = must_acquire(backend.as_ref(), &outside_name, &long()).await;
+
+    let mut seen = BTreeMap::new();
+    let mut cursor: Option<String> = None;
+    for page in 0.. {
+        assert!(page < 100, "list never reached its last page");
+        let listed = match backend.list(&prefix, cursor.as_deref(), 2).await {
+            Ok(listed) => listed,
+            Err(Error::Unsupported { .. }) => {
+                eprintln!("list_pages_through_held_locks: not applicable: the backend cannot list");
+                return;
+            }
+            Err(e) => panic!("list failed: {e}"),
+        };
+        for lock in listed.locks {
+            seen.insert(lock.name, lock.info);
+        }
+        match listed.next {
+            Some(next) => cursor = Some(next),
+            None => break,
+        }
+    }
+    let names: Vec<&String> = seen.keys().collect();
+    let expected: Vec<&String> = held.keys().collect();
+    assert_eq!(
+        names, expected,
+        "list shows exactly the held names under the prefix"
+    );
+    for (name, info) in &seen {
+        let lease = &held[name];
+        assert_eq!(info.owner, lease.owner(), "{name:?} lists another holder");
+        if backend.capabilities().fencing {
+            assert_eq!(info.fencing_token, lease.fencing_token(), "{name:?}");
+        }
+    }
+    for lease in held.values() {
+        backend.release(lease).await.expect("release");
+    }
+    backend.release(&outside).await.expect("release");
+}
+
+/// `force_release` frees a held name whoever holds it, and reports the
+/// holder; the next grant's fencing token is greater, and the old holder's
+/// lease is "not held". A free name gives `None`; a delayed release's hold
+/// ends too.
+pub async fn force_release_frees_the_name_for_the_next_holder(backend: &Arc<dyn Backend>) {
+    let case = "force_release_frees_the_name_for_the_next_holder";
+    let name = unique_name(case);
+    let held = must_acquire(backend.as_ref(), &name, &long()).await;
+    let removed = backend
+        .force_release(&name)
+        .await
+        .expect("force_release")
+        .unwrap_or_else(|| panic!("force_release of a held name reported it free"));
+    assert_eq!(
+        removed.owner,
+        held.owner(),
+        "force_release reported another holder"
+    );
+    let next = must_acquire(backend.as_ref(), &name, &long()).await;
+    if backend.capabilities().fencing {
+        assert!(next.fencing_token() > held.fencing_token());
+    }
+    assert_not_held(
+        backend.release(&held).await,
+        "release by the removed holder",
+    );
+    backend
+        .release(&next)
+        .await
+        .expect("the new holder's release");
+    assert!(
+        backend
+            .force_release(&name)
+            .await
+            .expect("force_release")
+            .is_none(),
+        "force_release of a free name reported a holder"
+    );
+    if backend.capabilities().delayed_release {
+        let last = must_acquire(backend.as_ref(), &name, &long()).await;
+        backend
+            .release_after(&last, Duration::from_secs(60))
+            .await
+            .expect("release_after");
+        assert!(
+            backend
+                .force_release(&name)
+                .await
+                .expect("force_release")
+                .is_some(),
+            "force_release did not see the hold of a delayed release"
+        );
+        let after = must_acquire(backend.as_ref(), &name, &long()).await;
+        backend.release(&after).await.expect("release");
+    }
+}

@@ -1,0 +1,113 @@
+//! Expiry: a TTL lease that is not extended frees the lock on the server,
+//! and so does a holder that goes away; extending keeps the lock. After
+//! expiry the old lease is "not held".
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use dlock_core::{Backend, LockOptions};
+use tokio::time::{Instant, sleep};
+
+use super::{SHORT_TTL, assert_held, assert_not_held, needs_ttl, short};
+use crate::support::{long, must_acquire, unique_name};
+
+/// A TTL lease that is not extended expires on the server, and another
+/// client can take the lock over.
+pub async fn expiry_then_takeover(backend: &Arc<dyn Backend>) {
+    if !needs_ttl(backend.as_ref(), "expiry_then_takeover") {
+        return;
+    }
+    let name = unique_name("expiry_then_takeover");
+    let first = must_acquire(backend.as_ref(), &name, &short()).await;
+    let deadline = first.valid_until().expect("TTL leases have a deadline");
+    assert!(
+        deadline <= Instant::now() + SHORT_TTL,
+        "validity is counted from before the request"
+    );
+    sleep(SHORT_TTL + Duration::from_millis(200)).await;
+    assert!(!first.is_valid(), "the lease is invalid after its TTL");
+    let second = must_acquire(backend.as_ref(), &name, &long()).await;
+    if backend.capabilities().fencing {
+        assert!(
+            second.fencing_token() > first.fencing_token(),
+            "takeover must carry a greater fencing token ({} then {})",
+            first.fencing_token(),
+            second.fencing_token()
+        );
+    }
+    backend.release(&second).await.expect("release");
+}
+
+/// After expiry and takeover, the first holder's release and extend are
+/// "not held" and the new holder keeps the lock.
+pub async fn release_after_expiry_is_not_held(backend: &Arc<dyn Backend>) {
+    if !needs_ttl(backend.as_ref(), "release_after_expiry_is_not_held") {
+        return;
+    }
+    let name = unique_name("release_after_expiry_is_not_held");
+    let mut first = must_acquire(backend.as_ref(), &name, &short()).await;
+    sleep(SHORT_TTL + Duration::from_millis(200)).await;
+    // Not taken over yet: the expired lease still must not come back to life.
+    assert_not_held(backend.extend(&mut first).await, "extend after expiry");
+    let second = must_acquire(backend.as_ref(), &name, &long()).await;
+    assert_not_held(backend.release(&first).await, "release after takeover");
+    assert_not_held(backend.extend(&mut first).await, "extend after takeover");
+    assert_held(
+        backend.as_ref(),
+        &name,
+        "the expired holder freed the new holder's lock",
+    )
+    .await;
+    backend
+        .release(&second)
+        .await
+        .expect("the new holder releases");
+}
+
+/// Extending a lease keeps the lock past its original TTL and moves its
+/// validity deadline. For session leases extend is a no-op that succeeds.
+pub async fn extend_keeps_the_lock(backend: &Arc<dyn Backend>) {
+    let name = unique_name("extend_keeps_the_lock");
+    let mut lease = must_acquire(backend.as_ref(), &name, &short()).await;
+    for _ in 0..4 {
+        sleep(SHORT_TTL / 3).await;
+        let before = lease.valid_until();
+        backend.extend(&mut lease).await.expect("extend while held");
+        if let (Some(before), Some(after)) = (before, lease.valid_until()) {
+            assert!(after > before, "extend moves the validity deadline");
+        }
+    }
+    // 4/3 of the TTL has passed since the grant.
+    assert!(lease.is_valid(), "the extended lease is valid");
+    assert_held(backend.as_ref(), &name, "an extended lock expired").await;
+    backend.release(&lease).await.expect("release");
+}
+
+/// A holder that goes away without releasing (its client dropped, its
+/// connections closed) frees the lock within its TTL plus a second, or with
+/// its session.
+pub async fn crashed_holder_frees_the_lock<F, Fut>(factory: F)
+where
+    F: Fn() -> Fut,
+    Fut: Future<Output = Arc<dyn Backend>>,
+{
+    let ttl = Duration::from_secs(1);
+    let name = unique_name("crashed_holder_frees_the_lock");
+    let holder = factory().await;
+    let lease = must_acquire(holder.as_ref(), &name, &LockOptions::new().ttl(ttl)).await;
+    drop(lease);
+    drop(holder);
+    let other = factory().await;
+    let started = Instant::now();
+    let lease = other
+        .acquire(&name, &long().wait(ttl + Duration::from_secs(1)))
+        .await
+        .unwrap_or_else(|e| {
+            panic!(
+                "the crashed holder's lock was not free after {:?}: {e}",
+                started.elapsed()
+            )
+        });
+    other.release(&lease).await.expect("release");
+}

@@ -1,0 +1,86 @@
+//! Guards: a guard renews its lease in the background, says through
+//! `lost()` when the lease can no longer be trusted, and releases when
+//! dropped; `with_lock` runs its closure under the lock.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use dlock_core::{Backend, Guard, Locker};
+use tokio::time::{Instant, sleep};
+
+use super::{SHORT_TTL, assert_held, needs_ttl, short};
+use crate::support::{long, must_lock, unique_name};
+
+/// A guard renews its lease in the background, so it outlives its TTL.
+pub async fn guard_renews_past_ttl(backend: &Arc<dyn Backend>) {
+    if !needs_ttl(backend.as_ref(), "guard_renews_past_ttl") {
+        return;
+    }
+    let name = unique_name("guard_renews_past_ttl");
+    let locker = Locker::from_arc(backend.clone());
+    let guard = must_lock(&locker, &name, &short()).await;
+    sleep(SHORT_TTL * 3).await;
+    assert!(guard.is_valid(), "the renewed guard is valid after 3 TTLs");
+    assert_held(backend.as_ref(), &name, "a renewed guard's lock expired").await;
+    guard.release().await.expect("release");
+}
+
+/// Without renewal a guard's `lost()` resolves when its lease runs out.
+pub async fn guard_lost_fires_at_expiry(backend: &Arc<dyn Backend>) {
+    if !needs_ttl(backend.as_ref(), "guard_lost_fires_at_expiry") {
+        return;
+    }
+    let name = unique_name("guard_lost_fires_at_expiry");
+    let locker = Locker::from_arc(backend.clone());
+    let guard = must_lock(&locker, &name, &short().renew(false)).await;
+    let started = Instant::now();
+    tokio::time::timeout(SHORT_TTL * 3, guard.lost())
+        .await
+        .expect("lost() resolves when the lease runs out");
+    assert!(
+        started.elapsed() < SHORT_TTL,
+        "lost() must fire before the server's TTL ends"
+    );
+    assert!(!guard.is_valid(), "a lost guard is invalid");
+    drop(guard);
+}
+
+/// Dropping a guard releases the lock in the background, long before its TTL.
+pub async fn guard_drop_releases(backend: &Arc<dyn Backend>) {
+    let name = unique_name("guard_drop_releases");
+    let locker = Locker::from_arc(backend.clone());
+    let guard: Guard = must_lock(&locker, &name, &long()).await;
+    drop(guard);
+    let started = Instant::now();
+    loop {
+        if backend.inspect(&name).await.expect("inspect").is_none() {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "the dropped guard's lock is still held"
+        );
+        sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// `with_lock` runs the closure while holding the lock and releases after.
+pub async fn with_lock_runs_under_the_lock(backend: &Arc<dyn Backend>) {
+    let name = unique_name("with_lock_runs_under_the_lock");
+    let locker = Locker::from_arc(backend.clone());
+    let value = locker
+        .with_lock(&name, &long(), async |guard| {
+            assert!(guard.is_valid());
+            backend.try_acquire(&name, &long()).await
+        })
+        .await
+        .expect("with_lock");
+    assert!(
+        matches!(value, Ok(None)),
+        "the lock must be held inside with_lock, got {value:?}"
+    );
+    assert!(
+        backend.inspect(&name).await.expect("inspect").is_none(),
+        "with_lock releases when the closure ends"
+    );
+}

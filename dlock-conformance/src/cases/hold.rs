@@ -1,0 +1,132 @@
+//! Delayed release: `release_after` keeps the name locked until the hold
+//! ends, even past the client that asked, acts only on its own lease, and
+//! spends that lease.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use dlock_core::{Backend, Lease};
+use tokio::time::{Instant, sleep};
+
+use super::{assert_held, assert_not_held, foreign_lease, needs_delayed_release};
+use crate::support::{long, must_acquire, unique_name};
+
+/// The hold the delayed-release cases ask for.
+const HOLD: Duration = Duration::from_secs(1);
+
+/// How much earlier than the hold a grant may come: the hold starts when
+/// the server handles `release_after`, before its reply is in.
+const HOLD_SLACK: Duration = Duration::from_millis(100);
+
+/// Acquires `name` and gives it up with a `release_after` of [`HOLD`]: the
+/// lease, and when the hold began.
+async fn acquire_then_hold(backend: &dyn Backend, name: &str) -> (Lease, Instant) {
+    let first = must_acquire(backend, name, &long()).await;
+    backend
+        .release_after(&first, HOLD)
+        .await
+        .expect("release_after");
+    (first, Instant::now())
+}
+
+/// After `release_after`, a waiter acquires the name once the hold has
+/// passed, not before, and not much later.
+async fn wait_out_the_hold(backend: &dyn Backend, name: &str, since: Instant, first: &Lease) {
+    let lease = backend
+        .acquire(name, &long().wait(HOLD * 5))
+        .await
+        .unwrap_or_else(|e| {
+            panic!(
+                "the name was not free {:?} after a {HOLD:?} hold: {e}",
+                since.elapsed()
+            )
+        });
+    let waited = since.elapsed();
+    assert!(
+        waited + HOLD_SLACK >= HOLD,
+        "granted {waited:?} after release_after with a {HOLD:?} hold"
+    );
+    if backend.capabilities().fencing {
+        assert!(
+            lease.fencing_token() > first.fencing_token(),
+            "the grant after a hold has fencing token {} after {}",
+            lease.fencing_token(),
+            first.fencing_token()
+        );
+    }
+    backend.release(&lease).await.expect("release");
+}
+
+/// `release_after` keeps the name locked for the hold asked, then frees
+/// it with no further call: a waiter gets it when the hold ends.
+pub async fn release_after_holds_the_name_until_then(backend: &Arc<dyn Backend>) {
+    let case = "release_after_holds_the_name_until_then";
+    if !needs_delayed_release(backend.as_ref(), case) {
+        return;
+    }
+    let name = unique_name(case);
+    let (first, since) = acquire_then_hold(backend.as_ref(), &name).await;
+    // The released lease is spent: it cannot end or stretch the hold (a
+    // renewal still in flight would otherwise do just that).
+    assert_not_held(
+        backend.extend(&mut first.clone()).await,
+        "extend of a lease given up by release_after",
+    );
+    assert_not_held(
+        backend.release(&first).await,
+        "release of a lease given up by release_after",
+    );
+    assert_held(backend.as_ref(), &name, "within the hold of release_after").await;
+    wait_out_the_hold(backend.as_ref(), &name, since, &first).await;
+}
+
+/// `release_after` of a lease that is not the holder's is "not held" and
+/// leaves the holder's lock as it was: no hold is left behind.
+pub async fn release_after_acts_only_on_its_own_lease(backend: &Arc<dyn Backend>) {
+    let case = "release_after_acts_only_on_its_own_lease";
+    if !needs_delayed_release(backend.as_ref(), case) {
+        return;
+    }
+    let name = unique_name(case);
+    let holder = must_acquire(backend.as_ref(), &name, &long()).await;
+    assert_not_held(
+        backend
+            .release_after(&foreign_lease(&name, &long()), Duration::from_secs(30))
+            .await,
+        "release_after of a lease never granted",
+    );
+    backend
+        .release(&holder)
+        .await
+        .expect("the holder's release after a foreign release_after");
+    let next = must_acquire(backend.as_ref(), &name, &long()).await;
+    backend.release(&next).await.expect("release");
+}
+
+/// The hold of `release_after` outlives the client that made it: a
+/// process that exits right after a run still keeps the name locked.
+pub async fn release_after_outlives_its_client<F, Fut>(factory: F)
+where
+    F: Fn() -> Fut,
+    Fut: Future<Output = Arc<dyn Backend>>,
+{
+    let case = "release_after_outlives_its_client";
+    let holder = factory().await;
+    if !needs_delayed_release(holder.as_ref(), case) {
+        return;
+    }
+    let name = unique_name(case);
+    let (first, since) = acquire_then_hold(holder.as_ref(), &name).await;
+    drop(holder);
+    let other = factory().await;
+    // Long enough for a closed session's nodes to be gone.
+    sleep(HOLD / 2).await;
+    assert_held(
+        other.as_ref(),
+        &name,
+        "within the hold, after the client that made it went away",
+    )
+    .await;
+    wait_out_the_hold(other.as_ref(), &name, since, &first).await;
+}

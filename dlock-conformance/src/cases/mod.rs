@@ -1,0 +1,100 @@
+//! The cases of the suite: one public async fn per rule of the contract,
+//! in one file per part of it.
+//!
+//! | file | the rule |
+//! |---|---|
+//! | `ownership.rs` | release and extend act only on the caller's own lease |
+//! | `expiry.rs` | a lease that is not extended, or whose holder is gone, frees the lock; extending keeps it |
+//! | `fencing.rs` | tokens strictly increase; no two clients ever hold one name at once |
+//! | `waiting.rs` | waits are bounded, woken by a release, and leave nothing behind when dropped |
+//! | `names.rs` | every legal name is its own lock; illegal names and options are refused |
+//! | `guard.rs` | guards renew, say when they are lost, and release when dropped |
+//! | `batch.rs` | `extend_many` judges each lease on its own |
+//! | `hold.rs` | `release_after` holds the name until then, and only its own |
+//! | `admin.rs` | `list` and `force_release` see and free what is held |
+//!
+//! Each case takes a backend, uses fresh random lock names, panics with a
+//! message naming the broken rule when the backend breaks it, and skips
+//! itself, saying so, when the backend lacks the capability the rule needs.
+//! The list of cases grows with releases; it is not a semver promise.
+
+use std::time::Duration;
+
+use dlock_core::{Backend, Error, Lease, LeaseKind, LockOptions, OwnerToken};
+use tokio::time::Instant;
+
+use crate::support::long;
+
+mod admin;
+mod batch;
+mod expiry;
+mod fencing;
+mod guard;
+mod hold;
+mod names;
+mod ownership;
+mod waiting;
+
+pub use admin::*;
+pub use batch::*;
+pub use expiry::*;
+pub use fencing::*;
+pub use guard::*;
+pub use hold::*;
+pub use names::*;
+pub use ownership::*;
+pub use waiting::*;
+
+/// A short TTL, for cases that let leases expire.
+const SHORT_TTL: Duration = Duration::from_millis(400);
+
+fn short() -> LockOptions {
+    LockOptions::new().ttl(SHORT_TTL)
+}
+
+/// Whether the backend `has` what `case` needs. A case that cannot apply
+/// says why on stderr and passes: an unsupported feature is a declared
+/// fact, not a silent pass.
+pub(crate) fn needs(case: &str, has: bool, why_not: &str) -> bool {
+    if !has {
+        eprintln!("{case}: not applicable: {why_not}");
+    }
+    has
+}
+
+pub(crate) fn needs_ttl(backend: &dyn Backend, case: &str) -> bool {
+    let ttl = backend.capabilities().lease == LeaseKind::Ttl;
+    needs(case, ttl, "the backend has session leases, not TTLs")
+}
+
+fn needs_fencing(backend: &dyn Backend, case: &str) -> bool {
+    let fencing = backend.capabilities().fencing;
+    needs(case, fencing, "the backend has no fencing tokens")
+}
+
+fn needs_delayed_release(backend: &dyn Backend, case: &str) -> bool {
+    let delayed = backend.capabilities().delayed_release;
+    needs(case, delayed, "the backend has no delayed release")
+}
+
+async fn assert_held(backend: &dyn Backend, name: &str, why: &str) {
+    match backend.try_acquire(name, &long()).await {
+        Ok(None) => {}
+        Ok(Some(_)) => panic!("{name:?} was granted twice: {why}"),
+        Err(e) => panic!("try_acquire({name:?}) failed: {e}"),
+    }
+}
+
+fn assert_not_held<T: std::fmt::Debug>(result: dlock_core::Result<T>, what: &str) {
+    match result {
+        Err(Error::NotHeld { .. }) => {}
+        other => panic!("{what}: expected Error::NotHeld, got {other:?}"),
+    }
+}
+
+/// A lease for `name` that the server never granted: what a client that
+/// guessed or forged a lease holds.
+fn foreign_lease(name: &str, opts: &LockOptions) -> Lease {
+    let owner = OwnerToken::random().expect("the OS has randomness");
+    Lease::with_ttl(name, owner, 1, opts, Instant::now())
+}

@@ -1,0 +1,112 @@
+//! A holder cut off from its server loses the lock before anyone else is
+//! granted it, and the stale holder's fencing token is refused after.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use dlock_core::{LockOptions, Locker};
+use tokio::time::{Instant, sleep, timeout};
+
+use super::{FaultyFactory, bounded};
+use crate::Factory;
+use crate::checker::Checker;
+use crate::proxy::Fault;
+use crate::support::{must_lock, unique_name};
+
+/// The holder is cut off from its server (or its link hangs) while it
+/// holds the lock. Its guard's `lost()` must fire before any other client
+/// is granted the lock, another client must then get the lock, and the
+/// stale holder's fencing token must be refused by the protected resource.
+pub async fn cut_holder_loses_the_lock_before_takeover(faulty: FaultyFactory, client: Factory) {
+    holder_loses_the_lock_before_takeover(
+        "cut_holder_loses_the_lock_before_takeover",
+        faulty,
+        client,
+        Fault::Cut,
+    )
+    .await;
+}
+
+/// As [`cut_holder_loses_the_lock_before_takeover`], with the holder's link
+/// hanging instead of closed: no error comes back, requests just never end.
+pub async fn stalled_holder_loses_the_lock_before_takeover(faulty: FaultyFactory, client: Factory) {
+    holder_loses_the_lock_before_takeover(
+        "stalled_holder_loses_the_lock_before_takeover",
+        faulty,
+        client,
+        Fault::Stall,
+    )
+    .await;
+}
+
+async fn holder_loses_the_lock_before_takeover(
+    case: &str,
+    faulty: FaultyFactory,
+    client: Factory,
+    fault: Fault,
+) {
+    bounded(case, async move {
+        let f = faulty().await;
+        let holder = Locker::from_arc(f.backend.clone());
+        let other = client().await;
+        let fenced = other.capabilities().fencing;
+
+        let name = unique_name("cut_off_holder");
+        let ttl = Duration::from_secs(1);
+        let opts = LockOptions::new().ttl(ttl);
+        let checker = Arc::new(Checker::new());
+        let guard = Arc::new(must_lock(&holder, &name, &opts).await);
+        let token = guard.fencing_token();
+        checker.enter(0, fenced.then_some(token));
+        // The holder works until its guard says the lease is lost.
+        let watcher = {
+            let guard = guard.clone();
+            let checker = checker.clone();
+            tokio::spawn(async move {
+                guard.lost().await;
+                checker.leave(0);
+                Instant::now()
+            })
+        };
+
+        // Let a renewal or two go through before the fault.
+        sleep(ttl / 2).await;
+        assert!(guard.is_valid(), "the guard is valid before the fault");
+        let faulted = Instant::now();
+        f.link.set(fault);
+
+        let lease = other
+            .acquire(&name, &opts.clone().wait(Duration::from_secs(30)))
+            .await
+            .expect("another client gets the lock after the holder is cut off");
+        let granted = Instant::now();
+        checker.enter(1, fenced.then(|| lease.fencing_token()));
+        checker.leave(1);
+
+        let lost_at = timeout(Duration::from_secs(1), watcher)
+            .await
+            .expect("lost() fired before the takeover")
+            .expect("watcher task");
+        assert!(
+            lost_at <= granted,
+            "the holder was told at {:?}, after the takeover at {:?} (fault at 0)",
+            lost_at - faulted,
+            granted - faulted
+        );
+        assert!(!guard.is_valid(), "a lost guard is invalid");
+        if fenced {
+            assert!(
+                lease.fencing_token() > token,
+                "the takeover carries a greater token"
+            );
+            assert!(
+                !checker.would_accept(token),
+                "the protected resource must refuse the stale holder's token"
+            );
+        }
+        checker.assert_safe();
+        other.release(&lease).await.expect("release");
+        f.link.set(Fault::Pass);
+    })
+    .await;
+}

@@ -1,0 +1,344 @@
+//! The simulated driver: a client of the [`Server`], each request and reply
+//! crossing a link the fault cases can delay, stall or cut, with at most
+//! one [`Bug`].
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use dlock_conformance::Factory;
+use dlock_conformance::faults::{FaultyClient, FaultyFactory};
+use dlock_conformance::proxy::{Fault, Link};
+use dlock_core::wait::{Attempt, Backoff, Deadline, on_arrival, wait_for_lock};
+use dlock_core::{
+    Backend, Capabilities, Error, Lease, LeaseKind, LockInfo, LockOptions, LockPage, OwnerToken,
+    Result, async_trait, validate_name,
+};
+use tokio::sync::watch;
+use tokio::time::{Instant, sleep, timeout};
+
+use crate::Bug;
+use crate::server::Server;
+
+/// A client's link to the server: each request and each reply crosses it.
+#[derive(Debug)]
+struct SimLink {
+    fault: watch::Sender<Fault>,
+}
+
+impl SimLink {
+    fn new() -> Arc<Self> {
+        Arc::new(SimLink {
+            fault: watch::channel(Fault::Pass).0,
+        })
+    }
+
+    /// One crossing, in one direction.
+    async fn cross(&self) -> Result<()> {
+        let mut fault = self.fault.subscribe();
+        loop {
+            let now = *fault.borrow_and_update();
+            match now {
+                Fault::Pass => return Ok(()),
+                Fault::Delay(d) => {
+                    sleep(d).await;
+                    return Ok(());
+                }
+                Fault::Cut => {
+                    return Err(Error::connection(
+                        "sim",
+                        "link cut",
+                        std::io::Error::from(std::io::ErrorKind::ConnectionReset),
+                    ));
+                }
+                Fault::Stall => {
+                    let _ = fault.changed().await;
+                }
+            }
+        }
+    }
+}
+
+impl Link for SimLink {
+    fn set(&self, fault: Fault) {
+        self.fault.send_replace(fault);
+    }
+}
+
+const REQUEST_TIMEOUT: Duration = dlock_conformance::faults::REQUEST_TIMEOUT;
+
+/// The driver under test.
+#[derive(Debug, Clone)]
+struct Sim {
+    server: Arc<Server>,
+    link: Arc<SimLink>,
+    bug: Option<Bug>,
+    /// Shared by this client's clones: gone when the client is.
+    alive: Arc<()>,
+}
+
+impl Sim {
+    fn has(&self, bug: Bug) -> bool {
+        self.bug == Some(bug)
+    }
+
+    /// One round trip: the request crosses the link, the server runs `op`,
+    /// the reply crosses back; bounded by the request timeout.
+    async fn call<T>(&self, op: impl FnOnce(&Server) -> T) -> Result<T> {
+        let trip = async {
+            self.link.cross().await?;
+            let out = op(&self.server);
+            self.link.cross().await?;
+            Ok(out)
+        };
+        if self.has(Bug::IgnoresWaitBound) {
+            return trip.await;
+        }
+        timeout(REQUEST_TIMEOUT, trip).await.unwrap_or_else(|_| {
+            Err(Error::connection(
+                "sim",
+                "request timed out",
+                std::io::Error::from(std::io::ErrorKind::TimedOut),
+            ))
+        })
+    }
+
+    async fn attempt(&self, name: &str, opts: &LockOptions) -> Result<Attempt> {
+        let owner = OwnerToken::random()?;
+        let sent = Instant::now();
+        let ttl = opts.ttl_value();
+        let mut cleanup = Cleanup {
+            sim: (!self.has(Bug::NoCleanup)).then(|| self.clone()),
+            name: name.to_owned(),
+            owner,
+        };
+        let granted = if self.has(Bug::RacyCheckThenSet) {
+            match self.call(|s| s.check(name)).await? {
+                Some(left) => Err(left),
+                None => Ok(self.call(|s| s.set(name, owner, ttl)).await?),
+            }
+        } else {
+            self.call(|s| s.acquire(name, owner, ttl)).await?
+        };
+        cleanup.sim = None;
+        let version = match granted {
+            Ok(version) => version,
+            Err(left) => {
+                return Ok(Attempt::Held {
+                    expires_in: Some(left),
+                });
+            }
+        };
+        let counted_from = match self.bug {
+            Some(Bug::ValidityFromReply) => Instant::now(),
+            Some(Bug::SkewedClock) => sent + ttl,
+            _ => sent,
+        };
+        let token = if self.has(Bug::ResettingFence) {
+            1
+        } else {
+            version
+        };
+        let lease = Lease::with_ttl(name, owner, token, opts, counted_from);
+        if self.has(Bug::ExpiredOnArrival) {
+            return Ok(Attempt::Acquired(lease));
+        }
+        Ok(on_arrival(self, lease))
+    }
+}
+
+/// Undoes an acquire whose outcome is unknown.
+struct Cleanup {
+    sim: Option<Sim>,
+    name: String,
+    owner: OwnerToken,
+}
+
+impl Drop for Cleanup {
+    fn drop(&mut self) {
+        if let Some(sim) = self.sim.take() {
+            let (name, owner) = (std::mem::take(&mut self.name), self.owner);
+            tokio::spawn(async move { sim.call(|s| s.release(&name, Some(owner))).await });
+        }
+    }
+}
+
+#[async_trait]
+impl Backend for Sim {
+    fn capabilities(&self) -> Capabilities {
+        let mut caps = Capabilities::new(LeaseKind::Ttl);
+        caps.fencing = !self.has(Bug::RacyCheckThenSet);
+        caps.notify = true;
+        caps.distributed = true;
+        caps.cleanup = true;
+        caps.delayed_release = true;
+        caps.batch_extend = true;
+        caps
+    }
+
+    async fn try_acquire(&self, name: &str, opts: &LockOptions) -> Result<Option<Lease>> {
+        validate_name(name)?;
+        opts.validate()?;
+        Ok(self.attempt(name, opts).await?.into_lease())
+    }
+
+    async fn acquire(&self, name: &str, opts: &LockOptions) -> Result<Lease> {
+        validate_name(name)?;
+        opts.validate()?;
+        let deadline = Deadline::after(opts.wait_value());
+        let (wakeups, backoff) = if self.has(Bug::NoWakeup) {
+            // No poll of its own either: `wait_for_lock` cuts each sleep
+            // at the holder's expiry and at the wait bound, so a release
+            // mid-lease goes unseen until one of those, however the
+            // scheduler runs. A jittered slow poll would land soon after a
+            // release in some runs and let the bug pass.
+            (None, Backoff::new(Duration::MAX, Duration::MAX))
+        } else {
+            let backoff = Backoff::new(Duration::from_millis(20), Duration::from_millis(200));
+            (Some(&self.server.wakeups), backoff)
+        };
+        let wait = wait_for_lock(name, deadline, wakeups, backoff, || {
+            self.attempt(name, opts)
+        });
+        if self.has(Bug::IgnoresWaitBound) {
+            return wait.await;
+        }
+        deadline.bound(name, REQUEST_TIMEOUT, wait).await
+    }
+
+    async fn release(&self, lease: &Lease) -> Result<()> {
+        let owner = (!self.has(Bug::ReleaseWithoutOwnerCheck)).then_some(lease.owner());
+        let name = lease.name();
+        if self.call(|s| s.release(name, owner)).await? || owner.is_none() {
+            Ok(())
+        } else {
+            Err(Error::NotHeld {
+                name: name.to_owned(),
+            })
+        }
+    }
+
+    async fn release_after(&self, lease: &Lease, hold: Duration) -> Result<()> {
+        if self.has(Bug::ReleaseAfterFreesAtOnce) {
+            return self.release(lease).await;
+        }
+        let hold = if self.has(Bug::ReleaseAfterKeepsTheLeaseTtl) {
+            lease.ttl().unwrap_or_default()
+        } else {
+            hold
+        };
+        let owner = (!self.has(Bug::ReleaseAfterWithoutOwnerCheck)).then_some(lease.owner());
+        let new_owner = (!self.has(Bug::ReleaseAfterKeepsOwner)).then(|| lease.owner().for_hold());
+        let name = lease.name().to_owned();
+        if !self.call(|s| s.hold(&name, owner, new_owner, hold)).await? && owner.is_some() {
+            return Err(Error::NotHeld { name });
+        }
+        if self.has(Bug::HoldEndsWithClient) {
+            let (server, alive, owner) = (
+                self.server.clone(),
+                Arc::downgrade(&self.alive),
+                lease.owner().for_hold(),
+            );
+            tokio::spawn(async move {
+                let end = Instant::now() + hold;
+                while Instant::now() < end {
+                    if alive.strong_count() == 0 {
+                        server.release(&name, Some(owner));
+                        return;
+                    }
+                    sleep(Duration::from_millis(10)).await;
+                }
+            });
+        }
+        Ok(())
+    }
+
+    async fn extend(&self, lease: &mut Lease) -> Result<()> {
+        let sent = Instant::now();
+        if !self.has(Bug::ExtendDoesNothing) {
+            let (name, owner) = (lease.name(), lease.owner());
+            let ttl = lease.ttl().unwrap_or_default();
+            if !self.call(|s| s.extend(name, owner, ttl)).await? {
+                return Err(Error::NotHeld {
+                    name: name.to_owned(),
+                });
+            }
+        }
+        lease.extended(sent);
+        Ok(())
+    }
+
+    async fn extend_many(&self, leases: &mut [Lease]) -> Result<Vec<bool>> {
+        let sent = Instant::now();
+        let batch: Vec<_> = leases
+            .iter()
+            .map(|l| (l.name().to_owned(), l.owner(), l.ttl().unwrap_or_default()))
+            .collect();
+        let by_name = self.has(Bug::BatchOwnerByName);
+        let mut held = if self.has(Bug::ExtendDoesNothing) {
+            vec![true; batch.len()]
+        } else {
+            let unchecked = self.has(Bug::BatchExtendsWithoutOwnerCheck);
+            self.call(|s| s.extend_many(&batch, by_name, unchecked))
+                .await?
+        };
+        if self.has(Bug::BatchFailsAsAWhole) && held.contains(&false) {
+            held = vec![false; held.len()];
+        }
+        for (lease, &held) in leases.iter_mut().zip(&held) {
+            if held {
+                lease.extended(sent);
+            }
+        }
+        Ok(held)
+    }
+
+    async fn inspect(&self, name: &str) -> Result<Option<LockInfo>> {
+        validate_name(name)?;
+        self.call(|s| s.inspect(name)).await
+    }
+
+    async fn force_release(&self, name: &str) -> Result<Option<LockInfo>> {
+        if self.has(Bug::ForceReleaseOnlyReports) {
+            return self.inspect(name).await;
+        }
+        let owner = self.inspect(name).await?;
+        if let Some(info) = &owner {
+            self.call(|s| s.release(name, Some(info.owner))).await?;
+        }
+        Ok(owner)
+    }
+
+    async fn list(&self, prefix: &str, cursor: Option<&str>, limit: usize) -> Result<LockPage> {
+        let all = self.has(Bug::ListShowsFreeLocks);
+        let mut locks = self.call(|s| s.list(prefix, cursor, all)).await?;
+        let limit = limit.max(1);
+        let next = (locks.len() > limit).then(|| locks[limit - 1].name.clone());
+        locks.truncate(limit);
+        Ok(LockPage::new(locks, next))
+    }
+}
+
+/// The two factories of a run against one server: faulty clients (each
+/// with a link of its own) for the link cases, healthy ones for the rest;
+/// every client has `bug`.
+pub(crate) fn factories(bug: Option<Bug>) -> (FaultyFactory, Factory) {
+    let server = Arc::new(Server::new(bug == Some(Bug::TryIgnoresExpiry)));
+    let client = move || Sim {
+        server: server.clone(),
+        link: SimLink::new(),
+        bug,
+        alive: Arc::new(()),
+    };
+    let healthy = client.clone();
+    let factory: Factory = Arc::new(move || {
+        let backend: Arc<dyn Backend> = Arc::new(healthy());
+        Box::pin(async move { backend })
+    });
+    let faulty: FaultyFactory = Arc::new(move || {
+        let sim = client();
+        let link: Arc<dyn Link> = sim.link.clone();
+        let backend: Arc<dyn Backend> = Arc::new(sim);
+        Box::pin(async move { FaultyClient { backend, link } })
+    });
+    (faulty, factory)
+}
