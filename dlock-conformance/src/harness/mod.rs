@@ -1,0 +1,290 @@
+//! Real servers for tests: Redis, MariaDB and ZooKeeper started with
+//! testcontainers from the project's test image, or servers the user already
+//! runs, named by environment variables.
+//!
+//! | variable | meaning |
+//! |---|---|
+//! | `DLOCK_REDIS_URL` | use this Redis (`redis://127.0.0.1:6379`) instead of a container |
+//! | `DLOCK_MYSQL_URL` | use this MySQL/MariaDB (`mysql://user:pw@127.0.0.1:3306/db`) |
+//! | `DLOCK_ZK_CONNECT` | use this ZooKeeper (`127.0.0.1:2181`) |
+//! | `DLOCK_TEST_IMAGE` | start containers from this image instead of building `testbed/` |
+//!
+//! Containers publish their port on 127.0.0.1 only, carry the label
+//! `dlock.harness`, and are removed when the test process exits.
+//!
+//! | file | what |
+//! |---|---|
+//! | `mod.rs` | the services, and starting their servers |
+//! | `image.rs` | the test image the containers start from |
+//! | `ready.rs` | waiting until a server answers its own protocol |
+//! | `certs.rs` | certificates for TLS tests |
+//! | `cleanup.rs` | removing containers and networks at exit |
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::net::TcpListener;
+use std::sync::LazyLock;
+
+use testcontainers::bollard::models::PortBinding;
+use testcontainers::core::{ContainerPort, IntoContainerPort, WaitFor};
+use testcontainers::runners::AsyncRunner;
+use testcontainers::{ContainerAsync, GenericImage, ImageExt};
+use tokio::runtime::Runtime;
+use tokio::sync::OnceCell;
+
+mod certs;
+mod cleanup;
+mod image;
+mod ready;
+
+pub use certs::TestCertificates;
+pub(crate) use cleanup::{register_for_cleanup, register_network_for_cleanup};
+pub use image::image_build_time;
+pub(crate) use image::test_image;
+pub(crate) use ready::four_letter_word;
+pub use ready::wait_ready;
+
+/// The password of the `dlock` user in the test MariaDB.
+pub const MYSQL_PASSWORD: &str = "dlock";
+
+/// The servers the harness can start.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Service {
+    /// redis-server, no persistence.
+    Redis,
+    /// mariadbd with database `dlock` and user `dlock`.
+    MariaDb,
+    /// A standalone ZooKeeper.
+    ZooKeeper,
+}
+
+impl Service {
+    fn port(self) -> u16 {
+        match self {
+            Service::Redis => 6379,
+            Service::MariaDb => 3306,
+            Service::ZooKeeper => 2181,
+        }
+    }
+
+    fn command(self) -> &'static str {
+        match self {
+            Service::Redis => "dlock-redis",
+            Service::MariaDb => "dlock-mariadb",
+            Service::ZooKeeper => "dlock-zookeeper",
+        }
+    }
+
+    fn env_override(self) -> &'static str {
+        match self {
+            Service::Redis => "DLOCK_REDIS_URL",
+            Service::MariaDb => "DLOCK_MYSQL_URL",
+            Service::ZooKeeper => "DLOCK_ZK_CONNECT",
+        }
+    }
+
+    fn url(self, port: u16) -> String {
+        match self {
+            Service::Redis => format!("redis://127.0.0.1:{port}"),
+            Service::MariaDb => format!("mysql://dlock:{MYSQL_PASSWORD}@127.0.0.1:{port}/dlock"),
+            Service::ZooKeeper => format!("127.0.0.1:{port}"),
+        }
+    }
+}
+
+/// How to start a server of one's own.
+#[derive(Debug, Clone, Default)]
+pub struct ServerOptions {
+    /// Keep the same host port across stop/start (for restart tests);
+    /// otherwise Docker picks one and a restart may change it.
+    pub fixed_port: bool,
+    /// Extra arguments to the server's start script.
+    pub args: Vec<String>,
+    /// Files to place in the container before it starts: (path, contents).
+    pub files: Vec<(String, Vec<u8>)>,
+    /// Do not wait for the server's plain-protocol readiness probe (for a
+    /// server that speaks only TLS, say): the caller waits in its own way.
+    pub skip_probe: bool,
+}
+
+/// A running server.
+#[derive(Debug)]
+pub struct Server {
+    service: Service,
+    url: String,
+    port: Option<u16>,
+    container: Option<ContainerAsync<GenericImage>>,
+}
+
+impl Server {
+    /// Where to connect: a Redis or MySQL URL, or a ZooKeeper connect string
+    /// (`host:port`).
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    /// The server kind.
+    pub fn service(&self) -> Service {
+        self.service
+    }
+
+    /// The host port on 127.0.0.1, when the harness started the server.
+    pub fn port(&self) -> Option<u16> {
+        self.port
+    }
+
+    /// The container, when the harness started the server.
+    pub fn container(&self) -> Option<&ContainerAsync<GenericImage>> {
+        self.container.as_ref()
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        if let Some(container) = self.container.take() {
+            // Removal blocks on the Docker API; do it on the harness runtime,
+            // which outlives the test's own.
+            RUNTIME.spawn(async move { drop(container) });
+        }
+    }
+}
+
+/// The shared server of one kind, started once per test process.
+///
+/// # Panics
+/// When Docker cannot be reached or the server does not come up: a container
+/// test must fail loudly, never pass by skipping.
+pub async fn shared(service: Service) -> &'static Server {
+    try_shared(service).await.unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// [`shared`], with a failure to start the server as a one-paragraph
+/// message instead of a panic: for programs such as the benchmark.
+///
+/// # Errors
+/// What went wrong and what to do about it.
+pub async fn try_shared(service: Service) -> Result<&'static Server, String> {
+    static SHARED: LazyLock<HashMap<Service, OnceCell<Server>>> = LazyLock::new(|| {
+        [Service::Redis, Service::MariaDb, Service::ZooKeeper]
+            .into_iter()
+            .map(|s| (s, OnceCell::new()))
+            .collect()
+    });
+    let Some(cell) = SHARED.get(&service) else {
+        unreachable!("every service has a cell")
+    };
+    cell.get_or_try_init(|| async move {
+        if let Ok(url) = std::env::var(service.env_override()) {
+            return Ok(Server {
+                service,
+                url,
+                port: None,
+                container: None,
+            });
+        }
+        on_harness(start_container(service, ServerOptions::default())).await
+    })
+    .await
+}
+
+/// Starts a server of one's own (for tests that stop, pause or restart it).
+///
+/// # Panics
+/// As [`shared`].
+pub async fn start(service: Service, options: ServerOptions) -> Server {
+    on_harness(start_container(service, options))
+        .await
+        .unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// The runtime all Docker calls run on. Tests each have their own runtime,
+/// which ends with the test; the Docker client's connections must outlive
+/// any one of them.
+pub(crate) static RUNTIME: LazyLock<Runtime> = LazyLock::new(|| {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .thread_name("dlock-harness")
+        .enable_all()
+        .build()
+        .unwrap_or_else(|e| panic!("dlock harness: cannot start its runtime: {e}"))
+});
+
+/// Runs `fut` on the harness runtime and waits for it from any runtime.
+pub async fn on_harness<T: Send + 'static>(fut: impl Future<Output = T> + Send + 'static) -> T {
+    match RUNTIME.spawn(fut).await {
+        Ok(value) => value,
+        Err(e) => std::panic::resume_unwind(e.into_panic()),
+    }
+}
+
+/// Where the README says how to get Docker and the test image ready.
+const README_STEP: &str = "see \"Running the tests\" in the README";
+
+async fn start_container(service: Service, options: ServerOptions) -> Result<Server, String> {
+    let image = test_image()?;
+    let (repo, tag) = image.split_once(':').unwrap_or((image.as_str(), "latest"));
+    let port = service.port();
+    let host_port = if options.fixed_port {
+        Some(free_port()?)
+    } else {
+        None
+    };
+    let binding_key = format!("{port}/tcp");
+    let mut cmd = vec![service.command().to_owned()];
+    cmd.extend(options.args.iter().cloned());
+    let mut request = GenericImage::new(repo, tag)
+        .with_exposed_port(port.tcp())
+        .with_wait_for(WaitFor::Nothing)
+        .with_cmd(cmd)
+        .with_label("dlock.harness", std::process::id().to_string())
+        .with_host_config_modifier(move |host| {
+            // Published ports listen on every interface unless bound here.
+            host.publish_all_ports = Some(false);
+            host.port_bindings = Some(HashMap::from([(
+                binding_key.clone(),
+                Some(vec![PortBinding {
+                    host_ip: Some("127.0.0.1".to_owned()),
+                    host_port: host_port.map(|p| p.to_string()),
+                }]),
+            )]));
+        });
+    for (path, contents) in options.files {
+        request = request.with_copy_to(path, contents);
+    }
+    let container = request.start().await.map_err(|e| {
+        format!(
+            "dlock harness: cannot start a {service:?} container from image {image}: {e}\n\
+             The container tests need a running Docker engine and the test image; {README_STEP}."
+        )
+    })?;
+    register_for_cleanup(container.id());
+    let host_port = container
+        .get_host_port_ipv4(ContainerPort::Tcp(port))
+        .await
+        .map_err(|e| format!("dlock harness: {service:?} container has no port: {e}"))?;
+    let url = service.url(host_port);
+    if !options.skip_probe {
+        wait_ready(service, &url).await?;
+    }
+    Ok(Server {
+        service,
+        url,
+        port: Some(host_port),
+        container: Some(container),
+    })
+}
+
+fn free_port() -> Result<u16, String> {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .map_err(|e| format!("dlock harness: no free port: {e}"))
+}
+
+/// A port on 127.0.0.1 that nothing listens on, for "server is down" tests.
+///
+/// # Panics
+/// When the OS has no free port to give.
+pub fn unused_port() -> u16 {
+    free_port().unwrap_or_else(|e| panic!("{e}"))
+}

@@ -1,0 +1,285 @@
+//! Several servers on a private Docker network that the harness makes:
+//! a ZooKeeper ensemble, a Redis primary with a replica and Sentinels.
+//!
+//! Tests reach the nodes at their addresses on that network (the host
+//! routes to a bridge network it created) and nowhere else. Nodes can be
+//! killed, paused, and cut off from the network to make failovers and
+//! partitions. The network and its containers carry the `dlock.harness`
+//! label and are removed when the topology is dropped, or at the latest
+//! when the test process exits.
+//!
+//! | file | what |
+//! |---|---|
+//! | `mod.rs` | nodes, the network, and the Docker calls they take |
+//! | `zookeeper.rs` | the ZooKeeper ensemble |
+//! | `redis.rs` | the Redis Cluster, and a primary with a replica and Sentinels |
+
+use std::net::IpAddr;
+use std::process::Command;
+use std::time::Duration;
+
+use testcontainers::core::WaitFor;
+use testcontainers::runners::AsyncRunner;
+use testcontainers::{ContainerAsync, GenericImage, ImageExt};
+
+use crate::harness::{register_for_cleanup, test_image};
+
+mod redis;
+mod zookeeper;
+
+pub use redis::{SENTINEL_SERVICE, node_connection, redis_cluster, redis_sentinel};
+pub use zookeeper::zookeeper_ensemble;
+
+/// One server of a topology.
+#[derive(Debug)]
+pub struct Node {
+    name: String,
+    network: String,
+    ip: IpAddr,
+    port: u16,
+    container: Option<ContainerAsync<GenericImage>>,
+}
+
+impl Node {
+    /// The container's name, which is also its host name on the network.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Its address on the topology's network.
+    pub fn ip(&self) -> IpAddr {
+        self.ip
+    }
+
+    /// `ip:port` of the server.
+    pub fn addr(&self) -> String {
+        format!("{}:{}", self.ip, self.port)
+    }
+
+    /// Kills the server at once (SIGKILL): no goodbye to clients or peers.
+    pub async fn kill(&self) {
+        docker_async(["kill", &self.name]).await;
+    }
+
+    /// Freezes the server: it keeps its connections but answers nothing.
+    pub async fn pause(&self) {
+        docker_async(["pause", &self.name]).await;
+    }
+
+    /// Thaws a paused server.
+    pub async fn unpause(&self) {
+        docker_async(["unpause", &self.name]).await;
+    }
+
+    /// Drops everything this node sends to `other` (a blackhole route in
+    /// its network namespace): `other` stops hearing from it, as behind a
+    /// one-way partition, while both keep running. Redis nodes only.
+    pub async fn stop_sending_to(&self, other: &Node) {
+        let target = format!("{}/32", other.ip);
+        docker_async([
+            "exec",
+            &self.name,
+            "ip",
+            "route",
+            "add",
+            "blackhole",
+            &target,
+        ])
+        .await;
+    }
+
+    /// Cuts the server off the network: from its peers and from clients.
+    pub async fn disconnect(&self) {
+        docker_async([
+            "network",
+            "disconnect",
+            "--force",
+            &self.network,
+            &self.name,
+        ])
+        .await;
+    }
+}
+
+/// Servers on a network of their own.
+#[derive(Debug)]
+pub struct Topology {
+    network: String,
+    nodes: Vec<Node>,
+}
+
+impl Topology {
+    /// The nodes, in the order they were started.
+    pub fn nodes(&self) -> &[Node] {
+        &self.nodes
+    }
+
+    /// The node at `index`.
+    ///
+    /// # Panics
+    /// When there is no such node.
+    pub fn node(&self, index: usize) -> &Node {
+        &self.nodes[index]
+    }
+}
+
+impl Drop for Topology {
+    fn drop(&mut self) {
+        let names: Vec<String> = self.nodes.iter().map(|n| n.name.clone()).collect();
+        let mut args = vec!["rm", "-f", "-v"];
+        args.extend(names.iter().map(String::as_str));
+        docker(&args);
+        docker(&["network", "rm", &self.network]);
+        let containers: Vec<_> = self
+            .nodes
+            .iter_mut()
+            .filter_map(|n| n.container.take())
+            .collect();
+        // Already removed: dropping the handles only tidies testcontainers.
+        crate::harness::RUNTIME.spawn(async move { drop(containers) });
+    }
+}
+
+/// Polls `check` until it holds, for at most a minute.
+async fn wait_until<F, Fut>(what: String, mut check: F) -> Result<(), String>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let started = std::time::Instant::now();
+    while !check().await {
+        if started.elapsed() > Duration::from_secs(60) {
+            return Err(format!("dlock harness: not so after 60 s: {what}"));
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    Ok(())
+}
+
+/// Writes a file into a running container, all at once (through a
+/// rename), for a process there that waits for it.
+fn write_file(container: &str, path: &str, contents: &[u8]) -> Result<(), String> {
+    use std::io::Write;
+    let mut child = Command::new("docker")
+        .args(["exec", "-i", container, "sh", "-c"])
+        .arg(format!("cat > {path}.part && mv {path}.part {path}"))
+        .stdin(std::process::Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("dlock harness: cannot run docker: {e}"))?;
+    if let Some(mut stdin) = child.stdin.take() {
+        stdin
+            .write_all(contents)
+            .map_err(|e| format!("dlock harness: write {path} in {container}: {e}"))?;
+    }
+    let status = child
+        .wait()
+        .map_err(|e| format!("dlock harness: write {path} in {container}: {e}"))?;
+    if status.success() {
+        Ok(())
+    } else {
+        Err(format!(
+            "dlock harness: write {path} in {container}: {status}"
+        ))
+    }
+}
+
+/// Makes a bridge network for one topology, labelled for clean-up.
+fn create_network() -> Result<String, String> {
+    let name = format!(
+        "dlock-{}-{:06x}",
+        std::process::id(),
+        fastrand::u32(..0x100_0000)
+    );
+    let label = format!("dlock.harness={}", std::process::id());
+    docker_output(&["network", "create", "--label", &label, &name])?;
+    crate::harness::register_network_for_cleanup(&name);
+    Ok(name)
+}
+
+async fn start_node(
+    network: &str,
+    name: &str,
+    cmd: Vec<String>,
+    files: Vec<(String, Vec<u8>)>,
+    env: &[(&str, String)],
+    port: u16,
+) -> Result<Node, String> {
+    let image = test_image()?;
+    let (repo, tag) = image.split_once(':').unwrap_or((image.as_str(), "latest"));
+    let mut request = GenericImage::new(repo, tag)
+        .with_wait_for(WaitFor::Nothing)
+        .with_cmd(cmd)
+        .with_network(network)
+        .with_container_name(name)
+        .with_hostname(name)
+        .with_label("dlock.harness", std::process::id().to_string())
+        // For `stop_sending_to`: routes in the node's own namespace.
+        .with_cap_add("NET_ADMIN");
+    for (key, value) in env {
+        request = request.with_env_var(*key, value.clone());
+    }
+    for (path, contents) in files {
+        request = request.with_copy_to(path, contents);
+    }
+    let container = request
+        .start()
+        .await
+        .map_err(|e| format!("dlock harness: cannot start {name} from image {image}: {e}"))?;
+    register_for_cleanup(container.id());
+    let ip = inspect_ip(name, network)?;
+    Ok(Node {
+        name: name.to_owned(),
+        network: network.to_owned(),
+        ip,
+        port,
+        container: Some(container),
+    })
+}
+
+fn inspect_ip(name: &str, network: &str) -> Result<IpAddr, String> {
+    let format = format!("{{{{(index .NetworkSettings.Networks \"{network}\").IPAddress}}}}");
+    docker_output(&["inspect", "-f", &format, name])?
+        .trim()
+        .parse()
+        .map_err(|e| format!("dlock harness: no address for {name} on {network}: {e}"))
+}
+
+/// [`docker`] off the async threads, so a test's timers and tasks keep
+/// running while the Docker CLI works.
+async fn docker_async<const N: usize>(args: [&str; N]) {
+    let args: Vec<String> = args.iter().map(|a| (*a).to_owned()).collect();
+    let ran = tokio::task::spawn_blocking(move || {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        docker(&args);
+    })
+    .await;
+    if let Err(e) = ran {
+        eprintln!("dlock harness: docker command did not finish: {e}");
+    }
+}
+
+/// Runs a docker command whose failure a test notices by itself (a node
+/// that should be down still answering, say): a failure is only reported.
+fn docker(args: &[&str]) {
+    if let Err(e) = docker_output(args) {
+        eprintln!("{e}");
+    }
+}
+
+/// Runs a docker command; its standard output, or what went wrong.
+fn docker_output(args: &[&str]) -> Result<String, String> {
+    let out = Command::new("docker")
+        .args(args)
+        .output()
+        .map_err(|e| format!("dlock harness: cannot run docker: {e}"))?;
+    if out.status.success() {
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    } else {
+        Err(format!(
+            "dlock harness: docker {} failed: {}{}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stdout).trim(),
+            String::from_utf8_lossy(&out.stderr).trim()
+        ))
+    }
+}

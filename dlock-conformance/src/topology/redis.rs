@@ -1,0 +1,250 @@
+//! A Redis Cluster, and a Redis primary with a replica and Sentinels.
+
+use std::time::Duration;
+
+use super::{Node, Topology, create_network, docker_output, start_node, wait_until};
+use crate::harness::{Service, on_harness, wait_ready};
+
+/// A Redis Cluster of three primaries (nodes 0 to 2 at the start) with
+/// one replica each (nodes 3 to 5); a node that does not answer for 2 s is
+/// failed.
+///
+/// # Panics
+/// When Docker cannot be reached or the cluster does not form.
+pub async fn redis_cluster() -> Topology {
+    on_harness(async move {
+        let network = create_network()?;
+        let mut nodes = Vec::new();
+        for i in 0..6 {
+            let cmd = [
+                "dlock-redis",
+                "--cluster-enabled",
+                "yes",
+                "--cluster-config-file",
+                "/tmp/nodes.conf",
+                "--cluster-node-timeout",
+                "2000",
+            ]
+            .map(str::to_owned)
+            .to_vec();
+            let name = format!("{network}-redis{i}");
+            nodes.push(start_node(&network, &name, cmd, Vec::new(), &[], 6379).await?);
+        }
+        for node in &nodes {
+            wait_ready(Service::Redis, &format!("redis://{}", node.addr())).await?;
+        }
+        let mut create = vec!["exec", &nodes[0].name, "redis-cli", "--cluster", "create"];
+        let addrs: Vec<String> = nodes.iter().map(Node::addr).collect();
+        create.extend(addrs.iter().map(String::as_str));
+        create.extend(["--cluster-replicas", "1", "--cluster-yes"]);
+        docker_output(&create)?;
+        let topology = Topology { network, nodes };
+        for node in &topology.nodes {
+            wait_cluster_ok(&node.addr()).await?;
+        }
+        Ok::<_, String>(topology)
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}"))
+}
+
+async fn wait_cluster_ok(addr: &str) -> Result<(), String> {
+    wait_until(
+        format!("cluster node {addr} serving every slot"),
+        || async move {
+            let info: Option<String> = ask(addr, redis::cmd("CLUSTER").arg("INFO")).await;
+            info.is_some_and(|i| {
+                i.contains("cluster_state:ok") && i.contains("cluster_slots_ok:16384")
+            })
+        },
+    )
+    .await
+}
+
+/// Runs one command on the Redis server or Sentinel at `addr`, on a
+/// connection of its own, bounded by 3 s: `None` when it does not answer.
+async fn ask<T: redis::FromRedisValue>(addr: &str, cmd: &mut redis::Cmd) -> Option<T> {
+    let run = async {
+        let mut conn = node_connection(addr).await.ok()?;
+        cmd.query_async::<T>(&mut conn).await.ok()
+    };
+    tokio::time::timeout(Duration::from_secs(3), run)
+        .await
+        .ok()
+        .flatten()
+}
+
+/// A connection to one node of a topology, for tests' own commands. Its
+/// replies may take up to 10 s (the client's default is 0.5 s, too short
+/// for `WAIT` or `MIGRATE`).
+///
+/// # Errors
+/// When the node cannot be reached.
+pub async fn node_connection(addr: &str) -> redis::RedisResult<redis::aio::MultiplexedConnection> {
+    let client = redis::Client::open(format!("redis://{addr}"))?;
+    let config = redis::AsyncConnectionConfig::new()
+        .set_connection_timeout(Some(Duration::from_secs(2)))
+        .set_response_timeout(Some(Duration::from_secs(10)));
+    client
+        .get_multiplexed_async_connection_with_config(&config)
+        .await
+}
+
+impl Topology {
+    /// The `redis+cluster://` URL of a [`redis_cluster`] topology, naming
+    /// every node as a seed.
+    pub fn cluster_url(&self) -> String {
+        let nodes: Vec<String> = self.nodes.iter().map(Node::addr).collect();
+        format!("redis+cluster://{}", nodes.join(","))
+    }
+
+    /// Asks a cluster node for its `CLUSTER NODES` view.
+    pub async fn cluster_nodes(&self, index: usize) -> Option<String> {
+        ask(
+            &self.nodes[index].addr(),
+            redis::cmd("CLUSTER").arg("NODES"),
+        )
+        .await
+    }
+}
+
+/// The Sentinel service name of [`redis_sentinel`].
+pub const SENTINEL_SERVICE: &str = "dlock";
+
+/// A Redis primary (node 0) with one replica (node 1) and three Sentinels
+/// (nodes 2 to 4) watching it with a quorum of two. A primary that does
+/// not answer for 1 s is failed over to the replica.
+///
+/// # Panics
+/// When Docker cannot be reached or the servers do not come up.
+pub async fn redis_sentinel() -> Topology {
+    on_harness(async move {
+        let network = create_network()?;
+        let primary = start_node(
+            &network,
+            &format!("{network}-primary"),
+            vec!["dlock-redis".into()],
+            Vec::new(),
+            &[],
+            6379,
+        )
+        .await?;
+        wait_ready(Service::Redis, &format!("redis://{}", primary.addr())).await?;
+        let replica = start_node(
+            &network,
+            &format!("{network}-replica"),
+            [
+                "dlock-redis",
+                "--replicaof",
+                &primary.ip.to_string(),
+                "6379",
+            ]
+            .map(str::to_owned)
+            .to_vec(),
+            Vec::new(),
+            &[],
+            6379,
+        )
+        .await?;
+        wait_ready(Service::Redis, &format!("redis://{}", replica.addr())).await?;
+        let config = format!(
+            "port 26379\nbind 0.0.0.0\nprotected-mode no\n\
+             sentinel monitor {SENTINEL_SERVICE} {} 6379 2\n\
+             sentinel down-after-milliseconds {SENTINEL_SERVICE} 1000\n\
+             sentinel failover-timeout {SENTINEL_SERVICE} 10000\n",
+            primary.ip
+        );
+        let mut nodes = vec![primary, replica];
+        for i in 1..=3 {
+            let sentinel = start_node(
+                &network,
+                &format!("{network}-sentinel{i}"),
+                ["redis-server", "/etc/sentinel.conf", "--sentinel"]
+                    .map(str::to_owned)
+                    .to_vec(),
+                vec![("/etc/sentinel.conf".to_owned(), config.clone().into_bytes())],
+                &[],
+                26379,
+            )
+            .await?;
+            nodes.push(sentinel);
+        }
+        let topology = Topology { network, nodes };
+        for sentinel in &topology.nodes[2..] {
+            wait_ready(Service::Redis, &format!("redis://{}", sentinel.addr())).await?;
+        }
+        // The replica must be in sync, and every Sentinel must know the
+        // replica and the other Sentinels, before a test counts on a
+        // failover.
+        wait_replica_synced(&topology.nodes[1].addr()).await?;
+        for sentinel in &topology.nodes[2..] {
+            wait_sentinel_ready(&sentinel.addr()).await?;
+        }
+        Ok::<_, String>(topology)
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}"))
+}
+
+impl Topology {
+    /// The `redis+sentinel://` URL of a [`redis_sentinel`] topology.
+    pub fn sentinel_url(&self) -> String {
+        let sentinels: Vec<String> = self.nodes[2..].iter().map(Node::addr).collect();
+        format!(
+            "redis+sentinel://{}/{SENTINEL_SERVICE}",
+            sentinels.join(",")
+        )
+    }
+
+    /// Waits until the replica of a [`redis_sentinel`] topology has every
+    /// write the primary took so far (`WAIT 1` on the primary).
+    ///
+    /// # Panics
+    /// When it does not within 10 s.
+    pub async fn wait_replicated(&self) {
+        let acked: Option<i64> =
+            ask(&self.nodes[0].addr(), redis::cmd("WAIT").arg(1).arg(1500)).await;
+        assert!(
+            acked.is_some_and(|n| n >= 1),
+            "the replica did not acknowledge: {acked:?}"
+        );
+    }
+
+    /// The address of the primary that the Sentinels name, asked of the
+    /// first Sentinel that answers.
+    pub async fn sentinel_primary(&self) -> Option<String> {
+        for sentinel in &self.nodes[2..] {
+            let mut cmd = redis::cmd("SENTINEL");
+            cmd.arg("get-master-addr-by-name").arg(SENTINEL_SERVICE);
+            if let Some(addr) = ask::<Vec<String>>(&sentinel.addr(), &mut cmd).await {
+                return Some(addr.join(":"));
+            }
+        }
+        None
+    }
+}
+
+async fn wait_sentinel_ready(addr: &str) -> Result<(), String> {
+    wait_until(
+        format!("Sentinel {addr} knows the replica and its peers"),
+        || async move {
+            let mut cmd = redis::cmd("SENTINEL");
+            cmd.arg("MASTER").arg(SENTINEL_SERVICE);
+            let state: Option<std::collections::HashMap<String, String>> =
+                ask(addr, &mut cmd).await;
+            state.is_some_and(|state| {
+                state.get("num-slaves").map(String::as_str) == Some("1")
+                    && state.get("num-other-sentinels").map(String::as_str) == Some("2")
+            })
+        },
+    )
+    .await
+}
+
+async fn wait_replica_synced(addr: &str) -> Result<(), String> {
+    wait_until(format!("replica {addr} in sync"), || async move {
+        let info: Option<String> = ask(addr, redis::cmd("INFO").arg("replication")).await;
+        info.is_some_and(|i| i.contains("master_link_status:up"))
+    })
+    .await
+}
