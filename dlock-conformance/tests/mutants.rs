@@ -154,6 +154,7 @@ caught!(
     Bug::SkewedClock,
     [
         expiry_then_takeover,
+        guard_lost_fires_at_expiry,
         delayed_grant_is_valid_only_until_the_server_frees_it
     ]
 );

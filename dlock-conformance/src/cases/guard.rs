@@ -33,13 +33,24 @@ pub async fn guard_lost_fires_at_expiry(backend: &Arc<dyn Backend>) {
     let name = unique_name("guard_lost_fires_at_expiry");
     let locker = Locker::from_arc(backend.clone());
     let guard = must_lock(&locker, &name, &short().renew(false)).await;
-    let started = Instant::now();
+    // Judged on the deadline the guard keeps, not on when a timer woke
+    // this task: on loaded cores a timer fires late by any amount, while
+    // the deadline says exactly when the guard stops trusting its lease.
+    let arrived = Instant::now();
+    let deadline = guard
+        .valid_until()
+        .expect("a TTL lease has a validity deadline");
+    assert!(
+        deadline < arrived + SHORT_TTL,
+        "the guard trusts its lease until {:?} after the grant arrived, past the server's TTL",
+        deadline - arrived
+    );
     tokio::time::timeout(SHORT_TTL * 3, guard.lost())
         .await
         .expect("lost() resolves when the lease runs out");
     assert!(
-        started.elapsed() < SHORT_TTL,
-        "lost() must fire before the server's TTL ends"
+        Instant::now() >= deadline,
+        "lost() fired while the lease was still good"
     );
     assert!(!guard.is_valid(), "a lost guard is invalid");
     drop(guard);
