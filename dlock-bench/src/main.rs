@@ -82,7 +82,8 @@ struct Args {
     /// two saved runs without measuring).
     #[arg(long, value_name = "OLD.json")]
     compare: Option<PathBuf>,
-    /// Where the charts go (scaling.svg, latency.svg).
+    /// Where the charts go (overhead.svg, handoff.svg, scaling.svg,
+    /// latency.svg).
     #[arg(long, default_value = "target/dlock-bench")]
     charts: PathBuf,
     /// A running Redis instead of a container (also DLOCK_REDIS_URL).
