@@ -51,6 +51,7 @@ macro_rules! __case_list {
                 foreign_lease_is_not_held,
                 expiry_then_takeover,
                 release_after_expiry_is_not_held,
+                ttl_fractions_are_rounded_up,
                 extend_keeps_the_lock,
                 fencing_increases_across_grants,
                 acquire_times_out_within_wait_bound,

@@ -80,6 +80,10 @@ enum Bug {
     /// `extend_many` extends every named lock, owner or not (`UPDATE …
     /// WHERE name IN (…)`), and reports the owner check's result.
     BatchExtendsWithoutOwnerCheck,
+    /// The TTL goes to the server truncated to whole milliseconds
+    /// (`as_millis()`), so the server frees the name up to 1 ms before the
+    /// client stops trusting its lease.
+    TruncatedTtl,
 }
 
 /// Runs every case of the suite, link fault cases included, against the
@@ -264,4 +268,9 @@ caught!(
     a_batch_renewal_without_owner_check_is_caught,
     Bug::BatchExtendsWithoutOwnerCheck,
     [extend_many_acts_per_lease]
+);
+caught!(
+    a_ttl_rounded_down_is_caught,
+    Bug::TruncatedTtl,
+    [ttl_fractions_are_rounded_up]
 );

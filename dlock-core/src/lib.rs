@@ -24,7 +24,9 @@ pub use lease::{Lease, OwnerToken};
 pub use memory::MemoryBackend;
 pub use name::{MAX_NAME_LEN, redact_url, validate_name};
 pub use observe::Observed;
-pub use options::{LockOptions, MAX_SETTING, MAX_TTL, MIN_TTL, check_duration, check_hold};
+pub use options::{
+    LockOptions, MAX_SETTING, MAX_TTL, MIN_TTL, check_duration, check_hold, micros_up, millis_up,
+};
 pub use tokio_util::sync::CancellationToken;
 
 /// Support for dlock's macros; not a public API.

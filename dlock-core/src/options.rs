@@ -159,6 +159,23 @@ pub fn check_hold(hold: Duration) -> Result<()> {
     check_duration("hold", hold, Duration::ZERO, MAX_TTL)
 }
 
+/// `d` in whole milliseconds, rounded up: how a TTL, a hold or a timeout
+/// goes to a server that counts in milliseconds. Rounded down, a TTL of
+/// 20.9 ms would end on the server 0.9 ms before the client stops trusting
+/// it (with no drift allowance), and a timeout of 0.5 ms would become 0,
+/// which some servers read as "forever".
+pub fn millis_up(d: Duration) -> u64 {
+    let ms = d.as_millis() + u128::from(!d.subsec_nanos().is_multiple_of(1_000_000));
+    u64::try_from(ms).unwrap_or(u64::MAX)
+}
+
+/// `d` in whole microseconds, rounded up, for servers that count in
+/// microseconds; see [`millis_up`].
+pub fn micros_up(d: Duration) -> u64 {
+    let us = d.as_micros() + u128::from(!d.subsec_nanos().is_multiple_of(1_000));
+    u64::try_from(us).unwrap_or(u64::MAX)
+}
+
 /// `start + d`, saturating far in the future instead of overflowing.
 pub(crate) fn deadline_after(start: Instant, d: Duration) -> Instant {
     start
@@ -186,6 +203,18 @@ mod tests {
         }
         assert!(LockOptions::new().ttl(MIN_TTL).validate().is_ok());
         assert!(LockOptions::new().wait(Duration::MAX).validate().is_ok());
+    }
+
+    #[test]
+    fn durations_go_to_servers_rounded_up() {
+        assert_eq!(millis_up(Duration::from_micros(20_900)), 21);
+        assert_eq!(millis_up(Duration::from_millis(20)), 20);
+        assert_eq!(millis_up(Duration::from_nanos(1)), 1);
+        assert_eq!(millis_up(Duration::ZERO), 0);
+        assert_eq!(micros_up(Duration::from_nanos(30_999_001)), 31_000);
+        assert_eq!(micros_up(Duration::from_micros(7)), 7);
+        assert_eq!(millis_up(Duration::MAX), u64::MAX);
+        assert_eq!(micros_up(Duration::MAX), u64::MAX);
     }
 
     #[test]

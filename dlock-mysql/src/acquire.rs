@@ -11,7 +11,7 @@ use tokio::time::{Instant, timeout};
 use crate::backend::MySqlBackend;
 use crate::error::{ER_LOCK_DEADLOCK, ER_LOCK_WAIT_TIMEOUT, server_error_number};
 use crate::pool::settle;
-use crate::sql::micros;
+use dlock_core::micros_up;
 
 /// How many times in a row a statement that InnoDB rolled back (a
 /// deadlock, a lock wait timeout) is sent again before its error counts.
@@ -41,7 +41,7 @@ impl MySqlBackend {
         lease_ttl: Duration,
     ) -> Result<Option<u64>> {
         let owner_text = owner_token.to_string();
-        let (owner, ttl) = (owner_text.as_str(), micros(lease_ttl));
+        let (owner, ttl) = (owner_text.as_str(), micros_up(lease_ttl));
         let mut tries = 0;
         loop {
             let query = sqlx::query(self.inner.sql.acquire.clone())

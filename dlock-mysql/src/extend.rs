@@ -4,20 +4,20 @@
 use std::collections::HashSet;
 use std::time::Duration;
 
-use dlock_core::{Error, Lease, Result};
+use dlock_core::{Error, Lease, Result, micros_up};
 use sqlx::mysql::{MySql, MySqlArguments};
 use sqlx::query::Query;
 use tokio::time::{Instant, timeout};
 
 use crate::backend::MySqlBackend;
 use crate::pool::settle;
-use crate::sql::{Batch, micros};
+use crate::sql::Batch;
 
 impl MySqlBackend {
     /// [`Backend::extend`](dlock_core::Backend::extend).
     pub(crate) async fn extend_lease(&self, lease: &mut Lease) -> Result<()> {
         let sent = Instant::now();
-        let ttl = micros(lease.ttl().unwrap_or_default());
+        let ttl = micros_up(lease.ttl().unwrap_or_default());
         let query = sqlx::query(self.inner.sql.extend.clone())
             .bind(ttl)
             .bind(lease.name().as_bytes())
@@ -44,7 +44,7 @@ impl MySqlBackend {
                 }
             }
             let sent = Instant::now();
-            let update = sqlx::raw_sql(self.inner.sql.extend_many(&batch, micros(ttl)));
+            let update = sqlx::raw_sql(self.inner.sql.extend_many(&batch, micros_up(ttl)));
             let matched = self.execute(update, "extend").await?.rows_affected();
             let extended: Vec<usize> = if usize::try_from(matched).is_ok_and(|m| m == members.len())
             {

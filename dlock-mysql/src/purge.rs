@@ -9,7 +9,7 @@ use tokio::time::{sleep, timeout};
 
 use crate::backend::MySqlBackend;
 use crate::pool::settle;
-use crate::sql::micros;
+use dlock_core::micros_up;
 
 /// How long a row must have been expired before a purge may delete it:
 /// the database clock may step back by less than this without a purged
@@ -39,7 +39,7 @@ impl MySqlBackend {
     /// `limit`, or let [`MySqlBackend::spawn_purger`] do it.
     pub async fn purge_expired(&self, older_than: Duration, limit: u32) -> Result<u64> {
         check_duration("older_than", older_than, MIN_PURGE_AGE, MAX_SETTING * 365)?;
-        let age = micros(older_than);
+        let age = micros_up(older_than);
         let query = sqlx::query_scalar(self.inner.sql.purge_candidates.clone())
             .bind(age)
             .bind(limit);

@@ -11,7 +11,7 @@ use tokio::time::timeout;
 
 use crate::backend::MySqlBackend;
 use crate::pool::settle;
-use crate::sql::micros;
+use dlock_core::micros_up;
 
 impl MySqlBackend {
     /// [`Backend::release`](dlock_core::Backend::release).
@@ -36,7 +36,7 @@ impl MySqlBackend {
         // The row expires on the database clock.
         let query = sqlx::query(self.inner.sql.hold.clone())
             .bind(lease.owner().for_hold().to_string())
-            .bind(micros(hold).max(1))
+            .bind(micros_up(hold).max(1))
             .bind(lease.name().as_bytes())
             .bind(lease.owner().to_string());
         self.own_row(query, lease, "release_after").await

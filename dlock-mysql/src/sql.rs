@@ -1,7 +1,5 @@
 //! The statements, written once per table name.
 
-use std::time::Duration;
-
 use dlock_core::{Error, Result};
 use sqlx::{AssertSqlSafe, SqlSafeStr, SqlStr};
 
@@ -10,12 +8,6 @@ use sqlx::{AssertSqlSafe, SqlSafeStr, SqlStr};
 /// locks are global to the server: the database is part of the key.
 fn wait_key(table: &str, name: &str) -> String {
     format!("CONCAT('dlock-w:', SHA1(CONCAT(COALESCE(DATABASE(), ''), '.{table}:', {name})))")
-}
-
-/// `d` as the statements' `INTERVAL ? MICROSECOND` parameters take it;
-/// saturating, since no lease or hold comes near that.
-pub(crate) fn micros(d: Duration) -> u64 {
-    u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
 }
 
 /// A table name that is safe to splice into SQL: a plain identifier.

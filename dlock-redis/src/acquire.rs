@@ -10,7 +10,7 @@ use tokio::time::Instant;
 use crate::backend::{NAME, RedisBackend};
 use crate::error::unconfirmed;
 use crate::keys::Keys;
-use crate::scripts::millis;
+use dlock_core::millis_up;
 
 impl RedisBackend {
     /// One acquire script: a grant, or the holder's remaining TTL. With a
@@ -39,9 +39,9 @@ impl RedisBackend {
             .key(&keys.queue)
             .key(&keys.queue_expiry)
             .arg(owner.to_string())
-            .arg(millis(opts.ttl_value()));
+            .arg(millis_up(opts.ttl_value()));
         if !waiter.is_empty() {
-            invocation.arg(waiter).arg(millis(self.place_lifetime()));
+            invocation.arg(waiter).arg(millis_up(self.place_lifetime()));
         }
         let (reply, confirmed) = self
             .run::<(i64, String)>(&invocation, true, "acquire")

@@ -9,7 +9,7 @@ use redis::cluster_async::ClusterConnection;
 use redis::{Cmd, FromRedisValue, Pipeline, RedisError, RedisFuture, RedisResult, Value};
 
 use crate::backend::RedisBackend;
-use crate::scripts::millis;
+use dlock_core::millis_up;
 
 /// The command connection of a [`RedisBackend`](crate::RedisBackend), to
 /// run commands of one's own with the redis crate (`query_async`). Cheap to
@@ -180,7 +180,7 @@ impl RedisBackend {
         pipe.invoke_script(invocation)
             .cmd("WAIT")
             .arg(replicas)
-            .arg(millis(timeout));
+            .arg(millis_up(timeout));
         let mut reply = pipe.query_async::<(T, u32)>(&mut conn).await;
         if matches!(&reply, Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript))
         {

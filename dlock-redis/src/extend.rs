@@ -7,7 +7,9 @@ use tokio::time::Instant;
 use crate::backend::{NAME, RedisBackend};
 use crate::error::{owner_checked, unconfirmed};
 use crate::keys::keys;
-use crate::scripts::{EXTEND, EXTEND_MANY, FENCE_RETENTION_MS, millis};
+use dlock_core::millis_up;
+
+use crate::scripts::{EXTEND, EXTEND_MANY, FENCE_RETENTION_MS};
 
 impl RedisBackend {
     /// Pushes the expiry of the lock `lease` holds (and of its fencing
@@ -21,7 +23,7 @@ impl RedisBackend {
             .key(&keys.lock)
             .key(&keys.fence)
             .arg(lease.owner().to_string())
-            .arg(millis(ttl))
+            .arg(millis_up(ttl))
             .arg(FENCE_RETENTION_MS);
         let (extended, confirmed) = self.run::<i64>(&invocation, true, "extend").await?;
         // Unconfirmed, the lease keeps its old deadline: the promoted
@@ -45,7 +47,7 @@ impl RedisBackend {
             invocation.key(keys.lock).key(keys.fence);
             invocation
                 .arg(lease.owner().to_string())
-                .arg(millis(lease.ttl().unwrap_or_default()));
+                .arg(millis_up(lease.ttl().unwrap_or_default()));
         }
         let sent = Instant::now();
         let (held, confirmed) = self.run::<Vec<i64>>(&invocation, true, "extend").await?;
@@ -85,7 +87,7 @@ impl RedisBackend {
                 invocation.key(keys.lock).key(keys.fence);
                 invocation
                     .arg(leases[i].owner().to_string())
-                    .arg(millis(leases[i].ttl().unwrap_or_default()));
+                    .arg(millis_up(leases[i].ttl().unwrap_or_default()));
             }
             async move {
                 self.run::<Vec<i64>>(&invocation, false, "extend")

@@ -9,7 +9,9 @@ use dlock_core::{Lease, OwnerToken, Result, check_hold};
 use crate::backend::RedisBackend;
 use crate::error::owner_checked;
 use crate::keys::Keys;
-use crate::scripts::{HOLD, millis};
+use dlock_core::millis_up;
+
+use crate::scripts::HOLD;
 
 impl RedisBackend {
     /// Deletes the lock if `lease` holds it, and wakes the head of its
@@ -27,7 +29,7 @@ impl RedisBackend {
     pub(crate) async fn release_with_hold(&self, lease: &Lease, hold: Duration) -> Result<()> {
         check_hold(hold)?;
         // Rounded up: the hold is a minimum.
-        let hold_ms = millis(hold.saturating_add(Duration::from_nanos(999_999)));
+        let hold_ms = millis_up(hold);
         if hold_ms == 0 {
             return self.release_lease(lease).await;
         }

@@ -2,7 +2,6 @@
 //! when the server answers NOSCRIPT (after a restart or `SCRIPT FLUSH`).
 
 use std::sync::LazyLock;
-use std::time::Duration;
 
 use redis::Script;
 
@@ -12,12 +11,6 @@ use redis::Script;
 /// clock alone keeps the next token above every earlier one. The retention
 /// only has to cover the server's clock stepping back.
 pub(crate) const FENCE_RETENTION_MS: u64 = 60 * 60 * 1000;
-
-/// A duration as the milliseconds the scripts and `WAIT` take; one past
-/// `u64` milliseconds (none that validation lets through) saturates.
-pub(crate) fn millis(d: Duration) -> u64 {
-    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
-}
 
 /// How long a queued waiter keeps its place without asking again, in
 /// multiples of its heartbeat (the longest a waiter sleeps between attempts).

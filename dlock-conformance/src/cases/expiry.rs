@@ -111,3 +111,47 @@ where
         });
     other.release(&lease).await.expect("release");
 }
+
+/// A TTL with a fraction of a millisecond, and no drift allowance: the
+/// server keeps the lock at least as long as the client trusts its lease
+/// (TTLs go to servers rounded up, never down). Decided on order, not on
+/// timing: a second grant whose reply arrived before the first lease's
+/// deadline was made while both clients believed they held the name.
+pub async fn ttl_fractions_are_rounded_up(backend: &Arc<dyn Backend>) {
+    const CASE: &str = "ttl_fractions_are_rounded_up";
+    if !needs_ttl(backend.as_ref(), CASE) {
+        return;
+    }
+    // 30.999999 ms: rounded down to whole milliseconds (or microseconds)
+    // the server would free the name almost 1 ms early.
+    let opts = LockOptions::new()
+        .ttl(Duration::from_nanos(30_999_999))
+        .drift(Duration::ZERO)
+        .renew(false);
+    // Rounds, so that a scheduler that holds this task off during one
+    // round's window of under a millisecond does not hide the fault.
+    for _ in 0..20 {
+        let name = unique_name(CASE);
+        let first = must_acquire(backend.as_ref(), &name, &opts).await;
+        let deadline = first.valid_until().expect("TTL leases have a deadline");
+        // Ask until the deadline: on a server that rounded the TTL down
+        // some of these asks land after its expiry and before the deadline.
+        while Instant::now() < deadline {
+            let taken = backend
+                .try_acquire(&name, &long())
+                .await
+                .unwrap_or_else(|e| panic!("try_acquire({name:?}) failed: {e}"));
+            if let Some(second) = taken {
+                let arrived = Instant::now();
+                assert!(
+                    arrived >= deadline,
+                    "a second client was granted {name:?} {:?} before the first lease's \
+                     deadline: the server freed the name before the client stopped trusting it",
+                    deadline - arrived
+                );
+                backend.release(&second).await.expect("release");
+                break;
+            }
+        }
+    }
+}

@@ -106,6 +106,11 @@ impl Sim {
         let owner = OwnerToken::random()?;
         let sent = Instant::now();
         let ttl = opts.ttl_value();
+        let ttl = if self.has(Bug::TruncatedTtl) {
+            Duration::from_millis(u64::try_from(ttl.as_millis()).unwrap())
+        } else {
+            ttl
+        };
         let mut cleanup = Cleanup {
             sim: (!self.has(Bug::NoCleanup)).then(|| self.clone()),
             name: name.to_owned(),
