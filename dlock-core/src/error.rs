@@ -89,6 +89,18 @@ pub enum Error {
         source: Option<BoxError>,
     },
 
+    /// The server is configured in a way that breaks the lock's guarantees
+    /// (a Redis server that may evict keys under memory pressure, held
+    /// locks among them). The driver refuses such a server unless told to
+    /// accept the risk; asking again does not help.
+    #[error("{backend}: unsafe server configuration: {message}")]
+    UnsafeServer {
+        /// The driver's name.
+        backend: &'static str,
+        /// What is unsafe, and how to make it safe.
+        message: String,
+    },
+
     /// The backend does not support this operation.
     #[error("{operation} is not supported by the {backend} backend")]
     Unsupported {
@@ -160,7 +172,7 @@ impl Error {
 
     /// A short name of the variant (`invalid_name`, `invalid_option`,
     /// `not_held`, `timeout`, `connection`, `unavailable`, `backend`,
-    /// `unsupported`), for metrics labels and logs.
+    /// `unsafe_server`, `unsupported`), for metrics labels and logs.
     pub fn kind(&self) -> &'static str {
         match self {
             Error::InvalidName { .. } => "invalid_name",
@@ -170,6 +182,7 @@ impl Error {
             Error::Connection { .. } => "connection",
             Error::Unavailable { .. } => "unavailable",
             Error::Backend { .. } => "backend",
+            Error::UnsafeServer { .. } => "unsafe_server",
             Error::Unsupported { .. } => "unsupported",
         }
     }

@@ -13,6 +13,7 @@ use redis::{IntoConnectionInfo, ProtocolVersion, PushInfo};
 use crate::backend::{Inner, NAME, RedisBackend};
 use crate::conn::{Connection, Kind, PushConn, cluster_nodes};
 use crate::error::{bad_url, redis_error};
+use crate::eviction;
 use crate::keys::validate_prefix;
 use crate::notify::Notifications;
 use crate::sentinel::{Sentinel, parse_url};
@@ -33,6 +34,7 @@ pub struct RedisBuilder {
     max_poll: Duration,
     tls_ca: Option<Vec<u8>>,
     pub(crate) durable: Option<(u32, Duration)>,
+    accept_eviction: bool,
 }
 
 impl fmt::Debug for RedisBuilder {
@@ -44,6 +46,7 @@ impl fmt::Debug for RedisBuilder {
             .field("connect_timeout", &self.connect_timeout)
             .field("max_poll", &self.max_poll)
             .field("durable", &self.durable)
+            .field("accept_eviction", &self.accept_eviction)
             .finish()
     }
 }
@@ -102,6 +105,18 @@ impl RedisBuilder {
         self
     }
 
+    /// Connect even to a server whose `maxmemory-policy` is not
+    /// `noeviction` (off by default). Such a server deletes keys when its
+    /// memory runs short — under `volatile-ttl` lock keys first — and then
+    /// grants a held lock to a second client: mutual exclusion is lost, and
+    /// only fencing tokens protect the resource. Without this, connecting
+    /// (and following a Sentinel failover) to such a server fails with
+    /// [`Error::UnsafeServer`], as it does when the policy cannot be read.
+    pub fn accept_eviction_risk(mut self, accept: bool) -> Self {
+        self.accept_eviction = accept;
+        self
+    }
+
     /// How long to wait for a connection (default 2 s).
     pub fn connect_timeout(mut self, timeout: Duration) -> Self {
         self.connect_timeout = timeout;
@@ -113,7 +128,9 @@ impl RedisBuilder {
     /// # Errors
     /// [`Error::InvalidOption`] for a malformed URL or prefix,
     /// [`Error::Connection`] when the server cannot be reached,
-    /// [`Error::Backend`] when it refuses us (wrong password, say).
+    /// [`Error::Backend`] when it refuses us (wrong password, say),
+    /// [`Error::UnsafeServer`] when it may evict lock keys (see
+    /// [`accept_eviction_risk`](Self::accept_eviction_risk)).
     pub async fn connect(self) -> Result<RedisBackend> {
         validate_prefix(&self.prefix)?;
         let ms = Duration::from_millis(1);
@@ -223,7 +240,10 @@ impl RedisBuilder {
                 )),
             }
         };
-        let conn = connect(client, "connect to the cluster").await?;
+        let mut conn = connect(client, "connect to the cluster").await?;
+        if !self.accept_eviction {
+            eviction::check(&mut conn, bound).await?;
+        }
         let push_conn = connect(push_client, "connect to the cluster for notifications").await?;
         self.backend(
             Connection(Kind::Cluster(conn)),
@@ -251,9 +271,12 @@ impl RedisBuilder {
         let push_info = info.clone().set_redis_settings(settings);
         let client = self.client(info)?;
         let push_client = self.client(push_info)?;
-        let conn = ConnectionManager::new_with_config(client, config.clone())
+        let mut conn = ConnectionManager::new_with_config(client, config.clone())
             .await
             .map_err(|e| redis_error(e, "connect"))?;
+        if !self.accept_eviction {
+            eviction::check(&mut conn, self.request_timeout).await?;
+        }
         let push_conn = ConnectionManager::new_with_config(
             push_client,
             config
@@ -310,6 +333,7 @@ impl RedisBackend {
             max_poll: Duration::from_secs(1),
             tls_ca: None,
             durable: None,
+            accept_eviction: false,
         }
     }
 }

@@ -6,6 +6,7 @@ mod backend;
 mod builder;
 mod conn;
 mod error;
+mod eviction;
 mod extend;
 mod keys;
 mod list;

@@ -248,6 +248,9 @@ impl RedisBackend {
                 sentinel.switch_to(found.addr());
                 tracing::info!(primary = %found.addr(), "following the new primary");
             }
+            Err(e @ Error::UnsafeServer { .. }) => {
+                tracing::warn!(error = %e, "not following the new primary");
+            }
             Err(e) => tracing::debug!(error = %e, "cannot reach the new primary yet"),
         }
     }

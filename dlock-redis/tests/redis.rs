@@ -474,3 +474,44 @@ async fn a_waiter_that_vanishes_loses_its_place() {
     );
     patient.release(&granted).await.unwrap();
 }
+
+/// A server that may evict keys under memory pressure is refused: with
+/// `volatile-ttl` it deletes the shortest-lived keys first — lock keys —
+/// and grants a held lock again. The control, connected with the risk
+/// accepted, shows the double grant the refusal prevents.
+#[tokio::test]
+async fn a_server_that_may_evict_locks_is_refused() {
+    let options = ServerOptions {
+        args: ["--maxmemory", "2mb", "--maxmemory-policy", "volatile-ttl"]
+            .map(String::from)
+            .to_vec(),
+        ..ServerOptions::default()
+    };
+    let server = start(Service::Redis, options).await;
+    let refused = RedisBackend::connect(server.url()).await;
+    assert!(
+        matches!(&refused, Err(Error::UnsafeServer { message, .. }) if message.contains("volatile-ttl")),
+        "{refused:?}"
+    );
+
+    let risky = || {
+        RedisBackend::builder(server.url())
+            .accept_eviction_risk(true)
+            .connect()
+    };
+    let (first, second) = (risky().await.unwrap(), risky().await.unwrap());
+    let name = unique_name("evicted");
+    let held = must_acquire(&first, &name, &long()).await;
+    // Longer-lived filler than the lock: volatile-ttl evicts the lock first.
+    let mut filler = first.connection();
+    let chunk = vec![b'x'; 64 * 1024];
+    for i in 0..64 {
+        let _: redis::RedisResult<()> = filler.set_ex(format!("filler:{i}"), &chunk, 3600).await;
+    }
+    assert!(held.is_valid(), "the first lease is still valid");
+    let again = second.try_acquire(&name, &long()).await.unwrap();
+    assert!(
+        again.is_some(),
+        "the control: an evicting server grants a held lock again"
+    );
+}
