@@ -27,8 +27,11 @@ local function now_us()
   local t = redis.call('TIME')
   return tonumber(t[1]) * 1000000 + tonumber(t[2])
 end
--- The first waiter whose place has not lapsed; lapsed places are dropped,
--- a bounded number per call.
+-- The first waiter whose place has not lapsed. Lapsed places at the front
+-- are all dropped, however many: a bound here would hide a live head
+-- behind them (and promise a free lock to nobody), and each place is
+-- dropped once, so the work is bounded by the places ever queued. A few
+-- lapsed places further back are dropped per call too.
 local function head(q, qexp)
   local first = redis.call('ZRANGE', q, 0, 0)[1]
   if not first then
@@ -39,18 +42,14 @@ local function head(q, qexp)
   if #gone > 0 then
     redis.call('ZREM', q, unpack(gone))
     redis.call('ZREM', qexp, unpack(gone))
-  end
-  for _ = 1, 16 do
     first = redis.call('ZRANGE', q, 0, 0)[1]
-    if not first or tonumber(redis.call('ZSCORE', qexp, first) or '0') > ms then
-      return first
-    end
+  end
+  while first and tonumber(redis.call('ZSCORE', qexp, first) or '0') <= ms do
     redis.call('ZREM', q, first)
     redis.call('ZREM', qexp, first)
+    first = redis.call('ZRANGE', q, 0, 0)[1]
   end
-  -- More lapsed places than one call drops: treat the queue as empty for
-  -- now (the next calls drop the rest) rather than wait on a dead head.
-  return nil
+  return first
 end
 -- The queue keys live as long as the longest-lived place in them.
 local function keep(key, ms)
@@ -124,7 +123,9 @@ static ACQUIRE_BODY: LazyLock<String> = LazyLock::new(|| {
 local me = ARGV[3] or ''
 local first = head(KEYS[3], KEYS[4])
 if (not first or first == me) and redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
-  if first then
+  -- The grantee's place goes on every grant, not only when it was first:
+  -- left behind, it would become the head once the lock is free again.
+  if me ~= '' then
     redis.call('ZREM', KEYS[3], me)
     redis.call('ZREM', KEYS[4], me)
   end

@@ -12,9 +12,12 @@ use crate::backend::RedisBackend;
 use crate::scripts::PLACE_HEARTBEATS;
 
 impl RedisBackend {
-    /// How long a queued waiter keeps its place without asking again.
+    /// How long a queued waiter keeps its place without asking again: a
+    /// few of its longest sleeps, plus the longest its next ask may take to
+    /// reach the server (a request timeout) and the reply before it, so a
+    /// slow waiter does not lose its place to its own round trips.
     pub(crate) fn place_lifetime(&self) -> Duration {
-        self.inner.max_poll * PLACE_HEARTBEATS
+        self.inner.max_poll * PLACE_HEARTBEATS + self.inner.request_timeout * 2
     }
 
     /// Acquire's wait: one attempt, then a place in the name's queue and
@@ -50,9 +53,11 @@ impl RedisBackend {
                 return Err(deadline.timeout_error(name));
             }
         }
-        // Without a subscription, a place at the head would never hear its
-        // wake-up: poll without one instead. The subscriber may be busy
-        // resubscribing to a node that is down: wait for it only so long.
+        // The subscriber may be busy resubscribing to a node that is down,
+        // or the server may refuse us SUBSCRIBE (an ACL): wait for it only
+        // so long. A waiter without a subscription still queues — outside
+        // the queue it would be refused whenever anyone waits — and hears
+        // that its turn came at its next poll instead.
         let limit = deadline.cap(self.inner.request_timeout * 2);
         let (_interest, subscribed) = if cluster {
             let channel = format!("{}:wake:{}", keys.lock, self.inner.client_id);
@@ -62,19 +67,17 @@ impl RedisBackend {
             let channel = format!("{}{}", self.inner.wake_prefix, self.inner.client_id);
             (None, notifications.keep(&channel, limit).await)
         };
-        let waiter = if subscribed {
-            format!("{}{}", OwnerToken::random()?, self.inner.client_id)
-        } else {
-            String::new()
-        };
+        if !subscribed {
+            tracing::debug!(name, "waiting without wake-ups: polling");
+        }
+        let waiter = format!("{}{}", OwnerToken::random()?, self.inner.client_id);
         // However the wait ends without a grant (timeout, error, dropped),
         // give the place up, so that the next waiter need not wait for it
-        // to lapse. A grant took it out of the queue already; a wait that
-        // never queued has no place to give up.
-        let mut leave = (!waiter.is_empty()).then(|| {
+        // to lapse. A grant took it out of the queue already.
+        let mut leave = {
             let (backend, name, waiter) = (self.clone(), name.to_owned(), waiter.clone());
             UndoOnDrop::new(async move { backend.abandon(&name, &waiter).await })
-        });
+        };
         // Heartbeats no longer apart than `max_poll` keep the place.
         let max_poll = self.inner.max_poll;
         let backoff = Backoff::new(max_poll.min(Duration::from_millis(100)), max_poll);
@@ -86,9 +89,7 @@ impl RedisBackend {
             || self.attempt(name, &keys, opts, &waiter),
         )
         .await?;
-        if let Some(leave) = &mut leave {
-            leave.disarm();
-        }
+        leave.disarm();
         Ok(lease)
     }
 

@@ -1,0 +1,132 @@
+//! The waiter queue: places that lapsed never hide the live head, and a
+//! waiter that cannot subscribe still gets its turn.
+
+#![allow(clippy::unwrap_used)] // tests panic on purpose
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use dlock_conformance::harness::{ServerOptions, Service, start};
+use dlock_conformance::support::{long, must_acquire, unique_name, wait_on_task};
+use dlock_core::Backend;
+use dlock_redis::RedisBackend;
+use dlock_redis::redis::{self, AsyncCommands};
+use tokio::time::sleep;
+
+mod support;
+use support::command_calls;
+
+async fn polling_every(url: &str, poll: Duration) -> RedisBackend {
+    RedisBackend::builder(url)
+        .max_poll_interval(poll)
+        .connect()
+        .await
+        .unwrap()
+}
+
+/// Forty lapsed places ahead of a live waiter (waiters whose processes
+/// died): the release still wakes the live one (one PUBLISH, counted
+/// rather than timed) instead of promising the free lock to nobody.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lapsed_places_do_not_hide_the_head() {
+    let server = start(Service::Redis, ServerOptions::default()).await;
+    let holder = RedisBackend::connect(server.url()).await.unwrap();
+    let waiter = polling_every(server.url(), Duration::from_secs(60)).await;
+    let name = unique_name("lapsed");
+    let held = must_acquire(&holder, &name, &long()).await;
+    let task = wait_on_task(waiter, &name, long().wait(Duration::from_secs(50)));
+
+    // Once the waiter has its place, put 40 dead ones ahead of it.
+    let key = format!("dlock:{{{name}}}");
+    let mut conn = holder.connection();
+    let first = loop {
+        let queued: Vec<(String, f64)> = conn
+            .zrange_withscores(format!("{key}:q"), 0, 0)
+            .await
+            .unwrap();
+        if let Some(first) = queued.into_iter().next() {
+            break first;
+        }
+        sleep(Duration::from_millis(10)).await;
+    };
+    for i in 0..40 {
+        let dead = format!("{i:032x}dead");
+        let arrived = first.1 - 1000.0 + f64::from(i);
+        let _: () = conn.zadd(format!("{key}:q"), &dead, arrived).await.unwrap();
+        let _: () = conn.zadd(format!("{key}:qexp"), &dead, 1).await.unwrap();
+    }
+
+    let [before] = command_calls(&mut conn, ["publish"]).await;
+    holder.release(&held).await.unwrap();
+    let [after] = command_calls(&mut conn, ["publish"]).await;
+    assert_eq!(
+        after - before,
+        1,
+        "the release woke nobody: the lapsed places hid the live head"
+    );
+    let (granted, _, waiter) = task.await.unwrap();
+    let granted = granted.expect("the live waiter gets the lock");
+    waiter.release(&granted).await.unwrap();
+}
+
+/// An ACL user that may not SUBSCRIBE waits while three others pass the
+/// lock round through the queue for seconds: it queues too (and polls for
+/// its turn), so it is granted, instead of being refused whenever anyone
+/// else waits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_without_subscribe_gets_its_turn() {
+    let server = start(Service::Redis, ServerOptions::default()).await;
+    let mut admin = RedisBackend::connect(server.url())
+        .await
+        .unwrap()
+        .connection();
+    let user = unique_name("nosub");
+    let () = redis::cmd("ACL")
+        .arg(
+            &[
+                "SETUSER",
+                &user,
+                "on",
+                ">pw",
+                "~*",
+                "&*",
+                "+@all",
+                "-subscribe",
+                "-ssubscribe",
+            ][..],
+        )
+        .query_async(&mut admin)
+        .await
+        .unwrap();
+    let url = server
+        .url()
+        .replace("redis://", &format!("redis://{user}:pw@"));
+    let name = unique_name("nosub");
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut cyclers = Vec::new();
+    for _ in 0..3 {
+        let client = polling_every(server.url(), Duration::from_millis(50)).await;
+        let (name, stop) = (name.clone(), stop.clone());
+        cyclers.push(tokio::spawn(async move {
+            let opts = long().wait(Duration::from_secs(20));
+            while !stop.load(Ordering::Relaxed) {
+                let lease = client.acquire(&name, &opts).await.unwrap();
+                sleep(Duration::from_millis(20)).await;
+                client.release(&lease).await.unwrap();
+            }
+        }));
+    }
+    sleep(Duration::from_millis(200)).await;
+    let unsubscribed = polling_every(&url, Duration::from_millis(50)).await;
+    let got = unsubscribed
+        .acquire(&name, &long().wait(Duration::from_secs(10)))
+        .await;
+    stop.store(true, Ordering::Relaxed);
+    let lease = got.expect("the waiter without SUBSCRIBE is granted within 10 s");
+    unsubscribed.release(&lease).await.unwrap();
+    for cycler in cyclers {
+        cycler.await.unwrap();
+    }
+}
