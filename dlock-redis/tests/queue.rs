@@ -8,6 +8,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use dlock_conformance::harness::{ServerOptions, Service, start};
+use dlock_conformance::proxy::{Fault, FaultProxy};
 use dlock_conformance::support::{long, must_acquire, unique_name, wait_on_task};
 use dlock_core::Backend;
 use dlock_redis::RedisBackend;
@@ -129,4 +130,51 @@ async fn a_waiter_without_subscribe_gets_its_turn() {
     for cycler in cyclers {
         cycler.await.unwrap();
     }
+}
+
+/// A waiter on a slow link (150 ms each way, where it asks again every
+/// 10 ms at most) keeps its place at the head while its own round trips
+/// run: the release goes to it, not to the fast waiter that queued after
+/// it. Decided on order: which waiter holds the lock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_head_keeps_its_place() {
+    let server = start(Service::Redis, ServerOptions::default()).await;
+    let port = server.url().rsplit(':').next().unwrap().to_owned();
+    let proxy = FaultProxy::start(format!("127.0.0.1:{port}").parse().unwrap())
+        .await
+        .unwrap();
+    let holder = RedisBackend::connect(server.url()).await.unwrap();
+    let slow = polling_every(
+        &format!("redis://{}", proxy.addr()),
+        Duration::from_millis(10),
+    )
+    .await;
+    let fast = polling_every(server.url(), Duration::from_millis(10)).await;
+    proxy.set(Fault::Delay(Duration::from_millis(150)));
+    let name = unique_name("slow-head");
+    let held = must_acquire(&holder, &name, &long()).await;
+    let patient = long().wait(Duration::from_secs(20));
+
+    let slow_task = wait_on_task(slow, &name, patient.clone());
+    let key = format!("dlock:{{{name}}}:q");
+    let mut conn = holder.connection();
+    while conn.zcard::<_, u64>(&key).await.unwrap() == 0 {
+        sleep(Duration::from_millis(10)).await;
+    }
+    let fast_task = wait_on_task(fast, &name, patient);
+    // Long enough for several of the slow waiter's round trips.
+    sleep(Duration::from_secs(1)).await;
+    holder.release(&held).await.unwrap();
+
+    let (granted, _, slow) = tokio::time::timeout(Duration::from_secs(10), slow_task)
+        .await
+        .expect("the slow head was passed over: the fast waiter got the lock")
+        .unwrap();
+    let granted = granted.expect("the slow head gets the lock");
+    assert!(!fast_task.is_finished(), "two waiters were granted at once");
+    slow.release(&granted).await.unwrap();
+    let (granted, _, fast) = fast_task.await.unwrap();
+    fast.release(&granted.expect("then the fast waiter"))
+        .await
+        .unwrap();
 }
