@@ -13,7 +13,6 @@ use dlock_core::{
 use zookeeper_client as zk;
 
 use crate::builder::ZkBuilder;
-use crate::error::{not_held, zk_error};
 use crate::release::Uncertain;
 use crate::session::Session;
 
@@ -93,17 +92,6 @@ impl ZkBackend {
             zk::Acls::creator_all()
         } else {
             zk::Acls::anyone_all()
-        }
-    }
-
-    /// A session lease needs no renewal: it holds while its node exists
-    /// and the session has not been given up.
-    async fn check_held(&self, lease: &Lease) -> Result<()> {
-        let path = self.node_of(lease).ok_or_else(|| not_held(lease))?;
-        match self.bounded(self.client().check_stat(path)).await {
-            Ok(Some(_)) if !lease.lost_token().is_cancelled() => Ok(()),
-            Ok(_) | Err(zk::Error::NoNode | zk::Error::SessionExpired) => Err(not_held(lease)),
-            Err(e) => Err(zk_error(e, "extend")),
         }
     }
 }

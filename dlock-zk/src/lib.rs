@@ -5,6 +5,7 @@ mod acquire;
 mod backend;
 mod builder;
 mod error;
+mod extend;
 mod hold;
 mod list;
 mod path;
