@@ -9,7 +9,6 @@ use redis::cluster_async::ClusterConnection;
 use redis::{Cmd, FromRedisValue, Pipeline, RedisError, RedisFuture, RedisResult, Value};
 
 use crate::backend::RedisBackend;
-use dlock_core::millis_up;
 
 /// The command connection of a [`RedisBackend`](crate::RedisBackend), to
 /// run commands of one's own with the redis crate (`query_async`). Cheap to
@@ -180,7 +179,14 @@ impl RedisBackend {
         pipe.invoke_script(invocation)
             .cmd("WAIT")
             .arg(replicas)
-            .arg(millis_up(timeout));
+            // Rounded down (at least 1: 0 waits forever): the builder
+            // checked the timeout is below the request timeout, and the
+            // rounded one must stay below it too.
+            .arg(
+                u64::try_from(timeout.as_millis())
+                    .unwrap_or(u64::MAX)
+                    .max(1),
+            );
         let mut reply = pipe.query_async::<(T, u32)>(&mut conn).await;
         if matches!(&reply, Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript))
         {

@@ -6,7 +6,9 @@
 //! `SET NX` then succeeds while the first lease is still valid. So the
 //! driver reads the policy on every connection it opens to a primary (at
 //! connect, and after a Sentinel failover) and refuses anything else,
-//! unless the builder was told to accept the risk.
+//! unless the builder was told to accept the risk. Not checked: a policy
+//! changed at run time, and a Redis Cluster primary that joins or is
+//! promoted after connect.
 
 use dlock_core::{Error, Result};
 use redis::Value;
@@ -20,7 +22,7 @@ const SAFE: &str = "noeviction";
 
 /// Reads `maxmemory_policy` from `INFO memory` (which, unlike `CONFIG GET`,
 /// managed services leave enabled) on `conn`; on a cluster connection the
-/// reply holds every primary's, and each must be safe.
+/// reply is a map with every primary's, and each must be there and safe.
 pub(crate) async fn check(
     conn: &mut impl ConnectionLike,
     bound: std::time::Duration,
@@ -28,13 +30,10 @@ pub(crate) async fn check(
     let info = redis::cmd("INFO").arg("memory").to_owned();
     let reply = match tokio::time::timeout(bound, conn.req_packed_command(&info)).await {
         Ok(Ok(reply)) => reply,
-        Ok(Err(e)) => {
-            return Err(unsafe_server(format!(
-                "cannot read maxmemory-policy ({}); allow INFO, or accept the risk of \
-                 evicted locks with accept_eviction_risk(true)",
-                redis_error(e, "INFO memory")
-            )));
-        }
+        Ok(Err(e)) if e.code() == Some("NOPERM") => return Err(cannot_read(&e.to_string())),
+        // Transport trouble is what it is (retryable), not a verdict on
+        // the server's configuration.
+        Ok(Err(e)) => return Err(redis_error(e, "read maxmemory-policy")),
         Err(_) => {
             return Err(Error::connection(
                 NAME,
@@ -43,19 +42,38 @@ pub(crate) async fn check(
             ));
         }
     };
-    let mut policies = Vec::new();
-    collect_policies(&reply, &mut policies);
-    if policies.is_empty() {
-        return Err(Error::malformed(NAME, "INFO memory", reply));
+    let servers: Vec<&Value> = match &reply {
+        Value::Map(nodes) => nodes.iter().map(|(_, v)| v).collect(),
+        one => vec![one],
+    };
+    for server in servers {
+        let policy = match server {
+            Value::BulkString(bytes) => policy_in(&String::from_utf8_lossy(bytes)),
+            Value::SimpleString(text) | Value::VerbatimString { text, .. } => policy_in(text),
+            // A node that answered NOPERM, LOADING, ...: unchecked is unsafe.
+            Value::ServerError(e) => return Err(cannot_read(&format!("{e:?}"))),
+            other => return Err(Error::malformed(NAME, "INFO memory", other)),
+        };
+        match policy {
+            Some(policy) if policy == SAFE => {}
+            Some(policy) => {
+                return Err(unsafe_server(format!(
+                    "maxmemory-policy is {policy}: Redis may evict held locks under memory \
+                     pressure and grant them again; set it to {SAFE}, or accept the risk with \
+                     accept_eviction_risk(true)"
+                )));
+            }
+            None => return Err(Error::malformed(NAME, "INFO memory", server)),
+        }
     }
-    match policies.iter().find(|p| p.as_str() != SAFE) {
-        Some(policy) => Err(unsafe_server(format!(
-            "maxmemory-policy is {policy}: Redis may evict held locks under memory pressure \
-             and grant them again; set it to {SAFE}, or accept the risk with \
-             accept_eviction_risk(true)"
-        ))),
-        None => Ok(()),
-    }
+    Ok(())
+}
+
+fn cannot_read(why: &str) -> Error {
+    unsafe_server(format!(
+        "cannot read maxmemory-policy ({why}); allow INFO, or accept the risk of evicted \
+         locks with accept_eviction_risk(true)"
+    ))
 }
 
 fn unsafe_server(message: String) -> Error {
@@ -65,28 +83,11 @@ fn unsafe_server(message: String) -> Error {
     }
 }
 
-/// Every `maxmemory_policy:` line in a reply, whatever its shape (one
-/// server's text, or a cluster's map of node to text).
-fn collect_policies(reply: &Value, out: &mut Vec<String>) {
-    match reply {
-        Value::BulkString(bytes) => collect_from_text(&String::from_utf8_lossy(bytes), out),
-        Value::SimpleString(text) | Value::VerbatimString { text, .. } => {
-            collect_from_text(text, out);
-        }
-        Value::Array(items) | Value::Set(items) => {
-            items.iter().for_each(|v| collect_policies(v, out));
-        }
-        Value::Map(pairs) => pairs.iter().for_each(|(_, v)| collect_policies(v, out)),
-        _ => {}
-    }
-}
-
-fn collect_from_text(text: &str, out: &mut Vec<String>) {
-    out.extend(
-        text.lines()
-            .filter_map(|line| line.strip_prefix("maxmemory_policy:"))
-            .map(|policy| policy.trim().to_owned()),
-    );
+/// The `maxmemory_policy:` line of one server's `INFO memory`.
+fn policy_in(text: &str) -> Option<String> {
+    text.lines()
+        .find_map(|line| line.strip_prefix("maxmemory_policy:"))
+        .map(|policy| policy.trim().to_owned())
 }
 
 #[cfg(test)]
@@ -94,25 +95,9 @@ mod tests {
     use super::*;
 
     #[test]
-    fn policies_are_read_from_one_server_or_many() {
-        let one = Value::BulkString(
-            b"# Memory\r\nused_memory:1\r\nmaxmemory_policy:noeviction\r\n".to_vec(),
-        );
-        let mut found = Vec::new();
-        collect_policies(&one, &mut found);
-        assert_eq!(found, ["noeviction"]);
-        let many = Value::Map(vec![
-            (Value::SimpleString("a:1".into()), one),
-            (
-                Value::SimpleString("b:2".into()),
-                Value::VerbatimString {
-                    format: redis::VerbatimFormat::Text,
-                    text: "maxmemory_policy:volatile-ttl\r\n".into(),
-                },
-            ),
-        ]);
-        found.clear();
-        collect_policies(&many, &mut found);
-        assert_eq!(found, ["noeviction", "volatile-ttl"]);
+    fn the_policy_is_read_from_info_text() {
+        let info = "# Memory\r\nused_memory:1\r\nmaxmemory_policy:noeviction\r\n";
+        assert_eq!(policy_in(info).as_deref(), Some("noeviction"));
+        assert_eq!(policy_in("used_memory:1\r\n"), None);
     }
 }

@@ -66,7 +66,9 @@ const WAKE: &str = r"
 local function wake(waiter)
   if waiter then
     local prefix = string.match(KEYS[1], '^(.-):{')
-    redis.call('PUBLISH', prefix .. ':wake:' .. string.sub(waiter, 33), KEYS[1])
+    -- pcall: a client whose ACL lacks channel rights (Redis 7's default
+    -- for new users) must still release and queue; its waiters poll.
+    redis.pcall('PUBLISH', prefix .. ':wake:' .. string.sub(waiter, 33), KEYS[1])
   end
 end
 ";
@@ -77,7 +79,7 @@ end
 const WAKE_SHARDED: &str = r"
 local function wake(waiter)
   if waiter then
-    redis.call('SPUBLISH', KEYS[1] .. ':wake:' .. string.sub(waiter, 33), KEYS[1])
+    redis.pcall('SPUBLISH', KEYS[1] .. ':wake:' .. string.sub(waiter, 33), KEYS[1])
   end
 end
 ";

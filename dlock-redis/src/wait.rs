@@ -14,10 +14,12 @@ use crate::scripts::PLACE_HEARTBEATS;
 impl RedisBackend {
     /// How long a queued waiter keeps its place without asking again: a
     /// few of its longest sleeps, plus the longest its next ask may take to
-    /// reach the server (a request timeout) and the reply before it, so a
-    /// slow waiter does not lose its place to its own round trips.
+    /// reach the server and the reply before it (each bounded by a connect
+    /// and a request timeout: the connection may be re-opening), so a slow
+    /// waiter does not lose its place to its own round trips.
     pub(crate) fn place_lifetime(&self) -> Duration {
-        self.inner.max_poll * PLACE_HEARTBEATS + self.inner.request_timeout * 2
+        let round_trip = self.inner.builder.connect_timeout + self.inner.request_timeout;
+        self.inner.max_poll * PLACE_HEARTBEATS + round_trip * 2
     }
 
     /// Acquire's wait: one attempt, then a place in the name's queue and
@@ -35,8 +37,9 @@ impl RedisBackend {
         // be held (or the attempt failed in a way worth another try, which
         // the wait loop makes). From then on the channel is kept, and the
         // first attempt queues at once, unless the wait is too short to
-        // be worth a place (a place left behind would hold the queue up
-        // until it is given back).
+        // be worth a place: then one plain attempt comes first, and only
+        // if that fails does the wait queue (a place is given back when
+        // the wait ends, but until then it holds the queue up).
         //
         // On a cluster each lock has its own channel per client, in the
         // lock's slot: it is subscribed for the wait only.

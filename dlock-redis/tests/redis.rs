@@ -447,12 +447,15 @@ async fn a_waiter_that_vanishes_loses_its_place() {
     let holder = RedisBackend::connect(url).await.unwrap();
     let name = unique_name("vanish");
     let lease = must_acquire(&holder, &name, &long()).await;
-    // Its place lapses 3 heartbeats (here 600 ms) after its last attempt.
-    let doomed = polling_every(
-        format!("redis://{}", proxy.addr()),
-        Duration::from_millis(200),
-    )
-    .await;
+    // Its place lapses 3 heartbeats plus two round-trip bounds (here
+    // 3 × 200 ms + 2 × (200 + 200) ms = 1.4 s) after its last attempt.
+    let doomed = RedisBackend::builder(format!("redis://{}", proxy.addr()))
+        .max_poll_interval(Duration::from_millis(200))
+        .connect_timeout(Duration::from_millis(200))
+        .request_timeout(Duration::from_millis(200))
+        .connect()
+        .await
+        .unwrap();
     let doomed = wait_for(doomed, &name);
     tokio::time::sleep(Duration::from_millis(300)).await;
     let patient = polling_every(url, Duration::from_secs(2)).await;

@@ -40,12 +40,14 @@ pub async fn guard_lost_fires_at_expiry(backend: &Arc<dyn Backend>) {
     let deadline = guard
         .valid_until()
         .expect("a TTL lease has a validity deadline");
+    let opts = short();
     assert!(
-        deadline < arrived + SHORT_TTL,
+        deadline <= arrived + (SHORT_TTL - opts.drift_value()),
         "the guard trusts its lease until {:?} after the grant arrived, past the server's TTL",
         deadline - arrived
     );
-    tokio::time::timeout(SHORT_TTL * 3, guard.lost())
+    // Liveness only: the verdict above does not rest on this bound.
+    tokio::time::timeout(Duration::from_secs(10), guard.lost())
         .await
         .expect("lost() resolves when the lease runs out");
     assert!(
