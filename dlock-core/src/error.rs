@@ -151,6 +151,16 @@ impl Error {
         }
     }
 
+    /// An [`Error::Connection`] for a request that got no answer in time:
+    /// retryable, like any lost connection, and its outcome is unknown.
+    pub fn timed_out(backend: &'static str, message: impl Into<String>) -> Self {
+        Error::connection(
+            backend,
+            message,
+            std::io::Error::from(std::io::ErrorKind::TimedOut),
+        )
+    }
+
     /// An [`Error::Backend`] for a reply the driver cannot read (a wrong
     /// type, a malformed token): the server or something between spoke
     /// another protocol than the driver expects.

@@ -54,12 +54,7 @@ pub(crate) fn sql_error(e: sqlx::Error, doing: &str) -> Error {
     }
 }
 
-/// A connection error for a request that got no answer in time: retryable,
-/// like any lost connection, and its outcome is unknown.
+/// A connection error for a request that got no answer in time.
 pub(crate) fn timed_out(message: String) -> Error {
-    Error::connection(
-        NAME,
-        message,
-        std::io::Error::from(std::io::ErrorKind::TimedOut),
-    )
+    Error::timed_out(NAME, message)
 }

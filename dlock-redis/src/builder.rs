@@ -233,11 +233,7 @@ impl RedisBuilder {
             match tokio::time::timeout(bound, client.get_async_connection()).await {
                 Ok(Ok(conn)) => Ok(conn),
                 Ok(Err(e)) => Err(redis_error(e, doing)),
-                Err(_) => Err(Error::connection(
-                    NAME,
-                    doing,
-                    std::io::Error::from(std::io::ErrorKind::TimedOut),
-                )),
+                Err(_) => Err(Error::timed_out(NAME, doing)),
             }
         };
         let mut conn = connect(client, "connect to the cluster").await?;

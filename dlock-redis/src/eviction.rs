@@ -34,13 +34,7 @@ pub(crate) async fn check(
         // Transport trouble is what it is (retryable), not a verdict on
         // the server's configuration.
         Ok(Err(e)) => return Err(redis_error(e, "read maxmemory-policy")),
-        Err(_) => {
-            return Err(Error::connection(
-                NAME,
-                "read maxmemory-policy",
-                std::io::Error::from(std::io::ErrorKind::TimedOut),
-            ));
-        }
+        Err(_) => return Err(Error::timed_out(NAME, "read maxmemory-policy")),
     };
     let servers: Vec<&Value> = match &reply {
         Value::Map(nodes) => nodes.iter().map(|(_, v)| v).collect(),

@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use dlock_conformance::harness::{ServerOptions, Service, start};
-use dlock_conformance::proxy::{Fault, FaultProxy};
+use dlock_conformance::proxy::Fault;
 use dlock_conformance::support::{long, must_acquire, unique_name, wait_on_task};
 use dlock_core::Backend;
 use dlock_redis::RedisBackend;
@@ -16,15 +16,7 @@ use dlock_redis::redis::{self, AsyncCommands};
 use tokio::time::sleep;
 
 mod support;
-use support::command_calls;
-
-async fn polling_every(url: &str, poll: Duration) -> RedisBackend {
-    RedisBackend::builder(url)
-        .max_poll_interval(poll)
-        .connect()
-        .await
-        .unwrap()
-}
+use support::{command_calls, polling_every, proxy_to};
 
 /// Forty lapsed places ahead of a live waiter (waiters whose processes
 /// died): the release still wakes the live one (one PUBLISH, counted
@@ -120,7 +112,7 @@ async fn a_waiter_without_subscribe_gets_its_turn() {
         }));
     }
     sleep(Duration::from_millis(200)).await;
-    let unsubscribed = polling_every(&url, Duration::from_millis(50)).await;
+    let unsubscribed = polling_every(url.as_str(), Duration::from_millis(50)).await;
     let got = unsubscribed
         .acquire(&name, &long().wait(Duration::from_secs(10)))
         .await;
@@ -139,10 +131,7 @@ async fn a_waiter_without_subscribe_gets_its_turn() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_slow_head_keeps_its_place() {
     let server = start(Service::Redis, ServerOptions::default()).await;
-    let port = server.url().rsplit(':').next().unwrap().to_owned();
-    let proxy = FaultProxy::start(format!("127.0.0.1:{port}").parse().unwrap())
-        .await
-        .unwrap();
+    let proxy = proxy_to(server.url()).await;
     let holder = RedisBackend::connect(server.url()).await.unwrap();
     let slow = polling_every(
         &format!("redis://{}", proxy.addr()),

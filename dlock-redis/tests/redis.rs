@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use dlock_conformance::harness::{ServerOptions, Service, shared, start, unused_port, wait_ready};
-use dlock_conformance::proxy::{Fault, FaultProxy};
+use dlock_conformance::proxy::Fault;
 use dlock_conformance::support::{
     Waited, long, must_acquire, release_wakes, unique_name, wait_on_task,
 };
@@ -16,26 +16,10 @@ use dlock_redis::redis::{self, AsyncCommands};
 use tokio::time::Instant;
 
 mod support;
+use support::{polling_every, proxy_to};
 
 async fn backend() -> RedisBackend {
     RedisBackend::connect(shared(Service::Redis).await.url())
-        .await
-        .unwrap()
-}
-
-/// A client whose waiters poll at most every `poll` when no wake-up comes.
-async fn polling_every(url: impl Into<String>, poll: Duration) -> RedisBackend {
-    RedisBackend::builder(url)
-        .max_poll_interval(poll)
-        .connect()
-        .await
-        .unwrap()
-}
-
-/// A proxy in front of the Redis at `url`, to cut one client's links.
-async fn proxy_to(url: &str) -> FaultProxy {
-    let port = url.rsplit(':').next().unwrap();
-    FaultProxy::start(format!("127.0.0.1:{port}").parse().unwrap())
         .await
         .unwrap()
 }

@@ -1,7 +1,29 @@
 //! Helpers of this crate's own tests (the shared ones are in
-//! `dlock_conformance::support`).
+//! `dlock_conformance::support`). Each test binary uses some of them.
+#![allow(dead_code)]
 
+use std::time::Duration;
+
+use dlock_conformance::proxy::FaultProxy;
+use dlock_redis::RedisBackend;
 use dlock_redis::redis::{self, aio::ConnectionLike};
+
+/// A client whose waiters poll at most every `poll` when no wake-up comes.
+pub async fn polling_every(url: impl Into<String>, poll: Duration) -> RedisBackend {
+    RedisBackend::builder(url)
+        .max_poll_interval(poll)
+        .connect()
+        .await
+        .expect("connect")
+}
+
+/// A proxy in front of the Redis at `url`, to cut or slow one client's
+/// links.
+pub async fn proxy_to(url: &str) -> FaultProxy {
+    let port = url.rsplit(':').next().expect("a URL with a port");
+    let addr = format!("127.0.0.1:{port}").parse().expect("a port number");
+    FaultProxy::start(addr).await.expect("start the proxy")
+}
 
 /// How many times the server behind `conn` has run each of `commands`
 /// (lower case, as `INFO commandstats` names them: `publish`, `evalsha`,
