@@ -4,6 +4,7 @@
 
 use std::io;
 use std::net::SocketAddr;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
@@ -39,7 +40,9 @@ pub trait Link: Send + Sync + std::fmt::Debug {
 #[derive(Debug)]
 pub struct FaultProxy {
     addr: SocketAddr,
-    fault: watch::Sender<Fault>,
+    /// One fault per generation of connections, the newest last: new
+    /// connections join the newest.
+    generations: Arc<Mutex<Vec<watch::Sender<Fault>>>>,
     _tasks: JoinSet<()>,
 }
 
@@ -48,12 +51,12 @@ impl FaultProxy {
     pub async fn start(upstream: SocketAddr) -> io::Result<Self> {
         let listener = TcpListener::bind("127.0.0.1:0").await?;
         let addr = listener.local_addr()?;
-        let (fault, rx) = watch::channel(Fault::Pass);
+        let generations = Arc::new(Mutex::new(vec![watch::channel(Fault::Pass).0]));
         let mut tasks = JoinSet::new();
-        tasks.spawn(accept(listener, upstream, rx));
+        tasks.spawn(accept(listener, upstream, generations.clone()));
         Ok(FaultProxy {
             addr,
-            fault,
+            generations,
             _tasks: tasks,
         })
     }
@@ -65,8 +68,31 @@ impl FaultProxy {
 
     /// Switches the fault, for every connection at once.
     pub fn set(&self, fault: Fault) {
-        self.fault.send_replace(fault);
+        for generation in lock(&self.generations).iter() {
+            generation.send_replace(fault);
+        }
     }
+
+    /// Stalls the connections open now, while connections opened from now
+    /// on pass: one connection hangs (a lost route, a peer that stopped
+    /// reading) while the client's next one works. [`FaultProxy::set`]
+    /// applies to all of them again.
+    pub fn stall_open_connections(&self) {
+        let mut generations = lock(&self.generations);
+        for generation in generations.iter() {
+            generation.send_replace(Fault::Stall);
+        }
+        generations.push(watch::channel(Fault::Pass).0);
+    }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// The fault of the newest generation, which a new connection joins.
+fn newest(generations: &Mutex<Vec<watch::Sender<Fault>>>) -> Option<watch::Receiver<Fault>> {
+    lock(generations).last().map(watch::Sender::subscribe)
 }
 
 impl Link for FaultProxy {
@@ -75,14 +101,20 @@ impl Link for FaultProxy {
     }
 }
 
-async fn accept(listener: TcpListener, upstream: SocketAddr, fault: watch::Receiver<Fault>) {
+async fn accept(
+    listener: TcpListener,
+    upstream: SocketAddr,
+    generations: Arc<Mutex<Vec<watch::Sender<Fault>>>>,
+) {
     // Owned here, so that the connections end with the accept loop.
     let mut connections = JoinSet::new();
     while let Ok((inbound, _)) = listener.accept().await {
+        let Some(fault) = newest(&generations) else {
+            return;
+        };
         if *fault.borrow() == Fault::Cut {
             continue; // dropped: the client sees the connection close
         }
-        let fault = fault.clone();
         connections.spawn(async move {
             let Ok(outbound) = TcpStream::connect(upstream).await else {
                 return;

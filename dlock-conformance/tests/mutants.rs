@@ -80,6 +80,10 @@ enum Bug {
     /// `extend_many` extends every named lock, owner or not (`UPDATE …
     /// WHERE name IN (…)`), and reports the owner check's result.
     BatchExtendsWithoutOwnerCheck,
+    /// Each request is bounded, the call is not: `list` sends a request
+    /// that timed out again, twice, each time with the whole request
+    /// timeout (as a client library's retries do).
+    BoundPerRequest,
     /// The TTL goes to the server truncated to whole milliseconds
     /// (`as_millis()`), so the server frees the name up to 1 ms before the
     /// client stops trusting its lease.
@@ -273,4 +277,9 @@ caught!(
     a_ttl_rounded_down_is_caught,
     Bug::TruncatedTtl,
     [ttl_fractions_are_rounded_up]
+);
+caught!(
+    a_bound_per_request_instead_of_per_call_is_caught,
+    Bug::BoundPerRequest,
+    [calls_on_a_stalled_server_return_within_their_bound]
 );

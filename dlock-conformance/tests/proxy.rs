@@ -57,3 +57,46 @@ async fn pass_delay_stall_and_cut_act_on_real_traffic() {
     proxy.set(Fault::Pass);
     assert_eq!(ping(port).await.unwrap(), "PONG");
 }
+
+/// `stall_open_connections` hangs the connections open then, holding what
+/// they send, while a new connection passes; `Pass` delivers what was held.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stalling_open_connections_lets_new_ones_pass() {
+    let server = shared(Service::Redis).await;
+    let proxy = FaultProxy::start(
+        format!("127.0.0.1:{}", server.port().unwrap())
+            .parse()
+            .unwrap(),
+    )
+    .await
+    .unwrap();
+    let port = proxy.addr().port();
+    let client = redis::Client::open(format!("redis://127.0.0.1:{port}")).unwrap();
+    // No response timeout of the client's own: the test decides how long.
+    let config = redis::AsyncConnectionConfig::new().set_response_timeout(None);
+    let mut old = client
+        .get_multiplexed_async_connection_with_config(&config)
+        .await
+        .unwrap();
+    proxy.stall_open_connections();
+
+    let mut held = Box::pin(async move {
+        redis::cmd("PING")
+            .query_async::<String>(&mut old)
+            .await
+            .unwrap()
+    });
+    assert!(
+        timeout(Duration::from_millis(500), &mut held)
+            .await
+            .is_err(),
+        "a connection open when the link stalled answered"
+    );
+    assert_eq!(ping(port).await.unwrap(), "PONG", "a new connection");
+    proxy.set(Fault::Pass);
+    assert_eq!(
+        timeout(Duration::from_secs(5), held).await.unwrap(),
+        "PONG",
+        "what was held back is delivered"
+    );
+}

@@ -178,7 +178,13 @@ pub const MAX_BATCH: usize = 1000;
 ///   gets its round trip); see [`Deadline::bound`](crate::wait::Deadline::bound).
 ///   Waiters wake on release by notification where the backend has one,
 ///   and otherwise poll with jitter; never a busy loop.
-/// - **Every call is bounded**: each request has a timeout; a request that
+/// - **Every call is bounded**, by one bound counted from the call's start,
+///   whatever it waits for inside (a free connection, a reconnect, several
+///   requests): [`acquire`](Backend::acquire) as above, every other call
+///   within the driver's request timeout, except
+///   [`force_release`](Backend::force_release), whose default makes up to
+///   five rounds of [`inspect`](Backend::inspect) and
+///   [`release`](Backend::release) (ten request timeouts). A request that
 ///   timed out has an unknown outcome, and a driver that declares
 ///   [`Capabilities::cleanup`] undoes such an acquire by owner token.
 /// - **Cancellation**: dropping any future of this trait at any await point

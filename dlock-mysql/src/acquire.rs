@@ -6,7 +6,7 @@ use std::time::Duration;
 use dlock_core::undo::UndoOnDrop;
 use dlock_core::wait::{Attempt, on_arrival};
 use dlock_core::{Lease, LockOptions, OwnerToken, Result};
-use tokio::time::{Instant, timeout};
+use tokio::time::{Instant, timeout_at};
 
 use crate::backend::MySqlBackend;
 use crate::error::{ER_LOCK_DEADLOCK, ER_LOCK_WAIT_TIMEOUT, server_error_number};
@@ -43,6 +43,7 @@ impl MySqlBackend {
         let owner_text = owner_token.to_string();
         let (owner, ttl) = (owner_text.as_str(), micros_up(lease_ttl));
         let mut tries = 0;
+        let by = self.deadline();
         loop {
             let query = sqlx::query(self.inner.sql.acquire.clone())
                 .bind(name.as_bytes())
@@ -53,15 +54,18 @@ impl MySqlBackend {
                 .bind(&self.inner.holder)
                 .bind(ttl);
             let limit = self.inner.request_timeout;
-            let mut lent = self.lend("acquire").await?;
+            let mut lent = self.lend("acquire", by).await?;
             // Armed from the moment the statement may reach the server until
             // its reply is in: one that timed out, or whose future was
-            // dropped, may still have taken the lock.
+            // dropped, may still have taken the lock, and may still be on
+            // its way to the server: the undo ends its connection first.
             let mut undo = {
-                let (backend, name) = (self.clone(), name.to_owned());
-                UndoOnDrop::new(async move { backend.undo(&name, owner_token, lease_ttl).await })
+                let (backend, name, sent_on) = (self.clone(), name.to_owned(), lent.mark());
+                UndoOnDrop::new(async move {
+                    backend.undo(&name, owner_token, lease_ttl, sent_on).await;
+                })
             };
-            let done = timeout(limit, query.execute(lent.conn())).await;
+            let done = timeout_at(by, query.execute(lent.conn())).await;
             // Any answer from the server settles the outcome (an error was
             // rolled back). Disarm then, or the undo of a deadlocked try
             // would release the next try's grant: it has the same owner.

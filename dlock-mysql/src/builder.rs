@@ -6,13 +6,12 @@ use std::time::Duration;
 
 use dlock_core::wait::Wakeups;
 use dlock_core::{Error, MAX_SETTING, OwnerToken, Result, check_duration};
-use sqlx::Connection;
 use sqlx::mysql::{MySqlConnectOptions, MySqlConnection};
-use tokio::time::timeout;
+use tokio::time::{Instant, timeout_at};
 
 use crate::backend::{Inner, MySqlBackend, NAME};
 use crate::error::{ER_TABLEACCESS_DENIED, server_error_number, sql_error, timed_out};
-use crate::pool::Pool;
+use crate::pool::{LendError, Pool};
 use crate::sql::{Statements, validate_table};
 use crate::wake::Sleepers;
 
@@ -126,7 +125,8 @@ impl MySqlBuilder {
     /// Checks the settings, then opens one connection at once, to surface
     /// bad credentials, a missing database or a server that is down now,
     /// and creates the lock table if it is missing (unless turned off with
-    /// [`MySqlBuilder::create_table`]).
+    /// [`MySqlBuilder::create_table`]). Returns within the connect timeout
+    /// plus the request timeout.
     ///
     /// # Errors
     /// [`Error::InvalidOption`] for a malformed URL, table name or setting,
@@ -134,17 +134,13 @@ impl MySqlBuilder {
     /// [`Error::Backend`] when it refuses us.
     pub async fn connect(self) -> Result<MySqlBackend> {
         let options = self.validate()?;
+        let pool = Pool::new(options, self.max_connections, self.connect_timeout)?;
         // A first connection at once reports what went wrong ("connection
         // refused", "access denied") instead of a later statement.
-        let mut first = match timeout(
-            self.connect_timeout,
-            MySqlConnection::connect_with(&options),
-        )
-        .await
-        {
-            Ok(Ok(first)) => first,
-            Ok(Err(e)) => return Err(sql_error(e, "connect")),
-            Err(_) => {
+        let mut first = match pool.lend(Instant::now() + self.connect_timeout).await {
+            Ok(first) => first,
+            Err(LendError::Connect(e)) => return Err(sql_error(e, "connect")),
+            Err(LendError::TimedOut) => {
                 return Err(timed_out(format!(
                     "connect: no answer within {:?}",
                     self.connect_timeout
@@ -153,10 +149,9 @@ impl MySqlBuilder {
         };
         let sql = Statements::new(&self.table);
         if self.create_table {
-            create_table(&mut first, &sql, &self.table, self.request_timeout).await?;
+            create_table(first.conn(), &sql, &self.table, self.request_timeout).await?;
         }
-        let pool = Pool::new(options, self.max_connections, self.connect_timeout);
-        pool.put(first);
+        first.give_back();
         Ok(MySqlBackend {
             inner: Arc::new(Inner {
                 pool,
@@ -182,7 +177,8 @@ async fn create_table(
     table: &str,
     limit: Duration,
 ) -> Result<()> {
-    let created = timeout(limit, sqlx::query(sql.create.clone()).execute(&mut *conn)).await;
+    let by = Instant::now() + limit;
+    let created = timeout_at(by, sqlx::query(sql.create.clone()).execute(&mut *conn)).await;
     let denied = match created {
         Ok(Ok(_)) => return Ok(()),
         Ok(Err(e)) if server_error_number(&e) == Some(ER_TABLEACCESS_DENIED) => e,
@@ -193,7 +189,7 @@ async fn create_table(
             )));
         }
     };
-    let exists = timeout(limit, sqlx::query(sql.exists.clone()).execute(&mut *conn)).await;
+    let exists = timeout_at(by, sqlx::query(sql.exists.clone()).execute(&mut *conn)).await;
     if let Ok(Ok(_)) = exists {
         return Ok(());
     }
@@ -308,10 +304,10 @@ impl MySqlBackend {
     }
 
     /// Creates the lock table if it does not exist, as `connect` does by
-    /// default. Idempotent.
+    /// default. Idempotent. Returns within the request timeout.
     pub async fn migrate(&self) -> Result<()> {
         let query = sqlx::query(self.inner.sql.create.clone());
-        self.execute(query, "migrate").await?;
+        self.execute(query, "migrate", self.deadline()).await?;
         Ok(())
     }
 }

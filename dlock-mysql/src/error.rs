@@ -14,6 +14,7 @@ const ER_NO_SUCH_TABLE: u16 = 1146;
 pub(crate) const ER_TABLEACCESS_DENIED: u16 = 1142;
 pub(crate) const ER_LOCK_WAIT_TIMEOUT: u16 = 1205;
 pub(crate) const ER_LOCK_DEADLOCK: u16 = 1213;
+pub(crate) const ER_NO_SUCH_THREAD: u16 = 1094;
 
 /// The server's error number, when the server answered with an error.
 pub(crate) fn server_error_number(e: &sqlx::Error) -> Option<u16> {

@@ -7,7 +7,7 @@ use std::time::Duration;
 use dlock_core::{Error, Lease, Result, micros_up};
 use sqlx::mysql::{MySql, MySqlArguments};
 use sqlx::query::Query;
-use tokio::time::{Instant, timeout};
+use tokio::time::{Instant, timeout_at};
 
 use crate::backend::MySqlBackend;
 use crate::pool::settle;
@@ -30,6 +30,7 @@ impl MySqlBackend {
     /// [`Backend::extend_many`](dlock_core::Backend::extend_many).
     pub(crate) async fn extend_leases(&self, leases: &mut [Lease]) -> Result<Vec<bool>> {
         let mut held = vec![false; leases.len()];
+        let by = self.deadline();
         // One statement per TTL, and a batch's leases nearly always share one.
         let mut ttls: Vec<Duration> = leases.iter().filter_map(Lease::ttl).collect();
         ttls.sort_unstable();
@@ -45,7 +46,7 @@ impl MySqlBackend {
             }
             let sent = Instant::now();
             let update = sqlx::raw_sql(self.inner.sql.extend_many(&batch, micros_up(ttl)));
-            let matched = self.execute(update, "extend").await?.rows_affected();
+            let matched = self.execute(update, "extend", by).await?.rows_affected();
             let extended: Vec<usize> = if usize::try_from(matched).is_ok_and(|m| m == members.len())
             {
                 members
@@ -54,8 +55,8 @@ impl MySqlBackend {
                 // exactly those the update extended.
                 let select = sqlx::raw_sql(self.inner.sql.owned_of(&batch));
                 let limit = self.inner.request_timeout;
-                let mut lent = self.lend("extend").await?;
-                let done = timeout(limit, select.fetch_all(lent.conn())).await;
+                let mut lent = self.lend("extend", by).await?;
+                let done = timeout_at(by, select.fetch_all(lent.conn())).await;
                 let rows = settle(lent, done, limit, "extend")?;
                 let owned: HashSet<Vec<u8>> = rows
                     .iter()
@@ -87,7 +88,12 @@ impl MySqlBackend {
         doing: &str,
     ) -> Result<()> {
         // sqlx sets CLIENT_FOUND_ROWS: rows matched, not rows changed.
-        if self.execute(query, doing).await?.rows_affected() == 1 {
+        if self
+            .execute(query, doing, self.deadline())
+            .await?
+            .rows_affected()
+            == 1
+        {
             Ok(())
         } else {
             Err(Error::NotHeld {

@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use dlock_core::{Error, HeldLock, LockInfo, LockPage, Result};
-use tokio::time::timeout;
+use tokio::time::timeout_at;
 
 use crate::backend::{MySqlBackend, NAME};
 use crate::pool::settle;
@@ -29,9 +29,9 @@ impl MySqlBackend {
             .bind(cursor.unwrap_or_default().as_bytes())
             .bind(pattern)
             .bind(u32::try_from(limit).unwrap_or(u32::MAX));
-        let limit_time = self.inner.request_timeout;
-        let mut lent = self.lend("list").await?;
-        let done = timeout(limit_time, query.fetch_all(lent.conn())).await;
+        let (by, limit_time) = (self.deadline(), self.inner.request_timeout);
+        let mut lent = self.lend("list", by).await?;
+        let done = timeout_at(by, query.fetch_all(lent.conn())).await;
         let rows: Vec<(Vec<u8>, String, u64, i64)> = settle(lent, done, limit_time, "list")?;
         // The next page starts after the last row read, kept or not.
         let next = (rows.len() == limit)
@@ -58,9 +58,9 @@ impl MySqlBackend {
     /// checked already.
     pub(crate) async fn inspect_lock(&self, name: &str) -> Result<Option<LockInfo>> {
         let query = sqlx::query_as(self.inner.sql.inspect.clone()).bind(name.as_bytes());
-        let limit = self.inner.request_timeout;
-        let mut lent = self.lend("inspect").await?;
-        let done = timeout(limit, query.fetch_optional(lent.conn())).await;
+        let (by, limit) = (self.deadline(), self.inner.request_timeout);
+        let mut lent = self.lend("inspect", by).await?;
+        let done = timeout_at(by, query.fetch_optional(lent.conn())).await;
         let row: Option<(String, u64, i64)> = settle(lent, done, limit, "inspect")?;
         let Some((owner, version, left)) = row else {
             return Ok(None);

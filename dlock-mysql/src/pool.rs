@@ -9,14 +9,15 @@
 //! dropped it. [`settle`] decides a lent connection's fate from its
 //! statement's outcome.
 
-use std::sync::{Mutex, PoisonError};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use dlock_core::Result;
+use dlock_core::{OwnerToken, Result};
 use sqlx::Connection;
 use sqlx::mysql::{MySql, MySqlConnectOptions, MySqlConnection, MySqlQueryResult};
 use tokio::sync::{Semaphore, SemaphorePermit};
-use tokio::time::{Instant, timeout};
+use tokio::time::{Instant, timeout_at};
 
 use crate::backend::MySqlBackend;
 use crate::error::{sql_error, timed_out};
@@ -33,107 +34,168 @@ pub(crate) enum LendError {
     Connect(sqlx::Error),
 }
 
+/// How an undo finds the server's side of a pooled connection: a named
+/// lock the connection takes when it opens and holds for its whole life,
+/// and the id the server gave it then. The server releases the lock only
+/// once the connection has ended, its last statement run or rolled back.
+#[derive(Debug, Clone)]
+pub(crate) struct Mark {
+    /// `dlock-c:<random>:<n>`: unique, so nobody else ever holds it.
+    pub lock: Arc<str>,
+    /// `CONNECTION_ID()`, as the connection saw it.
+    pub id: i64,
+}
+
+/// A connection of the pool, with its [`Mark`].
+#[derive(Debug)]
+struct Pooled {
+    conn: MySqlConnection,
+    mark: Mark,
+}
+
 #[derive(Debug)]
 pub(crate) struct Pool {
     options: MySqlConnectOptions,
-    idle: Mutex<Vec<(MySqlConnection, Instant)>>,
+    idle: Mutex<Vec<(Pooled, Instant)>>,
     slots: Semaphore,
     connect_timeout: Duration,
+    /// `dlock-c:<random>`, unique to the pool; each connection's mark adds
+    /// `:<n>`, the count of connections opened before it.
+    marks: String,
+    opened: AtomicU64,
 }
 
 impl Pool {
-    pub fn new(options: MySqlConnectOptions, max: u32, connect_timeout: Duration) -> Self {
-        Pool {
+    pub fn new(options: MySqlConnectOptions, max: u32, connect_timeout: Duration) -> Result<Self> {
+        Ok(Pool {
             options,
             idle: Mutex::new(Vec::new()),
             slots: Semaphore::new(usize::try_from(max).unwrap_or(usize::MAX)),
             connect_timeout,
-        }
+            marks: format!("dlock-c:{}", OwnerToken::random()?),
+            opened: AtomicU64::new(0),
+        })
     }
 
-    /// A new connection outside the pool's count, within the connect timeout.
+    /// A new connection outside the pool's count (for the waiters' sleeps,
+    /// which need no mark), within the connect timeout.
     pub async fn open(&self) -> Result<MySqlConnection, LendError> {
-        match tokio::time::timeout(
-            self.connect_timeout,
-            MySqlConnection::connect_with(&self.options),
-        )
-        .await
-        {
+        let by = Instant::now() + self.connect_timeout;
+        match timeout_at(by, MySqlConnection::connect_with(&self.options)).await {
             Ok(Ok(conn)) => Ok(conn),
             Ok(Err(e)) => Err(LendError::Connect(e)),
             Err(_) => Err(LendError::TimedOut),
         }
     }
 
-    /// Adds a connection opened elsewhere (the one `connect` checks with).
-    pub fn put(&self, conn: MySqlConnection) {
-        self.idle().push((conn, Instant::now()));
+    /// A new connection for the pool, marked, by `by` and within the
+    /// connect timeout.
+    async fn open_marked(&self, by: Instant) -> Result<Pooled, LendError> {
+        let by = by.min(Instant::now() + self.connect_timeout);
+        let n = self.opened.fetch_add(1, Ordering::Relaxed);
+        let lock: Arc<str> = format!("{}:{n}", self.marks).into();
+        let marked = async {
+            let mut conn = MySqlConnection::connect_with(&self.options).await?;
+            // Signed both here and in the undo's read: servers differ in
+            // which of the two they call unsigned.
+            let (id, _): (i64, Option<i64>) =
+                sqlx::query_as("SELECT CAST(CONNECTION_ID() AS SIGNED), GET_LOCK(?, 0)")
+                    .bind(&*lock)
+                    .fetch_one(&mut conn)
+                    .await?;
+            Ok::<_, sqlx::Error>(Pooled {
+                conn,
+                mark: Mark { lock, id },
+            })
+        };
+        match timeout_at(by, marked).await {
+            Ok(Ok(pooled)) => Ok(pooled),
+            Ok(Err(e)) => Err(LendError::Connect(e)),
+            Err(_) => Err(LendError::TimedOut),
+        }
     }
 
-    fn idle(&self) -> std::sync::MutexGuard<'_, Vec<(MySqlConnection, Instant)>> {
+    fn idle(&self) -> std::sync::MutexGuard<'_, Vec<(Pooled, Instant)>> {
         self.idle.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// A connection for one statement, within `within`.
-    pub async fn lend(&self, within: Duration) -> Result<Lent<'_>, LendError> {
-        let deadline = Instant::now() + within;
-        let permit = match tokio::time::timeout_at(deadline, self.slots.acquire()).await {
+    /// A connection for one call, by `by`.
+    pub async fn lend(&self, by: Instant) -> Result<Lent<'_>, LendError> {
+        let permit = match timeout_at(by, self.slots.acquire()).await {
             Ok(Ok(permit)) => permit,
             Ok(Err(_)) | Err(_) => return Err(LendError::TimedOut),
         };
         loop {
             // The newest idle connection first: the likeliest to be alive.
             let idle = self.idle().pop();
-            let Some((mut conn, since)) = idle else { break };
+            let Some((mut pooled, since)) = idle else {
+                break;
+            };
             if since.elapsed() < CHECK_AFTER_IDLE {
-                return Ok(Lent::new(self, conn, permit));
+                return Ok(Lent::new(self, pooled, permit));
             }
-            if let Ok(Ok(())) = tokio::time::timeout_at(deadline, conn.ping()).await {
-                return Ok(Lent::new(self, conn, permit));
+            if let Ok(Ok(())) = timeout_at(by, pooled.conn.ping()).await {
+                return Ok(Lent::new(self, pooled, permit));
             }
         }
-        let connect_by = deadline.min(Instant::now() + self.connect_timeout);
-        match tokio::time::timeout_at(connect_by, MySqlConnection::connect_with(&self.options))
-            .await
-        {
-            Ok(Ok(conn)) => Ok(Lent::new(self, conn, permit)),
-            Ok(Err(e)) => Err(LendError::Connect(e)),
-            Err(_) => Err(LendError::TimedOut),
-        }
+        let pooled = self.open_marked(by).await?;
+        Ok(Lent::new(self, pooled, permit))
     }
 }
 
-/// A connection lent to one statement. It goes back to the pool only
-/// through [`Lent::give_back`]; dropped otherwise (a timeout, a dropped
-/// future, a broken link), it is closed, because a statement may still be
-/// in flight on it.
+/// A connection lent to one call. It goes back to the pool only through
+/// [`Lent::give_back`]; dropped otherwise (a timeout, a dropped future, a
+/// broken link), it is closed, because a statement may still be in flight
+/// on it.
 pub(crate) struct Lent<'a> {
     pool: &'a Pool,
-    conn: Option<MySqlConnection>,
+    pooled: Option<Pooled>,
     _permit: SemaphorePermit<'a>,
 }
 
 impl<'a> Lent<'a> {
-    fn new(pool: &'a Pool, conn: MySqlConnection, permit: SemaphorePermit<'a>) -> Self {
+    fn new(pool: &'a Pool, pooled: Pooled, permit: SemaphorePermit<'a>) -> Self {
         Lent {
             pool,
-            conn: Some(conn),
+            pooled: Some(pooled),
             _permit: permit,
         }
     }
 
-    pub fn conn(&mut self) -> &mut MySqlConnection {
-        match &mut self.conn {
-            Some(conn) => conn,
+    fn pooled(&mut self) -> &mut Pooled {
+        match &mut self.pooled {
+            Some(pooled) => pooled,
             None => unreachable!("a lent connection is present until given back"),
         }
     }
 
+    pub fn conn(&mut self) -> &mut MySqlConnection {
+        &mut self.pooled().conn
+    }
+
+    /// The connection's [`Mark`], for an undo of what is sent on it.
+    pub fn mark(&mut self) -> Mark {
+        self.pooled().mark.clone()
+    }
+
     /// The statement finished: the connection is fit for the next one.
     pub fn give_back(mut self) {
-        if let Some(conn) = self.conn.take() {
-            self.pool.put(conn);
+        if let Some(pooled) = self.pooled.take() {
+            self.pool.idle().push((pooled, Instant::now()));
         }
+    }
+}
+
+/// A statement's reply, `done`, as the call's result.
+pub(crate) fn answer<T>(
+    done: Result<Result<T, sqlx::Error>, tokio::time::error::Elapsed>,
+    limit: Duration,
+    doing: &str,
+) -> Result<T> {
+    match done {
+        Ok(Ok(value)) => Ok(value),
+        Ok(Err(e)) => Err(sql_error(e, doing)),
+        Err(_) => Err(timed_out(format!("{doing}: no reply within {limit:?}"))),
     }
 }
 
@@ -146,24 +208,27 @@ pub(crate) fn settle<T>(
     limit: Duration,
     doing: &str,
 ) -> Result<T> {
-    match done {
-        Ok(Ok(value)) => {
-            lent.give_back();
-            Ok(value)
-        }
-        Ok(Err(e)) if e.as_database_error().is_some() => {
-            lent.give_back();
-            Err(sql_error(e, doing))
-        }
-        Ok(Err(e)) => Err(sql_error(e, doing)),
-        Err(_) => Err(timed_out(format!("{doing}: no reply within {limit:?}"))),
+    let answered = match &done {
+        Ok(Ok(_)) => true,
+        Ok(Err(e)) => e.as_database_error().is_some(),
+        Err(_) => false,
+    };
+    if answered {
+        lent.give_back();
     }
+    answer(done, limit, doing)
 }
 
 impl MySqlBackend {
-    /// A pooled connection, waited for no longer than the request timeout.
-    pub(crate) async fn lend(&self, doing: &str) -> Result<Lent<'_>> {
-        match self.inner.pool.lend(self.inner.request_timeout).await {
+    /// When a call starting now must have returned: every public call is
+    /// bounded by one request timeout, the wait for a connection included.
+    pub(crate) fn deadline(&self) -> Instant {
+        Instant::now() + self.inner.request_timeout
+    }
+
+    /// A pooled connection, by the call's deadline `by`.
+    pub(crate) async fn lend(&self, doing: &str, by: Instant) -> Result<Lent<'_>> {
+        match self.inner.pool.lend(by).await {
             Ok(lent) => Ok(lent),
             Err(LendError::Connect(e)) => Err(sql_error(e, doing)),
             Err(LendError::TimedOut) => Err(timed_out(format!(
@@ -174,16 +239,16 @@ impl MySqlBackend {
     }
 
     /// Runs one statement, prepared or written out in full (see
-    /// [`Batch`](crate::sql::Batch)), on a lent connection.
+    /// [`Batch`](crate::sql::Batch)), on a lent connection, by `by`.
     pub(crate) async fn execute<'q>(
         &self,
         query: impl sqlx::Execute<'q, MySql> + 'q,
         doing: &str,
+        by: Instant,
     ) -> Result<MySqlQueryResult> {
         use sqlx::Executor;
-        let limit = self.inner.request_timeout;
-        let mut lent = self.lend(doing).await?;
-        let done = timeout(limit, lent.conn().execute(query)).await;
-        settle(lent, done, limit, doing)
+        let mut lent = self.lend(doing, by).await?;
+        let done = timeout_at(by, lent.conn().execute(query)).await;
+        settle(lent, done, self.inner.request_timeout, doing)
     }
 }

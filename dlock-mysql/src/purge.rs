@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use dlock_core::{Error, MAX_SETTING, Result, check_duration};
-use tokio::time::{sleep, timeout};
+use tokio::time::{sleep, timeout_at};
 
 use crate::backend::MySqlBackend;
 use crate::pool::settle;
@@ -36,25 +36,24 @@ impl MySqlBackend {
     /// name acquired again after its row was purged still gets a greater
     /// token, unless the database clock steps back by more than
     /// `older_than`. Call it in a loop while it returns
-    /// `limit`, or let [`MySqlBackend::spawn_purger`] do it.
+    /// `limit`, or let [`MySqlBackend::spawn_purger`] do it. Two
+    /// statements (the names, then one `DELETE` by primary key), within
+    /// the request timeout.
     pub async fn purge_expired(&self, older_than: Duration, limit: u32) -> Result<u64> {
         check_duration("older_than", older_than, MIN_PURGE_AGE, MAX_SETTING * 365)?;
         let age = micros_up(older_than);
         let query = sqlx::query_scalar(self.inner.sql.purge_candidates.clone())
             .bind(age)
             .bind(limit);
-        let limit_time = self.inner.request_timeout;
-        let mut lent = self.lend("purge").await?;
-        let done = timeout(limit_time, query.fetch_all(lent.conn())).await;
+        let (by, limit_time) = (self.deadline(), self.inner.request_timeout);
+        let mut lent = self.lend("purge", by).await?;
+        let done = timeout_at(by, query.fetch_all(lent.conn())).await;
         let names: Vec<Vec<u8>> = settle(lent, done, limit_time, "purge")?;
-        let mut deleted = 0;
-        for name in names {
-            let query = sqlx::query(self.inner.sql.purge.clone())
-                .bind(name)
-                .bind(age);
-            deleted += self.execute(query, "purge").await?.rows_affected();
+        if names.is_empty() {
+            return Ok(0);
         }
-        Ok(deleted)
+        let delete = sqlx::raw_sql(self.inner.sql.purge(&names, age));
+        Ok(self.execute(delete, "purge", by).await?.rows_affected())
     }
 
     /// Starts a background task that purges rows expired for longer than

@@ -7,10 +7,11 @@ use dlock_core::undo::retry_for;
 use dlock_core::{Error, Lease, OwnerToken, Result};
 use sqlx::mysql::{MySql, MySqlArguments};
 use sqlx::query::Query;
-use tokio::time::timeout;
+use tokio::time::{Instant, timeout_at};
 
 use crate::backend::MySqlBackend;
-use crate::pool::settle;
+use crate::error::{ER_NO_SUCH_THREAD, server_error_number, timed_out};
+use crate::pool::{Mark, answer, settle};
 use dlock_core::micros_up;
 
 impl MySqlBackend {
@@ -19,7 +20,8 @@ impl MySqlBackend {
         let query = sqlx::query(self.inner.sql.release.clone())
             .bind(lease.name().as_bytes())
             .bind(lease.owner().to_string());
-        if self.release_row(query, lease.name(), "release").await? != 1 {
+        let by = self.deadline();
+        if self.release_row(query, lease.name(), "release", by).await? != 1 {
             return Err(Error::NotHeld {
                 name: lease.name().to_owned(),
             });
@@ -44,15 +46,78 @@ impl MySqlBackend {
 
     /// Releases `name` if `owner` holds it, retrying while the database is
     /// out of reach, until it answers or the TTL has freed the lock anyway.
-    pub(crate) async fn undo(&self, name: &str, owner: OwnerToken, ttl: Duration) {
+    /// The acquire went out on the connection `sent_on`, where it may still
+    /// wait to run (in a socket buffer, behind a row lock): that connection
+    /// is ended first, so that the acquire cannot grant after the release.
+    pub(crate) async fn undo(&self, name: &str, owner: OwnerToken, ttl: Duration, sent_on: Mark) {
         let released = retry_for(ttl, || async {
+            let by = self.deadline();
+            self.end_connection(&sent_on, by).await?;
             let query = sqlx::query(self.inner.sql.release.clone())
                 .bind(name.as_bytes())
                 .bind(owner.to_string());
-            self.release_row(query, name, "undo an acquire").await
+            self.release_row(query, name, "undo an acquire", by).await
         })
         .await;
         tracing::debug!(name, ?released, "undid an acquire of unknown outcome");
+    }
+
+    /// Ends the connection `mark` names, if the server still has it, and
+    /// waits until the server is done with it: whatever was sent on it has
+    /// then run, or never will.
+    ///
+    /// The id comes from the server's own record of who holds the mark's
+    /// named lock, and the `KILL` goes on the same connection as that read:
+    /// a server restarted in between (which could give the id to another
+    /// client) breaks this connection first. An id other than the one the
+    /// connection reported for itself means a proxy between that numbers
+    /// connections its own way: nothing is killed then.
+    async fn end_connection(&self, mark: &Mark, by: Instant) -> Result<()> {
+        const DOING: &str = "undo an acquire";
+        let limit = self.inner.request_timeout;
+        let mut lent = self.lend(DOING, by).await?;
+        let conn = lent.conn();
+        let holder = sqlx::query_scalar::<_, Option<i64>>("SELECT CAST(IS_USED_LOCK(?) AS SIGNED)")
+            .bind(&*mark.lock)
+            .fetch_one(&mut *conn);
+        match answer(timeout_at(by, holder).await, limit, DOING)? {
+            // Gone already.
+            None => {}
+            Some(id) if id != mark.id => {
+                tracing::warn!(
+                    id,
+                    expected = mark.id,
+                    "cannot end the connection of an acquire of unknown outcome: \
+                     the server numbers it differently (a proxy?)"
+                );
+            }
+            Some(id) => {
+                let kill = sqlx::raw_sql(sqlx::AssertSqlSafe(format!("KILL CONNECTION {id}")));
+                match timeout_at(by, sqlx::Executor::execute(&mut *conn, kill)).await {
+                    Ok(Err(e)) if server_error_number(&e) == Some(ER_NO_SUCH_THREAD) => {}
+                    done => {
+                        answer(done, limit, DOING)?;
+                    }
+                }
+                // The lock frees when the connection has ended: wait for it
+                // (for half the time left, so that the answer comes in time).
+                let left = by.saturating_duration_since(Instant::now()) / 2;
+                let ended = sqlx::query_scalar::<_, Option<i64>>(
+                    "SELECT IF(GET_LOCK(?, ?), RELEASE_LOCK(?), 0)",
+                )
+                .bind(&*mark.lock)
+                .bind(left.as_secs_f64())
+                .bind(&*mark.lock)
+                .fetch_one(&mut *conn);
+                if answer(timeout_at(by, ended).await, limit, DOING)? != Some(1) {
+                    return Err(timed_out(format!(
+                        "{DOING}: the connection it went out on has not ended yet"
+                    )));
+                }
+            }
+        }
+        lent.give_back();
+        Ok(())
     }
 
     /// Runs a release statement for `name` (the plain release, or an
@@ -65,10 +130,11 @@ impl MySqlBackend {
         query: Query<'_, MySql, MySqlArguments>,
         name: &str,
         doing: &str,
+        by: Instant,
     ) -> Result<u64> {
         let limit = self.inner.request_timeout;
-        let mut lent = self.lend(doing).await?;
-        let done = timeout(limit, query.execute(lent.conn())).await;
+        let mut lent = self.lend(doing, by).await?;
+        let done = timeout_at(by, query.execute(lent.conn())).await;
         let sleeper = match &done {
             Ok(Ok(r)) if r.rows_affected() == 1 && self.inner.wake_ups => r.last_insert_id(),
             _ => 0,
@@ -83,9 +149,11 @@ impl MySqlBackend {
         // Only the waiters' own connections are ever registered, so this
         // cuts short nothing but a sleep. A user who may not kill that
         // connection (another MySQL user) gets an error, and the waiter
-        // wakes at the end of the lease or of its poll.
+        // wakes at the end of the lease or of its poll. The release is
+        // done: a kill without an answer by the deadline changes nothing
+        // in what this call returns.
         let kill = sqlx::raw_sql(sqlx::AssertSqlSafe(format!("KILL QUERY {sleeper}")));
-        match timeout(limit, kill.execute(lent.conn())).await {
+        match timeout_at(by, kill.execute(lent.conn())).await {
             Ok(Ok(_)) => lent.give_back(),
             Ok(Err(e)) if e.as_database_error().is_some() => {
                 tracing::debug!(name, error = %e, "could not wake the registered waiter");

@@ -40,7 +40,6 @@ pub(crate) struct Statements {
     pub extend: SqlStr,
     pub hold: SqlStr,
     pub purge_candidates: SqlStr,
-    pub purge: SqlStr,
     pub list: SqlStr,
     pub inspect: SqlStr,
     pub register: SqlStr,
@@ -163,14 +162,10 @@ impl Statements {
             )),
             // Only rows whose lease ended long ago; a later acquire of the
             // name starts from the clock, above every token of the row. The
-            // names are read first (a plain read takes no locks) and deleted
-            // by primary key, the condition checked again: a `DELETE … WHERE
-            // expires_at …` would lock every row it scans, held ones too.
+            // names are read first (a plain read takes no locks), then
+            // deleted by primary key (see `Statements::purge`).
             purge_candidates: safe(format!(
                 "SELECT name FROM `{table}` WHERE expires_at < {NOW} - INTERVAL ? MICROSECOND LIMIT ?"
-            )),
-            purge: safe(format!(
-                "DELETE FROM `{table}` WHERE name = ? AND expires_at < {NOW} - INTERVAL ? MICROSECOND"
             )),
             // A range of the primary key: from the cursor, within the
             // prefix (`!` escapes LIKE's wildcards).
@@ -216,6 +211,23 @@ impl Statements {
             "UPDATE `{}` SET expires_at = UTC_TIMESTAMP(6) + INTERVAL {ttl_us} MICROSECOND
              WHERE name IN ({}) AND CONCAT(owner, name) IN ({}) AND expires_at > UTC_TIMESTAMP(6)",
             self.table, batch.names, batch.owned
+        ))
+    }
+
+    /// Deletes the rows of `names` still expired for over `age_us`: point
+    /// lookups of the primary key, the condition checked again. A `DELETE
+    /// … WHERE expires_at …` would lock every row it scans, held ones too.
+    pub fn purge(&self, names: &[Vec<u8>], age_us: u64) -> SqlStr {
+        use std::fmt::Write;
+        let mut list = String::new();
+        for (i, name) in names.iter().enumerate() {
+            let sep = if i == 0 { "" } else { ", " };
+            let _ = write!(list, "{sep}X'{}'", hex(name));
+        }
+        safe(format!(
+            "DELETE FROM `{}` WHERE name IN ({list})
+             AND expires_at < UTC_TIMESTAMP(6) - INTERVAL {age_us} MICROSECOND",
+            self.table
         ))
     }
 

@@ -6,6 +6,7 @@
 use std::time::Duration;
 
 use dlock_conformance::harness::{ServerOptions, Service, shared, start, unused_port};
+use dlock_conformance::proxy::{Fault, FaultProxy};
 use dlock_conformance::support::{
     Waited, long, must_acquire, release_wakes, unique_name, wait_on_task,
 };
@@ -680,4 +681,277 @@ async fn a_lost_anchor_is_replaced_and_wake_ups_go_on() {
         "the connection that won the anchor was kept"
     );
     release_wakes(&holder, &lease, task).await;
+}
+
+/// An acquire whose reply does not come in time is undone from another
+/// connection. Its statement may not have reached the server yet (held in
+/// a socket buffer; here, by the proxy) and must not grant after the undo:
+/// the undo ends the acquire's connection before it releases. An undo that
+/// only releases by owner finds nothing to release, and the statement,
+/// arriving after it, takes the name for a whole TTL for an owner nobody
+/// has. On a server of its own, so that its connections are the backend's.
+#[tokio::test]
+async fn an_undone_acquire_cannot_take_the_name_afterwards() {
+    use sqlx::Connection;
+    let server = start(Service::MariaDb, ServerOptions::default()).await;
+    let direct = format!("127.0.0.1:{}", server.port().unwrap());
+    let proxy = FaultProxy::start(direct.parse().unwrap()).await.unwrap();
+    let proxied = format!("127.0.0.1:{}", proxy.addr().port());
+    let b = MySqlBackend::builder(server.url().replace(&direct, &proxied))
+        .request_timeout(Duration::from_millis(500))
+        .connect()
+        .await
+        .unwrap();
+    // The connection prepares the acquire statement now: stalled, it holds
+    // the execution itself, not a prepare whose reply the client awaits.
+    let warm = must_acquire(&b, &unique_name("warm"), &long()).await;
+    b.release(&warm).await.unwrap();
+    let mut admin = sqlx::MySqlConnection::connect(server.url()).await.unwrap();
+    let open = connections(&mut admin).await;
+    let [sent_on] = open[..] else {
+        panic!("expected the backend's one connection, found {open:?}");
+    };
+
+    proxy.stall_open_connections();
+    let name = unique_name("undone");
+    match b.try_acquire(&name, &long()).await {
+        Err(e @ Error::Connection { .. }) => {
+            assert!(e.to_string().contains("no reply"), "{e}");
+        }
+        other => panic!("expected no reply in time, got {other:?}"),
+    }
+    // The undo runs now. A correct one ends the connection; give one that
+    // does not the time to release (nothing) before the statement arrives.
+    let ended_by_undo = gone(&mut admin, sent_on, Duration::from_secs(5)).await;
+    proxy.set(Fault::Pass);
+    // Whatever the connection carried has run, or never will, once the
+    // server is done with it.
+    assert!(
+        gone(&mut admin, sent_on, Duration::from_secs(10)).await,
+        "the acquire's connection is still open"
+    );
+    let holder = b.inspect(&name).await.unwrap();
+    assert!(
+        holder.is_none(),
+        "the undone acquire took the name after its undo, for nobody: {holder:?} \
+         (the undo ended its connection: {ended_by_undo})"
+    );
+}
+
+/// The ids of the server's client connections to the test database, but
+/// `admin`'s own.
+async fn connections(admin: &mut sqlx::MySqlConnection) -> Vec<i64> {
+    sqlx::query_scalar(
+        "SELECT CAST(ID AS SIGNED) FROM information_schema.PROCESSLIST
+         WHERE DB = DATABASE() AND ID <> CONNECTION_ID() ORDER BY ID",
+    )
+    .fetch_all(admin)
+    .await
+    .unwrap()
+}
+
+/// Whether the connection `id` has ended within `within` (polled).
+async fn gone(admin: &mut sqlx::MySqlConnection, id: i64, within: Duration) -> bool {
+    let until = tokio::time::Instant::now() + within;
+    loop {
+        if !connections(admin).await.contains(&id) {
+            return true;
+        }
+        if tokio::time::Instant::now() >= until {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Every call returns within the request timeout, counted from its start,
+/// the wait for a connection included: with one connection in the pool
+/// and the link black-holed, each call below waits for the connection the
+/// others hold, then for a reply that never comes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_call_returns_within_the_request_timeout_from_an_empty_pool() {
+    const TIMEOUT: Duration = Duration::from_secs(3);
+    // What a loaded machine may add; under TIMEOUT, so that twice the
+    // timeout cannot pass.
+    const SLACK: Duration = Duration::from_millis(1250);
+    let direct = url().await;
+    let port = direct
+        .rsplit_once(':')
+        .unwrap()
+        .1
+        .split('/')
+        .next()
+        .unwrap();
+    let proxy = FaultProxy::start(format!("127.0.0.1:{port}").parse().unwrap())
+        .await
+        .unwrap();
+    let proxied = direct.replace(
+        &format!("127.0.0.1:{port}"),
+        &format!("127.0.0.1:{}", proxy.addr().port()),
+    );
+    let b = MySqlBackend::builder(proxied)
+        .max_connections(1)
+        .request_timeout(TIMEOUT)
+        .connect_timeout(TIMEOUT)
+        .connect()
+        .await
+        .unwrap();
+    let mut leases = Vec::new();
+    for _ in 0..4 {
+        leases.push(must_acquire(&b, &unique_name("starved"), &long()).await);
+    }
+    proxy.set(Fault::Stall);
+    let mut calls = tokio::task::JoinSet::new();
+    let [a, c, d, e] = <[_; 4]>::try_from(leases).unwrap();
+    let mut call = |what: &'static str, run: dlock_conformance::BoxFuture<bool>| {
+        calls.spawn(async move {
+            let started = tokio::time::Instant::now();
+            let failed = run.await;
+            (what, started.elapsed(), failed)
+        });
+    };
+    let x = b.clone();
+    call(
+        "try_acquire",
+        Box::pin(async move { x.try_acquire(&unique_name("s"), &long()).await.is_err() }),
+    );
+    let x = b.clone();
+    call(
+        "acquire",
+        Box::pin(async move {
+            x.acquire(&unique_name("s"), &long().wait(Duration::ZERO))
+                .await
+                .is_err()
+        }),
+    );
+    let x = b.clone();
+    call(
+        "release",
+        Box::pin(async move { x.release(&a).await.is_err() }),
+    );
+    let x = b.clone();
+    call(
+        "release_after",
+        Box::pin(async move { x.release_after(&c, Duration::from_secs(1)).await.is_err() }),
+    );
+    let x = b.clone();
+    call(
+        "extend",
+        Box::pin(async move {
+            let mut d = d;
+            x.extend(&mut d).await.is_err()
+        }),
+    );
+    let x = b.clone();
+    call(
+        "extend_many",
+        Box::pin(async move { x.extend_many(&mut [e]).await.is_err() }),
+    );
+    let x = b.clone();
+    call(
+        "inspect",
+        Box::pin(async move { x.inspect("starved").await.is_err() }),
+    );
+    let x = b.clone();
+    call(
+        "list",
+        Box::pin(async move { x.list("starved", None, 10).await.is_err() }),
+    );
+    let x = b.clone();
+    call(
+        "purge_expired",
+        Box::pin(async move {
+            x.purge_expired(dlock_mysql::MIN_PURGE_AGE, 10)
+                .await
+                .is_err()
+        }),
+    );
+    while let Some(done) = calls.join_next().await {
+        let (what, took, failed) = done.unwrap();
+        eprintln!("{what}: {took:?}");
+        assert!(failed, "{what} succeeded over a black-holed link");
+        assert!(
+            took <= TIMEOUT + SLACK,
+            "{what} returned after {took:?}; the request timeout is {TIMEOUT:?}"
+        );
+    }
+}
+
+/// The wait for a connection and the statement share one bound: a call
+/// that gets the pool's only connection late (another call's statement
+/// waited on a row lock until then) has only the rest of its request
+/// timeout for its own statement. Bounding each by the whole timeout let
+/// such a call take nearly twice as long.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_that_waited_for_a_connection_has_only_the_rest_of_its_timeout() {
+    use sqlx::Connection;
+    const TIMEOUT: Duration = Duration::from_secs(3);
+    const SLACK: Duration = Duration::from_millis(1250);
+    let b = MySqlBackend::builder(url().await)
+        .max_connections(1)
+        .request_timeout(TIMEOUT)
+        .connect()
+        .await
+        .unwrap();
+    b.migrate().await.unwrap();
+    let first = must_acquire(&b, &unique_name("first"), &long()).await;
+    let mut later = Vec::new();
+    for _ in 0..3 {
+        later.push(must_acquire(&b, &unique_name("later"), &long()).await);
+    }
+    // Row locks that make the statements wait in the server, answering
+    // nothing until they are lifted.
+    let lock_rows = |names: Vec<String>| async move {
+        let mut conn = sqlx::MySqlConnection::connect(url().await).await.unwrap();
+        sqlx::query("BEGIN").execute(&mut conn).await.unwrap();
+        for name in names {
+            sqlx::query("SELECT 1 FROM dlock_locks WHERE name = ? FOR UPDATE")
+                .bind(name.into_bytes())
+                .fetch_all(&mut conn)
+                .await
+                .unwrap();
+        }
+        conn
+    };
+    let mut first_row = lock_rows(vec![first.name().to_owned()]).await;
+    let _later_rows = lock_rows(later.iter().map(|l| l.name().to_owned()).collect()).await;
+
+    // Takes the only connection and keeps it until the first row is free.
+    let x = b.clone();
+    let blocker = tokio::spawn(async move {
+        let mut first = first;
+        x.extend(&mut first).await
+    });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let mut calls = tokio::task::JoinSet::new();
+    for (i, lease) in later.into_iter().enumerate() {
+        let x = b.clone();
+        calls.spawn(async move {
+            let started = tokio::time::Instant::now();
+            let mut lease = lease;
+            let failed = match i {
+                0 => x.extend(&mut lease).await.is_err(),
+                1 => x.release(&lease).await.is_err(),
+                _ => x
+                    .release_after(&lease, Duration::from_secs(1))
+                    .await
+                    .is_err(),
+            };
+            (i, started.elapsed(), failed)
+        });
+    }
+    // The connection frees 2.5 s into the blocker's call, 2 s into theirs.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    sqlx::query("COMMIT").execute(&mut first_row).await.unwrap();
+    // Its own outcome does not matter: only that it held the connection.
+    let _ = blocker.await.unwrap();
+    while let Some(done) = calls.join_next().await {
+        let (i, took, failed) = done.unwrap();
+        eprintln!("call {i}: {took:?}");
+        assert!(failed, "call {i} got through a locked row");
+        assert!(
+            took <= TIMEOUT + SLACK,
+            "call {i} returned after {took:?}; the request timeout is {TIMEOUT:?}"
+        );
+    }
 }

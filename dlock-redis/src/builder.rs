@@ -124,6 +124,8 @@ impl RedisBuilder {
     }
 
     /// Connects: one connection for commands, one for release notifications.
+    /// Returns within twice the connect timeout plus the request timeout
+    /// (a Sentinel lookup or a walk over a cluster's seeds included).
     ///
     /// # Errors
     /// [`Error::InvalidOption`] for a malformed URL or prefix,
@@ -149,6 +151,18 @@ impl RedisBuilder {
                 ),
             ));
         }
+        let bound = self.connect_timeout * 2 + self.request_timeout;
+        match tokio::time::timeout(bound, self.connect_checked()).await {
+            Ok(done) => done,
+            Err(_) => Err(Error::timed_out(
+                NAME,
+                format!("connect: not connected within {bound:?}"),
+            )),
+        }
+    }
+
+    /// [`RedisBuilder::connect`] once the settings are checked.
+    async fn connect_checked(self) -> Result<RedisBackend> {
         if let Some(nodes) = cluster_nodes(&self.url)? {
             return self.connect_cluster(nodes).await;
         }

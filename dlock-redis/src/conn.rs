@@ -3,6 +3,8 @@
 //! runs on their command connection: bounded, with the replicas'
 //! acknowledgement behind it when grants are durable.
 
+use std::future::Future;
+
 use dlock_core::Result;
 use redis::aio::{ConnectionLike, ConnectionManager};
 use redis::cluster_async::ClusterConnection;
@@ -143,16 +145,27 @@ impl RedisBackend {
     /// it; the flag says whether enough replicas acknowledged in time
     /// (always `true` otherwise).
     ///
-    /// Bounded by the connection and request timeouts together: a request
-    /// may wait for the connection manager to reconnect before it is sent.
+    /// Bounded by the request timeout, whatever the request waits for
+    /// (the connection manager's reconnect, a script load after `NOSCRIPT`).
     pub(crate) async fn run<T: FromRedisValue>(
         &self,
         invocation: &redis::ScriptInvocation<'_>,
         confirm: bool,
         doing: &str,
     ) -> Result<(T, bool)> {
-        let bound = self.inner.builder.connect_timeout + self.inner.request_timeout;
-        match tokio::time::timeout(bound, self.run_unbounded(invocation, confirm)).await {
+        self.bounded(doing, self.run_unbounded(invocation, confirm))
+            .await
+    }
+
+    /// Runs a call's requests, `requests`, within the request timeout:
+    /// each public call has that one bound, however many requests it makes.
+    pub(crate) async fn bounded<T>(
+        &self,
+        doing: &str,
+        requests: impl Future<Output = RedisResult<T>>,
+    ) -> Result<T> {
+        let bound = self.inner.request_timeout;
+        match tokio::time::timeout(bound, requests).await {
             Ok(Ok(reply)) => Ok(reply),
             Ok(Err(e)) => Err(self.fail(e, doing)),
             Err(_) => Err(self.fail(

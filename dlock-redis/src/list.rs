@@ -33,43 +33,46 @@ impl RedisBackend {
         };
         let pattern = lock_pattern(&self.inner.prefix, name_prefix);
         let mut conn = self.connection();
-        let mut found = Vec::new();
-        // A few SCAN steps per page: each is bounded work for the server,
-        // and a sparse prefix still fills a page.
-        for _ in 0..10 {
-            let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
-                .arg(scan)
-                .arg("MATCH")
-                .arg(&pattern)
-                .arg("COUNT")
-                .arg(1000)
-                .query_async(&mut conn)
-                .await
-                .map_err(|e| self.fail(e, "list"))?;
-            found.extend(keys);
-            scan = next;
-            if scan == 0 || found.len() >= limit {
-                break;
-            }
-        }
-        let names: Vec<String> = found
-            .iter()
-            .filter_map(|key| name_of(&self.inner.prefix, key))
-            .collect();
-        // Every holder in one round trip, each read consistently.
-        let mut pipe = redis::pipe();
-        pipe.atomic();
-        for name in &names {
-            let keys = self.keys(name);
-            pipe.get(&keys.lock).pttl(&keys.lock).get(&keys.fence);
-        }
-        let replies: Vec<redis::Value> = if names.is_empty() {
-            Vec::new()
-        } else {
-            pipe.query_async(&mut conn)
-                .await
-                .map_err(|e| self.fail(e, "list"))?
-        };
+        let mut names = Vec::new();
+        // One bound for the whole page, however many requests it takes.
+        let replies: Vec<redis::Value> = self
+            .bounded("list", async {
+                // A few SCAN steps per page: each is bounded work for the
+                // server, and a sparse prefix still fills a page.
+                let mut found = Vec::new();
+                for _ in 0..10 {
+                    let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
+                        .arg(scan)
+                        .arg("MATCH")
+                        .arg(&pattern)
+                        .arg("COUNT")
+                        .arg(1000)
+                        .query_async(&mut conn)
+                        .await?;
+                    found.extend(keys);
+                    scan = next;
+                    if scan == 0 || found.len() >= limit {
+                        break;
+                    }
+                }
+                names.extend(
+                    found
+                        .iter()
+                        .filter_map(|key| name_of(&self.inner.prefix, key)),
+                );
+                if names.is_empty() {
+                    return Ok(Vec::new());
+                }
+                // Every holder in one round trip, each read consistently.
+                let mut pipe = redis::pipe();
+                pipe.atomic();
+                for name in &names {
+                    let keys = self.keys(name);
+                    pipe.get(&keys.lock).pttl(&keys.lock).get(&keys.fence);
+                }
+                pipe.query_async(&mut conn).await
+            })
+            .await?;
         let mut locks = Vec::new();
         for (name, reply) in names.into_iter().zip(replies.chunks(3)) {
             let [owner, pttl, fence] = reply else {

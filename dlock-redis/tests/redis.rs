@@ -502,3 +502,74 @@ async fn a_server_that_may_evict_locks_is_refused() {
         "the control: an evicting server grants a held lock again"
     );
 }
+
+/// `list` has one bound, the request timeout, however many `SCAN` steps a
+/// sparse prefix takes: over a slow link (300 ms each way, 1 s timeout) a
+/// page that needs ten steps returns an error at the timeout. Bounding each
+/// step alone took ten round trips, 6 s. On a server of its own, with
+/// 20,000 other keys.
+#[tokio::test]
+async fn list_returns_within_the_request_timeout_however_many_steps_it_takes() {
+    const TIMEOUT: Duration = Duration::from_secs(1);
+    const SLACK: Duration = Duration::from_millis(1250);
+    let server = start(Service::Redis, ServerOptions::default()).await;
+    let mut conn = redis::Client::open(server.url())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    for chunk in 0..20 {
+        let pairs: Vec<(String, u8)> = (0..1000)
+            .map(|i| (format!("filler:{chunk}:{i}"), 0))
+            .collect();
+        let () = conn.mset(&pairs).await.unwrap();
+    }
+    let proxy = proxy_to(server.url()).await;
+    let b = RedisBackend::builder(format!("redis://127.0.0.1:{}", proxy.addr().port()))
+        .request_timeout(TIMEOUT)
+        .connect()
+        .await
+        .unwrap();
+    proxy.set(Fault::Delay(Duration::from_millis(300)));
+    let started = Instant::now();
+    let listed = b.list("nothing-here", None, 10).await;
+    let took = started.elapsed();
+    assert!(
+        listed.is_err(),
+        "ten steps at 600 ms fit in {TIMEOUT:?}: {listed:?}"
+    );
+    assert!(
+        took <= TIMEOUT + SLACK,
+        "list returned after {took:?}; the request timeout is {TIMEOUT:?}"
+    );
+}
+
+/// A call that finds the connection gone waits for the reconnect within
+/// its one bound, the request timeout: the link was cut, then hangs, so the
+/// new connection's handshake gets no answer. Bounding the call by the
+/// connect and request timeouts together let it take 4 s here.
+#[tokio::test]
+async fn a_call_during_a_reconnect_returns_within_the_request_timeout() {
+    const TIMEOUT: Duration = Duration::from_secs(1);
+    const SLACK: Duration = Duration::from_millis(1250);
+    let proxy = proxy_to(shared(Service::Redis).await.url()).await;
+    let b = RedisBackend::builder(format!("redis://127.0.0.1:{}", proxy.addr().port()))
+        .request_timeout(TIMEOUT)
+        .connect_timeout(Duration::from_secs(3))
+        .connect()
+        .await
+        .unwrap();
+    let name = unique_name("reconnect");
+    b.inspect(&name).await.unwrap();
+    proxy.set(Fault::Cut);
+    assert!(b.inspect(&name).await.is_err(), "a cut link answered");
+    proxy.set(Fault::Stall);
+    let started = Instant::now();
+    let inspected = b.inspect(&name).await;
+    let took = started.elapsed();
+    assert!(inspected.is_err(), "a hung link answered: {inspected:?}");
+    assert!(
+        took <= TIMEOUT + SLACK,
+        "inspect returned after {took:?}; the request timeout is {TIMEOUT:?}"
+    );
+}

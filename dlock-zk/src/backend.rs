@@ -8,7 +8,8 @@ use std::time::Duration;
 
 use dlock_core::wait::{bounded_acquire, check_request};
 use dlock_core::{
-    Backend, Capabilities, Lease, LeaseKind, LockInfo, LockOptions, LockPage, Result, async_trait,
+    Backend, Capabilities, Error, Lease, LeaseKind, LockInfo, LockOptions, LockPage, Result,
+    async_trait,
 };
 use zookeeper_client as zk;
 
@@ -85,6 +86,20 @@ impl ZkBackend {
             .unwrap_or(Err(zk::Error::ConnectionLoss))
     }
 
+    /// Runs a whole call within the request timeout: its one bound,
+    /// however many requests it makes. A call cut off midway is dropped,
+    /// as a caller's timeout would drop it, so the same cleanup applies.
+    async fn within<T>(&self, doing: &str, call: impl Future<Output = Result<T>>) -> Result<T> {
+        let bound = self.request_timeout();
+        match tokio::time::timeout(bound, call).await {
+            Ok(done) => done,
+            Err(_) => Err(Error::timed_out(
+                NAME,
+                format!("{doing}: no reply within {bound:?}"),
+            )),
+        }
+    }
+
     /// The ACL of every node we create: with digest auth, only our
     /// identity may touch them.
     pub(crate) fn acls(&self) -> zk::Acls<'static> {
@@ -122,7 +137,7 @@ impl Backend for ZkBackend {
 
     async fn try_acquire(&self, name: &str, opts: &LockOptions) -> Result<Option<Lease>> {
         check_request(name, opts)?;
-        self.contend(name, None).await
+        self.within("acquire", self.contend(name, None)).await
     }
 
     async fn acquire(&self, name: &str, opts: &LockOptions) -> Result<Lease> {
@@ -134,26 +149,42 @@ impl Backend for ZkBackend {
     }
 
     async fn release(&self, lease: &Lease) -> Result<()> {
-        self.delete_lease(lease).await
+        self.within("release", self.delete_lease(lease)).await
     }
 
     async fn release_after(&self, lease: &Lease, hold: Duration) -> Result<()> {
-        self.release_holding(lease, hold).await
+        self.within("release_after", self.release_holding(lease, hold))
+            .await
     }
 
     async fn extend(&self, lease: &mut Lease) -> Result<()> {
-        self.check_held(lease).await
+        self.within("extend", self.check_held(lease)).await
+    }
+
+    async fn extend_many(&self, leases: &mut [Lease]) -> Result<Vec<bool>> {
+        // All at once on the session's connection, under one bound.
+        let checks = leases.iter_mut().map(|lease| async move {
+            match self.check_held(lease).await {
+                Ok(()) => Ok(true),
+                Err(Error::NotHeld { .. }) => Ok(false),
+                Err(e) => Err(e),
+            }
+        });
+        let checked = futures_util::future::join_all(checks);
+        self.within("extend", async { checked.await.into_iter().collect() })
+            .await
     }
 
     async fn list(&self, prefix: &str, cursor: Option<&str>, limit: usize) -> Result<LockPage> {
-        self.list_page(prefix, cursor, limit).await
+        self.within("list", self.list_page(prefix, cursor, limit))
+            .await
     }
 
     async fn force_release(&self, name: &str) -> Result<Option<LockInfo>> {
-        self.force_delete(name).await
+        self.within("force_release", self.force_delete(name)).await
     }
 
     async fn inspect(&self, name: &str) -> Result<Option<LockInfo>> {
-        self.holder_of(name).await
+        self.within("inspect", self.holder_of(name)).await
     }
 }

@@ -174,7 +174,9 @@ impl ZkBuilder {
         self
     }
 
-    /// Connects and starts watching the session.
+    /// Connects and starts watching the session. Returns within the
+    /// connect timeout for each server of the connect string, plus a
+    /// second.
     ///
     /// # Errors
     /// [`Error::InvalidOption`] for a malformed connect string or root,

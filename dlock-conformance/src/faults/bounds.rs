@@ -4,24 +4,28 @@
 
 use std::time::Duration;
 
-use dlock_core::{Error, LockOptions};
+use dlock_core::{Error, Lease, LockOptions, Result};
 use tokio::task::JoinSet;
 use tokio::time::{Instant, sleep, timeout};
 
 use super::{FaultyFactory, REQUEST_TIMEOUT, SLACK, bounded};
-use crate::Factory;
 use crate::proxy::Fault;
 use crate::support::{long, must_acquire, unique_name};
+use crate::{BoxFuture, Factory};
 
 /// The wait bound of the stall cases.
 const STALLED_WAIT: Duration = Duration::from_secs(1);
 
 /// The faulty client's server stops answering (its link stalls), some
-/// calls already waiting, others started after. Every `acquire(wait =
-/// 1 s)` must return within the bound (or the request timeout, if longer)
-/// with an error, and none may be granted. Twenty calls are stalled at
-/// once; when the link recovers, the client's next call must succeed at
-/// once: no connection pool left exhausted by the stalled calls.
+/// calls already waiting, others started after: every call of the
+/// [`Backend`] trait but `force_release` (an operator's tool of several
+/// rounds), three of each, all at once, so that a pool of connections runs
+/// dry. Each must return within its bound, counted from the call's start,
+/// whatever it waits for inside (a free connection, a reconnect, several
+/// requests): `acquire` within its wait bound or the request timeout,
+/// whichever is longer, every other call within the request timeout. No
+/// acquire may be granted. When the link recovers, the client's next call
+/// must succeed at once: no connection pool left exhausted.
 pub async fn calls_on_a_stalled_server_return_within_their_bound(
     faulty: FaultyFactory,
     client: Factory,
@@ -33,55 +37,126 @@ pub async fn calls_on_a_stalled_server_return_within_their_bound(
             let other = client().await;
             let held = unique_name("stalled_held");
             let holder = must_acquire(other.as_ref(), &held, &long()).await;
-            let bound = STALLED_WAIT.max(REQUEST_TIMEOUT) + SLACK;
+            let mut leases = Vec::new();
+            for _ in 0..COPIES * 4 {
+                leases.push(
+                    must_acquire(f.backend.as_ref(), &unique_name("stalled_own"), &long()).await,
+                );
+            }
             let opts = LockOptions::new()
                 .ttl(Duration::from_secs(2))
                 .wait(STALLED_WAIT);
             let mut calls = JoinSet::new();
-            let mut call = |name: String| {
-                let backend = f.backend.clone();
-                let opts = opts.clone();
+            let mut call = |what: &'static str, bound: Duration, run: BoxFuture<Outcome>| {
                 calls.spawn(async move {
                     let started = Instant::now();
-                    let done = timeout(
-                        bound + Duration::from_secs(10),
-                        backend.acquire(&name, &opts),
-                    )
-                    .await;
-                    (started.elapsed(), done)
+                    let done = timeout(bound + SLACK + Duration::from_secs(10), run).await;
+                    (what, bound, started.elapsed(), done)
                 });
             };
-            // Ten already waiting when the server stalls, ten after.
-            for _ in 0..10 {
-                call(held.clone());
+            let acquire_bound = STALLED_WAIT.max(REQUEST_TIMEOUT);
+            // Waiting already when the server stalls.
+            for _ in 0..COPIES * 3 {
+                let (b, name, opts) = (f.backend.clone(), held.clone(), opts.clone());
+                call(
+                    "acquire of a held name",
+                    acquire_bound,
+                    Box::pin(async move { granted(b.acquire(&name, &opts).await.map(Some)) }),
+                );
             }
             sleep(Duration::from_millis(200)).await;
             f.link.set(Fault::Stall);
-            for _ in 0..10 {
-                call(unique_name("stalled_free"));
+            let mut own = leases.into_iter();
+            let mut next = || own.next().expect("a lease for each call");
+            for _ in 0..COPIES {
+                let b = f.backend.clone();
+                let opts = opts.clone();
+                call(
+                    "acquire",
+                    acquire_bound,
+                    Box::pin(async move {
+                        granted(
+                            b.acquire(&unique_name("stalled_free"), &opts)
+                                .await
+                                .map(Some),
+                        )
+                    }),
+                );
+                let b = f.backend.clone();
+                call(
+                    "try_acquire",
+                    REQUEST_TIMEOUT,
+                    Box::pin(async move {
+                        granted(b.try_acquire(&unique_name("stalled_free"), &long()).await)
+                    }),
+                );
+                let (b, lease) = (f.backend.clone(), next());
+                call(
+                    "release",
+                    REQUEST_TIMEOUT,
+                    Box::pin(async move { Outcome::from(b.release(&lease).await) }),
+                );
+                let (b, lease) = (f.backend.clone(), next());
+                call(
+                    "release_after",
+                    REQUEST_TIMEOUT,
+                    Box::pin(async move {
+                        Outcome::from(b.release_after(&lease, Duration::from_secs(1)).await)
+                    }),
+                );
+                let (b, mut lease) = (f.backend.clone(), next());
+                call(
+                    "extend",
+                    REQUEST_TIMEOUT,
+                    Box::pin(async move { Outcome::from(b.extend(&mut lease).await) }),
+                );
+                let (b, lease) = (f.backend.clone(), next());
+                call(
+                    "extend_many",
+                    REQUEST_TIMEOUT,
+                    Box::pin(async move {
+                        let mut batch = [lease.clone(), lease];
+                        Outcome::from(b.extend_many(&mut batch).await)
+                    }),
+                );
+                let (b, name) = (f.backend.clone(), held.clone());
+                call(
+                    "inspect",
+                    REQUEST_TIMEOUT,
+                    Box::pin(async move { Outcome::from(b.inspect(&name).await) }),
+                );
+                let b = f.backend.clone();
+                call(
+                    "list",
+                    REQUEST_TIMEOUT,
+                    Box::pin(async move { Outcome::from(b.list("stalled", None, 100).await) }),
+                );
             }
-            let mut slowest = Duration::ZERO;
+            let mut slowest: Vec<(&str, Duration)> = Vec::new();
             while let Some(joined) = calls.join_next().await {
-                let (took, done) = match joined {
+                let (what, bound, took, done) = match joined {
                     Ok(out) => out,
                     Err(e) => std::panic::resume_unwind(e.into_panic()),
                 };
-                slowest = slowest.max(took);
+                match slowest.iter_mut().find(|(w, _)| *w == what) {
+                    Some((_, t)) => *t = (*t).max(took),
+                    None => slowest.push((what, took)),
+                }
                 match done {
                     Err(_) => panic!(
-                        "acquire(wait = {STALLED_WAIT:?}) on a stalled server still had not \
-                         returned after {took:?}: every call must be bounded"
+                        "{what} on a stalled server still had not returned after {took:?}: \
+                         every call must be bounded"
                     ),
-                    Ok(Ok(_)) => panic!("acquire on a stalled server was granted"),
-                    Ok(Err(e)) => assert!(
-                        took <= bound,
-                        "acquire(wait = {STALLED_WAIT:?}) on a stalled server returned after \
-                         {took:?} ({e}); the bound is {:?}",
-                        bound - SLACK
+                    Ok(Outcome::Granted) => panic!("{what} on a stalled server was granted"),
+                    Ok(Outcome::Returned(e)) => assert!(
+                        took <= bound + SLACK,
+                        "{what} on a stalled server returned after {took:?} ({}); its bound \
+                         is {bound:?}, counted from the call's start",
+                        e.as_deref().unwrap_or("no error")
                     ),
                 }
             }
-            eprintln!("stalled server: 20 x acquire(wait = 1 s) returned within {slowest:?}");
+            eprintln!("stalled server, slowest return of each call: {slowest:?}");
 
             f.link.set(Fault::Pass);
             let recovered = Instant::now();
@@ -104,6 +179,32 @@ pub async fn calls_on_a_stalled_server_return_within_their_bound(
         },
     )
     .await;
+}
+
+/// How many of each call the stall case makes at once.
+const COPIES: usize = 3;
+
+/// What a call on a stalled server came to.
+enum Outcome {
+    /// An acquire got a lease.
+    Granted,
+    /// It returned: with an error (its text), or with what it read.
+    Returned(Option<String>),
+}
+
+impl<T> From<Result<T>> for Outcome {
+    fn from(done: Result<T>) -> Self {
+        Outcome::Returned(done.err().map(|e| e.to_string()))
+    }
+}
+
+/// An acquire's outcome: a lease is a grant.
+fn granted(done: Result<Option<Lease>>) -> Outcome {
+    match done {
+        Ok(Some(_)) => Outcome::Granted,
+        Ok(None) => Outcome::Returned(None),
+        Err(e) => Outcome::Returned(Some(e.to_string())),
+    }
 }
 
 /// Acquires dropped at points from before their request is sent to while
