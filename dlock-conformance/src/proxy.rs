@@ -26,6 +26,10 @@ pub enum Fault {
     /// Forward everything this much later, in each direction: a slow link.
     /// It is a latency, not a rate: data read at `t` is written at `t + d`.
     Delay(Duration),
+    /// Forward requests, and close the connection when a reply comes
+    /// instead of delivering it: the server did the work, and the client
+    /// only learns that its connection dropped.
+    CutOnReply,
 }
 
 /// A client's link to its server, which a fault case can fault. The
@@ -73,14 +77,14 @@ impl FaultProxy {
         }
     }
 
-    /// Stalls the connections open now, while connections opened from now
+    /// Faults the connections open now, while connections opened from now
     /// on pass: one connection hangs (a lost route, a peer that stopped
-    /// reading) while the client's next one works. [`FaultProxy::set`]
-    /// applies to all of them again.
-    pub fn stall_open_connections(&self) {
+    /// reading) or drops while the client's next one works.
+    /// [`FaultProxy::set`] applies to all of them again.
+    pub fn set_open_connections(&self, fault: Fault) {
         let mut generations = lock(&self.generations);
         for generation in generations.iter() {
-            generation.send_replace(Fault::Stall);
+            generation.send_replace(fault);
         }
         generations.push(watch::channel(Fault::Pass).0);
     }
@@ -121,17 +125,19 @@ async fn accept(
             };
             let (ri, wi) = inbound.into_split();
             let (ro, wo) = outbound.into_split();
-            tokio::join!(pipe(ri, wo, fault.clone()), pipe(ro, wi, fault));
+            tokio::join!(pipe(ri, wo, fault.clone(), false), pipe(ro, wi, fault, true));
         });
     }
 }
 
-/// Copies one direction. The reader stamps each chunk with the time it
-/// arrived; the writer applies the fault in force when the chunk is due.
+/// Copies one direction, the server's replies when `replies`. The reader
+/// stamps each chunk with the time it arrived; the writer applies the
+/// fault in force when the chunk is due.
 async fn pipe(
     mut from: impl AsyncRead + Unpin + Send + 'static,
     mut to: impl AsyncWrite + Unpin,
     mut fault: watch::Receiver<Fault>,
+    replies: bool,
 ) {
     let (tx, mut rx) = mpsc::unbounded_channel::<(Instant, Vec<u8>)>();
     let mut cut = fault.clone();
@@ -162,6 +168,10 @@ async fn pipe(
                 match now {
                     Fault::Pass => break,
                     Fault::Cut => return,
+                    // Closes the client's side: it reads the end of the
+                    // stream where its reply should be.
+                    Fault::CutOnReply if replies => return,
+                    Fault::CutOnReply => break,
                     Fault::Delay(d) => {
                         tokio::select! {
                             () = sleep_until(arrived + d) => break,

@@ -58,7 +58,7 @@ async fn pass_delay_stall_and_cut_act_on_real_traffic() {
     assert_eq!(ping(port).await.unwrap(), "PONG");
 }
 
-/// `stall_open_connections` hangs the connections open then, holding what
+/// `set_open_connections(Stall)` hangs the connections open then, holding what
 /// they send, while a new connection passes; `Pass` delivers what was held.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stalling_open_connections_lets_new_ones_pass() {
@@ -78,7 +78,7 @@ async fn stalling_open_connections_lets_new_ones_pass() {
         .get_multiplexed_async_connection_with_config(&config)
         .await
         .unwrap();
-    proxy.stall_open_connections();
+    proxy.set_open_connections(Fault::Stall);
 
     let mut held = Box::pin(async move {
         redis::cmd("PING")

@@ -712,7 +712,7 @@ async fn an_undone_acquire_cannot_take_the_name_afterwards() {
         panic!("expected the backend's one connection, found {open:?}");
     };
 
-    proxy.stall_open_connections();
+    proxy.set_open_connections(Fault::Stall);
     let name = unique_name("undone");
     match b.try_acquire(&name, &long()).await {
         Err(e @ Error::Connection { .. }) => {

@@ -8,6 +8,7 @@
 //! | `P:{E}:fence` | string | the last fencing token granted |
 //! | `P:{E}:q` | sorted set, with a PX expiry | the waiters, by arrival (server µs) |
 //! | `P:{E}:qexp` | sorted set, with a PX expiry | when each waiter's place lapses (server ms) |
+//! | `P:{E}:done` | string, with a PX expiry | on a cluster, the id of the last release or hold request, for a few request timeouts |
 //! | `P:wake:C` | pub/sub channel | `N`, when the client `C`'s waiter for `N` is next |
 //!
 //! `E` is `N` with `%` written `%25` and `}` written `%7D`. Without a `}`

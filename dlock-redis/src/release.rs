@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use dlock_core::undo::retry_for;
 use dlock_core::{Lease, OwnerToken, Result, check_hold};
+use redis::ScriptInvocation;
 
 use crate::backend::RedisBackend;
 use crate::error::owner_checked;
@@ -18,10 +19,27 @@ impl RedisBackend {
     /// queue.
     pub(crate) async fn release_lease(&self, lease: &Lease) -> Result<()> {
         let keys = self.keys(lease.name());
-        let (released, confirmed) = self
-            .run::<i64>(&self.release_script(&keys, lease.owner()), false, "release")
-            .await?;
+        let mut invocation = self.release_script(&keys, lease.owner());
+        self.mark_replays(&mut invocation, &keys)?;
+        let (released, confirmed) = self.run::<i64>(&invocation, false, "release").await?;
         owner_checked(lease, released, confirmed, "release")
+    }
+
+    /// On a cluster, makes a release or hold idempotent: the cluster client
+    /// sends a request again when its connection dropped, and the first may
+    /// have run. The script remembers the request's id in the lock's slot
+    /// for two request timeouts, and a replay that finds it reports
+    /// success; a new call (a new id) is still "not held". The mark is the
+    /// script's last key, its id and lifetime the last arguments.
+    fn mark_replays(&self, invocation: &mut ScriptInvocation<'_>, keys: &Keys) -> Result<()> {
+        if self.inner.cluster {
+            let remember = millis_up(self.inner.request_timeout).saturating_mul(2);
+            invocation
+                .key(format!("{}:done", keys.lock))
+                .arg(OwnerToken::random()?.to_string())
+                .arg(remember);
+        }
+        Ok(())
     }
 
     /// Keeps the lock of `lease` held for `hold` more, by the server's
@@ -43,6 +61,7 @@ impl RedisBackend {
             .arg(lease.owner().to_string())
             .arg(lease.owner().for_hold().to_string())
             .arg(hold_ms);
+        self.mark_replays(&mut invocation, &keys)?;
         let (held, confirmed) = self.run::<i64>(&invocation, true, "release_after").await?;
         owner_checked(lease, held, confirmed, "release_after")
     }

@@ -168,14 +168,23 @@ return {{0, tostring(pttl)}}
     )
 });
 
-/// KEYS: lock, queue, queue expiry. ARGV: owner token.
-/// Returns 1 when released, 0 when the caller was not the holder.
-/// Wakes the head of the queue only: one message per release, however many
-/// wait.
+/// KEYS: lock, queue, queue expiry, and on a cluster the release mark.
+/// ARGV: owner token, and on a cluster the request's id and how long to
+/// remember it in ms. Returns 1 when released, 0 when the caller was not
+/// the holder. Wakes the head of the queue only: one message per release,
+/// however many wait.
 const RELEASE_BODY: &str = r"
 if redis.call('GET', KEYS[1]) == ARGV[1] then
   redis.call('DEL', KEYS[1])
   wake(head(KEYS[2], KEYS[3]))
+  if ARGV[2] then
+    redis.call('SET', KEYS[4], ARGV[2], 'PX', ARGV[3])
+  end
+  return 1
+end
+-- A replayed request (the cluster client sends a request again when its
+-- connection dropped, and the first may have run) finds its own mark.
+if ARGV[2] and redis.call('GET', KEYS[4]) == ARGV[2] then
   return 1
 end
 return 0
@@ -230,13 +239,22 @@ return out
     )
 });
 
-/// KEYS: lock. ARGV: owner token, the hold's owner token, hold in ms.
-/// Returns 1 when the hold is set, 0 when the caller was not the holder.
+/// KEYS: lock, and on a cluster the release mark. ARGV: owner token, the
+/// hold's owner token, hold in ms, and on a cluster the request's id and
+/// how long to remember it in ms. Returns 1 when the hold is set, 0 when
+/// the caller was not the holder.
 pub(crate) static HOLD: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r"
 if redis.call('GET', KEYS[1]) == ARGV[1] then
   redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
+  if ARGV[4] then
+    redis.call('SET', KEYS[2], ARGV[4], 'PX', ARGV[5])
+  end
+  return 1
+end
+-- A replayed request finds its own mark (see the release script).
+if ARGV[4] and redis.call('GET', KEYS[2]) == ARGV[4] then
   return 1
 end
 return 0

@@ -385,3 +385,114 @@ async fn resharding_a_held_lock_keeps_it() {
     );
     assert!(extended > 0 && refused > 0);
 }
+
+/// One primary serving every slot, announced at a fault proxy in front of
+/// it, so that the cluster client's every connection crosses the proxy.
+async fn one_node_cluster_behind_a_proxy() -> (
+    dlock_conformance::harness::Server,
+    dlock_conformance::proxy::FaultProxy,
+) {
+    use dlock_conformance::harness::{ServerOptions, Service, start};
+    let args = [
+        "--cluster-enabled",
+        "yes",
+        "--cluster-config-file",
+        "/tmp/nodes.conf",
+    ];
+    let server = start(
+        Service::Redis,
+        ServerOptions {
+            args: args.map(str::to_owned).to_vec(),
+            ..ServerOptions::default()
+        },
+    )
+    .await;
+    let proxy = support::proxy_to(server.url()).await;
+    let mut conn = node_conn(&format!("127.0.0.1:{}", server.port().unwrap())).await;
+    for (setting, value) in [
+        ("cluster-announce-ip", "127.0.0.1".to_owned()),
+        ("cluster-announce-port", proxy.addr().port().to_string()),
+    ] {
+        let () = redis::cmd("CONFIG")
+            .arg("SET")
+            .arg(setting)
+            .arg(value)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+    }
+    let () = redis::cmd("CLUSTER")
+        .arg("ADDSLOTSRANGE")
+        .arg(0)
+        .arg(16383)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let started = Instant::now();
+    loop {
+        let info: String = redis::cmd("CLUSTER")
+            .arg("INFO")
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        if info.contains("cluster_state:ok") {
+            break;
+        }
+        assert!(started.elapsed() < Duration::from_secs(10), "{info}");
+        sleep(Duration::from_millis(50)).await;
+    }
+    (server, proxy)
+}
+
+/// The cluster client sends a request again when its connection dropped
+/// after sending, and the first run may have done the work: here every
+/// release and hold runs on the server, and its reply drops the connection
+/// instead of arriving. The replay must report what happened (released,
+/// held), not "not held"; a second call of the caller's own is still "not
+/// held", and the name is as the first run left it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replayed_release_reports_what_the_first_run_did() {
+    use dlock_conformance::proxy::Fault;
+    use dlock_core::Error;
+    let (_server, proxy) = one_node_cluster_behind_a_proxy().await;
+    let b = RedisBackend::connect(&format!(
+        "redis+cluster://127.0.0.1:{}",
+        proxy.addr().port()
+    ))
+    .await
+    .unwrap();
+
+    // The server has the scripts: a first run that only answers NOSCRIPT
+    // would change nothing.
+    for hold in [Duration::ZERO, Duration::from_millis(1)] {
+        let warm = must_acquire(&b, &unique_name("warm"), &long()).await;
+        b.release_after(&warm, hold).await.unwrap();
+    }
+
+    let name = unique_name("replayed-release");
+    let lease = must_acquire(&b, &name, &long()).await;
+    proxy.set_open_connections(Fault::CutOnReply);
+    b.release(&lease)
+        .await
+        .expect("a release whose reply was lost, replayed, is a release");
+    proxy.set(Fault::Pass);
+    assert!(matches!(
+        b.release(&lease).await,
+        Err(Error::NotHeld { .. })
+    ));
+    assert_eq!(b.inspect(&name).await.unwrap(), None);
+
+    let name = unique_name("replayed-hold");
+    let lease = must_acquire(&b, &name, &long()).await;
+    proxy.set_open_connections(Fault::CutOnReply);
+    b.release_after(&lease, Duration::from_secs(30))
+        .await
+        .expect("a hold whose reply was lost, replayed, is a hold");
+    proxy.set(Fault::Pass);
+    assert!(matches!(
+        b.release_after(&lease, Duration::from_secs(30)).await,
+        Err(Error::NotHeld { .. })
+    ));
+    let held = b.inspect(&name).await.unwrap().expect("the hold");
+    assert_eq!(held.owner, lease.owner().for_hold());
+}

@@ -573,3 +573,26 @@ async fn a_call_during_a_reconnect_returns_within_the_request_timeout() {
         "inspect returned after {took:?}; the request timeout is {TIMEOUT:?}"
     );
 }
+
+/// On one server the connection manager never sends a request again, so a
+/// release whose reply is lost (its connection dropped after the server
+/// ran it) is an error of unknown outcome, retryable, never "not held".
+/// (On a cluster the client does send it again: `cluster.rs`.)
+#[tokio::test]
+async fn a_release_whose_reply_is_lost_is_an_error_not_a_not_held() {
+    let proxy = proxy_to(shared(Service::Redis).await.url()).await;
+    let b = RedisBackend::connect(&format!("redis://127.0.0.1:{}", proxy.addr().port()))
+        .await
+        .unwrap();
+    let warm = must_acquire(&b, &unique_name("warm"), &long()).await;
+    b.release(&warm).await.unwrap();
+    let name = unique_name("lost-reply");
+    let lease = must_acquire(&b, &name, &long()).await;
+    proxy.set_open_connections(Fault::CutOnReply);
+    match b.release(&lease).await {
+        Err(e @ Error::Connection { .. }) => assert!(e.is_retryable(), "{e}"),
+        other => panic!("expected a connection error, got {other:?}"),
+    }
+    proxy.set(Fault::Pass);
+    assert_eq!(b.inspect(&name).await.unwrap(), None, "the release ran");
+}

@@ -32,8 +32,8 @@ impl SimLink {
         })
     }
 
-    /// One crossing, in one direction.
-    async fn cross(&self) -> Result<()> {
+    /// One crossing, in one direction: the server's reply when `reply`.
+    async fn cross(&self, reply: bool) -> Result<()> {
         let mut fault = self.fault.subscribe();
         loop {
             let now = *fault.borrow_and_update();
@@ -43,7 +43,8 @@ impl SimLink {
                     sleep(d).await;
                     return Ok(());
                 }
-                Fault::Cut => {
+                Fault::CutOnReply if !reply => return Ok(()),
+                Fault::Cut | Fault::CutOnReply => {
                     return Err(Error::connection(
                         "sim",
                         "link cut",
@@ -85,9 +86,9 @@ impl Sim {
     /// the reply crosses back; bounded by the request timeout.
     async fn call<T>(&self, op: impl FnOnce(&Server) -> T) -> Result<T> {
         let trip = async {
-            self.link.cross().await?;
+            self.link.cross(false).await?;
             let out = op(&self.server);
-            self.link.cross().await?;
+            self.link.cross(true).await?;
             Ok(out)
         };
         if self.has(Bug::IgnoresWaitBound) {
