@@ -11,7 +11,17 @@ use dlock_core::{Lease, LockOptions, OwnerToken, Result};
 use crate::backend::RedisBackend;
 use crate::scripts::PLACE_HEARTBEATS;
 
+/// The longest a queued waiter goes without asking again, whatever its
+/// client's `max_poll_interval`: a waiter whose process died keeps the
+/// name from the living for a few of these, not for hours.
+const MAX_HEARTBEAT: Duration = Duration::from_secs(5);
+
 impl RedisBackend {
+    /// How often a queued waiter asks again, at the longest.
+    fn heartbeat(&self) -> Duration {
+        self.inner.max_poll.min(MAX_HEARTBEAT)
+    }
+
     /// How long a queued waiter keeps its place without asking again: a
     /// few of its longest sleeps, plus the longest its next ask may take to
     /// reach the server and the reply before it (each bounded by a connect
@@ -19,7 +29,7 @@ impl RedisBackend {
     /// waiter does not lose its place to its own round trips.
     pub(crate) fn place_lifetime(&self) -> Duration {
         let round_trip = self.inner.builder.connect_timeout + self.inner.request_timeout;
-        self.inner.max_poll * PLACE_HEARTBEATS + round_trip * 2
+        self.heartbeat() * PLACE_HEARTBEATS + round_trip * 2
     }
 
     /// Acquire's wait: one attempt, then a place in the name's queue and
@@ -81,9 +91,9 @@ impl RedisBackend {
             let (backend, name, waiter) = (self.clone(), name.to_owned(), waiter.clone());
             UndoOnDrop::new(async move { backend.abandon(&name, &waiter).await })
         };
-        // Heartbeats no longer apart than `max_poll` keep the place.
-        let max_poll = self.inner.max_poll;
-        let backoff = Backoff::new(max_poll.min(Duration::from_millis(100)), max_poll);
+        // Heartbeats no longer apart than this keep the place.
+        let heartbeat = self.heartbeat();
+        let backoff = Backoff::new(heartbeat.min(Duration::from_millis(100)), heartbeat);
         let lease = wait_for_lock(
             name,
             deadline,

@@ -167,3 +167,36 @@ async fn a_slow_head_keeps_its_place() {
         .await
         .unwrap();
 }
+
+/// A waiter whose client polls once an hour still asks again every few
+/// seconds while it is queued, and its place is kept only for a few of
+/// those: if its process dies, the name is not promised to it for hours.
+/// Read from the place's expiry on the server (formerly three hours).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_place_lapses_whatever_the_poll_interval() {
+    let server = start(Service::Redis, ServerOptions::default()).await;
+    let holder = RedisBackend::connect(server.url()).await.unwrap();
+    let waiter = polling_every(server.url(), Duration::from_secs(3600)).await;
+    let name = unique_name("long-poll");
+    let held = must_acquire(&holder, &name, &long()).await;
+    let task = wait_on_task(waiter, &name, long().wait(Duration::from_secs(30)));
+    let key = format!("dlock:{{{name}}}:qexp");
+    let mut conn = holder.connection();
+    let lapses_at = loop {
+        let places: Vec<(String, f64)> = conn.zrange_withscores(&key, 0, 0).await.unwrap();
+        if let Some((_, at)) = places.into_iter().next() {
+            break at;
+        }
+        sleep(Duration::from_millis(10)).await;
+    };
+    let (secs, micros): (u64, u64) = redis::cmd("TIME").query_async(&mut conn).await.unwrap();
+    let now_ms = (secs * 1_000_000 + micros) as f64 / 1000.0;
+    let kept = Duration::from_secs_f64((lapses_at - now_ms).max(0.0) / 1000.0);
+    assert!(
+        kept <= Duration::from_secs(30),
+        "a dead waiter would keep its place for {kept:?}"
+    );
+    holder.release(&held).await.unwrap();
+    let (granted, _, waiter) = task.await.unwrap();
+    waiter.release(&granted.unwrap()).await.unwrap();
+}
