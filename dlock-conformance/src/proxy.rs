@@ -125,7 +125,10 @@ async fn accept(
             };
             let (ri, wi) = inbound.into_split();
             let (ro, wo) = outbound.into_split();
-            tokio::join!(pipe(ri, wo, fault.clone(), false), pipe(ro, wi, fault, true));
+            tokio::join!(
+                pipe(ri, wo, fault.clone(), false),
+                pipe(ro, wi, fault, true)
+            );
         });
     }
 }

@@ -124,8 +124,10 @@ impl RedisBuilder {
     }
 
     /// Connects: one connection for commands, one for release notifications.
-    /// Returns within twice the connect timeout plus the request timeout
-    /// (a Sentinel lookup or a walk over a cluster's seeds included).
+    /// Returns within twice the connect timeout plus the request timeout (a
+    /// Sentinel lookup included); on a cluster, within three times that:
+    /// each connection walks the seeds, and the eviction check asks every
+    /// primary.
     ///
     /// # Errors
     /// [`Error::InvalidOption`] for a malformed URL or prefix,
@@ -151,7 +153,10 @@ impl RedisBuilder {
                 ),
             ));
         }
-        let bound = self.connect_timeout * 2 + self.request_timeout;
+        let mut bound = self.connect_timeout * 2 + self.request_timeout;
+        if cluster_nodes(&self.url)?.is_some() {
+            bound *= 3;
+        }
         match tokio::time::timeout(bound, self.connect_checked()).await {
             Ok(done) => done,
             Err(_) => Err(Error::timed_out(
