@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Builds the local test image that the container harness and the benchmark
-# start Redis, MariaDB and ZooKeeper from. Prints the image reference.
+# start Redis, MariaDB, PostgreSQL (alone and behind PgBouncer) and ZooKeeper
+# from. Prints the image reference.
 #
 # The tag is a hash of this folder's contents, so an unchanged testbed reuses
 # the image already built and any edit here gives a new one.
@@ -64,8 +65,8 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 
 sources | mmdebstrap --quiet --variant=minbase --include="$packages" \
-  --customize-hook="copy-in $here/bin/dlock-redis $here/bin/dlock-mariadb $here/bin/dlock-zookeeper /usr/local/bin/" \
-  --customize-hook='chmod 755 "$1"/usr/local/bin/dlock-redis "$1"/usr/local/bin/dlock-mariadb "$1"/usr/local/bin/dlock-zookeeper' \
+  --customize-hook="copy-in $(echo "$here"/bin/*) /usr/local/bin/" \
+  --customize-hook='chmod 755 "$1"/usr/local/bin/dlock-*' \
   --customize-hook='rm -rf "$1"/var/cache/apt/archives/*.deb "$1"/var/lib/apt/lists/*' \
   bookworm "$work/rootfs.tar" - >&2
 

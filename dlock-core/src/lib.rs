@@ -22,7 +22,7 @@ pub use guard::{Guard, Locker};
 pub use job::{JobOptions, JobOutcome, JobRun, RunReport, Schedule, ScheduledJob};
 pub use lease::{Lease, OwnerToken};
 pub use memory::MemoryBackend;
-pub use name::{MAX_NAME_LEN, redact_url, validate_name};
+pub use name::{MAX_NAME_LEN, host_and_pid, percent_decodes, redact_url, validate_name};
 pub use observe::Observed;
 pub use options::{
     LockOptions, MAX_SETTING, MAX_TTL, MIN_TTL, check_duration, check_hold, micros_up, millis_up,

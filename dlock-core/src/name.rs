@@ -54,9 +54,59 @@ pub fn redact_url(url: &str) -> String {
     )
 }
 
+/// Whether every `%` in `s` (a part of a URL: user name, password, path)
+/// starts a two-digit hex escape and the decoded bytes are UTF-8: what a
+/// driver checks before a client library would quietly take a malformed
+/// password as it stands.
+pub fn percent_decodes(s: &str) -> bool {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' {
+            let hex = bytes
+                .get(i + 1..i + 3)
+                .and_then(|h| std::str::from_utf8(h).ok());
+            match hex.and_then(|h| u8::from_str_radix(h, 16).ok()) {
+                Some(b) => out.push(b),
+                None => return false,
+            }
+            i += 3;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8(out).is_ok()
+}
+
+/// `host:pid` of this process, at most 255 bytes, for the rows and nodes
+/// drivers write with a grant, so that an operator can tell who holds a
+/// lock.
+pub fn host_and_pid() -> String {
+    let host = std::env::var("HOSTNAME")
+        .ok()
+        .or_else(|| std::fs::read_to_string("/etc/hostname").ok())
+        .map(|h| h.trim().to_owned())
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "unknown".to_owned());
+    let mut info = format!("{host}:{}", std::process::id());
+    info.truncate(info.floor_char_boundary(255));
+    info
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn escapes_are_checked() {
+        assert!(percent_decodes("a%20b%C3%A9"));
+        assert!(!percent_decodes("%"));
+        assert!(!percent_decodes("%2"));
+        assert!(!percent_decodes("%zz"));
+        assert!(!percent_decodes("%FF"));
+    }
 
     #[test]
     fn passwords_are_redacted() {

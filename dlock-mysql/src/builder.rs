@@ -156,7 +156,7 @@ impl MySqlBuilder {
             inner: Arc::new(Inner {
                 pool,
                 sql,
-                holder: holder_info(),
+                holder: dlock_core::host_and_pid(),
                 wakeups: Wakeups::new(),
                 // Unique to this backend: no one else ever waits for it.
                 sleepers: Arc::new(Sleepers::new(format!("dlock-a:{}", OwnerToken::random()?))),
@@ -223,7 +223,7 @@ fn parse_url(url: &str) -> Result<MySqlConnectOptions> {
         ("password", parsed.password().unwrap_or_default()),
         ("database", parsed.path()),
     ] {
-        if !percent_decodes(text) {
+        if !dlock_core::percent_decodes(text) {
             // The part itself is not shown: it may be a password.
             return Err(Error::invalid_option(
                 "url",
@@ -233,43 +233,6 @@ fn parse_url(url: &str) -> Result<MySqlConnectOptions> {
     }
     MySqlConnectOptions::from_str(url)
         .map_err(|e| Error::invalid_option("url", format!("not a MySQL URL: {e}")))
-}
-
-/// Whether every `%` in `s` starts a two-digit hex escape and the decoded
-/// bytes are UTF-8.
-fn percent_decodes(s: &str) -> bool {
-    let bytes = s.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        if bytes[i] == b'%' {
-            let hex = bytes
-                .get(i + 1..i + 3)
-                .and_then(|h| std::str::from_utf8(h).ok());
-            match hex.and_then(|h| u8::from_str_radix(h, 16).ok()) {
-                Some(b) => out.push(b),
-                None => return false,
-            }
-            i += 3;
-        } else {
-            out.push(bytes[i]);
-            i += 1;
-        }
-    }
-    String::from_utf8(out).is_ok()
-}
-
-/// `host:pid`, shown in the table for operators.
-fn holder_info() -> String {
-    let host = std::env::var("HOSTNAME")
-        .ok()
-        .or_else(|| std::fs::read_to_string("/etc/hostname").ok())
-        .map(|h| h.trim().to_owned())
-        .filter(|h| !h.is_empty())
-        .unwrap_or_else(|| "unknown".to_owned());
-    let mut info = format!("{host}:{}", std::process::id());
-    info.truncate(info.floor_char_boundary(255));
-    info
 }
 
 impl MySqlBackend {
@@ -337,14 +300,5 @@ mod tests {
         }
         assert!(parse_url("mysql://u:p%40ss@127.0.0.1:3306/db").is_ok());
         assert!(parse_url("mariadb://u@localhost/db").is_ok());
-    }
-
-    #[test]
-    fn escapes_are_checked() {
-        assert!(percent_decodes("a%20b%C3%A9"));
-        assert!(!percent_decodes("%"));
-        assert!(!percent_decodes("%2"));
-        assert!(!percent_decodes("%zz"));
-        assert!(!percent_decodes("%FF"));
     }
 }

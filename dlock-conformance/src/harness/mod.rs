@@ -1,4 +1,5 @@
-//! Real servers for tests: Redis, MariaDB and ZooKeeper started with
+//! Real servers for tests: Redis, MariaDB, PostgreSQL (alone and behind
+//! PgBouncer) and ZooKeeper started with
 //! testcontainers from the project's test image, or servers the user already
 //! runs, named by environment variables.
 //!
@@ -6,6 +7,8 @@
 //! |---|---|
 //! | `DLOCK_REDIS_URL` | use this Redis (`redis://127.0.0.1:6379`) instead of a container |
 //! | `DLOCK_MYSQL_URL` | use this MySQL/MariaDB (`mysql://user:pw@127.0.0.1:3306/db`) |
+//! | `DLOCK_POSTGRES_URL` | use this PostgreSQL (`postgres://user:pw@127.0.0.1:5432/db`) |
+//! | `DLOCK_PGBOUNCER_URL` | use this PgBouncer, in transaction pooling mode |
 //! | `DLOCK_ZK_CONNECT` | use this ZooKeeper (`127.0.0.1:2181`) |
 //! | `DLOCK_TEST_IMAGE` | start containers from this image instead of building `testbed/` |
 //!
@@ -47,6 +50,9 @@ pub use ready::wait_ready;
 /// The password of the `dlock` user in the test MariaDB.
 pub const MYSQL_PASSWORD: &str = "dlock";
 
+/// The password of the `dlock` role in the test PostgreSQL and PgBouncer.
+pub const POSTGRES_PASSWORD: &str = "dlock";
+
 /// The servers the harness can start.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Service {
@@ -56,14 +62,30 @@ pub enum Service {
     MariaDb,
     /// A standalone ZooKeeper.
     ZooKeeper,
+    /// PostgreSQL 15 with database `dlock` and role `dlock`.
+    Postgres,
+    /// PgBouncer in transaction pooling mode, in front of a PostgreSQL as
+    /// [`Service::Postgres`] in the same container.
+    PgBouncer,
 }
 
 impl Service {
+    /// Every service.
+    pub const ALL: [Service; 5] = [
+        Service::Redis,
+        Service::MariaDb,
+        Service::ZooKeeper,
+        Service::Postgres,
+        Service::PgBouncer,
+    ];
+
     fn port(self) -> u16 {
         match self {
             Service::Redis => 6379,
             Service::MariaDb => 3306,
             Service::ZooKeeper => 2181,
+            Service::Postgres => 5432,
+            Service::PgBouncer => 6432,
         }
     }
 
@@ -72,6 +94,8 @@ impl Service {
             Service::Redis => "dlock-redis",
             Service::MariaDb => "dlock-mariadb",
             Service::ZooKeeper => "dlock-zookeeper",
+            Service::Postgres => "dlock-postgres",
+            Service::PgBouncer => "dlock-pgbouncer",
         }
     }
 
@@ -80,6 +104,8 @@ impl Service {
             Service::Redis => "DLOCK_REDIS_URL",
             Service::MariaDb => "DLOCK_MYSQL_URL",
             Service::ZooKeeper => "DLOCK_ZK_CONNECT",
+            Service::Postgres => "DLOCK_POSTGRES_URL",
+            Service::PgBouncer => "DLOCK_PGBOUNCER_URL",
         }
     }
 
@@ -88,6 +114,9 @@ impl Service {
             Service::Redis => format!("redis://127.0.0.1:{port}"),
             Service::MariaDb => format!("mysql://dlock:{MYSQL_PASSWORD}@127.0.0.1:{port}/dlock"),
             Service::ZooKeeper => format!("127.0.0.1:{port}"),
+            Service::Postgres | Service::PgBouncer => {
+                format!("postgres://dlock:{POSTGRES_PASSWORD}@127.0.0.1:{port}/dlock")
+            }
         }
     }
 }
@@ -165,7 +194,7 @@ pub async fn shared(service: Service) -> &'static Server {
 /// What went wrong and what to do about it.
 pub async fn try_shared(service: Service) -> Result<&'static Server, String> {
     static SHARED: LazyLock<HashMap<Service, OnceCell<Server>>> = LazyLock::new(|| {
-        [Service::Redis, Service::MariaDb, Service::ZooKeeper]
+        Service::ALL
             .into_iter()
             .map(|s| (s, OnceCell::new()))
             .collect()

@@ -22,6 +22,7 @@ pub async fn wait_ready(service: Service, url: &str) -> Result<(), String> {
                 Service::Redis => probe_redis(url).await,
                 Service::MariaDb => probe_mysql(url).await,
                 Service::ZooKeeper => probe_zookeeper(url).await,
+                Service::Postgres | Service::PgBouncer => probe_postgres(url).await,
             }
         };
         // A server that accepts a connection but does not answer yet must
@@ -63,6 +64,21 @@ async fn probe_mysql(url: &str) -> Result<(), String> {
         .fetch_one(&mut conn)
         .await
         .map_err(|e| e.to_string())?;
+    (one == 1).then_some(()).ok_or_else(|| one.to_string())
+}
+
+/// A simple query, as PgBouncer's transaction pooling passes on in one
+/// piece (a prepared statement's parts may go to different servers).
+async fn probe_postgres(url: &str) -> Result<(), String> {
+    use sqlx::{Connection, Row};
+    let mut conn = sqlx::PgConnection::connect(url)
+        .await
+        .map_err(|e| e.to_string())?;
+    let row = sqlx::raw_sql("SELECT 1")
+        .fetch_one(&mut conn)
+        .await
+        .map_err(|e| e.to_string())?;
+    let one: i32 = row.try_get(0).map_err(|e| e.to_string())?;
     (one == 1).then_some(()).ok_or_else(|| one.to_string())
 }
 

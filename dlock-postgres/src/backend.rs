@@ -1,0 +1,116 @@
+//! The backend handle and its [`Backend`] implementation, which checks each
+//! request and hands it to the module of its concern.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use dlock_core::wait::{Wakeups, bounded_acquire, check_request};
+use dlock_core::{
+    Backend, Capabilities, Lease, LeaseKind, LockInfo, LockOptions, LockPage, Result, async_trait,
+    check_hold, validate_name,
+};
+
+use crate::pool::Pool;
+use crate::sql::Statements;
+
+/// The driver's name in errors and [`Backend::driver`].
+pub(crate) const NAME: &str = "postgres";
+
+/// A PostgreSQL lock backend over a lease table. Cheap to clone; clones
+/// share the pool.
+///
+/// No transaction or row lock outlives a single statement: the lease is
+/// the row's `expires_at`, judged by the database clock
+/// (`clock_timestamp()`). Advisory locks are not used: they have no TTL,
+/// vanish unseen with their connection, and break behind PgBouncer.
+///
+/// Every call is bounded by the request timeout, the wait for a pooled
+/// connection included, and every statement by the same `statement_timeout`
+/// on the server. A statement that times out has an unknown outcome: its
+/// connection is closed rather than returned to the pool, and an acquire
+/// is undone by its owner token in the background.
+#[derive(Clone)]
+pub struct PgBackend {
+    pub(crate) inner: Arc<Inner>,
+}
+
+// By hand: the connect options inside hold the password.
+impl std::fmt::Debug for PgBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PgBackend")
+            .field("request_timeout", &self.inner.request_timeout)
+            .finish_non_exhaustive()
+    }
+}
+
+/// What the clones of one backend share.
+#[derive(Debug)]
+pub(crate) struct Inner {
+    pub(crate) pool: Pool,
+    pub(crate) sql: Statements,
+    /// `host:pid`, written with every grant for operators.
+    pub(crate) holder: String,
+    /// Waiters in this process, woken by its own releases.
+    pub(crate) wakeups: Wakeups,
+    pub(crate) max_poll: Duration,
+    pub(crate) request_timeout: Duration,
+}
+
+#[async_trait]
+impl Backend for PgBackend {
+    fn capabilities(&self) -> Capabilities {
+        let mut caps = Capabilities::new(LeaseKind::Ttl);
+        caps.fencing = true;
+        // Tokens fold in the database clock (tested across a restart and
+        // a deleted row).
+        caps.fencing_survives_restart = true;
+        caps.distributed = true;
+        caps.cleanup = true;
+        caps.delayed_release = true;
+        caps.batch_extend = true;
+        caps
+    }
+
+    fn driver(&self) -> &'static str {
+        NAME
+    }
+
+    async fn try_acquire(&self, name: &str, opts: &LockOptions) -> Result<Option<Lease>> {
+        check_request(name, opts)?;
+        Ok(self.attempt(name, opts).await?.into_lease())
+    }
+
+    async fn acquire(&self, name: &str, opts: &LockOptions) -> Result<Lease> {
+        let request_timeout = self.inner.request_timeout;
+        bounded_acquire(name, opts, request_timeout, |deadline| {
+            self.wait(name, opts, deadline)
+        })
+        .await
+    }
+
+    async fn release(&self, lease: &Lease) -> Result<()> {
+        self.release_lease(lease).await
+    }
+
+    async fn release_after(&self, lease: &Lease, hold: Duration) -> Result<()> {
+        check_hold(hold)?;
+        self.release_lease_after(lease, hold).await
+    }
+
+    async fn extend(&self, lease: &mut Lease) -> Result<()> {
+        self.extend_lease(lease).await
+    }
+
+    async fn extend_many(&self, leases: &mut [Lease]) -> Result<Vec<bool>> {
+        self.extend_leases(leases).await
+    }
+
+    async fn list(&self, prefix: &str, cursor: Option<&str>, limit: usize) -> Result<LockPage> {
+        self.list_locks(prefix, cursor, limit).await
+    }
+
+    async fn inspect(&self, name: &str) -> Result<Option<LockInfo>> {
+        validate_name(name)?;
+        self.inspect_lock(name).await
+    }
+}

@@ -1,0 +1,283 @@
+//! Settings, the URL, the first connection and the lock table.
+
+use std::str::FromStr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use dlock_core::wait::Wakeups;
+use dlock_core::{Error, MAX_SETTING, Result, check_duration};
+use sqlx::postgres::PgConnectOptions;
+use tokio::time::{Instant, timeout_at};
+
+use crate::backend::{Inner, NAME, PgBackend};
+use crate::error::{INSUFFICIENT_PRIVILEGE, sql_error, sql_state, timed_out};
+use crate::pool::{LendError, Pool};
+use crate::sql::{Statements, validate_table};
+
+/// Settings for [`PgBackend`]; start from [`PgBackend::builder`].
+#[derive(Clone)]
+pub struct PgBuilder {
+    url: String,
+    table: String,
+    max_connections: u32,
+    connect_timeout: Duration,
+    request_timeout: Duration,
+    max_poll: Duration,
+    create_table: bool,
+}
+
+impl std::fmt::Debug for PgBuilder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PgBuilder")
+            .field("url", &dlock_core::redact_url(&self.url))
+            .field("table", &self.table)
+            .field("max_connections", &self.max_connections)
+            .field("connect_timeout", &self.connect_timeout)
+            .field("request_timeout", &self.request_timeout)
+            .field("max_poll", &self.max_poll)
+            .field("create_table", &self.create_table)
+            .finish()
+    }
+}
+
+impl PgBuilder {
+    /// The lock table (default `dlock_locks`): lower-case letters, digits
+    /// and `_`, at most 52 of them.
+    pub fn table(mut self, table: impl Into<String>) -> Self {
+        self.table = table.into();
+        self
+    }
+
+    /// The most connections the pool opens (default 10).
+    pub fn max_connections(mut self, n: u32) -> Self {
+        self.max_connections = n;
+        self
+    }
+
+    /// How long to wait for a new connection (default 5 s).
+    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
+        self.connect_timeout = timeout;
+        self
+    }
+
+    /// How long a call may take, the wait for a pooled connection included,
+    /// before it counts as failed (default 2 s); the server cuts each
+    /// statement off after as long (`statement_timeout`). A statement that
+    /// times out may still have run: its connection is discarded, and an
+    /// acquire is undone by its owner token.
+    pub fn request_timeout(mut self, timeout: Duration) -> Self {
+        self.request_timeout = timeout;
+        self
+    }
+
+    /// The longest a waiter goes without looking at the lock again
+    /// (default 1 s). The holder's expiry and a release in this process
+    /// wake it sooner.
+    pub fn max_poll_interval(mut self, interval: Duration) -> Self {
+        self.max_poll = interval;
+        self
+    }
+
+    /// Whether `connect` creates the lock table when it is missing
+    /// (default `true`). Turn it off where the application's role may not
+    /// create tables; an administrator then runs [`PgBackend::table_ddl`]
+    /// once.
+    pub fn create_table(mut self, create: bool) -> Self {
+        self.create_table = create;
+        self
+    }
+
+    /// Checks the settings and the URL without connecting.
+    fn validate(&self) -> Result<PgConnectOptions> {
+        validate_table(&self.table)?;
+        if self.max_connections == 0 {
+            return Err(Error::invalid_option(
+                "max_connections",
+                "must be at least 1",
+            ));
+        }
+        let ms = Duration::from_millis(1);
+        check_duration("connect_timeout", self.connect_timeout, ms, MAX_SETTING)?;
+        check_duration("request_timeout", self.request_timeout, ms, MAX_SETTING)?;
+        let min_poll = Duration::from_millis(10);
+        check_duration("max_poll_interval", self.max_poll, min_poll, MAX_SETTING)?;
+        parse_url(&self.url)
+    }
+
+    /// Checks the settings, then opens one connection at once, to surface
+    /// bad credentials, a missing database or a server that is down now,
+    /// and creates the lock table if it is missing (unless turned off with
+    /// [`PgBuilder::create_table`]). Returns within the connect timeout
+    /// plus the request timeout.
+    ///
+    /// # Errors
+    /// [`Error::InvalidOption`] for a malformed URL, table name or setting,
+    /// [`Error::Connection`] when the server cannot be reached,
+    /// [`Error::Backend`] when it refuses us.
+    pub async fn connect(self) -> Result<PgBackend> {
+        let options = self.validate()?;
+        let pool = Pool::new(options, self.max_connections, self.connect_timeout);
+        // A first connection at once reports what went wrong ("connection
+        // refused", "password authentication failed") instead of a later
+        // statement.
+        let mut first = match pool.lend(Instant::now() + self.connect_timeout).await {
+            Ok(first) => first,
+            Err(LendError::Connect(e)) => return Err(sql_error(e, "connect")),
+            Err(LendError::TimedOut) => {
+                return Err(timed_out(format!(
+                    "connect: no answer within {:?}",
+                    self.connect_timeout
+                )));
+            }
+        };
+        let sql = Statements::new(&self.table, self.request_timeout);
+        if self.create_table {
+            let by = Instant::now() + self.request_timeout;
+            create_table(first.conn(), &sql, &self.table, by).await?;
+        }
+        first.give_back();
+        Ok(PgBackend {
+            inner: Arc::new(Inner {
+                pool,
+                sql,
+                holder: dlock_core::host_and_pid(),
+                wakeups: Wakeups::new(),
+                max_poll: self.max_poll,
+                request_timeout: self.request_timeout,
+            }),
+        })
+    }
+}
+
+/// Creates the lock table unless it exists, by `by`. A role without the
+/// right to create it is fine when the table is there already; otherwise
+/// the error says what to run.
+async fn create_table(
+    conn: &mut sqlx::PgConnection,
+    sql: &Statements,
+    table: &str,
+    by: Instant,
+) -> Result<()> {
+    let created = timeout_at(by, sqlx::raw_sql(sql.create_sql()).execute(&mut *conn)).await;
+    let denied = match created {
+        Ok(Ok(_)) => return Ok(()),
+        Ok(Err(e)) if sql_state(&e).as_deref() == Some(INSUFFICIENT_PRIVILEGE) => e,
+        Ok(Err(e)) => return Err(sql_error(e, "create the lock table")),
+        Err(_) => {
+            return Err(timed_out(
+                "create the lock table: no reply in time".to_owned(),
+            ));
+        }
+    };
+    let exists = timeout_at(by, sqlx::raw_sql(sql.exists()).execute(&mut *conn)).await;
+    if let Ok(Ok(_)) = exists {
+        return Ok(());
+    }
+    Err(Error::backend(
+        NAME,
+        format!(
+            "the lock table `{table}` is missing and this role may not create it; \
+             have an administrator run:\n{}",
+            sql.create()
+        ),
+        denied,
+    ))
+}
+
+/// Parses a `postgres://` or `postgresql://` URL, refusing what sqlx would
+/// only notice when it connects (or would quietly replace by a default).
+fn parse_url(url: &str) -> Result<PgConnectOptions> {
+    let bad = |reason: &str| Error::invalid_option("url", reason.to_owned());
+    let parsed = url::Url::parse(url)
+        .map_err(|e| Error::invalid_option("url", format!("not a URL: {e}")))?;
+    if !matches!(parsed.scheme(), "postgres" | "postgresql") {
+        return Err(bad("expected postgres://user:password@host:port/database"));
+    }
+    if parsed.host_str().is_none_or(str::is_empty) {
+        return Err(bad(
+            "no host: expected postgres://user:password@host:port/database",
+        ));
+    }
+    for (part, text) in [
+        ("user name", parsed.username()),
+        ("password", parsed.password().unwrap_or_default()),
+        ("database", parsed.path()),
+    ] {
+        if !dlock_core::percent_decodes(text) {
+            // The part itself is not shown: it may be a password.
+            return Err(Error::invalid_option(
+                "url",
+                format!("the {part} has a malformed %-escape or is not UTF-8"),
+            ));
+        }
+    }
+    PgConnectOptions::from_str(url)
+        .map_err(|e| Error::invalid_option("url", format!("not a PostgreSQL URL: {e}")))
+}
+
+impl PgBackend {
+    /// Connects with default settings. URL:
+    /// `postgres://user:password@host:5432/database`.
+    pub async fn connect(url: &str) -> Result<Self> {
+        Self::builder(url).connect().await
+    }
+
+    /// Settings, starting from a URL.
+    pub fn builder(url: impl Into<String>) -> PgBuilder {
+        PgBuilder {
+            url: url.into(),
+            table: "dlock_locks".to_owned(),
+            max_connections: 10,
+            connect_timeout: Duration::from_secs(5),
+            request_timeout: Duration::from_secs(2),
+            max_poll: Duration::from_secs(1),
+            create_table: true,
+        }
+    }
+
+    /// The statements that create the lock table `table` and its index, for
+    /// an administrator to run where the application may not create tables.
+    ///
+    /// # Errors
+    /// [`Error::InvalidOption`] when `table` is not a plain identifier.
+    pub fn table_ddl(table: &str) -> Result<String> {
+        validate_table(table)?;
+        Ok(Statements::new(table, Duration::from_secs(1)).create())
+    }
+
+    /// Creates the lock table if it does not exist, as `connect` does by
+    /// default. Idempotent. Returns within the request timeout.
+    pub async fn migrate(&self) -> Result<()> {
+        let sql = self.inner.sql.create_sql();
+        self.execute(sql, "migrate", self.deadline()).await?;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls_are_checked_before_connecting() {
+        for bad in [
+            "postgres://",
+            "postgres:///db",
+            "postgres://u:%zz@127.0.0.1/db",
+            "postgres://u:%E9@127.0.0.1/db",
+            "postgres://u:p@127.0.0.1/%",
+            "mysql://u@127.0.0.1/db",
+            "not a url",
+        ] {
+            assert!(
+                matches!(
+                    parse_url(bad),
+                    Err(Error::InvalidOption { option: "url", .. })
+                ),
+                "{bad}"
+            );
+        }
+        assert!(parse_url("postgres://u:p%40ss@127.0.0.1:5432/db").is_ok());
+        assert!(parse_url("postgresql://u@localhost/db").is_ok());
+    }
+}

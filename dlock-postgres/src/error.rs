@@ -1,0 +1,57 @@
+//! sqlx's errors as dlock's: what the server or the network said, in the
+//! words an operator looks for.
+
+use dlock_core::Error;
+
+use crate::backend::NAME;
+
+// PostgreSQL SQLSTATEs the driver tells apart.
+const INVALID_PASSWORD: &str = "28P01";
+const INVALID_AUTHORIZATION: &str = "28000";
+const INVALID_CATALOG_NAME: &str = "3D000";
+const UNDEFINED_TABLE: &str = "42P01";
+pub(crate) const INSUFFICIENT_PRIVILEGE: &str = "42501";
+
+/// The server's SQLSTATE, when the server answered with an error.
+pub(crate) fn sql_state(e: &sqlx::Error) -> Option<String> {
+    e.as_database_error()
+        .and_then(|d| d.code())
+        .map(|c| c.into_owned())
+}
+
+/// `e`, met while `doing`, as a dlock error.
+pub(crate) fn sql_error(e: sqlx::Error, doing: &str) -> Error {
+    match sql_state(&e).as_deref() {
+        Some(INVALID_PASSWORD | INVALID_AUTHORIZATION) => {
+            return Error::backend(NAME, format!("{doing}: authentication failed"), e);
+        }
+        Some(INVALID_CATALOG_NAME) => {
+            return Error::backend(NAME, format!("{doing}: unknown database"), e);
+        }
+        Some(UNDEFINED_TABLE) => {
+            return Error::backend(
+                NAME,
+                format!("{doing}: the lock table is missing; call PgBackend::migrate() once"),
+                e,
+            );
+        }
+        _ => {}
+    }
+    match e {
+        // Say what the network said ("connection refused"), not just that
+        // it failed.
+        sqlx::Error::Io(ref io) => Error::connection(NAME, format!("{doing}: {io}"), e),
+        sqlx::Error::Tls(_)
+        | sqlx::Error::PoolClosed
+        | sqlx::Error::PoolTimedOut
+        | sqlx::Error::WorkerCrashed
+        | sqlx::Error::Protocol(_) => Error::connection(NAME, doing, e),
+        sqlx::Error::Configuration(_) => Error::invalid_option("url", e.to_string()),
+        _ => Error::backend(NAME, doing, e),
+    }
+}
+
+/// A connection error for a request that got no answer in time.
+pub(crate) fn timed_out(message: String) -> Error {
+    Error::timed_out(NAME, message)
+}

@@ -1,0 +1,79 @@
+//! Extending leases: one, or a whole renewal batch in one statement.
+
+use std::collections::HashSet;
+
+use dlock_core::{Error, Lease, Result, micros_up};
+use sqlx::Row;
+use tokio::time::Instant;
+
+use crate::backend::PgBackend;
+use crate::sql::Renewal;
+
+impl PgBackend {
+    /// [`Backend::extend`](dlock_core::Backend::extend).
+    pub(crate) async fn extend_lease(&self, lease: &mut Lease) -> Result<()> {
+        let sent = Instant::now();
+        let ttl = micros_up(lease.ttl().unwrap_or_default());
+        let owner = lease.owner().to_string();
+        let sql = self.inner.sql.extend(lease.name().as_bytes(), &owner, ttl);
+        self.own_row(sql, lease, "extend").await?;
+        lease.extended(sent);
+        Ok(())
+    }
+
+    /// [`Backend::extend_many`](dlock_core::Backend::extend_many): one
+    /// statement, whose reply names the rows it extended.
+    pub(crate) async fn extend_leases(&self, leases: &mut [Lease]) -> Result<Vec<bool>> {
+        if leases.is_empty() {
+            return Ok(Vec::new());
+        }
+        let owners: Vec<String> = leases.iter().map(|l| l.owner().to_string()).collect();
+        let batch: Vec<Renewal<'_>> = leases
+            .iter()
+            .zip(&owners)
+            .map(|(lease, owner)| Renewal {
+                name: lease.name().as_bytes(),
+                owner,
+                ttl_us: micros_up(lease.ttl().unwrap_or_default()),
+            })
+            .collect();
+        let sql = self.inner.sql.extend_many(&batch);
+        let sent = Instant::now();
+        let rows = self.fetch(sql, "extend", self.deadline()).await?;
+        let extended: HashSet<(Vec<u8>, String)> = rows
+            .iter()
+            .filter_map(|row| Some((row.try_get(0).ok()?, row.try_get(1).ok()?)))
+            .collect();
+        let mut held = Vec::with_capacity(leases.len());
+        for (lease, owner) in leases.iter_mut().zip(owners) {
+            let ours = extended.contains(&(lease.name().as_bytes().to_vec(), owner));
+            if ours {
+                lease.extended(sent);
+            }
+            held.push(ours);
+        }
+        Ok(held)
+    }
+
+    /// Runs a statement that changes the caller's own live row (an
+    /// extension, a hold); "not held" unless it matched one.
+    pub(crate) async fn own_row(
+        &self,
+        sql: sqlx::SqlStr,
+        lease: &Lease,
+        doing: &str,
+    ) -> Result<()> {
+        if self
+            .execute(sql, doing, self.deadline())
+            .await?
+            .rows_affected()
+            == 1
+        {
+            Ok(())
+        } else {
+            Err(Error::NotHeld {
+                name: lease.name().to_owned(),
+            })
+        }
+    }
+}

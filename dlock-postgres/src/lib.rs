@@ -1,0 +1,21 @@
+#![doc = include_str!("../README.md")]
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
+mod acquire;
+mod backend;
+mod builder;
+mod error;
+mod extend;
+mod list;
+mod pool;
+mod purge;
+mod release;
+mod sql;
+mod wait;
+
+pub use backend::PgBackend;
+pub use builder::PgBuilder;
+pub use purge::{MIN_PURGE_AGE, Purger};
+/// The sqlx crate this driver is built on, so that callers use the same
+/// version.
+pub use sqlx;

@@ -1,0 +1,59 @@
+//! Release, now or after a hold, and the undo of an acquire whose outcome
+//! is unknown.
+
+use std::time::Duration;
+
+use dlock_core::undo::retry_for;
+use dlock_core::{Error, Lease, OwnerToken, Result, micros_up};
+
+use crate::backend::PgBackend;
+
+impl PgBackend {
+    /// [`Backend::release`](dlock_core::Backend::release).
+    pub(crate) async fn release_lease(&self, lease: &Lease) -> Result<()> {
+        let owner = lease.owner().to_string();
+        let sql = self.inner.sql.release(lease.name().as_bytes(), &owner);
+        let done = self.execute(sql, "release", self.deadline()).await?;
+        if done.rows_affected() != 1 {
+            return Err(Error::NotHeld {
+                name: lease.name().to_owned(),
+            });
+        }
+        self.inner.wakeups.wake(lease.name());
+        Ok(())
+    }
+
+    /// [`Backend::release_after`](dlock_core::Backend::release_after), with
+    /// `hold` checked already.
+    pub(crate) async fn release_lease_after(&self, lease: &Lease, hold: Duration) -> Result<()> {
+        if hold.is_zero() {
+            return self.release_lease(lease).await;
+        }
+        let (owner, hold_owner) = (lease.owner().to_string(), lease.owner().for_hold());
+        let sql = self.inner.sql.hold(
+            lease.name().as_bytes(),
+            &owner,
+            &hold_owner.to_string(),
+            micros_up(hold).max(1),
+        );
+        self.own_row(sql, lease, "release_after").await
+    }
+
+    /// Releases `name` if `owner` holds it, retrying while the database is
+    /// out of reach, until it answers or the TTL has freed the lock anyway.
+    pub(crate) async fn undo(&self, name: &str, owner: OwnerToken, ttl: Duration) {
+        let owner = owner.to_string();
+        let released = retry_for(ttl, || async {
+            let sql = self.inner.sql.release(name.as_bytes(), &owner);
+            let done = self
+                .execute(sql, "undo an acquire", self.deadline())
+                .await?;
+            if done.rows_affected() == 1 {
+                self.inner.wakeups.wake(name);
+            }
+            Ok(done.rows_affected())
+        })
+        .await;
+        tracing::debug!(name, ?released, "undid an acquire of unknown outcome");
+    }
+}

@@ -1,0 +1,291 @@
+//! The statements, written out in full for each call.
+//!
+//! Every statement goes as a simple query, its values as literals made of
+//! hex digits and numbers alone: one round trip, no prepared statement, so
+//! nothing lives in a session between statements and the driver works
+//! through PgBouncer's transaction pooling as it does straight to the
+//! server. Each statement runs with `SET LOCAL statement_timeout` in the
+//! same implicit transaction: a statement that waits on a row lock cannot
+//! go on, and grant, long after its caller gave up.
+
+use std::fmt::Write;
+use std::time::Duration;
+
+use dlock_core::{Error, Result};
+use sqlx::{AssertSqlSafe, SqlSafeStr, SqlStr};
+
+/// The longest table name: its index, `<table>_expires_at`, must fit
+/// PostgreSQL's 63-byte identifiers.
+const MAX_TABLE: usize = 52;
+
+/// A table name that is safe to splice into SQL: a plain identifier, in
+/// lower case (PostgreSQL folds unquoted names; quoted here, so that
+/// `Locks` and `locks` cannot be mixed up).
+pub(crate) fn validate_table(name: &str) -> Result<()> {
+    let mut chars = name.chars();
+    let ok = name.len() <= MAX_TABLE
+        && chars
+            .next()
+            .is_some_and(|c| c.is_ascii_lowercase() || c == '_')
+        && chars.all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_');
+    if ok {
+        Ok(())
+    } else {
+        Err(Error::invalid_option(
+            "table",
+            format!(
+                "must be 1 to {MAX_TABLE} lower-case ASCII letters, digits or `_`, not starting \
+                 with a digit; got {name:?}"
+            ),
+        ))
+    }
+}
+
+/// The database clock, never the client's, and never `now()`: that is
+/// the start of the transaction, stale once a statement waited on a lock.
+const NOW: &str = "clock_timestamp()";
+
+/// The database clock in microseconds since the epoch: the floor of every
+/// fencing token, so that a row deleted (by a purge, an operator, a
+/// restored backup) and created again still gets a token above every
+/// earlier one, as long as that clock does not step back.
+const CLOCK_US: &str = "(extract(epoch FROM clock_timestamp()) * 1000000)::bigint";
+
+/// `bytes` as a `bytea` literal, whatever `standard_conforming_strings` says.
+pub(crate) fn bytes(bytes: &[u8]) -> String {
+    let mut out = String::with_capacity(bytes.len() * 2 + 20);
+    out.push_str("decode('");
+    for b in bytes {
+        let _ = write!(out, "{b:02x}");
+    }
+    out.push_str("', 'hex')");
+    out
+}
+
+/// `text` as a `text` literal.
+fn text(text: &str) -> String {
+    format!("convert_from({}, 'UTF8')", bytes(text.as_bytes()))
+}
+
+/// Microseconds as an interval.
+fn micros(us: u64) -> String {
+    format!("({us}::bigint * interval '1 microsecond')")
+}
+
+/// The statements of one table.
+#[derive(Debug)]
+pub(crate) struct Statements {
+    table: String,
+    /// `SET LOCAL statement_timeout = …;`, ahead of every statement.
+    limit: String,
+}
+
+/// One lease of a batch renewal.
+pub(crate) struct Renewal<'a> {
+    pub name: &'a [u8],
+    pub owner: &'a str,
+    pub ttl_us: u64,
+}
+
+impl Statements {
+    /// `table` must have passed [`validate_table`]; statements are cut off
+    /// by the server after `limit`.
+    pub fn new(table: &str, limit: Duration) -> Self {
+        let ms = u64::try_from(limit.as_millis()).unwrap_or(u64::MAX).max(1);
+        Statements {
+            table: table.to_owned(),
+            limit: format!("SET LOCAL statement_timeout = {ms}; "),
+        }
+    }
+
+    fn bounded(&self, statement: String) -> SqlStr {
+        // `table` has passed `validate_table`, and every value is a literal
+        // of hex digits or a number.
+        AssertSqlSafe(format!("{}{statement}", self.limit)).into_sql_str()
+    }
+
+    /// Creates the table and its expiry index, if missing.
+    pub fn create(&self) -> String {
+        let t = &self.table;
+        format!(
+            "CREATE TABLE IF NOT EXISTS \"{t}\" (
+                name bytea PRIMARY KEY,
+                owner text NOT NULL,
+                fence bigint NOT NULL,
+                expires_at timestamptz NOT NULL,
+                acquired_at timestamptz NOT NULL,
+                holder text NOT NULL
+            );
+            CREATE INDEX IF NOT EXISTS \"{t}_expires_at\" ON \"{t}\" (expires_at);"
+        )
+    }
+
+    /// [`Statements::create`], ready to run. `IF NOT EXISTS` is no guard
+    /// against a concurrent creator (the loser fails on a catalog index),
+    /// so creators take turns on a transaction-scoped advisory lock,
+    /// which PgBouncer's transaction pooling keeps on one connection.
+    pub fn create_sql(&self) -> SqlStr {
+        self.bounded(format!(
+            "SELECT pg_advisory_xact_lock(hashtext({})); {}",
+            text(&format!("dlock create {}", self.table)),
+            self.create()
+        ))
+    }
+
+    /// Reads nothing, but fails when the table is missing or not ours.
+    pub fn exists(&self) -> SqlStr {
+        self.bounded(format!("SELECT 1 FROM \"{}\" LIMIT 0", self.table))
+    }
+
+    /// One statement, race-free: the insert of a missing row, or the update
+    /// of an expired or released one, returns the new fencing token; no row
+    /// means the lock is held. Concurrent first inserts of a name are
+    /// ordered by the primary key: the second waits, then finds the row
+    /// held. The update's condition and values are judged after any wait
+    /// for the row, on the clock as it is then.
+    pub fn acquire(&self, name: &[u8], owner: &str, ttl_us: u64, holder: &str) -> SqlStr {
+        let (t, n, h, ttl) = (&self.table, bytes(name), text(holder), micros(ttl_us));
+        self.bounded(format!(
+            "INSERT INTO \"{t}\" AS l (name, owner, fence, expires_at, acquired_at, holder)
+             VALUES ({n}, '{owner}', {CLOCK_US}, {NOW} + {ttl}, {NOW}, {h})
+             ON CONFLICT (name) DO UPDATE SET
+               owner = EXCLUDED.owner,
+               fence = GREATEST(l.fence + 1, {CLOCK_US}),
+               expires_at = {NOW} + {ttl},
+               acquired_at = {NOW},
+               holder = EXCLUDED.holder
+             WHERE l.expires_at <= {NOW}
+             RETURNING fence"
+        ))
+    }
+
+    /// Frees the row `owner` holds; the row stays, so its token keeps
+    /// counting up.
+    pub fn release(&self, name: &[u8], owner: &str) -> SqlStr {
+        let (t, n) = (&self.table, bytes(name));
+        self.bounded(format!(
+            "UPDATE \"{t}\" SET owner = '', expires_at = {NOW}
+             WHERE name = {n} AND owner = '{owner}' AND expires_at > {NOW}"
+        ))
+    }
+
+    /// Moves the expiry of the row `owner` holds to `ttl_us` from now.
+    pub fn extend(&self, name: &[u8], owner: &str, ttl_us: u64) -> SqlStr {
+        let (t, n, ttl) = (&self.table, bytes(name), micros(ttl_us));
+        self.bounded(format!(
+            "UPDATE \"{t}\" SET expires_at = {NOW} + {ttl}
+             WHERE name = {n} AND owner = '{owner}' AND expires_at > {NOW}"
+        ))
+    }
+
+    /// A delayed release: the row gets the hold's owner, so that the
+    /// released lease can no longer touch it, and expires on the database
+    /// clock.
+    pub fn hold(&self, name: &[u8], owner: &str, hold_owner: &str, hold_us: u64) -> SqlStr {
+        let (t, n, hold) = (&self.table, bytes(name), micros(hold_us));
+        self.bounded(format!(
+            "UPDATE \"{t}\" SET owner = '{hold_owner}', expires_at = {NOW} + {hold}
+             WHERE name = {n} AND owner = '{owner}' AND expires_at > {NOW}"
+        ))
+    }
+
+    /// Extends every lease of the batch whose row it still owns, in one
+    /// statement, and returns those rows' names and owners.
+    pub fn extend_many(&self, batch: &[Renewal<'_>]) -> SqlStr {
+        let mut values = String::new();
+        for (i, lease) in batch.iter().enumerate() {
+            let sep = if i == 0 { "" } else { ", " };
+            let _ = write!(
+                values,
+                "{sep}({}, '{}', {}::bigint)",
+                bytes(lease.name),
+                lease.owner,
+                lease.ttl_us
+            );
+        }
+        let t = &self.table;
+        self.bounded(format!(
+            "UPDATE \"{t}\" AS l SET expires_at = {NOW} + v.ttl * interval '1 microsecond'
+             FROM (VALUES {values}) AS v(name, owner, ttl)
+             WHERE l.name = v.name AND l.owner = v.owner AND l.expires_at > {NOW}
+             RETURNING l.name, l.owner"
+        ))
+    }
+
+    /// A page of held locks: names after `cursor` that start with
+    /// `prefix`, in order.
+    pub fn list(&self, prefix: &[u8], cursor: &[u8], limit: usize) -> SqlStr {
+        let (t, p, c) = (&self.table, bytes(prefix), bytes(cursor));
+        let len = prefix.len();
+        self.bounded(format!(
+            "SELECT name, owner, fence,
+               (extract(epoch FROM expires_at - {NOW}) * 1000000)::bigint
+             FROM \"{t}\"
+             WHERE name > {c} AND name >= {p} AND substring(name FROM 1 FOR {len}) = {p}
+               AND expires_at > {NOW}
+             ORDER BY name LIMIT {limit}"
+        ))
+    }
+
+    /// The holder of one name.
+    pub fn inspect(&self, name: &[u8]) -> SqlStr {
+        let (t, n) = (&self.table, bytes(name));
+        self.bounded(format!(
+            "SELECT owner, fence, (extract(epoch FROM expires_at - {NOW}) * 1000000)::bigint
+             FROM \"{t}\" WHERE name = {n} AND expires_at > {NOW}"
+        ))
+    }
+
+    /// Deletes up to `limit` rows whose lease ended over `age_us` ago. The
+    /// rows are locked first, skipping any another transaction holds, and
+    /// their expiry is judged again once locked.
+    pub fn purge(&self, age_us: u64, limit: u32) -> SqlStr {
+        let (t, age) = (&self.table, micros(age_us));
+        self.bounded(format!(
+            "DELETE FROM \"{t}\" WHERE name IN (
+               SELECT name FROM \"{t}\" WHERE expires_at < {NOW} - {age}
+               LIMIT {limit} FOR UPDATE SKIP LOCKED)"
+        ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn values_are_hex_literals() {
+        assert_eq!(bytes(b"a'b"), "decode('612762', 'hex')");
+        assert_eq!(bytes(b""), "decode('', 'hex')");
+        let sql = Statements::new("t", Duration::from_millis(1500)).release(b"x", "00ff");
+        assert!(
+            sql.as_str()
+                .starts_with("SET LOCAL statement_timeout = 1500; ")
+        );
+        assert!(
+            sql.as_str().contains("name = decode('78', 'hex')"),
+            "{}",
+            sql.as_str()
+        );
+    }
+
+    #[test]
+    fn table_names_are_identifiers() {
+        for ok in ["dlock_locks", "_t", "locks2", &"x".repeat(MAX_TABLE)] {
+            assert!(validate_table(ok).is_ok(), "{ok}");
+        }
+        for bad in [
+            "",
+            "1abc",
+            "Locks",
+            "a-b",
+            "a\"b",
+            "a b",
+            "t; DROP TABLE x",
+            "schema.t",
+            &"x".repeat(MAX_TABLE + 1),
+        ] {
+            assert!(validate_table(bad).is_err(), "{bad}");
+        }
+    }
+}
