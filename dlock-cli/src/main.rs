@@ -51,14 +51,14 @@ enum Command {
     Inspect(InspectArgs),
     /// Free a lock whoever holds it (dangerous: see --help).
     Release(ReleaseArgs),
-    /// Create the MySQL/MariaDB lock table: `dlock migrate [URL]`.
+    /// Create the MySQL/MariaDB or PostgreSQL lock table: `dlock migrate [URL]`.
     Migrate(MigrateArgs),
 }
 
 /// Where the lock service is.
 #[derive(Debug, Args)]
 struct UrlArg {
-    /// The lock service: redis://, rediss://, mysql://, mariadb://, zk://.
+    /// The lock service: redis://, rediss://, mysql://, mariadb://, postgres://, zk://.
     #[arg(long, env = "DLOCK_URL", hide_env_values = true)]
     url: Option<String>,
 }
@@ -94,7 +94,7 @@ struct ReleaseArgs {
 
 #[derive(Debug, Args)]
 struct MigrateArgs {
-    /// The MySQL/MariaDB URL (or DLOCK_URL).
+    /// The MySQL/MariaDB or PostgreSQL URL (or DLOCK_URL).
     #[arg(env = "DLOCK_URL", hide_env_values = true)]
     url: String,
     /// The lock table.
@@ -256,18 +256,29 @@ async fn release(args: ReleaseArgs) -> Result<u8, Failure> {
 
 async fn migrate(args: MigrateArgs) -> Result<u8, Failure> {
     let lower = args.url.to_ascii_lowercase();
-    if !(lower.starts_with("mysql://") || lower.starts_with("mariadb://")) {
+    if lower.starts_with("postgres://") || lower.starts_with("postgresql://") {
+        dlock::postgres::PgBackend::builder(args.url.as_str())
+            .table(args.table.as_str())
+            .create_table(false)
+            .connect()
+            .await?
+            .migrate()
+            .await?;
+    } else if lower.starts_with("mysql://") || lower.starts_with("mariadb://") {
+        dlock::mysql::MySqlBackend::builder(args.url.as_str())
+            .table(args.table.as_str())
+            .create_table(false)
+            .connect()
+            .await?
+            .migrate()
+            .await?;
+    } else {
         return Err(Failure::new(
             status::USAGE,
-            "migrate is for mysql:// and mariadb:// URLs; the other backends need no schema",
+            "migrate is for mysql://, mariadb:// and postgres:// URLs; the other backends need \
+             no schema",
         ));
     }
-    let backend = dlock::mysql::MySqlBackend::builder(args.url.as_str())
-        .table(args.table.as_str())
-        .create_table(false)
-        .connect()
-        .await?;
-    backend.migrate().await?;
     eprintln!("dlock: table {} is ready", args.table);
     Ok(0)
 }

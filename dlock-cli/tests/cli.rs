@@ -273,6 +273,7 @@ macro_rules! backend_tests {
 
 backend_tests!(redis, Service::Redis);
 backend_tests!(mysql, Service::MariaDb);
+backend_tests!(postgres, Service::Postgres);
 backend_tests!(zookeeper, Service::ZooKeeper);
 
 #[tokio::test]
@@ -326,4 +327,24 @@ async fn migrate_creates_the_mysql_table() {
     assert!(again.status.success(), "migrate is idempotent: {again:?}");
     let not_mysql = output(dlock(&["migrate", "redis://127.0.0.1:1"])).await;
     assert_eq!(not_mysql.status.code(), Some(USAGE), "{not_mysql:?}");
+}
+
+#[tokio::test]
+async fn migrate_creates_the_postgres_table() {
+    let url = shared(Service::Postgres).await.url().to_owned();
+    let table = format!("cli_{:08x}", fastrand::u32(..));
+    let migrated = output(dlock(&["migrate", &url, "--table", &table])).await;
+    assert!(migrated.status.success(), "{migrated:?}");
+    let again = output(dlock(&["migrate", &url, "--table", &table])).await;
+    assert!(again.status.success(), "migrate is idempotent: {again:?}");
+    let locker = dlock::postgres::PgBackend::builder(url.as_str())
+        .table(table.as_str())
+        .create_table(false)
+        .connect()
+        .await
+        .expect("the migrated table serves");
+    let lease = dlock::Backend::try_acquire(&locker, "x", &dlock::LockOptions::new())
+        .await
+        .unwrap();
+    assert!(lease.is_some());
 }

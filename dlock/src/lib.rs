@@ -26,6 +26,11 @@ pub use dlock_redis as redis;
 #[cfg_attr(docsrs, doc(cfg(feature = "mysql")))]
 pub use dlock_mysql as mysql;
 
+/// The PostgreSQL driver.
+#[cfg(feature = "postgres")]
+#[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
+pub use dlock_postgres as postgres;
+
 /// The ZooKeeper driver.
 #[cfg(feature = "zookeeper")]
 #[cfg_attr(docsrs, doc(cfg(feature = "zookeeper")))]
@@ -39,6 +44,7 @@ pub use dlock_zk as zk;
 /// | `redis+sentinel://host:port[,…]/service` | Redis behind Sentinel | `redis` |
 /// | `redis+cluster://host:port[,…]` | Redis Cluster | `redis` |
 /// | `mysql://`, `mariadb://` | MySQL / MariaDB (the lock table is created if missing) | `mysql` |
+/// | `postgres://`, `postgresql://` | PostgreSQL, directly or through PgBouncer (the lock table is created if missing) | `postgres` |
 /// | `zk://host:port[,host:port...][/chroot]` | ZooKeeper | `zookeeper` |
 /// | `memory://` | in-process, a fresh lock space per call | none |
 ///
@@ -70,11 +76,13 @@ pub async fn connect(url: &str) -> Result<Locker> {
             connect_redis(url).await
         }
         "mysql" | "mariadb" => connect_mysql(url).await,
+        "postgres" | "postgresql" => connect_postgres(url).await,
         "zk" | "zookeeper" => connect_zk(url).await,
         other => Err(Error::invalid_option(
             "url",
             format!(
-                "unknown scheme `{other}`; expected redis, rediss, mysql, mariadb, zk or memory"
+                "unknown scheme `{other}`; expected redis, rediss, mysql, mariadb, postgres, zk \
+                 or memory"
             ),
         )),
     }
@@ -98,6 +106,17 @@ async fn connect_mysql(url: &str) -> Result<Locker> {
 #[cfg(not(feature = "mysql"))]
 async fn connect_mysql(_url: &str) -> Result<Locker> {
     Err(feature_off("mysql", "mysql"))
+}
+
+#[cfg(feature = "postgres")]
+async fn connect_postgres(url: &str) -> Result<Locker> {
+    Ok(Locker::new(dlock_postgres::PgBackend::connect(url).await?))
+}
+
+#[cfg(not(feature = "postgres"))]
+async fn connect_postgres(url: &str) -> Result<Locker> {
+    let scheme = url.split_once("://").map_or("postgres", |(s, _)| s);
+    Err(feature_off(scheme, "postgres"))
 }
 
 #[cfg(feature = "zookeeper")]

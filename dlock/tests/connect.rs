@@ -1,6 +1,11 @@
 //! `connect(url)` reaches each driver's real server.
 
-#![cfg(all(feature = "redis", feature = "mysql", feature = "zookeeper"))]
+#![cfg(all(
+    feature = "redis",
+    feature = "mysql",
+    feature = "postgres",
+    feature = "zookeeper"
+))]
 #![allow(clippy::unwrap_used)] // tests panic on purpose
 
 use dlock::LockOptions;
@@ -41,6 +46,13 @@ async fn mysql_urls_pick_the_mysql_driver() {
         .unwrap();
     round_trip(url).await;
     round_trip(&url.replacen("mysql://", "mariadb://", 1)).await;
+}
+
+#[tokio::test]
+async fn postgres_urls_pick_the_postgres_driver() {
+    let url = shared(Service::Postgres).await.url();
+    round_trip(url).await;
+    round_trip(&url.replacen("postgres://", "postgresql://", 1)).await;
 }
 
 #[tokio::test]

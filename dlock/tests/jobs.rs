@@ -398,4 +398,5 @@ macro_rules! backend_tests {
 
 backend_tests!(redis, Service::Redis);
 backend_tests!(mysql, Service::MariaDb);
+backend_tests!(postgres, Service::Postgres);
 backend_tests!(zookeeper, Service::ZooKeeper);
