@@ -292,8 +292,10 @@ async fn start_container(service: Service, options: ServerOptions) -> Result<Ser
         .await
         .map_err(|e| format!("dlock harness: {service:?} container has no port: {e}"))?;
     let url = service.url(host_port);
-    if !options.skip_probe {
-        wait_ready(service, &url).await?;
+    if !options.skip_probe
+        && let Err(e) = wait_ready(service, &url).await
+    {
+        return Err(format!("{e}\n{}", last_words(&container).await));
     }
     Ok(Server {
         service,
@@ -301,6 +303,32 @@ async fn start_container(service: Service, options: ServerOptions) -> Result<Ser
         port: Some(host_port),
         container: Some(container),
     })
+}
+
+/// What a container that did not come up said last, and whether it still
+/// runs: the reason, in the failure's own message.
+async fn last_words(container: &ContainerAsync<GenericImage>) -> String {
+    let tail = |bytes: Vec<u8>| {
+        let text = String::from_utf8_lossy(&bytes).into_owned();
+        let lines: Vec<&str> = text.lines().collect();
+        lines[lines.len().saturating_sub(20)..].join("\n")
+    };
+    let stdout = container
+        .stdout_to_vec()
+        .await
+        .map(tail)
+        .unwrap_or_default();
+    let stderr = container
+        .stderr_to_vec()
+        .await
+        .map(tail)
+        .unwrap_or_default();
+    let running = container.is_running().await.ok();
+    let exit = container.exit_code().await.ok().flatten();
+    format!(
+        "the container is running: {running:?}, exit code {exit:?}\n\
+         --- its stdout (last lines) ---\n{stdout}\n--- its stderr (last lines) ---\n{stderr}"
+    )
 }
 
 fn free_port() -> Result<u16, String> {

@@ -1,0 +1,300 @@
+//! PostgreSQL-specific behaviour: concurrent first inserts, the clock a
+//! blocked statement judges by, fencing across deletes and restores,
+//! privileges and configuration errors.
+
+#![allow(clippy::unwrap_used)] // tests panic on purpose
+
+use std::time::Duration;
+
+use dlock_conformance::harness::{ServerOptions, Service, shared, start, unused_port};
+use dlock_conformance::support::{long, must_acquire, unique_name};
+use dlock_core::{Backend, Error, LockOptions};
+use dlock_postgres::PgBackend;
+use sqlx::Connection;
+
+async fn url() -> &'static str {
+    shared(Service::Postgres).await.url()
+}
+
+async fn backend() -> PgBackend {
+    PgBackend::connect(url().await).await.unwrap()
+}
+
+/// A connection of the test's own, to look at and lock the table.
+async fn admin() -> sqlx::PgConnection {
+    sqlx::PgConnection::connect(url().await).await.unwrap()
+}
+
+/// Sixteen clients take a name nobody has taken yet, all at once: the
+/// first insert wins, the others find the row held (never a duplicate-key
+/// error, never two winners), for each of twenty names.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_first_acquires_of_a_missing_row_have_one_winner() {
+    let b = PgBackend::builder(url().await)
+        .max_connections(16)
+        .connect()
+        .await
+        .unwrap();
+    for _ in 0..20 {
+        let name = unique_name("first");
+        let mut tries = tokio::task::JoinSet::new();
+        for _ in 0..16 {
+            let (b, name) = (b.clone(), name.clone());
+            tries.spawn(async move { b.try_acquire(&name, &long()).await });
+        }
+        let mut winners = 0;
+        while let Some(done) = tries.join_next().await {
+            match done.unwrap() {
+                Ok(Some(_)) => winners += 1,
+                Ok(None) => {}
+                Err(e) => panic!("a concurrent first acquire failed: {e}"),
+            }
+        }
+        assert_eq!(winners, 1, "{name}: {winners} winners");
+    }
+}
+
+/// An acquire that waited on another transaction's lock of the row judges
+/// expiry, and sets it, by the clock as it is when it runs: with `now()`
+/// (the transaction's start) the row, locked for 1.5 s, would look free
+/// sooner and its new lease would end 1.5 s early.
+#[tokio::test]
+async fn an_acquire_blocked_on_a_row_lock_counts_from_when_it_ran() {
+    let b = backend().await;
+    let name = unique_name("blocked");
+    let short = LockOptions::new().ttl(Duration::from_millis(500));
+    let first = must_acquire(&b, &name, &short).await;
+    let mut admin = admin().await;
+    sqlx::raw_sql("BEGIN").execute(&mut admin).await.unwrap();
+    sqlx::query("SELECT 1 FROM dlock_locks WHERE name = $1 FOR UPDATE")
+        .bind(name.as_bytes())
+        .fetch_all(&mut admin)
+        .await
+        .unwrap();
+    // Sent while the first lease is live, judged once the row is free,
+    // after that lease ended.
+    let ttl = Duration::from_secs(3);
+    let acquiring = tokio::spawn({
+        let (b, name) = (b.clone(), name.clone());
+        async move { b.try_acquire(&name, &LockOptions::new().ttl(ttl)).await }
+    });
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    sqlx::raw_sql("COMMIT").execute(&mut admin).await.unwrap();
+    let lease = acquiring
+        .await
+        .unwrap()
+        .unwrap()
+        .expect("the lease had ended when the statement ran");
+    assert!(lease.fencing_token() > first.fencing_token());
+    let left = b.inspect(&name).await.unwrap().unwrap().expires_in.unwrap();
+    assert!(
+        left > ttl - Duration::from_millis(500),
+        "the new lease has {left:?} of {ttl:?} left: its expiry was counted from before the wait"
+    );
+    b.release(&lease).await.unwrap();
+}
+
+/// The token is never lowered: across release, force release, expiry
+/// takeover, a deleted row and a restored one (an old, small token), each
+/// grant's token is above every earlier one, because it never falls below
+/// the database clock.
+#[tokio::test]
+async fn fencing_tokens_only_go_up_whatever_happens_to_the_row() {
+    let b = backend().await;
+    let name = unique_name("fences");
+    let mut admin = admin().await;
+    let mut last = 0;
+    let mut next = |token: u64, after: &str| {
+        assert!(
+            token > last,
+            "after {after} the token went from {last} to {token}"
+        );
+        last = token;
+    };
+    let lease = must_acquire(&b, &name, &long()).await;
+    next(lease.fencing_token(), "the first grant");
+    b.release(&lease).await.unwrap();
+    let lease = must_acquire(&b, &name, &long()).await;
+    next(lease.fencing_token(), "a release");
+    b.force_release(&name).await.unwrap();
+    let short = LockOptions::new().ttl(Duration::from_millis(100));
+    let lease = must_acquire(&b, &name, &short).await;
+    next(lease.fencing_token(), "a force release");
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let lease = must_acquire(&b, &name, &long()).await;
+    next(lease.fencing_token(), "an expiry takeover");
+    b.release(&lease).await.unwrap();
+    sqlx::query("DELETE FROM dlock_locks WHERE name = $1")
+        .bind(name.as_bytes())
+        .execute(&mut admin)
+        .await
+        .unwrap();
+    let lease = must_acquire(&b, &name, &long()).await;
+    next(lease.fencing_token(), "a deleted row");
+    b.release(&lease).await.unwrap();
+    sqlx::query("UPDATE dlock_locks SET fence = 1 WHERE name = $1")
+        .bind(name.as_bytes())
+        .execute(&mut admin)
+        .await
+        .unwrap();
+    let lease = must_acquire(&b, &name, &long()).await;
+    next(lease.fencing_token(), "a restored row");
+    b.release(&lease).await.unwrap();
+}
+
+/// Names are bytes compared byte for byte: case, trailing spaces and
+/// Unicode normalisation make distinct locks.
+#[tokio::test]
+async fn names_differing_in_case_space_or_normalisation_are_distinct() {
+    let b = backend().await;
+    let base = unique_name("Case");
+    let names = [
+        base.clone(),
+        base.to_lowercase(),
+        format!("{base} "),
+        format!("{base}\u{e9}"),
+        format!("{base}e\u{301}"),
+    ];
+    let mut leases = Vec::new();
+    for name in &names {
+        leases.push(must_acquire(&b, name, &long()).await);
+    }
+    for lease in &leases {
+        b.release(lease).await.unwrap();
+    }
+}
+
+/// `connect` creates the table; a role with SELECT, INSERT, UPDATE and
+/// DELETE on it (and nothing else) works once it exists; a role that may
+/// not create a missing table is told what an administrator should run.
+#[tokio::test]
+async fn the_table_is_created_on_connect_and_least_privilege_suffices() {
+    let mut admin = admin().await;
+    let id = unique_name("priv").replace('-', "_").to_lowercase();
+    let table = format!("t_{}", &id[id.len() - 16..]);
+    let fresh = PgBackend::builder(url().await)
+        .table(&table)
+        .connect()
+        .await
+        .expect("connect creates the missing table");
+    let lease = must_acquire(&fresh, "x", &long()).await;
+    fresh.release(&lease).await.unwrap();
+
+    let role = format!("r_{}", &id[id.len() - 12..]);
+    for statement in [
+        format!("CREATE ROLE {role} LOGIN PASSWORD 'pw'"),
+        format!("GRANT SELECT, INSERT, UPDATE, DELETE ON {table} TO {role}"),
+        format!("REVOKE CREATE ON SCHEMA public FROM {role}"),
+    ] {
+        sqlx::raw_sql(sqlx::AssertSqlSafe(statement))
+            .execute(&mut admin)
+            .await
+            .unwrap();
+    }
+    let good = url().await;
+    let at = good.find('@').unwrap();
+    let role_url = format!("postgres://{role}:pw{}", &good[at..]);
+    let least = PgBackend::builder(&role_url)
+        .table(&table)
+        .connect()
+        .await
+        .expect("a role with SELECT, INSERT, UPDATE, DELETE on an existing table can connect");
+    let name = unique_name("least");
+    let lease = must_acquire(&least, &name, &long()).await;
+    least.release(&lease).await.unwrap();
+    least
+        .purge_expired(dlock_postgres::MIN_PURGE_AGE, 10)
+        .await
+        .unwrap();
+
+    let missing = format!("m_{}", &id[id.len() - 16..]);
+    match PgBackend::builder(&role_url)
+        .table(&missing)
+        .connect()
+        .await
+    {
+        Err(e @ Error::Backend { .. }) => {
+            let text = e.to_string();
+            assert!(text.contains("may not create it"), "{text}");
+            assert!(
+                text.contains(&format!("CREATE TABLE IF NOT EXISTS \"{missing}\"")),
+                "{text}"
+            );
+            assert!(!text.contains(":pw"), "the password leaked: {text}");
+        }
+        other => panic!("expected the DDL to be shown, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn configuration_errors_are_typed() {
+    let good = url().await;
+    let wrong_password = good.replace("dlock:dlock@", "dlock:wrong@");
+    match PgBackend::connect(&wrong_password).await {
+        Err(e @ Error::Backend { .. }) => {
+            assert!(e.to_string().contains("authentication failed"), "{e}");
+            assert!(!e.to_string().contains("wrong"), "the password leaked: {e}");
+        }
+        other => panic!("wrong password: {other:?}"),
+    }
+    let missing_db = format!("{}/no_such_database", good.trim_end_matches("/dlock"));
+    match PgBackend::connect(&missing_db).await {
+        Err(e @ Error::Backend { .. }) => {
+            assert!(e.to_string().contains("unknown database"), "{e}");
+        }
+        other => panic!("missing database: {other:?}"),
+    }
+    let port = unused_port();
+    let r = PgBackend::connect(&format!("postgres://dlock:dlock@127.0.0.1:{port}/dlock")).await;
+    match r {
+        Err(e @ Error::Connection { .. }) => assert!(e.to_string().contains("refused"), "{e}"),
+        other => panic!("refused connection: {other:?}"),
+    }
+    for bad in [
+        "mysql://x@127.0.0.1/db".to_owned(),
+        "postgres://dlock:dlock@/dlock".to_owned(),
+        format!("postgres://dlock:%zz@127.0.0.1:{port}/dlock"),
+    ] {
+        let r = PgBackend::connect(&bad).await;
+        assert!(
+            matches!(r, Err(Error::InvalidOption { option: "url", .. })),
+            "{r:?}"
+        );
+    }
+    for (option, builder) in [
+        ("table", PgBackend::builder(good).table("Locks")),
+        (
+            "max_connections",
+            PgBackend::builder(good).max_connections(0),
+        ),
+        (
+            "request_timeout",
+            PgBackend::builder(good).request_timeout(Duration::ZERO),
+        ),
+        (
+            "connect_timeout",
+            PgBackend::builder(good).connect_timeout(Duration::MAX),
+        ),
+    ] {
+        match builder.connect().await {
+            Err(Error::InvalidOption { option: o, .. }) => assert_eq!(o, option),
+            other => panic!("{option}: {other:?}"),
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_server_that_is_down_gives_errors_not_grants() {
+    let server = start(Service::Postgres, ServerOptions::default()).await;
+    let b = PgBackend::builder(server.url())
+        .connect_timeout(Duration::from_secs(2))
+        .connect()
+        .await
+        .unwrap();
+    let lease = must_acquire(&b, "down", &long()).await;
+    server.container().unwrap().stop().await.unwrap();
+    let r = b.try_acquire("other", &long()).await;
+    assert!(matches!(r, Err(Error::Connection { .. })), "{r:?}");
+    let r = b.release(&lease).await;
+    assert!(matches!(r, Err(Error::Connection { .. })), "{r:?}");
+}
