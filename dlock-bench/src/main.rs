@@ -27,6 +27,7 @@ enum Which {
     Memory,
     Redis,
     Mysql,
+    Postgres,
     Zookeeper,
 }
 
@@ -48,7 +49,7 @@ enum Scenario {
 #[command(version)]
 struct Args {
     /// Backends to measure.
-    #[arg(long, value_delimiter = ',', default_values = ["memory", "redis", "mysql", "zookeeper"])]
+    #[arg(long, value_delimiter = ',', default_values = ["memory", "redis", "mysql", "postgres", "zookeeper"])]
     backends: Vec<Which>,
     /// Scenarios to run.
     #[arg(long, value_delimiter = ',', default_values = ["cycle", "contended", "held", "scaling"])]
@@ -92,6 +93,9 @@ struct Args {
     /// A running MySQL/MariaDB instead of a container (also DLOCK_MYSQL_URL).
     #[arg(long)]
     mysql_url: Option<String>,
+    /// A running PostgreSQL instead of a container (also DLOCK_POSTGRES_URL).
+    #[arg(long)]
+    postgres_url: Option<String>,
     /// A running ZooKeeper instead of a container (also DLOCK_ZK_CONNECT).
     #[arg(long)]
     zk_connect: Option<String>,
@@ -156,6 +160,9 @@ async fn run(args: Args) -> Result<()> {
             Which::Memory => Target::Memory(MemoryBackend::new()),
             Which::Redis => Target::Redis(url(args.redis_url.clone(), Service::Redis).await?),
             Which::Mysql => Target::MySql(url(args.mysql_url.clone(), Service::MariaDb).await?),
+            Which::Postgres => {
+                Target::Postgres(url(args.postgres_url.clone(), Service::Postgres).await?)
+            }
             Which::Zookeeper => {
                 Target::ZooKeeper(url(args.zk_connect.clone(), Service::ZooKeeper).await?)
             }
@@ -234,7 +241,7 @@ async fn run(args: Args) -> Result<()> {
                     Some(scenarios::throughput(&cycles(args.clients), "cycle", duration).await?);
             }
             bar.inc(2);
-            bar.set_message(format!("{name}: classic CAS"));
+            bar.set_message(format!("{name}: classic lock"));
             r.classic_cas = floor(args.clients, "cas", duration, async || {
                 target.classic_cas().await
             })

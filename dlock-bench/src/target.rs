@@ -7,6 +7,7 @@ use dlock::mysql::sqlx;
 use dlock::redis::redis;
 use dlock::zk::zookeeper_client as zk;
 use dlock::{Backend, LockOptions, MemoryBackend, OwnerToken};
+use sqlx::Connection as _;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -18,6 +19,7 @@ pub enum Target {
     Memory(MemoryBackend),
     Redis(String),
     MySql(String),
+    Postgres(String),
     ZooKeeper(String),
 }
 
@@ -27,6 +29,7 @@ impl Target {
             Target::Memory(_) => "memory",
             Target::Redis(_) => "redis",
             Target::MySql(_) => "mysql",
+            Target::Postgres(_) => "postgres",
             Target::ZooKeeper(_) => "zookeeper",
         }
     }
@@ -45,11 +48,24 @@ impl Target {
                     .connect()
                     .await?,
             ),
+            Target::Postgres(url) => Arc::new(
+                dlock::postgres::PgBackend::builder(url)
+                    .wake_ups(true)
+                    .max_connections(connections)
+                    .connect()
+                    .await?,
+            ),
             Target::ZooKeeper(connect) => Arc::new(dlock::zk::ZkBackend::connect(connect).await?),
         })
     }
 
     pub async fn prepare(&self) -> Result<()> {
+        if let Target::Postgres(url) = self {
+            dlock::postgres::PgBackend::connect(url).await?;
+            sqlx::raw_sql("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+                .execute(&mut pg_conn(url).await?)
+                .await?;
+        }
         if let Target::MySql(url) = self {
             let b = dlock::mysql::MySqlBackend::connect(url).await?;
             b.migrate().await?;
@@ -71,6 +87,7 @@ impl Target {
             Target::Memory(_) => None,
             Target::Redis(url) => Some(Box::new(RedisPing(redis_conn(url).await?))),
             Target::MySql(url) => Some(Box::new(MySqlPing(mysql_pool(url).await?))),
+            Target::Postgres(url) => Some(Box::new(PgPing(pg_pool(url).await?))),
             Target::ZooKeeper(c) => Some(Box::new(ZkPing(zk::Client::connect(c).await?))),
         })
     }
@@ -82,14 +99,18 @@ impl Target {
             Target::Memory(_) => None,
             Target::Redis(url) => Some(Box::new(RedisRaw::new(redis_conn(url).await?))),
             Target::MySql(url) => Some(Box::new(MySqlRaw(mysql_pool(url).await?))),
+            Target::Postgres(url) => Some(Box::new(PgRaw(pg_pool(url).await?))),
             Target::ZooKeeper(c) => Some(Box::new(ZkRaw(zk::Client::connect(c).await?))),
         })
     }
 
-    /// The classic read-then-CAS lock on a version row (MySQL only).
+    /// The lock users of the database would write without dlock: the
+    /// classic read-then-CAS on a version row (MySQL), a session advisory
+    /// lock on one connection per client (PostgreSQL).
     pub async fn classic_cas(&self) -> Result<Option<Box<dyn Op>>> {
         Ok(match self {
             Target::MySql(url) => Some(Box::new(MySqlCas(mysql_pool(url).await?))),
+            Target::Postgres(url) => Some(Box::new(PgAdvisory(pg_pool(url).await?))),
             _ => None,
         })
     }
@@ -126,6 +147,21 @@ impl Target {
                 .await?;
                 Some((questions.parse()?, size))
             }
+            Target::Postgres(url) => {
+                let mut conn = pg_conn(url).await?;
+                // Statements run (pg_stat_statements, at once), not the
+                // `SET LOCAL` ahead of each of the driver's.
+                let row = sqlx::raw_sql(
+                    "SELECT (SELECT COALESCE(sum(calls), 0)::bigint FROM pg_stat_statements \
+                       WHERE query NOT ILIKE 'SET %' AND query NOT ILIKE '%pg_stat_statements%'), \
+                     pg_total_relation_size('dlock_locks')::bigint",
+                )
+                .fetch_one(&mut conn)
+                .await?;
+                let (requests, size): (i64, i64) =
+                    (sqlx::Row::try_get(&row, 0)?, sqlx::Row::try_get(&row, 1)?);
+                Some((u64::try_from(requests)?, u64::try_from(size)?))
+            }
             Target::ZooKeeper(c) => {
                 let addr = c.split([',', '/']).next().unwrap_or(c);
                 let mut s = tokio::net::TcpStream::connect(addr).await?;
@@ -150,6 +186,19 @@ async fn redis_conn(url: &str) -> Result<redis::aio::MultiplexedConnection> {
     Ok(redis::Client::open(url)?
         .get_multiplexed_async_connection()
         .await?)
+}
+
+/// One connection, no ping on checkout: the bare client's own round trips.
+async fn pg_pool(url: &str) -> Result<sqlx::PgPool> {
+    Ok(sqlx::postgres::PgPoolOptions::new()
+        .max_connections(1)
+        .test_before_acquire(false)
+        .connect(url)
+        .await?)
+}
+
+async fn pg_conn(url: &str) -> Result<sqlx::PgConnection> {
+    Ok(sqlx::PgConnection::connect(url).await?)
 }
 
 async fn mysql_pool(url: &str) -> Result<sqlx::MySqlPool> {
@@ -276,6 +325,71 @@ impl Op for MySqlRaw {
         .bind(&owner)
         .execute(&self.0)
         .await?;
+        Ok(())
+    }
+}
+
+struct PgPing(sqlx::PgPool);
+
+#[dlock::async_trait]
+impl Op for PgPing {
+    async fn run(&self, _: &str) -> Result<()> {
+        let _: i32 = sqlx::query_scalar("SELECT 1").fetch_one(&self.0).await?;
+        Ok(())
+    }
+}
+
+/// The driver's two statements, bare: prepared, without the statement
+/// timeout.
+struct PgRaw(sqlx::PgPool);
+
+#[dlock::async_trait]
+impl Op for PgRaw {
+    async fn run(&self, key: &str) -> Result<()> {
+        let owner = OwnerToken::random()?.to_string();
+        let name = format!("raw:{key}");
+        sqlx::query(
+            "INSERT INTO dlock_locks AS l (name, owner, fence, expires_at, acquired_at, holder) \
+             VALUES ($1, $2, 1, clock_timestamp() + interval '30 seconds', clock_timestamp(), '') \
+             ON CONFLICT (name) DO UPDATE SET owner = EXCLUDED.owner, fence = l.fence + 1, \
+             expires_at = clock_timestamp() + interval '30 seconds' \
+             WHERE l.expires_at <= clock_timestamp() RETURNING fence",
+        )
+        .bind(name.as_bytes())
+        .bind(&owner)
+        .fetch_optional(&self.0)
+        .await?;
+        sqlx::query(
+            "UPDATE dlock_locks SET owner = '', expires_at = clock_timestamp() \
+             WHERE name = $1 AND owner = $2 AND expires_at > clock_timestamp()",
+        )
+        .bind(name.as_bytes())
+        .bind(&owner)
+        .execute(&self.0)
+        .await?;
+        Ok(())
+    }
+}
+
+/// A session advisory lock: no TTL, no fencing, gone unseen with its
+/// connection; what a PostgreSQL user would reach for first.
+struct PgAdvisory(sqlx::PgPool);
+
+#[dlock::async_trait]
+impl Op for PgAdvisory {
+    async fn run(&self, key: &str) -> Result<()> {
+        let mut conn = self.0.acquire().await?;
+        let got: bool = sqlx::query_scalar("SELECT pg_try_advisory_lock(hashtext($1))")
+            .bind(key)
+            .fetch_one(&mut *conn)
+            .await?;
+        if !got {
+            return Err("an uncontended advisory lock was held".into());
+        }
+        let _: bool = sqlx::query_scalar("SELECT pg_advisory_unlock(hashtext($1))")
+            .bind(key)
+            .fetch_one(&mut *conn)
+            .await?;
         Ok(())
     }
 }

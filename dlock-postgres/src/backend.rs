@@ -10,6 +10,7 @@ use dlock_core::{
     check_hold, validate_name,
 };
 
+use crate::notify::Listener;
 use crate::pool::Pool;
 use crate::sql::Statements;
 
@@ -50,10 +51,24 @@ pub(crate) struct Inner {
     pub(crate) sql: Statements,
     /// `host:pid`, written with every grant for operators.
     pub(crate) holder: String,
-    /// Waiters in this process, woken by its own releases.
+    /// Waiters in this process, woken by its own releases and by the
+    /// listener.
     pub(crate) wakeups: Wakeups,
+    /// With wake-ups on: where the listener connects.
+    pub(crate) listen: Option<sqlx::postgres::PgConnectOptions>,
+    pub(crate) listener: Listener,
     pub(crate) max_poll: Duration,
     pub(crate) request_timeout: Duration,
+}
+
+impl PgBackend {
+    /// Times this backend's listener started listening (a reconnect
+    /// counts), and the notifications it heard.
+    #[cfg(feature = "_test-hooks")]
+    #[doc(hidden)]
+    pub fn listener_counts_for_tests(&self) -> (u64, u64) {
+        self.inner.listener.counts()
+    }
 }
 
 #[async_trait]
@@ -68,6 +83,7 @@ impl Backend for PgBackend {
         caps.cleanup = true;
         caps.delayed_release = true;
         caps.batch_extend = true;
+        caps.notify = self.inner.listen.is_some();
         caps
     }
 

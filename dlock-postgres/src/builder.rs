@@ -11,6 +11,7 @@ use tokio::time::{Instant, timeout_at};
 
 use crate::backend::{Inner, NAME, PgBackend};
 use crate::error::{INSUFFICIENT_PRIVILEGE, sql_error, sql_state, timed_out};
+use crate::notify::Listener;
 use crate::pool::{LendError, Pool};
 use crate::sql::{Statements, validate_table};
 
@@ -24,6 +25,7 @@ pub struct PgBuilder {
     request_timeout: Duration,
     max_poll: Duration,
     create_table: bool,
+    wake_ups: bool,
 }
 
 impl std::fmt::Debug for PgBuilder {
@@ -36,6 +38,7 @@ impl std::fmt::Debug for PgBuilder {
             .field("request_timeout", &self.request_timeout)
             .field("max_poll", &self.max_poll)
             .field("create_table", &self.create_table)
+            .field("wake_ups", &self.wake_ups)
             .finish()
     }
 }
@@ -87,6 +90,21 @@ impl PgBuilder {
         self
     }
 
+    /// Whether releases wake waiters in other processes (default `false`:
+    /// they poll, every `max_poll_interval` at most). On, a release
+    /// announces itself with `pg_notify` in its own statement, and a
+    /// backend listens on a connection of its own (opened when it first
+    /// waits, beyond the pool) and wakes its waiters of the name at once.
+    /// Turn it on for every client of the table. `LISTEN` keeps state in a
+    /// session, so the URL must reach PostgreSQL itself, not PgBouncer in
+    /// transaction pooling mode. Every notifying commit takes a lock that
+    /// all of the database's notifying commits share, so very high
+    /// release rates cost more with it on.
+    pub fn wake_ups(mut self, on: bool) -> Self {
+        self.wake_ups = on;
+        self
+    }
+
     /// Checks the settings and the URL without connecting.
     fn validate(&self) -> Result<PgConnectOptions> {
         validate_table(&self.table)?;
@@ -116,6 +134,7 @@ impl PgBuilder {
     /// [`Error::Backend`] when it refuses us.
     pub async fn connect(self) -> Result<PgBackend> {
         let options = self.validate()?;
+        let listen = self.wake_ups.then(|| options.clone());
         let pool = Pool::new(options, self.max_connections, self.connect_timeout);
         // A first connection at once reports what went wrong ("connection
         // refused", "password authentication failed") instead of a later
@@ -142,6 +161,8 @@ impl PgBuilder {
                 sql,
                 holder: dlock_core::host_and_pid(),
                 wakeups: Wakeups::new(),
+                listen,
+                listener: Listener::default(),
                 max_poll: self.max_poll,
                 request_timeout: self.request_timeout,
             }),
@@ -232,6 +253,7 @@ impl PgBackend {
             request_timeout: Duration::from_secs(2),
             max_poll: Duration::from_secs(1),
             create_table: true,
+            wake_ups: false,
         }
     }
 

@@ -7,6 +7,7 @@ mod builder;
 mod error;
 mod extend;
 mod list;
+mod notify;
 mod pool;
 mod purge;
 mod release;

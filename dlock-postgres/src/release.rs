@@ -12,7 +12,7 @@ impl PgBackend {
     /// [`Backend::release`](dlock_core::Backend::release).
     pub(crate) async fn release_lease(&self, lease: &Lease) -> Result<()> {
         let owner = lease.owner().to_string();
-        let sql = self.inner.sql.release(lease.name().as_bytes(), &owner);
+        let sql = self.release_sql(lease.name(), &owner);
         let done = self.execute(sql, "release", self.deadline()).await?;
         if done.rows_affected() != 1 {
             return Err(Error::NotHeld {
@@ -39,12 +39,23 @@ impl PgBackend {
         self.own_row(sql, lease, "release_after").await
     }
 
+    /// The release of `name` by `owner`: announced to other processes'
+    /// waiters with wake-ups on. Either reports one row when released (a
+    /// row changed, or one notification selected).
+    fn release_sql(&self, name: &str, owner: &str) -> sqlx::SqlStr {
+        if self.inner.listen.is_some() {
+            self.inner.sql.release_and_notify(name.as_bytes(), owner)
+        } else {
+            self.inner.sql.release(name.as_bytes(), owner)
+        }
+    }
+
     /// Releases `name` if `owner` holds it, retrying while the database is
     /// out of reach, until it answers or the TTL has freed the lock anyway.
     pub(crate) async fn undo(&self, name: &str, owner: OwnerToken, ttl: Duration) {
         let owner = owner.to_string();
         let released = retry_for(ttl, || async {
-            let sql = self.inner.sql.release(name.as_bytes(), &owner);
+            let sql = self.release_sql(name, &owner);
             let done = self
                 .execute(sql, "undo an acquire", self.deadline())
                 .await?;

@@ -76,6 +76,8 @@ fn micros(us: u64) -> String {
 #[derive(Debug)]
 pub(crate) struct Statements {
     table: String,
+    /// `dlock_<table>`: where releases are announced.
+    channel: String,
     /// `SET LOCAL statement_timeout = …;`, ahead of every statement.
     limit: String,
 }
@@ -94,6 +96,7 @@ impl Statements {
         let ms = u64::try_from(limit.as_millis()).unwrap_or(u64::MAX).max(1);
         Statements {
             table: table.to_owned(),
+            channel: format!("dlock_{table}"),
             limit: format!("SET LOCAL statement_timeout = {ms}; "),
         }
     }
@@ -166,6 +169,25 @@ impl Statements {
         self.bounded(format!(
             "UPDATE \"{t}\" SET owner = '', expires_at = {NOW}
              WHERE name = {n} AND owner = '{owner}' AND expires_at > {NOW}"
+        ))
+    }
+
+    /// Where releases of this table are announced.
+    pub fn channel(&self) -> &str {
+        &self.channel
+    }
+
+    /// [`Statements::release`], announcing the release on the table's
+    /// channel, in the same statement: the announcement goes out at its
+    /// commit. One row back when released.
+    pub fn release_and_notify(&self, name: &[u8], owner: &str) -> SqlStr {
+        let (t, n, c) = (&self.table, bytes(name), &self.channel);
+        self.bounded(format!(
+            "WITH released AS (
+               UPDATE \"{t}\" SET owner = '', expires_at = {NOW}
+               WHERE name = {n} AND owner = '{owner}' AND expires_at > {NOW}
+               RETURNING name)
+             SELECT pg_notify('{c}', encode(name, 'hex')) FROM released"
         ))
     }
 

@@ -16,6 +16,9 @@ impl PgBackend {
         opts: &LockOptions,
         deadline: Deadline,
     ) -> Result<Lease> {
+        if let Some(options) = &self.inner.listen {
+            crate::notify::Listener::start(&self.inner, options);
+        }
         let max_poll = self.inner.max_poll;
         let backoff = Backoff::new(Duration::from_millis(50).min(max_poll), max_poll);
         wait_for_lock(name, deadline, Some(&self.inner.wakeups), backoff, || {

@@ -298,3 +298,185 @@ async fn a_server_that_is_down_gives_errors_not_grants() {
     let r = b.release(&lease).await;
     assert!(matches!(r, Err(Error::Connection { .. })), "{r:?}");
 }
+
+/// An acquire and a release cost the server two statements (each with its
+/// `SET LOCAL statement_timeout` in the same message), and a renewal of a
+/// thousand leases one: counted by pg_stat_statements, on a server of its
+/// own so that no other test's statements are counted.
+#[tokio::test]
+async fn a_cycle_costs_two_statements_and_a_renewal_batch_one() {
+    let server = start(Service::Postgres, ServerOptions::default()).await;
+    let b = PgBackend::connect(server.url()).await.unwrap();
+    let mut admin = sqlx::PgConnection::connect(server.url()).await.unwrap();
+    sqlx::raw_sql("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+        .execute(&mut admin)
+        .await
+        .unwrap();
+    let counted = async |admin: &mut sqlx::PgConnection| -> (i64, i64) {
+        let row = sqlx::raw_sql(
+            "SELECT COALESCE(sum(calls) FILTER (WHERE query NOT ILIKE 'SET %'), 0)::bigint, \
+                    COALESCE(sum(calls) FILTER (WHERE query ILIKE 'SET %'), 0)::bigint \
+             FROM pg_stat_statements WHERE query NOT ILIKE '%pg_stat_statements%'",
+        )
+        .fetch_one(admin)
+        .await
+        .unwrap();
+        (
+            sqlx::Row::try_get(&row, 0).unwrap(),
+            sqlx::Row::try_get(&row, 1).unwrap(),
+        )
+    };
+    sqlx::raw_sql("SELECT pg_stat_statements_reset()")
+        .execute(&mut admin)
+        .await
+        .unwrap();
+    let cycles = 100;
+    for i in 0..cycles {
+        let lease = must_acquire(&b, &format!("count-{i}"), &long()).await;
+        b.release(&lease).await.unwrap();
+    }
+    let (statements, settings) = counted(&mut admin).await;
+    assert_eq!(statements, 2 * cycles, "statements for {cycles} cycles");
+    assert_eq!(
+        settings,
+        2 * cycles,
+        "statement timeouts for {cycles} cycles"
+    );
+
+    let mut leases = Vec::new();
+    for i in 0..1000 {
+        leases.push(must_acquire(&b, &format!("batch-{i}"), &long()).await);
+    }
+    sqlx::raw_sql("SELECT pg_stat_statements_reset()")
+        .execute(&mut admin)
+        .await
+        .unwrap();
+    let held = b.extend_many(&mut leases).await.unwrap();
+    assert!(
+        held.iter().all(|&h| h),
+        "every lease of the batch is still held"
+    );
+    assert_eq!(
+        counted(&mut admin).await.0,
+        1,
+        "statements for one batch of 1000"
+    );
+}
+
+/// A waking client whose waiters poll at most once a minute.
+async fn slow_polling(url: &str) -> PgBackend {
+    PgBackend::builder(url)
+        .wake_ups(true)
+        .max_poll_interval(Duration::from_secs(60))
+        .connect()
+        .await
+        .unwrap()
+}
+
+/// Waits until `check` holds, for at most `within`.
+async fn eventually(within: Duration, mut check: impl FnMut() -> bool) -> bool {
+    let until = tokio::time::Instant::now() + within;
+    while !check() {
+        if tokio::time::Instant::now() >= until {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    true
+}
+
+/// A release in another process reaches a waiting backend as a
+/// notification, which wakes its waiter: it gets the lock at once. Counted
+/// on the listener, so that a poll landing by chance cannot pass for it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_wakes_a_waiter_in_another_process() {
+    let holder = PgBackend::builder(url().await)
+        .wake_ups(true)
+        .connect()
+        .await
+        .unwrap();
+    let waiter = slow_polling(url().await).await;
+    let name = unique_name("wake");
+    let lease = must_acquire(&holder, &name, &long()).await;
+    let task = dlock_conformance::support::wait_on_task(
+        waiter.clone(),
+        &name,
+        long().wait(Duration::from_secs(50)),
+    );
+    assert!(
+        eventually(Duration::from_secs(10), || waiter
+            .listener_counts_for_tests()
+            .0
+            >= 1)
+        .await,
+        "the waiting backend never listened"
+    );
+    let heard = waiter.listener_counts_for_tests().1;
+    holder.release(&lease).await.unwrap();
+    let (granted, _, waiter) = task.await.unwrap();
+    waiter.release(&granted.unwrap()).await.unwrap();
+    assert!(
+        waiter.listener_counts_for_tests().1 > heard,
+        "the release was not heard"
+    );
+}
+
+/// The listener's connection killed on the server (`pg_terminate_backend`):
+/// it connects and listens again, and hears the next release; a lease that
+/// ends without a release (nothing is sent) still goes to the waiter.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_listener_listens_again_and_an_expiry_is_still_seen() {
+    let waiter = PgBackend::builder(url().await)
+        .wake_ups(true)
+        .max_poll_interval(Duration::from_millis(200))
+        .connect()
+        .await
+        .unwrap();
+    let holder = backend().await;
+    let name = unique_name("killed-listener");
+    let short = LockOptions::new().ttl(Duration::from_secs(2));
+    let lease = must_acquire(&holder, &name, &short).await;
+    let task = dlock_conformance::support::wait_on_task(
+        waiter.clone(),
+        &name,
+        long().wait(Duration::from_secs(30)),
+    );
+    assert!(
+        eventually(Duration::from_secs(10), || waiter
+            .listener_counts_for_tests()
+            .0
+            >= 1)
+        .await,
+        "the waiting backend never listened"
+    );
+    let mut admin = admin().await;
+    let killed: Vec<bool> = sqlx::query_scalar(
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE query ILIKE 'LISTEN %'",
+    )
+    .fetch_all(&mut admin)
+    .await
+    .unwrap();
+    assert!(!killed.is_empty(), "no listening connection on the server");
+    assert!(
+        eventually(Duration::from_secs(10), || waiter
+            .listener_counts_for_tests()
+            .0
+            >= 2)
+        .await,
+        "the listener did not listen again"
+    );
+    // Never released: it expires, and the waiter takes it.
+    let (granted, _, waiter) = task.await.unwrap();
+    let granted = granted.expect("the waiter gets the lock once the lease ends");
+    assert!(granted.fencing_token() > lease.fencing_token());
+    let heard = waiter.listener_counts_for_tests().1;
+    waiter.release(&granted).await.unwrap();
+    assert!(
+        eventually(Duration::from_secs(10), || waiter
+            .listener_counts_for_tests()
+            .1
+            > heard)
+        .await,
+        "the listener, connected again, did not hear a release"
+    );
+}

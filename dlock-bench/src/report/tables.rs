@@ -106,7 +106,7 @@ pub fn markdown(r: &Report) -> String {
     );
     let _ = writeln!(
         s,
-        "| backend | round trip p50 | cycles/s | p50 | p99 | p999 | raw floor cycles/s | dlock / raw | 1 client: cycles/s | raw floor | dlock / raw | classic CAS cycles/s | dlock / CAS |"
+        "| backend | round trip p50 | cycles/s | p50 | p99 | p999 | raw floor cycles/s | dlock / raw | 1 client: cycles/s | raw floor | dlock / raw | classic cycles/s | dlock / classic |"
     );
     let _ = writeln!(s, "|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     for b in &backends {
