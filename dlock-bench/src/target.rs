@@ -10,6 +10,9 @@ use dlock::{Backend, LockOptions, MemoryBackend, OwnerToken};
 use sqlx::Connection as _;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
+/// The bench clients' request timeout: every call returns within it.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 pub type Result<T> = std::result::Result<T, BoxError>;
 
@@ -35,16 +38,24 @@ impl Target {
     }
 
     /// A client of its own: its own connections, as another node would have.
-    /// `connections` sizes a MySQL pool; the other drivers multiplex one
-    /// connection.
+    /// `connections` sizes a SQL pool; the other drivers multiplex one
+    /// connection. Calls may take up to [`REQUEST_TIMEOUT`]: the scaling
+    /// runs overload the machine on purpose, and a call that gives up
+    /// there would end the run rather than measure it.
     pub async fn client(&self, connections: u32) -> Result<Arc<dyn Backend>> {
         Ok(match self {
             Target::Memory(m) => Arc::new(m.clone()),
-            Target::Redis(url) => Arc::new(dlock::redis::RedisBackend::connect(url).await?),
+            Target::Redis(url) => Arc::new(
+                dlock::redis::RedisBackend::builder(url)
+                    .request_timeout(REQUEST_TIMEOUT)
+                    .connect()
+                    .await?,
+            ),
             Target::MySql(url) => Arc::new(
                 dlock::mysql::MySqlBackend::builder(url)
                     .wake_ups(true)
                     .max_connections(connections)
+                    .request_timeout(REQUEST_TIMEOUT)
                     .connect()
                     .await?,
             ),
@@ -52,10 +63,16 @@ impl Target {
                 dlock::postgres::PgBackend::builder(url)
                     .wake_ups(true)
                     .max_connections(connections)
+                    .request_timeout(REQUEST_TIMEOUT)
                     .connect()
                     .await?,
             ),
-            Target::ZooKeeper(connect) => Arc::new(dlock::zk::ZkBackend::connect(connect).await?),
+            Target::ZooKeeper(connect) => Arc::new(
+                dlock::zk::ZkBackend::builder(connect.as_str())
+                    .request_timeout(REQUEST_TIMEOUT)
+                    .connect()
+                    .await?,
+            ),
         })
     }
 

@@ -16,7 +16,7 @@ impl PgBackend {
     pub(crate) async fn attempt(&self, name: &str, opts: &LockOptions) -> Result<Attempt> {
         let owner = OwnerToken::random()?;
         let sent = Instant::now();
-        if let Some(fence) = self.grant(name, owner, opts).await? {
+        if let Some(fence) = self.grant(name, owner, opts, sent).await? {
             let lease = Lease::with_ttl(name, owner, fence, opts, sent);
             return Ok(on_arrival(self, lease));
         }
@@ -30,6 +30,7 @@ impl PgBackend {
         name: &str,
         owner: OwnerToken,
         opts: &LockOptions,
+        sent: Instant,
     ) -> Result<Option<u64>> {
         let ttl = opts.ttl_value();
         let owner_text = owner.to_string();
@@ -46,7 +47,7 @@ impl PgBackend {
         // may still have taken the lock.
         let mut undo = {
             let (backend, name) = (self.clone(), name.to_owned());
-            UndoOnDrop::new(async move { backend.undo(&name, owner, ttl).await })
+            UndoOnDrop::new(async move { backend.undo(&name, owner, ttl, sent).await })
         };
         let done = timeout_at(by, sqlx::raw_sql(sql).fetch_optional(lent.conn())).await;
         // Any answer from the server settles the outcome (an error was

@@ -13,12 +13,13 @@ use crate::backend::{Inner, NAME, PgBackend};
 use crate::error::{INSUFFICIENT_PRIVILEGE, sql_error, sql_state, timed_out};
 use crate::notify::Listener;
 use crate::pool::{LendError, Pool};
-use crate::sql::{Statements, validate_table};
+use crate::sql::{Statements, validate_identifier};
 
 /// Settings for [`PgBackend`]; start from [`PgBackend::builder`].
 #[derive(Clone)]
 pub struct PgBuilder {
     url: String,
+    schema: String,
     table: String,
     max_connections: u32,
     connect_timeout: Duration,
@@ -32,6 +33,7 @@ impl std::fmt::Debug for PgBuilder {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("PgBuilder")
             .field("url", &dlock_core::redact_url(&self.url))
+            .field("schema", &self.schema)
             .field("table", &self.table)
             .field("max_connections", &self.max_connections)
             .field("connect_timeout", &self.connect_timeout)
@@ -44,6 +46,14 @@ impl std::fmt::Debug for PgBuilder {
 }
 
 impl PgBuilder {
+    /// The schema of the lock table (default `public`). Every statement
+    /// names it, so that no `search_path` (a role's, or one a session left
+    /// on a pooled server connection) can point two clients at two tables.
+    pub fn schema(mut self, schema: impl Into<String>) -> Self {
+        self.schema = schema.into();
+        self
+    }
+
     /// The lock table (default `dlock_locks`): lower-case letters, digits
     /// and `_`, at most 52 of them.
     pub fn table(mut self, table: impl Into<String>) -> Self {
@@ -107,7 +117,8 @@ impl PgBuilder {
 
     /// Checks the settings and the URL without connecting.
     fn validate(&self) -> Result<PgConnectOptions> {
-        validate_table(&self.table)?;
+        validate_identifier("schema", &self.schema)?;
+        validate_identifier("table", &self.table)?;
         if self.max_connections == 0 {
             return Err(Error::invalid_option(
                 "max_connections",
@@ -149,7 +160,7 @@ impl PgBuilder {
                 )));
             }
         };
-        let sql = Statements::new(&self.table, self.request_timeout);
+        let sql = Statements::new(&self.schema, &self.table, self.request_timeout);
         if self.create_table {
             let by = Instant::now() + self.request_timeout;
             create_table(first.conn(), &sql, &self.table, by).await?;
@@ -232,7 +243,11 @@ fn parse_url(url: &str) -> Result<PgConnectOptions> {
             ));
         }
     }
+    // No `extra_float_digits` at startup: a stock PgBouncer refuses a
+    // startup parameter it does not know, and no statement here reads a
+    // float.
     PgConnectOptions::from_str(url)
+        .map(|options| options.extra_float_digits(None))
         .map_err(|e| Error::invalid_option("url", format!("not a PostgreSQL URL: {e}")))
 }
 
@@ -247,6 +262,7 @@ impl PgBackend {
     pub fn builder(url: impl Into<String>) -> PgBuilder {
         PgBuilder {
             url: url.into(),
+            schema: "public".to_owned(),
             table: "dlock_locks".to_owned(),
             max_connections: 10,
             connect_timeout: Duration::from_secs(5),
@@ -257,14 +273,17 @@ impl PgBackend {
         }
     }
 
-    /// The statements that create the lock table `table` and its index, for
-    /// an administrator to run where the application may not create tables.
+    /// The statements that create the lock table `table` in `schema`, and
+    /// its index, for an administrator to run where the application may not
+    /// create tables.
     ///
     /// # Errors
-    /// [`Error::InvalidOption`] when `table` is not a plain identifier.
-    pub fn table_ddl(table: &str) -> Result<String> {
-        validate_table(table)?;
-        Ok(Statements::new(table, Duration::from_secs(1)).create())
+    /// [`Error::InvalidOption`] when `schema` or `table` is not a plain
+    /// identifier.
+    pub fn table_ddl(schema: &str, table: &str) -> Result<String> {
+        validate_identifier("schema", schema)?;
+        validate_identifier("table", table)?;
+        Ok(Statements::new(schema, table, Duration::from_secs(1)).create())
     }
 
     /// Creates the lock table if it does not exist, as `connect` does by

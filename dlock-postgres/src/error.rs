@@ -19,6 +19,30 @@ pub(crate) fn sql_state(e: &sqlx::Error) -> Option<String> {
         .map(|c| c.into_owned())
 }
 
+/// Whether the server answered `e` and the connection stays usable: an
+/// error answer, but not one that ends the session (an administrator's
+/// `pg_terminate_backend`, an idle timeout, a shutdown: class 08 or 57P,
+/// or severity FATAL).
+pub(crate) fn answered(e: &sqlx::Error) -> bool {
+    let Some(db) = e.as_database_error() else {
+        return false;
+    };
+    !ends_session(db)
+}
+
+fn ends_session(db: &dyn sqlx::error::DatabaseError) -> bool {
+    let fatal = db
+        .try_downcast_ref::<sqlx::postgres::PgDatabaseError>()
+        .is_some_and(|pg| {
+            matches!(
+                pg.severity(),
+                sqlx::postgres::PgSeverity::Fatal | sqlx::postgres::PgSeverity::Panic
+            )
+        });
+    let code = db.code().unwrap_or_default();
+    fatal || code.starts_with("08") || code.starts_with("57P")
+}
+
 /// `e`, met while `doing`, as a dlock error.
 pub(crate) fn sql_error(e: sqlx::Error, doing: &str) -> Error {
     match sql_state(&e).as_deref() {
@@ -36,6 +60,9 @@ pub(crate) fn sql_error(e: sqlx::Error, doing: &str) -> Error {
             );
         }
         _ => {}
+    }
+    if e.as_database_error().is_some_and(ends_session) {
+        return Error::connection(NAME, format!("{doing}: the server ended the session"), e);
     }
     match e {
         // Say what the network said ("connection refused"), not just that

@@ -6,8 +6,8 @@ use dlock_core::{Error, Lease, Result, micros_up};
 use sqlx::Row;
 use tokio::time::Instant;
 
-use crate::backend::PgBackend;
-use crate::sql::Renewal;
+use crate::backend::{NAME, PgBackend};
+use crate::sql::{Renewal, unhex};
 
 impl PgBackend {
     /// [`Backend::extend`](dlock_core::Backend::extend).
@@ -40,10 +40,17 @@ impl PgBackend {
         let sql = self.inner.sql.extend_many(&batch);
         let sent = Instant::now();
         let rows = self.fetch(sql, "extend", self.deadline()).await?;
-        let extended: HashSet<(Vec<u8>, String)> = rows
-            .iter()
-            .filter_map(|row| Some((row.try_get(0).ok()?, row.try_get(1).ok()?)))
-            .collect();
+        let mut extended: HashSet<(Vec<u8>, String)> = HashSet::with_capacity(rows.len());
+        for row in &rows {
+            let name: String = row
+                .try_get(0)
+                .map_err(|e| Error::backend(NAME, "extend", e))?;
+            let owner: String = row
+                .try_get(1)
+                .map_err(|e| Error::backend(NAME, "extend", e))?;
+            let name = unhex(&name).ok_or_else(|| Error::malformed(NAME, "extend", &name))?;
+            extended.insert((name, owner));
+        }
         let mut held = Vec::with_capacity(leases.len());
         for (lease, owner) in leases.iter_mut().zip(owners) {
             let ours = extended.contains(&(lease.name().as_bytes().to_vec(), owner));

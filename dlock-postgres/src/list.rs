@@ -7,9 +7,12 @@ use sqlx::Row;
 use sqlx::postgres::PgRow;
 
 use crate::backend::{NAME, PgBackend};
+use crate::sql::unhex;
 
 impl PgBackend {
-    /// [`Backend::list`](dlock_core::Backend::list).
+    /// [`Backend::list`](dlock_core::Backend::list): a page of rows of the
+    /// prefix's key range, the held ones kept (a page may hold fewer than
+    /// `limit` locks; the next one starts after the last row read).
     pub(crate) async fn list_locks(
         &self,
         prefix: &str,
@@ -17,30 +20,29 @@ impl PgBackend {
         limit: usize,
     ) -> Result<LockPage> {
         let limit = limit.clamp(1, 10_000);
-        let cursor = cursor.unwrap_or_default();
-        let sql = self
-            .inner
-            .sql
-            .list(prefix.as_bytes(), cursor.as_bytes(), limit);
+        let cursor = match cursor {
+            None => Vec::new(),
+            Some(c) => unhex(c)
+                .ok_or_else(|| Error::invalid_option("cursor", "not a cursor this driver gave"))?,
+        };
+        let sql = self.inner.sql.list(prefix.as_bytes(), &cursor, limit);
         let rows = self.fetch(sql, "list", self.deadline()).await?;
-        // The next page starts after the last row read, kept or not.
-        let next = (rows.len() == limit)
-            .then(|| {
-                rows.last()
-                    .and_then(|row| row.try_get::<Vec<u8>, _>(0).ok())
-            })
-            .flatten()
-            .map(|name| String::from_utf8_lossy(&name).into_owned());
+        let read = |e| Error::backend(NAME, "list", e);
         let mut locks = Vec::with_capacity(rows.len());
+        let mut last = None;
         for row in &rows {
-            let Ok(name) = row.try_get::<Vec<u8>, _>(0) else {
-                continue;
-            };
-            let (Ok(name), Some(info)) = (String::from_utf8(name), holder(row, 1).ok()) else {
+            let hex: String = row.try_get(0).map_err(read)?;
+            let live: bool = row.try_get(4).map_err(read)?;
+            let name = unhex(&hex).ok_or_else(|| Error::malformed(NAME, "list", &hex))?;
+            last = Some(hex);
+            let Ok(name) = String::from_utf8(name) else {
                 continue; // not a row this driver wrote
             };
-            locks.push(HeldLock::new(name, info));
+            if live {
+                locks.push(HeldLock::new(name, holder(row, 1)?));
+            }
         }
+        let next = if rows.len() == limit { last } else { None };
         Ok(LockPage::new(locks, next))
     }
 
@@ -67,6 +69,6 @@ fn holder(row: &PgRow, at: usize) -> Result<LockInfo> {
     Ok(LockInfo::new(
         owner,
         fence,
-        Some(Duration::from_micros(left.unsigned_abs())),
+        Some(Duration::from_micros(u64::try_from(left).unwrap_or(0))),
     ))
 }

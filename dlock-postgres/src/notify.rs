@@ -86,8 +86,8 @@ async fn listen(inner: Weak<Inner>, options: PgConnectOptions, channel: String) 
             match listener.try_recv().await {
                 Ok(Some(notification)) => {
                     let Some(inner) = inner.upgrade() else { return };
-                    inner.listener.heard.fetch_add(1, Ordering::Relaxed);
                     if let Some(name) = decode(notification.payload()) {
+                        inner.listener.heard.fetch_add(1, Ordering::Relaxed);
                         inner.wakeups.wake(&name);
                     }
                 }
@@ -96,6 +96,7 @@ async fn listen(inner: Weak<Inner>, options: PgConnectOptions, channel: String) 
                 Ok(None) => missed = true,
                 Err(e) => {
                     tracing::debug!(error = %e, "listener failed; connecting again");
+                    tokio::time::sleep(backoff.next_delay()).await;
                     break;
                 }
             }
@@ -117,11 +118,7 @@ impl Listener {
 
 /// The lock name of a notification's payload: its bytes in hex.
 fn decode(hex: &str) -> Option<String> {
-    let bytes = (0..hex.len())
-        .step_by(2)
-        .map(|i| u8::from_str_radix(hex.get(i..i + 2)?, 16).ok())
-        .collect::<Option<Vec<u8>>>()?;
-    String::from_utf8(bytes).ok()
+    String::from_utf8(crate::sql::unhex(hex)?).ok()
 }
 
 #[cfg(test)]

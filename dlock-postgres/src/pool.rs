@@ -16,7 +16,7 @@ use tokio::sync::{Semaphore, SemaphorePermit};
 use tokio::time::{Instant, timeout_at};
 
 use crate::backend::PgBackend;
-use crate::error::{sql_error, timed_out};
+use crate::error::{answered, sql_error, timed_out};
 
 /// Idle longer than this, a connection is pinged before it is lent.
 const CHECK_AFTER_IDLE: Duration = Duration::from_secs(30);
@@ -120,12 +120,12 @@ pub(crate) fn settle<T>(
     limit: Duration,
     doing: &str,
 ) -> Result<T> {
-    let answered = match &done {
+    let fit = match &done {
         Ok(Ok(_)) => true,
-        Ok(Err(e)) => e.as_database_error().is_some(),
+        Ok(Err(e)) => answered(e),
         Err(_) => false,
     };
-    if answered {
+    if fit {
         lent.give_back();
     }
     match done {

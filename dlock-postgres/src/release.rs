@@ -5,8 +5,10 @@ use std::time::Duration;
 
 use dlock_core::undo::retry_for;
 use dlock_core::{Error, Lease, OwnerToken, Result, micros_up};
+use tokio::time::Instant;
 
 use crate::backend::PgBackend;
+use crate::error::timed_out;
 
 impl PgBackend {
     /// [`Backend::release`](dlock_core::Backend::release).
@@ -52,8 +54,13 @@ impl PgBackend {
 
     /// Releases `name` if `owner` holds it, retrying while the database is
     /// out of reach, until it answers or the TTL has freed the lock anyway.
-    pub(crate) async fn undo(&self, name: &str, owner: OwnerToken, ttl: Duration) {
+    /// The acquire, sent at `sent`, may still be running in the server and
+    /// commit until its `statement_timeout` (the request timeout from when
+    /// it started, at most one more request timeout later) ends it: a
+    /// release that found nothing looks again until then.
+    pub(crate) async fn undo(&self, name: &str, owner: OwnerToken, ttl: Duration, sent: Instant) {
         let owner = owner.to_string();
+        let settled_by = sent + self.inner.request_timeout * 2;
         let released = retry_for(ttl, || async {
             let sql = self.release_sql(name, &owner);
             let done = self
@@ -61,6 +68,10 @@ impl PgBackend {
                 .await?;
             if done.rows_affected() == 1 {
                 self.inner.wakeups.wake(name);
+            } else if Instant::now() < settled_by {
+                return Err(timed_out(
+                    "undo an acquire: nothing to release yet; it may still commit".to_owned(),
+                ));
             }
             Ok(done.rows_affected())
         })

@@ -18,10 +18,11 @@ use sqlx::{AssertSqlSafe, SqlSafeStr, SqlStr};
 /// PostgreSQL's 63-byte identifiers.
 const MAX_TABLE: usize = 52;
 
-/// A table name that is safe to splice into SQL: a plain identifier, in
-/// lower case (PostgreSQL folds unquoted names; quoted here, so that
-/// `Locks` and `locks` cannot be mixed up).
-pub(crate) fn validate_table(name: &str) -> Result<()> {
+/// A schema or table name that is safe to splice into SQL: a plain
+/// identifier, in lower case (PostgreSQL folds unquoted names; quoted here,
+/// so that `Locks` and `locks` cannot be mixed up). `option` names the
+/// setting in the error.
+pub(crate) fn validate_identifier(option: &'static str, name: &str) -> Result<()> {
     let mut chars = name.chars();
     let ok = name.len() <= MAX_TABLE
         && chars
@@ -32,7 +33,7 @@ pub(crate) fn validate_table(name: &str) -> Result<()> {
         Ok(())
     } else {
         Err(Error::invalid_option(
-            "table",
+            option,
             format!(
                 "must be 1 to {MAX_TABLE} lower-case ASCII letters, digits or `_`, not starting \
                  with a digit; got {name:?}"
@@ -62,9 +63,31 @@ pub(crate) fn bytes(bytes: &[u8]) -> String {
     out
 }
 
+/// The bytes of `hex` (what `encode(…, 'hex')` returns, so that no
+/// `bytea_output` setting changes what is read); `None` when it is not hex.
+pub(crate) fn unhex(hex: &str) -> Option<Vec<u8>> {
+    (0..hex.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(hex.get(i..i + 2)?, 16).ok())
+        .collect()
+}
+
 /// `text` as a `text` literal.
 fn text(text: &str) -> String {
     format!("convert_from({}, 'UTF8')", bytes(text.as_bytes()))
+}
+
+/// The least byte string above every string that starts with `prefix`:
+/// `None` when there is none (an empty prefix, or one of `0xFF` bytes).
+fn successor(prefix: &[u8]) -> Option<Vec<u8>> {
+    let mut next = prefix.to_vec();
+    while let Some(last) = next.pop() {
+        if last < 0xFF {
+            next.push(last + 1);
+            return Some(next);
+        }
+    }
+    None
 }
 
 /// Microseconds as an interval.
@@ -75,10 +98,13 @@ fn micros(us: u64) -> String {
 /// The statements of one table.
 #[derive(Debug)]
 pub(crate) struct Statements {
+    /// `"schema"."table"`: never at the mercy of a `search_path`.
     table: String,
+    /// The table's own name, for its index.
+    bare: String,
     /// `dlock_<table>`: where releases are announced.
     channel: String,
-    /// `SET LOCAL statement_timeout = …;`, ahead of every statement.
+    /// `SET LOCAL …;`, ahead of every statement.
     limit: String,
 }
 
@@ -90,28 +116,35 @@ pub(crate) struct Renewal<'a> {
 }
 
 impl Statements {
-    /// `table` must have passed [`validate_table`]; statements are cut off
-    /// by the server after `limit`.
-    pub fn new(table: &str, limit: Duration) -> Self {
+    /// `schema` and `table` must have passed [`validate_identifier`];
+    /// statements are cut off by the server after `limit`.
+    pub fn new(schema: &str, table: &str, limit: Duration) -> Self {
         let ms = u64::try_from(limit.as_millis()).unwrap_or(u64::MAX).max(1);
         Statements {
-            table: table.to_owned(),
+            table: format!("\"{schema}\".\"{table}\""),
+            bare: table.to_owned(),
             channel: format!("dlock_{table}"),
-            limit: format!("SET LOCAL statement_timeout = {ms}; "),
+            // Read committed, whatever the role's default: a waiter that
+            // finds the row changed under it must see the row as it is now
+            // (held), not fail with a serialization error.
+            limit: format!(
+                "SET LOCAL transaction_isolation = 'read committed'; \
+                 SET LOCAL statement_timeout = {ms}; "
+            ),
         }
     }
 
     fn bounded(&self, statement: String) -> SqlStr {
-        // `table` has passed `validate_table`, and every value is a literal
+        // `table` has passed `validate_identifier`, and every value is a literal
         // of hex digits or a number.
         AssertSqlSafe(format!("{}{statement}", self.limit)).into_sql_str()
     }
 
     /// Creates the table and its expiry index, if missing.
     pub fn create(&self) -> String {
-        let t = &self.table;
+        let (t, bare) = (&self.table, &self.bare);
         format!(
-            "CREATE TABLE IF NOT EXISTS \"{t}\" (
+            "CREATE TABLE IF NOT EXISTS {t} (
                 name bytea PRIMARY KEY,
                 owner text NOT NULL,
                 fence bigint NOT NULL,
@@ -119,7 +152,7 @@ impl Statements {
                 acquired_at timestamptz NOT NULL,
                 holder text NOT NULL
             );
-            CREATE INDEX IF NOT EXISTS \"{t}_expires_at\" ON \"{t}\" (expires_at);"
+            CREATE INDEX IF NOT EXISTS \"{bare}_expires_at\" ON {t} (expires_at);"
         )
     }
 
@@ -137,7 +170,7 @@ impl Statements {
 
     /// Reads nothing, but fails when the table is missing or not ours.
     pub fn exists(&self) -> SqlStr {
-        self.bounded(format!("SELECT 1 FROM \"{}\" LIMIT 0", self.table))
+        self.bounded(format!("SELECT 1 FROM {} LIMIT 0", self.table))
     }
 
     /// One statement, race-free: the insert of a missing row, or the update
@@ -149,7 +182,7 @@ impl Statements {
     pub fn acquire(&self, name: &[u8], owner: &str, ttl_us: u64, holder: &str) -> SqlStr {
         let (t, n, h, ttl) = (&self.table, bytes(name), text(holder), micros(ttl_us));
         self.bounded(format!(
-            "INSERT INTO \"{t}\" AS l (name, owner, fence, expires_at, acquired_at, holder)
+            "INSERT INTO {t} AS l (name, owner, fence, expires_at, acquired_at, holder)
              VALUES ({n}, '{owner}', {CLOCK_US}, {NOW} + {ttl}, {NOW}, {h})
              ON CONFLICT (name) DO UPDATE SET
                owner = EXCLUDED.owner,
@@ -167,7 +200,7 @@ impl Statements {
     pub fn release(&self, name: &[u8], owner: &str) -> SqlStr {
         let (t, n) = (&self.table, bytes(name));
         self.bounded(format!(
-            "UPDATE \"{t}\" SET owner = '', expires_at = {NOW}
+            "UPDATE {t} SET owner = '', expires_at = {NOW}
              WHERE name = {n} AND owner = '{owner}' AND expires_at > {NOW}"
         ))
     }
@@ -184,7 +217,7 @@ impl Statements {
         let (t, n, c) = (&self.table, bytes(name), &self.channel);
         self.bounded(format!(
             "WITH released AS (
-               UPDATE \"{t}\" SET owner = '', expires_at = {NOW}
+               UPDATE {t} SET owner = '', expires_at = {NOW}
                WHERE name = {n} AND owner = '{owner}' AND expires_at > {NOW}
                RETURNING name)
              SELECT pg_notify('{c}', encode(name, 'hex')) FROM released"
@@ -195,7 +228,7 @@ impl Statements {
     pub fn extend(&self, name: &[u8], owner: &str, ttl_us: u64) -> SqlStr {
         let (t, n, ttl) = (&self.table, bytes(name), micros(ttl_us));
         self.bounded(format!(
-            "UPDATE \"{t}\" SET expires_at = {NOW} + {ttl}
+            "UPDATE {t} SET expires_at = {NOW} + {ttl}
              WHERE name = {n} AND owner = '{owner}' AND expires_at > {NOW}"
         ))
     }
@@ -206,7 +239,7 @@ impl Statements {
     pub fn hold(&self, name: &[u8], owner: &str, hold_owner: &str, hold_us: u64) -> SqlStr {
         let (t, n, hold) = (&self.table, bytes(name), micros(hold_us));
         self.bounded(format!(
-            "UPDATE \"{t}\" SET owner = '{hold_owner}', expires_at = {NOW} + {hold}
+            "UPDATE {t} SET owner = '{hold_owner}', expires_at = {NOW} + {hold}
              WHERE name = {n} AND owner = '{owner}' AND expires_at > {NOW}"
         ))
     }
@@ -227,24 +260,29 @@ impl Statements {
         }
         let t = &self.table;
         self.bounded(format!(
-            "UPDATE \"{t}\" AS l SET expires_at = {NOW} + v.ttl * interval '1 microsecond'
+            "UPDATE {t} AS l SET expires_at = {NOW} + v.ttl * interval '1 microsecond'
              FROM (VALUES {values}) AS v(name, owner, ttl)
              WHERE l.name = v.name AND l.owner = v.owner AND l.expires_at > {NOW}
-             RETURNING l.name, l.owner"
+             RETURNING encode(l.name, 'hex'), l.owner"
         ))
     }
 
-    /// A page of held locks: names after `cursor` that start with
-    /// `prefix`, in order.
+    /// A page of rows, held or not, of names after `cursor` that start
+    /// with `prefix`, in order: a range of the primary key, so that each
+    /// page is bounded work however many released rows the table keeps.
+    /// Each row says whether it is held; the caller keeps those.
     pub fn list(&self, prefix: &[u8], cursor: &[u8], limit: usize) -> SqlStr {
         let (t, p, c) = (&self.table, bytes(prefix), bytes(cursor));
-        let len = prefix.len();
+        let below = match successor(prefix) {
+            Some(s) => format!(" AND name < {}", bytes(&s)),
+            None => String::new(),
+        };
         self.bounded(format!(
-            "SELECT name, owner, fence,
-               (extract(epoch FROM expires_at - {NOW}) * 1000000)::bigint
-             FROM \"{t}\"
-             WHERE name > {c} AND name >= {p} AND substring(name FROM 1 FOR {len}) = {p}
-               AND expires_at > {NOW}
+            "SELECT encode(name, 'hex'), owner, fence,
+               (extract(epoch FROM expires_at - {NOW}) * 1000000)::bigint,
+               expires_at > {NOW}
+             FROM {t}
+             WHERE name > {c} AND name >= {p}{below}
              ORDER BY name LIMIT {limit}"
         ))
     }
@@ -254,7 +292,7 @@ impl Statements {
         let (t, n) = (&self.table, bytes(name));
         self.bounded(format!(
             "SELECT owner, fence, (extract(epoch FROM expires_at - {NOW}) * 1000000)::bigint
-             FROM \"{t}\" WHERE name = {n} AND expires_at > {NOW}"
+             FROM {t} WHERE name = {n} AND expires_at > {NOW}"
         ))
     }
 
@@ -264,8 +302,8 @@ impl Statements {
     pub fn purge(&self, age_us: u64, limit: u32) -> SqlStr {
         let (t, age) = (&self.table, micros(age_us));
         self.bounded(format!(
-            "DELETE FROM \"{t}\" WHERE name IN (
-               SELECT name FROM \"{t}\" WHERE expires_at < {NOW} - {age}
+            "DELETE FROM {t} WHERE name IN (
+               SELECT name FROM {t} WHERE expires_at < {NOW} - {age}
                LIMIT {limit} FOR UPDATE SKIP LOCKED)"
         ))
     }
@@ -279,10 +317,15 @@ mod tests {
     fn values_are_hex_literals() {
         assert_eq!(bytes(b"a'b"), "decode('612762', 'hex')");
         assert_eq!(bytes(b""), "decode('', 'hex')");
-        let sql = Statements::new("t", Duration::from_millis(1500)).release(b"x", "00ff");
+        let sql = Statements::new("public", "t", Duration::from_millis(1500)).release(b"x", "00ff");
         assert!(
             sql.as_str()
-                .starts_with("SET LOCAL statement_timeout = 1500; ")
+                .contains("SET LOCAL statement_timeout = 1500; ")
+        );
+        assert!(
+            sql.as_str().contains("UPDATE \"public\".\"t\" SET"),
+            "{}",
+            sql.as_str()
         );
         assert!(
             sql.as_str().contains("name = decode('78', 'hex')"),
@@ -292,9 +335,17 @@ mod tests {
     }
 
     #[test]
+    fn prefixes_have_successors() {
+        assert_eq!(successor(b"ab"), Some(b"ac".to_vec()));
+        assert_eq!(successor(b"a\xff"), Some(b"b".to_vec()));
+        assert_eq!(successor(b"\xff\xff"), None);
+        assert_eq!(successor(b""), None);
+    }
+
+    #[test]
     fn table_names_are_identifiers() {
         for ok in ["dlock_locks", "_t", "locks2", &"x".repeat(MAX_TABLE)] {
-            assert!(validate_table(ok).is_ok(), "{ok}");
+            assert!(validate_identifier("table", ok).is_ok(), "{ok}");
         }
         for bad in [
             "",
@@ -307,7 +358,7 @@ mod tests {
             "schema.t",
             &"x".repeat(MAX_TABLE + 1),
         ] {
-            assert!(validate_table(bad).is_err(), "{bad}");
+            assert!(validate_identifier("table", bad).is_err(), "{bad}");
         }
     }
 }

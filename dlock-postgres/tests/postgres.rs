@@ -30,8 +30,10 @@ async fn admin() -> sqlx::PgConnection {
 /// error, never two winners), for each of twenty names.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_first_acquires_of_a_missing_row_have_one_winner() {
+    // Sixteen new connections at once, on two loaded cores: time enough.
     let b = PgBackend::builder(url().await)
         .max_connections(16)
+        .request_timeout(Duration::from_secs(10))
         .connect()
         .await
         .unwrap();
@@ -60,7 +62,12 @@ async fn concurrent_first_acquires_of_a_missing_row_have_one_winner() {
 /// sooner and its new lease would end 1.5 s early.
 #[tokio::test]
 async fn an_acquire_blocked_on_a_row_lock_counts_from_when_it_ran() {
-    let b = backend().await;
+    // The statement waits 1.5 s on the row lock: far inside its timeout.
+    let b = PgBackend::builder(url().await)
+        .request_timeout(Duration::from_secs(10))
+        .connect()
+        .await
+        .unwrap();
     let name = unique_name("blocked");
     let short = LockOptions::new().ttl(Duration::from_millis(500));
     let first = must_acquire(&b, &name, &short).await;
@@ -217,7 +224,9 @@ async fn the_table_is_created_on_connect_and_least_privilege_suffices() {
             let text = e.to_string();
             assert!(text.contains("may not create it"), "{text}");
             assert!(
-                text.contains(&format!("CREATE TABLE IF NOT EXISTS \"{missing}\"")),
+                text.contains(&format!(
+                    "CREATE TABLE IF NOT EXISTS \"public\".\"{missing}\""
+                )),
                 "{text}"
             );
             assert!(!text.contains(":pw"), "the password leaked: {text}");
@@ -300,7 +309,7 @@ async fn a_server_that_is_down_gives_errors_not_grants() {
 }
 
 /// An acquire and a release cost the server two statements (each with its
-/// `SET LOCAL statement_timeout` in the same message), and a renewal of a
+/// two `SET LOCAL`s in the same message), and a renewal of a
 /// thousand leases one: counted by pg_stat_statements, on a server of its
 /// own so that no other test's statements are counted.
 #[tokio::test]
@@ -337,11 +346,7 @@ async fn a_cycle_costs_two_statements_and_a_renewal_batch_one() {
     }
     let (statements, settings) = counted(&mut admin).await;
     assert_eq!(statements, 2 * cycles, "statements for {cycles} cycles");
-    assert_eq!(
-        settings,
-        2 * cycles,
-        "statement timeouts for {cycles} cycles"
-    );
+    assert_eq!(settings, 4 * cycles, "SET LOCALs for {cycles} cycles");
 
     let mut leases = Vec::new();
     for i in 0..1000 {
@@ -363,14 +368,21 @@ async fn a_cycle_costs_two_statements_and_a_renewal_batch_one() {
     );
 }
 
-/// A waking client whose waiters poll at most once a minute.
-async fn slow_polling(url: &str) -> PgBackend {
-    PgBackend::builder(url)
+/// A waking client of `table` whose waiters poll at most every `poll`.
+async fn waking(table: &str, poll: Duration) -> PgBackend {
+    PgBackend::builder(url().await)
+        .table(table)
         .wake_ups(true)
-        .max_poll_interval(Duration::from_secs(60))
+        .max_poll_interval(poll)
         .connect()
         .await
         .unwrap()
+}
+
+/// A table of the test's own, so that its release channel is too.
+fn own_table(test: &str) -> String {
+    let id = unique_name(test).replace('-', "_").to_lowercase();
+    format!("w_{}", &id[id.len() - 16..])
 }
 
 /// Waits until `check` holds, for at most `within`.
@@ -390,12 +402,9 @@ async fn eventually(within: Duration, mut check: impl FnMut() -> bool) -> bool {
 /// on the listener, so that a poll landing by chance cannot pass for it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_release_wakes_a_waiter_in_another_process() {
-    let holder = PgBackend::builder(url().await)
-        .wake_ups(true)
-        .connect()
-        .await
-        .unwrap();
-    let waiter = slow_polling(url().await).await;
+    let table = own_table("wake");
+    let holder = waking(&table, Duration::from_secs(1)).await;
+    let waiter = waking(&table, Duration::from_secs(60)).await;
     let name = unique_name("wake");
     let lease = must_acquire(&holder, &name, &long()).await;
     let task = dlock_conformance::support::wait_on_task(
@@ -426,13 +435,9 @@ async fn a_release_wakes_a_waiter_in_another_process() {
 /// ends without a release (nothing is sent) still goes to the waiter.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_listener_listens_again_and_an_expiry_is_still_seen() {
-    let waiter = PgBackend::builder(url().await)
-        .wake_ups(true)
-        .max_poll_interval(Duration::from_millis(200))
-        .connect()
-        .await
-        .unwrap();
-    let holder = backend().await;
+    let table = own_table("killed");
+    let waiter = waking(&table, Duration::from_millis(200)).await;
+    let holder = waking(&table, Duration::from_secs(1)).await;
     let name = unique_name("killed-listener");
     let short = LockOptions::new().ttl(Duration::from_secs(2));
     let lease = must_acquire(&holder, &name, &short).await;
@@ -451,8 +456,10 @@ async fn a_killed_listener_listens_again_and_an_expiry_is_still_seen() {
     );
     let mut admin = admin().await;
     let killed: Vec<bool> = sqlx::query_scalar(
-        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE query ILIKE 'LISTEN %'",
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+         WHERE query ILIKE 'LISTEN %' AND query LIKE '%' || $1 || '%'",
     )
+    .bind(format!("dlock_{table}"))
     .fetch_all(&mut admin)
     .await
     .unwrap();

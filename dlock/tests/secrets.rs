@@ -4,7 +4,12 @@
 //! log line at every level is captured while the drivers connect, lock,
 //! fail, and are printed, and the capture is searched for the secret.
 
-#![cfg(all(feature = "redis", feature = "mysql", feature = "zookeeper"))]
+#![cfg(all(
+    feature = "redis",
+    feature = "mysql",
+    feature = "postgres",
+    feature = "zookeeper"
+))]
 #![allow(clippy::unwrap_used)] // tests panic on purpose
 
 use std::io::Write;
@@ -86,7 +91,19 @@ async fn passwords_never_show_in_errors_debug_output_or_logs() {
             .await
             .unwrap();
     }
-    drop((admin, root));
+    let postgres = shared(Service::Postgres).await.url();
+    let mut pg_root = {
+        use sqlx::Connection;
+        sqlx::PgConnection::connect(postgres).await.unwrap()
+    };
+    let pg_role = format!("s{:x}", fastrand::u32(..));
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        "CREATE ROLE {pg_role} LOGIN SUPERUSER PASSWORD '{SECRET}'"
+    )))
+    .execute(&mut pg_root)
+    .await
+    .unwrap();
+    drop((admin, root, pg_root));
 
     let capture = Capture::default();
     let writer = capture.clone();
@@ -124,6 +141,23 @@ async fn passwords_never_show_in_errors_debug_output_or_logs() {
     printed.push(format!(
         "{:?}",
         dlock::mysql::MySqlBackend::builder(&with_secret)
+    ));
+
+    // PostgreSQL: a role with the secret password.
+    let at = postgres.find('@').unwrap();
+    let with_secret = format!("postgres://{pg_role}:{SECRET}{}", &postgres[at..]);
+    let locker = dlock::connect(&with_secret).await;
+    printed.push(shown(&locker));
+    lock_once(&locker.unwrap(), &mut printed).await;
+    let wrong = format!("postgres://{pg_role}:{SECRET}x{}", &postgres[at..]);
+    printed.push(shown(&dlock::connect(&wrong).await));
+    let refused = format!("postgres://{pg_role}:{SECRET}@127.0.0.1:{port}/dlock");
+    printed.push(shown(&dlock::connect(&refused).await));
+    let malformed = format!("postgres://{pg_role}:{SECRET}%zz@127.0.0.1:{port}/dlock");
+    printed.push(shown(&dlock::connect(&malformed).await));
+    printed.push(format!(
+        "{:?}",
+        dlock::postgres::PgBackend::builder(&with_secret)
     ));
 
     // ZooKeeper: digest auth with the secret password.

@@ -68,10 +68,15 @@ async fn probe_mysql(url: &str) -> Result<(), String> {
 }
 
 /// A simple query, as PgBouncer's transaction pooling passes on in one
-/// piece (a prepared statement's parts may go to different servers).
+/// piece (a prepared statement's parts may go to different servers), on a
+/// connection without `extra_float_digits`, which a stock PgBouncer
+/// refuses at startup.
 async fn probe_postgres(url: &str) -> Result<(), String> {
-    use sqlx::{Connection, Row};
-    let mut conn = sqlx::PgConnection::connect(url)
+    use sqlx::{ConnectOptions, Row};
+    let options: sqlx::postgres::PgConnectOptions = url.parse().map_err(|e| format!("{e}"))?;
+    let mut conn = options
+        .extra_float_digits(None)
+        .connect()
         .await
         .map_err(|e| e.to_string())?;
     let row = sqlx::raw_sql("SELECT 1")
