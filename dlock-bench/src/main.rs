@@ -1,5 +1,5 @@
 //! `cargo run --release -p dlock-bench`: compares the dlock backends side by
-//! side. Starts Redis, MariaDB and ZooKeeper from the project's test image
+//! side. Starts Redis, MariaDB, PostgreSQL and ZooKeeper from the project's test image
 //! (the same harness as the tests) unless given running servers.
 
 mod report;
