@@ -2,6 +2,7 @@
 //! side. Starts Redis, MariaDB, PostgreSQL and ZooKeeper from the project's test image
 //! (the same harness as the tests) unless given running servers.
 
+mod floors;
 mod report;
 mod scenarios;
 mod target;
