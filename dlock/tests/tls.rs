@@ -1,15 +1,22 @@
 //! TLS with certificates the test makes (a private CA), against servers
 //! that speak only TLS: Redis on a TLS-only port with an ACL user, MariaDB
 //! with `require_secure_transport`, ZooKeeper with only a secure client
-//! port. Exercises the `tls` features of the three drivers.
+//! port, PostgreSQL accepting only `hostssl`. Exercises the `tls`
+//! features of the four drivers.
 
-#![cfg(all(feature = "redis", feature = "mysql", feature = "zookeeper"))]
+#![cfg(all(
+    feature = "redis",
+    feature = "mysql",
+    feature = "postgres",
+    feature = "zookeeper"
+))]
 #![allow(clippy::unwrap_used)] // tests panic on purpose
 
 use std::future::Future;
 use std::time::Duration;
 
 use dlock::mysql::MySqlBackend;
+use dlock::postgres::PgBackend;
 use dlock::redis::RedisBackend;
 use dlock::zk::ZkBackend;
 use dlock::{Backend, Error, LockOptions, Locker};
@@ -171,6 +178,42 @@ async fn mariadb_requiring_secure_transport() {
         Err(Error::Backend { .. }) => {}
         other => panic!("plain text to a server requiring TLS: {other:?}"),
     }
+    let _ = std::fs::remove_file(ca);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_verify_full_with_a_private_ca() {
+    let certs = TestCertificates::generate();
+    let (_server, port) = tls_server(Service::Postgres, &[], files(&certs)).await;
+    let ca = std::env::temp_dir().join(format!("dlock-ca-{}.crt", unique_name("ca")));
+    std::fs::write(&ca, &certs.ca).unwrap();
+    let base = format!("postgres://dlock:dlock@127.0.0.1:{port}/dlock");
+    let url = format!("{base}?sslmode=verify-full&sslrootcert={}", ca.display());
+    let backend = when_up(|| PgBackend::connect(&url)).await;
+    lock_and_unlock(backend).await;
+
+    // The session really is encrypted.
+    let pool = sqlx::PgPool::connect(&url).await.unwrap();
+    let (ssl,): (bool,) =
+        sqlx::query_as("SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert!(ssl, "the connection is not encrypted");
+    pool.close().await;
+
+    // Plain text is refused by the server; a certificate the client cannot
+    // verify (no private CA given, so only the web's roots) by the client.
+    // Both are errors, never grants.
+    match PgBackend::connect(&format!("{base}?sslmode=disable")).await {
+        Err(Error::Backend { .. }) => {}
+        other => panic!("plain text to a server requiring TLS: {other:?}"),
+    }
+    let unverified = PgBackend::connect(&format!("{base}?sslmode=verify-full")).await;
+    assert!(
+        unverified.is_err(),
+        "a server the client cannot verify was accepted"
+    );
     let _ = std::fs::remove_file(ca);
 }
 
