@@ -70,6 +70,16 @@ macro_rules! __case_list {
                 release_after_holds_the_name_until_then,
                 release_after_acts_only_on_its_own_lease,
                 force_release_frees_the_name_for_the_next_holder,
+                readers_share_and_writers_hold_alone,
+                a_waiting_writer_keeps_new_readers_out,
+                queued_readers_enter_together,
+                a_downgrade_lets_no_writer_in,
+                one_name_is_one_kind_of_lock,
+                fencing_increases_across_kinds,
+                a_semaphore_admits_exactly_its_permits,
+                an_expired_permit_frees_its_place_for_good,
+                a_permit_release_frees_only_its_own,
+                permit_waiters_are_served_in_order,
             ]
             multi [
                 stress_contended_grants_are_exclusive,

@@ -88,6 +88,34 @@ enum Bug {
     /// (`as_millis()`), so the server frees the name up to 1 ms before the
     /// client stops trusting its lease.
     TruncatedTtl,
+    /// A reader is admitted while a writer holds.
+    ReaderBesideWriter,
+    /// A writer is admitted while readers hold.
+    WriterBesideReaders,
+    /// New readers are admitted while a writer waits (Redisson's read-write
+    /// lock): a stream of readers starves writers.
+    NoWriterPreference,
+    /// A queued reader is admitted only when nobody holds: readers behind
+    /// a writer enter one by one, not together.
+    QueuedReadersOneByOne,
+    /// A downgrade releases the write lock, then asks for a read lock: a
+    /// waiting writer gets in between (CURATOR-621).
+    DowngradeReleasesFirst,
+    /// A semaphore admits one holder more than its permits.
+    OverAdmitsByOne,
+    /// Expired permits still count against the semaphore, which fills up
+    /// with the dead.
+    ExpiredPermitCounted,
+    /// Renewing an expired permit brings it back.
+    RenewalResurrects,
+    /// Semaphores asked for with different permit counts are taken as one,
+    /// each caller judging by its own count (Curator's warning).
+    PermitCountsUnchecked,
+    /// Each kind of lock has its own fencing counter: a name's tokens go
+    /// back when it changes kind.
+    FencePerKind,
+    /// The newest waiter is served first.
+    LifoWaiters,
 }
 
 /// Runs every case of the suite, link fault cases included, against the
@@ -154,7 +182,8 @@ caught!(
     [
         foreign_lease_is_not_held,
         release_twice_is_not_held,
-        stale_lease_cannot_touch_new_holder
+        stale_lease_cannot_touch_new_holder,
+        a_permit_release_frees_only_its_own
     ]
 );
 caught!(
@@ -282,4 +311,62 @@ caught!(
     a_bound_per_request_instead_of_per_call_is_caught,
     Bug::BoundPerRequest,
     [calls_on_a_stalled_server_return_within_their_bound]
+);
+caught!(
+    a_reader_beside_a_writer_is_caught,
+    Bug::ReaderBesideWriter,
+    [readers_share_and_writers_hold_alone]
+);
+caught!(
+    a_writer_beside_readers_is_caught,
+    Bug::WriterBesideReaders,
+    [
+        readers_share_and_writers_hold_alone,
+        a_waiting_writer_keeps_new_readers_out
+    ]
+);
+caught!(
+    no_writer_preference_is_caught,
+    Bug::NoWriterPreference,
+    [a_waiting_writer_keeps_new_readers_out]
+);
+caught!(
+    queued_readers_one_by_one_is_caught,
+    Bug::QueuedReadersOneByOne,
+    [queued_readers_enter_together]
+);
+caught!(
+    a_downgrade_that_releases_first_is_caught,
+    Bug::DowngradeReleasesFirst,
+    [a_downgrade_lets_no_writer_in]
+);
+caught!(
+    over_admission_by_one_is_caught,
+    Bug::OverAdmitsByOne,
+    [a_semaphore_admits_exactly_its_permits]
+);
+caught!(
+    expired_permits_still_counted_is_caught,
+    Bug::ExpiredPermitCounted,
+    [an_expired_permit_frees_its_place_for_good]
+);
+caught!(
+    a_renewal_that_resurrects_a_permit_is_caught,
+    Bug::RenewalResurrects,
+    [an_expired_permit_frees_its_place_for_good]
+);
+caught!(
+    unchecked_permit_counts_are_caught,
+    Bug::PermitCountsUnchecked,
+    [one_name_is_one_kind_of_lock]
+);
+caught!(
+    a_fencing_counter_per_kind_is_caught,
+    Bug::FencePerKind,
+    [fencing_increases_across_kinds]
+);
+caught!(
+    lifo_waiters_are_caught,
+    Bug::LifoWaiters,
+    [permit_waiters_are_served_in_order]
 );

@@ -59,6 +59,14 @@ pub struct Capabilities {
     /// request (or a few), so that the renewal of many held leases costs a
     /// few requests per renewal period rather than one per lease.
     pub batch_extend: bool,
+    /// Reader-writer locks ([`Mode::Read`](crate::Mode::Read) and
+    /// [`Mode::Write`](crate::Mode::Write)), with
+    /// [`Backend::downgrade`]. Without it, acquires in those modes are
+    /// [`Error::Unsupported`](crate::Error::Unsupported).
+    pub rwlock: bool,
+    /// Semaphores ([`Mode::Permit`](crate::Mode::Permit)). Without it,
+    /// acquires of permits are [`Error::Unsupported`](crate::Error::Unsupported).
+    pub semaphore: bool,
 }
 
 impl Capabilities {
@@ -74,6 +82,8 @@ impl Capabilities {
             cleanup: false,
             delayed_release: false,
             batch_extend: false,
+            rwlock: false,
+            semaphore: false,
         }
     }
 }
@@ -275,6 +285,25 @@ pub trait Backend: Send + Sync + Debug {
         Err(crate::Error::Unsupported {
             backend: self.driver(),
             operation: "release_after",
+        })
+    }
+
+    /// Takes a read hold of the name of `write`, a live write lease, without
+    /// waiting: granted even when writers are queued (they came after the
+    /// writer, and the reader continues its work), so a writer can hand its
+    /// lock down to a reader without letting anyone write in between. The
+    /// write lease stays held until released. `opts` gives the read hold's
+    /// TTL.
+    ///
+    /// # Errors
+    /// [`Error::NotHeld`](crate::Error::NotHeld) if `write` is not a live
+    /// write lease; [`Error::Unsupported`](crate::Error::Unsupported) from
+    /// drivers that do not declare [`Capabilities::rwlock`] (the default).
+    async fn downgrade(&self, write: &Lease, opts: &LockOptions) -> Result<Lease> {
+        let _ = (write, opts);
+        Err(crate::Error::Unsupported {
+            backend: self.driver(),
+            operation: "downgrade",
         })
     }
 

@@ -1,5 +1,7 @@
 use std::time::Duration;
 
+use crate::Mode;
+
 /// A boxed error from a driver's client library, kept as the `source`.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
 
@@ -101,6 +103,30 @@ pub enum Error {
         message: String,
     },
 
+    /// The name is held or waited for as another kind of lock than the one
+    /// asked for: a mutex and a reader-writer lock, or semaphores of
+    /// different sizes. Refused rather than granted, since callers that
+    /// disagree on what a name is would admit more holders than either
+    /// expects.
+    #[error("lock `{name}` is in use as a {held}, not a {asked}")]
+    ModeConflict {
+        /// The lock name.
+        name: String,
+        /// A mode the name is held or waited for in.
+        held: Mode,
+        /// The mode asked for.
+        asked: Mode,
+    },
+
+    /// A write lock asked for by a holder of the same name's read lock
+    /// (through the same [`Locker`](crate::Locker)): waiting would wait for
+    /// itself forever, so it fails at once. Release the read lock first.
+    #[error("lock `{name}`: this locker holds it for reading and cannot wait to write it")]
+    Upgrade {
+        /// The lock name.
+        name: String,
+    },
+
     /// The backend does not support this operation.
     #[error("{operation} is not supported by the {backend} backend")]
     Unsupported {
@@ -182,7 +208,8 @@ impl Error {
 
     /// A short name of the variant (`invalid_name`, `invalid_option`,
     /// `not_held`, `timeout`, `connection`, `unavailable`, `backend`,
-    /// `unsafe_server`, `unsupported`), for metrics labels and logs.
+    /// `unsafe_server`, `unsupported`, `mode_conflict`, `upgrade`), for
+    /// metrics labels and logs.
     pub fn kind(&self) -> &'static str {
         match self {
             Error::InvalidName { .. } => "invalid_name",
@@ -194,6 +221,8 @@ impl Error {
             Error::Backend { .. } => "backend",
             Error::UnsafeServer { .. } => "unsafe_server",
             Error::Unsupported { .. } => "unsupported",
+            Error::ModeConflict { .. } => "mode_conflict",
+            Error::Upgrade { .. } => "upgrade",
         }
     }
 

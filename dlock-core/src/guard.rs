@@ -5,6 +5,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::renew::{Registration, Renewer};
+use crate::shared::{ReadMark, Readers};
 use crate::{Backend, Error, Lease, LockInfo, LockOptions, LockPage, Observed, OwnerToken, Result};
 
 /// The handle users lock with: a shared backend plus guards, renewal and
@@ -30,8 +31,9 @@ use crate::{Backend, Error, Lease, LockInfo, LockOptions, LockPage, Observed, Ow
 /// ```
 #[derive(Debug, Clone)]
 pub struct Locker {
-    backend: Arc<dyn Backend>,
+    pub(crate) backend: Arc<dyn Backend>,
     pub(crate) renewer: Renewer,
+    pub(crate) readers: Readers,
 }
 
 impl Locker {
@@ -47,6 +49,7 @@ impl Locker {
         Locker {
             renewer: Renewer::new(backend.clone()),
             backend,
+            readers: Readers::default(),
         }
     }
 
@@ -56,22 +59,32 @@ impl Locker {
     }
 
     /// Waits for `name` up to the options' wait bound and returns a guard
-    /// that holds it.
+    /// that holds it, in the options' [`Mode`](crate::Mode).
+    ///
+    /// # Errors
+    /// Those of [`Backend::acquire`]; [`Error::Unsupported`] for a mode the
+    /// backend lacks; [`Error::Upgrade`] for a write lock of a name this
+    /// locker holds for reading.
     pub async fn acquire(&self, name: &str, opts: &LockOptions) -> Result<Guard> {
+        self.check_mode(name, opts)?;
         let lease = self.backend.acquire(name, opts).await?;
-        Ok(Guard::watched(
-            &self.renewer,
-            self.backend.clone(),
-            lease,
-            opts.renew_value(),
-        ))
+        Ok(self.guard(lease, opts.renew_value()))
     }
 
     /// One attempt: a guard if `name` was free, `None` if it is held.
+    ///
+    /// # Errors
+    /// As [`Locker::acquire`].
     pub async fn try_acquire(&self, name: &str, opts: &LockOptions) -> Result<Option<Guard>> {
+        self.check_mode(name, opts)?;
         let lease = self.backend.try_acquire(name, opts).await?;
-        Ok(lease
-            .map(|l| Guard::watched(&self.renewer, self.backend.clone(), l, opts.renew_value())))
+        Ok(lease.map(|l| self.guard(l, opts.renew_value())))
+    }
+
+    pub(crate) fn guard(&self, lease: Lease, renew: bool) -> Guard {
+        let mut guard = Guard::watched(&self.renewer, self.backend.clone(), lease, renew);
+        guard.read_mark = self.readers.mark(&guard.lease);
+        guard
     }
 
     /// Runs `f` while holding `name`, then releases it: the "lock this method
@@ -133,6 +146,8 @@ pub struct Guard {
     // Stops the renewal when the guard goes away, however it goes.
     _registration: Option<Registration>,
     released: bool,
+    // A read hold's place in its locker's count of read holds.
+    read_mark: Option<ReadMark>,
 }
 
 impl Guard {
@@ -153,6 +168,7 @@ impl Guard {
             lost,
             _registration: registration,
             released: false,
+            read_mark: None,
         }
     }
 
@@ -190,6 +206,11 @@ impl Guard {
     /// session was lost. Never resolves while the lease is good.
     pub async fn lost(&self) {
         self.lost.cancelled().await
+    }
+
+    /// The kind of hold: a mutex's, a reader's, a writer's or a permit.
+    pub fn mode(&self) -> crate::Mode {
+        self.lease.mode()
     }
 
     /// The lease as granted (its deadline is that of the grant; see

@@ -6,7 +6,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::options::deadline_after;
-use crate::{Error, LockOptions, Result};
+use crate::{Error, LockOptions, Mode, Result};
 
 /// A random 128-bit value that identifies one grant of a lock. Release and
 /// extend act only when the server still stores this token.
@@ -86,6 +86,7 @@ pub struct Lease {
     name: String,
     owner: OwnerToken,
     fencing_token: u64,
+    mode: Mode,
     ttl: Option<Duration>,
     drift: Duration,
     valid_until: Option<Instant>,
@@ -96,7 +97,8 @@ pub struct Lease {
 impl Lease {
     /// A lease with a TTL, granted by a request sent at `sent`. Drivers of
     /// TTL backends call this; the validity deadline is computed from the
-    /// options (TTL minus drift, counted from `sent`).
+    /// options (TTL minus drift, counted from `sent`), and the mode is the
+    /// options' mode.
     pub fn with_ttl(
         name: impl Into<String>,
         owner: OwnerToken,
@@ -108,6 +110,7 @@ impl Lease {
             name: name.into(),
             owner,
             fencing_token,
+            mode: opts.mode_value(),
             ttl: Some(opts.ttl_value()),
             drift: opts.drift_value(),
             valid_until: Some(opts.valid_until(sent)),
@@ -129,12 +132,25 @@ impl Lease {
             name: name.into(),
             owner,
             fencing_token,
+            mode: Mode::Exclusive,
             ttl: None,
             drift: Duration::ZERO,
             valid_until: None,
             handle: None,
             lost,
         }
+    }
+
+    /// Sets the kind of hold (a session lease is a mutex's unless set).
+    pub fn with_mode(mut self, mode: Mode) -> Self {
+        self.mode = mode;
+        self
+    }
+
+    /// The kind of hold this lease is: a mutex's, a reader's, a writer's or
+    /// a semaphore permit.
+    pub fn mode(&self) -> Mode {
+        self.mode
     }
 
     /// Attaches a driver's own datum (a znode path, say) to the lease.

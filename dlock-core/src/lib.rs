@@ -8,10 +8,12 @@ mod job;
 mod lease;
 mod memory;
 mod metrics;
+mod mode;
 mod name;
 mod observe;
 mod options;
 mod renew;
+mod shared;
 pub mod undo;
 pub mod wait;
 
@@ -22,11 +24,13 @@ pub use guard::{Guard, Locker};
 pub use job::{JobOptions, JobOutcome, JobRun, RunReport, Schedule, ScheduledJob};
 pub use lease::{Lease, OwnerToken};
 pub use memory::MemoryBackend;
+pub use mode::{Admission, Mode};
 pub use name::{MAX_NAME_LEN, host_and_pid, percent_decodes, redact_url, validate_name};
 pub use observe::Observed;
 pub use options::{
     LockOptions, MAX_SETTING, MAX_TTL, MIN_TTL, check_duration, check_hold, micros_up, millis_up,
 };
+pub use shared::Semaphore;
 pub use tokio_util::sync::CancellationToken;
 
 /// Support for dlock's macros; not a public API.

@@ -1,4 +1,5 @@
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -8,8 +9,8 @@ use tokio::time::Instant;
 use crate::options::deadline_after;
 use crate::wait::{Attempt, Backoff, Deadline, Wakeups, check_request, wait_for_lock};
 use crate::{
-    Backend, Capabilities, Error, HeldLock, Lease, LeaseKind, LockInfo, LockOptions, LockPage,
-    OwnerToken, Result, validate_name,
+    Admission, Backend, Capabilities, Error, HeldLock, Lease, LeaseKind, LockInfo, LockOptions,
+    LockPage, Mode, OwnerToken, Result, validate_name,
 };
 
 /// The in-memory reference driver: real TTLs on tokio's clock, fencing,
@@ -28,19 +29,92 @@ pub struct MemoryBackend {
 struct Inner {
     slots: Mutex<HashMap<String, Slot>>,
     wakeups: Wakeups,
+    next_ticket: AtomicU64,
 }
 
 #[derive(Debug, Default)]
 struct Slot {
-    // The last fencing token granted. Kept after release so that tokens
-    // keep increasing.
+    // The last fencing token granted, over every kind of hold. Kept after
+    // release so that tokens keep increasing.
     version: u64,
-    holder: Option<(OwnerToken, Instant)>,
+    holds: Vec<Hold>,
+    // Waiting acquires in arrival order: (ticket, mode).
+    queue: Vec<(u64, Mode)>,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Hold {
+    owner: OwnerToken,
+    mode: Mode,
+    fence: u64,
+    expires: Instant,
 }
 
 impl Slot {
-    fn live_holder(&self, now: Instant) -> Option<(OwnerToken, Instant)> {
-        self.holder.filter(|&(_, expires)| expires > now)
+    fn prune(&mut self, now: Instant) {
+        self.holds.retain(|h| h.expires > now);
+    }
+
+    fn info(&self, now: Instant) -> Option<LockInfo> {
+        // Of several (readers, permits), the newest grant speaks for the
+        // name.
+        let hold = self
+            .holds
+            .iter()
+            .filter(|h| h.expires > now)
+            .max_by_key(|h| h.fence)?;
+        Some(LockInfo::new(
+            hold.owner,
+            hold.fence,
+            Some(hold.expires - now),
+        ))
+    }
+
+    fn owns(&self, lease: &Lease, now: Instant) -> bool {
+        self.holds
+            .iter()
+            .any(|h| h.owner == lease.owner() && h.expires > now)
+    }
+
+    fn own(&mut self, lease: &Lease, now: Instant) -> Option<&mut Hold> {
+        self.holds
+            .iter_mut()
+            .find(|h| h.owner == lease.owner() && h.expires > now)
+    }
+
+    fn grant(&mut self, owner: OwnerToken, mode: Mode, expires: Instant) -> u64 {
+        self.version += 1;
+        self.holds.push(Hold {
+            owner,
+            mode,
+            fence: self.version,
+            expires,
+        });
+        self.version
+    }
+}
+
+/// A waiting acquire's place in its name's queue, given up when dropped.
+struct Place<'a> {
+    backend: &'a MemoryBackend,
+    name: &'a str,
+    ticket: u64,
+}
+
+impl Drop for Place<'_> {
+    fn drop(&mut self) {
+        let left = self.backend.with_slots(|slots| {
+            slots.get_mut(self.name).is_some_and(|slot| {
+                let before = slot.queue.len();
+                slot.queue.retain(|(t, _)| *t != self.ticket);
+                before != slot.queue.len()
+            })
+        });
+        // A waiter that gave up may have been what kept the next ones out
+        // (a writer ahead of readers).
+        if left {
+            self.backend.inner.wakeups.wake(self.name);
+        }
     }
 }
 
@@ -59,42 +133,49 @@ impl MemoryBackend {
         f(&mut slots)
     }
 
-    fn attempt(&self, name: &str, opts: &LockOptions) -> Result<Attempt> {
+    /// One attempt, by the waiter holding `ticket` (behind every waiter
+    /// when `None`).
+    fn attempt(&self, name: &str, opts: &LockOptions, ticket: Option<u64>) -> Result<Attempt> {
         let owner = OwnerToken::random()?;
         let sent = Instant::now();
+        let mode = opts.mode_value();
         self.with_slots(|slots| {
             let slot = slots.entry(name.to_owned()).or_default();
             let now = Instant::now();
-            if let Some((_, expires)) = slot.live_holder(now) {
-                return Ok(Attempt::Held {
-                    expires_in: Some(expires - now),
-                });
+            slot.prune(now);
+            let holders: Vec<Mode> = slot.holds.iter().map(|h| h.mode).collect();
+            let ahead: Vec<Mode> = slot
+                .queue
+                .iter()
+                .take_while(|(t, _)| Some(*t) != ticket)
+                .map(|(_, m)| *m)
+                .collect();
+            match mode.admits(&holders, &ahead) {
+                Admission::Grant => {
+                    slot.queue.retain(|(t, _)| Some(*t) != ticket);
+                    let fence = slot.grant(owner, mode, deadline_after(now, opts.ttl_value()));
+                    Ok(Attempt::Acquired(Lease::with_ttl(
+                        name, owner, fence, opts, sent,
+                    )))
+                }
+                Admission::Wait => Ok(Attempt::Held {
+                    expires_in: slot.holds.iter().map(|h| h.expires - now).min(),
+                }),
+                Admission::Conflict(held) => Err(Error::ModeConflict {
+                    name: name.to_owned(),
+                    held,
+                    asked: mode,
+                }),
             }
-            slot.version += 1;
-            slot.holder = Some((owner, deadline_after(now, opts.ttl_value())));
-            Ok(Attempt::Acquired(Lease::with_ttl(
-                name,
-                owner,
-                slot.version,
-                opts,
-                sent,
-            )))
         })
     }
 
-    /// Runs `f` on the slot if `lease` is its live holder.
-    fn on_own_slot(&self, lease: &Lease, f: impl FnOnce(&mut Slot, Instant)) -> Result<()> {
+    /// Runs `f` on the lease's own live hold.
+    fn on_own_hold<T>(&self, lease: &Lease, f: impl FnOnce(&mut Slot, Instant) -> T) -> Result<T> {
         self.with_slots(|slots| {
             let now = Instant::now();
             match slots.get_mut(lease.name()) {
-                Some(slot)
-                    if slot
-                        .live_holder(now)
-                        .is_some_and(|(owner, _)| owner == lease.owner()) =>
-                {
-                    f(slot, now);
-                    Ok(())
-                }
+                Some(slot) if slot.owns(lease, now) => Ok(f(slot, now)),
                 _ => Err(Error::NotHeld {
                     name: lease.name().to_owned(),
                 }),
@@ -111,7 +192,7 @@ impl Backend for MemoryBackend {
             fencing: true,
             fencing_survives_restart: false,
             notify: true,
-            fifo: false,
+            fifo: true,
             distributed: false,
             // Nothing is ever in flight.
             cleanup: true,
@@ -119,6 +200,8 @@ impl Backend for MemoryBackend {
             // The default `extend_many`, one lease after another, costs no
             // request at all here.
             batch_extend: true,
+            rwlock: true,
+            semaphore: true,
         }
     }
 
@@ -128,25 +211,42 @@ impl Backend for MemoryBackend {
 
     async fn try_acquire(&self, name: &str, opts: &LockOptions) -> Result<Option<Lease>> {
         check_request(name, opts)?;
-        Ok(self.attempt(name, opts)?.into_lease())
+        Ok(self.attempt(name, opts, None)?.into_lease())
     }
 
     async fn acquire(&self, name: &str, opts: &LockOptions) -> Result<Lease> {
         check_request(name, opts)?;
         let backoff = Backoff::new(Duration::from_millis(50), Duration::from_secs(1));
         let deadline = Deadline::after(opts.wait_value());
+        // A first attempt without a place: an acquire that is granted at
+        // once never queues.
+        if let Attempt::Acquired(lease) = self.attempt(name, opts, None)? {
+            return Ok(lease);
+        }
+        let place = Place {
+            backend: self,
+            name,
+            ticket: self.inner.next_ticket.fetch_add(1, Ordering::Relaxed),
+        };
+        self.with_slots(|slots| {
+            let slot = slots.entry(name.to_owned()).or_default();
+            slot.queue.push((place.ticket, opts.mode_value()));
+        });
         wait_for_lock(
             name,
             deadline,
             Some(&self.inner.wakeups),
             backoff,
-            || async { self.attempt(name, opts) },
+            || async { self.attempt(name, opts, Some(place.ticket)) },
         )
         .await
     }
 
     async fn release(&self, lease: &Lease) -> Result<()> {
-        self.on_own_slot(lease, |slot, _| slot.holder = None)?;
+        self.on_own_hold(lease, |slot, now| {
+            slot.holds
+                .retain(|h| !(h.owner == lease.owner() && h.expires > now));
+        })?;
         self.inner.wakeups.wake(lease.name());
         Ok(())
     }
@@ -156,21 +256,59 @@ impl Backend for MemoryBackend {
         if hold.is_zero() {
             return self.release(lease).await;
         }
-        self.on_own_slot(lease, |slot, now| {
-            slot.holder = Some((lease.owner().for_hold(), deadline_after(now, hold)));
+        self.on_own_hold(lease, |slot, now| {
+            if let Some(own) = slot.own(lease, now) {
+                own.owner = lease.owner().for_hold();
+                own.expires = deadline_after(now, hold);
+            }
         })
     }
 
     async fn extend(&self, lease: &mut Lease) -> Result<()> {
         let sent = Instant::now();
         let ttl = lease.ttl().unwrap_or_default();
-        self.on_own_slot(lease, |slot, now| {
-            slot.holder = slot
-                .holder
-                .map(|(owner, _)| (owner, deadline_after(now, ttl)));
+        self.on_own_hold(lease, |slot, now| {
+            if let Some(own) = slot.own(lease, now) {
+                own.expires = deadline_after(now, ttl);
+            }
         })?;
         lease.extended(sent);
         Ok(())
+    }
+
+    async fn downgrade(&self, write: &Lease, opts: &LockOptions) -> Result<Lease> {
+        let opts = opts.clone().read();
+        opts.validate()?;
+        let owner = OwnerToken::random()?;
+        let sent = Instant::now();
+        let fence = self.with_slots(|slots| {
+            let now = Instant::now();
+            let slot = slots
+                .get_mut(write.name())
+                .filter(|slot| {
+                    slot.holds.iter().any(|h| {
+                        h.owner == write.owner() && h.mode == Mode::Write && h.expires > now
+                    })
+                })
+                .ok_or_else(|| Error::NotHeld {
+                    name: write.name().to_owned(),
+                })?;
+            Ok::<_, Error>(slot.grant(owner, Mode::Read, deadline_after(now, opts.ttl_value())))
+        })?;
+        Ok(Lease::with_ttl(write.name(), owner, fence, &opts, sent))
+    }
+
+    async fn force_release(&self, name: &str) -> Result<Option<LockInfo>> {
+        validate_name(name)?;
+        // Every holder goes: several readers or permits included.
+        let info = self.with_slots(|slots| {
+            let slot = slots.get_mut(name)?;
+            let info = slot.info(Instant::now());
+            slot.holds.clear();
+            info
+        });
+        self.inner.wakeups.wake(name);
+        Ok(info)
     }
 
     async fn list(&self, prefix: &str, cursor: Option<&str>, limit: usize) -> Result<LockPage> {
@@ -181,11 +319,7 @@ impl Backend for MemoryBackend {
                 .iter()
                 .filter(|(name, _)| name.starts_with(prefix))
                 .filter(|(name, _)| cursor.is_none_or(|c| name.as_str() > c))
-                .filter_map(|(name, slot)| {
-                    let (owner, expires) = slot.live_holder(now)?;
-                    let info = LockInfo::new(owner, slot.version, Some(expires - now));
-                    Some(HeldLock::new(name.clone(), info))
-                })
+                .filter_map(|(name, slot)| Some(HeldLock::new(name.clone(), slot.info(now)?)))
                 .collect();
             held.sort_by(|a, b| a.name.cmp(&b.name));
             let next = (held.len() > limit).then(|| held[limit - 1].name.clone());
@@ -196,11 +330,6 @@ impl Backend for MemoryBackend {
 
     async fn inspect(&self, name: &str) -> Result<Option<LockInfo>> {
         validate_name(name)?;
-        Ok(self.with_slots(|slots| {
-            let slot = slots.get(name)?;
-            let now = Instant::now();
-            let (owner, expires) = slot.live_holder(now)?;
-            Some(LockInfo::new(owner, slot.version, Some(expires - now)))
-        }))
+        Ok(self.with_slots(|slots| slots.get(name)?.info(Instant::now())))
     }
 }

@@ -220,6 +220,29 @@ impl Backend for Observed {
         result
     }
 
+    async fn downgrade(&self, write: &Lease, opts: &LockOptions) -> Result<Lease> {
+        let (span, backend, started) = (
+            self.span("downgrade", write.name()),
+            self.driver(),
+            Instant::now(),
+        );
+        let result = self
+            .inner
+            .downgrade(write, opts)
+            .instrument(span.clone())
+            .await;
+        let outcome = match &result {
+            Ok(lease) => {
+                span.record("fencing_token", lease.fencing_token());
+                metric::count(metric::GRANTS, backend);
+                "granted"
+            }
+            Err(e) => error_outcome(backend, e),
+        };
+        finish(&span, backend, "downgrade", outcome, started);
+        result
+    }
+
     async fn force_release(&self, name: &str) -> Result<Option<LockInfo>> {
         let (span, backend, started) = (
             self.span("force_release", name),

@@ -2,7 +2,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::{Error, Result};
+use crate::{Error, Mode, Result};
 
 /// The shortest TTL accepted: below it the drift allowance and one round
 /// trip eat the whole lease.
@@ -18,7 +18,9 @@ pub const MAX_TTL: Duration = Duration::from_secs(24 * 60 * 60);
 pub const MAX_SETTING: Duration = Duration::from_secs(24 * 60 * 60);
 
 /// How a lock is acquired and held: lease time, wait bound, drift allowance,
-/// background renewal.
+/// background renewal, and the kind of hold ([`Mode`]: a mutex unless
+/// [`read`](LockOptions::read), [`write`](LockOptions::write) or
+/// [`permits`](LockOptions::permits) says otherwise).
 ///
 /// ```
 /// use std::time::Duration;
@@ -33,6 +35,7 @@ pub struct LockOptions {
     wait: Option<Duration>,
     drift: Option<Duration>,
     renew: bool,
+    mode: Mode,
 }
 
 impl Default for LockOptions {
@@ -42,6 +45,7 @@ impl Default for LockOptions {
             wait: None,
             drift: None,
             renew: true,
+            mode: Mode::Exclusive,
         }
     }
 }
@@ -103,6 +107,38 @@ impl LockOptions {
             .unwrap_or_else(|| (self.ttl / 100).saturating_add(Duration::from_millis(2)))
     }
 
+    /// Asks for the name's reader-writer lock, shared side: readers hold
+    /// together, never beside a writer (see [`Mode::Read`]).
+    pub fn read(mut self) -> Self {
+        self.mode = Mode::Read;
+        self
+    }
+
+    /// Asks for the name's reader-writer lock, exclusive side (see
+    /// [`Mode::Write`]).
+    pub fn write(mut self) -> Self {
+        self.mode = Mode::Write;
+        self
+    }
+
+    /// Asks for one permit of the name's semaphore of `permits` (see
+    /// [`Mode::Permit`]). Everyone using the name must agree on `permits`.
+    pub fn permits(mut self, permits: u32) -> Self {
+        self.mode = Mode::Permit(permits);
+        self
+    }
+
+    /// Sets the mode directly.
+    pub fn mode(mut self, mode: Mode) -> Self {
+        self.mode = mode;
+        self
+    }
+
+    /// The kind of hold asked for.
+    pub fn mode_value(&self) -> Mode {
+        self.mode
+    }
+
     /// Whether guards renew the lease.
     pub fn renew_value(&self) -> bool {
         self.renew
@@ -112,6 +148,12 @@ impl LockOptions {
     /// server.
     pub fn validate(&self) -> Result<()> {
         check_duration("ttl", self.ttl, MIN_TTL, MAX_TTL)?;
+        if self.mode == Mode::Permit(0) {
+            return Err(Error::invalid_option(
+                "permits",
+                "a semaphore needs at least one permit",
+            ));
+        }
         if self.drift_value() >= self.ttl / 2 {
             return Err(Error::invalid_option(
                 "drift",

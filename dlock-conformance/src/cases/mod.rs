@@ -12,6 +12,8 @@
 //! | `batch.rs` | `extend_many` judges each lease on its own |
 //! | `hold.rs` | `release_after` holds the name until then, and only its own |
 //! | `admin.rs` | `list` and `force_release` see and free what is held |
+//! | `rwlock.rs` | readers share, writers hold alone and are not starved, a downgrade lets no writer in, a name is one kind of lock |
+//! | `semaphore.rs` | exactly N holders, expired permits free their place for good, release is owner-checked, waiters in order |
 //!
 //! Each case takes a backend, uses fresh random lock names, panics with a
 //! message naming the broken rule when the backend breaks it, and skips
@@ -33,6 +35,8 @@ mod guard;
 mod hold;
 mod names;
 mod ownership;
+mod rwlock;
+mod semaphore;
 mod waiting;
 
 pub use admin::*;
@@ -43,6 +47,8 @@ pub use guard::*;
 pub use hold::*;
 pub use names::*;
 pub use ownership::*;
+pub use rwlock::*;
+pub use semaphore::*;
 pub use waiting::*;
 
 /// A short TTL, for cases that let leases expire.

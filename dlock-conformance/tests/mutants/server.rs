@@ -6,7 +6,9 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use dlock_core::wait::Wakeups;
-use dlock_core::{HeldLock, LockInfo, OwnerToken};
+use dlock_core::{Admission, HeldLock, LockInfo, Mode, OwnerToken};
+
+use crate::Bug;
 use tokio::time::Instant;
 
 /// The lock server: TTLs, fencing, release notifications.
@@ -23,6 +25,13 @@ pub(crate) struct Server {
 struct Slot {
     version: u64,
     holder: Option<(OwnerToken, Instant)>,
+    /// Holds of the shared kinds (reader-writer locks, semaphores); kept
+    /// past their expiry, which the readers of this list judge.
+    holds: Vec<(OwnerToken, Mode, Instant)>,
+    /// Their waiters in arrival order: (ticket, mode).
+    queue: Vec<(u64, Mode)>,
+    /// [`Bug::FencePerKind`]: a counter per kind of lock.
+    versions: HashMap<String, u64>,
 }
 
 impl Server {
@@ -197,5 +206,196 @@ impl Server {
             slot.version,
             Some(expires.saturating_duration_since(now)),
         ))
+    }
+
+    /// A mutex acquire's conflict with the shared kinds of lock.
+    pub(crate) fn shared_conflict(&self, name: &str) -> Option<Mode> {
+        let slots = self.slots.lock().unwrap();
+        let now = Instant::now();
+        let slot = slots.get(name)?;
+        let held = slot.holds.iter().find(|h| h.2 > now).map(|h| h.1);
+        held.or_else(|| slot.queue.first().map(|q| q.1))
+    }
+
+    /// An acquire of a shared kind, by the waiter with `ticket` (behind
+    /// every waiter when `None`): the fencing token, or the holders'
+    /// remaining lease, or the conflicting mode.
+    pub(crate) fn acquire_shared(
+        &self,
+        name: &str,
+        owner: OwnerToken,
+        mode: Mode,
+        ttl: Duration,
+        ticket: Option<u64>,
+        bug: Option<Bug>,
+    ) -> Result<Result<u64, Option<Duration>>, Mode> {
+        let mut slots = self.slots.lock().unwrap();
+        let slot = slots.entry(name.to_owned()).or_default();
+        let now = Instant::now();
+        if slot.holder.is_some_and(|(_, expires)| expires > now) {
+            return Err(Mode::Exclusive);
+        }
+        let counted = |h: &&(OwnerToken, Mode, Instant)| {
+            h.2 > now || (bug == Some(Bug::ExpiredPermitCounted) && matches!(h.1, Mode::Permit(_)))
+        };
+        let holders: Vec<Mode> = slot
+            .holds
+            .iter()
+            .filter(counted)
+            .map(|h| h.1)
+            .filter(|m| match (bug, mode) {
+                (Some(Bug::ReaderBesideWriter), Mode::Read) => *m != Mode::Write,
+                (Some(Bug::WriterBesideReaders), Mode::Write) => *m != Mode::Read,
+                _ => true,
+            })
+            .collect();
+        let waiters = slot.queue.iter().copied();
+        let ahead: Vec<Mode> = if bug == Some(Bug::LifoWaiters) && ticket.is_some() {
+            waiters
+                .rev()
+                .take_while(|(t, _)| Some(*t) != ticket)
+                .map(|q| q.1)
+                .collect()
+        } else {
+            waiters
+                .take_while(|(t, _)| Some(*t) != ticket)
+                .map(|q| q.1)
+                .collect()
+        };
+        let ahead: Vec<Mode> = match (bug, mode) {
+            (Some(Bug::NoWriterPreference), Mode::Read) => {
+                ahead.into_iter().filter(|m| *m != Mode::Write).collect()
+            }
+            _ => ahead,
+        };
+        let unify = |m: Mode| match (bug, m, mode) {
+            (Some(Bug::PermitCountsUnchecked), Mode::Permit(_), Mode::Permit(_)) => mode,
+            _ => m,
+        };
+        let holders: Vec<Mode> = holders.into_iter().map(unify).collect();
+        let ahead: Vec<Mode> = ahead.into_iter().map(unify).collect();
+        let asked = match (bug, mode) {
+            (Some(Bug::OverAdmitsByOne), Mode::Permit(n)) => Mode::Permit(n + 1),
+            _ => mode,
+        };
+        let admission = match asked.admits(&holders, &ahead) {
+            Admission::Grant
+                if bug == Some(Bug::QueuedReadersOneByOne)
+                    && mode == Mode::Read
+                    && ticket.is_some()
+                    && !holders.is_empty() =>
+            {
+                Admission::Wait
+            }
+            other => other,
+        };
+        match admission {
+            Admission::Conflict(held) => Err(held),
+            Admission::Wait => Ok(Err(slot
+                .holds
+                .iter()
+                .filter(|h| h.2 > now)
+                .map(|h| h.2 - now)
+                .min())),
+            Admission::Grant => {
+                slot.queue.retain(|(t, _)| Some(*t) != ticket);
+                slot.holds.push((owner, mode, now + ttl));
+                Ok(Ok(Self::next_version(slot, mode, bug)))
+            }
+        }
+    }
+
+    fn next_version(slot: &mut Slot, mode: Mode, bug: Option<Bug>) -> u64 {
+        if bug == Some(Bug::FencePerKind) {
+            let kind = match mode {
+                Mode::Read | Mode::Write => "rw".to_owned(),
+                other => other.to_string(),
+            };
+            let version = slot.versions.entry(kind).or_default();
+            *version += 1;
+            return *version;
+        }
+        slot.version += 1;
+        slot.version
+    }
+
+    pub(crate) fn enqueue(&self, name: &str, ticket: u64, mode: Mode) {
+        let mut slots = self.slots.lock().unwrap();
+        slots
+            .entry(name.to_owned())
+            .or_default()
+            .queue
+            .push((ticket, mode));
+    }
+
+    pub(crate) fn dequeue(&self, name: &str, ticket: u64) {
+        let mut slots = self.slots.lock().unwrap();
+        if let Some(slot) = slots.get_mut(name) {
+            slot.queue.retain(|(t, _)| *t != ticket);
+        }
+        self.wakeups.wake(name);
+    }
+
+    /// Releases a shared hold: the owner's live one, or (owner `None`) any.
+    pub(crate) fn release_shared(&self, name: &str, owner: Option<OwnerToken>) -> bool {
+        let mut slots = self.slots.lock().unwrap();
+        let now = Instant::now();
+        let Some(slot) = slots.get_mut(name) else {
+            return false;
+        };
+        let Some(i) = slot
+            .holds
+            .iter()
+            .position(|h| h.2 > now && owner.is_none_or(|o| o == h.0))
+        else {
+            return false;
+        };
+        slot.holds.remove(i);
+        self.wakeups.wake(name);
+        true
+    }
+
+    /// Extends the owner's live shared hold (any, live or not, with
+    /// [`Bug::RenewalResurrects`]).
+    pub(crate) fn extend_shared(
+        &self,
+        name: &str,
+        owner: OwnerToken,
+        ttl: Duration,
+        bug: Option<Bug>,
+    ) -> bool {
+        let mut slots = self.slots.lock().unwrap();
+        let now = Instant::now();
+        let resurrects = bug == Some(Bug::RenewalResurrects);
+        let Some(hold) = slots.get_mut(name).and_then(|slot| {
+            slot.holds
+                .iter_mut()
+                .find(|h| h.0 == owner && (resurrects || h.2 > now))
+        }) else {
+            return false;
+        };
+        hold.2 = now + ttl;
+        true
+    }
+
+    /// A read hold for the live writer `owner`, waiters or not.
+    pub(crate) fn downgrade(
+        &self,
+        name: &str,
+        owner: OwnerToken,
+        reader: OwnerToken,
+        ttl: Duration,
+        bug: Option<Bug>,
+    ) -> Option<u64> {
+        let mut slots = self.slots.lock().unwrap();
+        let now = Instant::now();
+        let slot = slots.get_mut(name)?;
+        slot.holds
+            .iter()
+            .any(|h| h.0 == owner && h.1 == Mode::Write && h.2 > now)
+            .then(|| {
+                slot.holds.push((reader, Mode::Read, now + ttl));
+                Self::next_version(slot, Mode::Read, bug)
+            })
     }
 }

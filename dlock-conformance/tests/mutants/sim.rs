@@ -10,8 +10,8 @@ use dlock_conformance::faults::{FaultyClient, FaultyFactory};
 use dlock_conformance::proxy::{Fault, Link};
 use dlock_core::wait::{Attempt, Backoff, Deadline, on_arrival, wait_for_lock};
 use dlock_core::{
-    Backend, Capabilities, Error, Lease, LeaseKind, LockInfo, LockOptions, LockPage, OwnerToken,
-    Result, async_trait, validate_name,
+    Backend, Capabilities, Error, Lease, LeaseKind, LockInfo, LockOptions, LockPage, Mode,
+    OwnerToken, Result, async_trait, validate_name,
 };
 use tokio::sync::watch;
 use tokio::time::{Instant, sleep, timeout};
@@ -103,7 +103,60 @@ impl Sim {
         })
     }
 
+    /// An attempt at a shared kind of lock, by the waiter with `ticket`.
+    async fn attempt_shared(
+        &self,
+        name: &str,
+        opts: &LockOptions,
+        ticket: Option<u64>,
+    ) -> Result<Attempt> {
+        let owner = OwnerToken::random()?;
+        let sent = Instant::now();
+        let (mode, ttl, bug) = (opts.mode_value(), opts.ttl_value(), self.bug);
+        let granted = self
+            .call(|s| s.acquire_shared(name, owner, mode, ttl, ticket, bug))
+            .await?;
+        match granted {
+            Err(held) => Err(Error::ModeConflict {
+                name: name.to_owned(),
+                held,
+                asked: mode,
+            }),
+            Ok(Err(expires_in)) => Ok(Attempt::Held { expires_in }),
+            Ok(Ok(token)) => Ok(on_arrival(
+                self,
+                Lease::with_ttl(name, owner, token, opts, sent),
+            )),
+        }
+    }
+
+    /// Acquire's wait for a shared kind of lock, in the server's queue.
+    async fn wait_shared(
+        &self,
+        name: &str,
+        opts: &LockOptions,
+        deadline: Deadline,
+    ) -> Result<Lease> {
+        if let Attempt::Acquired(lease) = self.attempt_shared(name, opts, None).await? {
+            return Ok(lease);
+        }
+        let place = Place {
+            server: self.server.clone(),
+            name: name.to_owned(),
+            ticket: fastrand::u64(..),
+        };
+        self.server.enqueue(name, place.ticket, opts.mode_value());
+        let backoff = Backoff::new(Duration::from_millis(20), Duration::from_millis(200));
+        wait_for_lock(name, deadline, Some(&self.server.wakeups), backoff, || {
+            self.attempt_shared(name, opts, Some(place.ticket))
+        })
+        .await
+    }
+
     async fn attempt(&self, name: &str, opts: &LockOptions) -> Result<Attempt> {
+        if opts.mode_value() != Mode::Exclusive {
+            return self.attempt_shared(name, opts, None).await;
+        }
         let owner = OwnerToken::random()?;
         let sent = Instant::now();
         let ttl = opts.ttl_value();
@@ -123,7 +176,25 @@ impl Sim {
                 None => Ok(self.call(|s| s.set(name, owner, ttl)).await?),
             }
         } else {
-            self.call(|s| s.acquire(name, owner, ttl)).await?
+            // The kind check and the grant in one request, as a driver's
+            // script would do them.
+            let granted = self
+                .call(|s| match s.shared_conflict(name) {
+                    Some(held) => Err(held),
+                    None => Ok(s.acquire(name, owner, ttl)),
+                })
+                .await?;
+            match granted {
+                Ok(granted) => granted,
+                Err(held) => {
+                    cleanup.sim = None;
+                    return Err(Error::ModeConflict {
+                        name: name.to_owned(),
+                        held,
+                        asked: Mode::Exclusive,
+                    });
+                }
+            }
         };
         cleanup.sim = None;
         let version = match granted {
@@ -149,6 +220,19 @@ impl Sim {
             return Ok(Attempt::Acquired(lease));
         }
         Ok(on_arrival(self, lease))
+    }
+}
+
+/// A waiter's place in the server's queue, given up when dropped.
+struct Place {
+    server: Arc<Server>,
+    name: String,
+    ticket: u64,
+}
+
+impl Drop for Place {
+    fn drop(&mut self) {
+        self.server.dequeue(&self.name, self.ticket);
     }
 }
 
@@ -178,6 +262,11 @@ impl Backend for Sim {
         caps.cleanup = true;
         caps.delayed_release = true;
         caps.batch_extend = true;
+        // The shared kinds queue their waiters (the mutex cases judge no
+        // order).
+        caps.fifo = true;
+        caps.rwlock = true;
+        caps.semaphore = true;
         caps
     }
 
@@ -191,6 +280,10 @@ impl Backend for Sim {
         validate_name(name)?;
         opts.validate()?;
         let deadline = Deadline::after(opts.wait_value());
+        if opts.mode_value() != Mode::Exclusive {
+            let wait = self.wait_shared(name, opts, deadline);
+            return deadline.bound(name, REQUEST_TIMEOUT, wait).await;
+        }
         let (wakeups, backoff) = if self.has(Bug::NoWakeup) {
             // No poll of its own either: `wait_for_lock` cuts each sleep
             // at the holder's expiry and at the wait bound, so a release
@@ -214,7 +307,12 @@ impl Backend for Sim {
     async fn release(&self, lease: &Lease) -> Result<()> {
         let owner = (!self.has(Bug::ReleaseWithoutOwnerCheck)).then_some(lease.owner());
         let name = lease.name();
-        if self.call(|s| s.release(name, owner)).await? || owner.is_none() {
+        let released = if lease.mode() == Mode::Exclusive {
+            self.call(|s| s.release(name, owner)).await?
+        } else {
+            self.call(|s| s.release_shared(name, owner)).await?
+        };
+        if released || owner.is_none() {
             Ok(())
         } else {
             Err(Error::NotHeld {
@@ -263,7 +361,14 @@ impl Backend for Sim {
         if !self.has(Bug::ExtendDoesNothing) {
             let (name, owner) = (lease.name(), lease.owner());
             let ttl = lease.ttl().unwrap_or_default();
-            if !self.call(|s| s.extend(name, owner, ttl)).await? {
+            let (mode, bug) = (lease.mode(), self.bug);
+            let extended = if mode == Mode::Exclusive {
+                self.call(|s| s.extend(name, owner, ttl)).await?
+            } else {
+                self.call(|s| s.extend_shared(name, owner, ttl, bug))
+                    .await?
+            };
+            if !extended {
                 return Err(Error::NotHeld {
                     name: name.to_owned(),
                 });
@@ -296,6 +401,27 @@ impl Backend for Sim {
             }
         }
         Ok(held)
+    }
+
+    async fn downgrade(&self, write: &Lease, opts: &LockOptions) -> Result<Lease> {
+        let opts = opts.clone().read();
+        let not_held = || Error::NotHeld {
+            name: write.name().to_owned(),
+        };
+        if self.has(Bug::DowngradeReleasesFirst) {
+            self.release(write).await?;
+            return self
+                .try_acquire(write.name(), &opts)
+                .await?
+                .ok_or_else(not_held);
+        }
+        let (reader, sent, bug) = (OwnerToken::random()?, Instant::now(), self.bug);
+        let (name, owner, ttl) = (write.name(), write.owner(), opts.ttl_value());
+        let token = self
+            .call(|s| s.downgrade(name, owner, reader, ttl, bug))
+            .await?
+            .ok_or_else(not_held)?;
+        Ok(Lease::with_ttl(name, reader, token, &opts, sent))
     }
 
     async fn inspect(&self, name: &str) -> Result<Option<LockInfo>> {

@@ -1,0 +1,267 @@
+//! Reader-writer locks: readers share, a writer holds alone, a waiting
+//! writer keeps new readers out, the readers queued behind a writer enter
+//! together, a downgrade lets no writer in, and a name is one kind of lock
+//! at a time.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use dlock_core::{Backend, Error, Lease, LockOptions, Mode};
+use tokio::task::JoinHandle;
+use tokio::time::sleep;
+
+use super::{assert_not_held, needs};
+use crate::support::{long, must_acquire, unique_name};
+
+fn needs_rwlock(backend: &dyn Backend, case: &str) -> bool {
+    let rwlock = backend.capabilities().rwlock;
+    needs(case, rwlock, "the backend has no reader-writer locks")
+}
+
+/// How long a spawned acquire is given to reach the server's queue.
+const QUEUE_TIME: Duration = Duration::from_millis(300);
+
+async fn try_in(backend: &dyn Backend, name: &str, opts: &LockOptions) -> Option<Lease> {
+    backend
+        .try_acquire(name, opts)
+        .await
+        .unwrap_or_else(|e| panic!("try_acquire({name:?}, {}): {e}", opts.mode_value()))
+}
+
+/// Starts a waiting acquire and gives it time to queue.
+async fn waiting(
+    backend: &Arc<dyn Backend>,
+    name: &str,
+    opts: LockOptions,
+) -> JoinHandle<dlock_core::Result<Lease>> {
+    let (backend, name) = (backend.clone(), name.to_owned());
+    let task = tokio::spawn(async move {
+        backend
+            .acquire(&name, &opts.wait(Duration::from_secs(30)))
+            .await
+    });
+    sleep(QUEUE_TIME).await;
+    task
+}
+
+async fn granted(task: JoinHandle<dlock_core::Result<Lease>>, who: &str) -> Lease {
+    task.await
+        .unwrap_or_else(|e| panic!("{who}'s task: {e}"))
+        .unwrap_or_else(|e| panic!("{who} was not granted: {e}"))
+}
+
+/// Two readers hold at once; no writer beside them; once they are gone a
+/// writer holds alone, with no reader beside it.
+pub async fn readers_share_and_writers_hold_alone(backend: &Arc<dyn Backend>) {
+    let case = "readers_share_and_writers_hold_alone";
+    if !needs_rwlock(backend.as_ref(), case) {
+        return;
+    }
+    let name = unique_name(case);
+    let b = backend.as_ref();
+    let first = must_acquire(b, &name, &long().read()).await;
+    let second = try_in(b, &name, &long().read())
+        .await
+        .expect("a second reader beside a reader was refused: readers must share");
+    assert!(
+        try_in(b, &name, &long().write()).await.is_none(),
+        "a writer was granted beside two readers"
+    );
+    b.release(&first).await.expect("release a reader");
+    b.release(&second).await.expect("release a reader");
+    let writer = try_in(b, &name, &long().write())
+        .await
+        .expect("a writer was refused a free lock");
+    assert!(
+        try_in(b, &name, &long().read()).await.is_none(),
+        "a reader was granted beside a writer"
+    );
+    assert!(
+        try_in(b, &name, &long().write()).await.is_none(),
+        "a second writer was granted beside a writer"
+    );
+    b.release(&writer).await.expect("release the writer");
+}
+
+/// While a writer waits for readers to finish, a new reader is not let in
+/// (else a steady stream of readers starves writers for ever).
+pub async fn a_waiting_writer_keeps_new_readers_out(backend: &Arc<dyn Backend>) {
+    let case = "a_waiting_writer_keeps_new_readers_out";
+    if !needs_rwlock(backend.as_ref(), case) {
+        return;
+    }
+    let name = unique_name(case);
+    let b = backend.as_ref();
+    let reader = must_acquire(b, &name, &long().read()).await;
+    let writer = waiting(backend, &name, long().write()).await;
+    assert!(
+        !writer.is_finished(),
+        "a writer was granted beside a reader"
+    );
+    if let Some(late) = try_in(b, &name, &long().read()).await {
+        b.release(&late).await.ok();
+        panic!("a new reader was let in while a writer waited: writers can starve");
+    }
+    b.release(&reader).await.expect("release the reader");
+    let writer = granted(writer, "the waiting writer").await;
+    b.release(&writer).await.expect("release the writer");
+}
+
+/// Readers queued behind a writer all enter when it releases, together,
+/// before a writer that queued after them.
+pub async fn queued_readers_enter_together(backend: &Arc<dyn Backend>) {
+    let case = "queued_readers_enter_together";
+    if !needs_rwlock(backend.as_ref(), case) {
+        return;
+    }
+    let name = unique_name(case);
+    let b = backend.as_ref();
+    let writer = must_acquire(b, &name, &long().write()).await;
+    let first = waiting(backend, &name, long().read()).await;
+    let second = waiting(backend, &name, long().read()).await;
+    let next_writer = waiting(backend, &name, long().write()).await;
+    b.release(&writer).await.expect("release the writer");
+    // Neither reader releases before both hold: readers admitted one at
+    // a time would leave the second waiting here for ever.
+    let first = granted(first, "the first queued reader").await;
+    let second = granted(second, "the second queued reader").await;
+    assert!(
+        !next_writer.is_finished(),
+        "a writer queued after the readers was granted beside them"
+    );
+    b.release(&first).await.expect("release a reader");
+    b.release(&second).await.expect("release a reader");
+    let next_writer = granted(next_writer, "the writer queued after the readers").await;
+    b.release(&next_writer).await.expect("release the writer");
+}
+
+/// A writer that downgrades holds a read lock before its write lock ends,
+/// so a writer waiting meanwhile gets in only after the downgraded reader
+/// is done (a downgrade that releases first lets it in between).
+pub async fn a_downgrade_lets_no_writer_in(backend: &Arc<dyn Backend>) {
+    let case = "a_downgrade_lets_no_writer_in";
+    if !needs_rwlock(backend.as_ref(), case) {
+        return;
+    }
+    let name = unique_name(case);
+    let b = backend.as_ref();
+    let writer = must_acquire(b, &name, &long().write()).await;
+    let next_writer = waiting(backend, &name, long().write()).await;
+    let reader = b
+        .downgrade(&writer, &long())
+        .await
+        .expect("a write holder's downgrade was refused");
+    assert_eq!(reader.mode(), Mode::Read, "a downgrade gave {:?}", reader);
+    assert!(
+        reader.fencing_token() > writer.fencing_token(),
+        "the downgrade's token {} is not above the writer's {}",
+        reader.fencing_token(),
+        writer.fencing_token()
+    );
+    b.release(&writer).await.expect("release the write lock");
+    sleep(QUEUE_TIME).await;
+    assert!(
+        !next_writer.is_finished(),
+        "a waiting writer got in between a downgrade and the reader's release"
+    );
+    b.release(&reader)
+        .await
+        .expect("release the downgraded reader");
+    let next_writer = granted(next_writer, "the waiting writer").await;
+    // A lease that is no longer the write holder cannot downgrade.
+    assert_not_held(
+        b.downgrade(&writer, &long()).await,
+        "downgrade of a released write lease",
+    );
+    b.release(&next_writer).await.expect("release the writer");
+}
+
+/// A name is one kind of lock at a time: a reader-writer lock, a mutex
+/// and semaphores of other sizes are refused with `ModeConflict` while it
+/// is held, never granted beside its holders.
+pub async fn one_name_is_one_kind_of_lock(backend: &Arc<dyn Backend>) {
+    let case = "one_name_is_one_kind_of_lock";
+    let caps = backend.capabilities();
+    if !needs(
+        case,
+        caps.rwlock || caps.semaphore,
+        "the backend has only mutexes",
+    ) {
+        return;
+    }
+    let name = unique_name(case);
+    let b = backend.as_ref();
+    let (held, others) = if caps.semaphore {
+        let a = must_acquire(b, &name, &long().permits(2)).await;
+        let second = must_acquire(b, &name, &long().permits(2)).await;
+        (vec![a, second], vec![long().permits(3), long()])
+    } else {
+        (
+            vec![must_acquire(b, &name, &long().read()).await],
+            vec![long()],
+        )
+    };
+    for opts in others {
+        match b.try_acquire(&name, &opts).await {
+            Err(Error::ModeConflict { .. }) => {}
+            Ok(Some(lease)) => {
+                b.release(&lease).await.ok();
+                panic!(
+                    "a {} was granted on a name held as a {}",
+                    opts.mode_value(),
+                    held[0].mode()
+                );
+            }
+            other => panic!(
+                "a {} on a name held as a {}: expected ModeConflict, got {other:?}",
+                opts.mode_value(),
+                held[0].mode()
+            ),
+        }
+    }
+    for lease in held {
+        b.release(&lease).await.expect("release");
+    }
+}
+
+/// Fencing tokens increase over every grant of a name, whatever its kind:
+/// a mutex, then writers and readers, then permits.
+pub async fn fencing_increases_across_kinds(backend: &Arc<dyn Backend>) {
+    let case = "fencing_increases_across_kinds";
+    let caps = backend.capabilities();
+    if !needs(
+        case,
+        caps.fencing && caps.rwlock && caps.semaphore,
+        "the backend lacks fencing, reader-writer locks or semaphores",
+    ) {
+        return;
+    }
+    let name = unique_name(case);
+    let b = backend.as_ref();
+    let mut last = 0;
+    for opts in [
+        long(),
+        long().write(),
+        long().read(),
+        long().permits(2),
+        long(),
+    ] {
+        let first = must_acquire(b, &name, &opts).await;
+        let mut leases = vec![first];
+        if opts.mode_value().is_shared() {
+            leases.push(must_acquire(b, &name, &opts).await);
+        }
+        for lease in &leases {
+            assert!(
+                lease.fencing_token() > last,
+                "a {} got token {} after an earlier grant's {last}",
+                opts.mode_value(),
+                lease.fencing_token()
+            );
+            last = lease.fencing_token();
+        }
+        for lease in leases {
+            b.release(&lease).await.expect("release");
+        }
+    }
+}

@@ -1,0 +1,179 @@
+//! Semaphores: exactly N holders, a dead holder's permit frees at its TTL
+//! and cannot be renewed back, release frees only one's own permit,
+//! waiters are served in order.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use dlock_core::{Backend, LockOptions};
+use tokio::time::sleep;
+
+use super::{SHORT_TTL, assert_not_held, foreign_lease, needs, needs_ttl};
+use crate::support::{long, must_acquire, unique_name};
+
+fn needs_semaphore(backend: &dyn Backend, case: &str) -> bool {
+    let semaphore = backend.capabilities().semaphore;
+    needs(case, semaphore, "the backend has no semaphores")
+}
+
+/// Takes `count` permits, each of which must be granted.
+async fn take(
+    backend: &dyn Backend,
+    name: &str,
+    opts: &LockOptions,
+    count: u32,
+) -> Vec<dlock_core::Lease> {
+    let mut leases = Vec::new();
+    for i in 0..count {
+        match backend.try_acquire(name, opts).await {
+            Ok(Some(lease)) => leases.push(lease),
+            other => panic!(
+                "permit {} of a {} was not granted: {other:?}",
+                i + 1,
+                opts.mode_value()
+            ),
+        }
+    }
+    leases
+}
+
+async fn assert_full(backend: &dyn Backend, name: &str, opts: &LockOptions, why: &str) {
+    match backend.try_acquire(name, opts).await {
+        Ok(None) => {}
+        Ok(Some(lease)) => {
+            backend.release(&lease).await.ok();
+            panic!("a permit beyond a {} was granted: {why}", opts.mode_value());
+        }
+        Err(e) => panic!("try_acquire({name:?}): {e}"),
+    }
+}
+
+async fn release_all(backend: &dyn Backend, leases: Vec<dlock_core::Lease>) {
+    for lease in leases {
+        backend.release(&lease).await.expect("release a permit");
+    }
+}
+
+/// A semaphore of 3 admits 3 holders, not 2 and not 4; a released permit
+/// is granted again.
+pub async fn a_semaphore_admits_exactly_its_permits(backend: &Arc<dyn Backend>) {
+    let case = "a_semaphore_admits_exactly_its_permits";
+    if !needs_semaphore(backend.as_ref(), case) {
+        return;
+    }
+    let name = unique_name(case);
+    let b = backend.as_ref();
+    let opts = long().permits(3);
+    let mut leases = take(b, &name, &opts, 3).await;
+    assert_full(b, &name, &opts, "3 were already held").await;
+    b.release(&leases.remove(0))
+        .await
+        .expect("release a permit");
+    leases.extend(take(b, &name, &opts, 1).await);
+    assert_full(b, &name, &opts, "3 were held again").await;
+    release_all(b, leases).await;
+}
+
+/// A permit whose holder stopped renewing frees its place at its TTL, and
+/// renewing it afterwards fails and does not bring it back (else a
+/// semaphore would fill up with the dead, or over-admit when they return).
+pub async fn an_expired_permit_frees_its_place_for_good(backend: &Arc<dyn Backend>) {
+    let case = "an_expired_permit_frees_its_place_for_good";
+    if !needs_semaphore(backend.as_ref(), case) || !needs_ttl(backend.as_ref(), case) {
+        return;
+    }
+    let name = unique_name(case);
+    let b = backend.as_ref();
+    let short = LockOptions::new().ttl(SHORT_TTL).permits(2);
+    let mut dead = take(b, &name, &short, 2).await;
+    sleep(SHORT_TTL * 2).await;
+    let opts = long().permits(2);
+    let living = take(b, &name, &opts, 2).await;
+    for lease in &mut dead {
+        assert_not_held(b.extend(lease).await, "extend of an expired permit");
+    }
+    assert_full(
+        b,
+        &name,
+        &opts,
+        "2 are held, the expired ones renewed in between",
+    )
+    .await;
+    release_all(b, living).await;
+}
+
+/// Release frees only the caller's own permit: a forged lease and a
+/// released one free nothing.
+pub async fn a_permit_release_frees_only_its_own(backend: &Arc<dyn Backend>) {
+    let case = "a_permit_release_frees_only_its_own";
+    if !needs_semaphore(backend.as_ref(), case) {
+        return;
+    }
+    let name = unique_name(case);
+    let b = backend.as_ref();
+    let opts = long().permits(2);
+    let mut leases = take(b, &name, &opts, 2).await;
+    assert_not_held(
+        b.release(&foreign_lease(&name, &opts)).await,
+        "release of a permit never granted",
+    );
+    assert_full(b, &name, &opts, "a forged release freed a holder's permit").await;
+    let first = leases.remove(0);
+    b.release(&first).await.expect("release a permit");
+    leases.extend(take(b, &name, &opts, 1).await);
+    assert_not_held(b.release(&first).await, "a second release of a permit");
+    assert_full(
+        b,
+        &name,
+        &opts,
+        "a second release freed another holder's permit",
+    )
+    .await;
+    release_all(b, leases).await;
+}
+
+/// Waiters for a permit are served in arrival order: the first to wait
+/// gets the permit freed, and a newcomer does not jump the queue.
+pub async fn permit_waiters_are_served_in_order(backend: &Arc<dyn Backend>) {
+    let case = "permit_waiters_are_served_in_order";
+    let caps = backend.capabilities();
+    if !needs_semaphore(backend.as_ref(), case)
+        || !needs(case, caps.fifo, "the backend does not queue waiters")
+    {
+        return;
+    }
+    let name = unique_name(case);
+    let b = backend.as_ref();
+    let opts = long().permits(1);
+    let holder = must_acquire(b, &name, &opts).await;
+    let mut waiters = Vec::new();
+    for _ in 0..2 {
+        let (backend, name, opts) = (backend.clone(), name.clone(), opts.clone());
+        waiters.push(tokio::spawn(async move {
+            backend
+                .acquire(&name, &opts.wait(Duration::from_secs(30)))
+                .await
+        }));
+        sleep(Duration::from_millis(300)).await;
+    }
+    assert_full(b, &name, &opts, "waiters were queued for it").await;
+    b.release(&holder).await.expect("release");
+    assert_full(b, &name, &opts, "a newcomer jumped the queue").await;
+    let second = waiters.remove(1);
+    let first = waiters
+        .remove(0)
+        .await
+        .expect("the first waiter's task")
+        .expect("the first waiter was not granted");
+    sleep(Duration::from_millis(300)).await;
+    assert!(
+        !second.is_finished(),
+        "the second waiter was granted beside the first"
+    );
+    b.release(&first).await.expect("release");
+    let second = second
+        .await
+        .expect("the second waiter's task")
+        .expect("the second waiter was not granted");
+    b.release(&second).await.expect("release");
+}

@@ -1,0 +1,211 @@
+//! Reader-writer locks and semaphores on a [`Locker`]: the handles, the
+//! capability check, and the refusal of a read → write upgrade.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
+
+use crate::{Error, Guard, Lease, LockOptions, Locker, Mode, Result};
+
+/// How many read holds a locker (and its clones) has per name, so that a
+/// write acquire of a name it reads fails at once instead of waiting for
+/// itself.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Readers(Arc<Mutex<HashMap<String, usize>>>);
+
+/// One read hold counted in [`Readers`], uncounted when dropped.
+#[derive(Debug)]
+pub(crate) struct ReadMark {
+    readers: Readers,
+    name: String,
+}
+
+impl Readers {
+    fn with<T>(&self, f: impl FnOnce(&mut HashMap<String, usize>) -> T) -> T {
+        f(&mut self.0.lock().unwrap_or_else(PoisonError::into_inner))
+    }
+
+    pub(crate) fn mark(&self, lease: &Lease) -> Option<ReadMark> {
+        if lease.mode() != Mode::Read {
+            return None;
+        }
+        self.with(|names| *names.entry(lease.name().to_owned()).or_default() += 1);
+        Some(ReadMark {
+            readers: self.clone(),
+            name: lease.name().to_owned(),
+        })
+    }
+
+    fn reads(&self, name: &str) -> bool {
+        self.with(|names| names.contains_key(name))
+    }
+}
+
+impl Drop for ReadMark {
+    fn drop(&mut self) {
+        self.readers.with(|names| {
+            if let Some(count) = names.get_mut(&self.name) {
+                *count -= 1;
+                if *count == 0 {
+                    names.remove(&self.name);
+                }
+            }
+        });
+    }
+}
+
+impl Locker {
+    /// Refuses what the backend cannot do and what would wait for itself.
+    pub(crate) fn check_mode(&self, name: &str, opts: &LockOptions) -> Result<()> {
+        let caps = self.backend.capabilities();
+        let unsupported = |operation| Error::Unsupported {
+            backend: self.backend.driver(),
+            operation,
+        };
+        match opts.mode_value() {
+            Mode::Read | Mode::Write if !caps.rwlock => Err(unsupported("reader-writer lock")),
+            Mode::Permit(_) if !caps.semaphore => Err(unsupported("semaphore")),
+            Mode::Write if self.readers.reads(name) => Err(Error::Upgrade {
+                name: name.to_owned(),
+            }),
+            _ => Ok(()),
+        }
+    }
+
+    /// Waits for the read side of `name`'s reader-writer lock: shared with
+    /// other readers, never with a writer, and behind any writer already
+    /// waiting. `opts`' mode is ignored.
+    ///
+    /// # Errors
+    /// As [`Locker::acquire`].
+    pub async fn read(&self, name: &str, opts: &LockOptions) -> Result<Guard> {
+        self.acquire(name, &opts.clone().read()).await
+    }
+
+    /// Waits for the write side of `name`'s reader-writer lock: held alone.
+    /// `opts`' mode is ignored.
+    ///
+    /// # Errors
+    /// As [`Locker::acquire`], including [`Error::Upgrade`] when this
+    /// locker holds `name` for reading.
+    pub async fn write(&self, name: &str, opts: &LockOptions) -> Result<Guard> {
+        self.acquire(name, &opts.clone().write()).await
+    }
+
+    /// One attempt at the read side: `None` while a writer holds or waits.
+    ///
+    /// # Errors
+    /// As [`Locker::acquire`].
+    pub async fn try_read(&self, name: &str, opts: &LockOptions) -> Result<Option<Guard>> {
+        self.try_acquire(name, &opts.clone().read()).await
+    }
+
+    /// One attempt at the write side: `None` while anyone holds or waits.
+    ///
+    /// # Errors
+    /// As [`Locker::write`].
+    pub async fn try_write(&self, name: &str, opts: &LockOptions) -> Result<Option<Guard>> {
+        self.try_acquire(name, &opts.clone().write()).await
+    }
+
+    /// Takes a read hold while holding `write`, the name's write lock,
+    /// without letting a waiting writer in between; then release `write`
+    /// to let other readers in (see [`Backend::downgrade`](crate::Backend::downgrade)).
+    /// `opts` gives the read hold's TTL and renewal.
+    ///
+    /// # Errors
+    /// [`Error::NotHeld`] if `write` is not a live write hold;
+    /// [`Error::Unsupported`] where the backend has no reader-writer locks.
+    pub async fn downgrade(&self, write: &Guard, opts: &LockOptions) -> Result<Guard> {
+        if write.mode() != Mode::Write {
+            return Err(Error::NotHeld {
+                name: write.name().to_owned(),
+            });
+        }
+        self.check_mode(write.name(), &opts.clone().read())?;
+        let lease = self.backend.downgrade(write.lease(), opts).await?;
+        Ok(self.guard(lease, opts.renew_value()))
+    }
+
+    /// The semaphore of `permits` named `name`: at most `permits` holders
+    /// at once, across every process that uses it with the same count.
+    pub fn semaphore(&self, name: &str, permits: u32) -> Semaphore {
+        Semaphore {
+            locker: self.clone(),
+            name: name.to_owned(),
+            permits,
+        }
+    }
+}
+
+/// A counting semaphore over a [`Locker`]: at most `permits` holders of its
+/// name at once, waiters served first come, first served, every permit a
+/// lease with renewal, `lost()` and a fencing token.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> dlock_core::Result<()> {
+/// use dlock_core::{LockOptions, Locker, MemoryBackend};
+///
+/// let locker = Locker::new(MemoryBackend::new());
+/// let api = locker.semaphore("partner-api", 2);
+/// let a = api.acquire(&LockOptions::new()).await?;
+/// let b = api.acquire(&LockOptions::new()).await?;
+/// assert!(api.try_acquire(&LockOptions::new()).await?.is_none());
+/// a.release().await?;
+/// b.release().await?;
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Debug, Clone)]
+pub struct Semaphore {
+    locker: Locker,
+    name: String,
+    permits: u32,
+}
+
+impl Semaphore {
+    fn opts(&self, opts: &LockOptions) -> LockOptions {
+        opts.clone().permits(self.permits)
+    }
+
+    /// Waits for a permit up to the options' wait bound (the options' mode
+    /// is ignored).
+    ///
+    /// # Errors
+    /// As [`Locker::acquire`]; [`Error::ModeConflict`] when the name is in
+    /// use with another number of permits or as another kind of lock.
+    pub async fn acquire(&self, opts: &LockOptions) -> Result<Guard> {
+        self.locker.acquire(&self.name, &self.opts(opts)).await
+    }
+
+    /// One attempt: a permit if one is free and nobody waits ahead.
+    ///
+    /// # Errors
+    /// As [`Semaphore::acquire`].
+    pub async fn try_acquire(&self, opts: &LockOptions) -> Result<Option<Guard>> {
+        self.locker.try_acquire(&self.name, &self.opts(opts)).await
+    }
+
+    /// Runs `f` while holding a permit, then releases it; see
+    /// [`Locker::with_lock`].
+    ///
+    /// # Errors
+    /// As [`Locker::with_lock`].
+    pub async fn with_permit<T>(
+        &self,
+        opts: &LockOptions,
+        f: impl AsyncFnOnce(&Guard) -> T,
+    ) -> Result<T> {
+        self.locker.with_lock(&self.name, &self.opts(opts), f).await
+    }
+
+    /// The semaphore's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// How many holders it admits at once.
+    pub fn permits(&self) -> u32 {
+        self.permits
+    }
+}
