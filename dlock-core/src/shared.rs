@@ -209,3 +209,103 @@ impl Semaphore {
         self.permits
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::MemoryBackend;
+
+    fn quick() -> LockOptions {
+        LockOptions::new().wait(Duration::from_secs(30))
+    }
+
+    #[tokio::test]
+    async fn a_reader_asking_to_write_fails_at_once_instead_of_waiting_for_itself() {
+        let locker = Locker::new(MemoryBackend::new());
+        let reader = locker.read("config", &quick()).await.unwrap();
+        let clone = locker.clone();
+        let upgrade = tokio::time::timeout(Duration::from_secs(5), clone.write("config", &quick()))
+            .await
+            .expect("the upgrade waited");
+        assert!(matches!(upgrade, Err(Error::Upgrade { .. })), "{upgrade:?}");
+        // Another name, and the same name once the read hold is gone, are
+        // writable.
+        locker
+            .write("other", &quick())
+            .await
+            .unwrap()
+            .release()
+            .await
+            .unwrap();
+        reader.release().await.unwrap();
+        locker
+            .write("config", &quick())
+            .await
+            .unwrap()
+            .release()
+            .await
+            .unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_downgrade_keeps_the_name_read_locked_after_the_write_lock_ends() {
+        let memory = MemoryBackend::new();
+        let (locker, elsewhere) = (Locker::new(memory.clone()), Locker::new(memory));
+        let writer = locker.write("doc", &quick()).await.unwrap();
+        let reader = locker.downgrade(&writer, &quick()).await.unwrap();
+        writer.release().await.unwrap();
+        assert_eq!(reader.mode(), Mode::Read);
+        let write = elsewhere.try_write("doc", &LockOptions::new()).await;
+        assert!(matches!(write, Ok(None)), "{write:?}");
+        let other = elsewhere.try_read("doc", &LockOptions::new()).await;
+        assert!(
+            matches!(other, Ok(Some(_))),
+            "a second reader was refused: {other:?}"
+        );
+        // Only a write guard downgrades.
+        assert!(matches!(
+            locker.downgrade(&reader, &quick()).await,
+            Err(Error::NotHeld { .. })
+        ));
+    }
+
+    #[tokio::test]
+    async fn a_semaphore_handle_holds_its_permits() {
+        let locker = Locker::new(MemoryBackend::new());
+        let pool = locker.semaphore("pool", 2);
+        let ran = pool
+            .with_permit(&quick(), async |permit| {
+                assert_eq!(permit.mode(), Mode::Permit(2));
+                7
+            })
+            .await
+            .unwrap();
+        assert_eq!(ran, 7);
+        let held = [
+            pool.acquire(&quick()).await.unwrap(),
+            pool.acquire(&quick()).await.unwrap(),
+        ];
+        assert!(pool.try_acquire(&quick()).await.unwrap().is_none());
+        let bigger = locker.semaphore("pool", 3).try_acquire(&quick()).await;
+        assert!(
+            matches!(bigger, Err(Error::ModeConflict { .. })),
+            "{bigger:?}"
+        );
+        let zero = locker.semaphore("zero", 0).try_acquire(&quick()).await;
+        assert!(
+            matches!(
+                zero,
+                Err(Error::InvalidOption {
+                    option: "permits",
+                    ..
+                })
+            ),
+            "{zero:?}"
+        );
+        for permit in held {
+            permit.release().await.unwrap();
+        }
+    }
+}

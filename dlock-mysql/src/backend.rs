@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use dlock_core::wait::{Wakeups, bounded_acquire, check_request};
+use dlock_core::wait::{Wakeups, bounded_acquire, check_request, mutex_only};
 use dlock_core::{
     Backend, Capabilities, Lease, LeaseKind, LockInfo, LockOptions, LockPage, Result, async_trait,
     check_hold, validate_name,
@@ -91,10 +91,12 @@ impl Backend for MySqlBackend {
 
     async fn try_acquire(&self, name: &str, opts: &LockOptions) -> Result<Option<Lease>> {
         check_request(name, opts)?;
+        mutex_only(self.driver(), opts)?;
         Ok(self.attempt(name, opts).await?.into_lease())
     }
 
     async fn acquire(&self, name: &str, opts: &LockOptions) -> Result<Lease> {
+        mutex_only(self.driver(), opts)?;
         let request_timeout = self.inner.request_timeout;
         bounded_acquire(name, opts, request_timeout, |deadline| {
             self.wait(name, opts, deadline)

@@ -5,7 +5,7 @@ use std::fmt;
 use std::sync::{Arc, PoisonError, RwLock};
 use std::time::Duration;
 
-use dlock_core::wait::{bounded_acquire, check_request};
+use dlock_core::wait::{bounded_acquire, check_request, mutex_only};
 use dlock_core::{
     Backend, Capabilities, Lease, LeaseKind, LockInfo, LockOptions, LockPage, Result, async_trait,
 };
@@ -136,11 +136,13 @@ impl Backend for RedisBackend {
 
     async fn try_acquire(&self, name: &str, opts: &LockOptions) -> Result<Option<Lease>> {
         check_request(name, opts)?;
+        mutex_only(self.driver(), opts)?;
         let attempt = self.attempt(name, &self.keys(name), opts, "").await?;
         Ok(attempt.into_lease())
     }
 
     async fn acquire(&self, name: &str, opts: &LockOptions) -> Result<Lease> {
+        mutex_only(self.driver(), opts)?;
         let wait = |deadline| self.wait(name, opts, deadline);
         bounded_acquire(name, opts, self.inner.request_timeout, wait).await
     }

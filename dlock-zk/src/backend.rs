@@ -6,7 +6,7 @@ use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use dlock_core::wait::{bounded_acquire, check_request};
+use dlock_core::wait::{bounded_acquire, check_request, mutex_only};
 use dlock_core::{
     Backend, Capabilities, Error, Lease, LeaseKind, LockInfo, LockOptions, LockPage, Result,
     async_trait,
@@ -137,10 +137,12 @@ impl Backend for ZkBackend {
 
     async fn try_acquire(&self, name: &str, opts: &LockOptions) -> Result<Option<Lease>> {
         check_request(name, opts)?;
+        mutex_only(self.driver(), opts)?;
         self.within("acquire", self.contend(name, None)).await
     }
 
     async fn acquire(&self, name: &str, opts: &LockOptions) -> Result<Lease> {
+        mutex_only(self.driver(), opts)?;
         let request_timeout = self.request_timeout();
         bounded_acquire(name, opts, request_timeout, |deadline| {
             self.wait(name, deadline)

@@ -9,7 +9,7 @@ use std::time::Duration;
 use tokio::time::sleep;
 
 use crate::undo::release_in_background;
-use crate::{Backend, Lease, LockOptions, Result, validate_name};
+use crate::{Backend, Error, Lease, LockOptions, Result, validate_name};
 
 mod backoff;
 mod deadline;
@@ -163,6 +163,23 @@ where
 pub fn check_request(name: &str, opts: &LockOptions) -> Result<()> {
     validate_name(name)?;
     opts.validate()
+}
+
+/// For a driver with mutexes only: [`Error::Unsupported`] for the shared
+/// kinds of lock ([`Mode::Read`](crate::Mode::Read), `Write`, `Permit`),
+/// which such a driver would otherwise grant as a mutex.
+pub fn mutex_only(driver: &'static str, opts: &LockOptions) -> Result<()> {
+    match opts.mode_value() {
+        crate::Mode::Exclusive => Ok(()),
+        crate::Mode::Permit(_) => Err(Error::Unsupported {
+            backend: driver,
+            operation: "semaphore",
+        }),
+        _ => Err(Error::Unsupported {
+            backend: driver,
+            operation: "reader-writer lock",
+        }),
+    }
 }
 
 /// A driver's whole [`Backend::acquire`]: the request checks, then
