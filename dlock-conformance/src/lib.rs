@@ -10,9 +10,12 @@ pub mod cases;
 pub mod checker;
 pub mod faults;
 pub mod harness;
+mod mutex_as;
 pub mod proxy;
 pub mod support;
 pub mod topology;
+
+pub use mutex_as::MutexAs;
 
 /// A boxed future, as the programmatic suite passes them around.
 pub type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
@@ -83,6 +86,7 @@ macro_rules! __case_list {
             ]
             multi [
                 stress_contended_grants_are_exclusive,
+                stress_shared_grants_respect_their_kind,
                 crashed_holder_frees_the_lock,
                 release_after_outlives_its_client,
             ]

@@ -315,7 +315,10 @@ caught!(
 caught!(
     a_reader_beside_a_writer_is_caught,
     Bug::ReaderBesideWriter,
-    [readers_share_and_writers_hold_alone]
+    [
+        readers_share_and_writers_hold_alone,
+        stress_shared_grants_respect_their_kind
+    ]
 );
 caught!(
     a_writer_beside_readers_is_caught,
@@ -343,7 +346,10 @@ caught!(
 caught!(
     over_admission_by_one_is_caught,
     Bug::OverAdmitsByOne,
-    [a_semaphore_admits_exactly_its_permits]
+    [
+        a_semaphore_admits_exactly_its_permits,
+        stress_shared_grants_respect_their_kind
+    ]
 );
 caught!(
     expired_permits_still_counted_is_caught,

@@ -4,12 +4,13 @@ use std::time::Duration;
 
 use dlock_core::undo::UndoOnDrop;
 use dlock_core::wait::{Attempt, on_arrival};
-use dlock_core::{Error, Lease, LockOptions, OwnerToken, Result};
+use dlock_core::{Error, Lease, LockOptions, Mode, OwnerToken, Result};
 use tokio::time::Instant;
 
 use crate::backend::{NAME, RedisBackend};
 use crate::error::unconfirmed;
 use crate::keys::Keys;
+use crate::shared::held_mode;
 use dlock_core::millis_up;
 
 impl RedisBackend {
@@ -23,6 +24,9 @@ impl RedisBackend {
         opts: &LockOptions,
         waiter: &str,
     ) -> Result<Attempt> {
+        if opts.mode_value() != Mode::Exclusive {
+            return self.attempt_shared(name, keys, opts, waiter).await;
+        }
         let owner = OwnerToken::random()?;
         let sent = Instant::now();
         // Armed until the reply is in: if the request fails or this future is
@@ -60,6 +64,14 @@ impl RedisBackend {
             (0, pttl) => Attempt::Held {
                 expires_in: pttl.parse::<u64>().ok().map(Duration::from_millis),
             },
+            (2, marker) => {
+                cleanup.disarm();
+                return Err(Error::ModeConflict {
+                    name: name.to_owned(),
+                    held: held_mode(&marker),
+                    asked: Mode::Exclusive,
+                });
+            }
             other => return Err(Error::malformed(NAME, "acquire", other)),
         };
         cleanup.disarm();

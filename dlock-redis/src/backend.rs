@@ -5,7 +5,7 @@ use std::fmt;
 use std::sync::{Arc, PoisonError, RwLock};
 use std::time::Duration;
 
-use dlock_core::wait::{bounded_acquire, check_request, mutex_only};
+use dlock_core::wait::{bounded_acquire, check_request};
 use dlock_core::{
     Backend, Capabilities, Lease, LeaseKind, LockInfo, LockOptions, LockPage, Result, async_trait,
 };
@@ -127,6 +127,8 @@ impl Backend for RedisBackend {
         caps.cleanup = true;
         caps.delayed_release = true;
         caps.batch_extend = true;
+        caps.rwlock = true;
+        caps.semaphore = true;
         caps
     }
 
@@ -136,13 +138,11 @@ impl Backend for RedisBackend {
 
     async fn try_acquire(&self, name: &str, opts: &LockOptions) -> Result<Option<Lease>> {
         check_request(name, opts)?;
-        mutex_only(self.driver(), opts)?;
         let attempt = self.attempt(name, &self.keys(name), opts, "").await?;
         Ok(attempt.into_lease())
     }
 
     async fn acquire(&self, name: &str, opts: &LockOptions) -> Result<Lease> {
-        mutex_only(self.driver(), opts)?;
         let wait = |deadline| self.wait(name, opts, deadline);
         bounded_acquire(name, opts, self.inner.request_timeout, wait).await
     }
@@ -161,6 +161,14 @@ impl Backend for RedisBackend {
 
     async fn extend_many(&self, leases: &mut [Lease]) -> Result<Vec<bool>> {
         self.extend_leases(leases).await
+    }
+
+    async fn downgrade(&self, write: &Lease, opts: &LockOptions) -> Result<Lease> {
+        self.downgrade_lease(write, opts).await
+    }
+
+    async fn force_release(&self, name: &str) -> Result<Option<LockInfo>> {
+        self.force_release_any(name).await
     }
 
     async fn list(&self, prefix: &str, cursor: Option<&str>, limit: usize) -> Result<LockPage> {

@@ -1,7 +1,7 @@
 //! Extending leases: one, or a whole batch in one script run (one per
 //! hash slot on a cluster).
 
-use dlock_core::{Error, Lease, Result};
+use dlock_core::{Error, Lease, Mode, Result};
 use tokio::time::Instant;
 
 use crate::backend::{NAME, RedisBackend};
@@ -15,6 +15,15 @@ impl RedisBackend {
     /// Pushes the expiry of the lock `lease` holds (and of its fencing
     /// counter) out by the lease's TTL.
     pub(crate) async fn extend_lease(&self, lease: &mut Lease) -> Result<()> {
+        if lease.mode() != Mode::Exclusive {
+            let held = self.extend_shared(&mut [lease]).await?;
+            return match held.as_slice() {
+                [true] => Ok(()),
+                _ => Err(Error::NotHeld {
+                    name: lease.name().to_owned(),
+                }),
+            };
+        }
         let keys = self.keys(lease.name());
         let ttl = lease.ttl().unwrap_or_default();
         let sent = Instant::now();
@@ -35,6 +44,9 @@ impl RedisBackend {
 
     /// Extends every lease of `leases` it can; says which ones it did.
     pub(crate) async fn extend_leases(&self, leases: &mut [Lease]) -> Result<Vec<bool>> {
+        if leases.iter().any(|l| l.mode() != Mode::Exclusive) {
+            return self.extend_mixed(leases).await;
+        }
         if self.inner.cluster {
             return self.extend_by_slot(leases).await;
         }
@@ -67,6 +79,44 @@ impl RedisBackend {
                 held == 1
             })
             .collect())
+    }
+
+    /// A batch with shared holds in it: the mutexes' leases as usual, the
+    /// shared ones by their own script, both at once.
+    async fn extend_mixed(&self, leases: &mut [Lease]) -> Result<Vec<bool>> {
+        let (shared_at, mutex_at): (Vec<usize>, Vec<usize>) =
+            (0..leases.len()).partition(|&i| leases[i].mode() != Mode::Exclusive);
+        let mut mutexes: Vec<Lease> = mutex_at.iter().map(|&i| leases[i].clone()).collect();
+        let mut shared: Vec<Lease> = shared_at.iter().map(|&i| leases[i].clone()).collect();
+        let (mutex_held, shared_held) = futures_util::future::join(
+            async {
+                if mutexes.is_empty() {
+                    Ok(Vec::new())
+                } else {
+                    Box::pin(self.extend_leases(&mut mutexes)).await
+                }
+            },
+            async {
+                let mut refs: Vec<&mut Lease> = shared.iter_mut().collect();
+                self.extend_shared(&mut refs).await
+            },
+        )
+        .await;
+        // The copies carry the moved deadlines of what was extended.
+        for (&i, lease) in mutex_at.iter().zip(mutexes) {
+            leases[i] = lease;
+        }
+        for (&i, lease) in shared_at.iter().zip(shared) {
+            leases[i] = lease;
+        }
+        let mut held = vec![false; leases.len()];
+        for (&i, h) in mutex_at.iter().zip(mutex_held?) {
+            held[i] = h;
+        }
+        for (&i, h) in shared_at.iter().zip(shared_held?) {
+            held[i] = h;
+        }
+        Ok(held)
     }
 
     /// `extend_many` on a cluster: a script may touch one slot only, so one

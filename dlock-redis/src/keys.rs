@@ -4,7 +4,9 @@
 //!
 //! | key | type | holds |
 //! |---|---|---|
-//! | `P:{E}` | string, with a PX expiry | the holder's owner token, 32 hex digits |
+//! | `P:{E}` | string, with a PX expiry | the holder's owner token, 32 hex digits; for a reader-writer lock or semaphore, its marker (`~rw`, `~s<N>`) |
+//! | `P:{E}:h` | sorted set, with a PX expiry | a reader-writer lock's or semaphore's holds (owner token and mode code), by expiry (server ms) |
+//! | `P:{E}:qm` | hash, with a PX expiry | the mode code and marker of each of their waiters |
 //! | `P:{E}:fence` | string | the last fencing token granted |
 //! | `P:{E}:q` | sorted set, with a PX expiry | the waiters, by arrival (server µs) |
 //! | `P:{E}:qexp` | sorted set, with a PX expiry | when each waiter's place lapses (server ms) |
@@ -26,6 +28,8 @@ pub(crate) struct Keys {
     pub fence: String,
     pub queue: String,
     pub queue_expiry: String,
+    pub holds: String,
+    pub queue_modes: String,
 }
 
 pub(crate) fn keys(prefix: &str, name: &str) -> Keys {
@@ -44,6 +48,8 @@ pub(crate) fn keys(prefix: &str, name: &str) -> Keys {
         fence: format!("{lock}:fence"),
         queue: format!("{lock}:q"),
         queue_expiry: format!("{lock}:qexp"),
+        holds: format!("{lock}:h"),
+        queue_modes: format!("{lock}:qm"),
         lock,
     }
 }

@@ -14,6 +14,7 @@ mod notify;
 mod release;
 mod scripts;
 mod sentinel;
+mod shared;
 mod wait;
 
 pub use backend::RedisBackend;

@@ -68,22 +68,35 @@ impl RedisBackend {
                 pipe.atomic();
                 for name in &names {
                     let keys = self.keys(name);
-                    pipe.get(&keys.lock).pttl(&keys.lock).get(&keys.fence);
+                    pipe.get(&keys.lock)
+                        .pttl(&keys.lock)
+                        .get(&keys.fence)
+                        .zrange(&keys.holds, -1, -1);
                 }
                 pipe.query_async(&mut conn).await
             })
             .await?;
         let mut locks = Vec::new();
-        for (name, reply) in names.into_iter().zip(replies.chunks(3)) {
-            let [owner, pttl, fence] = reply else {
+        for (name, reply) in names.into_iter().zip(replies.chunks(4)) {
+            let [owner, pttl, fence, last_hold] = reply else {
                 return Err(Error::malformed(NAME, "list", reply));
             };
-            let (Ok(Some(owner)), Ok(pttl)) = (
+            let (Ok(Some(mut owner)), Ok(pttl)) = (
                 redis::from_redis_value_ref::<Option<String>>(owner),
                 redis::from_redis_value_ref::<i64>(pttl),
             ) else {
                 continue; // released between SCAN and the read
             };
+            if owner.starts_with('~') {
+                // A reader-writer lock or semaphore: the hold that lasts
+                // longest speaks for it.
+                let last =
+                    redis::from_redis_value_ref::<Vec<String>>(last_hold).unwrap_or_default();
+                match last.first().and_then(|m| m.get(..32)) {
+                    Some(token) => owner = token.to_owned(),
+                    None => continue,
+                }
+            }
             let owner = owner
                 .parse()
                 .map_err(|_| Error::malformed(NAME, "list (owner)", &owner))?;
@@ -100,14 +113,20 @@ impl RedisBackend {
 
     /// The holder of `name`, if any.
     pub(crate) async fn inspect_lock(&self, name: &str) -> Result<Option<LockInfo>> {
+        Ok(self.inspect_with_kind(name).await?.map(|(info, _)| info))
+    }
+
+    /// The holder of `name`, if any, and its marker when it is held as a
+    /// reader-writer lock or a semaphore (`""` for a mutex).
+    pub(crate) async fn inspect_with_kind(&self, name: &str) -> Result<Option<(LockInfo, String)>> {
         validate_name(name)?;
         let keys = self.keys(name);
         let mut invocation = INSPECT.prepare_invoke();
-        invocation.key(&keys.lock).key(&keys.fence);
+        invocation.key(&keys.lock).key(&keys.fence).key(&keys.holds);
         let (reply, _) = self
             .run::<Vec<String>>(&invocation, false, "inspect")
             .await?;
-        let [owner, pttl, fence] = reply.as_slice() else {
+        let [owner, pttl, fence, kind] = reply.as_slice() else {
             return if reply.is_empty() {
                 Ok(None)
             } else {
@@ -121,6 +140,9 @@ impl RedisBackend {
             .parse()
             .map_err(|_| Error::malformed(NAME, "inspect (fence)", fence))?;
         let expires_in = pttl.parse::<u64>().ok().map(Duration::from_millis);
-        Ok(Some(LockInfo::new(owner, fence, expires_in)))
+        Ok(Some((
+            LockInfo::new(owner, fence, expires_in),
+            kind.clone(),
+        )))
     }
 }

@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use dlock_core::undo::retry_for;
-use dlock_core::{Lease, OwnerToken, Result, check_hold};
+use dlock_core::{Lease, Mode, OwnerToken, Result, check_hold};
 use redis::ScriptInvocation;
 
 use crate::backend::RedisBackend;
@@ -18,6 +18,9 @@ impl RedisBackend {
     /// Deletes the lock if `lease` holds it, and wakes the head of its
     /// queue.
     pub(crate) async fn release_lease(&self, lease: &Lease) -> Result<()> {
+        if lease.mode() != Mode::Exclusive {
+            return self.release_shared(lease).await;
+        }
         let keys = self.keys(lease.name());
         let mut invocation = self.release_script(&keys, lease.owner());
         self.mark_replays(&mut invocation, &keys)?;
@@ -31,7 +34,11 @@ impl RedisBackend {
     /// for two request timeouts, and a replay that finds it reports
     /// success; a new call (a new id) is still "not held". The mark is the
     /// script's last key, its id and lifetime the last arguments.
-    fn mark_replays(&self, invocation: &mut ScriptInvocation<'_>, keys: &Keys) -> Result<()> {
+    pub(crate) fn mark_replays(
+        &self,
+        invocation: &mut ScriptInvocation<'_>,
+        keys: &Keys,
+    ) -> Result<()> {
         if self.inner.cluster {
             let remember = millis_up(self.inner.request_timeout).saturating_mul(2);
             invocation
@@ -50,6 +57,9 @@ impl RedisBackend {
         let hold_ms = millis_up(hold);
         if hold_ms == 0 {
             return self.release_lease(lease).await;
+        }
+        if lease.mode() != Mode::Exclusive {
+            return self.hold_shared(lease, hold_ms).await;
         }
         // The key gets the hold's owner and expires on the server's clock.
         // No publish: waiters poll against the remaining TTL, which the

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use dlock_core::undo::{UndoOnDrop, retry_for};
 use dlock_core::wait::{Attempt, Backoff, Deadline, wait_for_lock};
-use dlock_core::{Lease, LockOptions, OwnerToken, Result};
+use dlock_core::{Lease, LockOptions, Mode, OwnerToken, Result};
 
 use crate::backend::RedisBackend;
 use crate::scripts::PLACE_HEARTBEATS;
@@ -89,7 +89,14 @@ impl RedisBackend {
         // to lapse. A grant took it out of the queue already.
         let mut leave = {
             let (backend, name, waiter) = (self.clone(), name.to_owned(), waiter.clone());
-            UndoOnDrop::new(async move { backend.abandon(&name, &waiter).await })
+            let mode = opts.mode_value();
+            UndoOnDrop::new(async move {
+                if mode == Mode::Exclusive {
+                    backend.abandon(&name, &waiter).await;
+                } else {
+                    backend.abandon_shared(&name, &waiter, mode).await;
+                }
+            })
         };
         // Heartbeats no longer apart than this keep the place.
         let heartbeat = self.heartbeat();

@@ -13,6 +13,7 @@
 //! | `hold.rs` | `release_after` holds the name until then, and only its own |
 //! | `admin.rs` | `list` and `force_release` see and free what is held |
 //! | `rwlock.rs` | readers share, writers hold alone and are not starved, a downgrade lets no writer in, a name is one kind of lock |
+//! | `shared_stress.rs` | many clients on a reader-writer lock and a semaphore, every grant checked |
 //! | `semaphore.rs` | exactly N holders, expired permits free their place for good, release is owner-checked, waiters in order |
 //!
 //! Each case takes a backend, uses fresh random lock names, panics with a
@@ -37,6 +38,7 @@ mod names;
 mod ownership;
 mod rwlock;
 mod semaphore;
+mod shared_stress;
 mod waiting;
 
 pub use admin::*;
@@ -49,6 +51,7 @@ pub use names::*;
 pub use ownership::*;
 pub use rwlock::*;
 pub use semaphore::*;
+pub use shared_stress::*;
 pub use waiting::*;
 
 /// A short TTL, for cases that let leases expire.

@@ -5,6 +5,10 @@ use std::sync::LazyLock;
 
 use redis::Script;
 
+mod shared;
+
+pub(crate) use shared::SharedScripts;
+
 /// How long the fencing counter outlives the last grant or extension.
 /// Tokens are never below the server's clock in microseconds, so once the
 /// counter is gone (expired, or lost in a restart without persistence) the
@@ -93,6 +97,8 @@ pub(crate) struct QueueScripts {
     pub acquire: Script,
     pub release: Script,
     pub abandon: Script,
+    /// The reader-writer lock's and the semaphore's.
+    pub shared: SharedScripts,
 }
 
 impl QueueScripts {
@@ -101,6 +107,7 @@ impl QueueScripts {
             acquire: with_queue(&ACQUIRE_BODY, wake),
             release: with_queue(RELEASE_BODY, wake),
             abandon: with_queue(ABANDON_BODY, wake),
+            shared: SharedScripts::new(wake),
         }
     }
 }
@@ -115,7 +122,9 @@ pub(crate) static SHARDED: LazyLock<QueueScripts> =
 /// KEYS: lock, fence, queue, queue expiry. ARGV: owner token, TTL in ms,
 /// and to queue when held: waiter, place lifetime in ms.
 /// Returns `{1, fencing token}` when granted, `{0, holder's PTTL}` when held
-/// (-2: free, but promised to the waiter at the head of the queue).
+/// (-2: free, but promised to the waiter at the head of the queue), `{2,
+/// marker}` when the name is held as a reader-writer lock or a semaphore
+/// (see `shared.rs`).
 ///
 /// A free lock goes to the head of the queue, or to anyone when nobody
 /// waits; a waiter not granted joins the queue (once) and renews its place.
@@ -147,6 +156,10 @@ if redis.call('GET', KEYS[1]) == ARGV[1] then
     redis.call('SET', KEYS[2], fence, 'PX', {FENCE_RETENTION_MS})
   end
   return {{1, fence}}
+end
+local holder = redis.call('GET', KEYS[1])
+if holder and string.sub(holder, 1, 1) == '~' then
+  return {{2, holder}}
 end
 if me ~= '' then
   local us = now_us()
@@ -262,8 +275,10 @@ return 0
     )
 });
 
-/// KEYS: lock, fence. Returns `{owner, PTTL, fencing token}`, or an empty
-/// array when the lock is free.
+/// KEYS: lock, fence, holds. Returns `{owner, PTTL, fencing token, kind}`,
+/// or an empty array when the lock is free. For a reader-writer lock or a
+/// semaphore the owner is that of the hold that lasts longest, and kind is
+/// the name's marker (`''` for a mutex).
 pub(crate) static INSPECT: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r"
@@ -271,7 +286,16 @@ local owner = redis.call('GET', KEYS[1])
 if not owner then
   return {}
 end
-return {owner, tostring(redis.call('PTTL', KEYS[1])), redis.call('GET', KEYS[2]) or '0'}
+local fence = redis.call('GET', KEYS[2]) or '0'
+local pttl = tostring(redis.call('PTTL', KEYS[1]))
+if string.sub(owner, 1, 1) == '~' then
+  local last = redis.call('ZRANGE', KEYS[3], -1, -1)[1]
+  if not last then
+    return {}
+  end
+  return {string.sub(last, 1, 32), pttl, fence, owner}
+end
+return {owner, pttl, fence, ''}
 ",
     )
 });

@@ -1,0 +1,102 @@
+//! Many clients at once on a reader-writer lock and a semaphore, every
+//! grant judged by the [`SharedChecker`].
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use dlock_core::{Backend, LockOptions};
+use tokio::time::sleep;
+
+use super::needs;
+use crate::checker::SharedChecker;
+use crate::support::{long, unique_name};
+
+/// Clients per name, and grants per client on the reader-writer lock and on
+/// the semaphore: 10,200 grants in all.
+const CLIENTS: usize = 6;
+const RW_GRANTS: usize = 1000;
+const PERMIT_GRANTS: usize = 700;
+const PERMITS: u32 = 3;
+
+/// No writer beside anyone, never more than N permits, tokens a fenced store
+/// accepts: 6 clients on a reader-writer lock (one grant in four a write)
+/// and 6 on a semaphore of 3, over 10,200 grants, half the critical
+/// sections spanning a 1 ms sleep. Readers must come to share, and the
+/// semaphore must come to hold all its permits at once.
+pub async fn stress_shared_grants_respect_their_kind<F, Fut>(factory: F)
+where
+    F: Fn() -> Fut,
+    Fut: Future<Output = Arc<dyn Backend>>,
+{
+    let case = "stress_shared_grants_respect_their_kind";
+    let probe = factory().await;
+    let caps = probe.capabilities();
+    if !needs(
+        case,
+        caps.rwlock && caps.semaphore && caps.fencing,
+        "the backend lacks reader-writer locks, semaphores or fencing",
+    ) {
+        return;
+    }
+    let run = unique_name("stress_shared");
+    let (rw, permits) = (
+        Arc::new(SharedChecker::new()),
+        Arc::new(SharedChecker::new()),
+    );
+    let mut tasks = Vec::new();
+    for c in 0..CLIENTS * 2 {
+        let backend = factory().await;
+        let on_rw = c < CLIENTS;
+        let (checker, name, grants) = if on_rw {
+            (rw.clone(), format!("{run}-rw"), RW_GRANTS)
+        } else {
+            (permits.clone(), format!("{run}-sem"), PERMIT_GRANTS)
+        };
+        tasks.push(tokio::spawn(async move {
+            for i in 0..grants {
+                let opts = match (on_rw, i % 4) {
+                    (false, _) => long().permits(PERMITS),
+                    (true, 0) => long().write(),
+                    (true, _) => long().read(),
+                };
+                let opts: LockOptions = opts.wait(Duration::from_secs(60));
+                let lease = backend
+                    .acquire(&name, &opts)
+                    .await
+                    .unwrap_or_else(|e| panic!("client {c} on {name}: {e}"));
+                checker.enter(lease.mode(), lease.fencing_token());
+                if i % 2 == 0 {
+                    sleep(Duration::from_millis(1)).await;
+                } else {
+                    tokio::task::yield_now().await;
+                }
+                checker.leave(lease.mode());
+                backend
+                    .release(&lease)
+                    .await
+                    .unwrap_or_else(|e| panic!("client {c} releasing {name}: {e}"));
+            }
+        }));
+    }
+    for task in tasks {
+        if let Err(e) = task.await {
+            std::panic::resume_unwind(e.into_panic());
+        }
+    }
+    rw.assert_safe();
+    permits.assert_safe();
+    let (rw_grants, max_readers, _) = rw.counts();
+    let (permit_grants, _, max_permits) = permits.counts();
+    assert_eq!(rw_grants, (CLIENTS * RW_GRANTS) as u64);
+    assert_eq!(permit_grants, (CLIENTS * PERMIT_GRANTS) as u64);
+    assert!(max_readers >= 2, "readers never shared the lock");
+    assert_eq!(
+        max_permits, PERMITS as usize,
+        "the semaphore of {PERMITS} never had all its permits held at once"
+    );
+    eprintln!(
+        "{case}: {} grants, at most {max_readers} readers and {max_permits} permit holders at once",
+        rw_grants + permit_grants
+    );
+}

@@ -1,0 +1,304 @@
+//! The scripts of the shared kinds of lock: reader-writer locks and
+//! semaphores.
+//!
+//! A name held that way keeps a *marker* in its lock key (`~rw`, or `~s<N>`
+//! for a semaphore of N), which expires with the last hold: a mutex's
+//! `SET NX` fails on it as on any holder (and the mutex script reports the
+//! kind), and a shared acquire finding another kind's marker, a mutex
+//! holder's token or a mutex waiter refuses with the kind it found. The
+//! holds are the sorted set `P:{E}:h` (member: owner token then mode code,
+//! `r`, `w` or `p`; score: expiry in server µs, so that no rounding of the
+//! clock to whole milliseconds ends a hold early). Waiters share the mutex's
+//! queue, with their mode code and marker in the hash `P:{E}:qm`.
+//!
+//! Every script takes the same keys: lock, fence, holds, queue, queue
+//! expiry, queue modes, and on a cluster the release mark. Admission is
+//! [`dlock_core::Mode::admits`]: a writer when nobody holds or waits ahead,
+//! a reader when no writer holds or waits ahead, a permit when the holders
+//! and the waiters ahead are fewer than the permits.
+
+use redis::Script;
+
+use super::{FENCE_RETENTION_MS, with_queue};
+
+/// The helpers of the shared kinds, after the queue's.
+const SHARED: &str = r"
+local function admits(mode, permits, count, writer, ahead, ahead_writer)
+  if mode == 'w' then
+    return count == 0 and ahead == 0
+  elseif mode == 'r' then
+    return not writer and not ahead_writer
+  end
+  return count + ahead < permits
+end
+-- The live holds of the name: how many, and whether a writer is among them.
+local function holders(us)
+  redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', us)
+  local count, writer = 0, false
+  for _, m in ipairs(redis.call('ZRANGE', KEYS[3], 0, -1)) do
+    count = count + 1
+    if string.sub(m, 33) == 'w' then
+      writer = true
+    end
+  end
+  return count, writer
+end
+-- The marker (and the holds) expire with the hold that lasts longest.
+local function settle(lock, holds, marker, us)
+  redis.call('ZREMRANGEBYSCORE', holds, '-inf', us)
+  local cur = redis.call('GET', lock)
+  if cur and cur ~= marker then
+    return
+  end
+  local last = redis.call('ZRANGE', holds, -1, -1, 'WITHSCORES')
+  if last[1] then
+    local at = math.ceil(tonumber(last[2]) / 1000)
+    redis.call('SET', lock, marker)
+    redis.call('PEXPIREAT', lock, at)
+    redis.call('PEXPIREAT', holds, at)
+  elseif cur then
+    redis.call('DEL', lock)
+  end
+end
+-- Wakes the run of waiters at the head that would be admitted now: the
+-- readers behind a writer together, as many permit waiters as permits
+-- are free, one writer.
+local function wake_run(marker, permits, count, writer, ms)
+  local ahead, ahead_writer = 0, false
+  for _, w in ipairs(redis.call('ZRANGE', KEYS[4], 0, -1)) do
+    if tonumber(redis.call('ZSCORE', KEYS[5], w) or '0') > ms then
+      local wm = redis.call('HGET', KEYS[6], w)
+      if not wm or string.sub(wm, 2) ~= marker then
+        -- Another kind's waiter is next only once the name is free.
+        if count == 0 and ahead == 0 then
+          wake(w)
+        end
+        return
+      end
+      local m = string.sub(wm, 1, 1)
+      if not admits(m, permits, count, writer, ahead, ahead_writer) then
+        return
+      end
+      wake(w)
+      ahead = ahead + 1
+      if m == 'w' then
+        ahead_writer = true
+      end
+    end
+  end
+end
+local function fence_up(us)
+  local last = tonumber(redis.call('GET', KEYS[2]) or '0')
+  local fence = string.format('%.0f', math.max(last + 1, us))
+  redis.call('SET', KEYS[2], fence, 'PX', FENCE_RETENTION)
+  return fence
+end
+";
+
+/// ARGV: owner token, mode code, marker, permits, TTL in ms, and to queue
+/// when not admitted: waiter, place lifetime in ms. Returns `{1, fencing
+/// token}` when granted, `{0, ms until the first hold ends}` when not
+/// (`-2`: nobody holds), `{2, kind}` when the name is another kind of lock
+/// (its marker, or `x` for a mutex).
+const ACQUIRE: &str = r"
+local owner, mode, marker = ARGV[1], ARGV[2], ARGV[3]
+local permits, ttl, me = tonumber(ARGV[4]), tonumber(ARGV[5]), ARGV[6] or ''
+local cur = redis.call('GET', KEYS[1])
+if cur and cur ~= marker then
+  if string.sub(cur, 1, 1) == '~' then
+    return {2, cur}
+  end
+  return {2, 'x'}
+end
+local us = now_us()
+local ms = math.floor(us / 1000)
+-- A replayed request (a cluster client's resend) finds its own grant.
+local mine = redis.call('ZSCORE', KEYS[3], owner .. mode)
+if mine and tonumber(mine) > us then
+  return {1, redis.call('GET', KEYS[2]) or string.format('%.0f', us)}
+end
+local count, writer = holders(us)
+local ahead, ahead_writer = 0, false
+head(KEYS[4], KEYS[5])
+for _, w in ipairs(redis.call('ZRANGE', KEYS[4], 0, -1)) do
+  if w == me then
+    break
+  end
+  if tonumber(redis.call('ZSCORE', KEYS[5], w) or '0') > ms then
+    local wm = redis.call('HGET', KEYS[6], w)
+    if not wm then
+      return {2, 'x'}
+    elseif string.sub(wm, 2) ~= marker then
+      return {2, string.sub(wm, 2)}
+    end
+    ahead = ahead + 1
+    if string.sub(wm, 1, 1) == 'w' then
+      ahead_writer = true
+    end
+  end
+end
+if admits(mode, permits, count, writer, ahead, ahead_writer) then
+  if me ~= '' then
+    redis.call('ZREM', KEYS[4], me)
+    redis.call('ZREM', KEYS[5], me)
+    redis.call('HDEL', KEYS[6], me)
+  end
+  redis.call('ZADD', KEYS[3], us + ttl * 1000, owner .. mode)
+  settle(KEYS[1], KEYS[3], marker, us)
+  return {1, fence_up(us)}
+end
+if me ~= '' then
+  if not redis.call('ZSCORE', KEYS[4], me) then
+    redis.call('ZADD', KEYS[4], us, me)
+  end
+  redis.call('ZADD', KEYS[5], ms + tonumber(ARGV[7]), me)
+  redis.call('HSET', KEYS[6], me, mode .. marker)
+  keep(KEYS[4], ARGV[7])
+  keep(KEYS[5], ARGV[7])
+  keep(KEYS[6], ARGV[7])
+end
+if count == 0 then
+  -- Free, but promised to waiters ahead that may have missed their call.
+  wake_run(marker, permits, 0, false, ms)
+  return {0, '-2'}
+end
+local first = redis.call('ZRANGE', KEYS[3], 0, 0, 'WITHSCORES')[2]
+return {0, string.format('%.0f', math.ceil((tonumber(first) - us) / 1000))}
+";
+
+/// ARGV: member (owner token and mode code), marker, permits, and on a
+/// cluster the request's id and how long to remember it in ms. Returns 1
+/// when released, 0 when the hold was not live.
+const RELEASE: &str = r"
+local us = now_us()
+local ms = math.floor(us / 1000)
+local score = redis.call('ZSCORE', KEYS[3], ARGV[1])
+if score and tonumber(score) > us then
+  redis.call('ZREM', KEYS[3], ARGV[1])
+  settle(KEYS[1], KEYS[3], ARGV[2], us)
+  local count, writer = holders(us)
+  wake_run(ARGV[2], tonumber(ARGV[3]), count, writer, ms)
+  if ARGV[4] then
+    redis.call('SET', KEYS[7], ARGV[4], 'PX', ARGV[5])
+  end
+  return 1
+end
+if ARGV[4] and redis.call('GET', KEYS[7]) == ARGV[4] then
+  return 1
+end
+return 0
+";
+
+/// ARGV: member, the hold's member, hold in ms, marker, and on a cluster
+/// the request's id and how long to remember it in ms. Returns 1 when the
+/// hold is set, 0 when the hold was not live.
+const HOLD: &str = r"
+local us = now_us()
+local score = redis.call('ZSCORE', KEYS[3], ARGV[1])
+if score and tonumber(score) > us then
+  redis.call('ZREM', KEYS[3], ARGV[1])
+  redis.call('ZADD', KEYS[3], us + tonumber(ARGV[3]) * 1000, ARGV[2])
+  settle(KEYS[1], KEYS[3], ARGV[4], us)
+  if ARGV[5] then
+    redis.call('SET', KEYS[7], ARGV[5], 'PX', ARGV[6])
+  end
+  return 1
+end
+if ARGV[5] and redis.call('GET', KEYS[7]) == ARGV[5] then
+  return 1
+end
+return 0
+";
+
+/// ARGV: the writer's member, the reader's member, TTL in ms, marker.
+/// Returns `{1, fencing token}`, or `{0, ''}` when the write hold is not
+/// live.
+const DOWNGRADE: &str = r"
+local us = now_us()
+local score = redis.call('ZSCORE', KEYS[3], ARGV[1])
+if not score or tonumber(score) <= us then
+  return {0, ''}
+end
+redis.call('ZADD', KEYS[3], us + tonumber(ARGV[3]) * 1000, ARGV[2])
+settle(KEYS[1], KEYS[3], ARGV[4], us)
+return {1, fence_up(us)}
+";
+
+/// ARGV: waiter, marker, permits. Gives the waiter's place up and wakes
+/// whoever that lets in.
+const ABANDON: &str = r"
+local us = now_us()
+local ms = math.floor(us / 1000)
+redis.call('ZREM', KEYS[4], ARGV[1])
+redis.call('ZREM', KEYS[5], ARGV[1])
+redis.call('HDEL', KEYS[6], ARGV[1])
+local count, writer = holders(us)
+wake_run(ARGV[2], tonumber(ARGV[3]), count, writer, ms)
+return 1
+";
+
+/// ARGV: marker, permits. Ends every hold of the name (an operator's
+/// force release) and wakes the waiters. Returns how many it ended.
+const CLEAR: &str = r"
+local us = now_us()
+local ms = math.floor(us / 1000)
+local count = holders(us)
+redis.call('DEL', KEYS[3])
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  redis.call('DEL', KEYS[1])
+end
+wake_run(ARGV[1], tonumber(ARGV[2]), 0, false, ms)
+return count
+";
+
+/// KEYS: lock, fence and holds of each lease in turn. ARGV: fence retention
+/// in ms, then member, TTL in ms and marker of each lease. Returns one 1
+/// (extended) or 0 (not live) per lease.
+const EXTEND: &str = r"
+local us = now_us()
+local out = {}
+for i = 1, #KEYS / 3 do
+  local lock, fence, holds = KEYS[3 * i - 2], KEYS[3 * i - 1], KEYS[3 * i]
+  local member, ttl, marker = ARGV[3 * i - 1], tonumber(ARGV[3 * i]), ARGV[3 * i + 1]
+  local score = redis.call('ZSCORE', holds, member)
+  if score and tonumber(score) > us then
+    redis.call('ZADD', holds, us + ttl * 1000, member)
+    settle(lock, holds, marker, us)
+    redis.call('PEXPIRE', fence, ARGV[1])
+    out[i] = 1
+  else
+    out[i] = 0
+  end
+end
+return out
+";
+
+/// The shared kinds' scripts, in the flavour of one deployment's wake-ups.
+pub(crate) struct SharedScripts {
+    pub acquire: Script,
+    pub release: Script,
+    pub hold: Script,
+    pub downgrade: Script,
+    pub abandon: Script,
+    pub clear: Script,
+    pub extend: Script,
+}
+
+impl SharedScripts {
+    pub(super) fn new(wake: &str) -> Self {
+        let prelude = format!(
+            "{wake}{}",
+            SHARED.replace("FENCE_RETENTION", &FENCE_RETENTION_MS.to_string())
+        );
+        let script = |body: &str| with_queue(&format!("{prelude}{body}"), "");
+        SharedScripts {
+            acquire: script(ACQUIRE),
+            release: script(RELEASE),
+            hold: script(HOLD),
+            downgrade: script(DOWNGRADE),
+            abandon: script(ABANDON),
+            clear: script(CLEAR),
+            extend: script(EXTEND),
+        }
+    }
+}
