@@ -120,7 +120,10 @@ impl Failure {
 impl From<Error> for Failure {
     fn from(e: Error) -> Self {
         let status = match e {
-            Error::InvalidName { .. } | Error::InvalidOption { .. } => status::USAGE,
+            Error::InvalidName { .. }
+            | Error::InvalidOption { .. }
+            | Error::ModeConflict { .. }
+            | Error::Upgrade { .. } => status::USAGE,
             Error::Timeout { .. } => status::HELD,
             Error::NotHeld { .. } => status::LOST,
             _ => status::UNAVAILABLE,

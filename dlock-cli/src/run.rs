@@ -14,8 +14,9 @@ use tokio::time::{Instant, sleep};
 
 use crate::{Failure, UrlArg, connect, status};
 
-/// Runs CMD while holding the lock NAME: the lease is renewed while CMD
-/// runs and released when it exits. CMD runs in its own process group,
+/// Runs CMD while holding the lock NAME (a mutex, or with --permits,
+/// --read or --write a semaphore's permit or a reader-writer lock's side):
+/// the lease is renewed while CMD runs and released when it exits. CMD runs in its own process group,
 /// which gets the signals dlock gets (INT, TERM, HUP, QUIT, USR1, USR2),
 /// and SIGTERM, then SIGKILL after --grace, when the lease is lost. CMD
 /// sees DLOCK_LOCK_NAME and DLOCK_FENCING_TOKEN in its environment.
@@ -26,6 +27,18 @@ pub(crate) struct RunArgs {
     /// The lock name.
     #[arg(long)]
     name: String,
+    /// Take one of N permits of the name's semaphore: at most N commands
+    /// run at once across machines (every run of the name must give the
+    /// same N).
+    #[arg(long, value_name = "N", conflicts_with_all = ["read", "write"])]
+    permits: Option<u32>,
+    /// Take the name's reader-writer lock for reading: runs alongside other
+    /// readers, never alongside a writer.
+    #[arg(long, conflicts_with = "write")]
+    read: bool,
+    /// Take the name's reader-writer lock for writing: runs alone.
+    #[arg(long)]
+    write: bool,
     /// The lease: a crashed dlock's lock frees itself after this (on
     /// ZooKeeper, the session timeout).
     #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
@@ -63,7 +76,14 @@ pub(crate) async fn run(args: RunArgs) -> Result<u8, Failure> {
             "no lock service: give --url or DLOCK_URL",
         ));
     };
-    let opts = LockOptions::new().ttl(args.ttl).wait(args.wait);
+    let mut opts = LockOptions::new().ttl(args.ttl).wait(args.wait);
+    if let Some(permits) = args.permits {
+        opts = opts.permits(permits);
+    } else if args.read {
+        opts = opts.read();
+    } else if args.write {
+        opts = opts.write();
+    }
     opts.validate()?;
     // Signals are caught from the start, so that one that comes while the
     // lock is awaited ends dlock cleanly rather than killing it.

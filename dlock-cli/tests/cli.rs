@@ -243,6 +243,63 @@ async fn docker(args: &[&str]) {
     assert!(status.success(), "docker {args:?}");
 }
 
+/// Four `dlock run --permits 2` at once, each command counting the
+/// commands running beside it: all four run, never more than two at once,
+/// and two do run together.
+async fn at_most_n_commands_at_once(service: Service) {
+    let url = url_of(shared(service).await);
+    let name = unique_name("cli-permits");
+    let dir = std::env::temp_dir().join(&name);
+    std::fs::create_dir_all(&dir).expect("scratch folder");
+    let script = format!(
+        "touch {d}/$$; ls {d} | grep -v log | wc -l >> {d}/log; sleep 1; rm {d}/$$",
+        d = dir.display()
+    );
+    let runs: Vec<_> = (0..4)
+        .map(|_| {
+            tokio::spawn(output(dlock(&[
+                "run",
+                "--url",
+                &url,
+                "--name",
+                &name,
+                "--permits",
+                "2",
+                "--wait",
+                "25s",
+                "--",
+                "sh",
+                "-c",
+                &script,
+            ])))
+        })
+        .collect();
+    for run in runs {
+        let run = run.await.expect("the run's task");
+        assert_eq!(run.status.code(), Some(0), "{run:?}");
+    }
+    let log = std::fs::read_to_string(dir.join("log")).expect("the commands' log");
+    let counts: Vec<u32> = log
+        .lines()
+        .map(|l| l.trim().parse().expect("a count"))
+        .collect();
+    assert_eq!(counts.len(), 4, "every command ran once: {counts:?}");
+    assert!(
+        counts.iter().all(|&c| c <= 2),
+        "more than 2 commands ran at once: {counts:?}"
+    );
+    assert!(
+        counts.contains(&2),
+        "two permits never ran together: {counts:?}"
+    );
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn permits_run_at_most_n_commands_at_once_on_redis() {
+    at_most_n_commands_at_once(Service::Redis).await;
+}
+
 macro_rules! backend_tests {
     ($module:ident, $service:expr) => {
         mod $module {

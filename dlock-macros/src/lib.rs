@@ -27,6 +27,8 @@ use syn::{Expr, FnArg, Ident, ItemFn, LitStr, Meta, Pat, ReturnType, Token, Type
 /// | `wait` | how long to wait for the lock, as `"5s"`, `"250ms"`, `"1m 30s"`; `"0s"` makes one attempt | no bound |
 /// | `ttl` | the lease time (renewed in the background while the body runs) | 30 s |
 /// | `guard` | a name under which the body sees the `&dlock::Guard` (for its fencing token) | none |
+/// | `mode` | `"read"` or `"write"`: a side of the name's reader-writer lock instead of a mutex | a mutex |
+/// | `permits` | a number N ≥ 1: one of N permits of the name's semaphore (at most N bodies at once) | a mutex |
 ///
 /// The fn must return `Result<T, E>` with `E: From<dlock::Error>`. The body
 /// runs only under a valid lease; an error to lock returns
@@ -55,16 +57,30 @@ struct Settings {
     wait: Option<(std::time::Duration, Span)>,
     ttl: Option<(std::time::Duration, Span)>,
     guard: Option<Ident>,
+    /// `.read()`, `.write()` or `.permits(n)` on the options.
+    mode: Option<TokenStream2>,
 }
+
+const KEYS: &str = "keys: locker, name, wait, ttl, guard, mode, permits";
 
 fn parse_settings(attr: TokenStream2) -> syn::Result<Settings> {
     let metas = Punctuated::<Meta, Token![,]>::parse_terminated.parse2(attr)?;
     let (mut locker, mut name, mut wait, mut ttl, mut guard) = (None, None, None, None, None);
+    let mut mode: Option<TokenStream2> = None;
+    let mut set_mode = |span: Span, tokens: TokenStream2| {
+        if mode.replace(tokens).is_some() {
+            return Err(syn::Error::new(
+                span,
+                "`mode` and `permits` exclude each other, and each is given once",
+            ));
+        }
+        Ok(())
+    };
     for meta in metas {
         let Meta::NameValue(nv) = meta else {
             return Err(syn::Error::new(
                 meta.span(),
-                "expected `key = value`; keys: locker, name, wait, ttl, guard",
+                format!("expected `key = value`; {KEYS}"),
             ));
         };
         let key = nv
@@ -78,6 +94,33 @@ fn parse_settings(attr: TokenStream2) -> syn::Result<Settings> {
             "name" => name = Some(string(&value, "name")?),
             "wait" => wait = Some(duration(&value, "wait")?),
             "ttl" => ttl = Some(duration(&value, "ttl")?),
+            "mode" => {
+                let text = string(&value, "mode")?;
+                let tokens = match text.value().as_str() {
+                    "read" => quote_spanned!(text.span()=> .read()),
+                    "write" => quote_spanned!(text.span()=> .write()),
+                    _ => {
+                        return Err(syn::Error::new(
+                            text.span(),
+                            "`mode` is \"read\" or \"write\"",
+                        ));
+                    }
+                };
+                set_mode(text.span(), tokens)?;
+            }
+            "permits" => {
+                let permits = match &value {
+                    Expr::Lit(syn::ExprLit {
+                        lit: syn::Lit::Int(n),
+                        ..
+                    }) => n.base10_parse::<u32>().ok().filter(|&n| n > 0),
+                    _ => None,
+                }
+                .ok_or_else(|| {
+                    syn::Error::new(value.span(), "`permits` takes a whole number from 1")
+                })?;
+                set_mode(value.span(), quote!(.permits(#permits)))?;
+            }
             "guard" => match &value {
                 Expr::Path(p) if p.path.get_ident().is_some() => {
                     guard = p.path.get_ident().cloned();
@@ -87,7 +130,7 @@ fn parse_settings(attr: TokenStream2) -> syn::Result<Settings> {
             _ => {
                 return Err(syn::Error::new(
                     nv.path.span(),
-                    "unknown setting; keys: locker, name, wait, ttl, guard",
+                    format!("unknown setting; {KEYS}"),
                 ));
             }
         }
@@ -100,6 +143,7 @@ fn parse_settings(attr: TokenStream2) -> syn::Result<Settings> {
         wait,
         ttl,
         guard,
+        mode,
     })
 }
 
@@ -296,6 +340,9 @@ fn expand(attr: TokenStream2, item: TokenStream2) -> syn::Result<TokenStream2> {
     if let Some((wait, span)) = settings.wait {
         let wait = duration_tokens(wait, span);
         options = quote!(#options.wait(#wait));
+    }
+    if let Some(mode) = &settings.mode {
+        options = quote!(#options #mode);
     }
     let guard_binding = settings
         .guard

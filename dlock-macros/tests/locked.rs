@@ -121,3 +121,43 @@ async fn free_functions_take_the_locker_as_an_argument() {
         .unwrap();
     assert!(guard.is_some());
 }
+
+#[dlock::locked(locker = locker, name = "pool", permits = 2, guard = permit)]
+async fn in_pool(locker: &Locker) -> Result<dlock::Mode, Error> {
+    Ok(permit.mode())
+}
+
+#[dlock::locked(locker = locker, name = "config", mode = "read", wait = "0s")]
+async fn read_config(locker: &Locker) -> Result<(), Error> {
+    Ok(())
+}
+
+#[tokio::test]
+async fn permits_and_modes_take_the_shared_kinds() {
+    let locker = Locker::new(MemoryBackend::new());
+    assert_eq!(in_pool(&locker).await.unwrap(), dlock::Mode::Permit(2));
+    // One permit of two held elsewhere: the body still runs.
+    let other = locker
+        .semaphore("pool", 2)
+        .acquire(&dlock::LockOptions::new())
+        .await
+        .unwrap();
+    assert_eq!(in_pool(&locker).await.unwrap(), dlock::Mode::Permit(2));
+    other.release().await.unwrap();
+    // Readers share; a writer keeps them out.
+    let reader = locker
+        .read("config", &dlock::LockOptions::new())
+        .await
+        .unwrap();
+    read_config(&locker).await.unwrap();
+    reader.release().await.unwrap();
+    let writer = locker
+        .write("config", &dlock::LockOptions::new())
+        .await
+        .unwrap();
+    assert!(matches!(
+        read_config(&locker).await,
+        Err(Error::Timeout { .. })
+    ));
+    writer.release().await.unwrap();
+}

@@ -3,8 +3,8 @@
 
 pub use dlock_core::{
     Backend, CancellationToken, Capabilities, Error, Guard, JobOptions, JobOutcome, JobRun, Lease,
-    LeaseKind, LockInfo, LockOptions, Locker, MemoryBackend, Observed, OwnerToken, Result,
-    RunReport, Schedule, ScheduledJob, async_trait, validate_name,
+    LeaseKind, LockInfo, LockOptions, Locker, MemoryBackend, Mode, Observed, OwnerToken, Result,
+    RunReport, Schedule, ScheduledJob, Semaphore, async_trait, validate_name,
 };
 
 #[doc(hidden)]
