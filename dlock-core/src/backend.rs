@@ -202,6 +202,21 @@ pub const MAX_BATCH: usize = 1000;
 ///   the caller was not told about beyond that.
 /// - **Failures**: a backend that cannot be reached gives an error, never a
 ///   false grant.
+/// - **Kinds of lock** (where [`Capabilities::rwlock`] or
+///   [`Capabilities::semaphore`] is set): the options' [`Mode`](crate::Mode)
+///   asks for a mutex, a reader's or a writer's hold, or one of N permits,
+///   and [`Mode::admits`](crate::Mode::admits) decides each grant against
+///   the live holders and the waiters queued ahead: a writer holds alone,
+///   readers together and never beside a writer, no new reader while a
+///   writer waits, never more than N permits, waiters first come first
+///   served. A name is one kind of lock at a time; another kind (or a
+///   semaphore of another size) gets
+///   [`Error::ModeConflict`](crate::Error::ModeConflict). Every rule above
+///   holds for every hold of every kind: leases, ownership, expiry (an
+///   expired permit frees its place and cannot be renewed back), fencing
+///   across kinds, bounds, cancellation. Drivers without a kind refuse it
+///   with [`Error::Unsupported`](crate::Error::Unsupported), never grant it
+///   as a mutex.
 #[async_trait]
 pub trait Backend: Send + Sync + Debug {
     /// What this backend can do.
