@@ -309,3 +309,74 @@ macro_rules! fault_tests {
         $crate::__fault_case_list!(__stamp_fault_tests { $connect, $service });
     };
 }
+
+/// The whole suite again on a driver's write lock and on its semaphore of
+/// one permit ([`MutexAs`]), in modules `write_lock` and `one_permit`, for
+/// a driver with reader-writer locks and semaphores. `$factory` names an
+/// async fn of the calling module that makes a client.
+///
+/// ```ignore
+/// dlock_conformance::conformance_tests!(redis);
+/// dlock_conformance::shared_kind_tests!(redis);
+/// ```
+#[macro_export]
+macro_rules! shared_kind_tests {
+    ($factory:ident) => {
+        /// The mutex suite again, on the write lock.
+        mod write_lock {
+            use super::*;
+
+            async fn write_lock_client() -> ::std::sync::Arc<dyn $crate::__private::Backend> {
+                ::std::sync::Arc::new($crate::MutexAs::write_lock($factory().await))
+            }
+
+            $crate::conformance_tests!(write_lock_client);
+        }
+
+        /// The mutex suite again, on a semaphore of one permit.
+        mod one_permit {
+            use super::*;
+
+            async fn one_permit_client() -> ::std::sync::Arc<dyn $crate::__private::Backend> {
+                ::std::sync::Arc::new($crate::MutexAs::one_permit($factory().await))
+            }
+
+            $crate::conformance_tests!(one_permit_client);
+        }
+    };
+}
+
+/// The fault cases again on a driver's write lock and on its semaphore of
+/// one permit ([`MutexAs`]), in modules `write_lock` and `one_permit`.
+/// `$connect` names an async fn of the calling module, as for
+/// [`fault_tests!`].
+#[macro_export]
+macro_rules! shared_kind_fault_tests {
+    ($connect:ident, $service:expr) => {
+        /// The fault cases again, on the write lock.
+        mod write_lock {
+            use super::*;
+
+            async fn connect_write_lock(
+                url: String,
+            ) -> ::std::sync::Arc<dyn $crate::__private::Backend> {
+                ::std::sync::Arc::new($crate::MutexAs::write_lock($connect(url).await))
+            }
+
+            $crate::fault_tests!(connect_write_lock, $service);
+        }
+
+        /// The fault cases again, on a semaphore of one permit.
+        mod one_permit {
+            use super::*;
+
+            async fn connect_one_permit(
+                url: String,
+            ) -> ::std::sync::Arc<dyn $crate::__private::Backend> {
+                ::std::sync::Arc::new($crate::MutexAs::one_permit($connect(url).await))
+            }
+
+            $crate::fault_tests!(connect_one_permit, $service);
+        }
+    };
+}

@@ -47,7 +47,11 @@ impl MutexAs {
 #[async_trait]
 impl Backend for MutexAs {
     fn capabilities(&self) -> Capabilities {
-        self.backend.capabilities()
+        // The cases of the shared kinds ran on the driver itself already.
+        let mut caps = self.backend.capabilities();
+        caps.rwlock = false;
+        caps.semaphore = false;
+        caps
     }
 
     fn driver(&self) -> &'static str {

@@ -118,10 +118,11 @@ pub enum Error {
         asked: Mode,
     },
 
-    /// A write lock asked for by a holder of the same name's read lock
-    /// (through the same [`Locker`](crate::Locker)): waiting would wait for
-    /// itself forever, so it fails at once. Release the read lock first.
-    #[error("lock `{name}`: this locker holds it for reading and cannot wait to write it")]
+    /// A write lock asked for by a task that holds the same name's read
+    /// lock (through the same [`Locker`](crate::Locker)): waiting would
+    /// wait for itself forever, so it fails at once. Release the read lock
+    /// first.
+    #[error("lock `{name}`: this task holds it for reading and cannot wait to write it")]
     Upgrade {
         /// The lock name.
         name: String,

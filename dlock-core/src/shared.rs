@@ -6,21 +6,25 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use crate::{Error, Guard, Lease, LockOptions, Locker, Mode, Result};
 
-/// How many read holds a locker (and its clones) has per name, so that a
-/// write acquire of a name it reads fails at once instead of waiting for
-/// itself.
+/// The task a read hold was taken in (`None` outside any task, as in a
+/// runtime's `block_on`), and its name.
+type ReadKey = (Option<tokio::task::Id>, String);
+
+/// How many read holds the tasks of a locker (and its clones) took per
+/// name, so that a task's write acquire of a name it reads fails at once
+/// instead of waiting for itself; other tasks' reads make it wait as usual.
 #[derive(Debug, Clone, Default)]
-pub(crate) struct Readers(Arc<Mutex<HashMap<String, usize>>>);
+pub(crate) struct Readers(Arc<Mutex<HashMap<ReadKey, usize>>>);
 
 /// One read hold counted in [`Readers`], uncounted when dropped.
 #[derive(Debug)]
 pub(crate) struct ReadMark {
     readers: Readers,
-    name: String,
+    key: ReadKey,
 }
 
 impl Readers {
-    fn with<T>(&self, f: impl FnOnce(&mut HashMap<String, usize>) -> T) -> T {
+    fn with<T>(&self, f: impl FnOnce(&mut HashMap<ReadKey, usize>) -> T) -> T {
         f(&mut self.0.lock().unwrap_or_else(PoisonError::into_inner))
     }
 
@@ -28,25 +32,28 @@ impl Readers {
         if lease.mode() != Mode::Read {
             return None;
         }
-        self.with(|names| *names.entry(lease.name().to_owned()).or_default() += 1);
+        let key = (tokio::task::try_id(), lease.name().to_owned());
+        self.with(|names| *names.entry(key.clone()).or_default() += 1);
         Some(ReadMark {
             readers: self.clone(),
-            name: lease.name().to_owned(),
+            key,
         })
     }
 
+    /// Whether the current task holds `name` for reading.
     fn reads(&self, name: &str) -> bool {
-        self.with(|names| names.contains_key(name))
+        let key = (tokio::task::try_id(), name.to_owned());
+        self.with(|names| names.contains_key(&key))
     }
 }
 
 impl Drop for ReadMark {
     fn drop(&mut self) {
         self.readers.with(|names| {
-            if let Some(count) = names.get_mut(&self.name) {
+            if let Some(count) = names.get_mut(&self.key) {
                 *count -= 1;
                 if *count == 0 {
-                    names.remove(&self.name);
+                    names.remove(&self.key);
                 }
             }
         });
@@ -85,8 +92,9 @@ impl Locker {
     /// `opts`' mode is ignored.
     ///
     /// # Errors
-    /// As [`Locker::acquire`], including [`Error::Upgrade`] when this
-    /// locker holds `name` for reading.
+    /// As [`Locker::acquire`], including [`Error::Upgrade`] when the
+    /// calling task holds `name` for reading through this locker (or a
+    /// clone of it): the write would wait for the task's own read.
     pub async fn write(&self, name: &str, opts: &LockOptions) -> Result<Guard> {
         self.acquire(name, &opts.clone().write()).await
     }
@@ -230,6 +238,13 @@ mod tests {
             .await
             .expect("the upgrade waited");
         assert!(matches!(upgrade, Err(Error::Upgrade { .. })), "{upgrade:?}");
+        // Another task of the same service waits for the reader, as it
+        // should: the read is not its own.
+        let other = tokio::spawn({
+            let locker = locker.clone();
+            async move { locker.try_write("config", &LockOptions::new()).await }
+        });
+        assert!(matches!(other.await.unwrap(), Ok(None)));
         // Another name, and the same name once the read hold is gone, are
         // writable.
         locker

@@ -1,37 +1,61 @@
 //! One acquire attempt: a single `INSERT … ON CONFLICT DO UPDATE … WHERE
 //! expired`, undone by its owner token when its outcome is unknown.
 
+use std::time::Duration;
+
 use dlock_core::undo::UndoOnDrop;
 use dlock_core::wait::{Attempt, on_arrival};
-use dlock_core::{Error, Lease, LockOptions, OwnerToken, Result, micros_up};
+use dlock_core::{Error, Lease, LockOptions, Mode, OwnerToken, Result, micros_up};
 use sqlx::Row;
+use sqlx::postgres::PgRow;
 use tokio::time::{Instant, timeout_at};
 
 use crate::backend::{NAME, PgBackend};
 use crate::pool::settle;
+use crate::sql::Shape;
 
 impl PgBackend {
     /// One attempt to take `name`: the lease, or "held" (also for a grant
     /// whose reply came after its validity deadline; see [`on_arrival`]).
     pub(crate) async fn attempt(&self, name: &str, opts: &LockOptions) -> Result<Attempt> {
+        if opts.mode_value() != Mode::Exclusive {
+            return self.attempt_shared(name, opts, "").await;
+        }
         let owner = OwnerToken::random()?;
         let sent = Instant::now();
-        if let Some(fence) = self.grant(name, owner, opts, sent).await? {
-            let lease = Lease::with_ttl(name, owner, fence, opts, sent);
+        let Some(row) = self.grant(name, owner, opts, sent).await? else {
+            return Ok(Attempt::Held { expires_in: None });
+        };
+        let read = |e| Error::backend(NAME, "acquire", e);
+        if let Some(fence) = row.try_get::<Option<i64>, _>(0).map_err(read)? {
+            let lease = Lease::with_ttl(name, owner, token(fence)?, opts, sent);
             return Ok(on_arrival(self, lease));
         }
-        Ok(Attempt::Held { expires_in: None })
+        let holder: Option<String> = row.try_get(1).map_err(read)?;
+        let left: Option<i64> = row.try_get(2).map_err(read)?;
+        let left = left
+            .and_then(|us| u64::try_from(us).ok())
+            .filter(|&us| us > 0);
+        match holder {
+            Some(kind) if kind.starts_with('~') && left.is_some() => Err(Error::ModeConflict {
+                name: name.to_owned(),
+                held: Shape::held(&kind),
+                asked: Mode::Exclusive,
+            }),
+            _ => Ok(Attempt::Held {
+                expires_in: left.map(Duration::from_micros),
+            }),
+        }
     }
 
-    /// One acquire statement: the granted fencing token, or `None` when
-    /// the lock is held.
+    /// One acquire statement: its row (see [`Statements::acquire`](crate::sql::Statements::acquire)).
     async fn grant(
         &self,
         name: &str,
         owner: OwnerToken,
         opts: &LockOptions,
         sent: Instant,
-    ) -> Result<Option<u64>> {
+    ) -> Result<Option<PgRow>> {
         let ttl = opts.ttl_value();
         let owner_text = owner.to_string();
         let sql = self.inner.sql.acquire(
@@ -57,16 +81,14 @@ impl PgBackend {
         {
             undo.disarm();
         }
-        let Some(row) = settle(lent, done, self.inner.request_timeout, "acquire")? else {
-            return Ok(None);
-        };
-        let fence: i64 = row
-            .try_get(0)
-            .map_err(|e| Error::backend(NAME, "acquire (the fencing token)", e))?;
-        u64::try_from(fence)
-            .ok()
-            .filter(|&f| f > 0)
-            .map(Some)
-            .ok_or_else(|| Error::malformed(NAME, "acquire (the fencing token)", fence))
+        settle(lent, done, self.inner.request_timeout, "acquire")
     }
+}
+
+/// A fencing token as read from the database: positive.
+pub(crate) fn token(fence: i64) -> Result<u64> {
+    u64::try_from(fence)
+        .ok()
+        .filter(|&f| f > 0)
+        .ok_or_else(|| Error::malformed(NAME, "acquire (the fencing token)", fence))
 }

@@ -11,6 +11,7 @@ mod notify;
 mod pool;
 mod purge;
 mod release;
+mod shared;
 mod sql;
 mod wait;
 

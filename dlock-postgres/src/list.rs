@@ -38,8 +38,8 @@ impl PgBackend {
             let Ok(name) = String::from_utf8(name) else {
                 continue; // not a row this driver wrote
             };
-            if live {
-                locks.push(HeldLock::new(name, holder(row, 1)?));
+            if live && let Some(info) = holder(row, 1)? {
+                locks.push(HeldLock::new(name, info));
             }
         }
         let next = if rows.len() == limit { last } else { None };
@@ -51,14 +51,21 @@ impl PgBackend {
     pub(crate) async fn inspect_lock(&self, name: &str) -> Result<Option<LockInfo>> {
         let sql = self.inner.sql.inspect(name.as_bytes());
         let rows = self.fetch(sql, "inspect", self.deadline()).await?;
-        rows.first().map(|row| holder(row, 0)).transpose()
+        Ok(match rows.first() {
+            Some(row) => holder(row, 0)?,
+            None => None,
+        })
     }
 }
 
-/// The holder in `row`'s columns from `at`: owner, fence, microseconds left.
-fn holder(row: &PgRow, at: usize) -> Result<LockInfo> {
+/// The holder in `row`'s columns from `at`: owner, fence, microseconds
+/// left; `None` for a reader-writer lock or semaphore with no live hold.
+fn holder(row: &PgRow, at: usize) -> Result<Option<LockInfo>> {
     let read = |e| Error::backend(NAME, "inspect", e);
-    let owner: String = row.try_get(at).map_err(read)?;
+    let owner: Option<String> = row.try_get(at).map_err(read)?;
+    let Some(owner) = owner else {
+        return Ok(None);
+    };
     let fence: i64 = row.try_get(at + 1).map_err(read)?;
     let left: i64 = row.try_get(at + 2).map_err(read)?;
     let owner = owner
@@ -66,9 +73,9 @@ fn holder(row: &PgRow, at: usize) -> Result<LockInfo> {
         .map_err(|_| Error::malformed(NAME, "inspect (the row's owner token)", &owner))?;
     let fence =
         u64::try_from(fence).map_err(|_| Error::malformed(NAME, "inspect (the fence)", fence))?;
-    Ok(LockInfo::new(
+    Ok(Some(LockInfo::new(
         owner,
         fence,
         Some(Duration::from_micros(u64::try_from(left).unwrap_or(0))),
-    ))
+    )))
 }

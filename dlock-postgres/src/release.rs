@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use dlock_core::undo::retry_for;
-use dlock_core::{Error, Lease, OwnerToken, Result, micros_up};
+use dlock_core::{Error, Lease, Mode, OwnerToken, Result, micros_up};
 use tokio::time::Instant;
 
 use crate::backend::PgBackend;
@@ -13,6 +13,9 @@ use crate::error::timed_out;
 impl PgBackend {
     /// [`Backend::release`](dlock_core::Backend::release).
     pub(crate) async fn release_lease(&self, lease: &Lease) -> Result<()> {
+        if lease.mode() != Mode::Exclusive {
+            return self.release_shared(lease).await;
+        }
         let owner = lease.owner().to_string();
         let sql = self.release_sql(lease.name(), &owner);
         let done = self.execute(sql, "release", self.deadline()).await?;
@@ -30,6 +33,9 @@ impl PgBackend {
     pub(crate) async fn release_lease_after(&self, lease: &Lease, hold: Duration) -> Result<()> {
         if hold.is_zero() {
             return self.release_lease(lease).await;
+        }
+        if lease.mode() != Mode::Exclusive {
+            return self.hold_shared(lease, hold).await;
         }
         let (owner, hold_owner) = (lease.owner().to_string(), lease.owner().for_hold());
         let sql = self.inner.sql.hold(

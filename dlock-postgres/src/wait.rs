@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use dlock_core::wait::{Backoff, Deadline, wait_for_lock};
-use dlock_core::{Lease, LockOptions, Result};
+use dlock_core::{Lease, LockOptions, Mode, Result};
 
 use crate::backend::PgBackend;
 
@@ -21,6 +21,9 @@ impl PgBackend {
         }
         let max_poll = self.inner.max_poll;
         let backoff = Backoff::new(Duration::from_millis(50).min(max_poll), max_poll);
+        if opts.mode_value() != Mode::Exclusive {
+            return self.wait_shared(name, opts, deadline, backoff).await;
+        }
         wait_for_lock(name, deadline, Some(&self.inner.wakeups), backoff, || {
             self.attempt(name, opts)
         })

@@ -12,7 +12,11 @@ use dlock_postgres::PgBackend;
 
 async fn pgbouncer() -> Arc<dyn Backend> {
     let server = shared(Service::PgBouncer).await;
-    let backend = PgBackend::connect(server.url())
+    let backend = PgBackend::builder(server.url())
+        // Without wake-ups a queue's next waiter learns of its turn when
+        // it polls: often, so that the stress cases hand over quickly.
+        .max_poll_interval(std::time::Duration::from_millis(100))
+        .connect()
         .await
         .expect("connect through the test PgBouncer");
     Arc::new(backend)

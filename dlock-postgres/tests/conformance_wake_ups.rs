@@ -21,3 +21,8 @@ async fn postgres() -> Arc<dyn Backend> {
 }
 
 dlock_conformance::conformance_tests!(postgres);
+
+// The mutex suite on the write lock and on a semaphore of one: with
+// wake-ups, so that the stress cases' 10,000 queued hand-offs do not each
+// wait for a poll.
+dlock_conformance::shared_kind_tests!(postgres);

@@ -5,7 +5,7 @@
 //! | key | type | holds |
 //! |---|---|---|
 //! | `P:{E}` | string, with a PX expiry | the holder's owner token, 32 hex digits; for a reader-writer lock or semaphore, its marker (`~rw`, `~s<N>`) |
-//! | `P:{E}:h` | sorted set, with a PX expiry | a reader-writer lock's or semaphore's holds (owner token and mode code), by expiry (server ms) |
+//! | `P:{E}:h` | sorted set, with a PX expiry | a reader-writer lock's or semaphore's holds (owner token and mode code), by expiry (server µs) |
 //! | `P:{E}:qm` | hash, with a PX expiry | the mode code and marker of each of their waiters |
 //! | `P:{E}:fence` | string | the last fencing token granted |
 //! | `P:{E}:q` | sorted set, with a PX expiry | the waiters, by arrival (server µs) |

@@ -168,6 +168,11 @@ impl RedisBackend {
     pub(crate) async fn downgrade_lease(&self, write: &Lease, opts: &LockOptions) -> Result<Lease> {
         let opts = opts.clone().read();
         opts.validate()?;
+        if write.mode() != Mode::Write {
+            return Err(Error::NotHeld {
+                name: write.name().to_owned(),
+            });
+        }
         let keys = self.keys(write.name());
         let shape = Shape::of(Mode::Read);
         let reader = OwnerToken::random()?;
@@ -179,24 +184,36 @@ impl RedisBackend {
             .arg(shape.member(reader))
             .arg(millis_up(opts.ttl_value()))
             .arg(&shape.marker);
-        let not_held = || Error::NotHeld {
-            name: write.name().to_owned(),
+        // A read hold of unknown outcome (no reply in time, a dropped
+        // future, an unconfirmed reply) is released, as an acquire's is.
+        let mut undo = {
+            let (backend, lease) = (
+                self.clone(),
+                Lease::with_ttl(write.name(), reader, 0, &opts, sent),
+            );
+            UndoOnDrop::new(async move {
+                let ttl = lease.ttl().unwrap_or_default();
+                let _ = retry_for(ttl, || backend.release_shared(&lease)).await;
+            })
         };
-        if write.mode() != Mode::Write {
-            return Err(not_held());
-        }
         let (reply, confirmed) = self
             .run::<(i64, String)>(&invocation, true, "downgrade")
             .await?;
         match reply {
             (1, _) if !confirmed => Err(unconfirmed("downgrade")),
             (1, fence) => {
+                undo.disarm();
                 let fence = fence
                     .parse()
                     .map_err(|_| Error::malformed(NAME, "downgrade", &fence))?;
                 Ok(Lease::with_ttl(write.name(), reader, fence, &opts, sent))
             }
-            _ => Err(not_held()),
+            _ => {
+                undo.disarm();
+                Err(Error::NotHeld {
+                    name: write.name().to_owned(),
+                })
+            }
         }
     }
 

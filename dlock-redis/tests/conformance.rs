@@ -19,24 +19,4 @@ async fn redis() -> Arc<dyn Backend> {
 
 dlock_conformance::conformance_tests!(redis);
 
-/// The mutex suite again, on the write lock.
-mod write_lock {
-    use super::*;
-
-    async fn redis_write_lock() -> Arc<dyn Backend> {
-        Arc::new(dlock_conformance::MutexAs::write_lock(redis().await))
-    }
-
-    dlock_conformance::conformance_tests!(redis_write_lock);
-}
-
-/// The mutex suite again, on a semaphore of one permit.
-mod one_permit {
-    use super::*;
-
-    async fn redis_one_permit() -> Arc<dyn Backend> {
-        Arc::new(dlock_conformance::MutexAs::one_permit(redis().await))
-    }
-
-    dlock_conformance::conformance_tests!(redis_one_permit);
-}
+dlock_conformance::shared_kind_tests!(redis);

@@ -20,24 +20,4 @@ async fn connect(url: String) -> Arc<dyn Backend> {
 
 dlock_conformance::fault_tests!(connect, Service::Redis);
 
-/// The fault cases again, on the write lock.
-mod write_lock {
-    use super::*;
-
-    async fn connect_write_lock(url: String) -> Arc<dyn Backend> {
-        Arc::new(dlock_conformance::MutexAs::write_lock(connect(url).await))
-    }
-
-    dlock_conformance::fault_tests!(connect_write_lock, Service::Redis);
-}
-
-/// The fault cases again, on a semaphore of one permit.
-mod one_permit {
-    use super::*;
-
-    async fn connect_one_permit(url: String) -> Arc<dyn Backend> {
-        Arc::new(dlock_conformance::MutexAs::one_permit(connect(url).await))
-    }
-
-    dlock_conformance::fault_tests!(connect_one_permit, Service::Redis);
-}
+dlock_conformance::shared_kind_fault_tests!(connect, Service::Redis);

@@ -159,7 +159,14 @@ if redis.call('GET', KEYS[1]) == ARGV[1] then
 end
 local holder = redis.call('GET', KEYS[1])
 if holder and string.sub(holder, 1, 1) == '~' then
-  return {{2, holder}}
+  -- A reader-writer lock's or semaphore's marker (`P:{{E}}:h` holds its
+  -- holds, in this slot). It outlives the last hold by a millisecond or
+  -- two: stale, it goes, and the name counts as free but not yet taken.
+  local live = '(' .. string.format('%.0f', now_us())
+  if redis.call('ZCOUNT', KEYS[1] .. ':h', live, '+inf') > 0 then
+    return {{2, holder}}
+  end
+  redis.call('DEL', KEYS[1])
 end
 if me ~= '' then
   local us = now_us()

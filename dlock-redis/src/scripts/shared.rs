@@ -31,17 +31,29 @@ local function admits(mode, permits, count, writer, ahead, ahead_writer)
   end
   return count + ahead < permits
 end
--- The live holds of the name: how many, and whether a writer is among them.
+-- The live holds of the name: how many, and whether a writer is among them
+-- (a writer holds alone, or beside the one reader it downgraded to, so
+-- only a set of two or fewer needs looking into).
 local function holders(us)
   redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', us)
-  local count, writer = 0, false
-  for _, m in ipairs(redis.call('ZRANGE', KEYS[3], 0, -1)) do
-    count = count + 1
-    if string.sub(m, 33) == 'w' then
-      writer = true
+  local count, writer = redis.call('ZCARD', KEYS[3]), false
+  if count <= 2 then
+    for _, m in ipairs(redis.call('ZRANGE', KEYS[3], 0, -1)) do
+      if string.sub(m, 33) == 'w' then
+        writer = true
+      end
     end
   end
   return count, writer
+end
+-- A marker whose holds have all ended (it outlives the last by up to a
+-- millisecond or two) is no marker: deletes it, and says whether it did.
+local function stale(us)
+  if redis.call('ZCOUNT', KEYS[3], '(' .. us, '+inf') == 0 then
+    redis.call('DEL', KEYS[1])
+    return true
+  end
+  return false
 end
 -- The marker (and the holds) expire with the hold that lasts longest.
 local function settle(lock, holds, marker, us)
@@ -103,25 +115,31 @@ end
 const ACQUIRE: &str = r"
 local owner, mode, marker = ARGV[1], ARGV[2], ARGV[3]
 local permits, ttl, me = tonumber(ARGV[4]), tonumber(ARGV[5]), ARGV[6] or ''
-local cur = redis.call('GET', KEYS[1])
-if cur and cur ~= marker then
-  if string.sub(cur, 1, 1) == '~' then
-    return {2, cur}
-  end
-  return {2, 'x'}
-end
 local us = now_us()
 local ms = math.floor(us / 1000)
--- A replayed request (a cluster client's resend) finds its own grant.
+local cur = redis.call('GET', KEYS[1])
+if cur and cur ~= marker then
+  if string.sub(cur, 1, 1) ~= '~' then
+    return {2, 'x'}
+  elseif not stale(us) then
+    return {2, cur}
+  end
+end
+-- A replayed request (a cluster client's resend) finds its own grant, and
+-- gets a token of its own, above every earlier one: the counter may have
+-- moved on to other holders since the first run.
 local mine = redis.call('ZSCORE', KEYS[3], owner .. mode)
 if mine and tonumber(mine) > us then
-  return {1, redis.call('GET', KEYS[2]) or string.format('%.0f', us)}
+  return {1, fence_up(us)}
 end
 local count, writer = holders(us)
 local ahead, ahead_writer = 0, false
 head(KEYS[4], KEYS[5])
+-- The waiters ahead, as far as they decide: a writer waits for any, a
+-- reader for a writer, a permit for those that fill the free permits.
 for _, w in ipairs(redis.call('ZRANGE', KEYS[4], 0, -1)) do
-  if w == me then
+  if w == me or (mode == 'w' and ahead > 0) or (mode == 'r' and ahead_writer)
+    or (mode == 'p' and count + ahead >= permits) then
     break
   end
   if tonumber(redis.call('ZSCORE', KEYS[5], w) or '0') > ms then
@@ -238,8 +256,12 @@ return 1
 ";
 
 /// ARGV: marker, permits. Ends every hold of the name (an operator's
-/// force release) and wakes the waiters. Returns how many it ended.
+/// force release) and wakes the waiters, if the name is still held as
+/// `marker`. Returns how many holds it ended.
 const CLEAR: &str = r"
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then
+  return 0
+end
 local us = now_us()
 local ms = math.floor(us / 1000)
 local count = holders(us)

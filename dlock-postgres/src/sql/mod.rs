@@ -14,6 +14,10 @@ use std::time::Duration;
 use dlock_core::{Error, Result};
 use sqlx::{AssertSqlSafe, SqlSafeStr, SqlStr};
 
+mod shared;
+
+pub(crate) use shared::{Shape, SharedRenewal};
+
 /// The longest table name: its index, `<table>_expires_at`, must fit
 /// PostgreSQL's 63-byte identifiers.
 const MAX_TABLE: usize = 52;
@@ -102,6 +106,9 @@ pub(crate) struct Statements {
     table: String,
     /// The table's own name, for its index.
     bare: String,
+    /// `"schema"."table_holds"`: the holds and waiters of reader-writer
+    /// locks and semaphores.
+    holds: String,
     /// `dlock_<table>`: where releases are announced.
     channel: String,
     /// `SET LOCAL …;`, ahead of every statement.
@@ -122,6 +129,7 @@ impl Statements {
         let ms = u64::try_from(limit.as_millis()).unwrap_or(u64::MAX).max(1);
         Statements {
             table: format!("\"{schema}\".\"{table}\""),
+            holds: format!("\"{schema}\".\"{table}_holds\""),
             bare: table.to_owned(),
             channel: format!("dlock_{table}"),
             // Read committed, whatever the role's default: a waiter that
@@ -140,9 +148,10 @@ impl Statements {
         AssertSqlSafe(format!("{}{statement}", self.limit)).into_sql_str()
     }
 
-    /// Creates the table and its expiry index, if missing.
+    /// Creates the tables and their expiry index, if missing: the locks,
+    /// and the holds and waiters of reader-writer locks and semaphores.
     pub fn create(&self) -> String {
-        let (t, bare) = (&self.table, &self.bare);
+        let (t, h, bare) = (&self.table, &self.holds, &self.bare);
         format!(
             "CREATE TABLE IF NOT EXISTS {t} (
                 name bytea PRIMARY KEY,
@@ -152,7 +161,18 @@ impl Statements {
                 acquired_at timestamptz NOT NULL,
                 holder text NOT NULL
             );
-            CREATE INDEX IF NOT EXISTS \"{bare}_expires_at\" ON {t} (expires_at);"
+            CREATE INDEX IF NOT EXISTS \"{bare}_expires_at\" ON {t} (expires_at);
+            CREATE TABLE IF NOT EXISTS {h} (
+                name bytea NOT NULL,
+                owner text NOT NULL,
+                mode text NOT NULL,
+                kind text NOT NULL,
+                fence bigint NOT NULL,
+                expires_at timestamptz NOT NULL,
+                waiting boolean NOT NULL,
+                since bigint NOT NULL,
+                PRIMARY KEY (name, owner)
+            );"
         )
     }
 
@@ -168,21 +188,27 @@ impl Statements {
         ))
     }
 
-    /// Reads nothing, but fails when the table is missing or not ours.
+    /// Reads nothing, but fails when a table is missing or not ours.
     pub fn exists(&self) -> SqlStr {
-        self.bounded(format!("SELECT 1 FROM {} LIMIT 0", self.table))
+        self.bounded(format!(
+            "SELECT 1 FROM {} LIMIT 0; SELECT 1 FROM {} LIMIT 0",
+            self.table, self.holds
+        ))
     }
 
     /// One statement, race-free: the insert of a missing row, or the update
-    /// of an expired or released one, returns the new fencing token; no row
-    /// means the lock is held. Concurrent first inserts of a name are
+    /// of an expired or released one, returns the new fencing token;
+    /// otherwise the row as the statement's snapshot saw it (its owner and
+    /// µs left: a marker for a name held as another kind of lock). One row
+    /// either way, unless the row appeared after the snapshot: then none,
+    /// and the lock is held. Concurrent first inserts of a name are
     /// ordered by the primary key: the second waits, then finds the row
     /// held. The update's condition and values are judged after any wait
     /// for the row, on the clock as it is then.
     pub fn acquire(&self, name: &[u8], owner: &str, ttl_us: u64, holder: &str) -> SqlStr {
         let (t, n, h, ttl) = (&self.table, bytes(name), text(holder), micros(ttl_us));
         self.bounded(format!(
-            "INSERT INTO {t} AS l (name, owner, fence, expires_at, acquired_at, holder)
+            "WITH a AS (INSERT INTO {t} AS l (name, owner, fence, expires_at, acquired_at, holder)
              VALUES ({n}, '{owner}', {CLOCK_US}, {NOW} + {ttl}, {NOW}, {h})
              ON CONFLICT (name) DO UPDATE SET
                owner = EXCLUDED.owner,
@@ -191,7 +217,11 @@ impl Statements {
                acquired_at = {NOW},
                holder = EXCLUDED.holder
              WHERE l.expires_at <= {NOW}
-             RETURNING fence"
+             RETURNING fence)
+             SELECT fence, NULL::text, NULL::bigint FROM a
+             UNION ALL
+             SELECT NULL, owner, (extract(epoch FROM expires_at - {NOW}) * 1000000)::bigint
+             FROM {t} WHERE name = {n} AND NOT EXISTS (SELECT 1 FROM a)"
         ))
     }
 
@@ -277,11 +307,12 @@ impl Statements {
             Some(s) => format!(" AND name < {}", bytes(&s)),
             None => String::new(),
         };
+        let owner = self.holder_of("l");
         self.bounded(format!(
-            "SELECT encode(name, 'hex'), owner, fence,
+            "SELECT encode(name, 'hex'), {owner}, fence,
                (extract(epoch FROM expires_at - {NOW}) * 1000000)::bigint,
                expires_at > {NOW}
-             FROM {t}
+             FROM {t} AS l
              WHERE name > {c} AND name >= {p}{below}
              ORDER BY name LIMIT {limit}"
         ))
@@ -290,20 +321,37 @@ impl Statements {
     /// The holder of one name.
     pub fn inspect(&self, name: &[u8]) -> SqlStr {
         let (t, n) = (&self.table, bytes(name));
+        let owner = self.holder_of("l");
         self.bounded(format!(
-            "SELECT owner, fence, (extract(epoch FROM expires_at - {NOW}) * 1000000)::bigint
-             FROM {t} WHERE name = {n} AND expires_at > {NOW}"
+            "SELECT {owner}, fence, (extract(epoch FROM expires_at - {NOW}) * 1000000)::bigint
+             FROM {t} AS l WHERE name = {n} AND expires_at > {NOW}"
         ))
     }
 
-    /// Deletes up to `limit` rows whose lease ended over `age_us` ago. The
-    /// rows are locked first, skipping any another transaction holds, and
-    /// their expiry is judged again once locked.
+    /// The owner of the row aliased `l`: for a reader-writer lock or a
+    /// semaphore, whose row holds its marker, the owner of the hold that
+    /// lasts longest (`NULL` when none is live).
+    fn holder_of(&self, l: &str) -> String {
+        format!(
+            "CASE WHEN {l}.owner LIKE '~%' THEN (SELECT x.owner FROM {h} AS x
+               WHERE x.name = {l}.name AND NOT x.waiting AND x.expires_at > {NOW}
+               ORDER BY x.expires_at DESC LIMIT 1) ELSE {l}.owner END",
+            h = self.holds
+        )
+    }
+
+    /// Deletes up to `limit` rows whose lease ended over `age_us` ago, and
+    /// as many ended holds and places of reader-writer locks and
+    /// semaphores. The rows are locked first, skipping any another
+    /// transaction holds, and their expiry is judged again once locked.
     pub fn purge(&self, age_us: u64, limit: u32) -> SqlStr {
-        let (t, age) = (&self.table, micros(age_us));
+        let (t, h, age) = (&self.table, &self.holds, micros(age_us));
         self.bounded(format!(
             "DELETE FROM {t} WHERE name IN (
                SELECT name FROM {t} WHERE expires_at < {NOW} - {age}
+               LIMIT {limit} FOR UPDATE SKIP LOCKED);
+             DELETE FROM {h} WHERE (name, owner) IN (
+               SELECT name, owner FROM {h} WHERE expires_at < {NOW} - {age}
                LIMIT {limit} FOR UPDATE SKIP LOCKED)"
         ))
     }

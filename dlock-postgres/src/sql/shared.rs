@@ -1,0 +1,275 @@
+//! The statements of reader-writer locks and semaphores.
+//!
+//! A name held that way keeps a *marker* in its row of the lock table as
+//! owner (`~rw`, or `~s<N>` for a semaphore of N), with the expiry of its
+//! longest hold, so that a mutex's acquire finds it held, and its fence
+//! counts every grant of every kind. The holds and the waiters are rows of
+//! `<table>_holds` (mode `r`, `w` or `p`; a waiter's row expires when its
+//! place lapses, and `since` orders the queue).
+//!
+//! Every call that changes a name's holds first locks the name's row
+//! (`SELECT … FOR UPDATE`, the row made if missing), in a statement of its
+//! own: under read committed the next statement of the same transaction
+//! reads with a snapshot taken after that lock, so it sees every change of
+//! every earlier holder of the lock. One round trip still: the statements
+//! go as one simple query.
+
+use std::fmt::Write;
+
+use dlock_core::Mode;
+use sqlx::SqlStr;
+
+use super::{CLOCK_US, NOW, Statements, bytes, micros, text};
+
+/// How a mode is written in the tables: its code, the name's marker, and
+/// the permits (0 for a reader-writer lock).
+#[derive(Debug, Clone)]
+pub(crate) struct Shape {
+    pub code: &'static str,
+    pub marker: String,
+    pub permits: u32,
+}
+
+impl Shape {
+    pub(crate) fn of(mode: Mode) -> Self {
+        let (code, marker, permits) = match mode {
+            Mode::Read => ("r", "~rw".to_owned(), 0),
+            Mode::Write => ("w", "~rw".to_owned(), 0),
+            Mode::Permit(n) => ("p", format!("~s{n}"), n),
+            _ => ("x", String::new(), 0),
+        };
+        Shape {
+            code,
+            marker,
+            permits,
+        }
+    }
+
+    /// The mode a conflict names: `x` a mutex, else another kind's marker.
+    pub(crate) fn held(kind: &str) -> Mode {
+        match kind.strip_prefix("~s").and_then(|n| n.parse().ok()) {
+            Some(permits) => Mode::Permit(permits),
+            None if kind == "~rw" => Mode::Write,
+            None => Mode::Exclusive,
+        }
+    }
+}
+
+/// One shared lease of a batch renewal.
+pub(crate) struct SharedRenewal<'a> {
+    pub name: &'a [u8],
+    pub owner: &'a str,
+    pub ttl_us: u64,
+    pub marker: &'a str,
+}
+
+impl Statements {
+    /// Locks the row of `n` (a literal), making it if missing.
+    fn lock_row(&self, n: &str) -> String {
+        let t = &self.table;
+        format!(
+            "INSERT INTO {t} (name, owner, fence, expires_at, acquired_at, holder)
+             VALUES ({n}, '', {CLOCK_US}, {NOW}, {NOW}, '') ON CONFLICT (name) DO NOTHING;
+             SELECT FROM {t} WHERE name = {n} FOR UPDATE; "
+        )
+    }
+
+    /// The marker's expiry once `gone` (an owner) no longer holds: that of
+    /// the longest live hold left, at least `floor`.
+    fn marker_until(&self, n: &str, gone: &str, floor: &str) -> String {
+        format!(
+            "GREATEST(COALESCE((SELECT max(expires_at) FROM {h} WHERE name = {n} AND NOT waiting
+               AND expires_at > {NOW} AND owner <> '{gone}'), {NOW}), {floor})",
+            h = self.holds
+        )
+    }
+
+    /// `pg_notify` of a release of `n`, or nothing without wake-ups.
+    fn announce(&self, n: &str, notify: bool) -> String {
+        if notify {
+            format!("pg_notify('{}', encode({n}, 'hex'))", self.channel)
+        } else {
+            "1".to_owned()
+        }
+    }
+
+    /// An acquire of a shared kind by `owner`, queued as `waiter` (`""`:
+    /// behind every waiter, and not queued) with a place of `place_us`.
+    /// One row: the fencing token when granted, the kind the name is in
+    /// use as when that is another, and the µs until the first hold ends.
+    #[allow(clippy::too_many_arguments)] // one statement's values
+    pub fn acquire_shared(
+        &self,
+        name: &[u8],
+        owner: &str,
+        shape: &Shape,
+        ttl_us: u64,
+        holder: &str,
+        waiter: &str,
+        place_us: u64,
+    ) -> SqlStr {
+        let (t, h, n) = (&self.table, &self.holds, bytes(name));
+        let (m, k, ttl, me) = (shape.code, &shape.marker, micros(ttl_us), waiter);
+        let admit = match shape.code {
+            "w" => "NOT EXISTS (SELECT 1 FROM hs) AND NOT EXISTS (SELECT 1 FROM ahead)".to_owned(),
+            "r" => "NOT EXISTS (SELECT 1 FROM hs WHERE mode = 'w') \
+                    AND NOT EXISTS (SELECT 1 FROM ahead WHERE mode = 'w')"
+                .to_owned(),
+            _ => format!(
+                "(SELECT count(*) FROM hs) + (SELECT count(*) FROM ahead) < {}",
+                shape.permits
+            ),
+        };
+        let (who, place) = (text(holder), micros(place_us));
+        let lock = self.lock_row(&n);
+        self.bounded(format!(
+            "{lock}
+             WITH r AS (SELECT owner, expires_at > {NOW} AS live FROM {t} WHERE name = {n}),
+             hs AS (SELECT mode, expires_at FROM {h}
+                    WHERE name = {n} AND NOT waiting AND expires_at > {NOW}),
+             q AS (SELECT owner, mode, kind, since FROM {h}
+                   WHERE name = {n} AND waiting AND expires_at > {NOW}),
+             mine AS (SELECT since, owner FROM q WHERE owner = '{me}'),
+             ahead AS (SELECT mode, kind FROM q WHERE owner <> '{me}' AND (NOT EXISTS (SELECT 1 FROM mine)
+                       OR (since, owner) < (SELECT since, owner FROM mine))),
+             v AS (SELECT COALESCE(
+                     (SELECT CASE WHEN NOT live THEN NULL WHEN owner LIKE '~%'
+                             THEN NULLIF(owner, '{k}') ELSE 'x' END FROM r),
+                     (SELECT kind FROM ahead WHERE kind <> '{k}' LIMIT 1)) AS conflict,
+                   {admit} AS admit),
+             f AS (UPDATE {t} SET owner = '{k}', fence = GREATEST(fence + 1, {CLOCK_US}),
+                     expires_at = CASE WHEN owner = '{k}' AND expires_at > {NOW}
+                       THEN GREATEST(expires_at, {NOW} + {ttl}) ELSE {NOW} + {ttl} END,
+                     acquired_at = {NOW}, holder = {who}
+                   WHERE name = {n} AND (SELECT admit AND conflict IS NULL FROM v)
+                   RETURNING fence),
+             g AS (INSERT INTO {h} (name, owner, mode, kind, fence, expires_at, waiting, since)
+                   SELECT {n}, '{owner}', '{m}', '{k}', fence, {NOW} + {ttl}, false, 0 FROM f),
+             gone AS (DELETE FROM {h} WHERE name = {n} AND (
+                        (owner = '{me}' AND waiting AND EXISTS (SELECT 1 FROM f))
+                        OR (owner <> '{me}' AND expires_at < {NOW} - interval '1 minute'))),
+             queued AS (INSERT INTO {h} AS x (name, owner, mode, kind, fence, expires_at, waiting, since)
+                   SELECT {n}, '{me}', '{m}', '{k}', 0, {NOW} + {place}, true, {CLOCK_US}
+                   WHERE '{me}' <> '' AND NOT EXISTS (SELECT 1 FROM f)
+                     AND (SELECT conflict IS NULL FROM v)
+                   ON CONFLICT (name, owner) DO UPDATE SET expires_at = EXCLUDED.expires_at,
+                     since = CASE WHEN x.expires_at > {NOW} THEN x.since ELSE EXCLUDED.since END)
+             SELECT (SELECT fence FROM f), (SELECT conflict FROM v),
+               (SELECT (extract(epoch FROM min(expires_at) - {NOW}) * 1000000)::bigint FROM hs)"
+        ))
+    }
+
+    /// Ends `owner`'s live hold of `name` and sets the marker's expiry to
+    /// the longest hold left. One row: how many holds it ended (0 or 1).
+    pub fn release_shared(&self, name: &[u8], owner: &str, notify: bool) -> SqlStr {
+        let (t, h, n) = (&self.table, &self.holds, bytes(name));
+        let until = self.marker_until(&n, owner, NOW);
+        let (lock, say) = (self.lock_row(&n), self.announce(&n, notify));
+        self.bounded(format!(
+            "{lock}
+             WITH gone AS (DELETE FROM {h} WHERE name = {n} AND owner = '{owner}'
+                             AND NOT waiting AND expires_at > {NOW} RETURNING 1),
+             m AS (UPDATE {t} SET expires_at = {until}
+                   WHERE name = {n} AND owner LIKE '~%' AND EXISTS (SELECT 1 FROM gone))
+             SELECT count(*) FROM (SELECT {say} FROM gone) AS z"
+        ))
+    }
+
+    /// `release_after` of a shared hold: it stays under `hold_owner` until
+    /// `hold_us` from now. One row: 1 when set, 0 when not held.
+    pub fn hold_shared(&self, name: &[u8], owner: &str, hold_owner: &str, hold_us: u64) -> SqlStr {
+        let (t, h, n, hold) = (&self.table, &self.holds, bytes(name), micros(hold_us));
+        let until = self.marker_until(&n, owner, &format!("{NOW} + {hold}"));
+        let lock = self.lock_row(&n);
+        self.bounded(format!(
+            "{lock}
+             WITH x AS (UPDATE {h} SET owner = '{hold_owner}', expires_at = {NOW} + {hold}
+                        WHERE name = {n} AND owner = '{owner}' AND NOT waiting
+                          AND expires_at > {NOW} RETURNING 1),
+             m AS (UPDATE {t} SET expires_at = {until}
+                   WHERE name = {n} AND owner LIKE '~%' AND EXISTS (SELECT 1 FROM x))
+             SELECT count(*) FROM x"
+        ))
+    }
+
+    /// A read hold for `reader` beside the live write hold of `writer`,
+    /// waiters or not. One row, the fencing token, when granted.
+    pub fn downgrade(&self, name: &[u8], writer: &str, reader: &str, ttl_us: u64) -> SqlStr {
+        let (t, h, n, ttl) = (&self.table, &self.holds, bytes(name), micros(ttl_us));
+        let lock = self.lock_row(&n);
+        self.bounded(format!(
+            "{lock}
+             WITH w AS (SELECT 1 FROM {h} WHERE name = {n} AND owner = '{writer}' AND mode = 'w'
+                        AND NOT waiting AND expires_at > {NOW}),
+             f AS (UPDATE {t} SET fence = GREATEST(fence + 1, {CLOCK_US}),
+                     expires_at = GREATEST(expires_at, {NOW} + {ttl})
+                   WHERE name = {n} AND owner = '~rw' AND EXISTS (SELECT 1 FROM w) RETURNING fence),
+             g AS (INSERT INTO {h} (name, owner, mode, kind, fence, expires_at, waiting, since)
+                   SELECT {n}, '{reader}', 'r', '~rw', fence, {NOW} + {ttl}, false, 0 FROM f)
+             SELECT fence FROM f"
+        ))
+    }
+
+    /// Gives a waiter's place up, announcing it (a writer that leaves may
+    /// let readers in). One row: how many places it gave up.
+    pub fn abandon(&self, name: &[u8], waiter: &str, notify: bool) -> SqlStr {
+        let (h, n) = (&self.holds, bytes(name));
+        let say = self.announce(&n, notify);
+        self.bounded(format!(
+            "WITH d AS (DELETE FROM {h} WHERE name = {n} AND owner = '{waiter}' AND waiting
+                        RETURNING 1)
+             SELECT count(*) FROM (SELECT {say} FROM d) AS z"
+        ))
+    }
+
+    /// Ends every hold of a name held as a reader-writer lock or a
+    /// semaphore (an operator's force release). One row: 1 when it did.
+    pub fn clear_shared(&self, name: &[u8], notify: bool) -> SqlStr {
+        let (t, h, n) = (&self.table, &self.holds, bytes(name));
+        let (lock, say) = (self.lock_row(&n), self.announce(&n, notify));
+        self.bounded(format!(
+            "{lock}
+             WITH d AS (DELETE FROM {h} WHERE name = {n} AND NOT waiting),
+             m AS (UPDATE {t} SET expires_at = {NOW}
+                   WHERE name = {n} AND owner LIKE '~%' AND expires_at > {NOW} RETURNING 1)
+             SELECT count(*) FROM (SELECT {say} FROM m) AS z"
+        ))
+    }
+
+    /// Extends every shared lease of the batch that still holds, and the
+    /// markers of their names; the names' rows are locked first, in name
+    /// order, so that two renewals never wait for each other. Rows back:
+    /// the names and owners extended.
+    pub fn extend_shared(&self, batch: &[SharedRenewal<'_>]) -> SqlStr {
+        let (t, h) = (&self.table, &self.holds);
+        let mut values = String::new();
+        let mut names: Vec<&[u8]> = batch.iter().map(|r| r.name).collect();
+        names.sort_unstable();
+        names.dedup();
+        let names: Vec<String> = names.into_iter().map(bytes).collect();
+        for (i, r) in batch.iter().enumerate() {
+            let sep = if i == 0 { "" } else { ", " };
+            let _ = write!(
+                values,
+                "{sep}({}, '{}', {}::bigint, '{}')",
+                bytes(r.name),
+                r.owner,
+                r.ttl_us,
+                r.marker
+            );
+        }
+        let names = names.join(", ");
+        self.bounded(format!(
+            "SELECT FROM {t} WHERE name IN ({names}) ORDER BY name FOR UPDATE;
+             WITH v(name, owner, ttl, kind) AS (VALUES {values}),
+             e AS (UPDATE {h} AS x SET expires_at = {NOW} + v.ttl * interval '1 microsecond'
+                   FROM v WHERE x.name = v.name AND x.owner = v.owner AND NOT x.waiting
+                     AND x.expires_at > {NOW}
+                   RETURNING x.name, x.owner, x.expires_at, v.kind),
+             m AS (UPDATE {t} AS l SET expires_at = GREATEST(l.expires_at, u.until)
+                   FROM (SELECT name, kind, max(expires_at) AS until FROM e GROUP BY name, kind) AS u
+                   WHERE l.name = u.name AND l.owner = u.kind)
+             SELECT encode(name, 'hex'), owner FROM e"
+        ))
+    }
+}
