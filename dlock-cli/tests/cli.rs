@@ -300,6 +300,11 @@ async fn permits_run_at_most_n_commands_at_once_on_redis() {
     at_most_n_commands_at_once(Service::Redis).await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn permits_run_at_most_n_commands_at_once_on_postgres() {
+    at_most_n_commands_at_once(Service::Postgres).await;
+}
+
 macro_rules! backend_tests {
     ($module:ident, $service:expr) => {
         mod $module {

@@ -172,7 +172,8 @@ async fn names_differing_in_case_space_or_normalisation_are_distinct() {
 }
 
 /// `connect` creates the table; a role with SELECT, INSERT, UPDATE and
-/// DELETE on it (and nothing else) works once it exists; a role that may
+/// DELETE on it and its holds table (and nothing else) works once they
+/// exist, reader-writer locks included; a role that may
 /// not create a missing table is told what an administrator should run.
 #[tokio::test]
 async fn the_table_is_created_on_connect_and_least_privilege_suffices() {
@@ -190,7 +191,7 @@ async fn the_table_is_created_on_connect_and_least_privilege_suffices() {
     let role = format!("r_{}", &id[id.len() - 12..]);
     for statement in [
         format!("CREATE ROLE {role} LOGIN PASSWORD 'pw'"),
-        format!("GRANT SELECT, INSERT, UPDATE, DELETE ON {table} TO {role}"),
+        format!("GRANT SELECT, INSERT, UPDATE, DELETE ON {table}, {table}_holds TO {role}"),
         format!("REVOKE CREATE ON SCHEMA public FROM {role}"),
     ] {
         sqlx::raw_sql(sqlx::AssertSqlSafe(statement))
@@ -209,6 +210,8 @@ async fn the_table_is_created_on_connect_and_least_privilege_suffices() {
     let name = unique_name("least");
     let lease = must_acquire(&least, &name, &long()).await;
     least.release(&lease).await.unwrap();
+    let reader = must_acquire(&least, &name, &long().read()).await;
+    least.release(&reader).await.unwrap();
     least
         .purge_expired(dlock_postgres::MIN_PURGE_AGE, 10)
         .await

@@ -22,8 +22,8 @@ const PERMITS: u32 = 3;
 /// No writer beside anyone, never more than N permits, tokens a fenced store
 /// accepts: 6 clients on a reader-writer lock (one grant in four a write)
 /// and 6 on a semaphore of 3, over 10,200 grants, half the critical
-/// sections spanning a 1 ms sleep. Readers must come to share, and the
-/// semaphore must come to hold all its permits at once.
+/// sections spanning a 1 ms sleep. Prints the most readers and permit
+/// holders seen at once.
 ///
 /// A backend without wake-ups ([`Capabilities::notify`](dlock_core::Capabilities::notify)
 /// off) hands a queued name over only when its next waiter polls, so it
@@ -95,11 +95,10 @@ where
     let (permit_grants, _, max_permits) = permits.counts();
     assert_eq!(rw_grants, (CLIENTS * RW_GRANTS / scale) as u64);
     assert_eq!(permit_grants, (CLIENTS * PERMIT_GRANTS / scale) as u64);
-    assert!(max_readers >= 2, "readers never shared the lock");
-    assert_eq!(
-        max_permits, PERMITS as usize,
-        "the semaphore of {PERMITS} never had all its permits held at once"
-    );
+    // How many shared at once depends on the scheduler (and, without
+    // wake-ups, on polls): reported, not judged. That readers share and
+    // all N permits are granted is decided by `readers_share_…` and
+    // `a_semaphore_admits_exactly_its_permits`.
     eprintln!(
         "{case}: {} grants, at most {max_readers} readers and {max_permits} permit holders at once",
         rw_grants + permit_grants
