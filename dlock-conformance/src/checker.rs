@@ -84,18 +84,7 @@ impl Checker {
     /// Panics listing every violation recorded, if any.
     pub fn assert_safe(&self) {
         let s = self.state.lock().unwrap_or_else(PoisonError::into_inner);
-        assert!(
-            s.violations.is_empty(),
-            "{} violations in {} grants; first ones:\n{}",
-            s.violations.len(),
-            s.grants,
-            s.violations
-                .iter()
-                .take(10)
-                .cloned()
-                .collect::<Vec<_>>()
-                .join("\n")
-        );
+        assert_none(&s.violations, s.grants);
     }
 }
 
@@ -202,19 +191,18 @@ impl SharedChecker {
     /// Panics listing every violation recorded, if any.
     pub fn assert_safe(&self) {
         let s = self.state.lock().unwrap_or_else(PoisonError::into_inner);
-        assert!(
-            s.violations.is_empty(),
-            "{} violations in {} grants; first ones:\n{}",
-            s.violations.len(),
-            s.grants,
-            s.violations
-                .iter()
-                .take(10)
-                .cloned()
-                .collect::<Vec<_>>()
-                .join("\n")
-        );
+        assert_none(&s.violations, s.grants);
     }
+}
+
+/// Panics listing the first violations, if any.
+fn assert_none(violations: &[String], grants: u64) {
+    assert!(
+        violations.is_empty(),
+        "{} violations in {grants} grants; first ones:\n{}",
+        violations.len(),
+        violations[..violations.len().min(10)].join("\n")
+    );
 }
 
 #[cfg(test)]

@@ -2,6 +2,7 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod backend;
+pub mod batch;
 mod error;
 mod guard;
 mod job;

@@ -87,6 +87,48 @@ impl Mode {
     pub fn is_shared(self) -> bool {
         matches!(self, Mode::Read | Mode::Permit(_))
     }
+
+    /// How drivers write the mode in their storage: `x` (mutex), `r`, `w`
+    /// or `p` (a permit).
+    pub fn code(self) -> &'static str {
+        match self {
+            Mode::Exclusive => "x",
+            Mode::Read => "r",
+            Mode::Write => "w",
+            Mode::Permit(_) => "p",
+        }
+    }
+
+    /// How drivers mark a name held as this mode's kind of lock: `~rw` for
+    /// a reader-writer lock, `~s<N>` for a semaphore of N, empty for a
+    /// mutex. Modes of one kind share their marker, and markers of
+    /// different kinds differ.
+    pub fn marker(self) -> String {
+        match self {
+            Mode::Exclusive => String::new(),
+            Mode::Read | Mode::Write => "~rw".to_owned(),
+            Mode::Permit(n) => format!("~s{n}"),
+        }
+    }
+
+    /// A semaphore's permits; 0 for the other kinds.
+    pub fn permits(self) -> u32 {
+        match self {
+            Mode::Permit(n) => n,
+            _ => 0,
+        }
+    }
+
+    /// The mode a driver's [`marker`](Mode::marker) names, to report a
+    /// conflict: a semaphore's permit, a reader-writer lock's write side,
+    /// and anything else (a mutex's `x`) a mutex.
+    pub fn of_marker(marker: &str) -> Mode {
+        match marker.strip_prefix("~s").and_then(|n| n.parse().ok()) {
+            Some(permits) => Mode::Permit(permits),
+            None if marker == "~rw" => Mode::Write,
+            None => Mode::Exclusive,
+        }
+    }
 }
 
 impl fmt::Display for Mode {
@@ -123,5 +165,15 @@ mod tests {
         assert_eq!(Permit(3).admits(&[Permit(2)], &[]), Conflict(Permit(2)));
         assert_eq!(Read.admits(&[], &[Exclusive]), Conflict(Exclusive));
         assert_eq!(Exclusive.admits(&[Write], &[]), Conflict(Write));
+    }
+
+    #[test]
+    fn markers_name_their_kind() {
+        for mode in [Exclusive, Read, Write, Permit(1), Permit(8)] {
+            let back = super::Mode::of_marker(&mode.marker());
+            assert!(back.same_kind(mode), "{mode:?} came back as {back:?}");
+        }
+        assert_ne!(Permit(1).marker(), Permit(11).marker());
+        assert_eq!(super::Mode::of_marker("x"), Exclusive);
     }
 }

@@ -12,7 +12,6 @@ use tokio::time::{Instant, timeout_at};
 
 use crate::backend::{NAME, PgBackend};
 use crate::pool::settle;
-use crate::sql::Shape;
 
 impl PgBackend {
     /// One attempt to take `name`: the lease, or "held" (also for a grant
@@ -39,7 +38,7 @@ impl PgBackend {
         match holder {
             Some(kind) if kind.starts_with('~') && left.is_some() => Err(Error::ModeConflict {
                 name: name.to_owned(),
-                held: Shape::held(&kind),
+                held: Mode::of_marker(&kind),
                 asked: Mode::Exclusive,
             }),
             _ => Ok(Attempt::Held {

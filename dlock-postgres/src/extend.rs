@@ -2,6 +2,7 @@
 
 use std::collections::HashSet;
 
+use dlock_core::batch::extend_by_kind;
 use dlock_core::{Error, Lease, Mode, Result, micros_up};
 use sqlx::Row;
 use sqlx::postgres::PgRow;
@@ -37,7 +38,21 @@ impl PgBackend {
             return Ok(Vec::new());
         }
         if leases.iter().any(|l| l.mode() != Mode::Exclusive) {
-            return self.extend_mixed(leases).await;
+            return extend_by_kind(
+                leases,
+                |mut mutexes| async move {
+                    let held = Box::pin(self.extend_leases(&mut mutexes)).await;
+                    (mutexes, held)
+                },
+                |mut shared| async move {
+                    let held = {
+                        let mut refs: Vec<&mut Lease> = shared.iter_mut().collect();
+                        self.extend_shared(&mut refs).await
+                    };
+                    (shared, held)
+                },
+            )
+            .await;
         }
         let owners: Vec<String> = leases.iter().map(|l| l.owner().to_string()).collect();
         let batch: Vec<Renewal<'_>> = leases
@@ -60,43 +75,6 @@ impl PgBackend {
                 lease.extended(sent);
             }
             held.push(ours);
-        }
-        Ok(held)
-    }
-
-    /// A batch with shared holds in it: the mutexes' leases by their
-    /// statement, the shared ones by theirs, both at once.
-    async fn extend_mixed(&self, leases: &mut [Lease]) -> Result<Vec<bool>> {
-        let (shared_at, mutex_at): (Vec<usize>, Vec<usize>) =
-            (0..leases.len()).partition(|&i| leases[i].mode() != Mode::Exclusive);
-        let mut mutexes: Vec<Lease> = mutex_at.iter().map(|&i| leases[i].clone()).collect();
-        let mut shared: Vec<Lease> = shared_at.iter().map(|&i| leases[i].clone()).collect();
-        let (mutex_held, shared_held) = tokio::join!(
-            async {
-                if mutexes.is_empty() {
-                    Ok(Vec::new())
-                } else {
-                    Box::pin(self.extend_leases(&mut mutexes)).await
-                }
-            },
-            async {
-                let mut refs: Vec<&mut Lease> = shared.iter_mut().collect();
-                self.extend_shared(&mut refs).await
-            },
-        );
-        // The copies carry the moved deadlines of what was extended.
-        for (&i, lease) in mutex_at.iter().zip(mutexes) {
-            leases[i] = lease;
-        }
-        for (&i, lease) in shared_at.iter().zip(shared) {
-            leases[i] = lease;
-        }
-        let mut held = vec![false; leases.len()];
-        for (&i, h) in mutex_at.iter().zip(mutex_held?) {
-            held[i] = h;
-        }
-        for (&i, h) in shared_at.iter().zip(shared_held?) {
-            held[i] = h;
         }
         Ok(held)
     }

@@ -14,7 +14,7 @@ use crate::acquire::token;
 use crate::backend::{NAME, PgBackend};
 use crate::error::timed_out;
 use crate::pool::settle;
-use crate::sql::{Shape, SharedRenewal};
+use crate::sql::SharedRenewal;
 
 /// The row of a statement's last part (the parts before it lock a row and
 /// return rows of no columns).
@@ -43,13 +43,12 @@ impl PgBackend {
         waiter: &str,
     ) -> Result<Attempt> {
         let mode = opts.mode_value();
-        let shape = Shape::of(mode);
         let owner = OwnerToken::random()?;
         let sent = Instant::now();
         let sql = self.inner.sql.acquire_shared(
             name.as_bytes(),
             &owner.to_string(),
-            &shape,
+            mode,
             micros_up(opts.ttl_value()),
             &self.inner.holder,
             waiter,
@@ -82,7 +81,7 @@ impl PgBackend {
         if let Some(kind) = conflict {
             return Err(Error::ModeConflict {
                 name: name.to_owned(),
-                held: Shape::held(&kind),
+                held: Mode::of_marker(&kind),
                 asked: mode,
             });
         }
@@ -237,16 +236,16 @@ impl PgBackend {
     /// Extends shared leases in one statement; says which ones it did.
     pub(crate) async fn extend_shared(&self, leases: &mut [&mut Lease]) -> Result<Vec<bool>> {
         let owners: Vec<String> = leases.iter().map(|l| l.owner().to_string()).collect();
-        let shapes: Vec<Shape> = leases.iter().map(|l| Shape::of(l.mode())).collect();
+        let markers: Vec<String> = leases.iter().map(|l| l.mode().marker()).collect();
         let batch: Vec<SharedRenewal<'_>> = leases
             .iter()
             .zip(&owners)
-            .zip(&shapes)
-            .map(|((lease, owner), shape)| SharedRenewal {
+            .zip(&markers)
+            .map(|((lease, owner), marker)| SharedRenewal {
                 name: lease.name().as_bytes(),
                 owner,
                 ttl_us: micros_up(lease.ttl().unwrap_or_default()),
-                marker: &shape.marker,
+                marker,
             })
             .collect();
         let sql = self.inner.sql.extend_shared(&batch);

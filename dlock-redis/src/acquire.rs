@@ -10,7 +10,6 @@ use tokio::time::Instant;
 use crate::backend::{NAME, RedisBackend};
 use crate::error::unconfirmed;
 use crate::keys::Keys;
-use crate::shared::held_mode;
 use dlock_core::millis_up;
 
 impl RedisBackend {
@@ -68,7 +67,7 @@ impl RedisBackend {
                 cleanup.disarm();
                 return Err(Error::ModeConflict {
                     name: name.to_owned(),
-                    held: held_mode(&marker),
+                    held: Mode::of_marker(&marker),
                     asked: Mode::Exclusive,
                 });
             }

@@ -1,6 +1,7 @@
 //! Extending leases: one, or a whole batch in one script run (one per
 //! hash slot on a cluster).
 
+use dlock_core::batch::extend_by_kind;
 use dlock_core::{Error, Lease, Mode, Result};
 use tokio::time::Instant;
 
@@ -45,7 +46,21 @@ impl RedisBackend {
     /// Extends every lease of `leases` it can; says which ones it did.
     pub(crate) async fn extend_leases(&self, leases: &mut [Lease]) -> Result<Vec<bool>> {
         if leases.iter().any(|l| l.mode() != Mode::Exclusive) {
-            return self.extend_mixed(leases).await;
+            return extend_by_kind(
+                leases,
+                |mut mutexes| async move {
+                    let held = Box::pin(self.extend_leases(&mut mutexes)).await;
+                    (mutexes, held)
+                },
+                |mut shared| async move {
+                    let held = {
+                        let mut refs: Vec<&mut Lease> = shared.iter_mut().collect();
+                        self.extend_shared(&mut refs).await
+                    };
+                    (shared, held)
+                },
+            )
+            .await;
         }
         if self.inner.cluster {
             return self.extend_by_slot(leases).await;
@@ -79,44 +94,6 @@ impl RedisBackend {
                 held == 1
             })
             .collect())
-    }
-
-    /// A batch with shared holds in it: the mutexes' leases as usual, the
-    /// shared ones by their own script, both at once.
-    async fn extend_mixed(&self, leases: &mut [Lease]) -> Result<Vec<bool>> {
-        let (shared_at, mutex_at): (Vec<usize>, Vec<usize>) =
-            (0..leases.len()).partition(|&i| leases[i].mode() != Mode::Exclusive);
-        let mut mutexes: Vec<Lease> = mutex_at.iter().map(|&i| leases[i].clone()).collect();
-        let mut shared: Vec<Lease> = shared_at.iter().map(|&i| leases[i].clone()).collect();
-        let (mutex_held, shared_held) = futures_util::future::join(
-            async {
-                if mutexes.is_empty() {
-                    Ok(Vec::new())
-                } else {
-                    Box::pin(self.extend_leases(&mut mutexes)).await
-                }
-            },
-            async {
-                let mut refs: Vec<&mut Lease> = shared.iter_mut().collect();
-                self.extend_shared(&mut refs).await
-            },
-        )
-        .await;
-        // The copies carry the moved deadlines of what was extended.
-        for (&i, lease) in mutex_at.iter().zip(mutexes) {
-            leases[i] = lease;
-        }
-        for (&i, lease) in shared_at.iter().zip(shared) {
-            leases[i] = lease;
-        }
-        let mut held = vec![false; leases.len()];
-        for (&i, h) in mutex_at.iter().zip(mutex_held?) {
-            held[i] = h;
-        }
-        for (&i, h) in shared_at.iter().zip(shared_held?) {
-            held[i] = h;
-        }
-        Ok(held)
     }
 
     /// `extend_many` on a cluster: a script may touch one slot only, so one

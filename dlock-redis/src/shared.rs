@@ -14,43 +14,9 @@ use crate::error::{owner_checked, unconfirmed};
 use crate::keys::Keys;
 use crate::scripts::FENCE_RETENTION_MS;
 
-/// How a mode is written in the scripts: its code, the name's marker, and
-/// the permits (0 for a reader-writer lock).
-pub(crate) struct Shape {
-    code: &'static str,
-    marker: String,
-    permits: u32,
-}
-
-impl Shape {
-    pub(crate) fn of(mode: Mode) -> Self {
-        let (code, marker, permits) = match mode {
-            Mode::Read => ("r", "~rw".to_owned(), 0),
-            Mode::Write => ("w", "~rw".to_owned(), 0),
-            Mode::Permit(n) => ("p", format!("~s{n}"), n),
-            // Mutex leases never reach these scripts.
-            _ => ("x", String::new(), 0),
-        };
-        Shape {
-            code,
-            marker,
-            permits,
-        }
-    }
-
-    /// A hold's member of the holds set.
-    fn member(&self, owner: OwnerToken) -> String {
-        format!("{owner}{}", self.code)
-    }
-}
-
-/// The mode a conflict reply names: `x` a mutex, else another kind's marker.
-pub(crate) fn held_mode(kind: &str) -> Mode {
-    match kind.strip_prefix("~s").and_then(|n| n.parse().ok()) {
-        Some(permits) => Mode::Permit(permits),
-        None if kind == "~rw" => Mode::Write,
-        None => Mode::Exclusive,
-    }
+/// A hold's member of the holds set: its owner token, then its mode code.
+fn member(owner: OwnerToken, mode: Mode) -> String {
+    format!("{owner}{}", mode.code())
 }
 
 impl RedisBackend {
@@ -75,7 +41,6 @@ impl RedisBackend {
         waiter: &str,
     ) -> Result<Attempt> {
         let mode = opts.mode_value();
-        let shape = Shape::of(mode);
         let owner = OwnerToken::random()?;
         let sent = Instant::now();
         // Armed until the reply is in, as for the mutex (see `acquire.rs`).
@@ -95,9 +60,9 @@ impl RedisBackend {
         self.shared_keys(&mut invocation, keys);
         invocation
             .arg(owner.to_string())
-            .arg(shape.code)
-            .arg(&shape.marker)
-            .arg(shape.permits)
+            .arg(mode.code())
+            .arg(mode.marker())
+            .arg(mode.permits())
             .arg(millis_up(opts.ttl_value()));
         if !waiter.is_empty() {
             invocation.arg(waiter).arg(millis_up(self.place_lifetime()));
@@ -122,7 +87,7 @@ impl RedisBackend {
                 cleanup.disarm();
                 return Err(Error::ModeConflict {
                     name: name.to_owned(),
-                    held: held_mode(&kind),
+                    held: Mode::of_marker(&kind),
                     asked: mode,
                 });
             }
@@ -135,13 +100,13 @@ impl RedisBackend {
     /// Ends a shared hold and wakes whoever that lets in.
     pub(crate) async fn release_shared(&self, lease: &Lease) -> Result<()> {
         let keys = self.keys(lease.name());
-        let shape = Shape::of(lease.mode());
+        let mode = lease.mode();
         let mut invocation = self.queue_scripts().shared.release.prepare_invoke();
         self.shared_keys(&mut invocation, &keys);
         invocation
-            .arg(shape.member(lease.owner()))
-            .arg(&shape.marker)
-            .arg(shape.permits);
+            .arg(member(lease.owner(), mode))
+            .arg(mode.marker())
+            .arg(mode.permits());
         self.mark_replays(&mut invocation, &keys)?;
         let (released, confirmed) = self.run::<i64>(&invocation, false, "release").await?;
         owner_checked(lease, released, confirmed, "release")
@@ -151,14 +116,14 @@ impl RedisBackend {
     /// until `hold_ms` from now on the server's clock.
     pub(crate) async fn hold_shared(&self, lease: &Lease, hold_ms: u64) -> Result<()> {
         let keys = self.keys(lease.name());
-        let shape = Shape::of(lease.mode());
+        let mode = lease.mode();
         let mut invocation = self.queue_scripts().shared.hold.prepare_invoke();
         self.shared_keys(&mut invocation, &keys);
         invocation
-            .arg(shape.member(lease.owner()))
-            .arg(shape.member(lease.owner().for_hold()))
+            .arg(member(lease.owner(), mode))
+            .arg(member(lease.owner().for_hold(), mode))
             .arg(hold_ms)
-            .arg(&shape.marker);
+            .arg(mode.marker());
         self.mark_replays(&mut invocation, &keys)?;
         let (held, confirmed) = self.run::<i64>(&invocation, true, "release_after").await?;
         owner_checked(lease, held, confirmed, "release_after")
@@ -174,16 +139,15 @@ impl RedisBackend {
             });
         }
         let keys = self.keys(write.name());
-        let shape = Shape::of(Mode::Read);
         let reader = OwnerToken::random()?;
         let sent = Instant::now();
         let mut invocation = self.queue_scripts().shared.downgrade.prepare_invoke();
         self.shared_keys(&mut invocation, &keys);
         invocation
-            .arg(Shape::of(Mode::Write).member(write.owner()))
-            .arg(shape.member(reader))
+            .arg(member(write.owner(), Mode::Write))
+            .arg(member(reader, Mode::Read))
             .arg(millis_up(opts.ttl_value()))
-            .arg(&shape.marker);
+            .arg(Mode::Read.marker());
         // A read hold of unknown outcome (no reply in time, a dropped
         // future, an unconfirmed reply) is released, as an acquire's is.
         let mut undo = {
@@ -220,10 +184,12 @@ impl RedisBackend {
     /// Gives a shared waiter's place up.
     pub(crate) async fn abandon_shared(&self, name: &str, waiter: &str, mode: Mode) {
         let keys = self.keys(name);
-        let shape = Shape::of(mode);
         let mut invocation = self.queue_scripts().shared.abandon.prepare_invoke();
         self.shared_keys(&mut invocation, &keys);
-        invocation.arg(waiter).arg(&shape.marker).arg(shape.permits);
+        invocation
+            .arg(waiter)
+            .arg(mode.marker())
+            .arg(mode.permits());
         let left = retry_for(self.inner.request_timeout * 2, || async {
             self.run::<i64>(&invocation, false, "leave the queue").await
         })
@@ -237,10 +203,7 @@ impl RedisBackend {
         let keys = self.keys(name);
         let mut invocation = self.queue_scripts().shared.clear.prepare_invoke();
         self.shared_keys(&mut invocation, &keys);
-        let permits = match held_mode(marker) {
-            Mode::Permit(n) => n,
-            _ => 0,
-        };
+        let permits = Mode::of_marker(marker).permits();
         invocation.arg(marker).arg(permits);
         self.run::<i64>(&invocation, true, "force_release").await?;
         Ok(())
@@ -256,12 +219,11 @@ impl RedisBackend {
             invocation.arg(FENCE_RETENTION_MS);
             for lease in leases {
                 let keys = self.keys(lease.name());
-                let shape = Shape::of(lease.mode());
                 invocation.key(keys.lock).key(keys.fence).key(keys.holds);
                 invocation
-                    .arg(shape.member(lease.owner()))
+                    .arg(member(lease.owner(), lease.mode()))
                     .arg(millis_up(lease.ttl().unwrap_or_default()))
-                    .arg(shape.marker);
+                    .arg(lease.mode().marker());
             }
             invocation
         };

@@ -16,7 +16,7 @@ use sqlx::{AssertSqlSafe, SqlSafeStr, SqlStr};
 
 mod shared;
 
-pub(crate) use shared::{Shape, SharedRenewal};
+pub(crate) use shared::SharedRenewal;
 
 /// The longest table name: its index, `<table>_expires_at`, must fit
 /// PostgreSQL's 63-byte identifiers.

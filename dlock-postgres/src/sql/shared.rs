@@ -21,40 +21,6 @@ use sqlx::SqlStr;
 
 use super::{CLOCK_US, NOW, Statements, bytes, micros, text};
 
-/// How a mode is written in the tables: its code, the name's marker, and
-/// the permits (0 for a reader-writer lock).
-#[derive(Debug, Clone)]
-pub(crate) struct Shape {
-    pub code: &'static str,
-    pub marker: String,
-    pub permits: u32,
-}
-
-impl Shape {
-    pub(crate) fn of(mode: Mode) -> Self {
-        let (code, marker, permits) = match mode {
-            Mode::Read => ("r", "~rw".to_owned(), 0),
-            Mode::Write => ("w", "~rw".to_owned(), 0),
-            Mode::Permit(n) => ("p", format!("~s{n}"), n),
-            _ => ("x", String::new(), 0),
-        };
-        Shape {
-            code,
-            marker,
-            permits,
-        }
-    }
-
-    /// The mode a conflict names: `x` a mutex, else another kind's marker.
-    pub(crate) fn held(kind: &str) -> Mode {
-        match kind.strip_prefix("~s").and_then(|n| n.parse().ok()) {
-            Some(permits) => Mode::Permit(permits),
-            None if kind == "~rw" => Mode::Write,
-            None => Mode::Exclusive,
-        }
-    }
-}
-
 /// One shared lease of a batch renewal.
 pub(crate) struct SharedRenewal<'a> {
     pub name: &'a [u8],
@@ -102,22 +68,23 @@ impl Statements {
         &self,
         name: &[u8],
         owner: &str,
-        shape: &Shape,
+        mode: Mode,
         ttl_us: u64,
         holder: &str,
         waiter: &str,
         place_us: u64,
     ) -> SqlStr {
+        let (code, marker) = (mode.code(), mode.marker());
         let (t, h, n) = (&self.table, &self.holds, bytes(name));
-        let (m, k, ttl, me) = (shape.code, &shape.marker, micros(ttl_us), waiter);
-        let admit = match shape.code {
+        let (m, k, ttl, me) = (code, &marker, micros(ttl_us), waiter);
+        let admit = match code {
             "w" => "NOT EXISTS (SELECT 1 FROM hs) AND NOT EXISTS (SELECT 1 FROM ahead)".to_owned(),
             "r" => "NOT EXISTS (SELECT 1 FROM hs WHERE mode = 'w') \
                     AND NOT EXISTS (SELECT 1 FROM ahead WHERE mode = 'w')"
                 .to_owned(),
             _ => format!(
                 "(SELECT count(*) FROM hs) + (SELECT count(*) FROM ahead) < {}",
-                shape.permits
+                mode.permits()
             ),
         };
         let (who, place) = (text(holder), micros(place_us));
