@@ -70,16 +70,11 @@ impl Slot {
         ))
     }
 
-    fn owns(&self, lease: &Lease, now: Instant) -> bool {
+    /// Where the lease's own live hold is.
+    fn own(&self, lease: &Lease, now: Instant) -> Option<usize> {
         self.holds
             .iter()
-            .any(|h| h.owner == lease.owner() && h.expires > now)
-    }
-
-    fn own(&mut self, lease: &Lease, now: Instant) -> Option<&mut Hold> {
-        self.holds
-            .iter_mut()
-            .find(|h| h.owner == lease.owner() && h.expires > now)
+            .position(|h| h.owner == lease.owner() && h.expires > now)
     }
 
     fn grant(&mut self, owner: OwnerToken, mode: Mode, expires: Instant) -> u64 {
@@ -170,13 +165,17 @@ impl MemoryBackend {
         })
     }
 
-    /// Runs `f` on the lease's own live hold.
-    fn on_own_hold<T>(&self, lease: &Lease, f: impl FnOnce(&mut Slot, Instant) -> T) -> Result<T> {
+    /// Runs `f` on the lease's own live hold: its slot and its index there.
+    fn on_own_hold(&self, lease: &Lease, f: impl FnOnce(&mut Slot, usize, Instant)) -> Result<()> {
         self.with_slots(|slots| {
             let now = Instant::now();
-            match slots.get_mut(lease.name()) {
-                Some(slot) if slot.owns(lease, now) => Ok(f(slot, now)),
-                _ => Err(Error::NotHeld {
+            let slot = slots.get_mut(lease.name());
+            match slot.and_then(|slot| Some((slot.own(lease, now)?, slot))) {
+                Some((at, slot)) => {
+                    f(slot, at, now);
+                    Ok(())
+                }
+                None => Err(Error::NotHeld {
                     name: lease.name().to_owned(),
                 }),
             }
@@ -243,9 +242,8 @@ impl Backend for MemoryBackend {
     }
 
     async fn release(&self, lease: &Lease) -> Result<()> {
-        self.on_own_hold(lease, |slot, now| {
-            slot.holds
-                .retain(|h| !(h.owner == lease.owner() && h.expires > now));
+        self.on_own_hold(lease, |slot, at, _| {
+            slot.holds.swap_remove(at);
         })?;
         self.inner.wakeups.wake(lease.name());
         Ok(())
@@ -256,21 +254,17 @@ impl Backend for MemoryBackend {
         if hold.is_zero() {
             return self.release(lease).await;
         }
-        self.on_own_hold(lease, |slot, now| {
-            if let Some(own) = slot.own(lease, now) {
-                own.owner = lease.owner().for_hold();
-                own.expires = deadline_after(now, hold);
-            }
+        self.on_own_hold(lease, |slot, at, now| {
+            slot.holds[at].owner = lease.owner().for_hold();
+            slot.holds[at].expires = deadline_after(now, hold);
         })
     }
 
     async fn extend(&self, lease: &mut Lease) -> Result<()> {
         let sent = Instant::now();
         let ttl = lease.ttl().unwrap_or_default();
-        self.on_own_hold(lease, |slot, now| {
-            if let Some(own) = slot.own(lease, now) {
-                own.expires = deadline_after(now, ttl);
-            }
+        self.on_own_hold(lease, |slot, at, now| {
+            slot.holds[at].expires = deadline_after(now, ttl);
         })?;
         lease.extended(sent);
         Ok(())
