@@ -67,6 +67,7 @@ trap 'rm -rf "$work"' EXIT
 sources | mmdebstrap --quiet --variant=minbase --include="$packages" \
   --customize-hook="copy-in $(echo "$here"/bin/*) /usr/local/bin/" \
   --customize-hook='chmod 755 "$1"/usr/local/bin/dlock-*' \
+  --customize-hook='chroot "$1" /usr/local/bin/dlock-init' \
   --customize-hook='rm -rf "$1"/var/cache/apt/archives/*.deb "$1"/var/lib/apt/lists/*' \
   bookworm "$work/rootfs.tar" - >&2
 
