@@ -5,6 +5,7 @@
 mod floors;
 mod report;
 mod scenarios;
+mod shared;
 mod target;
 
 /// Counts heap bytes, for the client memory per held lease.
@@ -42,6 +43,9 @@ enum Scenario {
     Held,
     /// Uncontended throughput as clients double.
     Scaling,
+    /// A read-mostly reader-writer lock against a mutex on the same work,
+    /// and a semaphore, each with every client on one name.
+    Shared,
 }
 
 /// Compare the dlock backends: throughput, hand-off latency, fairness,
@@ -53,7 +57,7 @@ struct Args {
     #[arg(long, value_delimiter = ',', default_values = ["memory", "redis", "mysql", "postgres", "zookeeper"])]
     backends: Vec<Which>,
     /// Scenarios to run.
-    #[arg(long, value_delimiter = ',', default_values = ["cycle", "contended", "held", "scaling"])]
+    #[arg(long, value_delimiter = ',', default_values = ["cycle", "contended", "held", "scaling", "shared"])]
     scenarios: Vec<Scenario>,
     /// Concurrent clients (each with its own connections) in the cycle and
     /// contended scenarios.
@@ -177,6 +181,7 @@ async fn run(args: Args) -> Result<()> {
         * (usize::from(has(Scenario::Cycle)) * 4
             + usize::from(has(Scenario::Contended))
             + usize::from(has(Scenario::Held))
+            + usize::from(has(Scenario::Shared))
             + usize::from(has(Scenario::Scaling)) * scaling_points.len());
     let bar = ProgressBar::new(u64::try_from(steps).unwrap_or(0));
     bar.set_style(ProgressStyle::with_template(
@@ -253,6 +258,11 @@ async fn run(args: Args) -> Result<()> {
             bar.set_message(format!("{name}: contended"));
             r.contended =
                 Some(scenarios::contended(target, &clients[..args.clients], name, duration).await?);
+            bar.inc(1);
+        }
+        if has(Scenario::Shared) {
+            bar.set_message(format!("{name}: reader-writer lock and semaphore"));
+            r.shared = Some(shared::shared(&clients[..args.clients], name, duration).await?);
             bar.inc(1);
         }
         if has(Scenario::Held) {

@@ -23,7 +23,7 @@ pub struct Latency {
 }
 
 impl Latency {
-    fn from(h: &Histogram<u64>) -> Self {
+    pub(crate) fn from(h: &Histogram<u64>) -> Self {
         Latency {
             count: h.len(),
             mean_us: h.mean(),
@@ -35,11 +35,11 @@ impl Latency {
     }
 }
 
-fn histogram() -> Result<Histogram<u64>> {
+pub(crate) fn histogram() -> Result<Histogram<u64>> {
     Ok(Histogram::new_with_bounds(1, 60_000_000, 3)?)
 }
 
-fn micros(d: Duration) -> u64 {
+pub(crate) fn micros(d: Duration) -> u64 {
     u64::try_from(d.as_micros()).unwrap_or(u64::MAX).max(1)
 }
 

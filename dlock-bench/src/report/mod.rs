@@ -15,6 +15,7 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 
 use crate::scenarios::{Contention, Held, Latency, Paired, Throughput};
+use crate::shared::SharedReport;
 use crate::target::Result;
 
 pub use tables::{compare, markdown};
@@ -48,6 +49,9 @@ pub struct BackendReport {
     pub held: Vec<Held>,
     /// Uncontended cycles as clients double, from 1.
     pub scaling: Vec<Throughput>,
+    /// Reader-writer lock and semaphore under load (older reports: none).
+    #[serde(default)]
+    pub shared: Option<SharedReport>,
 }
 
 /// Reads `null`, one value, or a list.

@@ -3,9 +3,10 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
 
-use super::Report;
 use super::palette::ordered;
+use super::{BackendReport, Report};
 use crate::scenarios::Throughput;
+use crate::shared::SharedReport;
 use crate::target::Result;
 
 fn ms(us: u64) -> String {
@@ -223,7 +224,61 @@ pub fn markdown(r: &Report) -> String {
             let _ = writeln!(s, "| {} | {} |", b.backend, row.join(" | "));
         }
     }
+    shared_table(&mut s, &backends);
     s
+}
+
+/// The reader-writer lock and semaphore table, when any backend ran them.
+fn shared_table(s: &mut String, backends: &[&BackendReport]) {
+    use crate::shared::{PERMITS, WORK};
+    let runs: Vec<(&str, &SharedReport)> = backends
+        .iter()
+        .filter_map(|b| Some((b.backend.as_str(), b.shared.as_ref()?)))
+        .filter(|(_, r)| r.read_mostly.is_some() || r.semaphore.is_some())
+        .collect();
+    if runs.is_empty() {
+        return;
+    }
+    let work_ms = WORK.as_secs_f64() * 1000.0;
+    let ceiling = f64::from(PERMITS) / WORK.as_secs_f64();
+    let _ = writeln!(
+        s,
+        "\n**Reader-writer lock and semaphore** (every client on one name, each hold {work_ms:.0} ms of work; \
+         read-mostly: one write in 20, against the same work under a mutex; semaphore of {PERMITS}, \
+         whose ceiling is {ceiling:.0} grants/s; wait from asking to the grant, ms)\n"
+    );
+    let _ = writeln!(
+        s,
+        "| backend | read-mostly grants/s | as a mutex | rw / mutex | most holders at once | wait p50 | p99 | semaphore grants/s | of the ceiling | most holders at once | wait p50 | p99 |"
+    );
+    let _ = writeln!(s, "|---|---|---|---|---|---|---|---|---|---|---|---|");
+    for (backend, r) in runs {
+        let (rw, mutex, sem) = (
+            r.read_mostly.as_ref(),
+            r.read_mostly_as_mutex.as_ref(),
+            r.semaphore.as_ref(),
+        );
+        let ratio = match (rw, mutex) {
+            (Some(a), Some(b)) if b.grants_per_s > 0.0 => {
+                format!("{:.1}", a.grants_per_s / b.grants_per_s)
+            }
+            _ => "–".to_owned(),
+        };
+        let _ = writeln!(
+            s,
+            "| {backend} | {} | {} | {ratio} | {} | {} | {} | {} | {} | {} | {} | {} |",
+            opt(rw, |l| format!("{:.0}", l.grants_per_s)),
+            opt(mutex, |l| format!("{:.0}", l.grants_per_s)),
+            opt(rw, |l| l.most_at_once.to_string()),
+            opt(rw, |l| ms(l.wait.p50_us)),
+            opt(rw, |l| ms(l.wait.p99_us)),
+            opt(sem, |l| format!("{:.0}", l.grants_per_s)),
+            opt(sem, |l| format!("{:.2}", l.grants_per_s / ceiling)),
+            opt(sem, |l| l.most_at_once.to_string()),
+            opt(sem, |l| ms(l.wait.p50_us)),
+            opt(sem, |l| ms(l.wait.p99_us)),
+        );
+    }
 }
 
 #[cfg(test)]
