@@ -4,13 +4,23 @@
 use std::sync::Arc;
 
 use dlock_core::undo::UndoOnDrop;
-use dlock_core::{Error, Lease, OwnerToken, Result};
+use dlock_core::{Error, Lease, Mode, OwnerToken, Result};
 use zookeeper_client as zk;
 
 use crate::backend::{NAME, ZkBackend};
 use crate::error::{gave_up, zk_error};
 use crate::hold::HOLD_NODE;
-use crate::path::{protected_prefix, sequence};
+use crate::path::{is_downgraded, node_prefix, protected_prefix, sequence};
+
+/// A lock's folder as one listing saw it.
+pub(crate) struct Queue {
+    /// The queue nodes of every kind, in sequence order.
+    pub(crate) nodes: Vec<String>,
+    /// Whether a hold node (see [`crate::hold`]) is there.
+    pub(crate) hold: bool,
+    /// Downgrades' read holds, which are in no queue.
+    pub(crate) downgraded: Vec<String>,
+}
 
 /// A place in a lock's queue, not yet handed over as a lease: its node is
 /// deleted if this is dropped.
@@ -23,17 +33,18 @@ pub(crate) struct Place {
     pub(crate) node: String,
     pub(crate) fencing_token: u64,
     /// The queue as listed right behind the create, if that listing came.
-    pub(crate) listed: Option<(Vec<String>, bool)>,
+    pub(crate) listed: Option<Queue>,
     pub(crate) undo: UndoOnDrop,
 }
 
 impl ZkBackend {
-    /// Takes a place in the queue of `name` with a fresh owner token.
-    pub(crate) async fn join(&self, client: &zk::Client, name: &str) -> Result<Place> {
+    /// Takes a place in the queue of `name` for `mode` with a fresh owner
+    /// token.
+    pub(crate) async fn join(&self, client: &zk::Client, name: &str, mode: Mode) -> Result<Place> {
         let owner = OwnerToken::random()?;
         let dir = self.lock_dir(name);
         let mut undo = self.undo_create(&dir, &protected_prefix(owner));
-        let (path, czxid, listed) = self.enqueue_and_list(client, &dir, owner).await?;
+        let (path, czxid, listed) = self.enqueue_and_list(client, &dir, owner, mode).await?;
         undo.disarm();
         let undo = self.undo_node(&path);
         // Checked only now, so that a bad one still gets the node deleted.
@@ -58,6 +69,7 @@ impl ZkBackend {
         &self,
         client: &Arc<zk::Client>,
         name: &str,
+        mode: Mode,
         place: &Place,
     ) -> Result<Lease> {
         let (current, lost) = self.session();
@@ -69,7 +81,7 @@ impl ZkBackend {
             ));
         }
         let lease = Lease::with_session(name, place.owner, place.fencing_token, lost.child_token());
-        Ok(lease.with_handle(place.path.clone()))
+        Ok(lease.with_handle(place.path.clone()).with_mode(mode))
     }
 
     /// Joins the queue of `dir`: creates our ephemeral sequential node,
@@ -80,9 +92,10 @@ impl ZkBackend {
         client: &zk::Client,
         dir: &str,
         owner: OwnerToken,
+        mode: Mode,
     ) -> Result<(String, i64)> {
         let prefix = protected_prefix(owner);
-        let path = format!("{dir}/{prefix}lock-");
+        let path = format!("{dir}/{}", node_prefix(owner, mode));
         let node_opts = zk::CreateMode::EphemeralSequential.with_acls(self.acls());
         let dir_opts = zk::CreateMode::Container.with_acls(self.acls());
         let mut last = None;
@@ -128,9 +141,10 @@ impl ZkBackend {
         client: &zk::Client,
         dir: &str,
         owner: OwnerToken,
-    ) -> Result<(String, i64, Option<(Vec<String>, bool)>)> {
+        mode: Mode,
+    ) -> Result<(String, i64, Option<Queue>)> {
         let prefix = protected_prefix(owner);
-        let path = format!("{dir}/{prefix}lock-");
+        let path = format!("{dir}/{}", node_prefix(owner, mode));
         let node_opts = zk::CreateMode::EphemeralSequential.with_acls(self.acls());
         let create = client.create(&path, &[], &node_opts);
         let list = client.list_children(dir);
@@ -143,14 +157,14 @@ impl ZkBackend {
             )),
             // Not created: the parents are missing (containers come and go).
             Err(zk::Error::NoNode) => {
-                let (node, czxid) = self.enqueue(client, dir, owner).await?;
+                let (node, czxid) = self.enqueue(client, dir, owner, mode).await?;
                 Ok((node, czxid, None))
             }
             // Maybe created: look for it before creating another.
             Err(zk::Error::ConnectionLoss) => match self.find_own(client, dir, &prefix).await? {
                 Some((node, czxid)) => Ok((node, czxid, None)),
                 None => {
-                    let (node, czxid) = self.enqueue(client, dir, owner).await?;
+                    let (node, czxid) = self.enqueue(client, dir, owner, mode).await?;
                     Ok((node, czxid, None))
                 }
             },
@@ -181,13 +195,8 @@ impl ZkBackend {
         }
     }
 
-    /// The queue of `dir`, sorted by sequence number, and whether a hold
-    /// node (see [`crate::hold`]) is there too.
-    pub(crate) async fn queue(
-        &self,
-        client: &zk::Client,
-        dir: &str,
-    ) -> Result<(Vec<String>, bool)> {
+    /// The queue of `dir`.
+    pub(crate) async fn queue(&self, client: &zk::Client, dir: &str) -> Result<Queue> {
         let children: Vec<String> = match self.bounded(client.list_children(dir)).await {
             Ok(children) => children,
             Err(zk::Error::NoNode) => Vec::new(),
@@ -197,13 +206,22 @@ impl ZkBackend {
     }
 }
 
-/// The lock nodes among a folder's children, sorted by sequence number, and
-/// whether a hold node is there too.
-fn sorted_queue(mut children: Vec<String>) -> (Vec<String>, bool) {
+/// A folder's children as a queue: the lock nodes sorted by sequence
+/// number, the hold, the downgrades.
+pub(crate) fn sorted_queue(mut children: Vec<String>) -> Queue {
     let hold = children.iter().any(|c| c == HOLD_NODE);
+    let downgraded = children
+        .iter()
+        .filter(|c| is_downgraded(c))
+        .cloned()
+        .collect();
     children.retain(|c| sequence(c).is_some());
     children.sort_by_key(|c| sequence(c));
-    (children, hold)
+    Queue {
+        nodes: children,
+        hold,
+        downgraded,
+    }
 }
 
 /// A fencing token from a node's creation zxid, which is positive on a

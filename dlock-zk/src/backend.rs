@@ -6,9 +6,9 @@ use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use dlock_core::wait::{bounded_acquire, check_request, mutex_only};
+use dlock_core::wait::{bounded_acquire, check_request};
 use dlock_core::{
-    Backend, Capabilities, Error, Lease, LeaseKind, LockInfo, LockOptions, LockPage, Result,
+    Backend, Capabilities, Error, Lease, LeaseKind, LockInfo, LockOptions, LockPage, Mode, Result,
     async_trait,
 };
 use zookeeper_client as zk;
@@ -132,22 +132,29 @@ impl Backend for ZkBackend {
         caps.cleanup = true;
         // A persistent hold node, which outlives the session.
         caps.delayed_release = true;
+        // Every kind queues in one folder, in one sequence.
+        caps.rwlock = true;
+        caps.semaphore = true;
         caps
     }
 
     async fn try_acquire(&self, name: &str, opts: &LockOptions) -> Result<Option<Lease>> {
         check_request(name, opts)?;
-        mutex_only(self.driver(), opts)?;
-        self.within("acquire", self.contend(name, None)).await
+        self.within("acquire", self.contend(name, opts.mode_value(), None))
+            .await
     }
 
     async fn acquire(&self, name: &str, opts: &LockOptions) -> Result<Lease> {
-        mutex_only(self.driver(), opts)?;
         let request_timeout = self.request_timeout();
         bounded_acquire(name, opts, request_timeout, |deadline| {
-            self.wait(name, deadline)
+            self.wait(name, opts.mode_value(), deadline)
         })
         .await
+    }
+
+    async fn downgrade(&self, write: &Lease, opts: &LockOptions) -> Result<Lease> {
+        self.within("downgrade", self.downgrade_lease(write, opts))
+            .await
     }
 
     async fn release(&self, lease: &Lease) -> Result<()> {
@@ -155,6 +162,18 @@ impl Backend for ZkBackend {
     }
 
     async fn release_after(&self, lease: &Lease, hold: Duration) -> Result<()> {
+        // The hold node keeps every request out, as a write lock or a
+        // single permit does; a reader's or one of several permits' would
+        // keep out the others that may share the name.
+        if !matches!(
+            lease.mode(),
+            Mode::Exclusive | Mode::Write | Mode::Permit(1)
+        ) {
+            return Err(Error::Unsupported {
+                backend: NAME,
+                operation: "release_after of a read lock or of one of several permits",
+            });
+        }
         self.within("release_after", self.release_holding(lease, hold))
             .await
     }

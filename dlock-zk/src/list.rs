@@ -60,7 +60,9 @@ impl ZkBackend {
         validate_name(name)?;
         let client = self.client();
         let dir = self.lock_dir(name);
-        let (queue, hold) = self.queue(&client, &dir).await?;
+        let crate::acquire::Queue {
+            nodes: queue, hold, ..
+        } = self.queue(&client, &dir).await?;
         if hold && let Some(info) = self.delete_hold(&client, &dir).await? {
             // The node at the front only waited for the hold.
             return Ok(Some(info));
@@ -84,7 +86,9 @@ impl ZkBackend {
     /// The holder of the lock in `dir`: the first node of its queue.
     async fn holder(&self, client: &zk::Client, dir: &str) -> Result<Option<LockInfo>> {
         for _ in 0..3 {
-            let (queue, hold) = self.queue(client, dir).await?;
+            let crate::acquire::Queue {
+                nodes: queue, hold, ..
+            } = self.queue(client, dir).await?;
             // During a hold, the node at the front only waits for it.
             if hold && let Some(info) = self.read_hold(client, dir).await?.and_then(|h| h.info()) {
                 return Ok(Some(info));

@@ -1,23 +1,83 @@
 //! Where a lock lives in the tree: Curator's layout, so Curator (Java) and
 //! kazoo (Python) clients contend on the same locks.
 //!
-//! `/<root>/<E>/_c_<uuid>-lock-<10-digit sequence>`, where `E` is the lock
-//! name with `%`, `/` and every character ZooKeeper refuses in a path
+//! `/<root>/<E>/_c_<uuid>-lock-<10-digit sequence>` for a mutex, and in
+//! the same folder `_c_<uuid>-__READ__<seq>` and `_c_<uuid>-__WRIT__<seq>`
+//! for a reader-writer lock (Curator's `InterProcessReadWriteLock`) and
+//! `_c_<uuid>-__PERM<N>__<seq>` for a permit of a semaphore of N (ours: the
+//! count in the name, so that two sizes meet as a conflict). One folder and
+//! one sequence for every kind: each node's place in the queue, and so what
+//! is ahead of it, is decided by the server, whatever its kind. `E` is the
+//! lock name with `%`, `/` and every character ZooKeeper refuses in a path
 //! written as `%XX` per UTF-8 byte, and with `.` and `..` written `%2E` and
 //! `%2E%2E` (ZooKeeper refuses them as path components). The escape is
 //! injective: every name gets its own node.
 
-use dlock_core::{Lease, OwnerToken};
+use dlock_core::{Lease, Mode, OwnerToken};
 
 use crate::backend::ZkBackend;
 
 /// The marker between the protected prefix and the sequence number.
 pub(crate) const LOCK_MARKER: &str = "-lock-";
 
-/// The markers of every recipe whose nodes queue for the same lock:
-/// Curator's and ours (`-lock-`), kazoo's `Lock` (`__lock__`) and kazoo's
-/// `ReadLock` (`__rlock__`: a reader holds off an exclusive lock too).
-const MARKERS: [&str; 3] = [LOCK_MARKER, "__lock__", "__rlock__"];
+/// The node a downgrade makes (`_c_<uuid>-downgraded`, ephemeral, not in
+/// the sequence): a read hold that no writer queued before it may pass.
+pub(crate) const DOWNGRADED: &str = "downgraded";
+
+/// The markers of every recipe whose nodes queue for the same lock, and
+/// the kind each one's node asks for: Curator's and our mutex (`-lock-`),
+/// kazoo's `Lock` and `WriteLock` (`__lock__`), kazoo's `ReadLock`
+/// (`__rlock__`), Curator's and our read and write locks.
+const MARKERS: [(&str, Node); 5] = [
+    (LOCK_MARKER, Node::Mutex),
+    ("__lock__", Node::KazooLock),
+    ("__rlock__", Node::KazooRead),
+    ("__READ__", Node::Read),
+    ("__WRIT__", Node::Write),
+];
+
+/// What a queue node asks for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Node {
+    Mutex,
+    /// kazoo's `Lock` and `WriteLock`, which write the same nodes.
+    KazooLock,
+    /// kazoo's `ReadLock`.
+    KazooRead,
+    Read,
+    Write,
+    Permit(u32),
+}
+
+impl Node {
+    /// The mode this node holds or waits for, as a request in `asker`
+    /// sees it: kazoo's nodes are a reader-writer lock's to a reader or
+    /// writer, and exclusive to a mutex (as they always were to ours).
+    pub(crate) fn mode_for(self, asker: Mode) -> Mode {
+        let rw = matches!(asker, Mode::Read | Mode::Write);
+        match self {
+            Node::Mutex => Mode::Exclusive,
+            Node::KazooLock if rw => Mode::Write,
+            Node::KazooRead if rw => Mode::Read,
+            Node::KazooLock | Node::KazooRead => Mode::Exclusive,
+            Node::Read => Mode::Read,
+            Node::Write => Mode::Write,
+            Node::Permit(n) => Mode::Permit(n),
+        }
+    }
+}
+
+/// The name of our queue node for `mode`, up to its sequence number.
+pub(crate) fn node_prefix(owner: OwnerToken, mode: Mode) -> String {
+    let prefix = protected_prefix(owner);
+    match mode {
+        Mode::Read => format!("{prefix}__READ__"),
+        Mode::Write => format!("{prefix}__WRIT__"),
+        Mode::Permit(n) => format!("{prefix}__PERM{n}__"),
+        // The mutex; and any mode added later holds alone here.
+        _ => format!("{prefix}lock-"),
+    }
+}
 
 /// Characters that ZooKeeper refuses in a path (PathUtils.validatePath),
 /// plus `/` and our escape character. ZooKeeper checks UTF-16 code units,
@@ -93,19 +153,34 @@ pub(crate) fn owner_of(node: &str) -> Option<OwnerToken> {
     hex.parse().ok()
 }
 
-/// The sequence number of a lock node of any recipe in [`MARKERS`]; the
-/// queue is sorted by it (the parent's counter numbers every child, so
-/// sequences of different recipes compare). `None` for other nodes.
+/// The sequence number of a lock node of any recipe in [`MARKERS`] or a
+/// permit; the queue is sorted by it (the parent's counter numbers every
+/// child, so sequences of different recipes compare). `None` for other
+/// nodes.
 pub(crate) fn sequence(node: &str) -> Option<i64> {
-    MARKERS.iter().find_map(|marker| {
-        let at = node.rfind(marker)?;
-        let digits = &node[at + marker.len()..];
-        // `%010d` of the parent's counter: negative once it wraps past
-        // 2^31, and 19 digits from clients that print it as a long.
-        let unsigned = digits.strip_prefix('-').unwrap_or(digits);
-        let ok = matches!(unsigned.len(), 10 | 19) && unsigned.bytes().all(|b| b.is_ascii_digit());
-        ok.then(|| digits.parse().ok()).flatten()
-    })
+    parse(node).map(|(_, sequence)| sequence)
+}
+
+/// The kind of a queue node and its sequence number.
+pub(crate) fn parse(node: &str) -> Option<(Node, i64)> {
+    let (kind, digits) = MARKERS
+        .iter()
+        .find_map(|(marker, kind)| Some((*kind, &node[node.rfind(marker)? + marker.len()..])))
+        .or_else(|| {
+            let rest = &node[node.rfind("__PERM")? + "__PERM".len()..];
+            let (permits, digits) = rest.split_once("__")?;
+            Some((Node::Permit(permits.parse().ok()?), digits))
+        })?;
+    // `%010d` of the parent's counter: negative once it wraps past 2^31,
+    // and 19 digits from clients that print it as a long.
+    let unsigned = digits.strip_prefix('-').unwrap_or(digits);
+    let ok = matches!(unsigned.len(), 10 | 19) && unsigned.bytes().all(|b| b.is_ascii_digit());
+    Some((kind, digits.parse().ok().filter(|_| ok)?))
+}
+
+/// Whether a folder's child is a downgrade's read hold.
+pub(crate) fn is_downgraded(node: &str) -> bool {
+    node.starts_with("_c_") && node.ends_with(&format!("-{DOWNGRADED}"))
 }
 
 impl ZkBackend {
@@ -182,5 +257,28 @@ mod tests {
         assert_eq!(sequence("x__lock__12"), None);
         assert_eq!(sequence("x-lock--2147483648"), Some(-2_147_483_648));
         assert_eq!(sequence("x-lock-0000000002147483648"), Some(2_147_483_648));
+    }
+
+    #[test]
+    fn every_kind_has_its_node() {
+        let owner = OwnerToken::random().unwrap();
+        for (mode, kind) in [
+            (Mode::Exclusive, Node::Mutex),
+            (Mode::Read, Node::Read),
+            (Mode::Write, Node::Write),
+            (Mode::Permit(12), Node::Permit(12)),
+        ] {
+            let node = format!("{}0000000042", node_prefix(owner, mode));
+            assert_eq!(parse(&node), Some((kind, 42)), "{node}");
+            assert_eq!(owner_of(&node), Some(owner), "{node}");
+            assert_eq!(kind.mode_for(mode), mode);
+        }
+        assert_eq!(parse("_c_x-__PERMx__0000000001"), None);
+        assert_eq!(parse("_c_x-__PERM2__00001"), None);
+        let downgraded = format!("{}{DOWNGRADED}", protected_prefix(owner));
+        assert!(is_downgraded(&downgraded) && parse(&downgraded).is_none());
+        assert_eq!(Node::KazooRead.mode_for(Mode::Exclusive), Mode::Exclusive);
+        assert_eq!(Node::KazooRead.mode_for(Mode::Write), Mode::Read);
+        assert_eq!(Node::KazooLock.mode_for(Mode::Read), Mode::Write);
     }
 }

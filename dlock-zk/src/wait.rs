@@ -3,23 +3,25 @@
 use std::time::Duration;
 
 use dlock_core::wait::{Backoff, Deadline};
-use dlock_core::{Error, Lease, Result};
+use dlock_core::{Admission, Error, Lease, Mode, Result};
 use tokio::time::sleep;
 use zookeeper_client as zk;
 
+use crate::acquire::{Queue, sorted_queue};
 use crate::backend::{NAME, ZkBackend};
 use crate::error::zk_error;
 use crate::hold::hold_path;
+use crate::path::parse;
 
 impl ZkBackend {
     /// Contends for `name` until `deadline`, again after a dropped
     /// connection: it costs that attempt its node (the server went, or the
     /// session moved to another server of the ensemble), not the caller its
     /// wait.
-    pub(crate) async fn wait(&self, name: &str, deadline: Deadline) -> Result<Lease> {
+    pub(crate) async fn wait(&self, name: &str, mode: Mode, deadline: Deadline) -> Result<Lease> {
         let mut backoff = Backoff::new(Duration::from_millis(50), Duration::from_secs(1));
         loop {
-            match self.contend(name, Some(deadline)).await {
+            match self.contend(name, mode, Some(deadline)).await {
                 Ok(Some(lease)) => return Ok(lease),
                 Ok(None) => return Err(deadline.timeout_error(name)),
                 Err(e) if e.is_retryable() && !deadline.is_past() => {
@@ -31,28 +33,31 @@ impl ZkBackend {
         }
     }
 
-    /// Takes a place in the queue and waits for the front, up to `deadline`
-    /// (`None`: one look only). The node is deleted if this ends without a
-    /// lease, and also if this future is dropped.
+    /// Takes a place in the queue for `mode` and waits until the queue
+    /// admits it ([`Mode::admits`], over the nodes ahead of ours and the
+    /// downgrades' read holds), up to `deadline` (`None`: one look only).
+    /// The node is deleted if this ends without a lease, and also if this
+    /// future is dropped.
     ///
     /// Not core's `wait_for_lock`, which repeats whole attempts: a waiter
     /// here keeps its place (and so its turn) and sleeps on a watch.
     pub(crate) async fn contend(
         &self,
         name: &str,
+        mode: Mode,
         deadline: Option<Deadline>,
     ) -> Result<Option<Lease>> {
         let client = self.client();
-        let mut place = self.join(&client, name).await?;
+        let mut place = self.join(&client, name, mode).await?;
         loop {
-            let (queue, hold) = match place.listed.take() {
+            let queue = match place.listed.take() {
                 // The listing sent with the create: the server answers a
                 // session's requests in order, so it holds our node. Read
                 // again if it does not, rather than trust it.
-                Some(first) if first.0.contains(&place.node) => first,
+                Some(first) if first.nodes.contains(&place.node) => first,
                 _ => self.queue(&client, &place.dir).await?,
             };
-            let Some(at) = queue.iter().position(|c| *c == place.node) else {
+            let Some(at) = queue.nodes.iter().position(|c| *c == place.node) else {
                 // Our node vanished: the session expired under us.
                 return Err(Error::connection(
                     NAME,
@@ -60,63 +65,126 @@ impl ZkBackend {
                     zk::Error::SessionExpired,
                 ));
             };
-            if at == 0
-                && hold
-                && let Some(left) = self.hold_left(&client, &place.dir, &place.path).await?
-            {
-                let Some(deadline) = deadline else {
+            let ahead: Vec<Mode> = queue.nodes[..at]
+                .iter()
+                .filter_map(|node| parse(node))
+                .map(|(kind, _)| kind.mode_for(mode))
+                .collect();
+            let downgrades = vec![Mode::Read; queue.downgraded.len()];
+            let watch = match mode.admits(&downgrades, &ahead) {
+                Admission::Conflict(held) => {
                     self.leave(place).await;
-                    return Ok(None);
-                };
-                if deadline.is_past() {
-                    self.leave(place).await;
-                    return Err(deadline.timeout_error(name));
+                    return Err(Error::ModeConflict {
+                        name: name.to_owned(),
+                        held,
+                        asked: mode,
+                    });
                 }
-                // Until the hold ends, or its node goes (an operator's
-                // forced release).
-                let watcher = match self
-                    .bounded(client.check_and_watch_stat(&hold_path(&place.dir)))
-                    .await
-                {
-                    Ok((_, watcher)) => watcher,
-                    Err(e) => return Err(zk_error(e, "watch the lock's hold")),
-                };
-                tokio::select! {
-                    _ = watcher.changed() => {}
-                    () = sleep(deadline.cap(left)) => {}
+                Admission::Grant => {
+                    let left = if queue.hold {
+                        self.hold_left(&client, &place.dir, &place.path).await?
+                    } else {
+                        None
+                    };
+                    match left {
+                        Some(left) => Watch::Hold(left),
+                        None => {
+                            let lease = self.grant(&client, name, mode, &place)?;
+                            place.undo.disarm();
+                            return Ok(Some(lease));
+                        }
+                    }
                 }
-                continue;
-            }
-            if at == 0 {
-                let lease = self.grant(&client, name, &place)?;
-                place.undo.disarm();
-                return Ok(Some(lease));
-            }
+                Admission::Wait => Watch::Node(waits_for(mode, &queue, at)),
+            };
             let Some(deadline) = deadline else {
                 // Leave the queue before saying "held", so the next attempt
                 // (ours or anyone's) does not queue behind a ghost.
                 self.leave(place).await;
                 return Ok(None);
             };
-            // Watch only the node just ahead of ours: a release wakes one
-            // waiter, not the herd.
-            let predecessor = format!("{}/{}", place.dir, queue[at - 1]);
-            let watcher = match self
-                .bounded(client.check_and_watch_stat(&predecessor))
-                .await
-            {
-                Ok((Some(_), watcher)) => watcher,
-                Ok((None, _)) => continue,
-                Err(e) => return Err(zk_error(e, "watch the lock's predecessor")),
-            };
-            if !deadline.is_past() {
-                tokio::select! {
-                    _ = watcher.changed() => continue,
-                    () = sleep(deadline.cap(Duration::MAX)) => {}
+            if deadline.is_past() {
+                self.leave(place).await;
+                return Err(deadline.timeout_error(name));
+            }
+            let woken = match watch {
+                // Until the hold ends, or its node goes (an operator's
+                // forced release).
+                Watch::Hold(left) => {
+                    let watcher = match self
+                        .bounded(client.check_and_watch_stat(&hold_path(&place.dir)))
+                        .await
+                    {
+                        Ok((_, watcher)) => watcher,
+                        Err(e) => return Err(zk_error(e, "watch the lock's hold")),
+                    };
+                    tokio::select! {
+                        _ = watcher.changed() => {}
+                        () = sleep(deadline.cap(left)) => {}
+                    }
+                    continue;
                 }
+                Watch::Node(Some(node)) => {
+                    let path = format!("{}/{node}", place.dir);
+                    match self.bounded(client.check_and_watch_stat(&path)).await {
+                        Ok((Some(_), watcher)) => watcher,
+                        Ok((None, _)) => continue,
+                        Err(e) => return Err(zk_error(e, "watch the node ahead")),
+                    }
+                }
+                // A permit waits for any node ahead to go: every change of
+                // the folder wakes it (the queue as it is now comes with
+                // the watch; a change since the last look is looked at
+                // at once).
+                Watch::Node(None) => {
+                    match self
+                        .bounded(client.list_and_watch_children(&place.dir))
+                        .await
+                    {
+                        Ok((children, watcher)) => {
+                            let now = sorted_queue(children);
+                            if now.nodes != queue.nodes || now.downgraded != queue.downgraded {
+                                place.listed = Some(now);
+                                continue;
+                            }
+                            watcher
+                        }
+                        Err(e) => return Err(zk_error(e, "watch the lock's queue")),
+                    }
+                }
+            };
+            tokio::select! {
+                _ = woken.changed() => continue,
+                () = sleep(deadline.cap(Duration::MAX)) => {}
             }
             self.leave(place).await;
             return Err(deadline.timeout_error(name));
         }
+    }
+}
+
+/// What a waiter sleeps on.
+enum Watch {
+    /// The hold node, at most this long.
+    Hold(Duration),
+    /// The node whose going may admit us; `None`: the whole folder.
+    Node(Option<String>),
+}
+
+/// The node a request in `mode` at `at` in `queue` waits for: a release
+/// wakes one waiter (or the readers behind one writer), not the herd. A
+/// writer or mutex waits for the node just ahead (or, at the front, for a
+/// downgrade's read hold), a reader for the nearest writer ahead; a permit
+/// for any node ahead (`None`).
+fn waits_for(mode: Mode, queue: &Queue, at: usize) -> Option<String> {
+    let ahead = &queue.nodes[..at];
+    match mode {
+        Mode::Permit(_) => None,
+        Mode::Read => ahead
+            .iter()
+            .rev()
+            .find(|node| parse(node).is_some_and(|(kind, _)| kind.mode_for(mode) == Mode::Write))
+            .cloned(),
+        _ => ahead.last().or_else(|| queue.downgraded.first()).cloned(),
     }
 }

@@ -16,3 +16,5 @@ async fn zookeeper() -> Arc<dyn Backend> {
 }
 
 dlock_conformance::conformance_tests!(zookeeper);
+
+dlock_conformance::shared_kind_tests!(zookeeper);

@@ -21,3 +21,5 @@ async fn connect(url: String) -> Arc<dyn Backend> {
 }
 
 dlock_conformance::fault_tests!(connect, Service::ZooKeeper);
+
+dlock_conformance::shared_kind_fault_tests!(connect, Service::ZooKeeper);

@@ -16,16 +16,16 @@ use dlock_zk::ZkBackend;
 
 const KAZOO: &str = "kazoo==2.11.0";
 
-/// A kazoo `Lock` driven line by line: `try` answers `acquired` or `held`,
-/// `release` answers `released`.
+/// A kazoo `Lock`, `ReadLock` or `WriteLock` driven line by line: `try`
+/// answers `acquired` or `held`, `release` answers `released`.
 const DRIVER: &str = r#"
 import sys
 from kazoo.client import KazooClient
-from kazoo.recipe.lock import Lock
-hosts, path, extra = sys.argv[1], sys.argv[2], sys.argv[3:]
+from kazoo.recipe import lock as recipes
+hosts, path, recipe, extra = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4:]
 zk = KazooClient(hosts=hosts)
 zk.start(timeout=15)
-lock = Lock(zk, path, extra_lock_patterns=extra)
+lock = getattr(recipes, recipe)(zk, path, extra_lock_patterns=extra)
 print("ready", flush=True)
 for line in sys.stdin:
     cmd = line.strip()
@@ -75,12 +75,13 @@ struct Kazoo {
 }
 
 impl Kazoo {
-    fn start(hosts: &str, path: &str, extra_patterns: &[&str]) -> Self {
+    fn start(hosts: &str, path: &str, recipe: &str, extra_patterns: &[&str]) -> Self {
         let mut child = Command::new("python3")
             .arg("-c")
             .arg(DRIVER)
             .arg(hosts)
             .arg(path)
+            .arg(recipe)
             .args(extra_patterns)
             .env("PYTHONPATH", kazoo_path())
             .stdin(Stdio::piped())
@@ -141,7 +142,7 @@ async fn dlock_and_kazoo_respect_each_others_holders() {
     let opts = LockOptions::new();
     let start = |extra: &'static [&'static str]| {
         let (hosts, path) = (hosts.clone(), path.clone());
-        tokio::task::spawn_blocking(move || Kazoo::start(&hosts, &path, extra))
+        tokio::task::spawn_blocking(move || Kazoo::start(&hosts, &path, "Lock", extra))
     };
 
     // kazoo holds: dlock sees its `__lock__` node ahead in the queue.
@@ -176,4 +177,68 @@ async fn dlock_and_kazoo_respect_each_others_holders() {
     let (kazoo, said) = with_kazoo(kazoo, |k| k.ask("release")).await;
     assert_eq!(said, "released");
     drop(kazoo);
+}
+
+/// Reader-writer locks: kazoo's `ReadLock` and `WriteLock` (told of
+/// Curator's node names, which dlock writes) and dlock's share and exclude
+/// as one reader-writer lock, both ways.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dlock_and_kazoo_share_one_reader_writer_lock() {
+    let hosts = shared(Service::ZooKeeper).await.url().to_owned();
+    let dlock = ZkBackend::connect(&hosts).await.unwrap();
+    let name = unique_name("kazoo-rw");
+    let path = format!("/dlock/{name}");
+    let start = |recipe: &'static str| {
+        let (hosts, path) = (hosts.clone(), path.clone());
+        tokio::task::spawn_blocking(move || {
+            Kazoo::start(&hosts, &path, recipe, &["__WRIT__", "__READ__"])
+        })
+    };
+    let (read, write) = (LockOptions::new().read(), LockOptions::new().write());
+    let (kazoo_reader, kazoo_writer) = (
+        start("ReadLock").await.unwrap(),
+        start("WriteLock").await.unwrap(),
+    );
+
+    // kazoo reads: dlock reads beside it, and cannot write.
+    let (kazoo_reader, said) = with_kazoo(kazoo_reader, |k| k.ask("try")).await;
+    assert_eq!(said, "acquired");
+    let reader = must_acquire(&dlock, &name, &read).await;
+    assert!(
+        dlock.try_acquire(&name, &write).await.unwrap().is_none(),
+        "dlock wrote while kazoo read"
+    );
+    // Both read: a kazoo writer waits for them.
+    let (kazoo_writer, said) = with_kazoo(kazoo_writer, |k| k.ask("try")).await;
+    assert_eq!(said, "held", "kazoo wrote while dlock and kazoo read");
+    let (kazoo_reader, said) = with_kazoo(kazoo_reader, |k| k.ask("release")).await;
+    assert_eq!(said, "released");
+    let (kazoo_writer, said) = with_kazoo(kazoo_writer, |k| k.ask("try")).await;
+    assert_eq!(said, "held", "kazoo wrote while dlock read");
+    dlock.release(&reader).await.unwrap();
+
+    // dlock writes: kazoo can neither read nor write.
+    let writer = must_acquire(&dlock, &name, &write).await;
+    let (kazoo_reader, said) = with_kazoo(kazoo_reader, |k| k.ask("try")).await;
+    assert_eq!(said, "held", "kazoo read while dlock wrote");
+    let (kazoo_writer, said) = with_kazoo(kazoo_writer, |k| k.ask("try")).await;
+    assert_eq!(said, "held", "kazoo wrote while dlock wrote");
+    dlock.release(&writer).await.unwrap();
+
+    // kazoo writes: dlock can neither read nor write.
+    let (kazoo_writer, said) = with_kazoo(kazoo_writer, |k| k.ask("try")).await;
+    assert_eq!(said, "acquired", "free once dlock released it");
+    assert!(
+        dlock.try_acquire(&name, &read).await.unwrap().is_none(),
+        "dlock read while kazoo wrote"
+    );
+    assert!(
+        dlock.try_acquire(&name, &write).await.unwrap().is_none(),
+        "dlock wrote while kazoo wrote"
+    );
+    let (kazoo_writer, said) = with_kazoo(kazoo_writer, |k| k.ask("release")).await;
+    assert_eq!(said, "released");
+    let lease = must_acquire(&dlock, &name, &read).await;
+    dlock.release(&lease).await.unwrap();
+    drop((kazoo_reader, kazoo_writer));
 }
