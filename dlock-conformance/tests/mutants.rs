@@ -116,6 +116,9 @@ enum Bug {
     FencePerKind,
     /// The newest waiter is served first.
     LifoWaiters,
+    /// `extend_many` renews every lease of a batch as a mutex (a statement
+    /// over the lock table alone): shared holds are reported lost.
+    BatchIgnoresKinds,
 }
 
 /// Runs every case of the suite, link fault cases included, against the
@@ -370,6 +373,11 @@ caught!(
     a_fencing_counter_per_kind_is_caught,
     Bug::FencePerKind,
     [fencing_increases_across_kinds]
+);
+caught!(
+    a_batch_that_ignores_kinds_is_caught,
+    Bug::BatchIgnoresKinds,
+    [a_renewal_batch_of_every_kind_judges_each_lease]
 );
 caught!(
     lifo_waiters_are_caught,

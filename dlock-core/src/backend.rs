@@ -337,32 +337,14 @@ pub trait Backend: Send + Sync + Debug {
     /// The driver's errors.
     async fn force_release(&self, name: &str) -> Result<Option<LockInfo>> {
         crate::validate_name(name)?;
-        // A holder that changes between the look and the release (it
-        // released, or the lock expired and was taken again) is looked up
-        // again.
-        for _ in 0..5 {
-            let Some(info) = self.inspect(name).await? else {
-                return Ok(None);
-            };
-            let opts = LockOptions::new();
-            let lease = Lease::with_ttl(
-                name,
-                info.owner,
-                info.fencing_token,
-                &opts,
-                tokio::time::Instant::now(),
-            );
-            match self.release(&lease).await {
-                Ok(()) => return Ok(Some(info)),
-                Err(crate::Error::NotHeld { .. }) => {}
-                Err(e) => return Err(e),
-            }
-        }
-        Err(crate::Error::Backend {
-            backend: self.driver(),
-            message: format!("the holder of {name:?} kept changing"),
-            source: None,
-        })
+        crate::admin::force_release_with(
+            self.driver(),
+            name,
+            || self.inspect(name),
+            || async { Ok(false) },
+            |lease| async move { self.release(&lease).await },
+        )
+        .await
     }
 
     /// Who holds `name` now, if anyone.

@@ -5,12 +5,13 @@ use std::time::Duration;
 
 use dlock_core::undo::UndoOnDrop;
 use dlock_core::wait::{Attempt, on_arrival};
-use dlock_core::{Lease, LockOptions, OwnerToken, Result};
+use dlock_core::{Error, Lease, LockOptions, Mode, OwnerToken, Result};
 use tokio::time::{Instant, timeout_at};
 
 use crate::backend::MySqlBackend;
 use crate::error::{ER_LOCK_DEADLOCK, ER_LOCK_WAIT_TIMEOUT, server_error_number};
 use crate::pool::settle;
+use crate::sql::HELD_AS_ANOTHER_KIND;
 use dlock_core::micros_up;
 
 /// How many times in a row a statement that InnoDB rolled back (a
@@ -21,15 +22,41 @@ impl MySqlBackend {
     /// One attempt to take `name`: the lease, or "held" (also for a grant
     /// whose reply came after its validity deadline; see [`on_arrival`]).
     pub(crate) async fn attempt(&self, name: &str, opts: &LockOptions) -> Result<Attempt> {
+        if opts.mode_value() != Mode::Exclusive {
+            return self.attempt_shared(name, opts, "").await;
+        }
         let owner = OwnerToken::random()?;
         let sent = Instant::now();
-        if let Some(version) = self.grant(name, owner, opts.ttl_value()).await? {
-            let lease = Lease::with_ttl(name, owner, version, opts, sent);
-            return Ok(on_arrival(self, lease));
+        match self.grant(name, owner, opts.ttl_value()).await? {
+            Some(HELD_AS_ANOTHER_KIND) => return self.conflict(name).await,
+            Some(version) => {
+                let lease = Lease::with_ttl(name, owner, version, opts, sent);
+                return Ok(on_arrival(self, lease));
+            }
+            None => {}
         }
         // Waiters do not need the holder's remaining lease: the registered
         // one sleeps in the server until it ends.
         Ok(Attempt::Held { expires_in: None })
+    }
+
+    /// A mutex's acquire that found `name` held as another kind: that
+    /// kind, read from the name's marker, as the error; "held" when the
+    /// marker went meanwhile.
+    async fn conflict(&self, name: &str) -> Result<Attempt> {
+        let query = sqlx::query_scalar(self.inner.sql.kind.clone()).bind(name.as_bytes());
+        let (by, limit) = (self.deadline(), self.inner.request_timeout);
+        let mut lent = self.lend("acquire", by).await?;
+        let done = timeout_at(by, query.fetch_optional(lent.conn())).await;
+        let owner: Option<String> = settle(lent, done, limit, "acquire")?;
+        match owner {
+            Some(marker) if marker.starts_with('~') => Err(Error::ModeConflict {
+                name: name.to_owned(),
+                held: Mode::of_marker(&marker),
+                asked: Mode::Exclusive,
+            }),
+            _ => Ok(Attempt::Held { expires_in: None }),
+        }
     }
 
     /// One acquire statement. Returns the granted version, or `None` when

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use dlock_core::wait::{Wakeups, bounded_acquire, check_request, mutex_only};
+use dlock_core::wait::{Wakeups, bounded_acquire, check_request};
 use dlock_core::{
     Backend, Capabilities, Lease, LeaseKind, LockInfo, LockOptions, LockPage, Result, async_trait,
     check_hold, validate_name,
@@ -82,6 +82,8 @@ impl Backend for MySqlBackend {
         caps.cleanup = true;
         caps.delayed_release = true;
         caps.batch_extend = true;
+        caps.rwlock = true;
+        caps.semaphore = true;
         caps
     }
 
@@ -91,12 +93,10 @@ impl Backend for MySqlBackend {
 
     async fn try_acquire(&self, name: &str, opts: &LockOptions) -> Result<Option<Lease>> {
         check_request(name, opts)?;
-        mutex_only(self.driver(), opts)?;
         Ok(self.attempt(name, opts).await?.into_lease())
     }
 
     async fn acquire(&self, name: &str, opts: &LockOptions) -> Result<Lease> {
-        mutex_only(self.driver(), opts)?;
         let request_timeout = self.inner.request_timeout;
         bounded_acquire(name, opts, request_timeout, |deadline| {
             self.wait(name, opts, deadline)
@@ -119,6 +119,15 @@ impl Backend for MySqlBackend {
 
     async fn extend_many(&self, leases: &mut [Lease]) -> Result<Vec<bool>> {
         self.extend_leases(leases).await
+    }
+
+    async fn downgrade(&self, write: &Lease, opts: &LockOptions) -> Result<Lease> {
+        self.downgrade_lease(write, opts).await
+    }
+
+    async fn force_release(&self, name: &str) -> Result<Option<LockInfo>> {
+        validate_name(name)?;
+        self.force_release_any(name).await
     }
 
     async fn list(&self, prefix: &str, cursor: Option<&str>, limit: usize) -> Result<LockPage> {

@@ -168,9 +168,10 @@ impl MySqlBuilder {
     }
 }
 
-/// Creates the lock table unless it exists. A user without the CREATE
-/// privilege is fine when the table is there already; otherwise the error
-/// says what to run, and as whom.
+/// Creates the lock table and the holds table (of reader-writer locks and
+/// semaphores) unless they exist. A user without the CREATE privilege is
+/// fine when the tables are there already; otherwise the error says what
+/// to run, and as whom.
 async fn create_table(
     conn: &mut MySqlConnection,
     sql: &Statements,
@@ -178,30 +179,37 @@ async fn create_table(
     limit: Duration,
 ) -> Result<()> {
     let by = Instant::now() + limit;
-    let created = timeout_at(by, sqlx::query(sql.create.clone()).execute(&mut *conn)).await;
-    let denied = match created {
-        Ok(Ok(_)) => return Ok(()),
-        Ok(Err(e)) if server_error_number(&e) == Some(ER_TABLEACCESS_DENIED) => e,
-        Ok(Err(e)) => return Err(sql_error(e, "create the lock table")),
-        Err(_) => {
-            return Err(timed_out(format!(
-                "create the lock table: no reply within {limit:?}"
-            )));
+    let tables = [
+        (sql.create.clone(), sql.exists.clone()),
+        (sql.create_holds(), sql.holds_exist()),
+    ];
+    for (create, exists) in tables {
+        let created = timeout_at(by, sqlx::query(create).execute(&mut *conn)).await;
+        let denied = match created {
+            Ok(Ok(_)) => continue,
+            Ok(Err(e)) if server_error_number(&e) == Some(ER_TABLEACCESS_DENIED) => e,
+            Ok(Err(e)) => return Err(sql_error(e, "create the lock table")),
+            Err(_) => {
+                return Err(timed_out(format!(
+                    "create the lock table: no reply within {limit:?}"
+                )));
+            }
+        };
+        if let Ok(Ok(_)) = timeout_at(by, sqlx::query(exists).execute(&mut *conn)).await {
+            continue;
         }
-    };
-    let exists = timeout_at(by, sqlx::query(sql.exists.clone()).execute(&mut *conn)).await;
-    if let Ok(Ok(_)) = exists {
-        return Ok(());
+        return Err(Error::backend(
+            NAME,
+            format!(
+                "the lock table `{table}` or `{table}_holds` is missing and this user may not \
+                 create it; have an administrator run:\n{};\n{};",
+                sql.create.as_str(),
+                sql.create_holds().as_str()
+            ),
+            denied,
+        ));
     }
-    Err(Error::backend(
-        NAME,
-        format!(
-            "the lock table `{table}` is missing and this user may not create it; \
-             have an administrator run:\n{}",
-            sql.create.as_str()
-        ),
-        denied,
-    ))
+    Ok(())
 }
 
 /// Parses a `mysql://` or `mariadb://` URL, refusing what sqlx would only
@@ -256,21 +264,34 @@ impl MySqlBackend {
         }
     }
 
-    /// The statement that creates the lock table `table`, for an
-    /// administrator to run where the application may not create tables.
+    /// The statements that create the lock table `table` and its holds
+    /// table (`<table>_holds`, of reader-writer locks and semaphores), for
+    /// an administrator to run where the application may not create
+    /// tables.
     ///
     /// # Errors
-    /// [`Error::InvalidOption`] when `table` is not a plain identifier.
+    /// [`Error::InvalidOption`] when `table` is not a plain identifier of
+    /// at most 58 characters.
     pub fn table_ddl(table: &str) -> Result<String> {
         validate_table(table)?;
-        Ok(Statements::new(table).create.as_str().to_owned())
+        let sql = Statements::new(table);
+        Ok(format!(
+            "{};\n{};",
+            sql.create.as_str(),
+            sql.create_holds().as_str()
+        ))
     }
 
-    /// Creates the lock table if it does not exist, as `connect` does by
-    /// default. Idempotent. Returns within the request timeout.
+    /// Creates the lock table and its holds table if they do not exist,
+    /// as `connect` does by default. Idempotent. Returns within the
+    /// request timeout.
     pub async fn migrate(&self) -> Result<()> {
-        let query = sqlx::query(self.inner.sql.create.clone());
-        self.execute(query, "migrate", self.deadline()).await?;
+        let by = self.deadline();
+        let sql = &self.inner.sql;
+        self.execute(sqlx::query(sql.create.clone()), "migrate", by)
+            .await?;
+        self.execute(sqlx::query(sql.create_holds()), "migrate", by)
+            .await?;
         Ok(())
     }
 }

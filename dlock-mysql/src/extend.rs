@@ -4,7 +4,8 @@
 use std::collections::HashSet;
 use std::time::Duration;
 
-use dlock_core::{Error, Lease, Result, micros_up};
+use dlock_core::batch::extend_by_kind;
+use dlock_core::{Error, Lease, Mode, Result, micros_up};
 use sqlx::mysql::{MySql, MySqlArguments};
 use sqlx::query::Query;
 use tokio::time::{Instant, timeout_at};
@@ -16,6 +17,14 @@ use crate::sql::Batch;
 impl MySqlBackend {
     /// [`Backend::extend`](dlock_core::Backend::extend).
     pub(crate) async fn extend_lease(&self, lease: &mut Lease) -> Result<()> {
+        if lease.mode() != Mode::Exclusive {
+            return match self.extend_shared(std::slice::from_mut(lease)).await?[..] {
+                [true] => Ok(()),
+                _ => Err(Error::NotHeld {
+                    name: lease.name().to_owned(),
+                }),
+            };
+        }
         let sent = Instant::now();
         let ttl = micros_up(lease.ttl().unwrap_or_default());
         let query = sqlx::query(self.inner.sql.extend.clone())
@@ -29,6 +38,25 @@ impl MySqlBackend {
 
     /// [`Backend::extend_many`](dlock_core::Backend::extend_many).
     pub(crate) async fn extend_leases(&self, leases: &mut [Lease]) -> Result<Vec<bool>> {
+        if leases.iter().any(|l| l.mode() != Mode::Exclusive) {
+            return extend_by_kind(
+                leases,
+                |mut mutexes| async move {
+                    let held = self.extend_mutexes(&mut mutexes).await;
+                    (mutexes, held)
+                },
+                |mut shared| async move {
+                    let held = self.extend_shared(&mut shared).await;
+                    (shared, held)
+                },
+            )
+            .await;
+        }
+        self.extend_mutexes(leases).await
+    }
+
+    /// Extends mutex leases, one statement per TTL.
+    async fn extend_mutexes(&self, leases: &mut [Lease]) -> Result<Vec<bool>> {
         let mut held = vec![false; leases.len()];
         let by = self.deadline();
         // One statement per TTL, and a batch's leases nearly always share one.

@@ -10,6 +10,7 @@ mod list;
 mod pool;
 mod purge;
 mod release;
+mod shared;
 mod sql;
 mod wait;
 mod wake;

@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use dlock_core::undo::retry_for;
-use dlock_core::{Error, Lease, OwnerToken, Result};
+use dlock_core::{Error, Lease, Mode, OwnerToken, Result};
 use sqlx::mysql::{MySql, MySqlArguments};
 use sqlx::query::Query;
 use tokio::time::{Instant, timeout_at};
@@ -17,6 +17,9 @@ use dlock_core::micros_up;
 impl MySqlBackend {
     /// [`Backend::release`](dlock_core::Backend::release).
     pub(crate) async fn release_lease(&self, lease: &Lease) -> Result<()> {
+        if lease.mode() != Mode::Exclusive {
+            return self.release_shared(lease).await;
+        }
         let query = sqlx::query(self.inner.sql.release.clone())
             .bind(lease.name().as_bytes())
             .bind(lease.owner().to_string());
@@ -34,6 +37,9 @@ impl MySqlBackend {
     pub(crate) async fn release_lease_after(&self, lease: &Lease, hold: Duration) -> Result<()> {
         if hold.is_zero() {
             return self.release_lease(lease).await;
+        }
+        if lease.mode() != Mode::Exclusive {
+            return self.hold_shared(lease, hold).await;
         }
         // The row expires on the database clock.
         let query = sqlx::query(self.inner.sql.hold.clone())
@@ -72,7 +78,7 @@ impl MySqlBackend {
     /// client) breaks this connection first. An id other than the one the
     /// connection reported for itself means a proxy between that numbers
     /// connections its own way: nothing is killed then.
-    async fn end_connection(&self, mark: &Mark, by: Instant) -> Result<()> {
+    pub(crate) async fn end_connection(&self, mark: &Mark, by: Instant) -> Result<()> {
         const DOING: &str = "undo an acquire";
         let limit = self.inner.request_timeout;
         let mut lent = self.lend(DOING, by).await?;

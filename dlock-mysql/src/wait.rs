@@ -8,7 +8,7 @@ use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
 use dlock_core::wait::{Backoff, Deadline, wait_for_lock_with_pause};
-use dlock_core::{Lease, LockOptions, Result};
+use dlock_core::{Lease, LockOptions, Mode, Result};
 
 use crate::backend::MySqlBackend;
 use crate::wake::Sleeper;
@@ -28,6 +28,9 @@ impl MySqlBackend {
     ) -> Result<Lease> {
         let max_poll = self.inner.max_poll;
         let backoff = Backoff::new(Duration::from_millis(50).min(max_poll), max_poll);
+        if opts.mode_value() != Mode::Exclusive {
+            return self.wait_shared(name, opts, deadline, backoff).await;
+        }
         let registration = Registration::new(None);
         let waited = wait_for_lock_with_pause(
             name,

@@ -10,7 +10,11 @@ use dlock_mysql::MySqlBackend;
 
 async fn mariadb() -> Arc<dyn Backend> {
     let server = shared(Service::MariaDb).await;
-    let backend = MySqlBackend::connect(server.url())
+    let backend = MySqlBackend::builder(server.url())
+        // Waiters across processes learn of their turn when they poll:
+        // often, so that the stress cases hand over quickly.
+        .max_poll_interval(std::time::Duration::from_millis(100))
+        .connect()
         .await
         .expect("connect to the test MariaDB");
     backend.migrate().await.expect("migrate");

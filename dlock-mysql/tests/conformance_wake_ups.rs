@@ -14,6 +14,9 @@ async fn mariadb() -> Arc<dyn Backend> {
     let server = shared(Service::MariaDb).await;
     let backend = MySqlBackend::builder(server.url())
         .wake_ups(true)
+        // The shared kinds' waiters poll (the wake-ups are the mutex's):
+        // often, so that their stress case hands over quickly.
+        .max_poll_interval(std::time::Duration::from_millis(100))
         .connect()
         .await
         .expect("connect to the test MariaDB");

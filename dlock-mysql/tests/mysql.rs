@@ -368,8 +368,9 @@ async fn a_server_that_is_down_gives_errors_not_grants() {
     assert!(matches!(r, Err(Error::Connection { .. })), "{r:?}");
 }
 
-/// `connect` on an empty database creates the table; a least-privilege
-/// user (SELECT, INSERT, UPDATE, DELETE on the table) works once it exists;
+/// `connect` on an empty database creates the tables; a least-privilege
+/// user (SELECT, INSERT, UPDATE, DELETE on the lock and holds tables)
+/// works, every kind of lock, once they exist;
 /// a user who may not create the missing table is told what to run.
 #[tokio::test]
 async fn the_table_is_created_on_connect_and_least_privilege_suffices() {
@@ -388,6 +389,7 @@ async fn the_table_is_created_on_connect_and_least_privilege_suffices() {
     let statements = [
         format!("CREATE USER '{user}'@'%' IDENTIFIED BY 'pw'"),
         format!("GRANT SELECT, INSERT, UPDATE, DELETE ON dlock.`{table}` TO '{user}'@'%'"),
+        format!("GRANT SELECT, INSERT, UPDATE, DELETE ON dlock.`{table}_holds` TO '{user}'@'%'"),
     ];
     for statement in &statements {
         sqlx::raw_sql(sqlx::AssertSqlSafe(statement.clone()))
@@ -404,6 +406,9 @@ async fn the_table_is_created_on_connect_and_least_privilege_suffices() {
     let name = unique_name("least");
     let lease = must_acquire(&least, &name, &long()).await;
     least.release(&lease).await.unwrap();
+    let shared = unique_name("least-shared");
+    let reader = must_acquire(&least, &shared, &long().read()).await;
+    least.release(&reader).await.unwrap();
     least
         .purge_expired(dlock_mysql::MIN_PURGE_AGE, 10)
         .await

@@ -54,6 +54,9 @@ pub(crate) struct Inner {
     /// Waiters in this process, woken by its own releases and by the
     /// listener.
     pub(crate) wakeups: Wakeups,
+    /// Waiters of the shared kinds in this process, by waiter token: a
+    /// release names the ones it may have let in.
+    pub(crate) shared_wakeups: Wakeups,
     /// With wake-ups on: where the listener connects.
     pub(crate) listen: Option<sqlx::postgres::PgConnectOptions>,
     pub(crate) listener: Listener,

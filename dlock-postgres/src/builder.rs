@@ -172,6 +172,7 @@ impl PgBuilder {
                 sql,
                 holder: dlock_core::host_and_pid(),
                 wakeups: Wakeups::new(),
+                shared_wakeups: Wakeups::new(),
                 listen,
                 listener: Listener::default(),
                 max_poll: self.max_poll,

@@ -82,13 +82,17 @@ async fn listen(inner: Weak<Inner>, options: PgConnectOptions, channel: String) 
                 let Some(inner) = inner.upgrade() else { return };
                 inner.listener.listened.fetch_add(1, Ordering::Relaxed);
                 inner.wakeups.wake_all();
+                inner.shared_wakeups.wake_all();
             }
             match listener.try_recv().await {
                 Ok(Some(notification)) => {
                     let Some(inner) = inner.upgrade() else { return };
-                    if let Some(name) = decode(notification.payload()) {
+                    if let Some((name, waiters)) = decode(notification.payload()) {
                         inner.listener.heard.fetch_add(1, Ordering::Relaxed);
                         inner.wakeups.wake(&name);
+                        for waiter in waiters.split(',').filter(|w| !w.is_empty()) {
+                            inner.shared_wakeups.wake(waiter);
+                        }
                     }
                 }
                 // The connection dropped: the next receive connects and
@@ -116,9 +120,11 @@ impl Listener {
     }
 }
 
-/// The lock name of a notification's payload: its bytes in hex.
-fn decode(hex: &str) -> Option<String> {
-    String::from_utf8(crate::sql::unhex(hex)?).ok()
+/// A notification's payload: the lock name's bytes in hex, and after a
+/// `:` the tokens of the waiters of a shared kind to wake, comma-separated.
+fn decode(payload: &str) -> Option<(String, &str)> {
+    let (hex, waiters) = payload.split_once(':').unwrap_or((payload, ""));
+    Some((String::from_utf8(crate::sql::unhex(hex)?).ok()?, waiters))
 }
 
 #[cfg(test)]
@@ -127,8 +133,8 @@ mod tests {
 
     #[test]
     fn payloads_are_names_in_hex() {
-        assert_eq!(decode("612762").as_deref(), Some("a'b"));
-        assert_eq!(decode("c3a9").as_deref(), Some("\u{e9}"));
+        assert_eq!(decode("612762"), Some(("a'b".to_owned(), "")));
+        assert_eq!(decode("c3a9:ab,cd"), Some(("\u{e9}".to_owned(), "ab,cd")));
         assert_eq!(decode("6"), None);
         assert_eq!(decode("zz"), None);
         assert_eq!(decode("ff"), None);

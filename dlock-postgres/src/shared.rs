@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use dlock_core::undo::{UndoOnDrop, retry_for};
-use dlock_core::wait::{Attempt, Backoff, Deadline, on_arrival, wait_for_lock};
+use dlock_core::wait::{Attempt, Backoff, Deadline, on_arrival, wait_for_lock_as};
 use dlock_core::{Error, Lease, LockInfo, LockOptions, Mode, OwnerToken, Result, micros_up};
 use sqlx::Row;
 use sqlx::postgres::PgRow;
@@ -29,6 +29,15 @@ fn count(rows: &[PgRow], doing: &str) -> Result<i64> {
 }
 
 impl PgBackend {
+    /// Wakes this process's waiters that a statement's answer names (its
+    /// second column: tokens, comma-separated).
+    fn wake_shared(&self, rows: &[PgRow]) {
+        let who: Option<String> = last(rows).and_then(|row| row.try_get(1).ok()).flatten();
+        for waiter in who.iter().flat_map(|w| w.split(',')) {
+            self.inner.shared_wakeups.wake(waiter);
+        }
+    }
+
     /// How long a queued waiter keeps its place without asking again: a
     /// few of its longest sleeps, plus the round trips of its asking.
     fn place(&self) -> Duration {
@@ -100,15 +109,15 @@ impl PgBackend {
         deadline: Deadline,
         backoff: Backoff,
     ) -> Result<Lease> {
-        if let Attempt::Acquired(lease) = self.attempt_shared(name, opts, "").await? {
-            return Ok(lease);
-        }
+        // Queued from the first look: a look that is not granted takes its
+        // place at once, so a contended acquire costs no extra round trip.
         let waiter = OwnerToken::random()?.to_string();
         let mut leave = {
             let (backend, name, waiter) = (self.clone(), name.to_owned(), waiter.clone());
             UndoOnDrop::new(async move { backend.abandon(&name, &waiter).await })
         };
-        let lease = wait_for_lock(name, deadline, Some(&self.inner.wakeups), backoff, || {
+        let wakeups = &self.inner.shared_wakeups;
+        let lease = wait_for_lock_as(name, &waiter, deadline, wakeups, backoff, || {
             self.attempt_shared(name, opts, &waiter)
         })
         .await?;
@@ -124,7 +133,9 @@ impl PgBackend {
             self.fetch(sql, "leave the queue", self.deadline()).await
         })
         .await;
-        self.inner.wakeups.wake(name);
+        if let Some(rows) = &left {
+            self.wake_shared(rows);
+        }
         tracing::debug!(name, left = left.is_some(), "left the queue");
     }
 
@@ -142,7 +153,7 @@ impl PgBackend {
                 name: lease.name().to_owned(),
             });
         }
-        self.inner.wakeups.wake(lease.name());
+        self.wake_shared(&rows);
         Ok(())
     }
 
@@ -268,37 +279,23 @@ impl PgBackend {
     /// `force_release` of every kind: a mutex's holder by its token, a
     /// shared kind's holds all at once.
     pub(crate) async fn force_release_any(&self, name: &str) -> Result<Option<LockInfo>> {
-        for _ in 0..5 {
-            let Some(info) = self.inspect_lock(name).await? else {
-                return Ok(None);
-            };
-            let notify = self.inner.listen.is_some();
-            let sql = self.inner.sql.clear_shared(name.as_bytes(), notify);
-            if count(
-                &self.fetch(sql, "force_release", self.deadline()).await?,
-                "force_release",
-            )? > 0
-            {
-                self.inner.wakeups.wake(name);
-                return Ok(Some(info));
-            }
-            let lease = Lease::with_ttl(
-                name,
-                info.owner,
-                info.fencing_token,
-                &LockOptions::new(),
-                Instant::now(),
-            );
-            match self.release_lease(&lease).await {
-                Ok(()) => return Ok(Some(info)),
-                Err(Error::NotHeld { .. }) => {}
-                Err(e) => return Err(e),
-            }
-        }
-        Err(Error::Backend {
-            backend: NAME,
-            message: format!("the holder of {name:?} kept changing"),
-            source: None,
-        })
+        dlock_core::admin::force_release_with(
+            NAME,
+            name,
+            || self.inspect_lock(name),
+            || async {
+                let notify = self.inner.listen.is_some();
+                let sql = self.inner.sql.clear_shared(name.as_bytes(), notify);
+                let rows = self.fetch(sql, "force_release", self.deadline()).await?;
+                let cleared = count(&rows, "force_release")? > 0;
+                if cleared {
+                    self.inner.wakeups.wake(name);
+                    self.wake_shared(&rows);
+                }
+                Ok(cleared)
+            },
+            |lease| async move { self.release_lease(&lease).await },
+        )
+        .await
     }
 }

@@ -262,31 +262,33 @@ impl RedisBackend {
     /// `force_release` for every kind: a mutex's holder by its token, a
     /// shared kind's holds all at once.
     pub(crate) async fn force_release_any(&self, name: &str) -> Result<Option<LockInfo>> {
-        for _ in 0..5 {
-            let Some((info, marker)) = self.inspect_with_kind(name).await? else {
-                return Ok(None);
-            };
-            if !marker.is_empty() {
-                self.clear_shared(name, &marker).await?;
-                return Ok(Some(info));
-            }
-            let lease = Lease::with_ttl(
-                name,
-                info.owner,
-                info.fencing_token,
-                &LockOptions::new(),
-                Instant::now(),
-            );
-            match self.release_lease(&lease).await {
-                Ok(()) => return Ok(Some(info)),
-                Err(Error::NotHeld { .. }) => {}
-                Err(e) => return Err(e),
-            }
-        }
-        Err(Error::Backend {
-            backend: NAME,
-            message: format!("the holder of {name:?} kept changing"),
-            source: None,
-        })
+        // The kind the last look saw: a marker for the shared kinds.
+        let marker = std::sync::Mutex::new(String::new());
+        let kind = || {
+            marker
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+        };
+        dlock_core::admin::force_release_with(
+            NAME,
+            name,
+            || async {
+                let seen = self.inspect_with_kind(name).await?;
+                Ok(seen.map(|(info, seen)| {
+                    *kind() = seen;
+                    info
+                }))
+            },
+            || async {
+                let seen = kind().clone();
+                if seen.is_empty() {
+                    return Ok(false);
+                }
+                self.clear_shared(name, &seen).await?;
+                Ok(true)
+            },
+            |lease| async move { self.release_lease(&lease).await },
+        )
+        .await
     }
 }

@@ -596,35 +596,3 @@ async fn a_release_whose_reply_is_lost_is_an_error_not_a_not_held() {
     proxy.set(Fault::Pass);
     assert_eq!(b.inspect(&name).await.unwrap(), None, "the release ran");
 }
-
-/// A renewal batch of every kind at once (the renewal scheduler mixes
-/// them): each lease judged on its own, a released one among them.
-#[tokio::test]
-async fn a_batch_of_every_kind_renews_each_on_its_own() {
-    let b = backend().await;
-    let name = unique_name("mixed");
-    let short = LockOptions::new().ttl(Duration::from_secs(5));
-    let mut batch = vec![
-        must_acquire(&b, &format!("{name}-m"), &short).await,
-        must_acquire(&b, &format!("{name}-rw"), &short.clone().read()).await,
-        must_acquire(&b, &format!("{name}-s"), &short.clone().permits(2)).await,
-        must_acquire(&b, &format!("{name}-s"), &short.clone().permits(2)).await,
-    ];
-    b.release(&batch[2]).await.unwrap();
-    let before: Vec<_> = batch.iter().map(|l| l.valid_until()).collect();
-    tokio::time::sleep(Duration::from_millis(50)).await;
-    assert_eq!(
-        b.extend_many(&mut batch).await.unwrap(),
-        [true, true, false, true]
-    );
-    for (i, lease) in batch.iter().enumerate() {
-        assert_eq!(
-            lease.valid_until() > before[i],
-            i != 2,
-            "lease {i}'s deadline moved only if it was extended"
-        );
-    }
-    for lease in [&batch[0], &batch[1], &batch[3]] {
-        b.release(lease).await.unwrap();
-    }
-}

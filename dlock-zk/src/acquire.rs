@@ -10,7 +10,7 @@ use zookeeper_client as zk;
 use crate::backend::{NAME, ZkBackend};
 use crate::error::{gave_up, zk_error};
 use crate::hold::HOLD_NODE;
-use crate::path::{is_downgraded, node_prefix, protected_prefix, sequence};
+use crate::path::{node_prefix, protected_prefix, sequence};
 
 /// A lock's folder as one listing saw it.
 pub(crate) struct Queue {
@@ -18,8 +18,6 @@ pub(crate) struct Queue {
     pub(crate) nodes: Vec<String>,
     /// Whether a hold node (see [`crate::hold`]) is there.
     pub(crate) hold: bool,
-    /// Downgrades' read holds, which are in no queue.
-    pub(crate) downgraded: Vec<String>,
 }
 
 /// A place in a lock's queue, not yet handed over as a lease: its node is
@@ -207,20 +205,14 @@ impl ZkBackend {
 }
 
 /// A folder's children as a queue: the lock nodes sorted by sequence
-/// number, the hold, the downgrades.
+/// number, and the hold.
 pub(crate) fn sorted_queue(mut children: Vec<String>) -> Queue {
     let hold = children.iter().any(|c| c == HOLD_NODE);
-    let downgraded = children
-        .iter()
-        .filter(|c| is_downgraded(c))
-        .cloned()
-        .collect();
     children.retain(|c| sequence(c).is_some());
     children.sort_by_key(|c| sequence(c));
     Queue {
         nodes: children,
         hold,
-        downgraded,
     }
 }
 

@@ -152,11 +152,6 @@ impl Backend for ZkBackend {
         .await
     }
 
-    async fn downgrade(&self, write: &Lease, opts: &LockOptions) -> Result<Lease> {
-        self.within("downgrade", self.downgrade_lease(write, opts))
-            .await
-    }
-
     async fn release(&self, lease: &Lease) -> Result<()> {
         self.within("release", self.delete_lease(lease)).await
     }
@@ -165,10 +160,11 @@ impl Backend for ZkBackend {
         // The hold node keeps every request out, as a write lock or a
         // single permit does; a reader's or one of several permits' would
         // keep out the others that may share the name.
-        if !matches!(
+        let alone = matches!(
             lease.mode(),
             Mode::Exclusive | Mode::Write | Mode::Permit(1)
-        ) {
+        );
+        if !hold.is_zero() && !alone {
             return Err(Error::Unsupported {
                 backend: NAME,
                 operation: "release_after of a read lock or of one of several permits",

@@ -4,7 +4,6 @@
 mod acquire;
 mod backend;
 mod builder;
-mod downgrade;
 mod error;
 mod extend;
 mod hold;

@@ -34,8 +34,11 @@ impl ZkBackend {
     }
 
     /// Takes a place in the queue for `mode` and waits until the queue
-    /// admits it ([`Mode::admits`], over the nodes ahead of ours and the
-    /// downgrades' read holds), up to `deadline` (`None`: one look only).
+    /// admits it ([`Mode::admits`] over the nodes ahead of ours), up to
+    /// `deadline` (`None`: one look only). The name's kind is the front
+    /// node's: a node of another kind further back has met the front
+    /// itself and is on its way out, so it is passed over, not taken for
+    /// a conflict.
     /// The node is deleted if this ends without a lease, and also if this
     /// future is dropped.
     ///
@@ -65,13 +68,17 @@ impl ZkBackend {
                     zk::Error::SessionExpired,
                 ));
             };
-            let ahead: Vec<Mode> = queue.nodes[..at]
+            let modes = queue.nodes[..at]
                 .iter()
                 .filter_map(|node| parse(node))
-                .map(|(kind, _)| kind.mode_for(mode))
+                .map(|(kind, _)| kind.mode_for(mode));
+            let front: Vec<Mode> = modes
+                .clone()
+                .take(1)
+                .filter(|m| !m.same_kind(mode))
                 .collect();
-            let downgrades = vec![Mode::Read; queue.downgraded.len()];
-            let watch = match mode.admits(&downgrades, &ahead) {
+            let ahead: Vec<Mode> = modes.filter(|m| m.same_kind(mode)).collect();
+            let watch = match mode.admits(&front, &ahead) {
                 Admission::Conflict(held) => {
                     self.leave(place).await;
                     return Err(Error::ModeConflict {
@@ -143,7 +150,7 @@ impl ZkBackend {
                     {
                         Ok((children, watcher)) => {
                             let now = sorted_queue(children);
-                            if now.nodes != queue.nodes || now.downgraded != queue.downgraded {
+                            if now.nodes != queue.nodes {
                                 place.listed = Some(now);
                                 continue;
                             }
@@ -173,9 +180,8 @@ enum Watch {
 
 /// The node a request in `mode` at `at` in `queue` waits for: a release
 /// wakes one waiter (or the readers behind one writer), not the herd. A
-/// writer or mutex waits for the node just ahead (or, at the front, for a
-/// downgrade's read hold), a reader for the nearest writer ahead; a permit
-/// for any node ahead (`None`).
+/// writer or mutex waits for the node just ahead, a reader for the nearest
+/// writer ahead; a permit for any node ahead (`None`).
 fn waits_for(mode: Mode, queue: &Queue, at: usize) -> Option<String> {
     let ahead = &queue.nodes[..at];
     match mode {
@@ -185,6 +191,6 @@ fn waits_for(mode: Mode, queue: &Queue, at: usize) -> Option<String> {
             .rev()
             .find(|node| parse(node).is_some_and(|(kind, _)| kind.mode_for(mode) == Mode::Write))
             .cloned(),
-        _ => ahead.last().or_else(|| queue.downgraded.first()).cloned(),
+        _ => ahead.last().cloned(),
     }
 }

@@ -180,25 +180,32 @@ async fn dlock_and_kazoo_respect_each_others_holders() {
 }
 
 /// Reader-writer locks: kazoo's `ReadLock` and `WriteLock` (told of
-/// Curator's node names, which dlock writes) and dlock's share and exclude
-/// as one reader-writer lock, both ways.
+/// Curator's node names, which dlock writes: a reader of the write nodes,
+/// a writer of both) and dlock's share and exclude as one reader-writer
+/// lock, both ways.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dlock_and_kazoo_share_one_reader_writer_lock() {
     let hosts = shared(Service::ZooKeeper).await.url().to_owned();
     let dlock = ZkBackend::connect(&hosts).await.unwrap();
     let name = unique_name("kazoo-rw");
     let path = format!("/dlock/{name}");
-    let start = |recipe: &'static str| {
+    let start = |recipe: &'static str, patterns: &'static [&'static str]| {
         let (hosts, path) = (hosts.clone(), path.clone());
-        tokio::task::spawn_blocking(move || {
-            Kazoo::start(&hosts, &path, recipe, &["__WRIT__", "__READ__"])
-        })
+        tokio::task::spawn_blocking(move || Kazoo::start(&hosts, &path, recipe, patterns))
     };
     let (read, write) = (LockOptions::new().read(), LockOptions::new().write());
     let (kazoo_reader, kazoo_writer) = (
-        start("ReadLock").await.unwrap(),
-        start("WriteLock").await.unwrap(),
+        start("ReadLock", &["__WRIT__"]).await.unwrap(),
+        start("WriteLock", &["__WRIT__", "__READ__"]).await.unwrap(),
     );
+
+    // dlock reads first: kazoo reads beside it.
+    let reader = must_acquire(&dlock, &name, &read).await;
+    let (kazoo_reader, said) = with_kazoo(kazoo_reader, |k| k.ask("try")).await;
+    assert_eq!(said, "acquired", "kazoo could not read beside dlock");
+    let (kazoo_reader, said) = with_kazoo(kazoo_reader, |k| k.ask("release")).await;
+    assert_eq!(said, "released");
+    dlock.release(&reader).await.unwrap();
 
     // kazoo reads: dlock reads beside it, and cannot write.
     let (kazoo_reader, said) = with_kazoo(kazoo_reader, |k| k.ask("try")).await;
@@ -240,5 +247,6 @@ async fn dlock_and_kazoo_share_one_reader_writer_lock() {
     assert_eq!(said, "released");
     let lease = must_acquire(&dlock, &name, &read).await;
     dlock.release(&lease).await.unwrap();
+
     drop((kazoo_reader, kazoo_writer));
 }

@@ -291,3 +291,38 @@ async fn configuration_errors_are_typed() {
         }
     }
 }
+
+/// The name's kind is its front node's: a node of another kind further
+/// back (a mutex asked of a read-locked name, whose client died before it
+/// took its node away) refuses nobody behind it, while at the front it
+/// refuses everyone of another kind.
+#[tokio::test]
+async fn a_stray_node_of_another_kind_blocks_only_from_the_front() {
+    let b = backend().await;
+    let name = unique_name("stray");
+    let read = LockOptions::new().read();
+    let reader = must_acquire(&b, &name, &read).await;
+    // A stray mutex node behind the reader, as a dead client would leave.
+    let stray = zk::Client::connect(url().await).await.unwrap();
+    let (_, seq) = stray
+        .create(
+            &format!("/dlock/{name}/_c_00000000-0000-0000-0000-000000000000-lock-"),
+            b"",
+            &zk::CreateMode::EphemeralSequential.with_acls(zk::Acls::anyone_all()),
+        )
+        .await
+        .unwrap();
+    let second = b
+        .try_acquire(&name, &read)
+        .await
+        .expect("a reader behind a stray mutex node")
+        .expect("a reader is refused for a stray node that is not at the front");
+    b.release(&reader).await.unwrap();
+    b.release(&second).await.unwrap();
+    // At the front now: a reader is refused with the kind it met.
+    match b.try_acquire(&name, &read).await {
+        Err(Error::ModeConflict { held, .. }) => assert_eq!(held, dlock_core::Mode::Exclusive),
+        other => panic!("expected ModeConflict at the stray front node ({seq}), got {other:?}"),
+    }
+    drop(stray);
+}

@@ -177,3 +177,46 @@ pub async fn permit_waiters_are_served_in_order(backend: &Arc<dyn Backend>) {
         .expect("the second waiter was not granted");
     b.release(&second).await.expect("release");
 }
+
+/// A renewal batch that mixes every kind (the renewal scheduler sends
+/// them together): each lease is judged on its own, by its kind's holds,
+/// so a permit released beside a live one of the same name is reported
+/// lost, and the others are renewed.
+pub async fn a_renewal_batch_of_every_kind_judges_each_lease(backend: &Arc<dyn Backend>) {
+    let case = "a_renewal_batch_of_every_kind_judges_each_lease";
+    let caps = backend.capabilities();
+    if !needs_semaphore(backend.as_ref(), case)
+        || !needs(case, caps.rwlock, "the backend has no reader-writer locks")
+    {
+        return;
+    }
+    let name = unique_name(case);
+    let b = backend.as_ref();
+    let opts = long();
+    let mut batch = vec![
+        must_acquire(b, &format!("{name}-m"), &opts).await,
+        must_acquire(b, &format!("{name}-rw"), &opts.clone().read()).await,
+        must_acquire(b, &format!("{name}-s"), &opts.clone().permits(2)).await,
+        must_acquire(b, &format!("{name}-s"), &opts.clone().permits(2)).await,
+    ];
+    b.release(&batch[2]).await.expect("release a permit");
+    let before: Vec<_> = batch.iter().map(dlock_core::Lease::valid_until).collect();
+    sleep(Duration::from_millis(20)).await;
+    assert_eq!(
+        b.extend_many(&mut batch).await.expect("extend_many"),
+        [true, true, false, true],
+        "a batch of a mutex, a reader, a released permit and a live one"
+    );
+    if caps.lease == dlock_core::LeaseKind::Ttl {
+        for (i, lease) in batch.iter().enumerate() {
+            assert_eq!(
+                lease.valid_until() > before[i],
+                i != 2,
+                "lease {i}'s validity moved only if it was renewed"
+            );
+        }
+    }
+    for lease in [&batch[0], &batch[1], &batch[3]] {
+        b.release(lease).await.expect("release");
+    }
+}

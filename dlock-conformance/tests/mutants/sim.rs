@@ -392,6 +392,19 @@ impl Backend for Sim {
             self.call(|s| s.extend_many(&batch, by_name, unchecked))
                 .await?
         };
+        // The shared kinds' holds are renewed on their own, unless the
+        // bug renews the whole batch as mutexes.
+        if !self.has(Bug::BatchIgnoresKinds) {
+            for (i, lease) in leases.iter().enumerate() {
+                if lease.mode() != Mode::Exclusive {
+                    let (name, owner, ttl) = (lease.name(), lease.owner(), batch[i].2);
+                    let bug = self.bug;
+                    held[i] = self
+                        .call(|s| s.extend_shared(name, owner, ttl, bug))
+                        .await?;
+                }
+            }
+        }
         if self.has(Bug::BatchFailsAsAWhole) && held.contains(&false) {
             held = vec![false; held.len()];
         }

@@ -90,6 +90,29 @@ where
     wait_for_lock_with_pause(name, deadline, wakeups, backoff, attempt, |_| ready(false)).await
 }
 
+/// [`wait_for_lock`], woken through `wakeups` by `key` instead of by the
+/// name: for a driver whose release says which queued waiters it may have
+/// let in, so that only they look again (PostgreSQL's shared kinds wake
+/// their waiters by waiter token, not the name's whole crowd).
+pub async fn wait_for_lock_as<F, Fut>(
+    name: &str,
+    key: &str,
+    deadline: Deadline,
+    wakeups: &Wakeups,
+    backoff: Backoff,
+    attempt: F,
+) -> Result<Lease>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<Attempt>>,
+{
+    let waiter = wakeups.register(key);
+    waiting(name, deadline, Some(waiter), backoff, attempt, |_| {
+        ready(false)
+    })
+    .await
+}
+
 /// [`wait_for_lock`] for a driver that can pause somewhere better than in
 /// a local sleep: MySQL's registered waiter sleeps in the server, where a
 /// release from any process ends the sleep.
@@ -106,6 +129,25 @@ pub async fn wait_for_lock_with_pause<F, Fut, P, PFut>(
     name: &str,
     deadline: Deadline,
     wakeups: Option<&Wakeups>,
+    backoff: Backoff,
+    attempt: F,
+    pause: P,
+) -> Result<Lease>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<Attempt>>,
+    P: FnMut(Deadline) -> PFut,
+    PFut: Future<Output = bool>,
+{
+    let waiter = wakeups.map(|w| w.register(name));
+    waiting(name, deadline, waiter, backoff, attempt, pause).await
+}
+
+/// The loop of [`wait_for_lock_with_pause`], woken by `waiter`.
+async fn waiting<F, Fut, P, PFut>(
+    name: &str,
+    deadline: Deadline,
+    waiter: Option<Waiter<'_>>,
     mut backoff: Backoff,
     mut attempt: F,
     mut pause: P,
@@ -116,7 +158,6 @@ where
     P: FnMut(Deadline) -> PFut,
     PFut: Future<Output = bool>,
 {
-    let waiter = wakeups.map(|w| w.register(name));
     let mut failures = 0;
     loop {
         let mut notified = pin!(waiter.as_ref().map(Waiter::notified));

@@ -50,10 +50,32 @@ impl Statements {
         )
     }
 
-    /// `pg_notify` of a release of `n`, or nothing without wake-ups.
-    fn announce(&self, n: &str, notify: bool) -> String {
+    /// The CTEs `q` (the live waiters of `n` but `leaving`, in order) and
+    /// `wake` (`who`: the tokens, comma-separated, of those a release may
+    /// have let in: the first, the readers before the first writer, and a
+    /// semaphore's first N). Only they look again, not the whole queue.
+    fn wake_set(&self, n: &str, leaving: &str) -> String {
+        format!(
+            "q AS (SELECT owner, mode, kind, row_number() OVER w AS i,
+                     count(*) FILTER (WHERE mode = 'w') OVER w AS writers
+                   FROM {h} WHERE name = {n} AND waiting AND expires_at > {NOW}
+                     AND owner <> '{leaving}'
+                   WINDOW w AS (ORDER BY since, owner)),
+             wake AS (SELECT string_agg(owner, ',') AS who FROM q
+                      WHERE i = 1 OR (mode = 'r' AND writers = 0)
+                        OR (mode = 'p' AND i <= substr(kind, 3)::int))",
+            h = self.holds
+        )
+    }
+
+    /// `pg_notify` of a change of `n` that may let the waiters of `wake`
+    /// in (`<name in hex>:<tokens>`), or nothing without wake-ups.
+    fn announce_to(&self, n: &str, notify: bool) -> String {
         if notify {
-            format!("pg_notify('{}', encode({n}, 'hex'))", self.channel)
+            format!(
+                "pg_notify('{}', encode({n}, 'hex') || ':' || COALESCE(who, ''))",
+                self.channel
+            )
         } else {
             "1".to_owned()
         }
@@ -127,18 +149,22 @@ impl Statements {
     }
 
     /// Ends `owner`'s live hold of `name` and sets the marker's expiry to
-    /// the longest hold left. One row: how many holds it ended (0 or 1).
+    /// the longest hold left. One row: how many holds it ended (0 or 1),
+    /// and the waiters to wake ([`Statements::wake_set`]).
     pub fn release_shared(&self, name: &[u8], owner: &str, notify: bool) -> SqlStr {
         let (t, h, n) = (&self.table, &self.holds, bytes(name));
         let until = self.marker_until(&n, owner, NOW);
-        let (lock, say) = (self.lock_row(&n), self.announce(&n, notify));
+        let (lock, say) = (self.lock_row(&n), self.announce_to(&n, notify));
+        let wake = self.wake_set(&n, "");
         self.bounded(format!(
             "{lock}
              WITH gone AS (DELETE FROM {h} WHERE name = {n} AND owner = '{owner}'
                              AND NOT waiting AND expires_at > {NOW} RETURNING 1),
              m AS (UPDATE {t} SET expires_at = {until}
-                   WHERE name = {n} AND owner LIKE '~%' AND EXISTS (SELECT 1 FROM gone))
-             SELECT count(*) FROM (SELECT {say} FROM gone) AS z"
+                   WHERE name = {n} AND owner LIKE '~%' AND EXISTS (SELECT 1 FROM gone)),
+             {wake}
+             SELECT (SELECT count(*) FROM gone), (SELECT who FROM wake WHERE EXISTS (SELECT 1 FROM gone)),
+               (SELECT count(*) FROM (SELECT {say} FROM wake WHERE EXISTS (SELECT 1 FROM gone)) AS z)"
         ))
     }
 
@@ -177,15 +203,19 @@ impl Statements {
         ))
     }
 
-    /// Gives a waiter's place up, announcing it (a writer that leaves may
-    /// let readers in). One row: how many places it gave up.
+    /// Gives a waiter's place up, announcing it to the waiters it may let
+    /// in (a writer that leaves may let readers in). One row: how many
+    /// places it gave up, and the waiters to wake.
     pub fn abandon(&self, name: &[u8], waiter: &str, notify: bool) -> SqlStr {
         let (h, n) = (&self.holds, bytes(name));
-        let say = self.announce(&n, notify);
+        let say = self.announce_to(&n, notify);
+        let wake = self.wake_set(&n, waiter);
         self.bounded(format!(
             "WITH d AS (DELETE FROM {h} WHERE name = {n} AND owner = '{waiter}' AND waiting
-                        RETURNING 1)
-             SELECT count(*) FROM (SELECT {say} FROM d) AS z"
+                        RETURNING 1),
+             {wake}
+             SELECT (SELECT count(*) FROM d), (SELECT who FROM wake WHERE EXISTS (SELECT 1 FROM d)),
+               (SELECT count(*) FROM (SELECT {say} FROM wake WHERE EXISTS (SELECT 1 FROM d)) AS z)"
         ))
     }
 
@@ -193,13 +223,16 @@ impl Statements {
     /// semaphore (an operator's force release). One row: 1 when it did.
     pub fn clear_shared(&self, name: &[u8], notify: bool) -> SqlStr {
         let (t, h, n) = (&self.table, &self.holds, bytes(name));
-        let (lock, say) = (self.lock_row(&n), self.announce(&n, notify));
+        let (lock, say) = (self.lock_row(&n), self.announce_to(&n, notify));
+        let wake = self.wake_set(&n, "");
         self.bounded(format!(
             "{lock}
              WITH d AS (DELETE FROM {h} WHERE name = {n} AND NOT waiting),
              m AS (UPDATE {t} SET expires_at = {NOW}
-                   WHERE name = {n} AND owner LIKE '~%' AND expires_at > {NOW} RETURNING 1)
-             SELECT count(*) FROM (SELECT {say} FROM m) AS z"
+                   WHERE name = {n} AND owner LIKE '~%' AND expires_at > {NOW} RETURNING 1),
+             {wake}
+             SELECT (SELECT count(*) FROM m), (SELECT who FROM wake WHERE EXISTS (SELECT 1 FROM m)),
+               (SELECT count(*) FROM (SELECT {say} FROM wake WHERE EXISTS (SELECT 1 FROM m)) AS z)"
         ))
     }
 

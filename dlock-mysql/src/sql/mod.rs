@@ -3,6 +3,28 @@
 use dlock_core::{Error, Result};
 use sqlx::{AssertSqlSafe, SqlSafeStr, SqlStr};
 
+mod shared;
+
+/// The database's clock decides expiry, never the client's. UTC so that
+/// the session time zone cannot shift it.
+const NOW: &str = "UTC_TIMESTAMP(6)";
+
+/// The fencing token never falls below the database clock in microseconds,
+/// so a row deleted (by a purge, an operator, a restored backup) and
+/// created again still gets a token above every earlier one, as long as
+/// that clock does not step back. Counted from the epoch in UTC, so that
+/// no session time zone (nor its daylight saving) can move it.
+const CLOCK: &str =
+    "CAST(TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) AS UNSIGNED)";
+
+/// What the mutex's acquire reports for a name held as a reader-writer
+/// lock or a semaphore: no grant's token is ever this small.
+pub(crate) const HELD_AS_ANOTHER_KIND: u64 = 1;
+
+/// The longest table name: the holds table, `<table>_holds`, must fit
+/// MySQL's 64-character identifiers.
+const MAX_TABLE: usize = 58;
+
 /// The named lock (at most 64 characters) that a name's registered waiter
 /// holds; `name` is an SQL expression for the lock name's bytes. Named
 /// locks are global to the server: the database is part of the key.
@@ -13,7 +35,7 @@ fn wait_key(table: &str, name: &str) -> String {
 /// A table name that is safe to splice into SQL: a plain identifier.
 pub(crate) fn validate_table(name: &str) -> Result<()> {
     let mut chars = name.chars();
-    let ok = name.len() <= 64
+    let ok = name.len() <= MAX_TABLE
         && chars
             .next()
             .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
@@ -24,7 +46,7 @@ pub(crate) fn validate_table(name: &str) -> Result<()> {
         Err(Error::invalid_option(
             "table",
             format!(
-                "must be 1 to 64 ASCII letters, digits, `_` or `$`, not starting with a digit; got {name:?}"
+                "must be 1 to {MAX_TABLE} ASCII letters, digits, `_` or `$`, not starting with a digit; got {name:?}"
             ),
         ))
     }
@@ -46,6 +68,8 @@ pub(crate) struct Statements {
     pub unregister: SqlStr,
     pub sleep: SqlStr,
     pub anchor: SqlStr,
+    /// The owner column of a name: a marker for the shared kinds.
+    pub kind: SqlStr,
     table: String,
 }
 
@@ -79,6 +103,16 @@ fn hex(bytes: &[u8]) -> String {
     out
 }
 
+/// The owner `list` and `inspect` show for the row `l`: a name held as a
+/// reader-writer lock or a semaphore shows the holder of its longest hold.
+fn shown_owner(table: &str) -> String {
+    format!(
+        "IF(l.owner LIKE '~%', COALESCE((SELECT h.owner FROM `{table}_holds` AS h
+           WHERE h.name = l.name AND NOT h.waiting AND h.expires_at > {NOW}
+           ORDER BY h.expires_at DESC LIMIT 1), l.owner), l.owner)"
+    )
+}
+
 /// `table` has passed [`validate_table`]: a plain identifier, quoted.
 fn safe(sql: String) -> SqlStr {
     AssertSqlSafe(sql).into_sql_str()
@@ -87,17 +121,6 @@ fn safe(sql: String) -> SqlStr {
 impl Statements {
     /// `table` must have passed [`validate_table`].
     pub fn new(table: &str) -> Self {
-        // The database's clock decides expiry, never the client's. UTC so
-        // that the session time zone cannot shift it.
-        const NOW: &str = "UTC_TIMESTAMP(6)";
-        // The fencing token never falls below the database clock in
-        // microseconds, so a row deleted (by a purge, an operator, a restored
-        // backup) and created again still gets a token above every earlier
-        // one, as long as that clock does not step back. Counted from the
-        // epoch in UTC, so that no session time zone (nor its daylight
-        // saving) can move it.
-        const CLOCK: &str =
-            "CAST(TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) AS UNSIGNED)";
         Statements {
             table: table.to_owned(),
             // `name` is VARBINARY: compared byte for byte. A `utf8mb4_bin`
@@ -119,8 +142,9 @@ impl Statements {
             // update only fires on an expired or released row. The statement
             // reports its outcome through LAST_INSERT_ID(expr), whose last
             // value lands in the OK packet: the clock for a new row, the
-            // greater of version + 1 and the clock for a takeover, and 0 when
-            // the lock is held. The held branch must
+            // greater of version + 1 and the clock for a takeover, 0 when
+            // the lock is held, and [`HELD_AS_ANOTHER_KIND`] when it is held
+            // as a reader-writer lock or a semaphore (its owner a marker). The held branch must
             // set 0 itself, because the VALUES row (and its
             // LAST_INSERT_ID(clock)) is evaluated before the duplicate key is
             // found. MySQL applies
@@ -133,7 +157,7 @@ impl Statements {
                  VALUES (?, ?, LAST_INSERT_ID({CLOCK}), {NOW} + INTERVAL ? MICROSECOND, {NOW}, ?)
                  ON DUPLICATE KEY UPDATE
                    owner = IF(expires_at <= {NOW}, ?, owner),
-                   version = IF(expires_at <= {NOW}, LAST_INSERT_ID(GREATEST(version + 1, {CLOCK})), version + LAST_INSERT_ID(0)),
+                   version = IF(expires_at <= {NOW}, LAST_INSERT_ID(GREATEST(version + 1, {CLOCK})), version + LAST_INSERT_ID(owner LIKE '~%') * 0),
                    acquired_at = IF(expires_at <= {NOW}, {NOW}, acquired_at),
                    holder = IF(expires_at <= {NOW}, ?, holder),
                    expires_at = IF(expires_at <= {NOW}, {NOW} + INTERVAL ? MICROSECOND, expires_at)"
@@ -170,9 +194,10 @@ impl Statements {
             // A range of the primary key: from the cursor, within the
             // prefix (`!` escapes LIKE's wildcards).
             list: safe(format!(
-                "SELECT name, owner, version, TIMESTAMPDIFF(MICROSECOND, {NOW}, expires_at)
-                 FROM `{table}` WHERE name > ? AND name LIKE ? ESCAPE '!' AND expires_at > {NOW}
-                 ORDER BY name LIMIT ?"
+                "SELECT name, {owner}, version, TIMESTAMPDIFF(MICROSECOND, {NOW}, expires_at)
+                 FROM `{table}` AS l WHERE name > ? AND name LIKE ? ESCAPE '!' AND expires_at > {NOW}
+                 ORDER BY name LIMIT ?",
+                owner = shown_owner(table)
             )),
             // The waiter registered for a name holds a named lock on a
             // connection of its own and sleeps on it until the holder's lease
@@ -195,9 +220,11 @@ impl Statements {
             // waits for fractions of one, which the sleep needs.
             anchor: safe("SELECT GET_LOCK(?, 0), VERSION() LIKE '%MariaDB%'".to_owned()),
             inspect: safe(format!(
-                "SELECT owner, version, TIMESTAMPDIFF(MICROSECOND, {NOW}, expires_at)
-                 FROM `{table}` WHERE name = ? AND expires_at > {NOW}"
+                "SELECT {owner}, version, TIMESTAMPDIFF(MICROSECOND, {NOW}, expires_at)
+                 FROM `{table}` AS l WHERE name = ? AND expires_at > {NOW}",
+                owner = shown_owner(table)
             )),
+            kind: safe(format!("SELECT owner FROM `{table}` WHERE name = ?")),
         }
     }
 }
@@ -261,7 +288,7 @@ mod tests {
 
     #[test]
     fn table_names_are_identifiers() {
-        for ok in ["dlock_locks", "_t", "Locks$2", &"x".repeat(64)] {
+        for ok in ["dlock_locks", "_t", "Locks$2", &"x".repeat(58)] {
             assert!(validate_table(ok).is_ok(), "{ok}");
         }
         for bad in [
@@ -272,7 +299,7 @@ mod tests {
             "a b",
             "t; DROP TABLE x",
             "schema.t",
-            &"x".repeat(65),
+            &"x".repeat(59),
         ] {
             assert!(validate_table(bad).is_err(), "{bad}");
         }

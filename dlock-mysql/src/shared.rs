@@ -1,0 +1,351 @@
+//! Reader-writer locks and semaphores: the calls of the shared kinds of
+//! lock, on the transactions of `sql/shared.rs`.
+
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use dlock_core::undo::{UndoOnDrop, retry_for};
+use dlock_core::wait::{Attempt, Backoff, Deadline, on_arrival, wait_for_lock};
+use dlock_core::{Error, Lease, LockInfo, LockOptions, Mode, OwnerToken, Result, micros_up};
+use sqlx::mysql::MySqlRow;
+use sqlx::{Row, SqlStr};
+use tokio::time::{Instant, timeout_at};
+
+use crate::backend::{MySqlBackend, NAME};
+use crate::error::{ER_LOCK_DEADLOCK, ER_LOCK_WAIT_TIMEOUT, server_error_number};
+use crate::pool::{Mark, answer};
+use crate::sql::Batch;
+
+/// How many times in a row a transaction that InnoDB rolled back (a
+/// deadlock, a lock wait timeout) is sent again before its error counts,
+/// each after a short random pause (within the call's bound): clients
+/// that deadlocked at once would otherwise meet again at once.
+const ROLLED_BACK_RETRIES: u32 = 10;
+
+/// The one row a shared call's transaction answers with.
+fn one_row<'r>(rows: &'r [MySqlRow], doing: &str) -> Result<&'r MySqlRow> {
+    rows.last()
+        .ok_or_else(|| Error::malformed(NAME, doing, "no row"))
+}
+
+/// The count a shared call's transaction answers with.
+fn count(rows: &[MySqlRow], doing: &str) -> Result<i64> {
+    let n: Option<i64> = one_row(rows, doing)?
+        .try_get(0)
+        .map_err(|e| Error::backend(NAME, doing, e))?;
+    Ok(n.unwrap_or(0))
+}
+
+impl MySqlBackend {
+    /// How long a queued waiter keeps its place without asking again: a
+    /// few of its longest sleeps, plus the round trips of its asking.
+    fn place(&self) -> Duration {
+        self.inner.max_poll * 3 + self.inner.request_timeout * 2
+    }
+
+    /// Runs one shared call's transaction, by `by`, with `mark` told the
+    /// connection it goes out on (for an undo). A connection goes back to
+    /// the pool only after a whole answer: a transaction that failed
+    /// midway may still be open on it. One that InnoDB rolled back is sent
+    /// again.
+    async fn transact(
+        &self,
+        sql: SqlStr,
+        doing: &str,
+        by: Instant,
+        mut mark: impl FnMut(Mark),
+    ) -> Result<Vec<MySqlRow>> {
+        let mut tries = 0;
+        loop {
+            let mut lent = self.lend(doing, by).await?;
+            mark(lent.mark());
+            let done = timeout_at(by, sqlx::raw_sql(sql.clone()).fetch_all(lent.conn())).await;
+            match done {
+                Ok(Ok(rows)) => {
+                    lent.give_back();
+                    return Ok(rows);
+                }
+                Ok(Err(e))
+                    if tries < ROLLED_BACK_RETRIES
+                        && matches!(
+                            server_error_number(&e),
+                            Some(ER_LOCK_DEADLOCK | ER_LOCK_WAIT_TIMEOUT)
+                        ) =>
+                {
+                    tries += 1;
+                    let pause = Duration::from_micros(fastrand::u64(500..5_000 * u64::from(tries)));
+                    tokio::time::sleep_until(by.min(Instant::now() + pause)).await;
+                }
+                done => return answer(done, self.inner.request_timeout, doing),
+            }
+        }
+    }
+
+    /// One acquire of a shared kind, queued as `waiter` (`""`: not queued).
+    pub(crate) async fn attempt_shared(
+        &self,
+        name: &str,
+        opts: &LockOptions,
+        waiter: &str,
+    ) -> Result<Attempt> {
+        let mode = opts.mode_value();
+        let owner = OwnerToken::random()?;
+        let sent = Instant::now();
+        let sql = self.inner.sql.acquire_shared(
+            name.as_bytes(),
+            &owner.to_string(),
+            mode,
+            micros_up(opts.ttl_value()),
+            &self.inner.holder,
+            waiter,
+            micros_up(self.place()),
+        );
+        // Armed while the outcome is unknown, as for the mutex: the undo
+        // ends the connection the transaction went out on, then releases.
+        let sent_on: Arc<Mutex<Option<Mark>>> = Arc::default();
+        let mut undo = {
+            let (backend, sent_on) = (self.clone(), sent_on.clone());
+            let lease = Lease::with_ttl(name, owner, 0, opts, sent);
+            UndoOnDrop::new(async move {
+                let mark = sent_on
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .take();
+                backend.undo_shared(&lease, mark).await;
+            })
+        };
+        let rows = self
+            .transact(sql, "acquire", self.deadline(), |mark| {
+                *sent_on.lock().unwrap_or_else(PoisonError::into_inner) = Some(mark);
+            })
+            .await;
+        // Any answer from the server settles the outcome; no answer (a
+        // timeout, a broken connection) leaves the undo armed, to run as
+        // this returns.
+        if !matches!(&rows, Err(e) if e.is_retryable()) {
+            undo.disarm();
+        }
+        let rows = rows?;
+        let row = one_row(&rows, "acquire")?;
+        let read = |e| Error::backend(NAME, "acquire", e);
+        let fence: Option<i64> = row.try_get(0).map_err(read)?;
+        let conflict: Option<Vec<u8>> = row.try_get(1).map_err(read)?;
+        let left: Option<i64> = row.try_get(2).map_err(read)?;
+        if let Some(fence) = fence {
+            let fence = u64::try_from(fence)
+                .map_err(|_| Error::malformed(NAME, "acquire (the fencing token)", fence))?;
+            let lease = Lease::with_ttl(name, owner, fence, opts, sent);
+            return Ok(on_arrival(self, lease));
+        }
+        if let Some(kind) = conflict {
+            return Err(Error::ModeConflict {
+                name: name.to_owned(),
+                held: Mode::of_marker(&String::from_utf8_lossy(&kind)),
+                asked: mode,
+            });
+        }
+        let left = left.and_then(|us| u64::try_from(us).ok());
+        Ok(Attempt::Held {
+            expires_in: left.map(Duration::from_micros),
+        })
+    }
+
+    /// Acquire's wait for a shared kind: a place in the name's queue, given
+    /// up however the wait ends without a grant. Waiters poll, woken early
+    /// by releases in this process.
+    pub(crate) async fn wait_shared(
+        &self,
+        name: &str,
+        opts: &LockOptions,
+        deadline: Deadline,
+        backoff: Backoff,
+    ) -> Result<Lease> {
+        // Queued from the first look: a look that is not granted takes its
+        // place at once, so a contended acquire costs no extra round trip.
+        let waiter = OwnerToken::random()?.to_string();
+        let mut leave = {
+            let (backend, name, waiter) = (self.clone(), name.to_owned(), waiter.clone());
+            UndoOnDrop::new(async move { backend.abandon(&name, &waiter).await })
+        };
+        let lease = wait_for_lock(name, deadline, Some(&self.inner.wakeups), backoff, || {
+            self.attempt_shared(name, opts, &waiter)
+        })
+        .await?;
+        leave.disarm();
+        Ok(lease)
+    }
+
+    /// Gives a waiter's place up (a writer that leaves may let readers in).
+    async fn abandon(&self, name: &str, waiter: &str) {
+        let left = retry_for(self.inner.request_timeout * 2, || async {
+            let sql = self.inner.sql.abandon(name.as_bytes(), waiter);
+            self.transact(sql, "leave the queue", self.deadline(), drop)
+                .await
+        })
+        .await;
+        self.inner.wakeups.wake(name);
+        tracing::debug!(name, left = left.is_some(), "left the queue");
+    }
+
+    /// Ends a shared hold.
+    pub(crate) async fn release_shared(&self, lease: &Lease) -> Result<()> {
+        let owner = lease.owner().to_string();
+        let sql = self
+            .inner
+            .sql
+            .release_shared(lease.name().as_bytes(), &owner);
+        let rows = self.transact(sql, "release", self.deadline(), drop).await?;
+        if count(&rows, "release")? != 1 {
+            return Err(Error::NotHeld {
+                name: lease.name().to_owned(),
+            });
+        }
+        self.inner.wakeups.wake(lease.name());
+        Ok(())
+    }
+
+    /// Undoes a shared acquire of unknown outcome: ends the connection it
+    /// went out on (`sent_on`, when known), so that it cannot grant after
+    /// this, then releases by owner until the server answers or the TTL
+    /// has freed the hold anyway.
+    async fn undo_shared(&self, lease: &Lease, sent_on: Option<Mark>) {
+        let ttl = lease.ttl().unwrap_or_default();
+        let released = retry_for(ttl, || async {
+            if let Some(mark) = &sent_on {
+                self.end_connection(mark, self.deadline()).await?;
+            }
+            match self.release_shared(lease).await {
+                Err(Error::NotHeld { .. }) => Ok(false),
+                other => other.map(|()| true),
+            }
+        })
+        .await;
+        tracing::debug!(
+            name = lease.name(),
+            ?released,
+            "undid an acquire of unknown outcome"
+        );
+    }
+
+    /// `release_after` of a shared hold.
+    pub(crate) async fn hold_shared(&self, lease: &Lease, hold: Duration) -> Result<()> {
+        let (owner, hold_owner) = (lease.owner().to_string(), lease.owner().for_hold());
+        let sql = self.inner.sql.hold_shared(
+            lease.name().as_bytes(),
+            &owner,
+            &hold_owner.to_string(),
+            micros_up(hold).max(1),
+        );
+        let rows = self
+            .transact(sql, "release_after", self.deadline(), drop)
+            .await?;
+        if count(&rows, "release_after")? != 1 {
+            return Err(Error::NotHeld {
+                name: lease.name().to_owned(),
+            });
+        }
+        Ok(())
+    }
+
+    /// [`Backend::downgrade`](dlock_core::Backend::downgrade).
+    pub(crate) async fn downgrade_lease(&self, write: &Lease, opts: &LockOptions) -> Result<Lease> {
+        let opts = opts.clone().read();
+        opts.validate()?;
+        let not_held = || Error::NotHeld {
+            name: write.name().to_owned(),
+        };
+        if write.mode() != Mode::Write {
+            return Err(not_held());
+        }
+        let reader = OwnerToken::random()?;
+        let sent = Instant::now();
+        let sql = self.inner.sql.downgrade(
+            write.name().as_bytes(),
+            &write.owner().to_string(),
+            &reader.to_string(),
+            micros_up(opts.ttl_value()),
+        );
+        // A read hold of unknown outcome is released, as an acquire's is.
+        let mut undo = {
+            let (backend, lease) = (
+                self.clone(),
+                Lease::with_ttl(write.name(), reader, 0, &opts, sent),
+            );
+            UndoOnDrop::new(async move { backend.undo_shared(&lease, None).await })
+        };
+        let rows = self.transact(sql, "downgrade", self.deadline(), drop).await;
+        if let Err(e) = &rows
+            && !e.is_retryable()
+        {
+            undo.disarm();
+        }
+        let rows = rows?;
+        undo.disarm();
+        let fence: Option<i64> = one_row(&rows, "downgrade")?
+            .try_get(0)
+            .map_err(|e| Error::backend(NAME, "downgrade", e))?;
+        let fence = fence.ok_or_else(not_held)?;
+        let fence = u64::try_from(fence)
+            .map_err(|_| Error::malformed(NAME, "downgrade (the fencing token)", fence))?;
+        Ok(Lease::with_ttl(write.name(), reader, fence, &opts, sent))
+    }
+
+    /// Extends shared leases, one transaction per TTL; says which ones it
+    /// did.
+    pub(crate) async fn extend_shared(&self, leases: &mut [Lease]) -> Result<Vec<bool>> {
+        let mut held = vec![false; leases.len()];
+        let by = self.deadline();
+        let mut ttls: Vec<Duration> = leases.iter().filter_map(Lease::ttl).collect();
+        ttls.sort_unstable();
+        ttls.dedup();
+        for ttl in ttls {
+            let mut batch = Batch::default();
+            let members: Vec<usize> = (0..leases.len())
+                .filter(|&i| leases[i].ttl() == Some(ttl))
+                .collect();
+            for &i in &members {
+                batch.push(leases[i].name().as_bytes(), &leases[i].owner().to_string());
+            }
+            let sent = Instant::now();
+            let sql = self.inner.sql.extend_shared(&batch, micros_up(ttl));
+            let rows = self.transact(sql, "extend", by, drop).await?;
+            let owned: HashSet<Vec<u8>> = rows
+                .iter()
+                .filter_map(|row| row.try_get::<Vec<u8>, _>(0).ok())
+                .collect();
+            for i in members {
+                let mut pair = leases[i].owner().to_string().into_bytes();
+                pair.extend_from_slice(leases[i].name().as_bytes());
+                if owned.contains(&pair) {
+                    leases[i].extended(sent);
+                    held[i] = true;
+                }
+            }
+        }
+        Ok(held)
+    }
+
+    /// `force_release` of every kind: a mutex's holder by its token, a
+    /// shared kind's holds all at once.
+    pub(crate) async fn force_release_any(&self, name: &str) -> Result<Option<LockInfo>> {
+        dlock_core::admin::force_release_with(
+            NAME,
+            name,
+            || self.inspect_lock(name),
+            || async {
+                let sql = self.inner.sql.clear_shared(name.as_bytes());
+                let rows = self
+                    .transact(sql, "force_release", self.deadline(), drop)
+                    .await?;
+                let cleared = count(&rows, "force_release")? > 0;
+                if cleared {
+                    self.inner.wakeups.wake(name);
+                }
+                Ok(cleared)
+            },
+            |lease| async move { self.release_lease(&lease).await },
+        )
+        .await
+    }
+}

@@ -1,0 +1,260 @@
+//! The statements of reader-writer locks and semaphores.
+//!
+//! A name held that way keeps a *marker* as owner in its row of the lock
+//! table (`~rw`, or `~s<N>` for a semaphore of N), with the expiry of its
+//! longest hold, so that a mutex's acquire finds it held and its version
+//! counts every grant of every kind. The holds and the waiters are rows of
+//! `<table>_holds` (mode `r`, `w` or `p`; a waiter's row expires when its
+//! place lapses, and `since` orders the queue), as in the PostgreSQL
+//! driver.
+//!
+//! MySQL has no statement that changes two tables and returns rows, so
+//! each call is a short transaction of several statements sent as one
+//! text query: one round trip. Its first statement locks the name's row
+//! (making it if missing, with an update, not `INSERT IGNORE`, whose
+//! shared lock on the duplicate would deadlock with a second such
+//! transaction); under read committed every later read of the transaction
+//! sees what the lock's earlier holders committed. The answer is read
+//! from user variables after the commit. Every literal is hex, digits or
+//! a fixed marker: nothing a caller wrote is spliced in as text.
+
+use std::fmt::Write;
+
+use dlock_core::Mode;
+use sqlx::SqlStr;
+
+use super::{Batch, CLOCK, NOW, Statements, hex, safe};
+
+/// `X'<hex>'`.
+fn bytes(b: &[u8]) -> String {
+    format!("X'{}'", hex(b))
+}
+
+/// `ttl_us` from now.
+fn after(us: u64) -> String {
+    format!("{NOW} + INTERVAL {us} MICROSECOND")
+}
+
+impl Statements {
+    /// `<table>_holds`.
+    pub fn holds(&self) -> String {
+        format!("`{}_holds`", self.table)
+    }
+
+    /// The start of every shared call's transaction: its isolation, and
+    /// the lock on the name's row.
+    fn begin(&self, n: &str) -> String {
+        let t = &self.table;
+        format!(
+            "SET TRANSACTION ISOLATION LEVEL READ COMMITTED; START TRANSACTION;
+             INSERT INTO `{t}` (name, owner, version, expires_at, acquired_at, holder)
+               VALUES ({n}, '', {CLOCK}, {NOW}, {NOW}, '')
+               ON DUPLICATE KEY UPDATE version = version; "
+        )
+    }
+
+    /// The marker's expiry once the holds of the name have changed: that
+    /// of the longest live hold, at least `floor`.
+    fn marker_until(&self, n: &str, floor: &str) -> String {
+        format!(
+            "GREATEST(COALESCE((SELECT MAX(expires_at) FROM {h} WHERE name = {n} AND NOT waiting
+               AND expires_at > {NOW}), {NOW}), {floor})",
+            h = self.holds()
+        )
+    }
+
+    /// An acquire of a shared kind by `owner`, queued as `waiter` (`""`:
+    /// behind every waiter, and not queued) with a place of `place_us`.
+    /// One row: the fencing token when granted, the kind the name is in
+    /// use as when that is another (bytes), and the µs until the first
+    /// hold ends.
+    #[allow(clippy::too_many_arguments)] // one statement's values
+    pub fn acquire_shared(
+        &self,
+        name: &[u8],
+        owner: &str,
+        mode: Mode,
+        ttl_us: u64,
+        holder: &str,
+        waiter: &str,
+        place_us: u64,
+    ) -> SqlStr {
+        let (code, k) = (mode.code(), mode.marker());
+        let (t, h, n) = (&self.table, self.holds(), bytes(name));
+        let me = waiter;
+        let live = format!("name = {n} AND expires_at > {NOW}");
+        let ahead = format!(
+            "{live} AND waiting AND owner <> '{me}'
+             AND (@dl_since IS NULL OR since < @dl_since OR (since = @dl_since AND owner < '{me}'))"
+        );
+        let admit = match code {
+            "w" => "@dl_held = 0 AND @dl_ahead = 0".to_owned(),
+            "r" => "@dl_held_w = 0 AND @dl_ahead_w = 0".to_owned(),
+            _ => format!("@dl_held + @dl_ahead < {}", mode.permits()),
+        };
+        let who = format!("CONVERT({} USING utf8mb4)", bytes(holder.as_bytes()));
+        let begin = self.begin(&n);
+        let (ttl, place) = (after(ttl_us), after(place_us));
+        safe(format!(
+            "{begin}
+             SET @dl_o = (SELECT IF(expires_at > {NOW}, owner, NULL) FROM `{t}` WHERE name = {n});
+             SET @dl_since = (SELECT since FROM {h} WHERE {live} AND waiting AND owner = '{me}');
+             SET @dl_held = (SELECT COUNT(*) FROM {h} WHERE {live} AND NOT waiting);
+             SET @dl_held_w = (SELECT COUNT(*) FROM {h} WHERE {live} AND NOT waiting AND mode = 'w');
+             SET @dl_ahead = (SELECT COUNT(*) FROM {h} WHERE {ahead});
+             SET @dl_ahead_w = (SELECT COUNT(*) FROM {h} WHERE {ahead} AND mode = 'w');
+             SET @dl_conflict = COALESCE(
+               IF(@dl_o LIKE '~%', NULLIF(@dl_o, '{k}'), IF(@dl_o IS NULL OR @dl_o = '', NULL, 'x')),
+               (SELECT kind FROM {h} WHERE {ahead} AND kind <> '{k}' LIMIT 1));
+             SET @dl_admit = @dl_conflict IS NULL AND {admit};
+             UPDATE `{t}` SET
+               expires_at = IF(owner = '{k}' AND expires_at > {NOW}, GREATEST(expires_at, {ttl}), {ttl}),
+               owner = '{k}', version = GREATEST(version + 1, {CLOCK}), acquired_at = {NOW}, holder = {who}
+             WHERE name = {n} AND @dl_admit;
+             SET @dl_fence = IF(@dl_admit, (SELECT version FROM `{t}` WHERE name = {n}), NULL);
+             INSERT INTO {h} (name, owner, mode, kind, fence, expires_at, waiting, since)
+               SELECT {n}, '{owner}', '{code}', '{k}', @dl_fence, {ttl}, FALSE, 0 FROM DUAL WHERE @dl_admit;
+             DELETE FROM {h} WHERE name = {n} AND (
+               (owner = '{me}' AND waiting AND @dl_admit)
+               OR (owner <> '{me}' AND expires_at < {NOW} - INTERVAL 1 MINUTE));
+             INSERT INTO {h} (name, owner, mode, kind, fence, expires_at, waiting, since)
+               SELECT {n}, '{me}', '{code}', '{k}', 0, {place}, TRUE, {CLOCK} FROM DUAL
+               WHERE '{me}' <> '' AND NOT @dl_admit AND @dl_conflict IS NULL
+               ON DUPLICATE KEY UPDATE since = IF(expires_at > {NOW}, since, {CLOCK}), expires_at = {place};
+             COMMIT;
+             SELECT CAST(@dl_fence AS SIGNED), CAST(@dl_conflict AS BINARY),
+               (SELECT CAST(TIMESTAMPDIFF(MICROSECOND, {NOW}, MIN(expires_at)) AS SIGNED) FROM {h}
+                WHERE {live} AND NOT waiting)"
+        ))
+    }
+
+    /// Ends `owner`'s live hold of `name` and sets the marker's expiry to
+    /// the longest hold left. One row: how many holds it ended (0 or 1).
+    pub fn release_shared(&self, name: &[u8], owner: &str) -> SqlStr {
+        let (t, h, n) = (&self.table, self.holds(), bytes(name));
+        let begin = self.begin(&n);
+        let mine =
+            format!("name = {n} AND owner = '{owner}' AND NOT waiting AND expires_at > {NOW}");
+        let until = self.marker_until(&n, NOW);
+        safe(format!(
+            "{begin}
+             SET @dl_n = (SELECT COUNT(*) FROM {h} WHERE {mine});
+             DELETE FROM {h} WHERE {mine};
+             UPDATE `{t}` SET expires_at = {until} WHERE name = {n} AND owner LIKE '~%' AND @dl_n > 0;
+             COMMIT;
+             SELECT CAST(@dl_n AS SIGNED)"
+        ))
+    }
+
+    /// `release_after` of a shared hold: it stays under `hold_owner` until
+    /// `hold_us` from now. One row: 1 when set, 0 when not held.
+    pub fn hold_shared(&self, name: &[u8], owner: &str, hold_owner: &str, hold_us: u64) -> SqlStr {
+        let (t, h, n, hold) = (&self.table, self.holds(), bytes(name), after(hold_us));
+        let begin = self.begin(&n);
+        let mine =
+            format!("name = {n} AND owner = '{owner}' AND NOT waiting AND expires_at > {NOW}");
+        let until = self.marker_until(&n, &hold);
+        safe(format!(
+            "{begin}
+             SET @dl_n = (SELECT COUNT(*) FROM {h} WHERE {mine});
+             UPDATE {h} SET owner = '{hold_owner}', expires_at = {hold} WHERE {mine};
+             UPDATE `{t}` SET expires_at = {until} WHERE name = {n} AND owner LIKE '~%' AND @dl_n > 0;
+             COMMIT;
+             SELECT CAST(@dl_n AS SIGNED)"
+        ))
+    }
+
+    /// A read hold for `reader` beside the live write hold of `writer`,
+    /// waiters or not. One row: the fencing token, NULL when not granted.
+    pub fn downgrade(&self, name: &[u8], writer: &str, reader: &str, ttl_us: u64) -> SqlStr {
+        let (t, h, n, ttl) = (&self.table, self.holds(), bytes(name), after(ttl_us));
+        let begin = self.begin(&n);
+        safe(format!(
+            "{begin}
+             SET @dl_w = EXISTS (SELECT 1 FROM {h} WHERE name = {n} AND owner = '{writer}'
+               AND mode = 'w' AND NOT waiting AND expires_at > {NOW})
+               AND EXISTS (SELECT 1 FROM `{t}` WHERE name = {n} AND owner = '~rw');
+             UPDATE `{t}` SET expires_at = GREATEST(expires_at, {ttl}),
+               version = GREATEST(version + 1, {CLOCK}) WHERE name = {n} AND @dl_w;
+             SET @dl_fence = IF(@dl_w, (SELECT version FROM `{t}` WHERE name = {n}), NULL);
+             INSERT INTO {h} (name, owner, mode, kind, fence, expires_at, waiting, since)
+               SELECT {n}, '{reader}', 'r', '~rw', @dl_fence, {ttl}, FALSE, 0 FROM DUAL WHERE @dl_w;
+             COMMIT;
+             SELECT CAST(@dl_fence AS SIGNED)"
+        ))
+    }
+
+    /// Gives a waiter's place up. One row: how many places it gave up.
+    pub fn abandon(&self, name: &[u8], waiter: &str) -> SqlStr {
+        safe(format!(
+            "DELETE FROM {} WHERE name = {} AND owner = '{waiter}' AND waiting;
+             SELECT CAST(ROW_COUNT() AS SIGNED)",
+            self.holds(),
+            bytes(name)
+        ))
+    }
+
+    /// Ends every hold of a name held as a reader-writer lock or a
+    /// semaphore (an operator's force release). One row: 1 when it did.
+    pub fn clear_shared(&self, name: &[u8]) -> SqlStr {
+        let (t, h, n) = (&self.table, self.holds(), bytes(name));
+        let begin = self.begin(&n);
+        safe(format!(
+            "{begin}
+             DELETE FROM {h} WHERE name = {n} AND NOT waiting;
+             UPDATE `{t}` SET expires_at = {NOW} WHERE name = {n} AND owner LIKE '~%' AND expires_at > {NOW};
+             SET @dl_n = ROW_COUNT();
+             COMMIT;
+             SELECT CAST(@dl_n AS SIGNED)"
+        ))
+    }
+
+    /// Extends every shared lease of the batch that still holds, by
+    /// `ttl_us`, and the markers of their names; the names' rows are
+    /// locked first, in one scan of the primary key (in name order), so
+    /// that two renewals never wait for each other. Rows back: `CONCAT(owner, name)` of the leases held
+    /// after it, which are those it extended.
+    pub fn extend_shared(&self, batch: &Batch, ttl_us: u64) -> SqlStr {
+        let (t, h, ttl) = (&self.table, self.holds(), after(ttl_us));
+        let (names, owned) = (&batch.names, &batch.owned);
+        let mine = format!(
+            "name IN ({names}) AND CONCAT(owner, name) IN ({owned}) AND NOT waiting AND expires_at > {NOW}"
+        );
+        let mut s = String::new();
+        let _ = write!(
+            s,
+            "SET TRANSACTION ISOLATION LEVEL READ COMMITTED; START TRANSACTION;
+             SELECT COUNT(*) INTO @dl_n FROM `{t}` WHERE name IN ({names}) FOR UPDATE;
+             UPDATE {h} SET expires_at = {ttl} WHERE {mine};
+             UPDATE `{t}` AS l SET expires_at = GREATEST(expires_at, COALESCE((SELECT MAX(x.expires_at)
+               FROM {h} AS x WHERE x.name = l.name AND NOT x.waiting AND x.expires_at > {NOW}), expires_at))
+             WHERE name IN ({names}) AND owner LIKE '~%';
+             COMMIT;
+             SELECT CONCAT(owner, name) FROM {h} WHERE {mine}"
+        );
+        safe(s)
+    }
+
+    /// The holds table, made if missing.
+    pub fn create_holds(&self) -> SqlStr {
+        safe(format!(
+            "CREATE TABLE IF NOT EXISTS {} (
+                name VARBINARY(255) NOT NULL,
+                owner CHAR(32) CHARACTER SET ascii NOT NULL,
+                mode CHAR(1) CHARACTER SET ascii NOT NULL,
+                kind VARCHAR(16) CHARACTER SET ascii NOT NULL,
+                fence BIGINT UNSIGNED NOT NULL,
+                expires_at DATETIME(6) NOT NULL,
+                waiting BOOLEAN NOT NULL,
+                since BIGINT UNSIGNED NOT NULL,
+                PRIMARY KEY (name, owner)
+            ) ENGINE=InnoDB",
+            self.holds()
+        ))
+    }
+
+    /// Reads nothing, but fails when the holds table is missing.
+    pub fn holds_exist(&self) -> SqlStr {
+        safe(format!("SELECT 1 FROM {} LIMIT 0", self.holds()))
+    }
+}
