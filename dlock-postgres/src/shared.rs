@@ -109,8 +109,9 @@ impl PgBackend {
         deadline: Deadline,
         backoff: Backoff,
     ) -> Result<Lease> {
-        // Queued from the first look: a look that is not granted takes its
-        // place at once, so a contended acquire costs no extra round trip.
+        if let Attempt::Acquired(lease) = self.attempt_shared(name, opts, "").await? {
+            return Ok(lease);
+        }
         let waiter = OwnerToken::random()?.to_string();
         let mut leave = {
             let (backend, name, waiter) = (self.clone(), name.to_owned(), waiter.clone());
