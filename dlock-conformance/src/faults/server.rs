@@ -9,7 +9,7 @@ use dlock_core::{Backend, LockOptions, Locker};
 use tokio::time::{Instant, sleep, timeout};
 
 use super::bounded;
-use crate::harness::{Server, ServerOptions, Service, start, wait_ready};
+use crate::harness::{Server, ServerOptions, Service, last_words, start, wait_ready};
 use crate::support::{must_acquire, must_lock, unique_name};
 
 /// The server restarts (stop, then start on the same port): fencing tokens
@@ -48,9 +48,13 @@ pub async fn fencing_tokens_keep_increasing_across_a_server_restart<C, Fut>(
             drop(before);
 
             docker(&server, &["stop", "start"]).await;
-            wait_ready(service, &url)
-                .await
-                .expect("the server comes back");
+            if let Err(e) = wait_ready(service, &url).await {
+                let words = match server.container() {
+                    Some(container) => last_words(container).await,
+                    None => String::new(),
+                };
+                panic!("the server comes back: {e}\n{words}");
+            }
 
             // A client that connects after the restart; its first requests may
             // still meet a server that is finishing start-up.

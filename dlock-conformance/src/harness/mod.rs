@@ -307,7 +307,7 @@ async fn start_container(service: Service, options: ServerOptions) -> Result<Ser
 
 /// What a container that did not come up said last, and whether it still
 /// runs: the reason, in the failure's own message.
-async fn last_words(container: &ContainerAsync<GenericImage>) -> String {
+pub(crate) async fn last_words(container: &ContainerAsync<GenericImage>) -> String {
     let tail = |bytes: Vec<u8>| {
         let text = String::from_utf8_lossy(&bytes).into_owned();
         let lines: Vec<&str> = text.lines().collect();
