@@ -101,6 +101,11 @@ enum Bug {
     /// A downgrade releases the write lock, then asks for a read lock: a
     /// waiting writer gets in between (CURATOR-621).
     DowngradeReleasesFirst,
+    /// A shared waiter's fencing token is drawn when it queues, not when
+    /// it is granted (a token from its queue node's sequence number): a
+    /// writer that queued before a downgrade gets a token below the
+    /// downgraded reader's.
+    TokenDrawnAtQueueing,
     /// A semaphore admits one holder more than its permits.
     OverAdmitsByOne,
     /// Expired permits still count against the semaphore, which fills up
@@ -344,6 +349,11 @@ caught!(
 caught!(
     a_downgrade_that_releases_first_is_caught,
     Bug::DowngradeReleasesFirst,
+    [a_downgrade_lets_no_writer_in]
+);
+caught!(
+    a_token_drawn_at_queueing_is_caught,
+    Bug::TokenDrawnAtQueueing,
     [a_downgrade_lets_no_writer_in]
 );
 caught!(

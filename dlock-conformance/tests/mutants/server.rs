@@ -32,6 +32,8 @@ struct Slot {
     queue: Vec<(u64, Mode)>,
     /// [`Bug::FencePerKind`]: a counter per kind of lock.
     versions: HashMap<String, u64>,
+    /// [`Bug::TokenDrawnAtQueueing`]: the token each queued ticket drew.
+    drawn: HashMap<u64, u64>,
 }
 
 impl Server {
@@ -300,6 +302,9 @@ impl Server {
             Admission::Grant => {
                 slot.queue.retain(|(t, _)| Some(*t) != ticket);
                 slot.holds.push((owner, mode, now + ttl));
+                if let Some(token) = ticket.and_then(|t| slot.drawn.remove(&t)) {
+                    return Ok(Ok(token));
+                }
                 Ok(Ok(Self::next_version(slot, mode, bug)))
             }
         }
@@ -319,19 +324,21 @@ impl Server {
         slot.version
     }
 
-    pub(crate) fn enqueue(&self, name: &str, ticket: u64, mode: Mode) {
+    pub(crate) fn enqueue(&self, name: &str, ticket: u64, mode: Mode, bug: Option<Bug>) {
         let mut slots = self.slots.lock().unwrap();
-        slots
-            .entry(name.to_owned())
-            .or_default()
-            .queue
-            .push((ticket, mode));
+        let slot = slots.entry(name.to_owned()).or_default();
+        slot.queue.push((ticket, mode));
+        if bug == Some(Bug::TokenDrawnAtQueueing) {
+            let token = Self::next_version(slot, mode, bug);
+            slot.drawn.insert(ticket, token);
+        }
     }
 
     pub(crate) fn dequeue(&self, name: &str, ticket: u64) {
         let mut slots = self.slots.lock().unwrap();
         if let Some(slot) = slots.get_mut(name) {
             slot.queue.retain(|(t, _)| *t != ticket);
+            slot.drawn.remove(&ticket);
         }
         self.wakeups.wake(name);
     }

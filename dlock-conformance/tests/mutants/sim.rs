@@ -145,7 +145,8 @@ impl Sim {
             name: name.to_owned(),
             ticket: fastrand::u64(..),
         };
-        self.server.enqueue(name, place.ticket, opts.mode_value());
+        self.server
+            .enqueue(name, place.ticket, opts.mode_value(), self.bug);
         let backoff = Backoff::new(Duration::from_millis(20), Duration::from_millis(200));
         wait_for_lock(name, deadline, Some(&self.server.wakeups), backoff, || {
             self.attempt_shared(name, opts, Some(place.ticket))
