@@ -10,7 +10,7 @@ use zookeeper_client as zk;
 use crate::backend::{NAME, ZkBackend};
 use crate::error::{gave_up, zk_error};
 use crate::hold::HOLD_NODE;
-use crate::path::{node_prefix, protected_prefix, sequence};
+use crate::path::{is_downgraded, node_prefix, protected_prefix, sequence};
 
 /// A lock's folder as one listing saw it.
 pub(crate) struct Queue {
@@ -18,6 +18,8 @@ pub(crate) struct Queue {
     pub(crate) nodes: Vec<String>,
     /// Whether a hold node (see [`crate::hold`]) is there.
     pub(crate) hold: bool,
+    /// Downgrades' read holds, which are in no queue.
+    pub(crate) downgraded: Vec<String>,
 }
 
 /// A place in a lock's queue, not yet handed over as a lease: its node is
@@ -59,17 +61,39 @@ impl ZkBackend {
         })
     }
 
-    /// The lease for a place at the front of the queue, if the session it
+    /// The lease for a place at the front of the queue (its owner, node
+    /// and node's czxid), if the session it
     /// was created in (`client`'s) is still the current one. The lease
     /// gets the session's lost signal as of now: one cancelled by a blip
     /// while we waited would make the lease lost on arrival.
-    pub(crate) fn grant(
+    ///
+    /// A mutex's token is its node's czxid. A shared kind's is drawn now,
+    /// by writing our node (its mzxid): its czxid was drawn when it
+    /// queued, and a downgrade's read hold, made later, goes ahead of it.
+    /// Every shared grant draws so (one write more), since a czxid drawn
+    /// before another node's late token would be below it.
+    pub(crate) async fn grant(
         &self,
         client: &Arc<zk::Client>,
         name: &str,
         mode: Mode,
-        place: &Place,
+        (owner, path, czxid_token): (OwnerToken, &str, u64),
     ) -> Result<Lease> {
+        let fencing_token = if mode == Mode::Exclusive {
+            czxid_token
+        } else {
+            match self.bounded(client.set_data(path, &[], None)).await {
+                Ok(stat) => fencing_token(stat.mzxid)?,
+                Err(zk::Error::NoNode) => {
+                    return Err(Error::connection(
+                        NAME,
+                        "our lock node disappeared (session expired)",
+                        zk::Error::SessionExpired,
+                    ));
+                }
+                Err(e) => return Err(zk_error(e, "draw the fencing token")),
+            }
+        };
         let (current, lost) = self.session();
         if !Arc::ptr_eq(&current, client) {
             return Err(Error::connection(
@@ -78,8 +102,8 @@ impl ZkBackend {
                 zk::Error::SessionExpired,
             ));
         }
-        let lease = Lease::with_session(name, place.owner, place.fencing_token, lost.child_token());
-        Ok(lease.with_handle(place.path.clone()).with_mode(mode))
+        let lease = Lease::with_session(name, owner, fencing_token, lost.child_token());
+        Ok(lease.with_handle(path.to_owned()).with_mode(mode))
     }
 
     /// Joins the queue of `dir`: creates our ephemeral sequential node,
@@ -205,19 +229,25 @@ impl ZkBackend {
 }
 
 /// A folder's children as a queue: the lock nodes sorted by sequence
-/// number, and the hold.
+/// number, the hold, the downgrades.
 pub(crate) fn sorted_queue(mut children: Vec<String>) -> Queue {
     let hold = children.iter().any(|c| c == HOLD_NODE);
+    let downgraded = children
+        .iter()
+        .filter(|c| is_downgraded(c))
+        .cloned()
+        .collect();
     children.retain(|c| sequence(c).is_some());
     children.sort_by_key(|c| sequence(c));
     Queue {
         nodes: children,
         hold,
+        downgraded,
     }
 }
 
-/// A fencing token from a node's creation zxid, which is positive on a
-/// healthy server; anything else (some versions report -1) is an error,
+/// A fencing token from a zxid (a node's creation or last write), which
+/// is positive on a healthy server; anything else (some versions report -1) is an error,
 /// never a token that could go backwards.
 pub(crate) fn fencing_token(czxid: i64) -> Result<u64> {
     u64::try_from(czxid)

@@ -152,6 +152,11 @@ impl Backend for ZkBackend {
         .await
     }
 
+    async fn downgrade(&self, write: &Lease, opts: &LockOptions) -> Result<Lease> {
+        self.within("downgrade", self.downgrade_lease(write, opts))
+            .await
+    }
+
     async fn release(&self, lease: &Lease) -> Result<()> {
         self.within("release", self.delete_lease(lease)).await
     }

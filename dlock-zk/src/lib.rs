@@ -4,6 +4,7 @@
 mod acquire;
 mod backend;
 mod builder;
+mod downgrade;
 mod error;
 mod extend;
 mod hold;

@@ -1,13 +1,14 @@
 //! Admin reads and writes: the list of held locks, a lock's holder, and a
 //! forced release.
 
-use dlock_core::{HeldLock, LockInfo, LockPage, OwnerToken, Result, validate_name};
+use dlock_core::{HeldLock, LockInfo, LockPage, Mode, OwnerToken, Result, validate_name};
 use zookeeper_client as zk;
 
+use crate::acquire::Queue;
 use crate::acquire::fencing_token;
 use crate::backend::ZkBackend;
 use crate::error::{gave_up, zk_error};
-use crate::path::{owner_of, unescape};
+use crate::path::{Node, owner_of, parse, unescape};
 
 impl ZkBackend {
     /// One page of the held locks whose names start with `prefix`, after
@@ -60,24 +61,22 @@ impl ZkBackend {
         validate_name(name)?;
         let client = self.client();
         let dir = self.lock_dir(name);
-        let crate::acquire::Queue {
-            nodes: queue, hold, ..
-        } = self.queue(&client, &dir).await?;
-        if hold && let Some(info) = self.delete_hold(&client, &dir).await? {
+        let queue = self.queue(&client, &dir).await?;
+        if queue.hold
+            && let Some(info) = self.delete_hold(&client, &dir).await?
+        {
             // The node at the front only waited for the hold.
             return Ok(Some(info));
         }
-        let Some(first) = queue.first() else {
-            return Ok(None);
+        let (first, stat) = match self.front(&client, &dir, &queue).await? {
+            Front::Free | Front::Gone => return Ok(None),
+            Front::Node(first, stat) => (first, stat),
         };
-        let path = format!("{dir}/{first}");
-        let stat = match self.bounded(client.check_stat(&path)).await {
-            Ok(Some(stat)) => stat,
-            Ok(None) => return Ok(None),
-            Err(e) => return Err(zk_error(e, "inspect")),
-        };
-        match self.bounded(client.delete(&path, None)).await {
-            Ok(()) => Ok(Some(front_info(first, stat.czxid)?)),
+        match self
+            .bounded(client.delete(&format!("{dir}/{first}"), None))
+            .await
+        {
+            Ok(()) => Ok(Some(front_info(&first, &stat)?)),
             Err(zk::Error::NoNode) => Ok(None),
             Err(e) => Err(zk_error(e, "force_release")),
         }
@@ -86,33 +85,77 @@ impl ZkBackend {
     /// The holder of the lock in `dir`: the first node of its queue.
     async fn holder(&self, client: &zk::Client, dir: &str) -> Result<Option<LockInfo>> {
         for _ in 0..3 {
-            let crate::acquire::Queue {
-                nodes: queue, hold, ..
-            } = self.queue(client, dir).await?;
+            let queue = self.queue(client, dir).await?;
             // During a hold, the node at the front only waits for it.
-            if hold && let Some(info) = self.read_hold(client, dir).await?.and_then(|h| h.info()) {
+            if queue.hold
+                && let Some(info) = self.read_hold(client, dir).await?.and_then(|h| h.info())
+            {
                 return Ok(Some(info));
             }
-            let Some(first) = queue.first() else {
-                return Ok(None);
-            };
-            match self
-                .bounded(client.check_stat(&format!("{dir}/{first}")))
-                .await
-            {
-                Ok(Some(stat)) => return Ok(Some(front_info(first, stat.czxid)?)),
+            match self.front(client, dir, &queue).await? {
+                Front::Free => return Ok(None),
+                Front::Node(first, stat) => return Ok(Some(front_info(&first, &stat)?)),
                 // Released between the two reads: look again.
-                Ok(None) => {}
-                Err(e) => return Err(zk_error(e, "inspect")),
+                Front::Gone => {}
             }
         }
         Err(gave_up(format!("the queue of {dir} keeps changing")))
     }
+
+    /// The node that shows the holder of the lock in `dir`, as `queue`
+    /// listed it: the front of the queue or else a downgrade's read hold.
+    /// A writer at the front beside a read hold either held before the
+    /// downgrade (its grant wrote its node) or waits for the read hold (it
+    /// did not): then the read hold shows the holder.
+    async fn front(&self, client: &zk::Client, dir: &str, queue: &Queue) -> Result<Front> {
+        let stat_of = |node: &str| {
+            let path = format!("{dir}/{node}");
+            async move {
+                match self.bounded(client.check_stat(&path)).await {
+                    Ok(stat) => Ok(stat),
+                    Err(e) => Err(zk_error(e, "inspect")),
+                }
+            }
+        };
+        if let Some(first) = queue.nodes.first() {
+            let Some(stat) = stat_of(first).await? else {
+                return Ok(Front::Gone);
+            };
+            let writer =
+                parse(first).is_some_and(|(kind, _)| kind.mode_for(Mode::Write) == Mode::Write);
+            let waits = writer && !queue.downgraded.is_empty() && stat.mzxid == stat.czxid;
+            if !waits {
+                return Ok(Front::Node(first.clone(), stat));
+            }
+        }
+        let Some(downgraded) = queue.downgraded.first() else {
+            return Ok(Front::Free);
+        };
+        Ok(match stat_of(downgraded).await? {
+            Some(stat) => Front::Node(downgraded.clone(), stat),
+            None => Front::Gone,
+        })
+    }
 }
 
-/// The holder as the node at the front of a queue shows it. Other recipes'
-/// nodes (kazoo's) carry no owner token: the zero token stands for them.
-fn front_info(node: &str, czxid: i64) -> Result<LockInfo> {
+/// What a look for the node that shows a lock's holder found.
+enum Front {
+    /// Nobody holds it.
+    Free,
+    /// The node listed went before its stat was read.
+    Gone,
+    Node(String, zk::Stat),
+}
+
+/// The holder as the node at the front of a queue shows it, with the token
+/// its grant drew: a shared kind's node was written at its grant (see
+/// `grant`), a mutex's was not. Other recipes' nodes (kazoo's) carry no
+/// owner token: the zero token stands for them.
+fn front_info(node: &str, stat: &zk::Stat) -> Result<LockInfo> {
     let owner = owner_of(node).unwrap_or(OwnerToken::from_u128(0));
-    Ok(LockInfo::new(owner, fencing_token(czxid)?, None))
+    let drawn = match parse(node) {
+        Some((Node::Read | Node::Write | Node::Permit(_), _)) => stat.mzxid,
+        _ => stat.czxid,
+    };
+    Ok(LockInfo::new(owner, fencing_token(drawn)?, None))
 }

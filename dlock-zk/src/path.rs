@@ -20,6 +20,10 @@ use crate::backend::ZkBackend;
 /// The marker between the protected prefix and the sequence number.
 pub(crate) const LOCK_MARKER: &str = "-lock-";
 
+/// The node a downgrade makes (`_c_<uuid>-downgraded`, ephemeral, not in
+/// the sequence): a read hold that no writer queued before it may pass.
+pub(crate) const DOWNGRADED: &str = "downgraded";
+
 /// The markers of every recipe whose nodes queue for the same lock, and
 /// the kind each one's node asks for: Curator's and our mutex (`-lock-`),
 /// kazoo's `Lock` and `WriteLock` (`__lock__`), kazoo's `ReadLock`
@@ -174,6 +178,11 @@ pub(crate) fn parse(node: &str) -> Option<(Node, i64)> {
     Some((kind, digits.parse().ok().filter(|_| ok)?))
 }
 
+/// Whether a folder's child is a downgrade's read hold.
+pub(crate) fn is_downgraded(node: &str) -> bool {
+    node.starts_with("_c_") && node.ends_with(&format!("-{DOWNGRADED}"))
+}
+
 impl ZkBackend {
     /// The folder of the lock `name`: its queue and its hold.
     pub(crate) fn lock_dir(&self, name: &str) -> String {
@@ -266,6 +275,12 @@ mod tests {
         }
         assert_eq!(parse("_c_x-__PERMx__0000000001"), None);
         assert_eq!(parse("_c_x-__PERM2__00001"), None);
+        let downgraded = format!("{}{DOWNGRADED}", protected_prefix(owner));
+        assert!(is_downgraded(&downgraded) && parse(&downgraded).is_none());
+        assert!(!is_downgraded(&format!(
+            "{}0000000001",
+            node_prefix(owner, Mode::Read)
+        )));
         assert_eq!(Node::KazooRead.mode_for(Mode::Exclusive), Mode::Exclusive);
         assert_eq!(Node::KazooRead.mode_for(Mode::Write), Mode::Read);
         assert_eq!(Node::KazooLock.mode_for(Mode::Read), Mode::Write);

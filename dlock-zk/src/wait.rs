@@ -78,7 +78,11 @@ impl ZkBackend {
                 .filter(|m| !m.same_kind(mode))
                 .collect();
             let ahead: Vec<Mode> = modes.filter(|m| m.same_kind(mode)).collect();
-            let watch = match mode.admits(&front, &ahead) {
+            // Downgrades' read holds are in no queue: they hold, beside
+            // whatever is at the front.
+            let mut holders = front;
+            holders.extend(queue.downgraded.iter().map(|_| Mode::Read));
+            let watch = match mode.admits(&holders, &ahead) {
                 Admission::Conflict(held) => {
                     self.leave(place).await;
                     return Err(Error::ModeConflict {
@@ -96,7 +100,8 @@ impl ZkBackend {
                     match left {
                         Some(left) => Watch::Hold(left),
                         None => {
-                            let lease = self.grant(&client, name, mode, &place)?;
+                            let node = (place.owner, place.path.as_str(), place.fencing_token);
+                            let lease = self.grant(&client, name, mode, node).await?;
                             place.undo.disarm();
                             return Ok(Some(lease));
                         }
@@ -150,7 +155,7 @@ impl ZkBackend {
                     {
                         Ok((children, watcher)) => {
                             let now = sorted_queue(children);
-                            if now.nodes != queue.nodes {
+                            if now.nodes != queue.nodes || now.downgraded != queue.downgraded {
                                 place.listed = Some(now);
                                 continue;
                             }
@@ -180,8 +185,9 @@ enum Watch {
 
 /// The node a request in `mode` at `at` in `queue` waits for: a release
 /// wakes one waiter (or the readers behind one writer), not the herd. A
-/// writer or mutex waits for the node just ahead, a reader for the nearest
-/// writer ahead; a permit for any node ahead (`None`).
+/// writer or mutex waits for the node just ahead (or, at the front, for a
+/// downgrade's read hold), a reader for the nearest writer ahead; a permit
+/// for any node ahead (`None`).
 fn waits_for(mode: Mode, queue: &Queue, at: usize) -> Option<String> {
     let ahead = &queue.nodes[..at];
     match mode {
@@ -191,6 +197,6 @@ fn waits_for(mode: Mode, queue: &Queue, at: usize) -> Option<String> {
             .rev()
             .find(|node| parse(node).is_some_and(|(kind, _)| kind.mode_for(mode) == Mode::Write))
             .cloned(),
-        _ => ahead.last().cloned(),
+        _ => ahead.last().or_else(|| queue.downgraded.first()).cloned(),
     }
 }

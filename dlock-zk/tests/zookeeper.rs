@@ -326,3 +326,41 @@ async fn a_stray_node_of_another_kind_blocks_only_from_the_front() {
     }
     drop(stray);
 }
+
+/// After a downgrade and the write lock's release, the queue's front is a
+/// writer that waits for the downgrade's read hold (a node in no queue):
+/// `inspect` and `force_release` see the reader, not the waiting writer,
+/// and the writer gets in once the reader is gone.
+#[tokio::test]
+async fn admin_calls_see_a_downgraded_reader_not_the_writer_waiting_for_it() {
+    let b = backend().await;
+    let name = unique_name("downgraded_admin");
+    let long = LockOptions::new().wait(Duration::from_secs(30));
+    let writer = must_acquire(&b, &name, &long.clone().write()).await;
+    let next = {
+        let (b, name, opts) = (b.clone(), name.clone(), long.clone().write());
+        tokio::spawn(async move { b.acquire(&name, &opts).await })
+    };
+    let dir = format!("/dlock/{name}");
+    eventually("the next writer queues", async || {
+        queue(&b, &dir).await.len() == 2
+    })
+    .await;
+    let reader = b.downgrade(&writer, &long).await.unwrap();
+    b.release(&writer).await.unwrap();
+    let info = b.inspect(&name).await.unwrap().expect("held");
+    assert_eq!(
+        (info.owner, info.fencing_token),
+        (reader.owner(), reader.fencing_token())
+    );
+    assert!(!next.is_finished(), "a writer got in beside the reader");
+    let forced = b.force_release(&name).await.unwrap().expect("held");
+    assert_eq!(forced.owner, reader.owner());
+    let next = timeout(Duration::from_secs(10), next)
+        .await
+        .expect("the waiting writer is let in")
+        .unwrap()
+        .unwrap();
+    assert!(next.fencing_token() > reader.fencing_token());
+    b.release(&next).await.unwrap();
+}
