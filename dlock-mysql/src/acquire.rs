@@ -9,14 +9,10 @@ use dlock_core::{Error, Lease, LockOptions, Mode, OwnerToken, Result};
 use tokio::time::{Instant, timeout_at};
 
 use crate::backend::MySqlBackend;
-use crate::error::{ER_LOCK_DEADLOCK, ER_LOCK_WAIT_TIMEOUT, server_error_number};
+use crate::error::RolledBack;
 use crate::pool::settle;
 use crate::sql::HELD_AS_ANOTHER_KIND;
 use dlock_core::micros_up;
-
-/// How many times in a row a statement that InnoDB rolled back (a
-/// deadlock, a lock wait timeout) is sent again before its error counts.
-const ROLLED_BACK_RETRIES: u32 = 3;
 
 impl MySqlBackend {
     /// One attempt to take `name`: the lease, or "held" (also for a grant
@@ -69,7 +65,7 @@ impl MySqlBackend {
     ) -> Result<Option<u64>> {
         let owner_text = owner_token.to_string();
         let (owner, ttl) = (owner_text.as_str(), micros_up(lease_ttl));
-        let mut tries = 0;
+        let mut rolled_back = RolledBack::default();
         let by = self.deadline();
         loop {
             let query = sqlx::query(self.inner.sql.acquire.clone())
@@ -105,17 +101,9 @@ impl MySqlBackend {
                 undo.disarm();
             }
             match done {
-                // Concurrent first inserts of one name can deadlock on the
-                // index; InnoDB rolled this one back, so it is safe to repeat.
-                Ok(Err(e))
-                    if tries < ROLLED_BACK_RETRIES
-                        && matches!(
-                            server_error_number(&e),
-                            Some(ER_LOCK_DEADLOCK | ER_LOCK_WAIT_TIMEOUT)
-                        ) =>
-                {
-                    tries += 1;
+                Ok(Err(e)) if rolled_back.again(&e) => {
                     lent.give_back();
+                    rolled_back.pause(by).await;
                 }
                 done => {
                     let version = settle(lent, done, limit, "acquire")?.last_insert_id();

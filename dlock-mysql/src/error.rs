@@ -1,8 +1,11 @@
 //! sqlx's errors as dlock's: what the server or the network said, in the
 //! words an operator looks for.
 
+use std::time::Duration;
+
 use dlock_core::Error;
 use sqlx::mysql::MySqlDatabaseError;
+use tokio::time::Instant;
 
 use crate::backend::NAME;
 
@@ -12,8 +15,8 @@ const ER_DBACCESS_DENIED: u16 = 1044;
 const ER_BAD_DB: u16 = 1049;
 const ER_NO_SUCH_TABLE: u16 = 1146;
 pub(crate) const ER_TABLEACCESS_DENIED: u16 = 1142;
-pub(crate) const ER_LOCK_WAIT_TIMEOUT: u16 = 1205;
-pub(crate) const ER_LOCK_DEADLOCK: u16 = 1213;
+const ER_LOCK_WAIT_TIMEOUT: u16 = 1205;
+const ER_LOCK_DEADLOCK: u16 = 1213;
 pub(crate) const ER_NO_SUCH_THREAD: u16 = 1094;
 
 /// The server's error number, when the server answered with an error.
@@ -21,6 +24,43 @@ pub(crate) fn server_error_number(e: &sqlx::Error) -> Option<u16> {
     e.as_database_error()
         .and_then(|d| d.try_downcast_ref::<MySqlDatabaseError>())
         .map(MySqlDatabaseError::number)
+}
+
+/// How many times in a row a statement that InnoDB rolled back (a
+/// deadlock, a lock wait timeout) is sent again before its error counts.
+const ROLLED_BACK_RETRIES: u32 = 10;
+
+/// The retries of one call's statement that InnoDB rolled back: safe to
+/// send again, since nothing of it stayed. Concurrent first inserts of a
+/// name, and transactions of one name's shared holds, deadlock on its
+/// index rows.
+#[derive(Debug, Default)]
+pub(crate) struct RolledBack {
+    tries: u32,
+}
+
+impl RolledBack {
+    /// Whether `e` says the server rolled the statement back and it may be
+    /// sent again (after [`RolledBack::pause`]).
+    pub fn again(&mut self, e: &sqlx::Error) -> bool {
+        let rolled_back = matches!(
+            server_error_number(e),
+            Some(ER_LOCK_DEADLOCK | ER_LOCK_WAIT_TIMEOUT)
+        );
+        if !rolled_back || self.tries == ROLLED_BACK_RETRIES {
+            return false;
+        }
+        self.tries += 1;
+        true
+    }
+
+    /// A short random pause, longer at each try, within the call's bound
+    /// `by`: clients that deadlocked at once would otherwise meet again at
+    /// once.
+    pub async fn pause(&self, by: Instant) {
+        let pause = Duration::from_micros(fastrand::u64(500..5_000 * u64::from(self.tries.max(1))));
+        tokio::time::sleep_until(by.min(Instant::now() + pause)).await;
+    }
 }
 
 /// `e`, met while `doing`, as a dlock error.

@@ -6,13 +6,36 @@ use std::time::Duration;
 
 use dlock_core::batch::extend_by_kind;
 use dlock_core::{Error, Lease, Mode, Result, micros_up};
-use sqlx::mysql::{MySql, MySqlArguments};
+use sqlx::mysql::{MySql, MySqlArguments, MySqlRow};
 use sqlx::query::Query;
 use tokio::time::{Instant, timeout_at};
 
 use crate::backend::MySqlBackend;
 use crate::pool::settle;
 use crate::sql::Batch;
+
+/// Which leases of a batch an extension extended.
+pub(crate) enum Extended {
+    /// Every one.
+    All,
+    /// Those whose key ([`owned_key`]) is here.
+    Owned(HashSet<Vec<u8>>),
+}
+
+/// A lease's key in the answers of the batch statements: its owner token,
+/// then its name.
+fn owned_key(lease: &Lease) -> Vec<u8> {
+    let mut key = lease.owner().to_string().into_bytes();
+    key.extend_from_slice(lease.name().as_bytes());
+    key
+}
+
+/// The keys ([`owned_key`]) in the first column of `rows`.
+pub(crate) fn owned_keys(rows: &[MySqlRow]) -> HashSet<Vec<u8>> {
+    rows.iter()
+        .filter_map(|row| sqlx::Row::try_get::<Vec<u8>, _>(row, 0).ok())
+        .collect()
+}
 
 impl MySqlBackend {
     /// [`Backend::extend`](dlock_core::Backend::extend).
@@ -57,51 +80,60 @@ impl MySqlBackend {
 
     /// Extends mutex leases, one statement per TTL.
     async fn extend_mutexes(&self, leases: &mut [Lease]) -> Result<Vec<bool>> {
-        let mut held = vec![false; leases.len()];
         let by = self.deadline();
-        // One statement per TTL, and a batch's leases nearly always share one.
+        self.extend_per_ttl(leases, |batch, ttl| async move {
+            let update = sqlx::raw_sql(self.inner.sql.extend_many(&batch, micros_up(ttl)));
+            let matched = self.execute(update, "extend", by).await?.rows_affected();
+            if usize::try_from(matched).is_ok_and(|m| m == batch.len()) {
+                return Ok(Extended::All);
+            }
+            // Some were lost: ask which rows are still ours, which are
+            // exactly those the update extended.
+            let select = sqlx::raw_sql(self.inner.sql.owned_of(&batch));
+            let limit = self.inner.request_timeout;
+            let mut lent = self.lend("extend", by).await?;
+            let done = timeout_at(by, select.fetch_all(lent.conn())).await;
+            Ok(Extended::Owned(owned_keys(&settle(
+                lent, done, limit, "extend",
+            )?)))
+        })
+        .await
+    }
+
+    /// Extends `leases` one batch per TTL (a batch's leases nearly always
+    /// share one): `send` extends a batch, and says which of it it extended.
+    pub(crate) async fn extend_per_ttl<F, Fut>(
+        &self,
+        leases: &mut [Lease],
+        mut send: F,
+    ) -> Result<Vec<bool>>
+    where
+        F: FnMut(Batch, Duration) -> Fut,
+        Fut: Future<Output = Result<Extended>>,
+    {
+        let mut held = vec![false; leases.len()];
         let mut ttls: Vec<Duration> = leases.iter().filter_map(Lease::ttl).collect();
         ttls.sort_unstable();
         ttls.dedup();
         for ttl in ttls {
+            let members: Vec<usize> = (0..leases.len())
+                .filter(|&i| leases[i].ttl() == Some(ttl))
+                .collect();
             let mut batch = Batch::default();
-            let mut members = Vec::new();
-            for (i, lease) in leases.iter().enumerate() {
-                if lease.ttl() == Some(ttl) {
-                    batch.push(lease.name().as_bytes(), &lease.owner().to_string());
-                    members.push(i);
-                }
+            for &i in &members {
+                batch.push(leases[i].name().as_bytes(), &leases[i].owner().to_string());
             }
             let sent = Instant::now();
-            let update = sqlx::raw_sql(self.inner.sql.extend_many(&batch, micros_up(ttl)));
-            let matched = self.execute(update, "extend", by).await?.rows_affected();
-            let extended: Vec<usize> = if usize::try_from(matched).is_ok_and(|m| m == members.len())
-            {
-                members
-            } else {
-                // Some were lost: ask which rows are still ours, which are
-                // exactly those the update extended.
-                let select = sqlx::raw_sql(self.inner.sql.owned_of(&batch));
-                let limit = self.inner.request_timeout;
-                let mut lent = self.lend("extend", by).await?;
-                let done = timeout_at(by, select.fetch_all(lent.conn())).await;
-                let rows = settle(lent, done, limit, "extend")?;
-                let owned: HashSet<Vec<u8>> = rows
-                    .iter()
-                    .filter_map(|row| sqlx::Row::try_get::<Vec<u8>, _>(row, 0).ok())
-                    .collect();
-                members
-                    .into_iter()
-                    .filter(|&i| {
-                        let mut pair = leases[i].owner().to_string().into_bytes();
-                        pair.extend_from_slice(leases[i].name().as_bytes());
-                        owned.contains(&pair)
-                    })
-                    .collect()
-            };
-            for i in extended {
-                leases[i].extended(sent);
-                held[i] = true;
+            let extended = send(batch, ttl).await?;
+            for i in members {
+                let ours = match &extended {
+                    Extended::All => true,
+                    Extended::Owned(owned) => owned.contains(&owned_key(&leases[i])),
+                };
+                if ours {
+                    leases[i].extended(sent);
+                    held[i] = true;
+                }
             }
         }
         Ok(held)

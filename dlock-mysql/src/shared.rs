@@ -1,7 +1,6 @@
 //! Reader-writer locks and semaphores: the calls of the shared kinds of
 //! lock, on the transactions of `sql/shared.rs`.
 
-use std::collections::HashSet;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -13,15 +12,9 @@ use sqlx::{Row, SqlStr};
 use tokio::time::{Instant, timeout_at};
 
 use crate::backend::{MySqlBackend, NAME};
-use crate::error::{ER_LOCK_DEADLOCK, ER_LOCK_WAIT_TIMEOUT, server_error_number};
+use crate::error::RolledBack;
+use crate::extend::{Extended, owned_keys};
 use crate::pool::{Mark, answer};
-use crate::sql::Batch;
-
-/// How many times in a row a transaction that InnoDB rolled back (a
-/// deadlock, a lock wait timeout) is sent again before its error counts,
-/// each after a short random pause (within the call's bound): clients
-/// that deadlocked at once would otherwise meet again at once.
-const ROLLED_BACK_RETRIES: u32 = 10;
 
 /// The one row a shared call's transaction answers with.
 fn one_row<'r>(rows: &'r [MySqlRow], doing: &str) -> Result<&'r MySqlRow> {
@@ -56,7 +49,7 @@ impl MySqlBackend {
         by: Instant,
         mut mark: impl FnMut(Mark),
     ) -> Result<Vec<MySqlRow>> {
-        let mut tries = 0;
+        let mut rolled_back = RolledBack::default();
         loop {
             let mut lent = self.lend(doing, by).await?;
             mark(lent.mark());
@@ -66,17 +59,7 @@ impl MySqlBackend {
                     lent.give_back();
                     return Ok(rows);
                 }
-                Ok(Err(e))
-                    if tries < ROLLED_BACK_RETRIES
-                        && matches!(
-                            server_error_number(&e),
-                            Some(ER_LOCK_DEADLOCK | ER_LOCK_WAIT_TIMEOUT)
-                        ) =>
-                {
-                    tries += 1;
-                    let pause = Duration::from_micros(fastrand::u64(500..5_000 * u64::from(tries)));
-                    tokio::time::sleep_until(by.min(Instant::now() + pause)).await;
-                }
+                Ok(Err(e)) if rolled_back.again(&e) => rolled_back.pause(by).await,
                 done => return answer(done, self.inner.request_timeout, doing),
             }
         }
@@ -295,36 +278,13 @@ impl MySqlBackend {
     /// Extends shared leases, one transaction per TTL; says which ones it
     /// did.
     pub(crate) async fn extend_shared(&self, leases: &mut [Lease]) -> Result<Vec<bool>> {
-        let mut held = vec![false; leases.len()];
         let by = self.deadline();
-        let mut ttls: Vec<Duration> = leases.iter().filter_map(Lease::ttl).collect();
-        ttls.sort_unstable();
-        ttls.dedup();
-        for ttl in ttls {
-            let mut batch = Batch::default();
-            let members: Vec<usize> = (0..leases.len())
-                .filter(|&i| leases[i].ttl() == Some(ttl))
-                .collect();
-            for &i in &members {
-                batch.push(leases[i].name().as_bytes(), &leases[i].owner().to_string());
-            }
-            let sent = Instant::now();
+        self.extend_per_ttl(leases, |batch, ttl| async move {
             let sql = self.inner.sql.extend_shared(&batch, micros_up(ttl));
             let rows = self.transact(sql, "extend", by, drop).await?;
-            let owned: HashSet<Vec<u8>> = rows
-                .iter()
-                .filter_map(|row| row.try_get::<Vec<u8>, _>(0).ok())
-                .collect();
-            for i in members {
-                let mut pair = leases[i].owner().to_string().into_bytes();
-                pair.extend_from_slice(leases[i].name().as_bytes());
-                if owned.contains(&pair) {
-                    leases[i].extended(sent);
-                    held[i] = true;
-                }
-            }
-        }
-        Ok(held)
+            Ok(Extended::Owned(owned_keys(&rows)))
+        })
+        .await
     }
 
     /// `force_release` of every kind: a mutex's holder by its token, a

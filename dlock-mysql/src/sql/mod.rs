@@ -80,6 +80,7 @@ pub(crate) struct Statements {
 pub(crate) struct Batch {
     names: String,
     owned: String,
+    len: usize,
 }
 
 impl Batch {
@@ -91,6 +92,12 @@ impl Batch {
         let sep = if self.names.is_empty() { "" } else { ", " };
         let _ = write!(self.names, "{sep}X'{}'", hex(name));
         let _ = write!(self.owned, "{sep}X'{}{}'", hex(owner.as_bytes()), hex(name));
+        self.len += 1;
+    }
+
+    /// How many leases it holds.
+    pub fn len(&self) -> usize {
+        self.len
     }
 }
 
