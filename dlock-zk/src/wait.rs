@@ -166,7 +166,15 @@ impl ZkBackend {
                 }
             };
             tokio::select! {
-                _ = woken.changed() => continue,
+                event = woken.changed() => {
+                    // A shared grant writes its node (its token; see
+                    // `grant`): the node is still there, so the last look
+                    // at the queue stands, and only the watch is set again.
+                    if event.event_type == zk::EventType::NodeDataChanged {
+                        place.listed = Some(queue);
+                    }
+                    continue;
+                }
                 () = sleep(deadline.cap(Duration::MAX)) => {}
             }
             self.leave(place).await;
