@@ -11,7 +11,7 @@ use tokio::time::{Instant, timeout_at};
 
 use crate::backend::MySqlBackend;
 use crate::error::{ER_NO_SUCH_THREAD, server_error_number, timed_out};
-use crate::pool::{Mark, answer, settle};
+use crate::pool::{Lent, Mark, answer, settle};
 use dlock_core::micros_up;
 
 impl MySqlBackend {
@@ -152,23 +152,38 @@ impl MySqlBackend {
             }
             return Ok(rows);
         }
-        // Only the waiters' own connections are ever registered, so this
-        // cuts short nothing but a sleep. A user who may not kill that
-        // connection (another MySQL user) gets an error, and the waiter
-        // wakes at the end of the lease or of its poll. The release is
-        // done: a kill without an answer by the deadline changes nothing
-        // in what this call returns.
-        let kill = sqlx::raw_sql(sqlx::AssertSqlSafe(format!("KILL QUERY {sleeper}")));
-        match timeout_at(by, kill.execute(lent.conn())).await {
-            Ok(Ok(_)) => lent.give_back(),
-            Ok(Err(e)) if e.as_database_error().is_some() => {
-                tracing::debug!(name, error = %e, "could not wake the registered waiter");
-                lent.give_back();
-            }
-            // The connection's state is unknown: it is closed, not reused.
-            _ => drop(lent),
-        }
+        self.wake_sleepers(lent, [sleeper], name, by).await;
         self.inner.wakeups.wake(name);
         Ok(1)
+    }
+
+    /// Ends the sleeps of the registered waiters on the connections `ids`,
+    /// with `lent`, the connection of the change that may let them in (so
+    /// that the kills reach the server that read the registrations), then
+    /// gives it back. Only the waiters' own connections are ever
+    /// registered, so this cuts short nothing but a sleep. A user who may
+    /// not kill those connections (another MySQL user) gets an error, and
+    /// the waiter wakes at the end of the lease or of its poll. The change
+    /// is done: a kill without an answer by `by` changes nothing in what
+    /// the caller returns.
+    pub(crate) async fn wake_sleepers(
+        &self,
+        mut lent: Lent<'_>,
+        ids: impl IntoIterator<Item = u64>,
+        name: &str,
+        by: Instant,
+    ) {
+        for id in ids {
+            let kill = sqlx::raw_sql(sqlx::AssertSqlSafe(format!("KILL QUERY {id}")));
+            match timeout_at(by, kill.execute(lent.conn())).await {
+                Ok(Ok(_)) => {}
+                Ok(Err(e)) if e.as_database_error().is_some() => {
+                    tracing::debug!(name, error = %e, "could not wake a registered waiter");
+                }
+                // The connection's state is unknown: it is closed, not reused.
+                _ => return,
+            }
+        }
+        lent.give_back();
     }
 }

@@ -5,7 +5,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use dlock_core::undo::{UndoOnDrop, retry_for};
-use dlock_core::wait::{Attempt, Backoff, Deadline, on_arrival, wait_for_lock};
+use dlock_core::wait::{Attempt, Backoff, Deadline, on_arrival};
 use dlock_core::{Error, Lease, LockInfo, LockOptions, Mode, OwnerToken, Result, micros_up};
 use sqlx::mysql::MySqlRow;
 use sqlx::{Row, SqlStr};
@@ -14,7 +14,8 @@ use tokio::time::{Instant, timeout_at};
 use crate::backend::{MySqlBackend, NAME};
 use crate::error::RolledBack;
 use crate::extend::{Extended, owned_keys};
-use crate::pool::{Mark, answer};
+use crate::pool::{Lent, Mark, answer};
+use crate::wait::waiter_key;
 
 /// The one row a shared call's transaction answers with.
 fn one_row<'r>(rows: &'r [MySqlRow], doing: &str) -> Result<&'r MySqlRow> {
@@ -47,22 +48,60 @@ impl MySqlBackend {
         sql: SqlStr,
         doing: &str,
         by: Instant,
-        mut mark: impl FnMut(Mark),
+        mark: impl FnMut(Mark),
     ) -> Result<Vec<MySqlRow>> {
+        let (rows, lent) = self.transact_on(sql, doing, by, mark).await?;
+        lent.give_back();
+        Ok(rows)
+    }
+
+    /// [`Self::transact`], keeping the connection for what follows.
+    async fn transact_on(
+        &self,
+        sql: SqlStr,
+        doing: &str,
+        by: Instant,
+        mut mark: impl FnMut(Mark),
+    ) -> Result<(Vec<MySqlRow>, Lent<'_>)> {
         let mut rolled_back = RolledBack::default();
         loop {
             let mut lent = self.lend(doing, by).await?;
             mark(lent.mark());
             let done = timeout_at(by, sqlx::raw_sql(sql.clone()).fetch_all(lent.conn())).await;
             match done {
-                Ok(Ok(rows)) => {
-                    lent.give_back();
-                    return Ok(rows);
-                }
+                Ok(Ok(rows)) => return Ok((rows, lent)),
                 Ok(Err(e)) if rolled_back.again(&e) => rolled_back.pause(by).await,
-                done => return answer(done, self.inner.request_timeout, doing),
+                done => {
+                    let rows = answer(done, self.inner.request_timeout, doing)?;
+                    return Ok((rows, lent));
+                }
             }
         }
+    }
+
+    /// Runs a change of `name`'s holds or queue (`sql`, whose rows are the
+    /// waiters to wake, then a count) and wakes the waiters it may have
+    /// let in: those of this process, and those sleeping in the server
+    /// ([`waiter_key`]). Returns the count.
+    async fn change_and_wake(&self, sql: SqlStr, name: &str, doing: &str) -> Result<i64> {
+        let by = self.deadline();
+        let (rows, lent) = self.transact_on(sql, doing, by, drop).await?;
+        let changed = count(&rows, doing)?;
+        if changed == 0 {
+            lent.give_back();
+            return Ok(0);
+        }
+        let mut sleepers = Vec::new();
+        for row in &rows[..rows.len() - 1] {
+            if let Ok(Some(id)) = row.try_get::<Option<i64>, _>(0)
+                && let Ok(id @ 1..) = u64::try_from(id)
+            {
+                sleepers.push(id);
+            }
+        }
+        self.wake_sleepers(lent, sleepers, name, by).await;
+        self.inner.wakeups.wake(name);
+        Ok(changed)
     }
 
     /// One acquire of a shared kind, queued as `waiter` (`""`: not queued).
@@ -135,8 +174,10 @@ impl MySqlBackend {
     }
 
     /// Acquire's wait for a shared kind: a place in the name's queue, given
-    /// up however the wait ends without a grant. Waiters poll, woken early
-    /// by releases in this process.
+    /// up however the wait ends without a grant. A waiter sleeps in the
+    /// server under its own key ([`waiter_key`]; with wake-ups on, and a
+    /// sleeper connection free) or polls; the changes that may let it in
+    /// wake it, from any process.
     pub(crate) async fn wait_shared(
         &self,
         name: &str,
@@ -152,10 +193,12 @@ impl MySqlBackend {
             let (backend, name, waiter) = (self.clone(), name.to_owned(), waiter.clone());
             UndoOnDrop::new(async move { backend.abandon(&name, &waiter).await })
         };
-        let lease = wait_for_lock(name, deadline, Some(&self.inner.wakeups), backoff, || {
-            self.attempt_shared(name, opts, &waiter)
-        })
-        .await?;
+        let key = waiter_key(name, &waiter);
+        let lease = self
+            .wait_registered(&key, name, deadline, backoff, || {
+                self.attempt_shared(name, opts, &waiter)
+            })
+            .await?;
         leave.disarm();
         Ok(lease)
     }
@@ -163,9 +206,11 @@ impl MySqlBackend {
     /// Gives a waiter's place up (a writer that leaves may let readers in).
     async fn abandon(&self, name: &str, waiter: &str) {
         let left = retry_for(self.inner.request_timeout * 2, || async {
-            let sql = self.inner.sql.abandon(name.as_bytes(), waiter);
-            self.transact(sql, "leave the queue", self.deadline(), drop)
-                .await
+            let sql = self
+                .inner
+                .sql
+                .abandon(name.as_bytes(), waiter, self.inner.wake_ups);
+            self.change_and_wake(sql, name, "leave the queue").await
         })
         .await;
         self.inner.wakeups.wake(name);
@@ -175,17 +220,15 @@ impl MySqlBackend {
     /// Ends a shared hold.
     pub(crate) async fn release_shared(&self, lease: &Lease) -> Result<()> {
         let owner = lease.owner().to_string();
-        let sql = self
-            .inner
-            .sql
-            .release_shared(lease.name().as_bytes(), &owner);
-        let rows = self.transact(sql, "release", self.deadline(), drop).await?;
-        if count(&rows, "release")? != 1 {
+        let sql =
+            self.inner
+                .sql
+                .release_shared(lease.name().as_bytes(), &owner, self.inner.wake_ups);
+        if self.change_and_wake(sql, lease.name(), "release").await? != 1 {
             return Err(Error::NotHeld {
                 name: lease.name().to_owned(),
             });
         }
-        self.inner.wakeups.wake(lease.name());
         Ok(())
     }
 
@@ -295,15 +338,11 @@ impl MySqlBackend {
             name,
             || self.inspect_lock(name),
             || async {
-                let sql = self.inner.sql.clear_shared(name.as_bytes());
-                let rows = self
-                    .transact(sql, "force_release", self.deadline(), drop)
-                    .await?;
-                let cleared = count(&rows, "force_release")? > 0;
-                if cleared {
-                    self.inner.wakeups.wake(name);
-                }
-                Ok(cleared)
+                let sql = self
+                    .inner
+                    .sql
+                    .clear_shared(name.as_bytes(), self.inner.wake_ups);
+                Ok(self.change_and_wake(sql, name, "force_release").await? > 0)
             },
             |lease| async move { self.release_lease(&lease).await },
         )

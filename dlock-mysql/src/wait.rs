@@ -7,11 +7,18 @@
 use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
-use dlock_core::wait::{Backoff, Deadline, wait_for_lock_with_pause};
+use dlock_core::wait::{Attempt, Backoff, Deadline, wait_for_lock_with_pause};
 use dlock_core::{Lease, LockOptions, Mode, Result};
 
 use crate::backend::MySqlBackend;
 use crate::wake::Sleeper;
+
+/// The key a queued waiter of a shared kind registers under: a change that
+/// may let it in wakes it by this key (the SQL side computes it as
+/// `CONCAT(name, X'00', owner)`).
+pub(crate) fn waiter_key(name: &str, waiter: &str) -> String {
+    format!("{name}\0{waiter}")
+}
 
 /// The registration a wait holds between its pauses. Behind a mutex only
 /// so that the wait stays `Send`: one wait uses it, never two tasks, and
@@ -31,14 +38,34 @@ impl MySqlBackend {
         if opts.mode_value() != Mode::Exclusive {
             return self.wait_shared(name, opts, deadline, backoff).await;
         }
+        self.wait_registered(name, name, deadline, backoff, || self.attempt(name, opts))
+            .await
+    }
+
+    /// Core's wait loop for `name` with MySQL's pause: the waiter registers
+    /// under `key` (the name, or for a queued waiter of a shared kind its
+    /// [`waiter_key`], which the changes that may let it in wake), and
+    /// unregisters once the wait ends.
+    pub(crate) async fn wait_registered<F, Fut>(
+        &self,
+        key: &str,
+        name: &str,
+        deadline: Deadline,
+        backoff: Backoff,
+        attempt: F,
+    ) -> Result<Lease>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Result<Attempt>>,
+    {
         let registration = Registration::new(None);
         let waited = wait_for_lock_with_pause(
             name,
             deadline,
             Some(&self.inner.wakeups),
             backoff,
-            || self.attempt(name, opts),
-            |deadline| self.pause(name, deadline, &registration),
+            attempt,
+            |deadline| self.pause(key, name, deadline, &registration),
         )
         .await;
         let sleeper = registration
@@ -49,7 +76,7 @@ impl MySqlBackend {
             // the unregister nor be lost if this future is dropped during it.
             let unregister = self.inner.sql.unregister.clone();
             let limit = self.inner.request_timeout;
-            tokio::spawn(sleeper.unregister(unregister, name.to_owned(), limit));
+            tokio::spawn(sleeper.unregister(unregister, key.to_owned(), limit));
         }
         waited
     }
@@ -61,13 +88,19 @@ impl MySqlBackend {
     /// interval passes. A sleeper connection that broke takes the
     /// registration with it: the waiter looks again at once, and registers
     /// anew if it can.
-    async fn pause(&self, name: &str, deadline: Deadline, registration: &Registration) -> bool {
+    async fn pause(
+        &self,
+        key: &str,
+        name: &str,
+        deadline: Deadline,
+        registration: &Registration,
+    ) -> bool {
         let held = registration
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .take();
         let Some(mut sleeper) = held else {
-            let Some(sleeper) = self.register(name).await else {
+            let Some(sleeper) = self.register(key).await else {
                 return false;
             };
             *registration.lock().unwrap_or_else(PoisonError::into_inner) = Some(sleeper);
@@ -81,9 +114,9 @@ impl MySqlBackend {
         true
     }
 
-    /// Registers as the waiter of `name`: `None` when another waiter is,
+    /// Registers as the waiter of `key`: `None` when another waiter is,
     /// or this backend's sleeper connections are all busy or not open yet.
-    async fn register(&self, name: &str) -> Option<Sleeper> {
+    async fn register(&self, key: &str) -> Option<Sleeper> {
         if !self.inner.wake_ups {
             return None;
         }
@@ -100,6 +133,6 @@ impl MySqlBackend {
             });
         }
         let (sql, limit) = (&self.inner.sql, self.inner.request_timeout);
-        Sleeper::register(sleepers, sql, name, limit).await
+        Sleeper::register(sleepers, sql, key, limit).await
     }
 }

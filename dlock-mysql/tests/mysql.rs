@@ -542,6 +542,31 @@ async fn a_release_wakes_a_waiter_in_another_process() {
     release_wakes(&holder, &lease, task).await;
 }
 
+/// The same for the shared kinds, each queued waiter sleeping under its
+/// own key: a writer queued behind a reader, then a permit queued behind
+/// a full semaphore, each woken within seconds by the release in another
+/// process, with polls a minute apart and holds of a minute.
+#[tokio::test]
+async fn a_shared_release_wakes_a_queued_waiter_in_another_process() {
+    let holder = waking(url().await).await;
+    for (kind, opts) in [("rw", long().read()), ("permits", long().permits(1))] {
+        let name = unique_name(&format!("wake_{kind}"));
+        let lease = must_acquire(&holder, &name, &opts).await;
+        let asked = match kind {
+            "rw" => long().write(),
+            _ => long().permits(1),
+        };
+        let task = wait_on_task(
+            slow_polling(url().await).await,
+            &name,
+            asked.wait(Duration::from_secs(50)),
+        );
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        assert!(!task.is_finished(), "{kind}: granted beside the holder");
+        release_wakes(&holder, &lease, task).await;
+    }
+}
+
 /// A client whose waiters sleep in the server, woken by releases.
 async fn waking(url: &str) -> MySqlBackend {
     MySqlBackend::builder(url)

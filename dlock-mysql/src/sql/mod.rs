@@ -28,7 +28,7 @@ const MAX_TABLE: usize = 58;
 /// The named lock (at most 64 characters) that a name's registered waiter
 /// holds; `name` is an SQL expression for the lock name's bytes. Named
 /// locks are global to the server: the database is part of the key.
-fn wait_key(table: &str, name: &str) -> String {
+pub(super) fn wait_key(table: &str, name: &str) -> String {
     format!("CONCAT('dlock-w:', SHA1(CONCAT(COALESCE(DATABASE(), ''), '.{table}:', {name})))")
 }
 

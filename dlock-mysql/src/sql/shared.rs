@@ -41,6 +41,28 @@ impl Statements {
         format!("`{}_holds`", self.table)
     }
 
+    /// With `wake`, a query of the connections that the waiters of `n`
+    /// that a change may have let in (the first, the readers before the
+    /// first writer, a semaphore's first N) sleep on (registered under
+    /// `CONCAT(name, X'00', owner)`, the waiter's key),
+    /// when `changed` (a condition) holds: one row each, NULL for a
+    /// waiter not sleeping. Without, nothing.
+    fn wake_set(&self, n: &str, changed: &str, wake: bool) -> String {
+        if !wake {
+            return String::new();
+        }
+        let key = super::wait_key(&self.table, &format!("CONCAT({n}, X'00', owner)"));
+        format!(
+            "SELECT CAST(IS_USED_LOCK({key}) AS SIGNED) FROM (
+               SELECT owner, mode, kind, ROW_NUMBER() OVER w AS i, SUM(mode = 'w') OVER w AS writers
+               FROM {h} WHERE name = {n} AND waiting AND expires_at > {NOW}
+               WINDOW w AS (ORDER BY since, owner)) AS q
+             WHERE {changed} AND (i = 1 OR (mode = 'r' AND writers = 0)
+               OR (mode = 'p' AND i <= CAST(SUBSTRING(kind, 3) AS UNSIGNED)));",
+            h = self.holds()
+        )
+    }
+
     /// The start of every shared call's transaction: its isolation, and
     /// the lock on the name's row.
     fn begin(&self, n: &str) -> String {
@@ -129,10 +151,12 @@ impl Statements {
     }
 
     /// Ends `owner`'s live hold of `name` and sets the marker's expiry to
-    /// the longest hold left. One row: how many holds it ended (0 or 1).
-    pub fn release_shared(&self, name: &[u8], owner: &str) -> SqlStr {
+    /// the longest hold left. Rows: the waiters to wake
+    /// ([`Statements::wake_set`]), then how many holds it ended (0 or 1).
+    pub fn release_shared(&self, name: &[u8], owner: &str, wake: bool) -> SqlStr {
         let (t, h, n) = (&self.table, self.holds(), bytes(name));
         let begin = self.begin(&n);
+        let wake = self.wake_set(&n, "@dl_n > 0", wake);
         let mine =
             format!("name = {n} AND owner = '{owner}' AND NOT waiting AND expires_at > {NOW}");
         let until = self.marker_until(&n, NOW);
@@ -142,6 +166,7 @@ impl Statements {
              DELETE FROM {h} WHERE {mine};
              UPDATE `{t}` SET expires_at = {until} WHERE name = {n} AND owner LIKE '~%' AND @dl_n > 0;
              COMMIT;
+             {wake}
              SELECT CAST(@dl_n AS SIGNED)"
         ))
     }
@@ -184,27 +209,34 @@ impl Statements {
         ))
     }
 
-    /// Gives a waiter's place up. One row: how many places it gave up.
-    pub fn abandon(&self, name: &[u8], waiter: &str) -> SqlStr {
+    /// Gives a waiter's place up. Rows: the waiters to wake (a writer that
+    /// leaves may let readers in), then how many places it gave up.
+    pub fn abandon(&self, name: &[u8], waiter: &str, wake: bool) -> SqlStr {
+        let n = bytes(name);
+        let wake = self.wake_set(&n, "@dl_n > 0", wake);
         safe(format!(
-            "DELETE FROM {} WHERE name = {} AND owner = '{waiter}' AND waiting;
-             SELECT CAST(ROW_COUNT() AS SIGNED)",
+            "DELETE FROM {} WHERE name = {n} AND owner = '{waiter}' AND waiting;
+             SET @dl_n = ROW_COUNT();
+             {wake}
+             SELECT CAST(@dl_n AS SIGNED)",
             self.holds(),
-            bytes(name)
         ))
     }
 
     /// Ends every hold of a name held as a reader-writer lock or a
-    /// semaphore (an operator's force release). One row: 1 when it did.
-    pub fn clear_shared(&self, name: &[u8]) -> SqlStr {
+    /// semaphore (an operator's force release). Rows: the waiters to wake,
+    /// then 1 when it did.
+    pub fn clear_shared(&self, name: &[u8], wake: bool) -> SqlStr {
         let (t, h, n) = (&self.table, self.holds(), bytes(name));
         let begin = self.begin(&n);
+        let wake = self.wake_set(&n, "@dl_n > 0", wake);
         safe(format!(
             "{begin}
              DELETE FROM {h} WHERE name = {n} AND NOT waiting;
              UPDATE `{t}` SET expires_at = {NOW} WHERE name = {n} AND owner LIKE '~%' AND expires_at > {NOW};
              SET @dl_n = ROW_COUNT();
              COMMIT;
+             {wake}
              SELECT CAST(@dl_n AS SIGNED)"
         ))
     }
