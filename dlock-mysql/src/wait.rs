@@ -11,7 +11,11 @@ use dlock_core::wait::{Attempt, Backoff, Deadline, wait_for_lock_with_pause};
 use dlock_core::{Lease, LockOptions, Mode, Result};
 
 use crate::backend::MySqlBackend;
-use crate::wake::Sleeper;
+use crate::wake::{SleepEnd, Sleeper};
+
+/// How long a queued waiter of a shared kind sleeps in the server when the
+/// name is free (see `pause`): a waiter ahead of it is about to go in.
+const QUEUED_NAP: Duration = Duration::from_millis(50);
 
 /// The key a queued waiter of a shared kind registers under: a change that
 /// may let it in wakes it by this key (the SQL side computes it as
@@ -108,7 +112,13 @@ impl MySqlBackend {
         };
         let (sql, limit) = (&self.inner.sql, self.inner.request_timeout);
         let cap = deadline.cap(self.inner.max_poll);
-        if sleeper.sleep(sql, name, cap, limit).await {
+        // A free mutex row means the next look gets the lock. A free
+        // marker row of a shared kind does not: a waiter behind a queued
+        // writer, or past a semaphore's first N, is still refused, and
+        // would look again at once, over and over, until the waiters ahead
+        // are in. It naps instead (a release still wakes it).
+        let nap = (key != name).then_some(QUEUED_NAP);
+        if sleeper.sleep(sql, name, (cap, nap), limit).await != SleepEnd::Broken {
             *registration.lock().unwrap_or_else(PoisonError::into_inner) = Some(sleeper);
         }
         true

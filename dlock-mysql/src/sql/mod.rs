@@ -67,6 +67,7 @@ pub(crate) struct Statements {
     pub register: SqlStr,
     pub unregister: SqlStr,
     pub sleep: SqlStr,
+    pub sleep_queued: SqlStr,
     pub anchor: SqlStr,
     /// The owner column of a name: a marker for the shared kinds.
     pub kind: SqlStr,
@@ -222,6 +223,13 @@ impl Statements {
             sleep: safe(format!(
                 "SELECT GET_LOCK(?, LEAST(GREATEST(TIMESTAMPDIFF(MICROSECOND, {NOW}, expires_at), 0) / 1000000 + 0.002, ?))
                  FROM `{table}` WHERE name = ? AND expires_at > {NOW}"
+            )),
+            // A queued waiter of a shared kind: a free marker row does not
+            // let it in (a writer may be queued ahead), so it sleeps then
+            // too, for a short nap (the last `?`), not until woken.
+            sleep_queued: safe(format!(
+                "SELECT GET_LOCK(?, COALESCE((SELECT LEAST(GREATEST(TIMESTAMPDIFF(MICROSECOND, {NOW}, expires_at), 0) / 1000000 + 0.002, ?)
+                 FROM `{table}` WHERE name = ? AND expires_at > {NOW}), ?))"
             )),
             // MySQL rounds GET_LOCK's timeout to whole seconds; MariaDB
             // waits for fractions of one, which the sleep needs.

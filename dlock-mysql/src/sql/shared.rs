@@ -44,9 +44,10 @@ impl Statements {
     /// With `wake`, a query of the connections that the waiters of `n`
     /// that a change may have let in (the first, the readers before the
     /// first writer, a semaphore's first N) sleep on (registered under
-    /// `CONCAT(name, X'00', owner)`, the waiter's key),
-    /// when `changed` (a condition) holds: one row each, NULL for a
-    /// waiter not sleeping. Without, nothing.
+    /// `CONCAT(name, X'00', owner)`, the waiter's key), when `changed` (a
+    /// condition) holds: one row each, NULL for a waiter not sleeping. Sent
+    /// inside the change's transaction, so that its failure undoes the
+    /// change too. Without `wake`, nothing.
     fn wake_set(&self, n: &str, changed: &str, wake: bool) -> String {
         if !wake {
             return String::new();
@@ -165,8 +166,8 @@ impl Statements {
              SET @dl_n = (SELECT COUNT(*) FROM {h} WHERE {mine});
              DELETE FROM {h} WHERE {mine};
              UPDATE `{t}` SET expires_at = {until} WHERE name = {n} AND owner LIKE '~%' AND @dl_n > 0;
-             COMMIT;
              {wake}
+             COMMIT;
              SELECT CAST(@dl_n AS SIGNED)"
         ))
     }
@@ -235,8 +236,8 @@ impl Statements {
              DELETE FROM {h} WHERE name = {n} AND NOT waiting;
              UPDATE `{t}` SET expires_at = {NOW} WHERE name = {n} AND owner LIKE '~%' AND expires_at > {NOW};
              SET @dl_n = ROW_COUNT();
-             COMMIT;
              {wake}
+             COMMIT;
              SELECT CAST(@dl_n AS SIGNED)"
         ))
     }
