@@ -42,8 +42,9 @@ impl Statements {
     }
 
     /// With `wake`, a query of the connections that the waiters of `n`
-    /// that a change may have let in (the first, the readers before the
-    /// first writer, a semaphore's first N) sleep on (registered under
+    /// that a change has let in sleep on (the rule of `acquire_shared`:
+    /// the first writer when nobody holds, the readers before the first
+    /// writer when no writer holds, the permits that fit; registered under
     /// `CONCAT(name, X'00', owner)`, the waiter's key), when `changed` (a
     /// condition) holds: one row each, NULL for a waiter not sleeping. Sent
     /// inside the change's transaction, so that its failure undoes the
@@ -58,8 +59,11 @@ impl Statements {
                SELECT owner, mode, kind, ROW_NUMBER() OVER w AS i, SUM(mode = 'w') OVER w AS writers
                FROM {h} WHERE name = {n} AND waiting AND expires_at > {NOW}
                WINDOW w AS (ORDER BY since, owner)) AS q
-             WHERE {changed} AND (i = 1 OR (mode = 'r' AND writers = 0)
-               OR (mode = 'p' AND i <= CAST(SUBSTRING(kind, 3) AS UNSIGNED)));",
+             CROSS JOIN (SELECT COUNT(*) AS held, COALESCE(SUM(mode = 'w'), 0) AS held_w
+               FROM {h} WHERE name = {n} AND NOT waiting AND expires_at > {NOW}) AS c
+             WHERE {changed} AND ((mode = 'w' AND i = 1 AND held = 0)
+               OR (mode = 'r' AND writers = 0 AND held_w = 0)
+               OR (mode = 'p' AND i + held <= CAST(SUBSTRING(kind, 3) AS UNSIGNED)));",
             h = self.holds()
         )
     }
@@ -213,14 +217,18 @@ impl Statements {
     /// Gives a waiter's place up. Rows: the waiters to wake (a writer that
     /// leaves may let readers in), then how many places it gave up.
     pub fn abandon(&self, name: &[u8], waiter: &str, wake: bool) -> SqlStr {
-        let n = bytes(name);
+        let (h, n) = (self.holds(), bytes(name));
+        // In the name's transaction, as a release: each sees the other's
+        // change when it decides whom to wake.
+        let begin = self.begin(&n);
         let wake = self.wake_set(&n, "@dl_n > 0", wake);
         safe(format!(
-            "DELETE FROM {} WHERE name = {n} AND owner = '{waiter}' AND waiting;
+            "{begin}
+             DELETE FROM {h} WHERE name = {n} AND owner = '{waiter}' AND waiting;
              SET @dl_n = ROW_COUNT();
              {wake}
-             SELECT CAST(@dl_n AS SIGNED)",
-            self.holds(),
+             COMMIT;
+             SELECT CAST(@dl_n AS SIGNED)"
         ))
     }
 
