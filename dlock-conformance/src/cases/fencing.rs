@@ -62,7 +62,7 @@ where
                     let lease = backend
                         .acquire(&name, &opts)
                         .await
-                        .unwrap_or_else(|e| panic!("client {c} on {name}: {e}"));
+                        .unwrap_or_else(|e| panic!("client {c} on {name}: {e} ({e:?})"));
                     checker.enter(c, fenced.then(|| lease.fencing_token()));
                     // The critical section spans real waits, as real work
                     // does: a driver that grants twice gets caught inside.
@@ -75,7 +75,7 @@ where
                     backend
                         .release(&lease)
                         .await
-                        .unwrap_or_else(|e| panic!("client {c} releasing {name}: {e}"));
+                        .unwrap_or_else(|e| panic!("client {c} releasing {name}: {e} ({e:?})"));
                 }
             }));
         }

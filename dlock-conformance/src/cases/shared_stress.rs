@@ -69,7 +69,7 @@ where
                 let lease = backend
                     .acquire(&name, &opts)
                     .await
-                    .unwrap_or_else(|e| panic!("client {c} on {name}: {e}"));
+                    .unwrap_or_else(|e| panic!("client {c} on {name}: {e} ({e:?})"));
                 checker.enter(lease.mode(), lease.fencing_token());
                 if i % 2 == 0 {
                     sleep(Duration::from_millis(1)).await;
@@ -80,7 +80,7 @@ where
                 backend
                     .release(&lease)
                     .await
-                    .unwrap_or_else(|e| panic!("client {c} releasing {name}: {e}"));
+                    .unwrap_or_else(|e| panic!("client {c} releasing {name}: {e} ({e:?})"));
             }
         }));
     }
