@@ -11,7 +11,7 @@ use dlock_core::wait::{Attempt, Backoff, Deadline, wait_for_lock_with_pause};
 use dlock_core::{Lease, LockOptions, Mode, Result};
 
 use crate::backend::MySqlBackend;
-use crate::wake::{SleepEnd, Sleeper};
+use crate::wake::Sleeper;
 
 /// How long a queued waiter of a shared kind sleeps in the server when the
 /// name is free (see `pause`): a waiter ahead of it is about to go in.
@@ -118,7 +118,7 @@ impl MySqlBackend {
         // would look again at once, over and over, until the waiters ahead
         // are in. It naps instead (a release still wakes it).
         let nap = (key != name).then_some(QUEUED_NAP);
-        if sleeper.sleep(sql, name, (cap, nap), limit).await != SleepEnd::Broken {
+        if sleeper.sleep(sql, name, cap, nap, limit).await {
             *registration.lock().unwrap_or_else(PoisonError::into_inner) = Some(sleeper);
         }
         true

@@ -157,17 +157,6 @@ impl Drop for Opening {
     }
 }
 
-/// How a [`Sleeper::sleep`] ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum SleepEnd {
-    /// It did not sleep: the name's row is free.
-    Free,
-    /// Until its time, or a release woke it.
-    Woke,
-    /// The connection broke, or took the anchor: the registration is gone.
-    Broken,
-}
-
 /// A waiter registered for one name: it holds the name's named lock on its
 /// connection. Dropped without [`Sleeper::unregister`], the connection is
 /// closed, which ends the registration on the server.
@@ -209,14 +198,17 @@ impl Sleeper {
 
     /// Sleeps until the holder's lease of `name` ends, a release wakes us,
     /// or `cap` passes; when the name is free, at once, or with `nap` (a
-    /// queued waiter of a shared kind) for that long.
+    /// queued waiter of a shared kind) for that long. False when the
+    /// connection broke (the registration is gone with it), or the anchor
+    /// did (its connection is then opened again).
     pub async fn sleep(
         &mut self,
         sql: &Statements,
         name: &str,
-        (cap, nap): (Duration, Option<Duration>),
+        cap: Duration,
+        nap: Option<Duration>,
         limit: Duration,
-    ) -> SleepEnd {
+    ) -> bool {
         let statement = match nap {
             Some(_) => sql.sleep_queued.clone(),
             None => sql.sleep.clone(),
@@ -229,23 +221,21 @@ impl Sleeper {
             query = query.bind(nap.min(cap).as_secs_f64());
         }
         // All of the reply: a kill may end it with an error after the row.
-        let slept = match timeout(cap + limit, query.fetch_all(&mut self.conn)).await {
+        let fine = match timeout(cap + limit, query.fetch_all(&mut self.conn)).await {
             Ok(Ok(got)) if got.contains(&Some(1_i64)) => {
                 // The wait got the anchor: its connection is gone. Ours is
                 // closed (it holds the anchor now) and a new one takes over.
                 self.sleepers.anchor().take();
-                SleepEnd::Broken
+                false
             }
-            // No row: the name is free.
-            Ok(Ok(got)) if got.is_empty() => SleepEnd::Free,
-            // Timed out, or cut short by a kill (NULL).
-            Ok(Ok(_)) => SleepEnd::Woke,
+            // Free, timed out, or cut short by a kill (NULL).
+            Ok(Ok(_)) => true,
             // Cut short by a kill: the server says so, the link is fine.
-            Ok(Err(e)) if e.as_database_error().is_some() => SleepEnd::Woke,
-            _ => SleepEnd::Broken,
+            Ok(Err(e)) => e.as_database_error().is_some(),
+            Err(_) => false,
         };
-        self.broken |= slept == SleepEnd::Broken;
-        slept
+        self.broken |= !fine;
+        fine
     }
 
     /// Ends the registration and keeps the connection for the next waiter.
