@@ -8,7 +8,7 @@ use dlock_core::{Error, Lease, Mode, OwnerToken, Result};
 use zookeeper_client as zk;
 
 use crate::backend::{NAME, ZkBackend};
-use crate::error::{gave_up, zk_error};
+use crate::error::{gave_up, node_vanished, zk_error};
 use crate::hold::HOLD_NODE;
 use crate::path::{is_downgraded, node_prefix, protected_prefix, sequence};
 
@@ -85,11 +85,7 @@ impl ZkBackend {
             match self.bounded(client.set_data(path, &[], None)).await {
                 Ok(stat) => fencing_token(stat.mzxid)?,
                 Err(zk::Error::NoNode) => {
-                    return Err(Error::connection(
-                        NAME,
-                        "our lock node disappeared (session expired)",
-                        zk::Error::SessionExpired,
-                    ));
+                    return Err(node_vanished());
                 }
                 Err(e) => return Err(zk_error(e, "draw the fencing token")),
             }

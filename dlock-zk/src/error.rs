@@ -27,6 +27,16 @@ pub(crate) fn not_held(lease: &Lease) -> Error {
     }
 }
 
+/// Our queue node is gone while we wait or are granted: the session
+/// expired under us.
+pub(crate) fn node_vanished() -> Error {
+    Error::connection(
+        NAME,
+        "our lock node disappeared (session expired)",
+        zk::Error::SessionExpired,
+    )
+}
+
 /// A retry loop that ran out of tries with no client error to show.
 pub(crate) fn gave_up(message: String) -> Error {
     Error::Backend {

@@ -8,8 +8,8 @@ use tokio::time::sleep;
 use zookeeper_client as zk;
 
 use crate::acquire::{Queue, sorted_queue};
-use crate::backend::{NAME, ZkBackend};
-use crate::error::zk_error;
+use crate::backend::ZkBackend;
+use crate::error::{node_vanished, zk_error};
 use crate::hold::hold_path;
 use crate::path::parse;
 
@@ -62,11 +62,7 @@ impl ZkBackend {
             };
             let Some(at) = queue.nodes.iter().position(|c| *c == place.node) else {
                 // Our node vanished: the session expired under us.
-                return Err(Error::connection(
-                    NAME,
-                    "our lock node disappeared (session expired)",
-                    zk::Error::SessionExpired,
-                ));
+                return Err(node_vanished());
             };
             let modes = queue.nodes[..at]
                 .iter()
