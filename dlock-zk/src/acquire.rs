@@ -10,7 +10,8 @@ use zookeeper_client as zk;
 use crate::backend::{NAME, ZkBackend};
 use crate::error::{gave_up, node_vanished, zk_error};
 use crate::hold::HOLD_NODE;
-use crate::path::{is_downgraded, node_prefix, protected_prefix, sequence};
+use crate::path::{Node, node_prefix, parse, protected_prefix, sequence};
+use crate::semaphore::LEASES;
 
 /// A lock's folder as one listing saw it.
 pub(crate) struct Queue {
@@ -18,8 +19,11 @@ pub(crate) struct Queue {
     pub(crate) nodes: Vec<String>,
     /// Whether a hold node (see [`crate::hold`]) is there.
     pub(crate) hold: bool,
-    /// Downgrades' read holds, which are in no queue.
-    pub(crate) downgraded: Vec<String>,
+    /// Whether a semaphore's lease folder is there (see
+    /// [`crate::semaphore`]).
+    pub(crate) leases: bool,
+    /// How many children the folder has, of any recipe.
+    pub(crate) children: usize,
 }
 
 /// A place in a lock's queue, not yet handed over as a lease: its node is
@@ -38,11 +42,10 @@ pub(crate) struct Place {
 }
 
 impl ZkBackend {
-    /// Takes a place in the queue of `name` for `mode` with a fresh owner
+    /// Takes a place in the queue in `dir` for `mode` with a fresh owner
     /// token.
-    pub(crate) async fn join(&self, client: &zk::Client, name: &str, mode: Mode) -> Result<Place> {
+    pub(crate) async fn join(&self, client: &zk::Client, dir: String, mode: Mode) -> Result<Place> {
         let owner = OwnerToken::random()?;
-        let dir = self.lock_dir(name);
         let mut undo = self.undo_create(&dir, &protected_prefix(owner));
         let (path, czxid, listed) = self.enqueue_and_list(client, &dir, owner, mode).await?;
         undo.disarm();
@@ -69,7 +72,7 @@ impl ZkBackend {
     ///
     /// A mutex's token is its node's czxid. A shared kind's is drawn now,
     /// by writing our node (its mzxid): its czxid was drawn when it
-    /// queued, and a downgrade's read hold, made later, goes ahead of it.
+    /// queued, and a downgrade's read node, made later, goes ahead of it.
     /// Every shared grant draws so (one write more), since a czxid drawn
     /// before another node's late token would be below it.
     pub(crate) async fn grant(
@@ -225,20 +228,19 @@ impl ZkBackend {
 }
 
 /// A folder's children as a queue: the lock nodes sorted by sequence
-/// number, the hold, the downgrades.
+/// number, and whether the hold is there. A downgrade's read node shares
+/// its writer's number and sorts right behind it.
 pub(crate) fn sorted_queue(mut children: Vec<String>) -> Queue {
     let hold = children.iter().any(|c| c == HOLD_NODE);
-    let downgraded = children
-        .iter()
-        .filter(|c| is_downgraded(c))
-        .cloned()
-        .collect();
+    let leases = children.iter().any(|c| c == LEASES);
+    let count = children.len();
     children.retain(|c| sequence(c).is_some());
-    children.sort_by_key(|c| sequence(c));
+    children.sort_by_key(|c| parse(c).map(|(kind, seq)| (seq, kind == Node::Read)));
     Queue {
         nodes: children,
         hold,
-        downgraded,
+        leases,
+        children: count,
     }
 }
 

@@ -132,7 +132,8 @@ impl Backend for ZkBackend {
         caps.cleanup = true;
         // A persistent hold node, which outlives the session.
         caps.delayed_release = true;
-        // Every kind queues in one folder, in one sequence.
+        // Readers and writers queue in one folder, in one sequence;
+        // permits as Curator's InterProcessSemaphoreV2.
         caps.rwlock = true;
         caps.semaphore = true;
         caps

@@ -1,13 +1,13 @@
 //! Downgrade: a write holder takes a read hold that no writer queued after
-//! it can pass. The read hold is a node of its own, `_c_<uuid>-downgraded`
-//! (ephemeral, in no queue): readers pay it no heed, a writer at the front
-//! of the queue waits for it as for a reader ahead, and a mutex or permit
-//! finds the name held as a reader-writer lock. A read node queued the
-//! usual way would sit behind the waiting writers, and Curator's answer (a
-//! reader passes when its own process holds the write lock) lets the first
-//! of them in once the write lock goes (CURATOR-621). Curator's and
-//! kazoo's writers do not know this node: they wait only for the write
-//! lock.
+//! it can pass. The read hold is a read node, `_c_<uuid>-__READ__<n>`,
+//! created (ephemeral, not sequential) with the write node's own sequence
+//! number `n`: it sorts right behind the write node, ahead of every node
+//! queued after it. Every recipe that sorts by sequence number (ours,
+//! Curator's, kazoo's) then sees a reader ahead of the waiting writers,
+//! and a writer waits for it once the write lock goes. A read node queued
+//! the usual way would sit behind those writers, and Curator's own answer
+//! (a reader passes when its own thread holds the write lock) lets the
+//! first of them in once the write lock goes (CURATOR-621).
 //!
 //! Its token is the node's czxid: above the writer's (drawn at its grant,
 //! before), below that of any grant after it (each drawn at its grant,
@@ -21,7 +21,7 @@ use zookeeper_client as zk;
 use crate::acquire::fencing_token;
 use crate::backend::ZkBackend;
 use crate::error::{not_held, zk_error};
-use crate::path::{DOWNGRADED, protected_prefix};
+use crate::path::{downgraded_node, protected_prefix};
 
 impl ZkBackend {
     /// [`Backend::downgrade`](dlock_core::Backend::downgrade).
@@ -35,7 +35,8 @@ impl ZkBackend {
         let owner = OwnerToken::random()?;
         let dir = self.lock_dir(write.name());
         let prefix = protected_prefix(owner);
-        let path = format!("{dir}/{prefix}{DOWNGRADED}");
+        let node = downgraded_node(owner, writer).ok_or_else(|| not_held(write))?;
+        let path = format!("{dir}/{node}");
         // Armed until the reply is in: a create whose reply never came is
         // looked for by its prefix and deleted.
         let mut undo = self.undo_create(&dir, &prefix);

@@ -11,6 +11,7 @@ mod hold;
 mod list;
 mod path;
 mod release;
+mod semaphore;
 mod session;
 mod wait;
 

@@ -1,7 +1,7 @@
 //! Admin reads and writes: the list of held locks, a lock's holder, and a
 //! forced release.
 
-use dlock_core::{HeldLock, LockInfo, LockPage, Mode, OwnerToken, Result, validate_name};
+use dlock_core::{HeldLock, LockInfo, LockPage, OwnerToken, Result, validate_name};
 use zookeeper_client as zk;
 
 use crate::acquire::Queue;
@@ -9,6 +9,7 @@ use crate::acquire::fencing_token;
 use crate::backend::ZkBackend;
 use crate::error::{gave_up, zk_error};
 use crate::path::{Node, owner_of, parse, unescape};
+use crate::semaphore::LEASES;
 
 impl ZkBackend {
     /// One page of the held locks whose names start with `prefix`, after
@@ -72,10 +73,7 @@ impl ZkBackend {
             Front::Free | Front::Gone => return Ok(None),
             Front::Node(first, stat) => (first, stat),
         };
-        match self
-            .bounded(client.delete(&format!("{dir}/{first}"), None))
-            .await
-        {
+        match self.bounded(client.delete(&first, None)).await {
             Ok(()) => Ok(Some(front_info(&first, &stat)?)),
             Err(zk::Error::NoNode) => Ok(None),
             Err(e) => Err(zk_error(e, "force_release")),
@@ -103,37 +101,23 @@ impl ZkBackend {
     }
 
     /// The node that shows the holder of the lock in `dir`, as `queue`
-    /// listed it: the front of the queue or else a downgrade's read hold.
-    /// A writer at the front beside a read hold either held before the
-    /// downgrade (its grant wrote its node) or waits for the read hold (it
-    /// did not): then the read hold shows the holder.
+    /// listed it: the front of the queue, or else a semaphore's first
+    /// lease (see [`crate::semaphore`]).
     async fn front(&self, client: &zk::Client, dir: &str, queue: &Queue) -> Result<Front> {
-        let stat_of = |node: &str| {
-            let path = format!("{dir}/{node}");
-            async move {
-                match self.bounded(client.check_stat(&path)).await {
-                    Ok(stat) => Ok(stat),
-                    Err(e) => Err(zk_error(e, "inspect")),
-                }
-            }
+        let leases = format!("{dir}/{LEASES}");
+        let (dir, first) = match queue.nodes.first() {
+            Some(first) => (dir, first.clone()),
+            None if queue.leases => match self.queue(client, &leases).await?.nodes.first() {
+                Some(first) => (leases.as_str(), first.clone()),
+                None => return Ok(Front::Free),
+            },
+            None => return Ok(Front::Free),
         };
-        if let Some(first) = queue.nodes.first() {
-            let Some(stat) = stat_of(first).await? else {
-                return Ok(Front::Gone);
-            };
-            let writer =
-                parse(first).is_some_and(|(kind, _)| kind.mode_for(Mode::Write) == Mode::Write);
-            let waits = writer && !queue.downgraded.is_empty() && stat.mzxid == stat.czxid;
-            if !waits {
-                return Ok(Front::Node(first.clone(), stat));
-            }
-        }
-        let Some(downgraded) = queue.downgraded.first() else {
-            return Ok(Front::Free);
-        };
-        Ok(match stat_of(downgraded).await? {
-            Some(stat) => Front::Node(downgraded.clone(), stat),
-            None => Front::Gone,
+        let path = format!("{dir}/{first}");
+        Ok(match self.bounded(client.check_stat(&path)).await {
+            Ok(Some(stat)) => Front::Node(path, stat),
+            Ok(None) => Front::Gone,
+            Err(e) => return Err(zk_error(e, "inspect")),
         })
     }
 }
@@ -144,6 +128,7 @@ enum Front {
     Free,
     /// The node listed went before its stat was read.
     Gone,
+    /// The node's path, and its stat.
     Node(String, zk::Stat),
 }
 
@@ -151,7 +136,8 @@ enum Front {
 /// its grant drew: a shared kind's node was written at its grant (see
 /// `grant`), a mutex's was not. Other recipes' nodes (kazoo's) carry no
 /// owner token: the zero token stands for them.
-fn front_info(node: &str, stat: &zk::Stat) -> Result<LockInfo> {
+fn front_info(path: &str, stat: &zk::Stat) -> Result<LockInfo> {
+    let node = path.rsplit('/').next().unwrap_or_default();
     let owner = owner_of(node).unwrap_or(OwnerToken::from_u128(0));
     let drawn = match parse(node) {
         Some((Node::Read | Node::Write | Node::Permit(_), _)) => stat.mzxid,

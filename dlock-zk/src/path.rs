@@ -3,11 +3,12 @@
 //!
 //! `/<root>/<E>/_c_<uuid>-lock-<10-digit sequence>` for a mutex, and in
 //! the same folder `_c_<uuid>-__READ__<seq>` and `_c_<uuid>-__WRIT__<seq>`
-//! for a reader-writer lock (Curator's `InterProcessReadWriteLock`) and
-//! `_c_<uuid>-__PERM<N>__<seq>` for a permit of a semaphore of N (ours: the
-//! count in the name, so that two sizes meet as a conflict). One folder and
-//! one sequence for every kind: each node's place in the queue, and so what
-//! is ahead of it, is decided by the server, whatever its kind. `E` is the
+//! for a reader-writer lock (Curator's `InterProcessReadWriteLock`). One
+//! folder and one sequence for both kinds: each node's place in the queue,
+//! and so what is ahead of it, is decided by the server, whatever its kind.
+//! A semaphore's nodes are in two folders of its own below (see
+//! [`crate::semaphore`]); a permit is `_c_<uuid>-__PERM<N>__<seq>` (ours:
+//! the count in the name, so that two sizes meet as a conflict). `E` is the
 //! lock name with `%`, `/` and every character ZooKeeper refuses in a path
 //! written as `%XX` per UTF-8 byte, and with `.` and `..` written `%2E` and
 //! `%2E%2E` (ZooKeeper refuses them as path components). The escape is
@@ -19,10 +20,6 @@ use crate::backend::ZkBackend;
 
 /// The marker between the protected prefix and the sequence number.
 pub(crate) const LOCK_MARKER: &str = "-lock-";
-
-/// The node a downgrade makes (`_c_<uuid>-downgraded`, ephemeral, not in
-/// the sequence): a read hold that no writer queued before it may pass.
-pub(crate) const DOWNGRADED: &str = "downgraded";
 
 /// The markers of every recipe whose nodes queue for the same lock, and
 /// the kind each one's node asks for: Curator's and our mutex (`-lock-`),
@@ -178,9 +175,11 @@ pub(crate) fn parse(node: &str) -> Option<(Node, i64)> {
     Some((kind, digits.parse().ok().filter(|_| ok)?))
 }
 
-/// Whether a folder's child is a downgrade's read hold.
-pub(crate) fn is_downgraded(node: &str) -> bool {
-    node.starts_with("_c_") && node.ends_with(&format!("-{DOWNGRADED}"))
+/// The read node a downgrade of the write node `writer` makes: a reader
+/// with the writer's own sequence number (see `crate::downgrade`).
+pub(crate) fn downgraded_node(owner: OwnerToken, writer: &str) -> Option<String> {
+    let digits = &writer[writer.rfind("__WRIT__")? + "__WRIT__".len()..];
+    Some(format!("{}{digits}", node_prefix(owner, Mode::Read)))
 }
 
 impl ZkBackend {
@@ -275,12 +274,12 @@ mod tests {
         }
         assert_eq!(parse("_c_x-__PERMx__0000000001"), None);
         assert_eq!(parse("_c_x-__PERM2__00001"), None);
-        let downgraded = format!("{}{DOWNGRADED}", protected_prefix(owner));
-        assert!(is_downgraded(&downgraded) && parse(&downgraded).is_none());
-        assert!(!is_downgraded(&format!(
-            "{}0000000001",
-            node_prefix(owner, Mode::Read)
-        )));
+        let writer = format!("{}0000000042", node_prefix(owner, Mode::Write));
+        let reader = OwnerToken::random().unwrap();
+        let downgraded = downgraded_node(reader, &writer).unwrap();
+        assert_eq!(parse(&downgraded), Some((Node::Read, 42)));
+        assert_eq!(owner_of(&downgraded), Some(reader));
+        assert_eq!(downgraded_node(reader, "_c_x-lock-0000000001"), None);
         assert_eq!(Node::KazooRead.mode_for(Mode::Exclusive), Mode::Exclusive);
         assert_eq!(Node::KazooRead.mode_for(Mode::Write), Mode::Read);
         assert_eq!(Node::KazooLock.mode_for(Mode::Read), Mode::Write);

@@ -33,8 +33,25 @@ impl ZkBackend {
         }
     }
 
-    /// Takes a place in the queue for `mode` and waits until the queue
-    /// admits it ([`Mode::admits`] over the nodes ahead of ours), up to
+    /// Contends for `name` in `mode`: in the lock's queue, or for a permit
+    /// as [`crate::semaphore`] says.
+    pub(crate) async fn contend(
+        &self,
+        name: &str,
+        mode: Mode,
+        deadline: Option<Deadline>,
+    ) -> Result<Option<Lease>> {
+        match mode {
+            Mode::Permit(permits) => self.contend_permit(name, permits, deadline).await,
+            _ => {
+                self.queue_for(name, self.lock_dir(name), mode, deadline)
+                    .await
+            }
+        }
+    }
+
+    /// Takes a place in the queue in `dir` for `mode` and waits until the
+    /// queue admits it ([`Mode::admits`] over the nodes ahead of ours), up to
     /// `deadline` (`None`: one look only). The name's kind is the front
     /// node's: a node of another kind further back has met the front
     /// itself and is on its way out, so it is passed over, not taken for
@@ -44,14 +61,15 @@ impl ZkBackend {
     ///
     /// Not core's `wait_for_lock`, which repeats whole attempts: a waiter
     /// here keeps its place (and so its turn) and sleeps on a watch.
-    pub(crate) async fn contend(
+    pub(crate) async fn queue_for(
         &self,
         name: &str,
+        dir: String,
         mode: Mode,
         deadline: Option<Deadline>,
     ) -> Result<Option<Lease>> {
         let client = self.client();
-        let mut place = self.join(&client, name, mode).await?;
+        let mut place = self.join(&client, dir, mode).await?;
         loop {
             let queue = match place.listed.take() {
                 // The listing sent with the create: the server answers a
@@ -74,10 +92,10 @@ impl ZkBackend {
                 .filter(|m| !m.same_kind(mode))
                 .collect();
             let ahead: Vec<Mode> = modes.filter(|m| m.same_kind(mode)).collect();
-            // Downgrades' read holds are in no queue: they hold, beside
-            // whatever is at the front.
             let mut holders = front;
-            holders.extend(queue.downgraded.iter().map(|_| Mode::Read));
+            if queue.leases {
+                holders.extend(self.permits_held(&client, &place.dir).await?);
+            }
             let watch = match mode.admits(&holders, &ahead) {
                 Admission::Conflict(held) => {
                     self.leave(place).await;
@@ -140,10 +158,11 @@ impl ZkBackend {
                         Err(e) => return Err(zk_error(e, "watch the node ahead")),
                     }
                 }
-                // A permit waits for any node ahead to go: every change of
-                // the folder wakes it (the queue as it is now comes with
-                // the watch; a change since the last look is looked at
-                // at once).
+                // No node ahead to watch, though the queue said wait (a
+                // reader behind nothing but a semaphore's leases): every
+                // change of the folder wakes it (the queue as it is now
+                // comes with the watch; a change since the last look is
+                // looked at at once).
                 Watch::Node(None) => {
                     match self
                         .bounded(client.list_and_watch_children(&place.dir))
@@ -151,7 +170,7 @@ impl ZkBackend {
                     {
                         Ok((children, watcher)) => {
                             let now = sorted_queue(children);
-                            if now.nodes != queue.nodes || now.downgraded != queue.downgraded {
+                            if now.nodes != queue.nodes {
                                 place.listed = Some(now);
                                 continue;
                             }
@@ -189,18 +208,16 @@ enum Watch {
 
 /// The node a request in `mode` at `at` in `queue` waits for: a release
 /// wakes one waiter (or the readers behind one writer), not the herd. A
-/// writer or mutex waits for the node just ahead (or, at the front, for a
-/// downgrade's read hold), a reader for the nearest writer ahead; a permit
-/// for any node ahead (`None`).
+/// writer or mutex waits for the node just ahead, a reader for the nearest
+/// writer ahead.
 fn waits_for(mode: Mode, queue: &Queue, at: usize) -> Option<String> {
     let ahead = &queue.nodes[..at];
     match mode {
-        Mode::Permit(_) => None,
         Mode::Read => ahead
             .iter()
             .rev()
             .find(|node| parse(node).is_some_and(|(kind, _)| kind.mode_for(mode) == Mode::Write))
             .cloned(),
-        _ => ahead.last().or_else(|| queue.downgraded.first()).cloned(),
+        _ => ahead.last().cloned(),
     }
 }

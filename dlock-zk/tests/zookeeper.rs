@@ -327,10 +327,10 @@ async fn a_stray_node_of_another_kind_blocks_only_from_the_front() {
     drop(stray);
 }
 
-/// After a downgrade and the write lock's release, the queue's front is a
-/// writer that waits for the downgrade's read hold (a node in no queue):
-/// `inspect` and `force_release` see the reader, not the waiting writer,
-/// and the writer gets in once the reader is gone.
+/// After a downgrade and the write lock's release, the downgrade's read
+/// node (numbered as the write node was) is ahead of the writer queued
+/// meanwhile: `inspect` and `force_release` see the reader, not the
+/// waiting writer, and the writer gets in once the reader is gone.
 #[tokio::test]
 async fn admin_calls_see_a_downgraded_reader_not_the_writer_waiting_for_it() {
     let b = backend().await;

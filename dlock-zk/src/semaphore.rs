@@ -1,0 +1,208 @@
+//! Semaphores in Curator's `InterProcessSemaphoreV2` layout, so that a
+//! Curator semaphore and a dlock one on the same path share their permits:
+//!
+//! - `<lock dir>/locks/`: a mutex (Curator's `-lock-` nodes) that orders
+//!   the acquirers, first come first served;
+//! - `<lock dir>/leases/`: one ephemeral node per permit held, and the
+//!   one of the acquirer at the gate, which holds the mutex while it waits
+//!   until the folder has at most N children, counting its own.
+//!
+//! Only the acquirer at the gate waits on the leases, so a release wakes
+//! one waiter, never the herd. Our lease nodes are
+//! `_c_<uuid>-__PERM<N>__<seq>`: the count in the name lets two dlock
+//! clients that disagree on N meet as a conflict (Curator's nodes,
+//! `_c_<uuid>-lease-<seq>`, do not say theirs, and count as permits of
+//! whatever N the asker has). A semaphore's leases and a mutex's or
+//! reader-writer lock's nodes on one name are a conflict too: each side
+//! looks for the other after its own node exists, so of two racing, the
+//! later one sees the earlier.
+//!
+//! A permit's token is drawn at its grant (see `grant`), as every shared
+//! kind's is.
+
+use dlock_core::wait::Deadline;
+use dlock_core::{Error, Lease, Mode, Result};
+use tokio::time::sleep;
+use zookeeper_client as zk;
+
+use crate::acquire::{Place, sorted_queue};
+use crate::backend::ZkBackend;
+use crate::error::{node_vanished, zk_error};
+use crate::hold::hold_path;
+use crate::path::{Node, parse};
+
+/// The folder of a semaphore's permits in its lock folder.
+pub(crate) const LEASES: &str = "leases";
+
+/// The folder of the mutex that orders a semaphore's acquirers.
+const GATE: &str = "locks";
+
+impl ZkBackend {
+    /// Waits for a permit of a semaphore of `permits` on `name` until
+    /// `deadline` (`None`: one look, and no permit if another acquirer is
+    /// at the gate then, as with Curator's own).
+    pub(crate) async fn contend_permit(
+        &self,
+        name: &str,
+        permits: u32,
+        deadline: Option<Deadline>,
+    ) -> Result<Option<Lease>> {
+        let dir = self.lock_dir(name);
+        let gate_dir = format!("{dir}/{GATE}");
+        let Some(gate) = self
+            .queue_for(name, gate_dir, Mode::Exclusive, deadline)
+            .await?
+        else {
+            return Ok(None);
+        };
+        let gate_path = gate.handle().unwrap_or_default().to_owned();
+        let mut gate_undo = self.undo_node(&gate_path);
+        let got = self.take_permit(name, &dir, permits, deadline).await;
+        // Out of the gate whatever happened: the next acquirer's turn.
+        self.delete_node(gate_path).await;
+        gate_undo.disarm();
+        got
+    }
+
+    /// At the gate: takes a lease node and waits until the leases fit.
+    async fn take_permit(
+        &self,
+        name: &str,
+        dir: &str,
+        permits: u32,
+        deadline: Option<Deadline>,
+    ) -> Result<Option<Lease>> {
+        let client = self.client();
+        let mode = Mode::Permit(permits);
+        let mut place = self.join(&client, format!("{dir}/{LEASES}"), mode).await?;
+        loop {
+            // The listing sent with the create (see `join`) for the first
+            // look; a watch comes only with a listing of our own, and a
+            // wait needs one.
+            let first = place.listed.take();
+            let (leases, watcher) = match first.filter(|q| q.nodes.contains(&place.node)) {
+                Some(leases) => (leases, None),
+                None => match self
+                    .bounded(client.list_and_watch_children(&place.dir))
+                    .await
+                {
+                    Ok((children, watcher)) => (sorted_queue(children), Some(watcher)),
+                    Err(e) => return Err(zk_error(e, "watch the semaphore's leases")),
+                },
+            };
+            if !leases.nodes.contains(&place.node) {
+                return Err(node_vanished());
+            }
+            if let Some(held) = disagreeing(&leases.nodes, permits) {
+                return self.conflict(place, name, held, mode).await;
+            }
+            if u32::try_from(leases.children).is_ok_and(|n| n <= permits) {
+                // The leases fit; the name may still be a lock of another
+                // kind, or held after a delayed release.
+                let lock = self.queue(&client, dir).await?;
+                if let Some(front) = lock.nodes.first().and_then(|n| parse(n)) {
+                    return self
+                        .conflict(place, name, front.0.mode_for(mode), mode)
+                        .await;
+                }
+                let left = if lock.hold {
+                    self.hold_left(&client, dir, &place.path).await?
+                } else {
+                    None
+                };
+                let Some(left) = left else {
+                    let node = (place.owner, place.path.as_str(), place.fencing_token);
+                    let lease = self.grant(&client, name, mode, node).await?;
+                    place.undo.disarm();
+                    return Ok(Some(lease));
+                };
+                let Some(deadline) = deadline.filter(|d| !d.is_past()) else {
+                    return self.give_up(place, name, deadline).await;
+                };
+                let hold = match self
+                    .bounded(client.check_and_watch_stat(&hold_path(dir)))
+                    .await
+                {
+                    Ok((_, hold)) => hold,
+                    Err(e) => return Err(zk_error(e, "watch the lock's hold")),
+                };
+                tokio::select! {
+                    _ = hold.changed() => {}
+                    () = sleep(deadline.cap(left)) => {}
+                }
+                continue;
+            }
+            let Some(deadline) = deadline.filter(|d| !d.is_past()) else {
+                return self.give_up(place, name, deadline).await;
+            };
+            let Some(watcher) = watcher else {
+                continue;
+            };
+            tokio::select! {
+                _ = watcher.changed() => {}
+                () = sleep(deadline.cap(std::time::Duration::MAX)) => {
+                    return self.give_up(place, name, Some(deadline)).await;
+                }
+            }
+        }
+    }
+
+    /// Leaves without a permit: none free at a look (`None`), or the
+    /// deadline passed.
+    async fn give_up(
+        &self,
+        place: Place,
+        name: &str,
+        deadline: Option<Deadline>,
+    ) -> Result<Option<Lease>> {
+        self.leave(place).await;
+        match deadline {
+            None => Ok(None),
+            Some(deadline) => Err(deadline.timeout_error(name)),
+        }
+    }
+
+    async fn conflict(
+        &self,
+        place: Place,
+        name: &str,
+        held: Mode,
+        asked: Mode,
+    ) -> Result<Option<Lease>> {
+        self.leave(place).await;
+        Err(Error::ModeConflict {
+            name: name.to_owned(),
+            held,
+            asked,
+        })
+    }
+
+    /// The permits held on the lock in `dir`, for a request of another
+    /// kind: one mode per lease node (a Curator lease, whose semaphore's
+    /// size is unknown, as `Permit(0)`).
+    pub(crate) async fn permits_held(&self, client: &zk::Client, dir: &str) -> Result<Vec<Mode>> {
+        let children = match self
+            .bounded(client.list_children(&format!("{dir}/{LEASES}")))
+            .await
+        {
+            Ok(children) => children,
+            Err(zk::Error::NoNode) => Vec::new(),
+            Err(e) => return Err(zk_error(e, "list the semaphore's leases")),
+        };
+        Ok(children
+            .iter()
+            .map(|node| match parse(node) {
+                Some((Node::Permit(n), _)) => Mode::Permit(n),
+                _ => Mode::Permit(0),
+            })
+            .collect())
+    }
+}
+
+/// A lease node of a semaphore of another size than `permits`, if any.
+fn disagreeing(nodes: &[String], permits: u32) -> Option<Mode> {
+    nodes.iter().find_map(|node| match parse(node) {
+        Some((Node::Permit(n), _)) if n != permits => Some(Mode::Permit(n)),
+        _ => None,
+    })
+}
