@@ -116,6 +116,9 @@ enum Bug {
     /// Semaphores asked for with different permit counts are taken as one,
     /// each caller judging by its own count (Curator's warning).
     PermitCountsUnchecked,
+    /// A permit is granted on a name held as a mutex: the semaphore looks
+    /// only at its own permits.
+    PermitIgnoresMutex,
     /// Each kind of lock has its own fencing counter: a name's tokens go
     /// back when it changes kind.
     FencePerKind,
@@ -377,6 +380,11 @@ caught!(
 caught!(
     unchecked_permit_counts_are_caught,
     Bug::PermitCountsUnchecked,
+    [one_name_is_one_kind_of_lock]
+);
+caught!(
+    a_permit_beside_a_mutex_is_caught,
+    Bug::PermitIgnoresMutex,
     [one_name_is_one_kind_of_lock]
 );
 caught!(

@@ -24,9 +24,11 @@ pub(crate) const LOCK_MARKER: &str = "-lock-";
 /// The markers of every recipe whose nodes queue for the same lock, and
 /// the kind each one's node asks for: Curator's and our mutex (`-lock-`),
 /// kazoo's `Lock` and `WriteLock` (`__lock__`), kazoo's `ReadLock`
-/// (`__rlock__`), Curator's and our read and write locks.
-const MARKERS: [(&str, Node); 5] = [
+/// (`__rlock__`), Curator's and our read and write locks; and Curator's
+/// semaphore leases (`-lease-`), which are only in a lease folder.
+const MARKERS: [(&str, Node); 6] = [
     (LOCK_MARKER, Node::Mutex),
+    ("-lease-", Node::CuratorLease),
     ("__lock__", Node::KazooLock),
     ("__rlock__", Node::KazooRead),
     ("__READ__", Node::Read),
@@ -44,6 +46,9 @@ pub(crate) enum Node {
     Read,
     Write,
     Permit(u32),
+    /// A permit of Curator's `InterProcessSemaphoreV2`, which does not
+    /// say its semaphore's size (only ever in a semaphore's lease folder).
+    CuratorLease,
 }
 
 impl Node {
@@ -60,6 +65,10 @@ impl Node {
             Node::Read => Mode::Read,
             Node::Write => Mode::Write,
             Node::Permit(n) => Mode::Permit(n),
+            Node::CuratorLease => match asker {
+                Mode::Permit(n) => Mode::Permit(n),
+                _ => Mode::Permit(0),
+            },
         }
     }
 }
@@ -252,6 +261,14 @@ mod tests {
         );
         assert_eq!(sequence("2b1e4f0c__rlock__0000000008"), Some(8));
         assert_eq!(sequence("_c_9f0e-lock-0000000009"), Some(9));
+        assert_eq!(
+            parse("_c_9f0e-lease-0000000010"),
+            Some((Node::CuratorLease, 10))
+        );
+        assert_eq!(
+            Node::CuratorLease.mode_for(Mode::Permit(3)),
+            Mode::Permit(3)
+        );
         assert_eq!(sequence("lease_holder"), None);
         assert_eq!(sequence("x__lock__12"), None);
         assert_eq!(sequence("x-lock--2147483648"), Some(-2_147_483_648));

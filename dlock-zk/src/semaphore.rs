@@ -20,13 +20,15 @@
 //! A permit's token is drawn at its grant (see `grant`), as every shared
 //! kind's is.
 
+use std::sync::Arc;
+
 use dlock_core::wait::Deadline;
 use dlock_core::{Error, Lease, Mode, Result};
 use tokio::time::sleep;
 use zookeeper_client as zk;
 
 use crate::acquire::{Place, sorted_queue};
-use crate::backend::ZkBackend;
+use crate::backend::{NAME, ZkBackend};
 use crate::error::{node_vanished, zk_error};
 use crate::hold::hold_path;
 use crate::path::{Node, parse};
@@ -57,22 +59,60 @@ impl ZkBackend {
         };
         let gate_path = gate.handle().unwrap_or_default().to_owned();
         let mut gate_undo = self.undo_node(&gate_path);
-        let got = self.take_permit(name, &dir, permits, deadline).await;
-        // Out of the gate whatever happened: the next acquirer's turn.
-        self.delete_node(gate_path).await;
+        let got = match self.take_permit(name, &dir, permits, &gate, deadline).await {
+            Ok(Some((client, mut place))) => {
+                // Our token is drawn before the gate is left (a session's
+                // requests are sent, and applied, in call order, and
+                // `join!` sends the grant's first): the next acquirer,
+                // let in by the gate's delete, draws a higher one. One
+                // round trip for both.
+                let node = (place.owner, place.path.as_str(), place.fencing_token);
+                let mode = Mode::Permit(permits);
+                let (granted, ()) = tokio::join!(
+                    self.grant(&client, name, mode, node),
+                    self.delete_node(gate_path)
+                );
+                // Dropped before here, the place's undo deletes the lease
+                // node: the caller never saw it.
+                if granted.is_ok() {
+                    place.undo.disarm();
+                }
+                granted.map(Some)
+            }
+            other => {
+                // Out of the gate whatever happened: the next one's turn.
+                self.delete_node(gate_path).await;
+                other.map(|_| None)
+            }
+        };
         gate_undo.disarm();
         got
     }
 
-    /// At the gate: takes a lease node and waits until the leases fit.
+    /// At the gate: takes a lease node and waits until the leases fit;
+    /// returns the place to grant.
+    /// Only while the gate's session lasts: a gate lost meanwhile lets the
+    /// next acquirer in beside us, and two acquirers waiting on the leases
+    /// at once could each wait for the other.
     async fn take_permit(
         &self,
         name: &str,
         dir: &str,
         permits: u32,
+        gate: &Lease,
         deadline: Option<Deadline>,
-    ) -> Result<Option<Lease>> {
+    ) -> Result<Option<(Arc<zk::Client>, Place)>> {
+        let gate_lost = || {
+            Error::connection(
+                NAME,
+                "the session was lost at the semaphore's gate",
+                zk::Error::SessionExpired,
+            )
+        };
         let client = self.client();
+        if gate.lost_token().is_cancelled() {
+            return Err(gate_lost());
+        }
         let mode = Mode::Permit(permits);
         let mut place = self.join(&client, format!("{dir}/{LEASES}"), mode).await?;
         loop {
@@ -111,10 +151,10 @@ impl ZkBackend {
                     None
                 };
                 let Some(left) = left else {
-                    let node = (place.owner, place.path.as_str(), place.fencing_token);
-                    let lease = self.grant(&client, name, mode, node).await?;
-                    place.undo.disarm();
-                    return Ok(Some(lease));
+                    if gate.lost_token().is_cancelled() {
+                        return Err(gate_lost());
+                    }
+                    return Ok(Some((client, place)));
                 };
                 let Some(deadline) = deadline.filter(|d| !d.is_past()) else {
                     return self.give_up(place, name, deadline).await;
@@ -149,12 +189,12 @@ impl ZkBackend {
 
     /// Leaves without a permit: none free at a look (`None`), or the
     /// deadline passed.
-    async fn give_up(
+    async fn give_up<T>(
         &self,
         place: Place,
         name: &str,
         deadline: Option<Deadline>,
-    ) -> Result<Option<Lease>> {
+    ) -> Result<Option<T>> {
         self.leave(place).await;
         match deadline {
             None => Ok(None),
@@ -162,13 +202,13 @@ impl ZkBackend {
         }
     }
 
-    async fn conflict(
+    async fn conflict<T>(
         &self,
         place: Place,
         name: &str,
         held: Mode,
         asked: Mode,
-    ) -> Result<Option<Lease>> {
+    ) -> Result<Option<T>> {
         self.leave(place).await;
         Err(Error::ModeConflict {
             name: name.to_owned(),
@@ -193,6 +233,7 @@ impl ZkBackend {
             .iter()
             .map(|node| match parse(node) {
                 Some((Node::Permit(n), _)) => Mode::Permit(n),
+                // Curator's: its size is unknown.
                 _ => Mode::Permit(0),
             })
             .collect())

@@ -268,8 +268,9 @@ async fn dlock_and_curator_share_one_semaphore() {
     b.release(&permit).await.unwrap();
     assert_eq!(second.ask("try").await, "acquired");
 
-    // Both permits are Curator's: dlock waits at the gate until one is
-    // returned.
+    // Both permits are Curator's: `inspect` shows a holder, and dlock
+    // waits at the gate until one is returned.
+    assert!(b.inspect(&name).await.unwrap().is_some());
     let waiter = spawn_acquire(&b, &name, two.clone());
     queued(&b, &format!("{path}/locks"), 1).await;
     assert_eq!(first.ask("release").await, "released");

@@ -259,17 +259,32 @@ pub async fn one_name_is_one_kind_of_lock(backend: &Arc<dyn Backend>) {
     for lease in held {
         b.release(&lease).await.expect("release");
     }
-    // A reader-writer lock keeps mutexes out too.
+    // A reader-writer lock keeps mutexes out too, and a mutex or a reader
+    // keeps permits out: each kind meets every other one first.
     if caps.rwlock && caps.semaphore {
         let name = unique_name(case);
         let reader = must_acquire(b, &name, &long().read()).await;
-        match b.try_acquire(&name, &long()).await {
-            Err(Error::ModeConflict { .. }) => {}
-            other => {
-                panic!("a mutex on a name held for reading: expected ModeConflict, got {other:?}")
-            }
-        }
+        refused(b, &name, &long(), "a mutex", "held for reading").await;
+        refused(b, &name, &long().permits(2), "a permit", "held for reading").await;
         b.release(&reader).await.expect("release");
+    }
+    if caps.semaphore {
+        let name = unique_name(case);
+        let mutex = must_acquire(b, &name, &long()).await;
+        refused(b, &name, &long().permits(2), "a permit", "held as a mutex").await;
+        b.release(&mutex).await.expect("release");
+    }
+}
+
+/// Asserts that `opts` on `name` is refused as another kind of lock.
+async fn refused(b: &dyn Backend, name: &str, opts: &LockOptions, what: &str, held: &str) {
+    match b.try_acquire(name, opts).await {
+        Err(Error::ModeConflict { .. }) => {}
+        Ok(Some(lease)) => {
+            b.release(&lease).await.ok();
+            panic!("{what} was granted on a name {held}");
+        }
+        other => panic!("{what} on a name {held}: expected ModeConflict, got {other:?}"),
     }
 }
 

@@ -234,7 +234,8 @@ impl Server {
         let mut slots = self.slots.lock().unwrap();
         let slot = slots.entry(name.to_owned()).or_default();
         let now = Instant::now();
-        if slot.holder.is_some_and(|(_, expires)| expires > now) {
+        let sees_mutex = !(bug == Some(Bug::PermitIgnoresMutex) && matches!(mode, Mode::Permit(_)));
+        if sees_mutex && slot.holder.is_some_and(|(_, expires)| expires > now) {
             return Err(Mode::Exclusive);
         }
         let counted = |h: &&(OwnerToken, Mode, Instant)| {
