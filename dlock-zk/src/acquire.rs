@@ -9,7 +9,7 @@ use zookeeper_client as zk;
 
 use crate::backend::{NAME, ZkBackend};
 use crate::error::{gave_up, node_vanished, zk_error};
-use crate::hold::HOLD_NODE;
+use crate::hold::{HOLD_NODE, PERMIT_HOLD};
 use crate::path::{Node, node_prefix, parse, protected_prefix, sequence};
 use crate::semaphore::LEASES;
 
@@ -24,6 +24,8 @@ pub(crate) struct Queue {
     pub(crate) leases: bool,
     /// How many children the folder has, of any recipe.
     pub(crate) children: usize,
+    /// Permits' holds, in a semaphore's lease folder (see [`crate::hold`]).
+    pub(crate) held: Vec<String>,
 }
 
 /// A place in a lock's queue, not yet handed over as a lease: its node is
@@ -193,7 +195,11 @@ impl ZkBackend {
         }
     }
 
-    /// Our node in `dir`, by its protected prefix.
+    /// Our node in `dir`, by its protected prefix, if this session owns
+    /// it. A node of another session (one that expired while the create's
+    /// reply was lost) goes with that session: taking it for ours would
+    /// hold a lock that vanishes (CURATOR-498). One session is one client
+    /// here, so this only guards what that already rules out.
     pub(crate) async fn find_own(
         &self,
         client: &zk::Client,
@@ -210,8 +216,10 @@ impl ZkBackend {
         };
         let path = format!("{dir}/{node}");
         match self.bounded(client.check_stat(&path)).await {
-            Ok(Some(stat)) => Ok(Some((path, stat.czxid))),
-            Ok(None) => Ok(None),
+            Ok(Some(stat)) if stat.ephemeral_owner == client.session_id().0 => {
+                Ok(Some((path, stat.czxid)))
+            }
+            Ok(_) => Ok(None),
             Err(e) => Err(zk_error(e, "read our lock node")),
         }
     }
@@ -234,6 +242,11 @@ pub(crate) fn sorted_queue(mut children: Vec<String>) -> Queue {
     let hold = children.iter().any(|c| c == HOLD_NODE);
     let leases = children.iter().any(|c| c == LEASES);
     let count = children.len();
+    let held = children
+        .iter()
+        .filter(|c| c.starts_with(PERMIT_HOLD))
+        .cloned()
+        .collect();
     children.retain(|c| sequence(c).is_some());
     children.sort_by_key(|c| parse(c).map(|(kind, seq)| (seq, kind == Node::Read)));
     Queue {
@@ -241,6 +254,7 @@ pub(crate) fn sorted_queue(mut children: Vec<String>) -> Queue {
         hold,
         leases,
         children: count,
+        held,
     }
 }
 

@@ -163,17 +163,13 @@ impl Backend for ZkBackend {
     }
 
     async fn release_after(&self, lease: &Lease, hold: Duration) -> Result<()> {
-        // The hold node keeps every request out, as a write lock or a
-        // single permit does; a reader's or one of several permits' would
-        // keep out the others that may share the name.
-        let alone = matches!(
-            lease.mode(),
-            Mode::Exclusive | Mode::Write | Mode::Permit(1)
-        );
-        if !hold.is_zero() && !alone {
+        // The lock's hold node keeps every request out, as a write lock
+        // does; a reader's would keep out the others that may share the
+        // name. A permit's hold is a lease of its own (see `crate::hold`).
+        if !hold.is_zero() && lease.mode() == Mode::Read {
             return Err(Error::Unsupported {
                 backend: NAME,
-                operation: "release_after of a read lock or of one of several permits",
+                operation: "release_after of a read lock",
             });
         }
         self.within("release_after", self.release_holding(lease, hold))

@@ -74,25 +74,50 @@ pub(crate) fn hold_path(dir: &str) -> String {
     format!("{dir}/{HOLD_NODE}")
 }
 
+/// The prefix of a permit's hold in its semaphore's lease folder
+/// (`dlock-hold-<owner>`): a persistent node that counts as a lease, for
+/// Curator's semaphores too, until it has ended and someone deletes it.
+pub(crate) const PERMIT_HOLD: &str = "dlock-hold-";
+
+/// What a look at a semaphore's permit holds found.
+pub(crate) enum PermitHolds {
+    /// None has ended: the first to end does so in this long.
+    Left(Duration),
+    /// Some had ended, and are deleted: the leases changed.
+    Deleted,
+    /// There are none.
+    None,
+}
+
 impl ZkBackend {
     /// The hold of `dir`, if its node exists and is one of ours.
     pub(crate) async fn read_hold(&self, client: &zk::Client, dir: &str) -> Result<Option<Hold>> {
-        match self.bounded(client.get_data(&hold_path(dir))).await {
+        self.read_hold_at(client, &hold_path(dir)).await
+    }
+
+    /// The hold whose node is `path`: a lock's or a permit's.
+    pub(crate) async fn read_hold_at(
+        &self,
+        client: &zk::Client,
+        path: &str,
+    ) -> Result<Option<Hold>> {
+        match self.bounded(client.get_data(path)).await {
             Ok((data, stat)) => Ok(Hold::parse(&data, stat)),
             Err(zk::Error::NoNode) => Ok(None),
             Err(e) => Err(zk_error(e, "read the lock's hold")),
         }
     }
 
-    /// Deletes the hold of `dir` whatever its state (a forced release);
-    /// returns it if it was still keeping the lock.
+    /// Deletes the hold whose node is `path` (a lock's or a permit's)
+    /// whatever its state (a forced release); returns it if it was still
+    /// keeping the lock.
     pub(crate) async fn delete_hold(
         &self,
         client: &zk::Client,
-        dir: &str,
+        path: &str,
     ) -> Result<Option<LockInfo>> {
-        let hold = self.read_hold(client, dir).await?;
-        match self.bounded(client.delete(&hold_path(dir), None)).await {
+        let hold = self.read_hold_at(client, path).await?;
+        match self.bounded(client.delete(path, None)).await {
             Ok(()) | Err(zk::Error::NoNode) => Ok(hold.and_then(|h| h.info())),
             Err(e) => Err(zk_error(e, "delete the lock's hold")),
         }
@@ -128,6 +153,130 @@ impl ZkBackend {
             Err(zk::Error::BadVersion) => Ok(Some(Duration::ZERO)),
             Err(e) => Err(zk_error(e, "delete an ended hold")),
         }
+    }
+
+    /// The permit holds `held` in the lease folder `leases`, ended ones
+    /// deleted: the server's clock is learned by writing `node` (ours).
+    pub(crate) async fn permit_holds(
+        &self,
+        client: &zk::Client,
+        leases: &str,
+        held: &[String],
+        node: &str,
+    ) -> Result<PermitHolds> {
+        let mut holds = Vec::new();
+        for name in held {
+            let path = format!("{leases}/{name}");
+            match self.bounded(client.get_data(&path)).await {
+                Ok((data, stat)) => holds.extend(Hold::parse(&data, stat).map(|h| (path, h))),
+                Err(zk::Error::NoNode) => return Ok(PermitHolds::Deleted),
+                Err(e) => return Err(zk_error(e, "read a permit's hold")),
+            }
+        }
+        if holds.is_empty() {
+            return Ok(PermitHolds::None);
+        }
+        let now = match self.bounded(client.set_data(node, &[], None)).await {
+            Ok(stat) => stat.mtime,
+            Err(e) => return Err(zk_error(e, "read the server's clock")),
+        };
+        let mut first_end = None;
+        let mut deleted = false;
+        for (path, hold) in holds {
+            let left = hold.ends_at().saturating_sub(now);
+            if left > 0 {
+                let left = u64::try_from(left).map_or(Duration::MAX, Duration::from_millis);
+                first_end = Some(first_end.map_or(left, |f: Duration| f.min(left)));
+                continue;
+            }
+            match self
+                .bounded(client.delete(&path, Some(hold.stat.version)))
+                .await
+            {
+                Ok(()) | Err(zk::Error::NoNode | zk::Error::BadVersion) => deleted = true,
+                Err(e) => return Err(zk_error(e, "delete an ended hold")),
+            }
+        }
+        Ok(match (deleted, first_end) {
+            (true, _) => PermitHolds::Deleted,
+            (false, Some(left)) => PermitHolds::Left(left),
+            (false, None) => PermitHolds::None,
+        })
+    }
+
+    /// A permit's delayed release: its lease node becomes a persistent
+    /// hold in the same folder, in one transaction, so that it still
+    /// counts against the semaphore (for Curator's clients too) until
+    /// `hold` has passed by the server's clock.
+    pub(crate) async fn write_permit_hold(
+        &self,
+        lease: &Lease,
+        node: &str,
+        hold: Duration,
+    ) -> Result<()> {
+        let Some((leases, _)) = node.rsplit_once('/') else {
+            return Err(not_held(lease));
+        };
+        let path = format!("{leases}/{PERMIT_HOLD}{}", lease.owner());
+        let hold_ms = dlock_core::millis_up(hold);
+        let data = format!("{} {hold_ms} {}", lease.owner(), lease.fencing_token());
+        let client = self.client();
+        let create = zk::CreateMode::Persistent.with_acls(self.acls());
+        let mut txn = client.new_multi_writer();
+        txn.add_create(&path, data.as_bytes(), &create)
+            .and_then(|()| txn.add_delete(node, None))
+            .map_err(|e| zk_error(e, "write the permit's hold"))?;
+        let commit = async {
+            txn.commit()
+                .await
+                .map_err(|e| (e.clone(), zk::Error::from(e)))
+        };
+        match tokio::time::timeout(self.request_timeout(), commit).await {
+            Ok(Ok(_)) => {
+                self.delete_permit_hold_later(leases.to_owned(), path, hold);
+                Ok(())
+            }
+            // Our lease node is gone, or already a hold: released.
+            Ok(Err((
+                zk::MultiWriteError::OperationFailed {
+                    index: 1,
+                    source: zk::Error::NoNode,
+                }
+                | zk::MultiWriteError::OperationFailed {
+                    index: 0,
+                    source: zk::Error::NodeExists,
+                },
+                _,
+            ))) => Err(not_held(lease)),
+            Ok(Err((_, zk::Error::SessionExpired))) => Err(not_held(lease)),
+            Ok(Err((_, e))) => Err(zk_error(e, "release_after")),
+            Err(_) => Err(zk_error(zk::Error::ConnectionLoss, "release_after")),
+        }
+    }
+
+    /// Deletes a permit's hold once it has ended, if this client is still
+    /// there then (else the semaphore's next acquirer does).
+    fn delete_permit_hold_later(&self, leases: String, path: String, hold: Duration) {
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let inner = Arc::downgrade(&self.inner);
+        rt.spawn(async move {
+            tokio::time::sleep(hold.saturating_add(Duration::from_millis(100))).await;
+            let Some(inner) = inner.upgrade() else {
+                return;
+            };
+            let backend = ZkBackend { inner };
+            let client = backend.client();
+            let name = path.rsplit('/').next().unwrap_or_default().to_owned();
+            // The server's clock, from a write to the lease folder itself.
+            let looked = backend
+                .permit_holds(&client, &leases, &[name], &leases)
+                .await;
+            if let Err(e) = looked {
+                tracing::debug!(%path, error = %e, "could not delete an ended permit hold");
+            }
+        });
     }
 
     /// Writes the hold and deletes the lease's node in one transaction.

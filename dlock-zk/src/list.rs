@@ -8,6 +8,7 @@ use crate::acquire::Queue;
 use crate::acquire::fencing_token;
 use crate::backend::ZkBackend;
 use crate::error::{gave_up, zk_error};
+use crate::hold::hold_path;
 use crate::path::{Node, owner_of, parse, unescape};
 use crate::semaphore::LEASES;
 
@@ -64,13 +65,14 @@ impl ZkBackend {
         let dir = self.lock_dir(name);
         let queue = self.queue(&client, &dir).await?;
         if queue.hold
-            && let Some(info) = self.delete_hold(&client, &dir).await?
+            && let Some(info) = self.delete_hold(&client, &hold_path(&dir)).await?
         {
             // The node at the front only waited for the hold.
             return Ok(Some(info));
         }
         let (first, stat) = match self.front(&client, &dir, &queue).await? {
             Front::Free | Front::Gone => return Ok(None),
+            Front::PermitHold(path) => return self.delete_hold(&client, &path).await,
             Front::Node(first, stat) => (first, stat),
         };
         match self.bounded(client.delete(&first, None)).await {
@@ -92,6 +94,12 @@ impl ZkBackend {
             }
             match self.front(client, dir, &queue).await? {
                 Front::Free => return Ok(None),
+                Front::PermitHold(path) => {
+                    return Ok(self
+                        .read_hold_at(client, &path)
+                        .await?
+                        .and_then(|h| h.info()));
+                }
                 Front::Node(first, stat) => return Ok(Some(front_info(&first, &stat)?)),
                 // Released between the two reads: look again.
                 Front::Gone => {}
@@ -107,10 +115,14 @@ impl ZkBackend {
         let leases = format!("{dir}/{LEASES}");
         let (dir, first) = match queue.nodes.first() {
             Some(first) => (dir, first.clone()),
-            None if queue.leases => match self.queue(client, &leases).await?.nodes.first() {
-                Some(first) => (leases.as_str(), first.clone()),
-                None => return Ok(Front::Free),
-            },
+            None if queue.leases => {
+                let permits = self.queue(client, &leases).await?;
+                match (permits.nodes.first(), permits.held.first()) {
+                    (Some(first), _) => (leases.as_str(), first.clone()),
+                    (None, Some(hold)) => return Ok(Front::PermitHold(format!("{leases}/{hold}"))),
+                    (None, None) => return Ok(Front::Free),
+                }
+            }
             None => return Ok(Front::Free),
         };
         let path = format!("{dir}/{first}");
@@ -130,6 +142,9 @@ enum Front {
     Gone,
     /// The node's path, and its stat.
     Node(String, zk::Stat),
+    /// A permit's hold, and no permit held (see [`crate::hold`]): its
+    /// node's path.
+    PermitHold(String),
 }
 
 /// The holder as the node at the front of a queue shows it, with the token

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use dlock_core::undo::UndoOnDrop;
 use dlock_core::wait::Backoff;
-use dlock_core::{Lease, Result, check_hold};
+use dlock_core::{Lease, Mode, Result, check_hold};
 use tokio::time::{Instant, sleep};
 use zookeeper_client as zk;
 
@@ -55,6 +55,9 @@ impl ZkBackend {
             return self.delete_lease(lease).await;
         }
         let node = self.node_of(lease).ok_or_else(|| not_held(lease))?;
+        if let Mode::Permit(_) = lease.mode() {
+            return self.write_permit_hold(lease, node, hold).await;
+        }
         self.write_hold(lease, node, hold).await
     }
 

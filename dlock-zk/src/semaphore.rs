@@ -21,6 +21,7 @@
 //! kind's is.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use dlock_core::wait::Deadline;
 use dlock_core::{Error, Lease, Mode, Result};
@@ -30,7 +31,7 @@ use zookeeper_client as zk;
 use crate::acquire::{Place, sorted_queue};
 use crate::backend::{NAME, ZkBackend};
 use crate::error::{node_vanished, zk_error};
-use crate::hold::hold_path;
+use crate::hold::{PermitHolds, hold_path};
 use crate::path::{Node, parse};
 
 /// The folder of a semaphore's permits in its lock folder.
@@ -172,6 +173,19 @@ impl ZkBackend {
                 }
                 continue;
             }
+            // Full: an ended permit hold among the leases is deleted, and
+            // a standing one ends the wait at its end at the latest.
+            let mut until = Duration::MAX;
+            if !leases.held.is_empty() {
+                match self
+                    .permit_holds(&client, &place.dir, &leases.held, &place.path)
+                    .await?
+                {
+                    PermitHolds::Deleted => continue,
+                    PermitHolds::Left(left) => until = left,
+                    PermitHolds::None => {}
+                }
+            }
             let Some(deadline) = deadline.filter(|d| !d.is_past()) else {
                 return self.give_up(place, name, deadline).await;
             };
@@ -180,8 +194,10 @@ impl ZkBackend {
             };
             tokio::select! {
                 _ = watcher.changed() => {}
-                () = sleep(deadline.cap(std::time::Duration::MAX)) => {
-                    return self.give_up(place, name, Some(deadline)).await;
+                () = sleep(deadline.cap(until)) => {
+                    if deadline.is_past() {
+                        return self.give_up(place, name, Some(deadline)).await;
+                    }
                 }
             }
         }

@@ -309,3 +309,25 @@ async fn dlock_and_curator_semaphore_waiters_queue_in_arrival_order() {
     assert!(b.try_acquire(&name, &one).await.unwrap().is_none());
     assert_eq!(later.ask("release").await, "released");
 }
+
+/// A permit released with `release_after` stays counted until the hold
+/// ends, by Curator too: its hold is a lease node of its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_permits_hold_keeps_curator_out_until_it_ends() {
+    let b = dlock().await;
+    let name = unique_name("curator-semaphore-hold");
+    let path = format!("/dlock/{name}");
+    let one = LockOptions::new().permits(1);
+    let permit = must_acquire(&b, &name, &one).await;
+    b.release_after(&permit, Duration::from_secs(2))
+        .await
+        .unwrap();
+    let mut curator = Curator::start(&path, "semaphore 1").await;
+    assert_eq!(curator.ask("try").await, "held", "Curator passed the hold");
+    assert!(b.try_acquire(&name, &one).await.unwrap().is_none());
+    // Once it has ended (a waiter deletes it), the permit is free again.
+    let next = b.acquire(&name, &one.clone().wait(ANSWER)).await.unwrap();
+    b.release(&next).await.unwrap();
+    assert_eq!(curator.ask("try").await, "acquired");
+    assert_eq!(curator.ask("release").await, "released");
+}

@@ -364,3 +364,28 @@ async fn admin_calls_see_a_downgraded_reader_not_the_writer_waiting_for_it() {
     assert!(next.fencing_token() > reader.fencing_token());
     b.release(&next).await.unwrap();
 }
+
+/// `release_after` of one of several permits: the hold takes that permit's
+/// place, so the others are still there and no more.
+#[tokio::test]
+async fn a_permits_hold_counts_against_its_semaphore() {
+    let b = backend().await;
+    let name = unique_name("permit_hold");
+    let two = LockOptions::new().permits(2);
+    let first = must_acquire(&b, &name, &two).await;
+    b.release_after(&first, Duration::from_secs(60))
+        .await
+        .unwrap();
+    assert!(matches!(
+        b.release_after(&first, Duration::from_secs(60)).await,
+        Err(Error::NotHeld { .. })
+    ));
+    let second = must_acquire(&b, &name, &two).await;
+    assert!(
+        b.try_acquire(&name, &two).await.unwrap().is_none(),
+        "a third permit of two, one of them held on"
+    );
+    b.release(&second).await.unwrap();
+    let third = must_acquire(&b, &name, &two).await;
+    b.release(&third).await.unwrap();
+}
