@@ -75,9 +75,19 @@ pub(crate) fn hold_path(dir: &str) -> String {
 }
 
 /// The prefix of a permit's hold in its semaphore's lease folder
-/// (`dlock-hold-<owner>`): a persistent node that counts as a lease, for
-/// Curator's semaphores too, until it has ended and someone deletes it.
+/// (`dlock-hold-<N>-<owner>`, N the semaphore's size): a persistent node
+/// that counts as a lease, for Curator's semaphores too, until it has
+/// ended and someone deletes it.
 pub(crate) const PERMIT_HOLD: &str = "dlock-hold-";
+
+/// The semaphore size a permit's hold node names.
+pub(crate) fn hold_permits(node: &str) -> Option<u32> {
+    node.strip_prefix(PERMIT_HOLD)?
+        .split_once('-')?
+        .0
+        .parse()
+        .ok()
+}
 
 /// What a look at a semaphore's permit holds found.
 pub(crate) enum PermitHolds {
@@ -168,7 +178,9 @@ impl ZkBackend {
         for name in held {
             let path = format!("{leases}/{name}");
             match self.bounded(client.get_data(&path)).await {
-                Ok((data, stat)) => holds.extend(Hold::parse(&data, stat).map(|h| (path, h))),
+                // One that does not read is taken for ended (we write
+                // every one): a hold nobody can judge would never end.
+                Ok((data, stat)) => holds.push((path, Hold::parse(&data, stat), stat.version)),
                 Err(zk::Error::NoNode) => return Ok(PermitHolds::Deleted),
                 Err(e) => return Err(zk_error(e, "read a permit's hold")),
             }
@@ -182,17 +194,14 @@ impl ZkBackend {
         };
         let mut first_end = None;
         let mut deleted = false;
-        for (path, hold) in holds {
-            let left = hold.ends_at().saturating_sub(now);
+        for (path, hold, version) in holds {
+            let left = hold.map_or(0, |h| h.ends_at().saturating_sub(now));
             if left > 0 {
                 let left = u64::try_from(left).map_or(Duration::MAX, Duration::from_millis);
                 first_end = Some(first_end.map_or(left, |f: Duration| f.min(left)));
                 continue;
             }
-            match self
-                .bounded(client.delete(&path, Some(hold.stat.version)))
-                .await
-            {
+            match self.bounded(client.delete(&path, Some(version))).await {
                 Ok(()) | Err(zk::Error::NoNode | zk::Error::BadVersion) => deleted = true,
                 Err(e) => return Err(zk_error(e, "delete an ended hold")),
             }
@@ -217,7 +226,8 @@ impl ZkBackend {
         let Some((leases, _)) = node.rsplit_once('/') else {
             return Err(not_held(lease));
         };
-        let path = format!("{leases}/{PERMIT_HOLD}{}", lease.owner());
+        let permits = lease.mode().permits();
+        let path = format!("{leases}/{PERMIT_HOLD}{permits}-{}", lease.owner());
         let hold_ms = dlock_core::millis_up(hold);
         let data = format!("{} {hold_ms} {}", lease.owner(), lease.fencing_token());
         let client = self.client();
@@ -231,12 +241,15 @@ impl ZkBackend {
                 .await
                 .map_err(|e| (e.clone(), zk::Error::from(e)))
         };
-        match tokio::time::timeout(self.request_timeout(), commit).await {
-            Ok(Ok(_)) => {
-                self.delete_permit_hold_later(leases.to_owned(), path, hold);
-                Ok(())
-            }
-            // Our lease node is gone, or already a hold: released.
+        let outcome = tokio::time::timeout(self.request_timeout(), commit).await;
+        if matches!(outcome, Ok(Ok(_)) | Err(_)) {
+            // Written, or maybe (no answer): deleted once ended.
+            self.delete_permit_hold_later(leases.to_owned(), path, hold);
+        }
+        match outcome {
+            Ok(Ok(_)) => Ok(()),
+            // Our lease node is gone, already a hold, or its folder gone
+            // with it: released.
             Ok(Err((
                 zk::MultiWriteError::OperationFailed {
                     index: 1,
@@ -244,7 +257,7 @@ impl ZkBackend {
                 }
                 | zk::MultiWriteError::OperationFailed {
                     index: 0,
-                    source: zk::Error::NodeExists,
+                    source: zk::Error::NodeExists | zk::Error::NoNode,
                 },
                 _,
             ))) => Err(not_held(lease)),
@@ -262,19 +275,28 @@ impl ZkBackend {
         };
         let inner = Arc::downgrade(&self.inner);
         rt.spawn(async move {
-            tokio::time::sleep(hold.saturating_add(Duration::from_millis(100))).await;
-            let Some(inner) = inner.upgrade() else {
-                return;
-            };
-            let backend = ZkBackend { inner };
-            let client = backend.client();
             let name = path.rsplit('/').next().unwrap_or_default().to_owned();
-            // The server's clock, from a write to the lease folder itself.
-            let looked = backend
-                .permit_holds(&client, &leases, &[name], &leases)
-                .await;
-            if let Err(e) = looked {
-                tracing::debug!(%path, error = %e, "could not delete an ended permit hold");
+            let mut wait = hold.saturating_add(Duration::from_millis(100));
+            // Until it is gone: the leader's clock may be behind ours.
+            for _ in 0..10 {
+                tokio::time::sleep(wait).await;
+                let Some(inner) = inner.upgrade() else {
+                    return;
+                };
+                let backend = ZkBackend { inner };
+                let client = backend.client();
+                // The server's clock, from a write to the lease folder.
+                let looked = backend
+                    .permit_holds(&client, &leases, std::slice::from_ref(&name), &leases)
+                    .await;
+                wait = match looked {
+                    Ok(PermitHolds::Left(left)) => left.saturating_add(Duration::from_millis(100)),
+                    Ok(PermitHolds::Deleted | PermitHolds::None) => return,
+                    Err(e) => {
+                        tracing::debug!(%path, error = %e, "could not delete an ended permit hold");
+                        Duration::from_secs(1)
+                    }
+                };
             }
         });
     }

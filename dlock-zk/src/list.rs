@@ -72,7 +72,16 @@ impl ZkBackend {
         }
         let (first, stat) = match self.front(&client, &dir, &queue).await? {
             Front::Free | Front::Gone => return Ok(None),
-            Front::PermitHold(path) => return self.delete_hold(&client, &path).await,
+            // The first that still held; ended ones go too.
+            Front::PermitHolds(paths) => {
+                let mut removed = None;
+                for path in paths {
+                    if removed.is_none() {
+                        removed = self.delete_hold(&client, &path).await?;
+                    }
+                }
+                return Ok(removed);
+            }
             Front::Node(first, stat) => (first, stat),
         };
         match self.bounded(client.delete(&first, None)).await {
@@ -94,11 +103,14 @@ impl ZkBackend {
             }
             match self.front(client, dir, &queue).await? {
                 Front::Free => return Ok(None),
-                Front::PermitHold(path) => {
-                    return Ok(self
-                        .read_hold_at(client, &path)
-                        .await?
-                        .and_then(|h| h.info()));
+                Front::PermitHolds(paths) => {
+                    for path in paths {
+                        let hold = self.read_hold_at(client, &path).await?;
+                        if let Some(info) = hold.and_then(|h| h.info()) {
+                            return Ok(Some(info));
+                        }
+                    }
+                    return Ok(None);
                 }
                 Front::Node(first, stat) => return Ok(Some(front_info(&first, &stat)?)),
                 // Released between the two reads: look again.
@@ -117,10 +129,13 @@ impl ZkBackend {
             Some(first) => (dir, first.clone()),
             None if queue.leases => {
                 let permits = self.queue(client, &leases).await?;
-                match (permits.nodes.first(), permits.held.first()) {
-                    (Some(first), _) => (leases.as_str(), first.clone()),
-                    (None, Some(hold)) => return Ok(Front::PermitHold(format!("{leases}/{hold}"))),
-                    (None, None) => return Ok(Front::Free),
+                match permits.nodes.first() {
+                    Some(first) => (leases.as_str(), first.clone()),
+                    None if permits.held.is_empty() => return Ok(Front::Free),
+                    None => {
+                        let paths = permits.held.iter().map(|h| format!("{leases}/{h}"));
+                        return Ok(Front::PermitHolds(paths.collect()));
+                    }
                 }
             }
             None => return Ok(Front::Free),
@@ -142,9 +157,9 @@ enum Front {
     Gone,
     /// The node's path, and its stat.
     Node(String, zk::Stat),
-    /// A permit's hold, and no permit held (see [`crate::hold`]): its
-    /// node's path.
-    PermitHold(String),
+    /// Permits' holds, and no permit held (see [`crate::hold`]): their
+    /// nodes' paths.
+    PermitHolds(Vec<String>),
 }
 
 /// The holder as the node at the front of a queue shows it, with the token

@@ -28,10 +28,10 @@ use dlock_core::{Error, Lease, Mode, Result};
 use tokio::time::sleep;
 use zookeeper_client as zk;
 
-use crate::acquire::{Place, sorted_queue};
+use crate::acquire::{Place, Queue, sorted_queue};
 use crate::backend::{NAME, ZkBackend};
 use crate::error::{node_vanished, zk_error};
-use crate::hold::{PermitHolds, hold_path};
+use crate::hold::{PermitHolds, hold_path, hold_permits};
 use crate::path::{Node, parse};
 
 /// The folder of a semaphore's permits in its lock folder.
@@ -134,7 +134,7 @@ impl ZkBackend {
             if !leases.nodes.contains(&place.node) {
                 return Err(node_vanished());
             }
-            if let Some(held) = disagreeing(&leases.nodes, permits) {
+            if let Some(held) = disagreeing(&leases, permits) {
                 return self.conflict(place, name, held, mode).await;
             }
             if u32::try_from(leases.children).is_ok_and(|n| n <= permits) {
@@ -236,30 +236,42 @@ impl ZkBackend {
     /// The permits held on the lock in `dir`, for a request of another
     /// kind: one mode per lease node (a Curator lease, whose semaphore's
     /// size is unknown, as `Permit(0)`).
+    /// Ended permit holds are deleted first, so that they do not keep
+    /// other kinds out.
     pub(crate) async fn permits_held(&self, client: &zk::Client, dir: &str) -> Result<Vec<Mode>> {
-        let children = match self
-            .bounded(client.list_children(&format!("{dir}/{LEASES}")))
-            .await
+        let leases = format!("{dir}/{LEASES}");
+        let mut children = self.children(client, &leases).await?;
+        let held = sorted_queue(children.clone()).held;
+        if !held.is_empty()
+            && let PermitHolds::Deleted = self.permit_holds(client, &leases, &held, &leases).await?
         {
-            Ok(children) => children,
-            Err(zk::Error::NoNode) => Vec::new(),
-            Err(e) => return Err(zk_error(e, "list the semaphore's leases")),
-        };
+            children = self.children(client, &leases).await?;
+        }
         Ok(children
             .iter()
             .map(|node| match parse(node) {
                 Some((Node::Permit(n), _)) => Mode::Permit(n),
-                // Curator's: its size is unknown.
-                _ => Mode::Permit(0),
+                _ => Mode::Permit(hold_permits(node).unwrap_or(0)),
             })
             .collect())
     }
+
+    /// The children of `dir`, none if it is gone.
+    async fn children(&self, client: &zk::Client, dir: &str) -> Result<Vec<String>> {
+        match self.bounded(client.list_children(dir)).await {
+            Ok(children) => Ok(children),
+            Err(zk::Error::NoNode) => Ok(Vec::new()),
+            Err(e) => Err(zk_error(e, "list the semaphore's leases")),
+        }
+    }
 }
 
-/// A lease node of a semaphore of another size than `permits`, if any.
-fn disagreeing(nodes: &[String], permits: u32) -> Option<Mode> {
-    nodes.iter().find_map(|node| match parse(node) {
-        Some((Node::Permit(n), _)) if n != permits => Some(Mode::Permit(n)),
+/// A lease or hold of a semaphore of another size than `permits`, if any.
+fn disagreeing(leases: &Queue, permits: u32) -> Option<Mode> {
+    let sizes = leases.nodes.iter().filter_map(|node| match parse(node) {
+        Some((Node::Permit(n), _)) => Some(n),
         _ => None,
-    })
+    });
+    let held = leases.held.iter().filter_map(|node| hold_permits(node));
+    sizes.chain(held).find(|&n| n != permits).map(Mode::Permit)
 }

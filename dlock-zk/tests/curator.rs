@@ -311,21 +311,25 @@ async fn dlock_and_curator_semaphore_waiters_queue_in_arrival_order() {
 }
 
 /// A permit released with `release_after` stays counted until the hold
-/// ends, by Curator too: its hold is a lease node of its own.
+/// ends, by Curator too: its hold is a lease node of its own. Its writer
+/// is gone by then (so is its timer that deletes the hold): a waiter
+/// deletes it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_permits_hold_keeps_curator_out_until_it_ends() {
     let b = dlock().await;
     let name = unique_name("curator-semaphore-hold");
     let path = format!("/dlock/{name}");
     let one = LockOptions::new().permits(1);
-    let permit = must_acquire(&b, &name, &one).await;
-    b.release_after(&permit, Duration::from_secs(2))
+    let mut curator = Curator::start(&path, "semaphore 1").await;
+    let writer = dlock().await;
+    let permit = must_acquire(&writer, &name, &one).await;
+    writer
+        .release_after(&permit, Duration::from_secs(3))
         .await
         .unwrap();
-    let mut curator = Curator::start(&path, "semaphore 1").await;
+    drop(writer);
     assert_eq!(curator.ask("try").await, "held", "Curator passed the hold");
     assert!(b.try_acquire(&name, &one).await.unwrap().is_none());
-    // Once it has ended (a waiter deletes it), the permit is free again.
     let next = b.acquire(&name, &one.clone().wait(ANSWER)).await.unwrap();
     b.release(&next).await.unwrap();
     assert_eq!(curator.ask("try").await, "acquired");

@@ -380,6 +380,13 @@ async fn a_permits_hold_counts_against_its_semaphore() {
         b.release_after(&first, Duration::from_secs(60)).await,
         Err(Error::NotHeld { .. })
     ));
+    assert!(
+        matches!(
+            b.try_acquire(&name, &LockOptions::new().permits(3)).await,
+            Err(Error::ModeConflict { .. })
+        ),
+        "the hold keeps its semaphore's size"
+    );
     let second = must_acquire(&b, &name, &two).await;
     assert!(
         b.try_acquire(&name, &two).await.unwrap().is_none(),
