@@ -165,6 +165,28 @@ impl ZkBackend {
         }
     }
 
+    /// Sleeps until the hold of `dir` changes or goes (a forced release),
+    /// or `left` (its time left, capped by the caller's deadline) passes.
+    pub(crate) async fn wait_for_hold(
+        &self,
+        client: &zk::Client,
+        dir: &str,
+        left: Duration,
+    ) -> Result<()> {
+        let watcher = match self
+            .bounded(client.check_and_watch_stat(&hold_path(dir)))
+            .await
+        {
+            Ok((_, watcher)) => watcher,
+            Err(e) => return Err(zk_error(e, "watch the lock's hold")),
+        };
+        tokio::select! {
+            _ = watcher.changed() => {}
+            () = tokio::time::sleep(left) => {}
+        }
+        Ok(())
+    }
+
     /// The permit holds `held` in the lease folder `leases`, ended ones
     /// deleted: the server's clock is learned by writing `node` (ours).
     pub(crate) async fn permit_holds(

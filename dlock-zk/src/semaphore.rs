@@ -31,7 +31,7 @@ use zookeeper_client as zk;
 use crate::acquire::{Place, Queue, sorted_queue};
 use crate::backend::{NAME, ZkBackend};
 use crate::error::{node_vanished, zk_error};
-use crate::hold::{PermitHolds, hold_path, hold_permits};
+use crate::hold::{PermitHolds, hold_permits};
 use crate::path::{Node, parse};
 
 /// The folder of a semaphore's permits in its lock folder.
@@ -160,17 +160,7 @@ impl ZkBackend {
                 let Some(deadline) = deadline.filter(|d| !d.is_past()) else {
                     return self.give_up(place, name, deadline).await;
                 };
-                let hold = match self
-                    .bounded(client.check_and_watch_stat(&hold_path(dir)))
-                    .await
-                {
-                    Ok((_, hold)) => hold,
-                    Err(e) => return Err(zk_error(e, "watch the lock's hold")),
-                };
-                tokio::select! {
-                    _ = hold.changed() => {}
-                    () = sleep(deadline.cap(left)) => {}
-                }
+                self.wait_for_hold(&client, dir, deadline.cap(left)).await?;
                 continue;
             }
             // Full: an ended permit hold among the leases is deleted, and

@@ -10,7 +10,6 @@ use zookeeper_client as zk;
 use crate::acquire::{Queue, sorted_queue};
 use crate::backend::ZkBackend;
 use crate::error::{node_vanished, zk_error};
-use crate::hold::hold_path;
 use crate::path::parse;
 
 impl ZkBackend {
@@ -137,17 +136,8 @@ impl ZkBackend {
                 // Until the hold ends, or its node goes (an operator's
                 // forced release).
                 Watch::Hold(left) => {
-                    let watcher = match self
-                        .bounded(client.check_and_watch_stat(&hold_path(&place.dir)))
-                        .await
-                    {
-                        Ok((_, watcher)) => watcher,
-                        Err(e) => return Err(zk_error(e, "watch the lock's hold")),
-                    };
-                    tokio::select! {
-                        _ = watcher.changed() => {}
-                        () = sleep(deadline.cap(left)) => {}
-                    }
+                    self.wait_for_hold(&client, &place.dir, deadline.cap(left))
+                        .await?;
                     continue;
                 }
                 Watch::Node(Some(node)) => {
