@@ -14,8 +14,9 @@
 //! `_c_<uuid>-lease-<seq>`, do not say theirs, and count as permits of
 //! whatever N the asker has). A semaphore's leases and a mutex's or
 //! reader-writer lock's nodes on one name are a conflict too: each side
-//! looks for the other after its own node exists, so of two racing, the
-//! later one sees the earlier.
+//! looks for the other after its own node exists, so of two racing, at
+//! least one is refused (either may be: an acquirer waiting at the gate
+//! has no lease node yet).
 //!
 //! A permit's token is drawn at its grant (see `grant`), as every shared
 //! kind's is.
@@ -91,8 +92,7 @@ impl ZkBackend {
     }
 
     /// At the gate: takes a lease node and waits until the leases fit;
-    /// returns the place to grant.
-    /// Only while the gate's session lasts: a gate lost meanwhile lets the
+    /// returns the place to grant. Only while the gate's session lasts: a gate lost meanwhile lets the
     /// next acquirer in beside us, and two acquirers waiting on the leases
     /// at once could each wait for the other.
     async fn take_permit(
@@ -225,9 +225,8 @@ impl ZkBackend {
 
     /// The permits held on the lock in `dir`, for a request of another
     /// kind: one mode per lease node (a Curator lease, whose semaphore's
-    /// size is unknown, as `Permit(0)`).
-    /// Ended permit holds are deleted first, so that they do not keep
-    /// other kinds out.
+    /// size is unknown, as `Permit(0)`). Ended permit holds are deleted
+    /// first, so that they do not keep other kinds out.
     pub(crate) async fn permits_held(&self, client: &zk::Client, dir: &str) -> Result<Vec<Mode>> {
         let leases = format!("{dir}/{LEASES}");
         let mut children = self.children(client, &leases).await?;
