@@ -258,18 +258,13 @@ impl ZkBackend {
         txn.add_create(&path, data.as_bytes(), &create)
             .and_then(|()| txn.add_delete(node, None))
             .map_err(|e| zk_error(e, "write the permit's hold"))?;
-        let commit = async {
-            txn.commit()
-                .await
-                .map_err(|e| (e.clone(), zk::Error::from(e)))
-        };
-        let outcome = tokio::time::timeout(self.request_timeout(), commit).await;
-        if matches!(outcome, Ok(Ok(_)) | Err(_)) {
+        let outcome = self.commit_within(&mut txn).await;
+        if matches!(outcome, Ok(Ok(())) | Err(_)) {
             // Written, or maybe (no answer): deleted once ended.
             self.delete_permit_hold_later(leases.to_owned(), path, hold);
         }
         match outcome {
-            Ok(Ok(_)) => Ok(()),
+            Ok(Ok(())) => Ok(()),
             // Our lease node is gone, already a hold, or its folder gone
             // with it: released.
             Ok(Err((
@@ -323,6 +318,23 @@ impl ZkBackend {
         });
     }
 
+    /// Commits a hold's transaction within the request timeout: `Err`
+    /// when no answer came in time (its outcome unknown), a failure as the
+    /// client's multi error and the error it stands for.
+    async fn commit_within(
+        &self,
+        txn: &mut zk::MultiWriter<'_>,
+    ) -> Result<Result<(), (zk::MultiWriteError, zk::Error)>, tokio::time::error::Elapsed> {
+        let commit = txn.commit();
+        tokio::time::timeout(self.request_timeout(), async {
+            match commit.await {
+                Ok(_) => Ok(()),
+                Err(e) => Err((e.clone(), zk::Error::from(e))),
+            }
+        })
+        .await
+    }
+
     /// Writes the hold and deletes the lease's node in one transaction.
     pub(crate) async fn write_hold(&self, lease: &Lease, node: &str, hold: Duration) -> Result<()> {
         let dir = self.lock_dir(lease.name());
@@ -345,13 +357,7 @@ impl ZkBackend {
             staged
                 .and_then(|()| txn.add_delete(node, None))
                 .map_err(|e| zk_error(e, "write the lock's hold"))?;
-            let commit = async {
-                txn.commit()
-                    .await
-                    .map_err(|e| (e.clone(), zk::Error::from(e)))
-            };
-            let outcome = tokio::time::timeout(self.request_timeout(), commit).await;
-            match outcome {
+            match self.commit_within(&mut txn).await {
                 Ok(Ok(_)) => {
                     self.delete_hold_later(dir, hold);
                     return Ok(());

@@ -72,15 +72,14 @@ impl ZkBackend {
         }
         let (first, stat) = match self.front(&client, &dir, &queue).await? {
             Front::Free | Front::Gone => return Ok(None),
-            // The first that still held; ended ones go too.
+            // The first that still held (ended ones before it go too).
             Front::PermitHolds(paths) => {
-                let mut removed = None;
                 for path in paths {
-                    if removed.is_none() {
-                        removed = self.delete_hold(&client, &path).await?;
+                    if let Some(info) = self.delete_hold(&client, &path).await? {
+                        return Ok(Some(info));
                     }
                 }
-                return Ok(removed);
+                return Ok(None);
             }
             Front::Node(first, stat) => (first, stat),
         };

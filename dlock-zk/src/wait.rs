@@ -7,9 +7,9 @@ use dlock_core::{Admission, Error, Lease, Mode, Result};
 use tokio::time::sleep;
 use zookeeper_client as zk;
 
-use crate::acquire::{Queue, sorted_queue};
+use crate::acquire::Queue;
 use crate::backend::ZkBackend;
-use crate::error::{node_vanished, zk_error};
+use crate::error::{gave_up, node_vanished, zk_error};
 use crate::path::parse;
 
 impl ZkBackend {
@@ -120,7 +120,12 @@ impl ZkBackend {
                         }
                     }
                 }
-                Admission::Wait => Watch::Node(waits_for(mode, &queue, at)),
+                // A request that waits has a node ahead (at the front, the
+                // queue grants or refuses).
+                Admission::Wait => match waits_for(mode, &queue, at) {
+                    Some(node) => Watch::Node(node),
+                    None => return Err(gave_up(format!("nothing ahead in {}", place.dir))),
+                },
             };
             let Some(deadline) = deadline else {
                 // Leave the queue before saying "held", so the next attempt
@@ -140,33 +145,12 @@ impl ZkBackend {
                         .await?;
                     continue;
                 }
-                Watch::Node(Some(node)) => {
+                Watch::Node(node) => {
                     let path = format!("{}/{node}", place.dir);
                     match self.bounded(client.check_and_watch_stat(&path)).await {
                         Ok((Some(_), watcher)) => watcher,
                         Ok((None, _)) => continue,
                         Err(e) => return Err(zk_error(e, "watch the node ahead")),
-                    }
-                }
-                // No node ahead to watch, though the queue said wait (a
-                // reader behind nothing but a semaphore's leases): every
-                // change of the folder wakes it (the queue as it is now
-                // comes with the watch; a change since the last look is
-                // looked at at once).
-                Watch::Node(None) => {
-                    match self
-                        .bounded(client.list_and_watch_children(&place.dir))
-                        .await
-                    {
-                        Ok((children, watcher)) => {
-                            let now = sorted_queue(children);
-                            if now.nodes != queue.nodes {
-                                place.listed = Some(now);
-                                continue;
-                            }
-                            watcher
-                        }
-                        Err(e) => return Err(zk_error(e, "watch the lock's queue")),
                     }
                 }
             };
@@ -192,8 +176,8 @@ impl ZkBackend {
 enum Watch {
     /// The hold node, at most this long.
     Hold(Duration),
-    /// The node whose going may admit us; `None`: the whole folder.
-    Node(Option<String>),
+    /// The node whose going may admit us.
+    Node(String),
 }
 
 /// The node a request in `mode` at `at` in `queue` waits for: a release
