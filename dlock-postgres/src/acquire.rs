@@ -20,9 +20,20 @@ impl PgBackend {
         if opts.mode_value() != Mode::Exclusive {
             return self.attempt_shared(name, opts, "").await;
         }
+        self.attempt_as(name, opts, "").await
+    }
+
+    /// One attempt to take `name` as a mutex, queued as `waiter` (`""`:
+    /// not queued; see [`Statements::acquire`](crate::sql::Statements::acquire)).
+    pub(crate) async fn attempt_as(
+        &self,
+        name: &str,
+        opts: &LockOptions,
+        waiter: &str,
+    ) -> Result<Attempt> {
         let owner = OwnerToken::random()?;
         let sent = Instant::now();
-        let Some(row) = self.grant(name, owner, opts, sent).await? else {
+        let Some(row) = self.grant(name, owner, opts, waiter, sent).await? else {
             return Ok(Attempt::Held { expires_in: None });
         };
         let read = |e| Error::backend(NAME, "acquire", e);
@@ -53,6 +64,7 @@ impl PgBackend {
         name: &str,
         owner: OwnerToken,
         opts: &LockOptions,
+        waiter: &str,
         sent: Instant,
     ) -> Result<Option<PgRow>> {
         let ttl = opts.ttl_value();
@@ -62,6 +74,8 @@ impl PgBackend {
             &owner_text,
             micros_up(ttl),
             &self.inner.holder,
+            waiter,
+            micros_up(self.place()),
         );
         let by = self.deadline();
         let mut lent = self.lend("acquire", by).await?;

@@ -51,17 +51,18 @@ pub(crate) struct Inner {
     pub(crate) sql: Statements,
     /// `host:pid`, written with every grant for operators.
     pub(crate) holder: String,
-    /// Waiters in this process, woken by its own releases and by the
-    /// listener.
+    /// Mutex waiters in this process without wake-ups (and any waiter
+    /// of a name whose release names nobody), by name.
     pub(crate) wakeups: Wakeups,
-    /// Waiters of the shared kinds in this process, by waiter token: a
-    /// release names the ones it may have let in.
-    pub(crate) shared_wakeups: Wakeups,
+    /// Queued waiters in this process, by waiter token: a release names
+    /// the ones it may have let in.
+    pub(crate) queued_wakeups: Wakeups,
     /// With wake-ups on: where the listener connects.
     pub(crate) listen: Option<sqlx::postgres::PgConnectOptions>,
     pub(crate) listener: Listener,
     pub(crate) max_poll: Duration,
     pub(crate) request_timeout: Duration,
+    pub(crate) connect_timeout: Duration,
 }
 
 impl PgBackend {

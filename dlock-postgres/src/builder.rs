@@ -101,11 +101,14 @@ impl PgBuilder {
     }
 
     /// Whether releases wake waiters in other processes (default `false`:
-    /// they poll, every `max_poll_interval` at most). On, a release
-    /// announces itself with `pg_notify` in its own statement, and a
-    /// backend listens on a connection of its own (opened when it first
-    /// waits, beyond the pool) and wakes its waiters of the name at once.
-    /// Turn it on for every client of the table. `LISTEN` keeps state in a
+    /// they poll, every `max_poll_interval` at most). On, a mutex waiter
+    /// takes a place in the name's queue, a release announces the first
+    /// place with `pg_notify` in its own transaction, and a backend
+    /// listens on a connection of its own (opened when it first waits,
+    /// beyond the pool) and wakes that waiter at once; the others keep
+    /// polling. A listener quiet for ten `max_poll_interval`s asks its
+    /// server, and connects again when that gets no answer within the
+    /// request timeout. Turn it on for every client of the table. `LISTEN` keeps state in a
     /// session, so the URL must reach PostgreSQL itself, not PgBouncer in
     /// transaction pooling mode. Every notifying commit takes a lock that
     /// all of the database's notifying commits share, so very high
@@ -172,11 +175,12 @@ impl PgBuilder {
                 sql,
                 holder: dlock_core::host_and_pid(),
                 wakeups: Wakeups::new(),
-                shared_wakeups: Wakeups::new(),
+                queued_wakeups: Wakeups::new(),
                 listen,
                 listener: Listener::default(),
                 max_poll: self.max_poll,
                 request_timeout: self.request_timeout,
+                connect_timeout: self.connect_timeout,
             }),
         })
     }

@@ -1,7 +1,9 @@
 //! Wake-ups across processes: with `wake_ups(true)` a release sends
-//! `pg_notify('dlock_<table>', <name in hex>)` in its own statement, and a
-//! backend that has waiters listens on that channel on a connection of its
-//! own, opened when it first waits, and wakes its waiters of the name.
+//! `pg_notify('dlock_<table>', '<name in hex>:<waiters>')` in its own
+//! transaction, naming the queued waiters it may let in (a mutex's first
+//! place; see `sql`), and a backend that has waiters listens on that
+//! channel on a connection of its own, opened when it first waits, and
+//! wakes those of its waiters that are named.
 //!
 //! PostgreSQL delivers a notification at the release's commit, only to
 //! connections listening then, and drops what a connection missed while it
@@ -15,6 +17,7 @@ use std::time::Duration;
 use dlock_core::wait::Backoff;
 use sqlx::postgres::{PgConnectOptions, PgListener, PgPoolOptions};
 use tokio::task::AbortHandle;
+use tokio::time::timeout;
 
 use crate::backend::Inner;
 
@@ -54,26 +57,28 @@ impl Listener {
 }
 
 /// Listens on `channel` until the backend is gone, connecting again after
-/// any failure.
+/// any failure, and after a quiet spell in which its connection did not
+/// answer (a half-open connection would otherwise keep it deaf, with no
+/// error, until TCP gives up).
 async fn listen(inner: Weak<Inner>, options: PgConnectOptions, channel: String) {
-    let pool = PgPoolOptions::new()
-        .max_connections(1)
-        .connect_lazy_with(options);
+    let Some((request, connect, quiet)) = inner.upgrade().map(|inner| {
+        let quiet = (inner.max_poll * 10).max(inner.request_timeout);
+        (inner.request_timeout, inner.connect_timeout, quiet)
+    }) else {
+        return;
+    };
     let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(5));
     loop {
-        let mut listener = match PgListener::connect_with(&pool).await {
-            Ok(listener) => listener,
-            Err(e) => {
-                tracing::debug!(error = %e, "cannot listen for releases; waiters poll");
+        let subscribed = timeout(connect + request, subscribe(&options, connect, &channel));
+        let mut listener = match subscribed.await {
+            Ok(Ok(listener)) => listener,
+            failed => {
+                let error = failed.map_or_else(|_| "timed out".to_owned(), |e| format!("{e:?}"));
+                tracing::debug!(error, "cannot listen for releases; waiters poll");
                 tokio::time::sleep(backoff.next_delay()).await;
                 continue;
             }
         };
-        if let Err(e) = listener.listen(&channel).await {
-            tracing::debug!(error = %e, "cannot listen for releases; waiters poll");
-            tokio::time::sleep(backoff.next_delay()).await;
-            continue;
-        }
         backoff.reset();
         // Listening now: every waiter looks for a release it missed.
         let mut missed = true;
@@ -82,17 +87,38 @@ async fn listen(inner: Weak<Inner>, options: PgConnectOptions, channel: String) 
                 let Some(inner) = inner.upgrade() else { return };
                 inner.listener.listened.fetch_add(1, Ordering::Relaxed);
                 inner.wakeups.wake_all();
-                inner.shared_wakeups.wake_all();
+                inner.queued_wakeups.wake_all();
             }
-            match listener.try_recv().await {
+            // `try_recv` is cancel-safe: a message half read stays in
+            // the connection's buffer for the next call.
+            let received = match timeout(quiet, listener.try_recv()).await {
+                Ok(received) => received,
+                Err(_) => {
+                    let ping = sqlx::raw_sql("SELECT 1").execute(&mut listener);
+                    if matches!(timeout(request, ping).await, Ok(Ok(_))) {
+                        continue;
+                    }
+                    tracing::debug!("listener's connection did not answer; connecting again");
+                    break;
+                }
+            };
+            match received {
                 Ok(Some(notification)) => {
                     let Some(inner) = inner.upgrade() else { return };
-                    if let Some((name, waiters)) = decode(notification.payload()) {
-                        inner.listener.heard.fetch_add(1, Ordering::Relaxed);
-                        inner.wakeups.wake(&name);
-                        for waiter in waiters.split(',').filter(|w| !w.is_empty()) {
-                            inner.shared_wakeups.wake(waiter);
+                    match decode(notification.payload()) {
+                        Some((_, Some(waiters))) => {
+                            inner.listener.heard.fetch_add(1, Ordering::Relaxed);
+                            for waiter in waiters.split(',').filter(|w| !w.is_empty()) {
+                                inner.queued_wakeups.wake(waiter);
+                            }
                         }
+                        // A release that names no waiter (a client from
+                        // before waiters queued).
+                        Some((name, None)) => {
+                            inner.listener.heard.fetch_add(1, Ordering::Relaxed);
+                            inner.wakeups.wake(&name);
+                        }
+                        None => {}
                     }
                 }
                 // The connection dropped: the next receive connects and
@@ -108,6 +134,24 @@ async fn listen(inner: Weak<Inner>, options: PgConnectOptions, channel: String) 
     }
 }
 
+/// A listener on `channel`, connected, on a pool of its own: a listener
+/// dropped for a connection that stopped answering sends `UNLISTEN` on
+/// it before giving it back to its pool, which never ends there, so the
+/// next one must not wait for that pool's one connection.
+async fn subscribe(
+    options: &PgConnectOptions,
+    connect: Duration,
+    channel: &str,
+) -> sqlx::Result<PgListener> {
+    let pool = PgPoolOptions::new()
+        .max_connections(1)
+        .acquire_timeout(connect)
+        .connect_lazy_with(options.clone());
+    let mut listener = PgListener::connect_with(&pool).await?;
+    listener.listen(channel).await?;
+    Ok(listener)
+}
+
 impl Listener {
     /// Times the listener started listening (a reconnect counts), and
     /// notifications it heard.
@@ -121,9 +165,14 @@ impl Listener {
 }
 
 /// A notification's payload: the lock name's bytes in hex, and after a
-/// `:` the tokens of the waiters of a shared kind to wake, comma-separated.
-fn decode(payload: &str) -> Option<(String, &str)> {
-    let (hex, waiters) = payload.split_once(':').unwrap_or((payload, ""));
+/// `:` the tokens of the queued waiters to wake, comma-separated (none: a
+/// release that wakes nobody, for nobody queued). Without the `:`, every
+/// waiter of the name.
+fn decode(payload: &str) -> Option<(String, Option<&str>)> {
+    let (hex, waiters) = match payload.split_once(':') {
+        Some((hex, waiters)) => (hex, Some(waiters)),
+        None => (payload, None),
+    };
     Some((String::from_utf8(crate::sql::unhex(hex)?).ok()?, waiters))
 }
 
@@ -133,8 +182,12 @@ mod tests {
 
     #[test]
     fn payloads_are_names_in_hex() {
-        assert_eq!(decode("612762"), Some(("a'b".to_owned(), "")));
-        assert_eq!(decode("c3a9:ab,cd"), Some(("\u{e9}".to_owned(), "ab,cd")));
+        assert_eq!(decode("612762"), Some(("a'b".to_owned(), None)));
+        assert_eq!(decode("612762:"), Some(("a'b".to_owned(), Some(""))));
+        assert_eq!(
+            decode("c3a9:ab,cd"),
+            Some(("\u{e9}".to_owned(), Some("ab,cd")))
+        );
         assert_eq!(decode("6"), None);
         assert_eq!(decode("zz"), None);
         assert_eq!(decode("ff"), None);

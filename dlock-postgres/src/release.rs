@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use dlock_core::undo::retry_for;
 use dlock_core::{Error, Lease, Mode, OwnerToken, Result, micros_up};
+use sqlx::Row;
 use tokio::time::Instant;
 
 use crate::backend::PgBackend;
@@ -17,14 +18,11 @@ impl PgBackend {
             return self.release_shared(lease).await;
         }
         let owner = lease.owner().to_string();
-        let sql = self.release_sql(lease.name(), &owner);
-        let done = self.execute(sql, "release", self.deadline()).await?;
-        if done.rows_affected() != 1 {
+        if !self.release_row(lease.name(), &owner, "release").await? {
             return Err(Error::NotHeld {
                 name: lease.name().to_owned(),
             });
         }
-        self.inner.wakeups.wake(lease.name());
         Ok(())
     }
 
@@ -47,15 +45,35 @@ impl PgBackend {
         self.own_row(sql, lease, "release_after").await
     }
 
-    /// The release of `name` by `owner`: announced to other processes'
-    /// waiters with wake-ups on. Either reports one row when released (a
-    /// row changed, or one notification selected).
-    fn release_sql(&self, name: &str, owner: &str) -> sqlx::SqlStr {
-        if self.inner.listen.is_some() {
-            self.inner.sql.release_and_notify(name.as_bytes(), owner)
-        } else {
-            self.inner.sql.release(name.as_bytes(), owner)
+    /// Frees `name` if `owner` holds it, and wakes this process's waiter
+    /// the release lets in: with wake-ups on, the one it announced to
+    /// every process (the first in the name's queue), else every waiter
+    /// of the name here. `true` when it freed the name.
+    async fn release_row(&self, name: &str, owner: &str, doing: &str) -> Result<bool> {
+        if self.inner.listen.is_none() {
+            let sql = self.inner.sql.release(name.as_bytes(), owner);
+            let released = self
+                .execute(sql, doing, self.deadline())
+                .await?
+                .rows_affected()
+                == 1;
+            if released {
+                self.inner.wakeups.wake(name);
+            }
+            return Ok(released);
         }
+        let sql = self.inner.sql.release_and_notify(name.as_bytes(), owner);
+        let rows = self.fetch(sql, doing, self.deadline()).await?;
+        let Some(row) = rows.iter().rev().find(|row| !row.is_empty()) else {
+            return Ok(false);
+        };
+        let head: String = row
+            .try_get(0)
+            .map_err(|e| Error::backend(crate::backend::NAME, doing, e))?;
+        if !head.is_empty() {
+            self.inner.queued_wakeups.wake(&head);
+        }
+        Ok(true)
     }
 
     /// Releases `name` if `owner` holds it, retrying while the database is
@@ -68,18 +86,13 @@ impl PgBackend {
         let owner = owner.to_string();
         let settled_by = sent + self.inner.request_timeout * 2;
         let released = retry_for(ttl, || async {
-            let sql = self.release_sql(name, &owner);
-            let done = self
-                .execute(sql, "undo an acquire", self.deadline())
-                .await?;
-            if done.rows_affected() == 1 {
-                self.inner.wakeups.wake(name);
-            } else if Instant::now() < settled_by {
+            let released = self.release_row(name, &owner, "undo an acquire").await?;
+            if !released && Instant::now() < settled_by {
                 return Err(timed_out(
                     "undo an acquire: nothing to release yet; it may still commit".to_owned(),
                 ));
             }
-            Ok(done.rows_affected())
+            Ok(released)
         })
         .await;
         tracing::debug!(name, ?released, "undid an acquire of unknown outcome");

@@ -31,16 +31,16 @@ fn count(rows: &[PgRow], doing: &str) -> Result<i64> {
 impl PgBackend {
     /// Wakes this process's waiters that a statement's answer names (its
     /// second column: tokens, comma-separated).
-    fn wake_shared(&self, rows: &[PgRow]) {
+    pub(crate) fn wake_shared(&self, rows: &[PgRow]) {
         let who: Option<String> = last(rows).and_then(|row| row.try_get(1).ok()).flatten();
         for waiter in who.iter().flat_map(|w| w.split(',')) {
-            self.inner.shared_wakeups.wake(waiter);
+            self.inner.queued_wakeups.wake(waiter);
         }
     }
 
     /// How long a queued waiter keeps its place without asking again: a
     /// few of its longest sleeps, plus the round trips of its asking.
-    fn place(&self) -> Duration {
+    pub(crate) fn place(&self) -> Duration {
         self.inner.max_poll * 3 + self.inner.request_timeout * 2
     }
 
@@ -117,7 +117,7 @@ impl PgBackend {
             let (backend, name, waiter) = (self.clone(), name.to_owned(), waiter.clone());
             UndoOnDrop::new(async move { backend.abandon(&name, &waiter).await })
         };
-        let wakeups = &self.inner.shared_wakeups;
+        let wakeups = &self.inner.queued_wakeups;
         let lease = wait_for_lock_as(name, &waiter, deadline, wakeups, backoff, || {
             self.attempt_shared(name, opts, &waiter)
         })
@@ -127,7 +127,7 @@ impl PgBackend {
     }
 
     /// Gives a waiter's place up.
-    async fn abandon(&self, name: &str, waiter: &str) {
+    pub(crate) async fn abandon(&self, name: &str, waiter: &str) {
         let notify = self.inner.listen.is_some();
         let left = retry_for(self.inner.request_timeout * 2, || async {
             let sql = self.inner.sql.abandon(name.as_bytes(), waiter, notify);

@@ -1,10 +1,12 @@
 //! Acquire's wait, on core's shared loop: jittered polls, cut short by a
-//! release in this process and by the holder's expiry.
+//! release in this process and by the holder's expiry; with wake-ups on,
+//! a place in the name's queue, so that a release wakes one waiter.
 
 use std::time::Duration;
 
-use dlock_core::wait::{Backoff, Deadline, wait_for_lock};
-use dlock_core::{Lease, LockOptions, Mode, Result};
+use dlock_core::undo::UndoOnDrop;
+use dlock_core::wait::{Attempt, Backoff, Deadline, wait_for_lock, wait_for_lock_as};
+use dlock_core::{Lease, LockOptions, Mode, OwnerToken, Result};
 
 use crate::backend::PgBackend;
 
@@ -24,9 +26,48 @@ impl PgBackend {
         if opts.mode_value() != Mode::Exclusive {
             return self.wait_shared(name, opts, deadline, backoff).await;
         }
-        wait_for_lock(name, deadline, Some(&self.inner.wakeups), backoff, || {
-            self.attempt(name, opts)
+        if self.inner.listen.is_none() {
+            return wait_for_lock(name, deadline, Some(&self.inner.wakeups), backoff, || {
+                self.attempt(name, opts)
+            })
+            .await;
+        }
+        self.wait_queued(name, opts, deadline, backoff).await
+    }
+
+    /// The mutex's wait with wake-ups on: after a first look that costs
+    /// what an uncontended acquire costs, a place in the name's queue
+    /// (kept by every later look, given up however the wait ends without
+    /// a grant). A release announces the first place only, so one waiter
+    /// looks again, not every waiter of every process; the others keep
+    /// polling, and take the lock if it is free when they look.
+    async fn wait_queued(
+        &self,
+        name: &str,
+        opts: &LockOptions,
+        deadline: Deadline,
+        backoff: Backoff,
+    ) -> Result<Lease> {
+        match self.attempt(name, opts).await {
+            Ok(Attempt::Acquired(lease)) => return Ok(lease),
+            Ok(Attempt::Held { .. }) => {}
+            // The loop retries as it would have.
+            Err(e) if e.is_retryable() => {
+                tracing::debug!(name, error = %e, "attempt failed; trying again");
+            }
+            Err(e) => return Err(e),
+        }
+        let waiter = OwnerToken::random()?.to_string();
+        let mut leave = {
+            let (backend, name, waiter) = (self.clone(), name.to_owned(), waiter.clone());
+            UndoOnDrop::new(async move { backend.abandon(&name, &waiter).await })
+        };
+        let wakeups = &self.inner.queued_wakeups;
+        let lease = wait_for_lock_as(name, &waiter, deadline, wakeups, backoff, || {
+            self.attempt_as(name, opts, &waiter)
         })
-        .await
+        .await?;
+        leave.disarm();
+        Ok(lease)
     }
 }

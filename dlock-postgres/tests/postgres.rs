@@ -7,6 +7,7 @@
 use std::time::Duration;
 
 use dlock_conformance::harness::{ServerOptions, Service, shared, start, unused_port};
+use dlock_conformance::proxy::{Fault, FaultProxy};
 use dlock_conformance::support::{long, must_acquire, unique_name};
 use dlock_core::{Backend, Error, LockOptions};
 use dlock_postgres::PgBackend;
@@ -489,4 +490,139 @@ async fn a_killed_listener_listens_again_and_an_expiry_is_still_seen() {
         .await,
         "the listener, connected again, did not hear a release"
     );
+}
+
+/// The places of `name`'s queue in `table`, first first.
+async fn places(admin: &mut sqlx::PgConnection, table: &str, name: &str) -> Vec<String> {
+    sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+        "SELECT owner FROM \"{table}_holds\" WHERE name = $1 AND waiting ORDER BY since, owner"
+    )))
+    .bind(name.as_bytes())
+    .fetch_all(admin)
+    .await
+    .unwrap()
+}
+
+/// Mutex waiters of three processes queue; each release announces one
+/// waiter, the first in the queue, not the name's whole crowd (a herd of
+/// looks per release), and the last release, with nobody queued, names
+/// nobody. Decided on the announcements a listener of the test's own
+/// hears, whichever waiter a poll lets in first.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_announces_only_the_first_queued_waiter() {
+    let table = own_table("head");
+    let holder = waking(&table, Duration::from_secs(1)).await;
+    let name = unique_name("head");
+    let lease = must_acquire(&holder, &name, &long()).await;
+    let mut admin = admin().await;
+    let (mut queue, mut tasks) = (Vec::new(), tokio::task::JoinSet::new());
+    for i in 0..3 {
+        let (waiter, of) = (waking(&table, Duration::from_secs(60)).await, name.clone());
+        let opts = long().wait(Duration::from_secs(50));
+        tasks.spawn(async move { (waiter.acquire(&of, &opts).await, waiter) });
+        let until = tokio::time::Instant::now() + Duration::from_secs(10);
+        while places(&mut admin, &table, &name).await.len() <= i {
+            assert!(
+                tokio::time::Instant::now() < until,
+                "waiter {i} never queued"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        queue = places(&mut admin, &table, &name).await;
+    }
+    assert_eq!(queue.len(), 3, "three places: {queue:?}");
+    let mut listener = sqlx::postgres::PgListener::connect(url().await)
+        .await
+        .unwrap();
+    listener.listen(&format!("dlock_{table}")).await.unwrap();
+    let hex: String = name.bytes().map(|b| format!("{b:02x}")).collect();
+    let mut named = Vec::new();
+    holder.release(&lease).await.unwrap();
+    for _ in 0..3 {
+        let heard = tokio::time::timeout(Duration::from_secs(10), listener.recv())
+            .await
+            .expect("a release announced")
+            .unwrap();
+        let (of, who) = heard.payload().split_once(':').expect("name:waiters");
+        assert_eq!(of, hex, "announced for another name");
+        named.push(who.to_owned());
+        // Whoever got in (the one named, or a poll first) releases.
+        let (granted, waiter) = tokio::time::timeout(Duration::from_secs(55), tasks.join_next())
+            .await
+            .expect("a waiter gets the lock")
+            .unwrap()
+            .unwrap();
+        waiter.release(&granted.unwrap()).await.unwrap();
+    }
+    let last = tokio::time::timeout(Duration::from_secs(10), listener.recv())
+        .await
+        .expect("the last release announced")
+        .unwrap();
+    named.push(last.payload().split_once(':').unwrap().1.to_owned());
+    assert_eq!(
+        named[0], queue[0],
+        "the first release named {named:?}, queue {queue:?}"
+    );
+    for who in &named[..3] {
+        assert!(
+            queue.contains(who),
+            "one queued waiter per release: {named:?}, queue {queue:?}"
+        );
+    }
+    assert_eq!(named[3], "", "nobody queued, nobody named: {named:?}");
+}
+
+/// A listener whose connection hangs without an error (the proxy in front
+/// of it forwards nothing and closes nothing, as a half-open connection
+/// does) asks the server after a quiet spell, gets no answer, and connects
+/// again: it hears the next release. Without the check it would stay deaf
+/// until TCP gave up, and waiters would only poll.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_listener_whose_connection_hangs_connects_again() {
+    let table = own_table("hung");
+    let direct = url().await;
+    let (before, rest) = direct.split_once("127.0.0.1:").unwrap();
+    let (port, after) = rest.split_once('/').unwrap();
+    let proxy = FaultProxy::start(format!("127.0.0.1:{port}").parse().unwrap())
+        .await
+        .unwrap();
+    let via = format!("{before}127.0.0.1:{}/{after}", proxy.addr().port());
+    // Quiet spell: ten polls' worth, 5 s.
+    let waiter = PgBackend::builder(&via)
+        .table(&table)
+        .wake_ups(true)
+        .max_poll_interval(Duration::from_millis(500))
+        .connect()
+        .await
+        .unwrap();
+    let holder = waking(&table, Duration::from_secs(1)).await;
+    let name = unique_name("hung-listener");
+    let lease = must_acquire(&holder, &name, &long()).await;
+    let task = dlock_conformance::support::wait_on_task(
+        waiter.clone(),
+        &name,
+        long().wait(Duration::from_secs(60)),
+    );
+    let listened = || waiter.listener_counts_for_tests().0;
+    assert!(
+        eventually(Duration::from_secs(10), || listened() >= 1).await,
+        "the waiting backend never listened"
+    );
+    proxy.set_open_connections(Fault::Stall);
+    assert!(
+        eventually(Duration::from_secs(30), || listened() >= 2).await,
+        "the listener never noticed that its connection hung"
+    );
+    let heard = waiter.listener_counts_for_tests().1;
+    holder.release(&lease).await.unwrap();
+    assert!(
+        eventually(Duration::from_secs(10), || waiter
+            .listener_counts_for_tests()
+            .1
+            > heard)
+        .await,
+        "the listener, connected again, did not hear the release"
+    );
+    let (granted, _, waiter) = task.await.unwrap();
+    waiter.release(&granted.unwrap()).await.unwrap();
 }

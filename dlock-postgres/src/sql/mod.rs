@@ -205,8 +205,39 @@ impl Statements {
     /// ordered by the primary key: the second waits, then finds the row
     /// held. The update's condition and values are judged after any wait
     /// for the row, on the clock as it is then.
-    pub fn acquire(&self, name: &[u8], owner: &str, ttl_us: u64, holder: &str) -> SqlStr {
+    ///
+    /// `waiter` (not `""`) is a queued waiter's token: unless granted, it
+    /// keeps (or takes) a place of `place_us` in the name's queue, so
+    /// that a release wakes the first place only; granted, it gives the
+    /// place up. `ON CONFLICT DO UPDATE` locks the row even when its
+    /// condition fails, so the place is written under the row's lock,
+    /// where a release that locks the row first sees it.
+    pub fn acquire(
+        &self,
+        name: &[u8],
+        owner: &str,
+        ttl_us: u64,
+        holder: &str,
+        waiter: &str,
+        place_us: u64,
+    ) -> SqlStr {
         let (t, n, h, ttl) = (&self.table, bytes(name), text(holder), micros(ttl_us));
+        let queue = if waiter.is_empty() {
+            String::new()
+        } else {
+            let (q, me, place) = (&self.holds, waiter, micros(place_us));
+            format!(
+                ", gone AS (DELETE FROM {q} WHERE name = {n} AND (
+                     (owner = '{me}' AND EXISTS (SELECT 1 FROM a))
+                     OR (owner <> '{me}' AND expires_at < {NOW} - interval '1 minute'))),
+                 queued AS (INSERT INTO {q} AS x (name, owner, mode, kind, fence, expires_at, waiting, since)
+                   SELECT {n}, '{me}', 'x', 'x', 0, {NOW} + {place}, true, {CLOCK_US}
+                   WHERE NOT EXISTS (SELECT 1 FROM a) AND NOT EXISTS (SELECT 1 FROM {t}
+                     WHERE name = {n} AND owner LIKE '~%' AND expires_at > {NOW})
+                   ON CONFLICT (name, owner) DO UPDATE SET expires_at = EXCLUDED.expires_at,
+                     since = CASE WHEN x.expires_at > {NOW} THEN x.since ELSE EXCLUDED.since END)"
+            )
+        };
         self.bounded(format!(
             "WITH a AS (INSERT INTO {t} AS l (name, owner, fence, expires_at, acquired_at, holder)
              VALUES ({n}, '{owner}', {CLOCK_US}, {NOW} + {ttl}, {NOW}, {h})
@@ -217,7 +248,7 @@ impl Statements {
                acquired_at = {NOW},
                holder = EXCLUDED.holder
              WHERE l.expires_at <= {NOW}
-             RETURNING fence)
+             RETURNING fence){queue}
              SELECT fence, NULL::text, NULL::bigint FROM a
              UNION ALL
              SELECT NULL, owner, (extract(epoch FROM expires_at - {NOW}) * 1000000)::bigint
@@ -241,16 +272,25 @@ impl Statements {
     }
 
     /// [`Statements::release`], announcing the release on the table's
-    /// channel, in the same statement: the announcement goes out at its
-    /// commit. One row back when released.
+    /// channel, in the same transaction: the announcement goes out at its
+    /// commit, as `<name in hex>:<token>`, naming the first live place in
+    /// the name's queue (if any), the only waiter a release wakes. The
+    /// row is locked in a statement of its own first, so that the
+    /// release's snapshot has every place written under that lock (see
+    /// [`Statements::acquire`]). One row back when released: the token.
     pub fn release_and_notify(&self, name: &[u8], owner: &str) -> SqlStr {
-        let (t, n, c) = (&self.table, bytes(name), &self.channel);
+        let (t, q, n, c) = (&self.table, &self.holds, bytes(name), &self.channel);
         self.bounded(format!(
-            "WITH released AS (
+            "SELECT FROM {t} WHERE name = {n} FOR UPDATE;
+             WITH released AS (
                UPDATE {t} SET owner = '', expires_at = {NOW}
                WHERE name = {n} AND owner = '{owner}' AND expires_at > {NOW}
-               RETURNING name)
-             SELECT pg_notify('{c}', encode(name, 'hex')) FROM released"
+               RETURNING name),
+             head AS (SELECT COALESCE((SELECT owner FROM {q}
+               WHERE name = {n} AND waiting AND expires_at > {NOW}
+               ORDER BY since, owner LIMIT 1), '') AS who)
+             SELECT who, pg_notify('{c}', encode(name, 'hex') || ':' || who)::text
+             FROM released, head"
         ))
     }
 
