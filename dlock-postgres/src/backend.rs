@@ -51,8 +51,7 @@ pub(crate) struct Inner {
     pub(crate) sql: Statements,
     /// `host:pid`, written with every grant for operators.
     pub(crate) holder: String,
-    /// Mutex waiters in this process without wake-ups (and any waiter
-    /// of a name whose release names nobody), by name.
+    /// Mutex waiters in this process without wake-ups, by name.
     pub(crate) wakeups: Wakeups,
     /// Queued waiters in this process, by waiter token: a release names
     /// the ones it may have let in.

@@ -10,7 +10,7 @@
 //! was gone; an expiry sends nothing. So waiters still poll, and every
 //! waiter looks again whenever the listener (re)connects.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::Duration;
 
@@ -26,6 +26,10 @@ use crate::backend::Inner;
 #[derive(Debug, Default)]
 pub(crate) struct Listener {
     task: Mutex<Option<AbortHandle>>,
+    /// Listening now: only then do this backend's waiters take a place in
+    /// a queue, whose releases name one waiter each (a deaf one at the
+    /// head would leave a free lock to the others' polls).
+    listening: AtomicBool,
     /// Times it started listening, and notifications it heard: for tests.
     listened: AtomicU64,
     heard: AtomicU64,
@@ -85,20 +89,24 @@ async fn listen(inner: Weak<Inner>, options: PgConnectOptions, channel: String) 
         loop {
             if std::mem::take(&mut missed) {
                 let Some(inner) = inner.upgrade() else { return };
+                inner.listener.listening.store(true, Ordering::Relaxed);
                 inner.listener.listened.fetch_add(1, Ordering::Relaxed);
                 inner.wakeups.wake_all();
                 inner.queued_wakeups.wake_all();
             }
-            // `try_recv` is cancel-safe: a message half read stays in
-            // the connection's buffer for the next call.
+            // A message half read stays in the connection's buffer for
+            // the next call; a reconnect cut short by the timeout may have
+            // dropped some, so every waiter looks again after a quiet spell.
             let received = match timeout(quiet, listener.try_recv()).await {
                 Ok(received) => received,
                 Err(_) => {
+                    missed = true;
                     let ping = sqlx::raw_sql("SELECT 1").execute(&mut listener);
                     if matches!(timeout(request, ping).await, Ok(Ok(_))) {
                         continue;
                     }
                     tracing::debug!("listener's connection did not answer; connecting again");
+                    deaf(&inner);
                     break;
                 }
             };
@@ -112,19 +120,24 @@ async fn listen(inner: Weak<Inner>, options: PgConnectOptions, channel: String) 
                                 inner.queued_wakeups.wake(waiter);
                             }
                         }
-                        // A release that names no waiter (a client from
-                        // before waiters queued).
+                        // A release by a client from before waiters
+                        // queued, which names none.
                         Some((name, None)) => {
                             inner.listener.heard.fetch_add(1, Ordering::Relaxed);
                             inner.wakeups.wake(&name);
+                            inner.queued_wakeups.wake_all();
                         }
                         None => {}
                     }
                 }
                 // The connection dropped: the next receive connects and
                 // listens again, and what was sent meanwhile is lost.
-                Ok(None) => missed = true,
+                Ok(None) => {
+                    deaf(&inner);
+                    missed = true;
+                }
                 Err(e) => {
+                    deaf(&inner);
                     tracing::debug!(error = %e, "listener failed; connecting again");
                     tokio::time::sleep(backoff.next_delay()).await;
                     break;
@@ -134,10 +147,18 @@ async fn listen(inner: Weak<Inner>, options: PgConnectOptions, channel: String) 
     }
 }
 
+/// The listener hears nothing for now.
+fn deaf(inner: &Weak<Inner>) {
+    if let Some(inner) = inner.upgrade() {
+        inner.listener.listening.store(false, Ordering::Relaxed);
+    }
+}
+
 /// A listener on `channel`, connected, on a pool of its own: a listener
 /// dropped for a connection that stopped answering sends `UNLISTEN` on
-/// it before giving it back to its pool, which never ends there, so the
-/// next one must not wait for that pool's one connection.
+/// it before giving it back to its pool (sqlx does, on a task with no
+/// time limit, which ends when TCP gives the connection up), so the next
+/// one must not wait for that pool's one connection.
 async fn subscribe(
     options: &PgConnectOptions,
     connect: Duration,
@@ -153,6 +174,11 @@ async fn subscribe(
 }
 
 impl Listener {
+    /// Whether it listens now.
+    pub fn listening(&self) -> bool {
+        self.listening.load(Ordering::Relaxed)
+    }
+
     /// Times the listener started listening (a reconnect counts), and
     /// notifications it heard.
     #[cfg(feature = "_test-hooks")]

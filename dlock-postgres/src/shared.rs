@@ -127,7 +127,7 @@ impl PgBackend {
     }
 
     /// Gives a waiter's place up.
-    pub(crate) async fn abandon(&self, name: &str, waiter: &str) {
+    async fn abandon(&self, name: &str, waiter: &str) {
         let notify = self.inner.listen.is_some();
         let left = retry_for(self.inner.request_timeout * 2, || async {
             let sql = self.inner.sql.abandon(name.as_bytes(), waiter, notify);

@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use dlock_core::undo::UndoOnDrop;
+use dlock_core::undo::{UndoOnDrop, retry_for};
 use dlock_core::wait::{Attempt, Backoff, Deadline, wait_for_lock, wait_for_lock_as};
 use dlock_core::{Lease, LockOptions, Mode, OwnerToken, Result};
 
@@ -60,14 +60,41 @@ impl PgBackend {
         let waiter = OwnerToken::random()?.to_string();
         let mut leave = {
             let (backend, name, waiter) = (self.clone(), name.to_owned(), waiter.clone());
-            UndoOnDrop::new(async move { backend.abandon(&name, &waiter).await })
+            UndoOnDrop::new(async move { backend.leave_queue(&name, &waiter).await })
         };
         let wakeups = &self.inner.queued_wakeups;
         let lease = wait_for_lock_as(name, &waiter, deadline, wakeups, backoff, || {
-            self.attempt_as(name, opts, &waiter)
+            // A waiter whose backend does not hear releases now keeps out
+            // of the queue (it would be a deaf head) and polls.
+            let place = if self.inner.listener.listening() {
+                waiter.as_str()
+            } else {
+                ""
+            };
+            self.attempt_as(name, opts, place)
         })
         .await?;
         leave.disarm();
         Ok(lease)
+    }
+
+    /// Gives a mutex waiter's place up, and again once a look still on
+    /// its way when the wait ended has surely ended (its statement
+    /// timeout), since that look may write the place anew. A release that
+    /// named this waiter, which left without the lock, wakes nobody else:
+    /// they find the lock free at their next poll.
+    async fn leave_queue(&self, name: &str, waiter: &str) {
+        let limit = self.inner.request_timeout * 2;
+        for round in 0..2 {
+            if round == 1 {
+                tokio::time::sleep(limit).await;
+            }
+            let left = retry_for(limit, || async {
+                let sql = self.inner.sql.leave(name.as_bytes(), waiter);
+                self.execute(sql, "leave the queue", self.deadline()).await
+            })
+            .await;
+            tracing::debug!(name, ?left, round, "left the queue");
+        }
     }
 }

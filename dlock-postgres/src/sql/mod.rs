@@ -274,7 +274,9 @@ impl Statements {
     /// [`Statements::release`], announcing the release on the table's
     /// channel, in the same transaction: the announcement goes out at its
     /// commit, as `<name in hex>:<token>`, naming the first live place in
-    /// the name's queue (if any), the only waiter a release wakes. The
+    /// the name's queue, the only waiter a release wakes (no place, no
+    /// announcement: a notifying commit takes a lock that every notifying
+    /// commit of the database shares). The
     /// row is locked in a statement of its own first, so that the
     /// release's snapshot has every place written under that lock (see
     /// [`Statements::acquire`]). One row back when released: the token.
@@ -287,10 +289,19 @@ impl Statements {
                WHERE name = {n} AND owner = '{owner}' AND expires_at > {NOW}
                RETURNING name),
              head AS (SELECT COALESCE((SELECT owner FROM {q}
-               WHERE name = {n} AND waiting AND expires_at > {NOW}
+               WHERE name = {n} AND waiting AND mode = 'x' AND expires_at > {NOW}
                ORDER BY since, owner LIMIT 1), '') AS who)
-             SELECT who, pg_notify('{c}', encode(name, 'hex') || ':' || who)::text
+             SELECT who, CASE WHEN who <> ''
+               THEN pg_notify('{c}', encode(name, 'hex') || ':' || who) END::text
              FROM released, head"
+        ))
+    }
+
+    /// Gives a mutex waiter's place up.
+    pub fn leave(&self, name: &[u8], waiter: &str) -> SqlStr {
+        let (q, n) = (&self.holds, bytes(name));
+        self.bounded(format!(
+            "DELETE FROM {q} WHERE name = {n} AND owner = '{waiter}' AND waiting AND mode = 'x'"
         ))
     }
 

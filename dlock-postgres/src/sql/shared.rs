@@ -5,7 +5,9 @@
 //! longest hold, so that a mutex's acquire finds it held, and its fence
 //! counts every grant of every kind. The holds and the waiters are rows of
 //! `<table>_holds` (mode `r`, `w` or `p`; a waiter's row expires when its
-//! place lapses, and `since` orders the queue).
+//! place lapses, and `since` orders the queue). A mutex waiter's place
+//! (mode `x`) is there too, and these statements pass it by: a mutex's
+//! queue only decides whom its releases wake.
 //!
 //! Every call that changes a name's holds first locks the name's row
 //! (`SELECT … FOR UPDATE`, the row made if missing), in a statement of its
@@ -58,12 +60,12 @@ impl Statements {
         format!(
             "q AS (SELECT owner, mode, kind, row_number() OVER w AS i,
                      count(*) FILTER (WHERE mode = 'w') OVER w AS writers
-                   FROM {h} WHERE name = {n} AND waiting AND expires_at > {NOW}
-                     AND owner <> '{leaving}'
+                   FROM {h} WHERE name = {n} AND waiting AND mode <> 'x'
+                     AND expires_at > {NOW} AND owner <> '{leaving}'
                    WINDOW w AS (ORDER BY since, owner)),
              wake AS (SELECT string_agg(owner, ',') AS who FROM q
                       WHERE i = 1 OR (mode = 'r' AND writers = 0)
-                        OR (mode = 'p' AND i <= substr(kind, 3)::int))",
+                        OR i <= CASE WHEN mode = 'p' THEN substr(kind, 3)::int END)",
             h = self.holds
         )
     }
@@ -117,7 +119,7 @@ impl Statements {
              hs AS (SELECT mode, expires_at FROM {h}
                     WHERE name = {n} AND NOT waiting AND expires_at > {NOW}),
              q AS (SELECT owner, mode, kind, since FROM {h}
-                   WHERE name = {n} AND waiting AND expires_at > {NOW}),
+                   WHERE name = {n} AND waiting AND mode <> 'x' AND expires_at > {NOW}),
              mine AS (SELECT since, owner FROM q WHERE owner = '{me}'),
              ahead AS (SELECT mode, kind FROM q WHERE owner <> '{me}' AND (NOT EXISTS (SELECT 1 FROM mine)
                        OR (since, owner) < (SELECT since, owner FROM mine))),
