@@ -173,8 +173,9 @@ impl MySqlBackend {
         })
     }
 
-    /// Acquire's wait for a shared kind: a place in the name's queue, given
-    /// up however the wait ends without a grant. A waiter sleeps in the
+    /// Acquire's wait for a shared kind: a place in the name's queue (from
+    /// the first look, which costs what any acquire does when it grants),
+    /// given up however the wait ends without a grant. A waiter sleeps in the
     /// server under its own key ([`waiter_key`]; with wake-ups on, and a
     /// sleeper connection free) or polls; the changes that may let it in
     /// wake it, from any process.
@@ -185,9 +186,6 @@ impl MySqlBackend {
         deadline: Deadline,
         backoff: Backoff,
     ) -> Result<Lease> {
-        if let Attempt::Acquired(lease) = self.attempt_shared(name, opts, "").await? {
-            return Ok(lease);
-        }
         let waiter = OwnerToken::random()?.to_string();
         let mut leave = {
             let (backend, name, waiter) = (self.clone(), name.to_owned(), waiter.clone());

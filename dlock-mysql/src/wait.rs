@@ -86,10 +86,11 @@ impl MySqlBackend {
     }
 
     /// The pause after a look that did not get the lock: `false` for the
-    /// shared loop's local sleep. A waiter that registers now looks again
-    /// at once (a release from then on wakes it), then sleeps in the server
-    /// until the holder's lease ends, a release wakes it, or the poll
-    /// interval passes. A sleeper connection that broke takes the
+    /// shared loop's local sleep. A mutex waiter that registers now looks
+    /// again at once (a release from then on wakes it); a queued waiter of
+    /// a shared kind sleeps at once, as its sleep reads first whether it
+    /// would be let in. Then it sleeps in the server until the holder's
+    /// lease ends, a release wakes it, or the poll interval passes. A sleeper connection that broke takes the
     /// registration with it: the waiter looks again at once, and registers
     /// anew if it can.
     async fn pause(
@@ -103,12 +104,18 @@ impl MySqlBackend {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .take();
-        let Some(mut sleeper) = held else {
-            let Some(sleeper) = self.register(key).await else {
-                return false;
-            };
-            *registration.lock().unwrap_or_else(PoisonError::into_inner) = Some(sleeper);
-            return true;
+        let mut sleeper = match held {
+            Some(sleeper) => sleeper,
+            None => {
+                let Some(sleeper) = self.register(key).await else {
+                    return false;
+                };
+                if key == name {
+                    *registration.lock().unwrap_or_else(PoisonError::into_inner) = Some(sleeper);
+                    return true;
+                }
+                sleeper
+            }
         };
         let (sql, limit) = (&self.inner.sql, self.inner.request_timeout);
         let cap = deadline.cap(self.inner.max_poll);
@@ -117,8 +124,11 @@ impl MySqlBackend {
         // writer, or past a semaphore's first N, is still refused, and
         // would look again at once, over and over, until the waiters ahead
         // are in. It naps instead (a release still wakes it).
-        let nap = (key != name).then_some(QUEUED_NAP);
-        if sleeper.sleep(sql, name, cap, nap, limit).await {
+        let queued = key
+            .strip_prefix(name)
+            .and_then(|rest| rest.strip_prefix('\0'))
+            .map(|waiter| (waiter, QUEUED_NAP));
+        if sleeper.sleep(sql, name, cap, queued, limit).await {
             *registration.lock().unwrap_or_else(PoisonError::into_inner) = Some(sleeper);
         }
         true

@@ -197,8 +197,9 @@ impl Sleeper {
     }
 
     /// Sleeps until the holder's lease of `name` ends, a release wakes us,
-    /// or `cap` passes; when the name is free, at once, or with `nap` (a
-    /// queued waiter of a shared kind) for that long. False when the
+    /// or `cap` passes; when the name is free, at once. A queued waiter of
+    /// a shared kind (`queued`: its token and a nap) does not sleep when
+    /// the acquire's rule lets it in now, and naps when the name is free. False when the
     /// connection broke (the registration is gone with it), or the anchor
     /// did (its connection is then opened again).
     pub async fn sleep(
@@ -206,20 +207,24 @@ impl Sleeper {
         sql: &Statements,
         name: &str,
         cap: Duration,
-        nap: Option<Duration>,
+        queued: Option<(&str, Duration)>,
         limit: Duration,
     ) -> bool {
-        let statement = match nap {
-            Some(_) => sql.sleep_queued.clone(),
-            None => sql.sleep.clone(),
+        let anchor = &self.sleepers.anchor_name;
+        let query = match queued {
+            None => sqlx::query_scalar(sql.sleep.clone())
+                .bind(anchor)
+                .bind(cap.as_secs_f64())
+                .bind(name.as_bytes()),
+            Some((waiter, nap)) => sqlx::query_scalar(sql.sleep_queued.clone())
+                .bind(anchor)
+                .bind(name.as_bytes())
+                .bind(name.as_bytes())
+                .bind(waiter)
+                .bind(cap.as_secs_f64())
+                .bind(name.as_bytes())
+                .bind(nap.min(cap).as_secs_f64()),
         };
-        let mut query = sqlx::query_scalar(statement)
-            .bind(&self.sleepers.anchor_name)
-            .bind(cap.as_secs_f64())
-            .bind(name.as_bytes());
-        if let Some(nap) = nap {
-            query = query.bind(nap.min(cap).as_secs_f64());
-        }
         // All of the reply: a kill may end it with an error after the row.
         let fine = match timeout(cap + limit, query.fetch_all(&mut self.conn)).await {
             Ok(Ok(got)) if got.contains(&Some(1_i64)) => {

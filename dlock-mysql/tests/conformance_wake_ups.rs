@@ -25,3 +25,4 @@ async fn mariadb() -> Arc<dyn Backend> {
 }
 
 dlock_conformance::conformance_tests!(mariadb);
+dlock_conformance::shared_kind_tests!(mariadb);

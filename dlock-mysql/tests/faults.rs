@@ -22,3 +22,4 @@ async fn connect(url: String) -> Arc<dyn Backend> {
 }
 
 dlock_conformance::fault_tests!(connect, Service::MariaDb);
+dlock_conformance::shared_kind_fault_tests!(connect, Service::MariaDb);

@@ -224,12 +224,17 @@ impl Statements {
                 "SELECT GET_LOCK(?, LEAST(GREATEST(TIMESTAMPDIFF(MICROSECOND, {NOW}, expires_at), 0) / 1000000 + 0.002, ?))
                  FROM `{table}` WHERE name = ? AND expires_at > {NOW}"
             )),
-            // A queued waiter of a shared kind: a free marker row does not
-            // let it in (a writer may be queued ahead), so it sleeps then
-            // too, for a short nap (the last `?`), not until woken.
+            // A queued waiter of a shared kind (its token the third `?`):
+            // one the rule lets in now does not sleep (a change that let it
+            // in between its last look and this sleep killed nothing); a
+            // free marker row does not let the others in (a writer may be
+            // queued ahead), so they sleep then too, for a short nap (the
+            // last `?`), not until woken.
             sleep_queued: safe(format!(
-                "SELECT GET_LOCK(?, COALESCE((SELECT LEAST(GREATEST(TIMESTAMPDIFF(MICROSECOND, {NOW}, expires_at), 0) / 1000000 + 0.002, ?)
-                 FROM `{table}` WHERE name = ? AND expires_at > {NOW}), ?))"
+                "SELECT GET_LOCK(?, COALESCE((SELECT 0 FROM {admitted} AND q.owner = ?),
+                   (SELECT LEAST(GREATEST(TIMESTAMPDIFF(MICROSECOND, {NOW}, expires_at), 0) / 1000000 + 0.002, ?)
+                    FROM `{table}` WHERE name = ? AND expires_at > {NOW}), ?))",
+                admitted = shared::admitted(&format!("`{table}_holds`"), "?")
             )),
             // MySQL rounds GET_LOCK's timeout to whole seconds; MariaDB
             // waits for fractions of one, which the sleep needs.

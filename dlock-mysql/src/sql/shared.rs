@@ -35,6 +35,24 @@ fn after(us: u64) -> String {
     format!("{NOW} + INTERVAL {us} MICROSECOND")
 }
 
+/// The waiters of `n` (a literal or a `?`) that `acquire_shared`'s rule
+/// lets in now, as the tail of a query (`q.owner` is each one's token):
+/// the first writer once nobody holds, the readers before the first
+/// writer once no writer holds, a semaphore's first waiters while they
+/// fit.
+pub(super) fn admitted(holds: &str, n: &str) -> String {
+    format!(
+        "(SELECT owner, mode, kind, ROW_NUMBER() OVER w AS i, SUM(mode = 'w') OVER w AS writers
+           FROM {holds} WHERE name = {n} AND waiting AND expires_at > {NOW}
+           WINDOW w AS (ORDER BY since, owner)) AS q
+         CROSS JOIN (SELECT COUNT(*) AS held, COALESCE(SUM(mode = 'w'), 0) AS held_w
+           FROM {holds} WHERE name = {n} AND NOT waiting AND expires_at > {NOW}) AS c
+         WHERE ((mode = 'w' AND i = 1 AND held = 0)
+           OR (mode = 'r' AND writers = 0 AND held_w = 0)
+           OR (mode = 'p' AND i + held <= CAST(SUBSTRING(kind, 3) AS UNSIGNED)))"
+    )
+}
+
 impl Statements {
     /// `<table>_holds`.
     pub fn holds(&self) -> String {
@@ -55,16 +73,8 @@ impl Statements {
         }
         let key = super::wait_key(&self.table, &format!("CONCAT({n}, X'00', owner)"));
         format!(
-            "SELECT CAST(IS_USED_LOCK({key}) AS SIGNED) FROM (
-               SELECT owner, mode, kind, ROW_NUMBER() OVER w AS i, SUM(mode = 'w') OVER w AS writers
-               FROM {h} WHERE name = {n} AND waiting AND expires_at > {NOW}
-               WINDOW w AS (ORDER BY since, owner)) AS q
-             CROSS JOIN (SELECT COUNT(*) AS held, COALESCE(SUM(mode = 'w'), 0) AS held_w
-               FROM {h} WHERE name = {n} AND NOT waiting AND expires_at > {NOW}) AS c
-             WHERE {changed} AND ((mode = 'w' AND i = 1 AND held = 0)
-               OR (mode = 'r' AND writers = 0 AND held_w = 0)
-               OR (mode = 'p' AND i + held <= CAST(SUBSTRING(kind, 3) AS UNSIGNED)));",
-            h = self.holds()
+            "SELECT CAST(IS_USED_LOCK({key}) AS SIGNED) FROM {} AND {changed};",
+            admitted(&self.holds(), n)
         )
     }
 
