@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use dlock_core::undo::{UndoOnDrop, retry_for};
-use dlock_core::wait::{Attempt, Backoff, Deadline, on_arrival, wait_for_lock_as};
+use dlock_core::wait::{Attempt, Backoff, Deadline, on_arrival};
 use dlock_core::{Error, Lease, LockInfo, LockOptions, Mode, OwnerToken, Result, micros_up};
 use sqlx::Row;
 use sqlx::postgres::PgRow;
@@ -112,18 +112,12 @@ impl PgBackend {
         if let Attempt::Acquired(lease) = self.attempt_shared(name, opts, "").await? {
             return Ok(lease);
         }
-        let waiter = OwnerToken::random()?.to_string();
-        let mut leave = {
-            let (backend, name, waiter) = (self.clone(), name.to_owned(), waiter.clone());
-            UndoOnDrop::new(async move { backend.abandon(&name, &waiter).await })
+        let queued = |waiter: String| async move { self.attempt_shared(name, opts, &waiter).await };
+        let leave = |backend: PgBackend, name: String, waiter: String| async move {
+            backend.abandon(&name, &waiter).await;
         };
-        let wakeups = &self.inner.queued_wakeups;
-        let lease = wait_for_lock_as(name, &waiter, deadline, wakeups, backoff, || {
-            self.attempt_shared(name, opts, &waiter)
-        })
-        .await?;
-        leave.disarm();
-        Ok(lease)
+        self.wait_in_queue(name, deadline, backoff, queued, leave)
+            .await
     }
 
     /// Gives a waiter's place up.

@@ -57,13 +57,7 @@ impl PgBackend {
             }
             Err(e) => return Err(e),
         }
-        let waiter = OwnerToken::random()?.to_string();
-        let mut leave = {
-            let (backend, name, waiter) = (self.clone(), name.to_owned(), waiter.clone());
-            UndoOnDrop::new(async move { backend.leave_queue(&name, &waiter).await })
-        };
-        let wakeups = &self.inner.queued_wakeups;
-        let lease = wait_for_lock_as(name, &waiter, deadline, wakeups, backoff, || {
+        let queued = |waiter: String| async move {
             // A waiter whose backend does not hear releases now keeps out
             // of the queue (it would be a deaf head) and polls.
             let place = if self.inner.listener.listening() {
@@ -71,7 +65,37 @@ impl PgBackend {
             } else {
                 ""
             };
-            self.attempt_as(name, opts, place)
+            self.attempt_as(name, opts, place).await
+        };
+        let leave = |backend: PgBackend, name: String, waiter: String| async move {
+            backend.leave_queue(&name, &waiter).await;
+        };
+        self.wait_in_queue(name, deadline, backoff, queued, leave)
+            .await
+    }
+
+    /// A wait in `name`'s queue under a new waiter token: `attempt(token)`
+    /// looks, and `leave(backend, name, token)` gives the place up however
+    /// the wait ends without a grant.
+    pub(crate) async fn wait_in_queue<A, AF, L, LF>(
+        &self,
+        name: &str,
+        deadline: Deadline,
+        backoff: Backoff,
+        mut attempt: A,
+        leave: L,
+    ) -> Result<Lease>
+    where
+        A: FnMut(String) -> AF,
+        AF: Future<Output = Result<Attempt>>,
+        L: FnOnce(PgBackend, String, String) -> LF,
+        LF: Future<Output = ()> + Send + 'static,
+    {
+        let waiter = OwnerToken::random()?.to_string();
+        let mut leave = UndoOnDrop::new(leave(self.clone(), name.to_owned(), waiter.clone()));
+        let wakeups = &self.inner.queued_wakeups;
+        let lease = wait_for_lock_as(name, &waiter, deadline, wakeups, backoff, || {
+            attempt(waiter.clone())
         })
         .await?;
         leave.disarm();

@@ -486,14 +486,7 @@ async fn a_killed_listener_listens_again_and_an_expiry_is_still_seen() {
         &name,
         long().wait(Duration::from_secs(30)),
     );
-    let until = tokio::time::Instant::now() + Duration::from_secs(10);
-    while places(&mut admin, &table, &name).await.is_empty() {
-        assert!(
-            tokio::time::Instant::now() < until,
-            "the next waiter never queued"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let _ = queued(&mut admin, &table, &name, 1, "the next waiter never queued").await;
     let heard = waiter.listener_counts_for_tests().1;
     waiter.release(&granted).await.unwrap();
     let (again, _, holder) = next.await.unwrap();
@@ -517,6 +510,26 @@ async fn places(admin: &mut sqlx::PgConnection, table: &str, name: &str) -> Vec<
     .fetch_all(admin)
     .await
     .unwrap()
+}
+
+/// The places of `name`'s queue once there are `n` (within 10 s, or the
+/// test fails saying `never`).
+async fn queued(
+    admin: &mut sqlx::PgConnection,
+    table: &str,
+    name: &str,
+    n: usize,
+    never: &str,
+) -> Vec<String> {
+    let until = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let found = places(admin, table, name).await;
+        if found.len() >= n {
+            return found;
+        }
+        assert!(tokio::time::Instant::now() < until, "{never}: {found:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }
 
 /// Mutex waiters of three processes queue; each release announces one
@@ -548,15 +561,7 @@ async fn a_release_announces_only_the_first_queued_waiter() {
         let (waiter, of) = (patient().await, name.clone());
         let opts = long().wait(Duration::from_secs(50));
         tasks.spawn(async move { (waiter.acquire(&of, &opts).await, waiter) });
-        let until = tokio::time::Instant::now() + Duration::from_secs(10);
-        while places(&mut admin, &table, &name).await.len() <= i {
-            assert!(
-                tokio::time::Instant::now() < until,
-                "waiter {i} never queued"
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        queue = places(&mut admin, &table, &name).await;
+        queue = queued(&mut admin, &table, &name, i + 1, "a waiter never queued").await;
     }
     assert_eq!(queue.len(), 3, "three places: {queue:?}");
     let mut listener = sqlx::postgres::PgListener::connect(url().await)
@@ -643,14 +648,14 @@ async fn a_listener_whose_connection_hangs_connects_again() {
     );
     // Listening again, the waiter keeps (or takes again) its place.
     let mut admin = admin().await;
-    let until = tokio::time::Instant::now() + Duration::from_secs(10);
-    while places(&mut admin, &table, &name).await.is_empty() {
-        assert!(
-            tokio::time::Instant::now() < until,
-            "the waiter never queued again"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let _ = queued(
+        &mut admin,
+        &table,
+        &name,
+        1,
+        "the waiter never queued again",
+    )
+    .await;
     let heard = waiter.listener_counts_for_tests().1;
     holder.release(&lease).await.unwrap();
     assert!(
