@@ -174,8 +174,10 @@ impl MySqlBackend {
     }
 
     /// Acquire's wait for a shared kind: a place in the name's queue (from
-    /// the first look, which costs what any acquire does when it grants),
-    /// given up however the wait ends without a grant. A waiter sleeps in the
+    /// the first look, which costs what any acquire does when it grants;
+    /// not by a look made once the wait's time is up), given up however
+    /// the wait ends without a grant: before an error returns, and on a
+    /// task of its own when the wait is dropped. A waiter sleeps in the
     /// server under its own key ([`waiter_key`]; with wake-ups on, and a
     /// sleeper connection free) or polls; the changes that may let it in
     /// wake it, from any process.
@@ -192,13 +194,22 @@ impl MySqlBackend {
             UndoOnDrop::new(async move { backend.abandon(&name, &waiter).await })
         };
         let key = waiter_key(name, &waiter);
-        let lease = self
+        let queued = std::sync::atomic::AtomicBool::new(false);
+        let waited = self
             .wait_registered(&key, name, deadline, backoff, || {
-                self.attempt_shared(name, opts, &waiter)
+                let place = if deadline.is_past() { "" } else { &waiter };
+                if !place.is_empty() {
+                    queued.store(true, std::sync::atomic::Ordering::Relaxed);
+                }
+                self.attempt_shared(name, opts, place)
             })
-            .await?;
+            .await;
+        if waited.is_err() && queued.load(std::sync::atomic::Ordering::Relaxed) {
+            // Here, not on a task a process on its way out may never run.
+            self.abandon(name, &waiter).await;
+        }
         leave.disarm();
-        Ok(lease)
+        waited
     }
 
     /// Gives a waiter's place up (a writer that leaves may let readers in).

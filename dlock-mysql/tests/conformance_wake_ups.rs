@@ -1,6 +1,7 @@
 //! The whole conformance suite against a real MariaDB, with waiters woken
 //! across processes (`wake_ups(true)`): they sleep in the server and
-//! releases end their sleep with `KILL QUERY`.
+//! releases end their sleep with `KILL QUERY`; and the mutex suite again
+//! on the write lock and the semaphore of one.
 
 #![allow(clippy::unwrap_used)] // tests panic on purpose
 
@@ -14,8 +15,8 @@ async fn mariadb() -> Arc<dyn Backend> {
     let server = shared(Service::MariaDb).await;
     let backend = MySqlBackend::builder(server.url())
         .wake_ups(true)
-        // The shared kinds' waiters poll (the wake-ups are the mutex's):
-        // often, so that their stress case hands over quickly.
+        // Waiters without a free sleeper connection poll: often, so that
+        // the stress cases hand over quickly.
         .max_poll_interval(std::time::Duration::from_millis(100))
         .connect()
         .await

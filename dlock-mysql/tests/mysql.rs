@@ -985,3 +985,44 @@ async fn a_call_that_waited_for_a_connection_has_only_the_rest_of_its_timeout() 
         );
     }
 }
+
+/// Shared waiters of two clients, with wake-ups, hand a write lock and a
+/// semaphore of one back and forth, each release racing the other's look
+/// and sleep: with polls 60 s apart and 60 s leases, every hand-off is a
+/// wake-up from the other client's release (a missed one would leave the
+/// waiter asleep past its 20 s wait, and fail the case).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shared_releases_wake_the_waiter_of_another_client() {
+    let client = || async {
+        let backend = MySqlBackend::builder(url().await)
+            .wake_ups(true)
+            .max_poll_interval(Duration::from_secs(60))
+            .connect()
+            .await
+            .unwrap();
+        backend.migrate().await.unwrap();
+        backend
+    };
+    for opts in [LockOptions::new().write(), LockOptions::new().permits(1)] {
+        let opts = opts
+            .ttl(Duration::from_secs(60))
+            .wait(Duration::from_secs(20));
+        let name = unique_name("shared-hand-off");
+        let (mut holder, mut waiter) = (client().await, client().await);
+        let mut lease = holder.acquire(&name, &opts).await.unwrap();
+        for i in 0..100 {
+            let task = {
+                let (waiter, name, opts) = (waiter.clone(), name.clone(), opts.clone());
+                tokio::spawn(async move { waiter.acquire(&name, &opts).await })
+            };
+            tokio::time::sleep(Duration::from_millis(i % 3)).await;
+            holder.release(&lease).await.unwrap();
+            lease = task
+                .await
+                .unwrap()
+                .unwrap_or_else(|e| panic!("hand-off {i} of {:?}: {e}", opts.mode_value()));
+            std::mem::swap(&mut holder, &mut waiter);
+        }
+        holder.release(&lease).await.unwrap();
+    }
+}

@@ -64,9 +64,14 @@ impl Statements {
     /// the first writer when nobody holds, the readers before the first
     /// writer when no writer holds, the permits that fit; registered under
     /// `CONCAT(name, X'00', owner)`, the waiter's key), when `changed` (a
-    /// condition) holds: one row each, NULL for a waiter not sleeping. Sent
-    /// inside the change's transaction, so that its failure undoes the
-    /// change too. Without `wake`, nothing.
+    /// condition) holds: one row each, NULL for a waiter not sleeping.
+    /// Sent after the change's commit, in a read of its own: a waiter that
+    /// registers after this read sleeps after the commit too, and its
+    /// sleep, which reads the rule first, finds itself let in; a waiter
+    /// registered before it is found here, and its sleep ended. Read
+    /// inside the transaction, it could miss a waiter that registered
+    /// while the commit was under way, whose sleep then read the state
+    /// before the change. Without `wake`, nothing.
     fn wake_set(&self, n: &str, changed: &str, wake: bool) -> String {
         if !wake {
             return String::new();
@@ -180,8 +185,8 @@ impl Statements {
              SET @dl_n = (SELECT COUNT(*) FROM {h} WHERE {mine});
              DELETE FROM {h} WHERE {mine};
              UPDATE `{t}` SET expires_at = {until} WHERE name = {n} AND owner LIKE '~%' AND @dl_n > 0;
-             {wake}
              COMMIT;
+             {wake}
              SELECT CAST(@dl_n AS SIGNED)"
         ))
     }
@@ -229,15 +234,15 @@ impl Statements {
     pub fn abandon(&self, name: &[u8], waiter: &str, wake: bool) -> SqlStr {
         let (h, n) = (self.holds(), bytes(name));
         // In the name's transaction, as a release: each sees the other's
-        // change when it decides whom to wake.
+        // change when it decides whom to wake (after both commits).
         let begin = self.begin(&n);
         let wake = self.wake_set(&n, "@dl_n > 0", wake);
         safe(format!(
             "{begin}
              DELETE FROM {h} WHERE name = {n} AND owner = '{waiter}' AND waiting;
              SET @dl_n = ROW_COUNT();
-             {wake}
              COMMIT;
+             {wake}
              SELECT CAST(@dl_n AS SIGNED)"
         ))
     }
@@ -254,8 +259,8 @@ impl Statements {
              DELETE FROM {h} WHERE name = {n} AND NOT waiting;
              UPDATE `{t}` SET expires_at = {NOW} WHERE name = {n} AND owner LIKE '~%' AND expires_at > {NOW};
              SET @dl_n = ROW_COUNT();
-             {wake}
              COMMIT;
+             {wake}
              SELECT CAST(@dl_n AS SIGNED)"
         ))
     }
