@@ -67,7 +67,7 @@ struct UrlArg {
 struct InspectArgs {
     #[command(flatten)]
     url: UrlArg,
-    /// Print JSON: {"name", "held", "owner", "fencing_token", "expires_in_ms"}.
+    /// Print JSON: {"name", "held", "holder", "owner", "fencing_token", "expires_in_ms"}.
     #[arg(long)]
     json: bool,
     /// `[URL] NAME`: the URL may also come from --url or DLOCK_URL.
@@ -215,6 +215,7 @@ async fn inspect(args: InspectArgs) -> Result<u8, Failure> {
             Some(info) => serde_json::json!({
                 "name": name,
                 "held": true,
+                "holder": info.holder,
                 "owner": info.owner.to_string(),
                 "fencing_token": info.fencing_token,
                 "expires_in_ms": info.expires_in.map(|d| d.as_millis()),
@@ -231,13 +232,23 @@ async fn inspect(args: InspectArgs) -> Result<u8, Failure> {
                 };
                 println!(
                     "{name}: held by {} with fencing token {}, {expiry}",
-                    info.owner, info.fencing_token
+                    who(info),
+                    info.fencing_token
                 );
             }
             None => println!("{name}: free"),
         }
     }
     Ok(0)
+}
+
+/// The holder as an operator reads it: its description, and the owner
+/// token that tells its grants apart.
+fn who(info: &dlock::LockInfo) -> String {
+    match &info.holder {
+        Some(holder) => format!("{holder} (owner {})", info.owner),
+        None => format!("owner {}", info.owner),
+    }
 }
 
 fn round_ms(d: Duration) -> Duration {
@@ -250,7 +261,8 @@ async fn release(args: ReleaseArgs) -> Result<u8, Failure> {
     match locker.backend().force_release(&name).await? {
         Some(info) => eprintln!(
             "dlock: released {name} (was held by {} with fencing token {})",
-            info.owner, info.fencing_token
+            who(&info),
+            info.fencing_token
         ),
         None => eprintln!("dlock: {name} was not held"),
     }

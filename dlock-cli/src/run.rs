@@ -39,6 +39,10 @@ pub(crate) struct RunArgs {
     /// Take the name's reader-writer lock for writing: runs alone.
     #[arg(long)]
     write: bool,
+    /// Who holds the lock, as `dlock inspect` shows it (default: this
+    /// machine's host name and dlock's process id).
+    #[arg(long)]
+    holder: Option<String>,
     /// The lease: a crashed dlock's lock frees itself after this (on
     /// ZooKeeper, the session timeout).
     #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
@@ -83,6 +87,9 @@ pub(crate) async fn run(args: RunArgs) -> Result<u8, Failure> {
         opts = opts.read();
     } else if args.write {
         opts = opts.write();
+    }
+    if let Some(holder) = &args.holder {
+        opts = opts.holder(holder.as_str());
     }
     opts.validate()?;
     // Signals are caught from the start, so that one that comes while the

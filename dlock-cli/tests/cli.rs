@@ -151,6 +151,11 @@ async fn inspect_and_force_release(service: Service) {
     assert!(inspected.status.success(), "{inspected:?}");
     let json = String::from_utf8_lossy(&inspected.stdout);
     assert!(json.contains("\"held\":true"), "{json}");
+    // The child's host is ours, its process id its own.
+    let me = dlock::host_and_pid();
+    let host = me.rsplit_once(':').map_or("", |(host, _)| host);
+    let holder = format!("\"holder\":\"{host}:{}\"", child.id().unwrap_or_default());
+    assert!(json.contains(&holder), "{json} shows no {holder}");
     assert!(json.contains("\"fencing_token\":"), "{json}");
     let released = output(dlock(&["release", "--force", &url, &name])).await;
     assert!(released.status.success(), "{released:?}");

@@ -24,8 +24,9 @@ use dlock_core::{
 };
 use tokio::time::Instant;
 
-/// name → (last fencing token, current holder and when its lease ends)
-type Table = HashMap<String, (u64, Option<(OwnerToken, Instant)>)>;
+/// name → (last fencing token, current holder and when its lease ends,
+/// the current holder's description)
+type Table = HashMap<String, (u64, Option<(OwnerToken, Instant)>, String)>;
 
 #[derive(Debug, Clone, Default)]
 struct ToyBackend {
@@ -37,7 +38,7 @@ impl ToyBackend {
         let owner = OwnerToken::random()?;
         let sent = Instant::now();
         let mut table = self.table.lock().unwrap_or_else(PoisonError::into_inner);
-        let (version, holder) = table.entry(name.to_owned()).or_default();
+        let (version, holder, described) = table.entry(name.to_owned()).or_default();
         if let Some((_, ends)) = holder.filter(|&(_, ends)| ends > sent) {
             return Ok(Attempt::Held {
                 expires_in: Some(ends - sent),
@@ -45,6 +46,7 @@ impl ToyBackend {
         }
         *version += 1;
         *holder = Some((owner, sent + opts.ttl_value()));
+        *described = opts.holder_value().to_owned();
         Ok(Attempt::Acquired(Lease::with_ttl(
             name, owner, *version, opts, sent,
         )))
@@ -55,7 +57,7 @@ impl ToyBackend {
         let mut table = self.table.lock().unwrap_or_else(PoisonError::into_inner);
         let now = Instant::now();
         match table.get_mut(lease.name()) {
-            Some((_, holder))
+            Some((_, holder, _))
                 if holder.is_some_and(|(owner, ends)| owner == lease.owner() && ends > now) =>
             {
                 f(holder);
@@ -114,9 +116,9 @@ impl Backend for ToyBackend {
         validate_name(name)?;
         let table = self.table.lock().unwrap_or_else(PoisonError::into_inner);
         let now = Instant::now();
-        Ok(table.get(name).and_then(|(version, holder)| {
+        Ok(table.get(name).and_then(|(version, holder, described)| {
             let (owner, ends) = holder.filter(|&(_, ends)| ends > now)?;
-            Some(LockInfo::new(owner, *version, Some(ends - now)))
+            Some(LockInfo::new(owner, *version, Some(ends - now)).with_holder(described.clone()))
         }))
     }
 }

@@ -73,6 +73,7 @@ macro_rules! __case_list {
                 release_after_holds_the_name_until_then,
                 release_after_acts_only_on_its_own_lease,
                 force_release_frees_the_name_for_the_next_holder,
+                holders_show_in_inspect_and_list,
                 readers_share_and_writers_hold_alone,
                 a_waiting_writer_keeps_new_readers_out,
                 queued_readers_enter_together,

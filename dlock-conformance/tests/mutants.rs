@@ -71,6 +71,11 @@ enum Bug {
     /// `force_release` reports the holder but removes nothing (a delete
     /// keyed on the wrong row).
     ForceReleaseOnlyReports,
+    /// Grants store no holder description.
+    HolderNotStored,
+    /// A grant stores its client's `host:pid`, not the holder description
+    /// its options give (one description per connection).
+    HolderOfTheClient,
     /// `extend_many` checks ownership by name: a lease counts as extended
     /// when any lease of the batch holds its name (a stale lease next to
     /// the name's new holder, say).
@@ -289,6 +294,16 @@ caught!(
     a_force_release_that_removes_nothing_is_caught,
     Bug::ForceReleaseOnlyReports,
     [force_release_frees_the_name_for_the_next_holder]
+);
+caught!(
+    a_grant_without_its_holder_is_caught,
+    Bug::HolderNotStored,
+    [holders_show_in_inspect_and_list]
+);
+caught!(
+    a_holder_per_client_is_caught,
+    Bug::HolderOfTheClient,
+    [holders_show_in_inspect_and_list]
 );
 caught!(
     a_hold_the_released_lease_can_still_touch_is_caught,

@@ -37,11 +37,13 @@ where
         if clear().await? {
             return Ok(Some(info));
         }
+        // Drivers that store the holder with the token compare both.
+        let opts = LockOptions::new().holder(info.holder.clone().unwrap_or_default());
         let lease = Lease::with_ttl(
             name,
             info.owner,
             info.fencing_token,
-            &LockOptions::new(),
+            &opts,
             tokio::time::Instant::now(),
         );
         match release(lease).await {

@@ -99,6 +99,10 @@ pub struct LockInfo {
     /// How long the server will keep the lock without an extension; `None`
     /// for session leases.
     pub expires_in: Option<Duration>,
+    /// Who the grant is for ([`LockOptions::holder`]), as stored with it;
+    /// `None` when the grant stored none (an empty description, or a grant
+    /// made by an older client or by another library).
+    pub holder: Option<String>,
 }
 
 impl LockInfo {
@@ -108,7 +112,15 @@ impl LockInfo {
             owner,
             fencing_token,
             expires_in,
+            holder: None,
         }
+    }
+
+    /// Sets the holder description; an empty one is none.
+    pub fn with_holder(mut self, holder: impl Into<String>) -> Self {
+        let holder = holder.into();
+        self.holder = (!holder.is_empty()).then_some(holder);
+        self
     }
 }
 

@@ -1,5 +1,6 @@
 use std::fmt;
 use std::str::FromStr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -91,6 +92,7 @@ pub struct Lease {
     drift: Duration,
     valid_until: Option<Instant>,
     handle: Option<String>,
+    holder: Arc<str>,
     lost: CancellationToken,
 }
 
@@ -115,6 +117,7 @@ impl Lease {
             drift: opts.drift_value(),
             valid_until: Some(opts.valid_until(sent)),
             handle: None,
+            holder: opts.holder_shared(),
             lost: CancellationToken::new(),
         }
     }
@@ -137,6 +140,7 @@ impl Lease {
             drift: Duration::ZERO,
             valid_until: None,
             handle: None,
+            holder: LockOptions::new().holder_shared(),
             lost,
         }
     }
@@ -151,6 +155,20 @@ impl Lease {
     /// a semaphore permit.
     pub fn mode(&self) -> Mode {
         self.mode
+    }
+
+    /// Sets the holder description the grant stored (a session lease's is
+    /// this process's `host:pid` unless set; a TTL lease's comes from its
+    /// options).
+    pub fn with_holder(mut self, holder: impl Into<Arc<str>>) -> Self {
+        self.holder = holder.into();
+        self
+    }
+
+    /// The holder description stored with this grant (see
+    /// [`LockOptions::holder`]).
+    pub fn holder(&self) -> &str {
+        &self.holder
     }
 
     /// Attaches a driver's own datum (a znode path, say) to the lease.

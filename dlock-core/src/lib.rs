@@ -30,7 +30,8 @@ pub use mode::{Admission, Mode};
 pub use name::{MAX_NAME_LEN, host_and_pid, percent_decodes, redact_url, validate_name};
 pub use observe::Observed;
 pub use options::{
-    LockOptions, MAX_SETTING, MAX_TTL, MIN_TTL, check_duration, check_hold, micros_up, millis_up,
+    LockOptions, MAX_HOLDER_LEN, MAX_SETTING, MAX_TTL, MIN_TTL, check_duration, check_hold,
+    check_holder, micros_up, millis_up,
 };
 pub use shared::Semaphore;
 pub use tokio_util::sync::CancellationToken;

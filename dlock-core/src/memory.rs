@@ -42,12 +42,13 @@ struct Slot {
     queue: Vec<(u64, Mode)>,
 }
 
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 struct Hold {
     owner: OwnerToken,
     mode: Mode,
     fence: u64,
     expires: Instant,
+    holder: Arc<str>,
 }
 
 impl Slot {
@@ -63,11 +64,10 @@ impl Slot {
             .iter()
             .filter(|h| h.expires > now)
             .max_by_key(|h| h.fence)?;
-        Some(LockInfo::new(
-            hold.owner,
-            hold.fence,
-            Some(hold.expires - now),
-        ))
+        Some(
+            LockInfo::new(hold.owner, hold.fence, Some(hold.expires - now))
+                .with_holder(&*hold.holder),
+        )
     }
 
     /// Where the lease's own live hold is.
@@ -77,15 +77,15 @@ impl Slot {
             .position(|h| h.owner == lease.owner() && h.expires > now)
     }
 
-    fn grant(&mut self, owner: OwnerToken, mode: Mode, expires: Instant) -> u64 {
+    fn grant(&mut self, lease: &Lease, expires: Instant) {
         self.version += 1;
         self.holds.push(Hold {
-            owner,
-            mode,
+            owner: lease.owner(),
+            mode: lease.mode(),
             fence: self.version,
             expires,
+            holder: lease.holder().into(),
         });
-        self.version
     }
 }
 
@@ -148,10 +148,9 @@ impl MemoryBackend {
             match mode.admits(&holders, &ahead) {
                 Admission::Grant => {
                     slot.queue.retain(|(t, _)| Some(*t) != ticket);
-                    let fence = slot.grant(owner, mode, deadline_after(now, opts.ttl_value()));
-                    Ok(Attempt::Acquired(Lease::with_ttl(
-                        name, owner, fence, opts, sent,
-                    )))
+                    let lease = Lease::with_ttl(name, owner, slot.version + 1, opts, sent);
+                    slot.grant(&lease, deadline_after(now, opts.ttl_value()));
+                    Ok(Attempt::Acquired(lease))
                 }
                 Admission::Wait => Ok(Attempt::Held {
                     expires_in: slot.holds.iter().map(|h| h.expires - now).min(),
@@ -275,7 +274,7 @@ impl Backend for MemoryBackend {
         opts.validate()?;
         let owner = OwnerToken::random()?;
         let sent = Instant::now();
-        let fence = self.with_slots(|slots| {
+        self.with_slots(|slots| {
             let now = Instant::now();
             let slot = slots
                 .get_mut(write.name())
@@ -287,9 +286,10 @@ impl Backend for MemoryBackend {
                 .ok_or_else(|| Error::NotHeld {
                     name: write.name().to_owned(),
                 })?;
-            Ok::<_, Error>(slot.grant(owner, Mode::Read, deadline_after(now, opts.ttl_value())))
-        })?;
-        Ok(Lease::with_ttl(write.name(), owner, fence, &opts, sent))
+            let lease = Lease::with_ttl(write.name(), owner, slot.version + 1, &opts, sent);
+            slot.grant(&lease, deadline_after(now, opts.ttl_value()));
+            Ok(lease)
+        })
     }
 
     async fn force_release(&self, name: &str) -> Result<Option<LockInfo>> {

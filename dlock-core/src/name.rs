@@ -87,7 +87,8 @@ pub fn host_and_pid() -> String {
     let host = std::env::var("HOSTNAME")
         .ok()
         .or_else(|| std::fs::read_to_string("/etc/hostname").ok())
-        .map(|h| h.trim().to_owned())
+        // A control character would make every default holder invalid.
+        .map(|h| h.trim().replace(char::is_control, ""))
         .filter(|h| !h.is_empty())
         .unwrap_or_else(|| "unknown".to_owned());
     let mut info = format!("{host}:{}", std::process::id());

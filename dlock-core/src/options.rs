@@ -1,3 +1,4 @@
+use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -16,6 +17,14 @@ pub const MAX_TTL: Duration = Duration::from_secs(24 * 60 * 60);
 /// may be: beyond a day it is surely a mistake, and it overflows client
 /// libraries' arithmetic.
 pub const MAX_SETTING: Duration = Duration::from_secs(24 * 60 * 60);
+
+/// The longest holder description ([`LockOptions::holder`]) accepted, in
+/// bytes: what every backend stores as it is.
+pub const MAX_HOLDER_LEN: usize = 255;
+
+/// This process's `host:pid`, read once: the holder a grant stores when
+/// its options name none.
+static DEFAULT_HOLDER: LazyLock<Arc<str>> = LazyLock::new(|| crate::host_and_pid().into());
 
 /// How a lock is acquired and held: lease time, wait bound, drift allowance,
 /// background renewal, and the kind of hold ([`Mode`]: a mutex unless
@@ -36,6 +45,7 @@ pub struct LockOptions {
     drift: Option<Duration>,
     renew: bool,
     mode: Mode,
+    holder: Option<Arc<str>>,
 }
 
 impl Default for LockOptions {
@@ -46,6 +56,7 @@ impl Default for LockOptions {
             drift: None,
             renew: true,
             mode: Mode::Exclusive,
+            holder: None,
         }
     }
 }
@@ -144,10 +155,34 @@ impl LockOptions {
         self.renew
     }
 
+    /// Who the grant is for, as [`inspect`](crate::Backend::inspect),
+    /// [`list`](crate::Backend::list) and `dlock watch` show it: a short
+    /// description an operator can map to a machine or a service instance
+    /// (at most [`MAX_HOLDER_LEN`] bytes, no control characters). Every
+    /// backend stores it with the grant. Default: this process's
+    /// `host:pid`. An empty description stores none.
+    pub fn holder(mut self, holder: impl Into<String>) -> Self {
+        self.holder = Some(holder.into().into());
+        self
+    }
+
+    /// The holder description grants made with these options store.
+    pub fn holder_value(&self) -> &str {
+        self.holder.as_deref().unwrap_or(&DEFAULT_HOLDER)
+    }
+
+    /// [`LockOptions::holder_value`], shared, for the lease to keep.
+    pub(crate) fn holder_shared(&self) -> Arc<str> {
+        self.holder
+            .clone()
+            .unwrap_or_else(|| DEFAULT_HOLDER.clone())
+    }
+
     /// Checks the options; every backend calls this before it talks to its
     /// server.
     pub fn validate(&self) -> Result<()> {
         check_duration("ttl", self.ttl, MIN_TTL, MAX_TTL)?;
+        check_holder(self.holder_value())?;
         if self.mode == Mode::Permit(0) {
             return Err(Error::invalid_option(
                 "permits",
@@ -189,6 +224,25 @@ pub fn check_duration(
         return Err(Error::invalid_option(
             option,
             format!("must be between {min:?} and {max:?}, got {value:?}"),
+        ));
+    }
+    Ok(())
+}
+
+/// Checks a holder description: [`Error::InvalidOption`] when it is longer
+/// than [`MAX_HOLDER_LEN`] bytes or has a control character (a line break
+/// or an escape would garble an operator's terminal).
+pub fn check_holder(holder: &str) -> Result<()> {
+    if holder.len() > MAX_HOLDER_LEN {
+        return Err(Error::invalid_option(
+            "holder",
+            format!("at most {MAX_HOLDER_LEN} bytes, got {} bytes", holder.len()),
+        ));
+    }
+    if let Some(c) = holder.chars().find(|c| c.is_control()) {
+        return Err(Error::invalid_option(
+            "holder",
+            format!("no control characters, got {c:?}"),
         ));
     }
     Ok(())
@@ -245,6 +299,28 @@ mod tests {
         }
         assert!(LockOptions::new().ttl(MIN_TTL).validate().is_ok());
         assert!(LockOptions::new().wait(Duration::MAX).validate().is_ok());
+    }
+
+    #[test]
+    fn holders_are_checked() {
+        let ok = ["", "web-7:4211", "Zürich 🔒", &"x".repeat(MAX_HOLDER_LEN)];
+        for holder in ok {
+            assert!(LockOptions::new().holder(holder).validate().is_ok());
+        }
+        let long = "é".repeat(128);
+        for holder in [long.as_str(), "a\nb", "\u{1b}[31m", "a\0"] {
+            assert!(
+                matches!(
+                    LockOptions::new().holder(holder).validate(),
+                    Err(Error::InvalidOption {
+                        option: "holder",
+                        ..
+                    })
+                ),
+                "{holder:?}"
+            );
+        }
+        assert_eq!(LockOptions::new().holder_value(), crate::host_and_pid());
     }
 
     #[test]

@@ -23,7 +23,10 @@ impl MySqlBackend {
         }
         let owner = OwnerToken::random()?;
         let sent = Instant::now();
-        match self.grant(name, owner, opts.ttl_value()).await? {
+        match self
+            .grant(name, owner, opts.ttl_value(), opts.holder_value())
+            .await?
+        {
             Some(HELD_AS_ANOTHER_KIND) => return self.conflict(name).await,
             Some(version) => {
                 let lease = Lease::with_ttl(name, owner, version, opts, sent);
@@ -62,6 +65,7 @@ impl MySqlBackend {
         name: &str,
         owner_token: OwnerToken,
         lease_ttl: Duration,
+        holder: &str,
     ) -> Result<Option<u64>> {
         let owner_text = owner_token.to_string();
         let (owner, ttl) = (owner_text.as_str(), micros_up(lease_ttl));
@@ -72,9 +76,9 @@ impl MySqlBackend {
                 .bind(name.as_bytes())
                 .bind(owner)
                 .bind(ttl)
-                .bind(&self.inner.holder)
+                .bind(holder.as_bytes())
                 .bind(owner)
-                .bind(&self.inner.holder)
+                .bind(holder.as_bytes())
                 .bind(ttl);
             let limit = self.inner.request_timeout;
             let mut lent = self.lend("acquire", by).await?;

@@ -49,8 +49,6 @@ impl std::fmt::Debug for MySqlBackend {
 pub(crate) struct Inner {
     pub(crate) pool: Pool,
     pub(crate) sql: Statements,
-    /// `host:pid`, written with every grant for operators.
-    pub(crate) holder: String,
     /// Waiters in this process, woken by its own releases.
     pub(crate) wakeups: Wakeups,
     /// The connections registered waiters sleep on in the server.

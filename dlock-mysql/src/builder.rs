@@ -156,7 +156,6 @@ impl MySqlBuilder {
             inner: Arc::new(Inner {
                 pool,
                 sql,
-                holder: dlock_core::host_and_pid(),
                 wakeups: Wakeups::new(),
                 // Unique to this backend: no one else ever waits for it.
                 sleepers: Arc::new(Sleepers::new(format!("dlock-a:{}", OwnerToken::random()?))),
@@ -209,8 +208,52 @@ async fn create_table(
             denied,
         ));
     }
+    upgrade_holder(conn, sql, table, by).await
+}
+
+/// Brings the `holder` columns of tables made by older releases to this
+/// release's (see [`Statements::holder_columns`]); nothing to do on
+/// tables made by this one. Clients that connect at once may both change
+/// a table: the second finds the column there.
+async fn upgrade_holder(
+    conn: &mut MySqlConnection,
+    sql: &Statements,
+    table: &str,
+    by: Instant,
+) -> Result<()> {
+    const DOING: &str = "upgrade the lock table's holder column";
+    let late = || timed_out(format!("{DOING}: no reply in time"));
+    let read = sqlx::query_as(sql.holder_columns()).fetch_all(&mut *conn);
+    let columns: Vec<(Vec<u8>, Vec<u8>)> = timeout_at(by, read)
+        .await
+        .map_err(|_| late())?
+        .map_err(|e| sql_error(e, DOING))?;
+    let type_of = |name: &str| {
+        columns
+            .iter()
+            .find(|(table, _)| table.eq_ignore_ascii_case(name.as_bytes()))
+            .map(|(_, data_type)| data_type.to_ascii_lowercase())
+    };
+    let mut changes = Vec::new();
+    if type_of(table).is_some_and(|t| t != b"varbinary") {
+        changes.push(sql.upgrade_holder(false));
+    }
+    if type_of(&format!("{table}_holds")).is_none() {
+        changes.push(sql.upgrade_holder(true));
+    }
+    for change in changes {
+        match timeout_at(by, sqlx::query(change).execute(&mut *conn)).await {
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) if server_error_number(&e) == Some(ER_DUP_FIELDNAME) => {}
+            Ok(Err(e)) => return Err(sql_error(e, DOING)),
+            Err(_) => return Err(late()),
+        }
+    }
     Ok(())
 }
+
+/// The column exists already.
+const ER_DUP_FIELDNAME: u16 = 1060;
 
 /// Parses a `mysql://` or `mariadb://` URL, refusing what sqlx would only
 /// notice when it connects (or would quietly replace by a default).
@@ -283,7 +326,8 @@ impl MySqlBackend {
     }
 
     /// Creates the lock table and its holds table if they do not exist,
-    /// as `connect` does by default. Idempotent. Returns within the
+    /// and gives tables made by older releases the holder columns of this
+    /// one, as `connect` does by default. Idempotent. Returns within the
     /// request timeout.
     pub async fn migrate(&self) -> Result<()> {
         let by = self.deadline();
@@ -292,7 +336,13 @@ impl MySqlBackend {
             .await?;
         self.execute(sqlx::query(sql.create_holds()), "migrate", by)
             .await?;
-        Ok(())
+        let mut lent = self.lend("migrate", by).await?;
+        let table = &self.inner.sql.table;
+        let upgraded = upgrade_holder(lent.conn(), sql, table, by).await;
+        if upgraded.is_ok() {
+            lent.give_back();
+        }
+        upgraded
     }
 }
 

@@ -14,6 +14,7 @@ const ER_ACCESS_DENIED: u16 = 1045;
 const ER_DBACCESS_DENIED: u16 = 1044;
 const ER_BAD_DB: u16 = 1049;
 const ER_NO_SUCH_TABLE: u16 = 1146;
+const ER_BAD_FIELD_ERROR: u16 = 1054;
 pub(crate) const ER_TABLEACCESS_DENIED: u16 = 1142;
 const ER_LOCK_WAIT_TIMEOUT: u16 = 1205;
 const ER_LOCK_DEADLOCK: u16 = 1213;
@@ -74,6 +75,16 @@ pub(crate) fn sql_error(e: sqlx::Error, doing: &str) -> Error {
             return Error::backend(
                 NAME,
                 format!("{doing}: the lock table is missing; call MySqlBackend::migrate() once"),
+                e,
+            );
+        }
+        Some(ER_BAD_FIELD_ERROR) => {
+            return Error::backend(
+                NAME,
+                format!(
+                    "{doing}: the lock table was made by an older release; call \
+                     MySqlBackend::migrate() once"
+                ),
                 e,
             );
         }

@@ -8,6 +8,9 @@ use tokio::time::timeout_at;
 use crate::backend::{MySqlBackend, NAME};
 use crate::pool::settle;
 
+/// A row `list` reads: name, owner, holder description, version, µs left.
+type ListedRow = (Vec<u8>, String, Option<Vec<u8>>, u64, i64);
+
 impl MySqlBackend {
     /// [`Backend::list`](dlock_core::Backend::list).
     pub(crate) async fn list_locks(
@@ -32,7 +35,7 @@ impl MySqlBackend {
         let (by, limit_time) = (self.deadline(), self.inner.request_timeout);
         let mut lent = self.lend("list", by).await?;
         let done = timeout_at(by, query.fetch_all(lent.conn())).await;
-        let rows: Vec<(Vec<u8>, String, u64, i64)> = settle(lent, done, limit_time, "list")?;
+        let rows: Vec<ListedRow> = settle(lent, done, limit_time, "list")?;
         // The next page starts after the last row read, kept or not.
         let next = (rows.len() == limit)
             .then(|| {
@@ -41,15 +44,13 @@ impl MySqlBackend {
             })
             .flatten();
         let mut locks = Vec::with_capacity(rows.len());
-        for (name, owner, version, left) in rows {
+        for (name, owner, holder, version, left) in rows {
             let (Ok(name), Ok(owner)) = (String::from_utf8(name), owner.parse()) else {
                 continue; // not a row this driver wrote
             };
             let expires_in = Some(Duration::from_micros(left.unsigned_abs()));
-            locks.push(HeldLock::new(
-                name,
-                LockInfo::new(owner, version, expires_in),
-            ));
+            let info = LockInfo::new(owner, version, expires_in).with_holder(text(holder));
+            locks.push(HeldLock::new(name, info));
         }
         Ok(LockPage::new(locks, next))
     }
@@ -61,8 +62,9 @@ impl MySqlBackend {
         let (by, limit) = (self.deadline(), self.inner.request_timeout);
         let mut lent = self.lend("inspect", by).await?;
         let done = timeout_at(by, query.fetch_optional(lent.conn())).await;
-        let row: Option<(String, u64, i64)> = settle(lent, done, limit, "inspect")?;
-        let Some((owner, version, left)) = row else {
+        let row: Option<(String, Option<Vec<u8>>, u64, i64)> =
+            settle(lent, done, limit, "inspect")?;
+        let Some((owner, holder, version, left)) = row else {
             return Ok(None);
         };
         // A marker whose holds all ended as this read ran.
@@ -72,10 +74,15 @@ impl MySqlBackend {
         let owner = owner
             .parse()
             .map_err(|_| Error::malformed(NAME, "inspect (the row's owner token)", &owner))?;
-        Ok(Some(LockInfo::new(
-            owner,
-            version,
-            Some(Duration::from_micros(left.unsigned_abs())),
-        )))
+        let left = Some(Duration::from_micros(left.unsigned_abs()));
+        Ok(Some(
+            LockInfo::new(owner, version, left).with_holder(text(holder)),
+        ))
     }
+}
+
+/// A holder description as stored: bytes (a `VARCHAR` in tables of older
+/// releases, in whatever character set they had).
+fn text(holder: Option<Vec<u8>>) -> String {
+    String::from_utf8_lossy(&holder.unwrap_or_default()).into_owned()
 }

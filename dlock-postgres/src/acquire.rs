@@ -73,7 +73,7 @@ impl PgBackend {
             name.as_bytes(),
             &owner_text,
             micros_up(ttl),
-            &self.inner.holder,
+            opts.holder_value(),
             waiter,
             micros_up(self.place()),
         );

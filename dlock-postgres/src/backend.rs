@@ -49,8 +49,6 @@ impl std::fmt::Debug for PgBackend {
 pub(crate) struct Inner {
     pub(crate) pool: Pool,
     pub(crate) sql: Statements,
-    /// `host:pid`, written with every grant for operators.
-    pub(crate) holder: String,
     /// Mutex waiters in this process without wake-ups, by name.
     pub(crate) wakeups: Wakeups,
     /// Queued waiters in this process, by waiter token: a release names

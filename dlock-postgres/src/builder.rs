@@ -173,7 +173,6 @@ impl PgBuilder {
             inner: Arc::new(Inner {
                 pool,
                 sql,
-                holder: dlock_core::host_and_pid(),
                 wakeups: Wakeups::new(),
                 queued_wakeups: Wakeups::new(),
                 listen,

@@ -10,6 +10,7 @@ const INVALID_PASSWORD: &str = "28P01";
 const INVALID_AUTHORIZATION: &str = "28000";
 const INVALID_CATALOG_NAME: &str = "3D000";
 const UNDEFINED_TABLE: &str = "42P01";
+const UNDEFINED_COLUMN: &str = "42703";
 pub(crate) const INSUFFICIENT_PRIVILEGE: &str = "42501";
 
 /// The server's SQLSTATE, when the server answered with an error.
@@ -56,6 +57,16 @@ pub(crate) fn sql_error(e: sqlx::Error, doing: &str) -> Error {
             return Error::backend(
                 NAME,
                 format!("{doing}: the lock table is missing; call PgBackend::migrate() once"),
+                e,
+            );
+        }
+        Some(UNDEFINED_COLUMN) => {
+            return Error::backend(
+                NAME,
+                format!(
+                    "{doing}: the lock table was made by an older release; call \
+                     PgBackend::migrate() once"
+                ),
                 e,
             );
         }

@@ -59,7 +59,7 @@ impl PgBackend {
             &owner.to_string(),
             mode,
             micros_up(opts.ttl_value()),
-            &self.inner.holder,
+            opts.holder_value(),
             waiter,
             micros_up(self.place()),
         );
@@ -209,6 +209,7 @@ impl PgBackend {
             &write.owner().to_string(),
             &reader.to_string(),
             micros_up(opts.ttl_value()),
+            opts.holder_value(),
         );
         // A read hold of unknown outcome is released, as an acquire's is.
         let mut undo = {

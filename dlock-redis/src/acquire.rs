@@ -9,7 +9,7 @@ use tokio::time::Instant;
 
 use crate::backend::{NAME, RedisBackend};
 use crate::error::unconfirmed;
-use crate::keys::Keys;
+use crate::keys::{Keys, value};
 use dlock_core::millis_up;
 
 impl RedisBackend {
@@ -33,7 +33,8 @@ impl RedisBackend {
         // a caller who never hears of it, so release it by its token.
         let mut cleanup = {
             let (backend, name, ttl) = (self.clone(), name.to_owned(), opts.ttl_value());
-            UndoOnDrop::new(async move { backend.undo(&name, owner, ttl).await })
+            let value = value(owner, opts.holder_value());
+            UndoOnDrop::new(async move { backend.undo(&name, &value, ttl).await })
         };
         let mut invocation = self.queue_scripts().acquire.prepare_invoke();
         invocation
@@ -41,7 +42,7 @@ impl RedisBackend {
             .key(&keys.fence)
             .key(&keys.queue)
             .key(&keys.queue_expiry)
-            .arg(owner.to_string())
+            .arg(value(owner, opts.holder_value()))
             .arg(millis_up(opts.ttl_value()));
         if !waiter.is_empty() {
             invocation.arg(waiter).arg(millis_up(self.place_lifetime()));

@@ -7,7 +7,7 @@ use tokio::time::Instant;
 
 use crate::backend::{NAME, RedisBackend};
 use crate::error::{owner_checked, unconfirmed};
-use crate::keys::keys;
+use crate::keys::{keys, value_of};
 use dlock_core::millis_up;
 
 use crate::scripts::{EXTEND, EXTEND_MANY, FENCE_RETENTION_MS};
@@ -32,7 +32,7 @@ impl RedisBackend {
         invocation
             .key(&keys.lock)
             .key(&keys.fence)
-            .arg(lease.owner().to_string())
+            .arg(value_of(lease))
             .arg(millis_up(ttl))
             .arg(FENCE_RETENTION_MS);
         let (extended, confirmed) = self.run::<i64>(&invocation, true, "extend").await?;
@@ -73,7 +73,7 @@ impl RedisBackend {
             let keys = self.keys(lease.name());
             invocation.key(keys.lock).key(keys.fence);
             invocation
-                .arg(lease.owner().to_string())
+                .arg(value_of(lease))
                 .arg(millis_up(lease.ttl().unwrap_or_default()));
         }
         let sent = Instant::now();
@@ -113,7 +113,7 @@ impl RedisBackend {
                 let keys = self.keys(leases[i].name());
                 invocation.key(keys.lock).key(keys.fence);
                 invocation
-                    .arg(leases[i].owner().to_string())
+                    .arg(value_of(&leases[i]))
                     .arg(millis_up(leases[i].ttl().unwrap_or_default()));
             }
             async move {

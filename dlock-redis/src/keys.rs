@@ -4,8 +4,8 @@
 //!
 //! | key | type | holds |
 //! |---|---|---|
-//! | `P:{E}` | string, with a PX expiry | the holder's owner token, 32 hex digits; for a reader-writer lock or semaphore, its marker (`~rw`, `~s<N>`) |
-//! | `P:{E}:h` | sorted set, with a PX expiry | a reader-writer lock's or semaphore's holds (owner token and mode code), by expiry (server µs) |
+//! | `P:{E}` | string, with a PX expiry | the holder's owner token, 32 hex digits, then its holder description; for a reader-writer lock or semaphore, its marker (`~rw`, `~s<N>`) |
+//! | `P:{E}:h` | sorted set, with a PX expiry | a reader-writer lock's or semaphore's holds (owner token, mode code, holder description), by expiry (server µs) |
 //! | `P:{E}:qm` | hash, with a PX expiry | the mode code and marker of each of their waiters |
 //! | `P:{E}:fence` | string | the last fencing token granted |
 //! | `P:{E}:q` | sorted set, with a PX expiry | the waiters, by arrival (server µs) |
@@ -19,7 +19,39 @@
 //! counter always share a cluster slot. The escape is injective: every name
 //! gets its own keys.
 
-use dlock_core::{Error, Result};
+use dlock_core::{Error, Lease, Mode, OwnerToken, Result};
+
+/// A mutex lock key's value: the owner token, then the holder description.
+/// The scripts compare the whole value, so a grant's value is its owner's
+/// alone as before, and `inspect` reads both from one key.
+pub(crate) fn value(owner: OwnerToken, holder: &str) -> String {
+    format!("{owner}{holder}")
+}
+
+/// A mutex lease's lock key value.
+pub(crate) fn value_of(lease: &Lease) -> String {
+    value(lease.owner(), lease.holder())
+}
+
+/// A shared hold's member of the holds set: the owner token, the mode
+/// code, then the holder description.
+pub(crate) fn member(owner: OwnerToken, mode: Mode, holder: &str) -> String {
+    format!("{owner}{}{holder}", mode.code())
+}
+
+/// A shared lease's member of the holds set.
+pub(crate) fn member_of(lease: &Lease) -> String {
+    member(lease.owner(), lease.mode(), lease.holder())
+}
+
+/// The owner token and holder description of a lock key's value
+/// (`shared`: of a holds member); `None` for what this driver did not
+/// write.
+pub(crate) fn holder_parts(stored: &str, shared: bool) -> Option<(OwnerToken, &str)> {
+    let owner = stored.get(..32)?.parse().ok()?;
+    let holder = stored.get(if shared { 33.. } else { 32.. })?;
+    Some((owner, holder))
+}
 
 /// The key names of one lock.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -5,7 +5,7 @@ use std::time::Duration;
 use dlock_core::{Error, HeldLock, LockInfo, LockPage, Result, validate_name};
 
 use crate::backend::{NAME, RedisBackend};
-use crate::keys::{lock_pattern, name_of};
+use crate::keys::{holder_parts, lock_pattern, name_of};
 use crate::scripts::INSPECT;
 
 impl RedisBackend {
@@ -81,32 +81,34 @@ impl RedisBackend {
             let [owner, pttl, fence, last_hold] = reply else {
                 return Err(Error::malformed(NAME, "list", reply));
             };
-            let (Ok(Some(mut owner)), Ok(pttl)) = (
+            let (Ok(Some(value)), Ok(pttl)) = (
                 redis::from_redis_value_ref::<Option<String>>(owner),
                 redis::from_redis_value_ref::<i64>(pttl),
             ) else {
                 continue; // released between SCAN and the read
             };
-            if owner.starts_with('~') {
+            let last;
+            let (stored, shared) = if value.starts_with('~') {
                 // A reader-writer lock or semaphore: the hold that lasts
                 // longest speaks for it.
-                let last =
-                    redis::from_redis_value_ref::<Vec<String>>(last_hold).unwrap_or_default();
-                match last.first().and_then(|m| m.get(..32)) {
-                    Some(token) => owner = token.to_owned(),
+                last = redis::from_redis_value_ref::<Vec<String>>(last_hold).unwrap_or_default();
+                match last.first() {
+                    Some(member) => (member, true),
                     None => continue,
                 }
-            }
-            let owner = owner
-                .parse()
-                .map_err(|_| Error::malformed(NAME, "list (owner)", &owner))?;
+            } else {
+                (&value, false)
+            };
+            let (owner, holder) = holder_parts(stored, shared)
+                .ok_or_else(|| Error::malformed(NAME, "list (owner)", stored))?;
             let fence = redis::from_redis_value_ref::<Option<String>>(fence)
                 .ok()
                 .flatten()
                 .and_then(|f| f.parse().ok())
                 .unwrap_or(0);
             let expires_in = u64::try_from(pttl).ok().map(Duration::from_millis);
-            locks.push(HeldLock::new(name, LockInfo::new(owner, fence, expires_in)));
+            let info = LockInfo::new(owner, fence, expires_in).with_holder(holder);
+            locks.push(HeldLock::new(name, info));
         }
         Ok(LockPage::new(locks, (scan != 0).then(|| scan.to_string())))
     }
@@ -133,15 +135,14 @@ impl RedisBackend {
                 Err(Error::malformed(NAME, "inspect", reply))
             };
         };
-        let owner = owner
-            .parse()
-            .map_err(|_| Error::malformed(NAME, "inspect (owner)", owner))?;
+        let (owner, holder) = holder_parts(owner, !kind.is_empty())
+            .ok_or_else(|| Error::malformed(NAME, "inspect (owner)", owner))?;
         let fence = fence
             .parse()
             .map_err(|_| Error::malformed(NAME, "inspect (fence)", fence))?;
         let expires_in = pttl.parse::<u64>().ok().map(Duration::from_millis);
         Ok(Some((
-            LockInfo::new(owner, fence, expires_in),
+            LockInfo::new(owner, fence, expires_in).with_holder(holder),
             kind.clone(),
         )))
     }

@@ -9,7 +9,7 @@ use redis::ScriptInvocation;
 
 use crate::backend::RedisBackend;
 use crate::error::owner_checked;
-use crate::keys::Keys;
+use crate::keys::{Keys, value, value_of};
 use dlock_core::millis_up;
 
 use crate::scripts::HOLD;
@@ -22,7 +22,8 @@ impl RedisBackend {
             return self.release_shared(lease).await;
         }
         let keys = self.keys(lease.name());
-        let mut invocation = self.release_script(&keys, lease.owner());
+        let value = value_of(lease);
+        let mut invocation = self.release_script(&keys, &value);
         self.mark_replays(&mut invocation, &keys)?;
         let (released, confirmed) = self.run::<i64>(&invocation, false, "release").await?;
         owner_checked(lease, released, confirmed, "release")
@@ -68,36 +69,34 @@ impl RedisBackend {
         let mut invocation = HOLD.prepare_invoke();
         invocation
             .key(&keys.lock)
-            .arg(lease.owner().to_string())
-            .arg(lease.owner().for_hold().to_string())
+            .arg(value_of(lease))
+            // The hold keeps the holder description, for operators.
+            .arg(value(lease.owner().for_hold(), lease.holder()))
             .arg(hold_ms);
         self.mark_replays(&mut invocation, &keys)?;
         let (held, confirmed) = self.run::<i64>(&invocation, true, "release_after").await?;
         owner_checked(lease, held, confirmed, "release_after")
     }
 
-    /// The release script for `owner`'s hold on the lock of `keys`; it
-    /// wakes the head of the queue.
-    fn release_script<'a>(
-        &'a self,
-        keys: &'a Keys,
-        owner: OwnerToken,
-    ) -> redis::ScriptInvocation<'a> {
+    /// The release script for the grant whose lock key value is `value`
+    /// on the lock of `keys`; it wakes the head of the queue.
+    fn release_script<'a>(&'a self, keys: &'a Keys, value: &'a str) -> redis::ScriptInvocation<'a> {
         let mut invocation = self.queue_scripts().release.prepare_invoke();
         invocation
             .key(&keys.lock)
             .key(&keys.queue)
             .key(&keys.queue_expiry)
-            .arg(owner.to_string());
+            .arg(value);
         invocation
     }
 
-    /// Releases `name` if `owner` holds it, retrying while the server is
-    /// out of reach, until it answers or the TTL has freed the lock anyway.
-    /// Publishes like any release, so that waiters wake.
-    pub(crate) async fn undo(&self, name: &str, owner: OwnerToken, ttl: Duration) {
+    /// Releases `name` if the grant whose lock key value is `value` holds
+    /// it, retrying while the server is out of reach, until it answers or
+    /// the TTL has freed the lock anyway. Publishes like any release, so
+    /// that waiters wake.
+    pub(crate) async fn undo(&self, name: &str, value: &str, ttl: Duration) {
         let keys = self.keys(name);
-        let invocation = self.release_script(&keys, owner);
+        let invocation = self.release_script(&keys, value);
         let released = retry_for(ttl, || async {
             self.run::<i64>(&invocation, false, "undo an acquire").await
         })

@@ -11,13 +11,8 @@ use tokio::time::Instant;
 
 use crate::backend::{NAME, RedisBackend};
 use crate::error::{owner_checked, unconfirmed};
-use crate::keys::Keys;
+use crate::keys::{Keys, member, member_of};
 use crate::scripts::FENCE_RETENTION_MS;
-
-/// A hold's member of the holds set: its owner token, then its mode code.
-fn member(owner: OwnerToken, mode: Mode) -> String {
-    format!("{owner}{}", mode.code())
-}
 
 impl RedisBackend {
     /// The keys every shared script takes, in its order.
@@ -59,7 +54,7 @@ impl RedisBackend {
         let mut invocation = self.queue_scripts().shared.acquire.prepare_invoke();
         self.shared_keys(&mut invocation, keys);
         invocation
-            .arg(owner.to_string())
+            .arg(member(owner, mode, opts.holder_value()))
             .arg(mode.code())
             .arg(mode.marker())
             .arg(mode.permits())
@@ -104,7 +99,7 @@ impl RedisBackend {
         let mut invocation = self.queue_scripts().shared.release.prepare_invoke();
         self.shared_keys(&mut invocation, &keys);
         invocation
-            .arg(member(lease.owner(), mode))
+            .arg(member_of(lease))
             .arg(mode.marker())
             .arg(mode.permits());
         self.mark_replays(&mut invocation, &keys)?;
@@ -120,8 +115,8 @@ impl RedisBackend {
         let mut invocation = self.queue_scripts().shared.hold.prepare_invoke();
         self.shared_keys(&mut invocation, &keys);
         invocation
-            .arg(member(lease.owner(), mode))
-            .arg(member(lease.owner().for_hold(), mode))
+            .arg(member_of(lease))
+            .arg(member(lease.owner().for_hold(), mode, lease.holder()))
             .arg(hold_ms)
             .arg(mode.marker());
         self.mark_replays(&mut invocation, &keys)?;
@@ -144,8 +139,8 @@ impl RedisBackend {
         let mut invocation = self.queue_scripts().shared.downgrade.prepare_invoke();
         self.shared_keys(&mut invocation, &keys);
         invocation
-            .arg(member(write.owner(), Mode::Write))
-            .arg(member(reader, Mode::Read))
+            .arg(member_of(write))
+            .arg(member(reader, Mode::Read, opts.holder_value()))
             .arg(millis_up(opts.ttl_value()))
             .arg(Mode::Read.marker());
         // A read hold of unknown outcome (no reply in time, a dropped
@@ -221,7 +216,7 @@ impl RedisBackend {
                 let keys = self.keys(lease.name());
                 invocation.key(keys.lock).key(keys.fence).key(keys.holds);
                 invocation
-                    .arg(member(lease.owner(), lease.mode()))
+                    .arg(member_of(lease))
                     .arg(millis_up(lease.ttl().unwrap_or_default()))
                     .arg(lease.mode().marker());
             }

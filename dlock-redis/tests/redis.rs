@@ -35,7 +35,7 @@ async fn keys_follow_the_documented_layout() {
     let lock_key = format!("dlock:{{{escaped}}}");
     let mut conn = b.connection();
     let value: String = conn.get(&lock_key).await.unwrap();
-    assert_eq!(value, lease.owner().to_string());
+    assert_eq!(value, format!("{}{}", lease.owner(), lease.holder()));
     let pttl: i64 = conn.pttl(&lock_key).await.unwrap();
     assert!(pttl > 29_000 && pttl <= 30_000, "{pttl}");
     let fence: u64 = conn.get(format!("{lock_key}:fence")).await.unwrap();
@@ -43,6 +43,27 @@ async fn keys_follow_the_documented_layout() {
     b.release(&lease).await.unwrap();
     let gone: Option<String> = conn.get(&lock_key).await.unwrap();
     assert_eq!(gone, None);
+}
+
+/// A lock taken by an older release (its key's value the bare owner
+/// token) reads with no holder description, and a lease of the same
+/// grant, with no description, releases it.
+#[tokio::test]
+async fn a_grant_of_an_older_release_reads_without_a_holder() {
+    let b = backend().await;
+    let name = unique_name("old");
+    let owner = dlock_core::OwnerToken::random().unwrap();
+    let mut conn = b.connection();
+    let _: () = conn
+        .pset_ex(format!("dlock:{{{name}}}"), owner.to_string(), 30_000)
+        .await
+        .unwrap();
+    let info = b.inspect(&name).await.unwrap().unwrap();
+    assert_eq!((info.owner, info.holder), (owner, None));
+    let opts = long().holder("");
+    let old = dlock_core::Lease::with_ttl(&name, owner, 1, &opts, Instant::now());
+    b.release(&old).await.unwrap();
+    assert!(b.inspect(&name).await.unwrap().is_none());
 }
 
 #[tokio::test]

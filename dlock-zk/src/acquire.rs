@@ -46,10 +46,18 @@ pub(crate) struct Place {
 impl ZkBackend {
     /// Takes a place in the queue in `dir` for `mode` with a fresh owner
     /// token.
-    pub(crate) async fn join(&self, client: &zk::Client, dir: String, mode: Mode) -> Result<Place> {
+    pub(crate) async fn join(
+        &self,
+        client: &zk::Client,
+        dir: String,
+        mode: Mode,
+        holder: &str,
+    ) -> Result<Place> {
         let owner = OwnerToken::random()?;
         let mut undo = self.undo_create(&dir, &protected_prefix(owner));
-        let (path, czxid, listed) = self.enqueue_and_list(client, &dir, owner, mode).await?;
+        let (path, czxid, listed) = self
+            .enqueue_and_list(client, &dir, (owner, mode, holder))
+            .await?;
         undo.disarm();
         let undo = self.undo_node(&path);
         // Checked only now, so that a bad one still gets the node deleted.
@@ -82,12 +90,16 @@ impl ZkBackend {
         client: &Arc<zk::Client>,
         name: &str,
         mode: Mode,
+        holder: &str,
         (owner, path, czxid_token): (OwnerToken, &str, u64),
     ) -> Result<Lease> {
         let fencing_token = if mode == Mode::Exclusive {
             czxid_token
         } else {
-            match self.bounded(client.set_data(path, &[], None)).await {
+            match self
+                .bounded(client.set_data(path, holder.as_bytes(), None))
+                .await
+            {
                 Ok(stat) => fencing_token(stat.mzxid)?,
                 Err(zk::Error::NoNode) => {
                     return Err(node_vanished());
@@ -104,7 +116,10 @@ impl ZkBackend {
             ));
         }
         let lease = Lease::with_session(name, owner, fencing_token, lost.child_token());
-        Ok(lease.with_handle(path.to_owned()).with_mode(mode))
+        Ok(lease
+            .with_handle(path.to_owned())
+            .with_mode(mode)
+            .with_holder(holder))
     }
 
     /// Joins the queue of `dir`: creates our ephemeral sequential node,
@@ -114,8 +129,7 @@ impl ZkBackend {
         &self,
         client: &zk::Client,
         dir: &str,
-        owner: OwnerToken,
-        mode: Mode,
+        (owner, mode, holder): (OwnerToken, Mode, &str),
     ) -> Result<(String, i64)> {
         let prefix = protected_prefix(owner);
         let path = format!("{dir}/{}", node_prefix(owner, mode));
@@ -123,7 +137,10 @@ impl ZkBackend {
         let dir_opts = zk::CreateMode::Container.with_acls(self.acls());
         let mut last = None;
         for _ in 0..5 {
-            match self.bounded(client.create(&path, &[], &node_opts)).await {
+            match self
+                .bounded(client.create(&path, holder.as_bytes(), &node_opts))
+                .await
+            {
                 Ok((stat, seq)) => {
                     let node = format!("{path}{seq}");
                     return Ok((node, stat.czxid));
@@ -163,13 +180,14 @@ impl ZkBackend {
         &self,
         client: &zk::Client,
         dir: &str,
-        owner: OwnerToken,
-        mode: Mode,
+        (owner, mode, holder): (OwnerToken, Mode, &str),
     ) -> Result<(String, i64, Option<Queue>)> {
         let prefix = protected_prefix(owner);
         let path = format!("{dir}/{}", node_prefix(owner, mode));
         let node_opts = zk::CreateMode::EphemeralSequential.with_acls(self.acls());
-        let create = client.create(&path, &[], &node_opts);
+        // The node's data is the holder description (Curator's nodes hold
+        // their client's address, which reads as theirs).
+        let create = client.create(&path, holder.as_bytes(), &node_opts);
         let list = client.list_children(dir);
         let (created, listed) = tokio::join!(self.bounded(create), self.bounded(list));
         match created {
@@ -180,14 +198,14 @@ impl ZkBackend {
             )),
             // Not created: the parents are missing (containers come and go).
             Err(zk::Error::NoNode) => {
-                let (node, czxid) = self.enqueue(client, dir, owner, mode).await?;
+                let (node, czxid) = self.enqueue(client, dir, (owner, mode, holder)).await?;
                 Ok((node, czxid, None))
             }
             // Maybe created: look for it before creating another.
             Err(zk::Error::ConnectionLoss) => match self.find_own(client, dir, &prefix).await? {
                 Some((node, czxid)) => Ok((node, czxid, None)),
                 None => {
-                    let (node, czxid) = self.enqueue(client, dir, owner, mode).await?;
+                    let (node, czxid) = self.enqueue(client, dir, (owner, mode, holder)).await?;
                     Ok((node, czxid, None))
                 }
             },

@@ -141,14 +141,17 @@ impl Backend for ZkBackend {
 
     async fn try_acquire(&self, name: &str, opts: &LockOptions) -> Result<Option<Lease>> {
         check_request(name, opts)?;
-        self.within("acquire", self.contend(name, opts.mode_value(), None))
-            .await
+        self.within(
+            "acquire",
+            self.contend(name, opts.mode_value(), opts.holder_value(), None),
+        )
+        .await
     }
 
     async fn acquire(&self, name: &str, opts: &LockOptions) -> Result<Lease> {
         let request_timeout = self.request_timeout();
         bounded_acquire(name, opts, request_timeout, |deadline| {
-            self.wait(name, opts.mode_value(), deadline)
+            self.wait(name, opts.mode_value(), opts.holder_value(), deadline)
         })
         .await
     }

@@ -41,7 +41,10 @@ impl ZkBackend {
         // looked for by its prefix and deleted.
         let mut undo = self.undo_create(&dir, &prefix);
         let node_opts = zk::CreateMode::Ephemeral.with_acls(self.acls());
-        let created = self.bounded(client.create(&path, &[], &node_opts)).await;
+        let holder = opts.holder_value();
+        let created = self
+            .bounded(client.create(&path, holder.as_bytes(), &node_opts))
+            .await;
         if !matches!(created, Err(zk::Error::ConnectionLoss)) {
             // Any other answer says whether the node is there, and
             // `bounded` answers a timeout as a connection loss.
@@ -80,6 +83,9 @@ impl ZkBackend {
             lost.child_token(),
         );
         undo.disarm();
-        Ok(lease.with_handle(path).with_mode(Mode::Read))
+        Ok(lease
+            .with_handle(path)
+            .with_mode(Mode::Read)
+            .with_holder(holder))
     }
 }

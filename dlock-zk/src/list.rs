@@ -70,7 +70,7 @@ impl ZkBackend {
             // The node at the front only waited for the hold.
             return Ok(Some(info));
         }
-        let (first, stat) = match self.front(&client, &dir, &queue).await? {
+        let (first, stat, data) = match self.front(&client, &dir, &queue).await? {
             Front::Free | Front::Gone => return Ok(None),
             // The first that still held (ended ones before it go too).
             Front::PermitHolds(paths) => {
@@ -81,10 +81,10 @@ impl ZkBackend {
                 }
                 return Ok(None);
             }
-            Front::Node(first, stat) => (first, stat),
+            Front::Node(first, stat, data) => (first, stat, data),
         };
         match self.bounded(client.delete(&first, None)).await {
-            Ok(()) => Ok(Some(front_info(&first, &stat)?)),
+            Ok(()) => Ok(Some(front_info(&first, &stat, &data)?)),
             Err(zk::Error::NoNode) => Ok(None),
             Err(e) => Err(zk_error(e, "force_release")),
         }
@@ -111,7 +111,9 @@ impl ZkBackend {
                     }
                     return Ok(None);
                 }
-                Front::Node(first, stat) => return Ok(Some(front_info(&first, &stat)?)),
+                Front::Node(first, stat, data) => {
+                    return Ok(Some(front_info(&first, &stat, &data)?));
+                }
                 // Released between the two reads: look again.
                 Front::Gone => {}
             }
@@ -140,9 +142,9 @@ impl ZkBackend {
             None => return Ok(Front::Free),
         };
         let path = format!("{dir}/{first}");
-        Ok(match self.bounded(client.check_stat(&path)).await {
-            Ok(Some(stat)) => Front::Node(path, stat),
-            Ok(None) => Front::Gone,
+        Ok(match self.bounded(client.get_data(&path)).await {
+            Ok((data, stat)) => Front::Node(path, stat, data),
+            Err(zk::Error::NoNode) => Front::Gone,
             Err(e) => return Err(zk_error(e, "inspect")),
         })
     }
@@ -154,8 +156,8 @@ enum Front {
     Free,
     /// The node listed went before its stat was read.
     Gone,
-    /// The node's path, and its stat.
-    Node(String, zk::Stat),
+    /// The node's path, its stat, and its data (the holder description).
+    Node(String, zk::Stat, Vec<u8>),
     /// Permits' holds, and no permit held (see [`crate::hold`]): their
     /// nodes' paths.
     PermitHolds(Vec<String>),
@@ -164,13 +166,19 @@ enum Front {
 /// The holder as the node at the front of a queue shows it, with the token
 /// its grant drew: a shared kind's node was written at its grant (see
 /// `grant`), a mutex's was not. Other recipes' nodes (kazoo's) carry no
-/// owner token: the zero token stands for them.
-fn front_info(path: &str, stat: &zk::Stat) -> Result<LockInfo> {
+/// owner token: the zero token stands for them. The node's data is its
+/// holder description, when it is text (a Curator node's is its client's
+/// address).
+fn front_info(path: &str, stat: &zk::Stat, data: &[u8]) -> Result<LockInfo> {
     let node = path.rsplit('/').next().unwrap_or_default();
     let owner = owner_of(node).unwrap_or(OwnerToken::from_u128(0));
     let drawn = match parse(node) {
         Some((Node::Read | Node::Write | Node::Permit(_), _)) => stat.mzxid,
         _ => stat.czxid,
     };
-    Ok(LockInfo::new(owner, fencing_token(drawn)?, None))
+    let info = LockInfo::new(owner, fencing_token(drawn)?, None);
+    Ok(match std::str::from_utf8(data) {
+        Ok(holder) if dlock_core::check_holder(holder).is_ok() => info.with_holder(holder),
+        _ => info,
+    })
 }

@@ -49,19 +49,23 @@ impl ZkBackend {
         &self,
         name: &str,
         permits: u32,
+        holder: &str,
         deadline: Option<Deadline>,
     ) -> Result<Option<Lease>> {
         let dir = self.lock_dir(name);
         let gate_dir = format!("{dir}/{GATE}");
         let Some(gate) = self
-            .queue_for(name, gate_dir, Mode::Exclusive, deadline)
+            .queue_for(name, gate_dir, Mode::Exclusive, holder, deadline)
             .await?
         else {
             return Ok(None);
         };
         let gate_path = gate.handle().unwrap_or_default().to_owned();
         let mut gate_undo = self.undo_node(&gate_path);
-        let got = match self.take_permit(name, &dir, permits, &gate, deadline).await {
+        let got = match self
+            .take_permit(name, &dir, permits, holder, &gate, deadline)
+            .await
+        {
             Ok(Some((client, mut place))) => {
                 // Our token is drawn before the gate is left (a session's
                 // requests are sent, and applied, in call order, and
@@ -71,7 +75,7 @@ impl ZkBackend {
                 let node = (place.owner, place.path.as_str(), place.fencing_token);
                 let mode = Mode::Permit(permits);
                 let (granted, ()) = tokio::join!(
-                    self.grant(&client, name, mode, node),
+                    self.grant(&client, name, mode, holder, node),
                     self.delete_node(gate_path)
                 );
                 // Dropped before here, the place's undo deletes the lease
@@ -100,6 +104,7 @@ impl ZkBackend {
         name: &str,
         dir: &str,
         permits: u32,
+        holder: &str,
         gate: &Lease,
         deadline: Option<Deadline>,
     ) -> Result<Option<(Arc<zk::Client>, Place)>> {
@@ -115,7 +120,9 @@ impl ZkBackend {
             return Err(gate_lost());
         }
         let mode = Mode::Permit(permits);
-        let mut place = self.join(&client, format!("{dir}/{LEASES}"), mode).await?;
+        let mut place = self
+            .join(&client, format!("{dir}/{LEASES}"), mode, holder)
+            .await?;
         loop {
             // The listing sent with the create (see `join`) for the first
             // look; a watch comes only with a listing of our own, and a

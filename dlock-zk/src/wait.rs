@@ -17,10 +17,16 @@ impl ZkBackend {
     /// connection: it costs that attempt its node (the server went, or the
     /// session moved to another server of the ensemble), not the caller its
     /// wait.
-    pub(crate) async fn wait(&self, name: &str, mode: Mode, deadline: Deadline) -> Result<Lease> {
+    pub(crate) async fn wait(
+        &self,
+        name: &str,
+        mode: Mode,
+        holder: &str,
+        deadline: Deadline,
+    ) -> Result<Lease> {
         let mut backoff = Backoff::new(Duration::from_millis(50), Duration::from_secs(1));
         loop {
-            match self.contend(name, mode, Some(deadline)).await {
+            match self.contend(name, mode, holder, Some(deadline)).await {
                 Ok(Some(lease)) => return Ok(lease),
                 Ok(None) => return Err(deadline.timeout_error(name)),
                 Err(e) if e.is_retryable() && !deadline.is_past() => {
@@ -38,12 +44,13 @@ impl ZkBackend {
         &self,
         name: &str,
         mode: Mode,
+        holder: &str,
         deadline: Option<Deadline>,
     ) -> Result<Option<Lease>> {
         match mode {
-            Mode::Permit(permits) => self.contend_permit(name, permits, deadline).await,
+            Mode::Permit(permits) => self.contend_permit(name, permits, holder, deadline).await,
             _ => {
-                self.queue_for(name, self.lock_dir(name), mode, deadline)
+                self.queue_for(name, self.lock_dir(name), mode, holder, deadline)
                     .await
             }
         }
@@ -65,10 +72,11 @@ impl ZkBackend {
         name: &str,
         dir: String,
         mode: Mode,
+        holder: &str,
         deadline: Option<Deadline>,
     ) -> Result<Option<Lease>> {
         let client = self.client();
-        let mut place = self.join(&client, dir, mode).await?;
+        let mut place = self.join(&client, dir, mode, holder).await?;
         loop {
             let queue = match place.listed.take() {
                 // The listing sent with the create: the server answers a
@@ -114,7 +122,7 @@ impl ZkBackend {
                         Some(left) => Watch::Hold(left),
                         None => {
                             let node = (place.owner, place.path.as_str(), place.fencing_token);
-                            let lease = self.grant(&client, name, mode, node).await?;
+                            let lease = self.grant(&client, name, mode, holder, node).await?;
                             place.undo.disarm();
                             return Ok(Some(lease));
                         }

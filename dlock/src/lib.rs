@@ -3,8 +3,9 @@
 
 pub use dlock_core::{
     Backend, CancellationToken, Capabilities, Error, Guard, JobOptions, JobOutcome, JobRun, Lease,
-    LeaseKind, LockInfo, LockOptions, Locker, MemoryBackend, Mode, Observed, OwnerToken, Result,
-    RunReport, Schedule, ScheduledJob, Semaphore, async_trait, validate_name,
+    LeaseKind, LockInfo, LockOptions, Locker, MAX_HOLDER_LEN, MemoryBackend, Mode, Observed,
+    OwnerToken, Result, RunReport, Schedule, ScheduledJob, Semaphore, async_trait, host_and_pid,
+    validate_name,
 };
 
 #[doc(hidden)]

@@ -1,13 +1,14 @@
-//! Administration: `list` shows exactly the held locks, page by page, and
-//! `force_release` frees a name whoever holds it.
+//! Administration: `list` shows exactly the held locks, page by page,
+//! `force_release` frees a name whoever holds it, and both, with `inspect`,
+//! say who holds it.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use dlock_core::{Backend, Error};
+use dlock_core::{Backend, Error, LockOptions};
 
-use super::assert_not_held;
+use super::{assert_not_held, needs};
 use crate::support::{long, must_acquire, unique_name};
 
 /// `list` pages through the held locks under a prefix: every held name
@@ -120,4 +121,109 @@ pub async fn force_release_frees_the_name_for_the_next_holder(backend: &Arc<dyn 
         let after = must_acquire(backend.as_ref(), &name, &long()).await;
         backend.release(&after).await.expect("release");
     }
+}
+
+/// Every grant stores its holder description ([`LockOptions::holder`]):
+/// `inspect`, `list` and `force_release` report it, for a mutex and for a
+/// reader's and a permit's hold; the default is this process's `host:pid`,
+/// an empty one is none; a description too long or with a control
+/// character is refused before anything is written.
+pub async fn holders_show_in_inspect_and_list(backend: &Arc<dyn Backend>) {
+    let case = "holders_show_in_inspect_and_list";
+    let prefix = format!("{}/", unique_name("holder"));
+    let holder = "worker 7 · Zürich:4211 🔒";
+    let named = format!("{prefix}named");
+    let lease = must_acquire(backend.as_ref(), &named, &long().holder(holder)).await;
+    assert_eq!(lease.holder(), holder);
+    assert_eq!(holder_of(backend, &named).await.as_deref(), Some(holder));
+
+    let default = format!("{prefix}default");
+    let by_default = must_acquire(backend.as_ref(), &default, &long()).await;
+    let expected = dlock_core::host_and_pid();
+    assert_eq!(
+        holder_of(backend, &default).await,
+        Some(expected.clone()),
+        "a grant without a holder description stores host:pid"
+    );
+    let anonymous = format!("{prefix}none");
+    let unnamed = must_acquire(backend.as_ref(), &anonymous, &long().holder("")).await;
+    assert_eq!(holder_of(backend, &anonymous).await, None);
+
+    match backend.list(&prefix, None, 10).await {
+        Ok(page) => {
+            let listed: BTreeMap<String, Option<String>> = page
+                .locks
+                .into_iter()
+                .map(|l| (l.name, l.info.holder))
+                .collect();
+            let wanted = BTreeMap::from([
+                (default.clone(), Some(expected)),
+                (named.clone(), Some(holder.to_owned())),
+                (anonymous.clone(), None),
+            ]);
+            assert_eq!(listed, wanted, "list shows each lock's holder");
+        }
+        Err(Error::Unsupported { .. }) => {}
+        Err(e) => panic!("list failed: {e}"),
+    }
+
+    let refused = format!("{prefix}refused");
+    for bad in [
+        "two\nlines",
+        "\u{1b}[2J",
+        &"x".repeat(dlock_core::MAX_HOLDER_LEN + 1),
+    ] {
+        let tried = backend.try_acquire(&refused, &long().holder(bad)).await;
+        assert!(
+            matches!(
+                tried,
+                Err(Error::InvalidOption {
+                    option: "holder",
+                    ..
+                })
+            ),
+            "the holder {bad:?} was not refused: {tried:?}"
+        );
+    }
+    assert!(
+        backend.inspect(&refused).await.expect("inspect").is_none(),
+        "a refused acquire left a holder"
+    );
+
+    let removed = backend.force_release(&named).await.expect("force_release");
+    assert_eq!(
+        removed.and_then(|info| info.holder).as_deref(),
+        Some(holder),
+        "force_release reports the holder it removed"
+    );
+    for lease in [by_default, unnamed] {
+        backend.release(&lease).await.expect("release");
+    }
+
+    let caps = backend.capabilities();
+    let shared = [
+        (caps.rwlock, LockOptions::new().read(), "reader 1"),
+        (caps.semaphore, LockOptions::new().permits(3), "permit 1"),
+    ];
+    for (has, opts, holder) in shared {
+        if !needs(case, has, "the backend has no such kind of lock") {
+            continue;
+        }
+        let name = unique_name(case);
+        let opts = opts.ttl(long().ttl_value()).holder(holder);
+        let lease = must_acquire(backend.as_ref(), &name, &opts).await;
+        assert_eq!(
+            holder_of(backend, &name).await.as_deref(),
+            Some(holder),
+            "a {:?} hold's holder",
+            opts.mode_value()
+        );
+        backend.release(&lease).await.expect("release");
+    }
+}
+
+async fn holder_of(backend: &Arc<dyn Backend>, name: &str) -> Option<String> {
+    let info = backend.inspect(name).await.expect("inspect");
+    info.unwrap_or_else(|| panic!("inspect of the held {name:?} found it free"))
+        .holder
 }

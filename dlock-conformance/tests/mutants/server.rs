@@ -19,6 +19,8 @@ pub(crate) struct Server {
     /// On for [`Bug::TryIgnoresExpiry`](crate::Bug::TryIgnoresExpiry): an
     /// expired holder still holds.
     ignores_expiry: bool,
+    /// The holder description of each grant, by owner token.
+    holders: Mutex<HashMap<OwnerToken, String>>,
 }
 
 #[derive(Debug, Default)]
@@ -41,6 +43,21 @@ impl Server {
         Server {
             ignores_expiry,
             ..Server::default()
+        }
+    }
+
+    /// Stores the holder description of the grant `owner` may get.
+    pub(crate) fn describe(&self, owner: OwnerToken, holder: Option<String>) {
+        if let Some(holder) = holder {
+            self.holders.lock().unwrap().insert(owner, holder);
+        }
+    }
+
+    fn info(&self, owner: OwnerToken, version: u64, left: Duration) -> LockInfo {
+        let info = LockInfo::new(owner, version, Some(left));
+        match self.holders.lock().unwrap().get(&owner) {
+            Some(holder) => info.with_holder(holder.clone()),
+            None => info,
         }
     }
 
@@ -190,7 +207,7 @@ impl Server {
                 let left = expires.saturating_duration_since(now);
                 Some(HeldLock::new(
                     name.clone(),
-                    LockInfo::new(owner, slot.version, Some(left)),
+                    self.info(owner, slot.version, left),
                 ))
             })
             .collect();
@@ -202,12 +219,13 @@ impl Server {
         let slots = self.slots.lock().unwrap();
         let now = Instant::now();
         let slot = slots.get(name)?;
-        let (owner, expires) = self.live(slot, now)?;
-        Some(LockInfo::new(
-            owner,
-            slot.version,
-            Some(expires.saturating_duration_since(now)),
-        ))
+        // A shared kind's newest live hold speaks for the name.
+        let shared = || {
+            let newest = slot.holds.iter().rev().find(|h| h.2 > now)?;
+            Some((newest.0, newest.2))
+        };
+        let (owner, expires) = self.live(slot, now).or_else(shared)?;
+        Some(self.info(owner, slot.version, expires.saturating_duration_since(now)))
     }
 
     /// A mutex acquire's conflict with the shared kinds of lock.

@@ -103,6 +103,15 @@ impl Sim {
         })
     }
 
+    /// The holder description a grant with `opts` stores.
+    fn holder(&self, opts: &LockOptions) -> Option<String> {
+        match self.bug {
+            Some(Bug::HolderNotStored) => None,
+            Some(Bug::HolderOfTheClient) => Some(dlock_core::host_and_pid()),
+            _ => Some(opts.holder_value().to_owned()),
+        }
+    }
+
     /// An attempt at a shared kind of lock, by the waiter with `ticket`.
     async fn attempt_shared(
         &self,
@@ -113,8 +122,12 @@ impl Sim {
         let owner = OwnerToken::random()?;
         let sent = Instant::now();
         let (mode, ttl, bug) = (opts.mode_value(), opts.ttl_value(), self.bug);
+        let holder = self.holder(opts);
         let granted = self
-            .call(|s| s.acquire_shared(name, owner, mode, ttl, ticket, bug))
+            .call(|s| {
+                s.describe(owner, holder);
+                s.acquire_shared(name, owner, mode, ttl, ticket, bug)
+            })
             .await?;
         match granted {
             Err(held) => Err(Error::ModeConflict {
@@ -171,7 +184,9 @@ impl Sim {
             name: name.to_owned(),
             owner,
         };
+        let holder = self.holder(opts);
         let granted = if self.has(Bug::RacyCheckThenSet) {
+            self.call(|s| s.describe(owner, holder)).await?;
             match self.call(|s| s.check(name)).await? {
                 Some(left) => Err(left),
                 None => Ok(self.call(|s| s.set(name, owner, ttl)).await?),
@@ -182,7 +197,10 @@ impl Sim {
             let granted = self
                 .call(|s| match s.shared_conflict(name) {
                     Some(held) => Err(held),
-                    None => Ok(s.acquire(name, owner, ttl)),
+                    None => {
+                        s.describe(owner, holder);
+                        Ok(s.acquire(name, owner, ttl))
+                    }
                 })
                 .await?;
             match granted {

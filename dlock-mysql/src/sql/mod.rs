@@ -71,7 +71,8 @@ pub(crate) struct Statements {
     pub anchor: SqlStr,
     /// The owner column of a name: a marker for the shared kinds.
     pub kind: SqlStr,
-    table: String,
+    /// The lock table's name.
+    pub table: String,
 }
 
 /// The leases of one batch renewal, as SQL literals: a batch has no fixed
@@ -111,13 +112,22 @@ fn hex(bytes: &[u8]) -> String {
     out
 }
 
-/// The owner `list` and `inspect` show for the row `l`: a name held as a
-/// reader-writer lock or a semaphore shows the holder of its longest hold.
+/// The owner and the holder description (two columns, the second as
+/// bytes) `list` and `inspect` show for the row `l`: a name held as a
+/// reader-writer lock or a semaphore shows its longest hold's.
 fn shown_owner(table: &str) -> String {
+    let longest = |column: &str| {
+        format!(
+            "(SELECT h.{column} FROM `{table}_holds` AS h
+              WHERE h.name = l.name AND NOT h.waiting AND h.expires_at > {NOW}
+              ORDER BY h.expires_at DESC LIMIT 1)"
+        )
+    };
     format!(
-        "IF(l.owner LIKE '~%', COALESCE((SELECT h.owner FROM `{table}_holds` AS h
-           WHERE h.name = l.name AND NOT h.waiting AND h.expires_at > {NOW}
-           ORDER BY h.expires_at DESC LIMIT 1), l.owner), l.owner)"
+        "IF(l.owner LIKE '~%', COALESCE({}, l.owner), l.owner),
+         CAST(IF(l.owner LIKE '~%', {}, l.holder) AS BINARY)",
+        longest("owner"),
+        longest("holder")
     )
 }
 
@@ -140,7 +150,7 @@ impl Statements {
                     version BIGINT UNSIGNED NOT NULL,
                     expires_at DATETIME(6) NOT NULL,
                     acquired_at DATETIME(6) NOT NULL,
-                    holder VARCHAR(255) NOT NULL,
+                    holder VARBINARY(255) NOT NULL DEFAULT '',
                     KEY expires_at (expires_at)
                 ) ENGINE=InnoDB"
             )),

@@ -134,7 +134,7 @@ impl Statements {
             "r" => "@dl_held_w = 0 AND @dl_ahead_w = 0".to_owned(),
             _ => format!("@dl_held + @dl_ahead < {}", mode.permits()),
         };
-        let who = format!("CONVERT({} USING utf8mb4)", bytes(holder.as_bytes()));
+        let who = bytes(holder.as_bytes());
         let begin = self.begin(&n);
         let (ttl, place) = (after(ttl_us), after(place_us));
         safe(format!(
@@ -154,8 +154,8 @@ impl Statements {
                owner = '{k}', version = GREATEST(version + 1, {CLOCK}), acquired_at = {NOW}, holder = {who}
              WHERE name = {n} AND @dl_admit;
              SET @dl_fence = IF(@dl_admit, (SELECT version FROM `{t}` WHERE name = {n}), NULL);
-             INSERT INTO {h} (name, owner, mode, kind, fence, expires_at, waiting, since)
-               SELECT {n}, '{owner}', '{code}', '{k}', @dl_fence, {ttl}, FALSE, 0 FROM DUAL WHERE @dl_admit;
+             INSERT INTO {h} (name, owner, mode, kind, fence, expires_at, waiting, since, holder)
+               SELECT {n}, '{owner}', '{code}', '{k}', @dl_fence, {ttl}, FALSE, 0, {who} FROM DUAL WHERE @dl_admit;
              DELETE FROM {h} WHERE name = {n} AND (
                (owner = '{me}' AND waiting AND @dl_admit)
                OR (owner <> '{me}' AND expires_at < {NOW} - INTERVAL 1 MINUTE));
@@ -211,8 +211,16 @@ impl Statements {
 
     /// A read hold for `reader` beside the live write hold of `writer`,
     /// waiters or not. One row: the fencing token, NULL when not granted.
-    pub fn downgrade(&self, name: &[u8], writer: &str, reader: &str, ttl_us: u64) -> SqlStr {
+    pub fn downgrade(
+        &self,
+        name: &[u8],
+        writer: &str,
+        reader: &str,
+        ttl_us: u64,
+        holder: &str,
+    ) -> SqlStr {
         let (t, h, n, ttl) = (&self.table, self.holds(), bytes(name), after(ttl_us));
+        let who = bytes(holder.as_bytes());
         let begin = self.begin(&n);
         safe(format!(
             "{begin}
@@ -222,8 +230,8 @@ impl Statements {
              UPDATE `{t}` SET expires_at = GREATEST(expires_at, {ttl}),
                version = GREATEST(version + 1, {CLOCK}) WHERE name = {n} AND @dl_w;
              SET @dl_fence = IF(@dl_w, (SELECT version FROM `{t}` WHERE name = {n}), NULL);
-             INSERT INTO {h} (name, owner, mode, kind, fence, expires_at, waiting, since)
-               SELECT {n}, '{reader}', 'r', '~rw', @dl_fence, {ttl}, FALSE, 0 FROM DUAL WHERE @dl_w;
+             INSERT INTO {h} (name, owner, mode, kind, fence, expires_at, waiting, since, holder)
+               SELECT {n}, '{reader}', 'r', '~rw', @dl_fence, {ttl}, FALSE, 0, {who} FROM DUAL WHERE @dl_w;
              COMMIT;
              SELECT CAST(@dl_fence AS SIGNED)"
         ))
@@ -303,9 +311,37 @@ impl Statements {
                 expires_at DATETIME(6) NOT NULL,
                 waiting BOOLEAN NOT NULL,
                 since BIGINT UNSIGNED NOT NULL,
+                holder VARBINARY(255) NOT NULL DEFAULT '',
                 PRIMARY KEY (name, owner)
             ) ENGINE=InnoDB",
             self.holds()
+        ))
+    }
+
+    /// The type of the `holder` column of each of the two tables that has
+    /// one: tables made by older releases have a `VARCHAR` in the lock
+    /// table (whose character set may not hold every description) and
+    /// none in the holds table.
+    pub fn holder_columns(&self) -> SqlStr {
+        safe(format!(
+            "SELECT CAST(table_name AS BINARY), CAST(data_type AS BINARY)
+             FROM information_schema.columns
+             WHERE table_schema = DATABASE() AND column_name = 'holder'
+               AND table_name IN ('{t}', '{t}_holds')",
+            t = self.table
+        ))
+    }
+
+    /// Brings the `holder` columns of older tables to this release's:
+    /// bytes, in both tables.
+    pub fn upgrade_holder(&self, in_holds: bool) -> SqlStr {
+        let (table, change) = if in_holds {
+            (self.holds(), "ADD COLUMN")
+        } else {
+            (format!("`{}`", self.table), "MODIFY COLUMN")
+        };
+        safe(format!(
+            "ALTER TABLE {table} {change} holder VARBINARY(255) NOT NULL DEFAULT ''"
         ))
     }
 

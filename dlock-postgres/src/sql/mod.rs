@@ -103,8 +103,15 @@ impl Statements {
                 expires_at timestamptz NOT NULL,
                 waiting boolean NOT NULL,
                 since bigint NOT NULL,
+                holder text NOT NULL DEFAULT '',
                 PRIMARY KEY (name, owner)
-            );"
+            );
+            DO $$ BEGIN
+              IF NOT EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = '{h}'::regclass
+                             AND attname = 'holder' AND NOT attisdropped) THEN
+                ALTER TABLE {h} ADD COLUMN holder text NOT NULL DEFAULT '';
+              END IF;
+            END $$;"
         )
     }
 
@@ -290,37 +297,42 @@ impl Statements {
             Some(s) => format!(" AND name < {}", bytes(&s)),
             None => String::new(),
         };
-        let owner = self.holder_of("l");
+        let (who, shared) = self.holder_of();
         self.bounded(format!(
-            "SELECT encode(name, 'hex'), {owner}, fence,
-               (extract(epoch FROM expires_at - {NOW}) * 1000000)::bigint,
-               expires_at > {NOW}
-             FROM {t} AS l
-             WHERE name > {c} AND name >= {p}{below}
-             ORDER BY name LIMIT {limit}"
+            "SELECT encode(l.name, 'hex'), {who}, l.fence,
+               (extract(epoch FROM l.expires_at - {NOW}) * 1000000)::bigint,
+               l.expires_at > {NOW}
+             FROM {t} AS l {shared}
+             WHERE l.name > {c} AND l.name >= {p}{below}
+             ORDER BY l.name LIMIT {limit}"
         ))
     }
 
     /// The holder of one name.
     pub fn inspect(&self, name: &[u8]) -> SqlStr {
         let (t, n) = (&self.table, bytes(name));
-        let owner = self.holder_of("l");
+        let (who, shared) = self.holder_of();
         self.bounded(format!(
-            "SELECT {owner}, fence, (extract(epoch FROM expires_at - {NOW}) * 1000000)::bigint
-             FROM {t} AS l WHERE name = {n} AND expires_at > {NOW}"
+            "SELECT {who}, l.fence, (extract(epoch FROM l.expires_at - {NOW}) * 1000000)::bigint
+             FROM {t} AS l {shared} WHERE l.name = {n} AND l.expires_at > {NOW}"
         ))
     }
 
-    /// The owner of the row aliased `l`: for a reader-writer lock or a
-    /// semaphore, whose row holds its marker, the owner of the hold that
-    /// lasts longest (`NULL` when none is live).
-    fn holder_of(&self, l: &str) -> String {
-        format!(
-            "CASE WHEN {l}.owner LIKE '~%' THEN (SELECT x.owner FROM {h} AS x
-               WHERE x.name = {l}.name AND NOT x.waiting AND x.expires_at > {NOW}
-               ORDER BY x.expires_at DESC LIMIT 1) ELSE {l}.owner END",
+    /// Who holds the row aliased `l`: its owner and holder description
+    /// (two columns), and the join they need. For a reader-writer lock or
+    /// a semaphore, whose row holds its marker, the hold that lasts
+    /// longest speaks (`NULL`s when none is live).
+    fn holder_of(&self) -> (&'static str, String) {
+        let columns = "CASE WHEN l.owner LIKE '~%' THEN s.owner ELSE l.owner END,
+               CASE WHEN l.owner LIKE '~%' THEN s.holder ELSE l.holder END";
+        let join = format!(
+            "LEFT JOIN LATERAL (SELECT x.owner, x.holder FROM {h} AS x
+               WHERE l.owner LIKE '~%' AND x.name = l.name AND NOT x.waiting
+                 AND x.expires_at > {NOW}
+               ORDER BY x.expires_at DESC LIMIT 1) AS s ON true",
             h = self.holds
-        )
+        );
+        (columns, join)
     }
 
     /// Deletes up to `limit` rows whose lease ended over `age_us` ago, and

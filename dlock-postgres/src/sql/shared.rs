@@ -134,8 +134,8 @@ impl Statements {
                      acquired_at = {NOW}, holder = {who}
                    WHERE name = {n} AND (SELECT admit AND conflict IS NULL FROM v)
                    RETURNING fence),
-             g AS (INSERT INTO {h} (name, owner, mode, kind, fence, expires_at, waiting, since)
-                   SELECT {n}, '{owner}', '{m}', '{k}', fence, {NOW} + {ttl}, false, 0 FROM f),
+             g AS (INSERT INTO {h} (name, owner, mode, kind, fence, expires_at, waiting, since, holder)
+                   SELECT {n}, '{owner}', '{m}', '{k}', fence, {NOW} + {ttl}, false, 0, {who} FROM f),
              gone AS (DELETE FROM {h} WHERE name = {n} AND (
                         (owner = '{me}' AND waiting AND EXISTS (SELECT 1 FROM f))
                         OR (owner <> '{me}' AND expires_at < {NOW} - interval '1 minute'))),
@@ -189,8 +189,16 @@ impl Statements {
 
     /// A read hold for `reader` beside the live write hold of `writer`,
     /// waiters or not. One row, the fencing token, when granted.
-    pub fn downgrade(&self, name: &[u8], writer: &str, reader: &str, ttl_us: u64) -> SqlStr {
+    pub fn downgrade(
+        &self,
+        name: &[u8],
+        writer: &str,
+        reader: &str,
+        ttl_us: u64,
+        holder: &str,
+    ) -> SqlStr {
         let (t, h, n, ttl) = (&self.table, &self.holds, bytes(name), micros(ttl_us));
+        let who = text(holder);
         let lock = self.lock_row(&n);
         self.bounded(format!(
             "{lock}
@@ -199,8 +207,8 @@ impl Statements {
              f AS (UPDATE {t} SET fence = GREATEST(fence + 1, {CLOCK_US}),
                      expires_at = GREATEST(expires_at, {NOW} + {ttl})
                    WHERE name = {n} AND owner = '~rw' AND EXISTS (SELECT 1 FROM w) RETURNING fence),
-             g AS (INSERT INTO {h} (name, owner, mode, kind, fence, expires_at, waiting, since)
-                   SELECT {n}, '{reader}', 'r', '~rw', fence, {NOW} + {ttl}, false, 0 FROM f)
+             g AS (INSERT INTO {h} (name, owner, mode, kind, fence, expires_at, waiting, since, holder)
+                   SELECT {n}, '{reader}', 'r', '~rw', fence, {NOW} + {ttl}, false, 0, {who} FROM f)
              SELECT fence FROM f"
         ))
     }

@@ -282,10 +282,12 @@ return 0
     )
 });
 
-/// KEYS: lock, fence, holds. Returns `{owner, PTTL, fencing token, kind}`,
-/// or an empty array when the lock is free. For a reader-writer lock or a
-/// semaphore the owner is that of the hold that lasts longest, and kind is
-/// the name's marker (`''` for a mutex).
+/// KEYS: lock, fence, holds. Returns `{holder, PTTL, fencing token, kind}`,
+/// or an empty array when the lock is free. For a mutex the holder is the
+/// lock's value (owner token and holder description) and kind is `''`; for
+/// a reader-writer lock or a semaphore, the member of the hold that lasts
+/// longest (owner token, mode code, holder description), and kind is the
+/// name's marker.
 pub(crate) static INSPECT: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r"
@@ -300,7 +302,7 @@ if string.sub(owner, 1, 1) == '~' then
   if not last then
     return {}
   end
-  return {string.sub(last, 1, 32), pttl, fence, owner}
+  return {last, pttl, fence, owner}
 end
 return {owner, pttl, fence, ''}
 ",

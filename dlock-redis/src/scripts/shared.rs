@@ -39,7 +39,7 @@ local function holders(us)
   local count, writer = redis.call('ZCARD', KEYS[3]), false
   if count <= 2 then
     for _, m in ipairs(redis.call('ZRANGE', KEYS[3], 0, -1)) do
-      if string.sub(m, 33) == 'w' then
+      if string.sub(m, 33, 33) == 'w' then
         writer = true
       end
     end
@@ -107,13 +107,14 @@ local function fence_up(us)
 end
 ";
 
-/// ARGV: owner token, mode code, marker, permits, TTL in ms, and to queue
+/// ARGV: member (owner token, mode code, holder description), mode code,
+/// marker, permits, TTL in ms, and to queue
 /// when not admitted: waiter, place lifetime in ms. Returns `{1, fencing
 /// token}` when granted, `{0, ms until the first hold ends}` when not
 /// (`-2`: nobody holds), `{2, kind}` when the name is another kind of lock
 /// (its marker, or `x` for a mutex).
 const ACQUIRE: &str = r"
-local owner, mode, marker = ARGV[1], ARGV[2], ARGV[3]
+local member, mode, marker = ARGV[1], ARGV[2], ARGV[3]
 local permits, ttl, me = tonumber(ARGV[4]), tonumber(ARGV[5]), ARGV[6] or ''
 local us = now_us()
 local ms = math.floor(us / 1000)
@@ -128,7 +129,7 @@ end
 -- A replayed request (a cluster client's resend) finds its own grant, and
 -- gets a token of its own, above every earlier one: the counter may have
 -- moved on to other holders since the first run.
-local mine = redis.call('ZSCORE', KEYS[3], owner .. mode)
+local mine = redis.call('ZSCORE', KEYS[3], member)
 if mine and tonumber(mine) > us then
   return {1, fence_up(us)}
 end
@@ -161,7 +162,7 @@ if admits(mode, permits, count, writer, ahead, ahead_writer) then
     redis.call('ZREM', KEYS[5], me)
     redis.call('HDEL', KEYS[6], me)
   end
-  redis.call('ZADD', KEYS[3], us + ttl * 1000, owner .. mode)
+  redis.call('ZADD', KEYS[3], us + ttl * 1000, member)
   settle(KEYS[1], KEYS[3], marker, us)
   return {1, fence_up(us)}
 end

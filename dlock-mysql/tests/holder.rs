@@ -1,0 +1,98 @@
+//! Holder descriptions on tables made by older releases: `connect` brings
+//! them to this release's layout, and the rows they hold still read.
+
+#![allow(clippy::unwrap_used)] // tests panic on purpose
+
+use dlock_conformance::harness::{Service, shared};
+use dlock_conformance::support::{long, must_acquire, unique_name};
+use dlock_core::{Backend, OwnerToken};
+use dlock_mysql::MySqlBackend;
+
+/// The tables as an older release made them: a `VARCHAR` holder in the
+/// server's default character set (here latin1, which cannot store most
+/// descriptions), none in the holds table.
+fn old_layout(table: &str) -> [String; 2] {
+    [
+        format!(
+            "CREATE TABLE `{table}` (
+               name VARBINARY(255) NOT NULL PRIMARY KEY,
+               owner CHAR(32) CHARACTER SET ascii NOT NULL,
+               version BIGINT UNSIGNED NOT NULL,
+               expires_at DATETIME(6) NOT NULL,
+               acquired_at DATETIME(6) NOT NULL,
+               holder VARCHAR(255) CHARACTER SET latin1 NOT NULL,
+               KEY expires_at (expires_at)
+             ) ENGINE=InnoDB"
+        ),
+        format!(
+            "CREATE TABLE `{table}_holds` (
+               name VARBINARY(255) NOT NULL,
+               owner CHAR(32) CHARACTER SET ascii NOT NULL,
+               mode CHAR(1) CHARACTER SET ascii NOT NULL,
+               kind VARCHAR(16) CHARACTER SET ascii NOT NULL,
+               fence BIGINT UNSIGNED NOT NULL,
+               expires_at DATETIME(6) NOT NULL,
+               waiting BOOLEAN NOT NULL,
+               since BIGINT UNSIGNED NOT NULL,
+               PRIMARY KEY (name, owner)
+             ) ENGINE=InnoDB"
+        ),
+    ]
+}
+
+#[tokio::test]
+async fn tables_of_an_older_release_are_upgraded_on_connect() {
+    let url = shared(Service::MariaDb).await.url();
+    let raw = sqlx::MySqlPool::connect(url).await.unwrap();
+    let table = unique_name("old").replace('-', "_");
+    for create in old_layout(&table) {
+        sqlx::raw_sql(sqlx::AssertSqlSafe(create))
+            .execute(&raw)
+            .await
+            .unwrap();
+    }
+    let old_owner = OwnerToken::random().unwrap();
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "INSERT INTO `{table}` VALUES ('legacy', ?, 5, NOW(6) + INTERVAL 1 MINUTE, NOW(6), 'web-1:77')"
+    )))
+    .bind(old_owner.to_string())
+    .execute(&raw)
+    .await
+    .unwrap();
+
+    let b = MySqlBackend::builder(url)
+        .table(&table)
+        .connect()
+        .await
+        .unwrap();
+    let old = b.inspect("legacy").await.unwrap().unwrap();
+    assert_eq!(old.owner, old_owner);
+    assert_eq!(
+        old.holder.as_deref(),
+        Some("web-1:77"),
+        "the old row's holder reads"
+    );
+
+    let holder = "Zürich 🔒 worker";
+    let mutex = must_acquire(&b, "mutex", &long().holder(holder)).await;
+    let reader = must_acquire(&b, "shared", &long().read().holder(holder)).await;
+    for name in ["mutex", "shared"] {
+        let info = b.inspect(name).await.unwrap().unwrap();
+        assert_eq!(info.holder.as_deref(), Some(holder), "{name}");
+    }
+    // Connecting again finds nothing to change.
+    let again = MySqlBackend::builder(url)
+        .table(&table)
+        .connect()
+        .await
+        .unwrap();
+    again.migrate().await.unwrap();
+    b.release(&mutex).await.unwrap();
+    b.release(&reader).await.unwrap();
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        "DROP TABLE `{table}`, `{table}_holds`"
+    )))
+    .execute(&raw)
+    .await
+    .unwrap();
+}

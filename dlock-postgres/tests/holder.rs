@@ -1,0 +1,71 @@
+//! Holder descriptions on tables made by older releases: `connect` adds
+//! the holds table's holder column, and the rows they hold still read.
+
+#![allow(clippy::unwrap_used)] // tests panic on purpose
+
+use dlock_conformance::harness::{Service, shared};
+use dlock_conformance::support::{long, must_acquire, unique_name};
+use dlock_core::{Backend, OwnerToken};
+use dlock_postgres::PgBackend;
+use sqlx::Connection;
+
+#[tokio::test]
+async fn tables_of_an_older_release_are_upgraded_on_connect() {
+    let url = shared(Service::Postgres).await.url();
+    let mut admin = sqlx::PgConnection::connect(url).await.unwrap();
+    let table = unique_name("old").replace('-', "_").to_lowercase();
+    let old_owner = OwnerToken::random().unwrap();
+    // The tables as an older release made them: no holder in the holds
+    // table.
+    let old_layout = format!(
+        "CREATE TABLE {table} (name bytea PRIMARY KEY, owner text NOT NULL,
+           fence bigint NOT NULL, expires_at timestamptz NOT NULL,
+           acquired_at timestamptz NOT NULL, holder text NOT NULL);
+         CREATE TABLE {table}_holds (name bytea NOT NULL, owner text NOT NULL,
+           mode text NOT NULL, kind text NOT NULL, fence bigint NOT NULL,
+           expires_at timestamptz NOT NULL, waiting boolean NOT NULL,
+           since bigint NOT NULL, PRIMARY KEY (name, owner));
+         INSERT INTO {table} VALUES ('legacy', '{old_owner}', 5,
+           clock_timestamp() + interval '1 minute', clock_timestamp(), 'web-1:77')"
+    );
+    sqlx::raw_sql(sqlx::AssertSqlSafe(old_layout))
+        .execute(&mut admin)
+        .await
+        .unwrap();
+
+    let b = PgBackend::builder(url)
+        .table(&table)
+        .connect()
+        .await
+        .unwrap();
+    let old = b.inspect("legacy").await.unwrap().unwrap();
+    assert_eq!(old.owner, old_owner);
+    assert_eq!(
+        old.holder.as_deref(),
+        Some("web-1:77"),
+        "the old row's holder reads"
+    );
+
+    let holder = "Zürich 🔒 worker";
+    let mutex = must_acquire(&b, "mutex", &long().holder(holder)).await;
+    let reader = must_acquire(&b, "shared", &long().read().holder(holder)).await;
+    for name in ["mutex", "shared"] {
+        let info = b.inspect(name).await.unwrap().unwrap();
+        assert_eq!(info.holder.as_deref(), Some(holder), "{name}");
+    }
+    // Connecting again finds nothing to change.
+    let again = PgBackend::builder(url)
+        .table(&table)
+        .connect()
+        .await
+        .unwrap();
+    again.migrate().await.unwrap();
+    b.release(&mutex).await.unwrap();
+    b.release(&reader).await.unwrap();
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        "DROP TABLE {table}, {table}_holds"
+    )))
+    .execute(&mut admin)
+    .await
+    .unwrap();
+}
