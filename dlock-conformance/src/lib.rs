@@ -91,6 +91,7 @@ macro_rules! __case_list {
                 stress_shared_grants_respect_their_kind,
                 crashed_holder_frees_the_lock,
                 release_after_outlives_its_client,
+                an_election_has_one_leader_at_a_time,
             ]
         }
     };

@@ -298,12 +298,18 @@ caught!(
 caught!(
     a_grant_without_its_holder_is_caught,
     Bug::HolderNotStored,
-    [holders_show_in_inspect_and_list]
+    [
+        holders_show_in_inspect_and_list,
+        an_election_has_one_leader_at_a_time
+    ]
 );
 caught!(
     a_holder_per_client_is_caught,
     Bug::HolderOfTheClient,
-    [holders_show_in_inspect_and_list]
+    [
+        holders_show_in_inspect_and_list,
+        an_election_has_one_leader_at_a_time
+    ]
 );
 caught!(
     a_hold_the_released_lease_can_still_touch_is_caught,

@@ -4,6 +4,7 @@
 pub mod admin;
 mod backend;
 pub mod batch;
+mod election;
 mod error;
 mod guard;
 mod job;
@@ -21,6 +22,7 @@ pub mod wait;
 
 pub use async_trait::async_trait;
 pub use backend::{Backend, Capabilities, HeldLock, LeaseKind, LockInfo, LockPage, MAX_BATCH};
+pub use election::{Election, Leader, Leadership, Observer};
 pub use error::{BoxError, Error, Result};
 pub use guard::{Guard, Locker};
 pub use job::{JobOptions, JobOutcome, JobRun, RunReport, Schedule, ScheduledJob};

@@ -11,7 +11,8 @@
 //! | `guard.rs` | guards renew, say when they are lost, and release when dropped |
 //! | `batch.rs` | `extend_many` judges each lease on its own |
 //! | `hold.rs` | `release_after` holds the name until then, and only its own |
-//! | `admin.rs` | `list` and `force_release` see and free what is held |
+//! | `admin.rs` | `list` and `force_release` see and free what is held, and who holds it |
+//! | `election.rs` | one leader at a time, hand-off on resignation, followers read who leads |
 //! | `rwlock.rs` | readers share, writers hold alone and are not starved, a downgrade lets no writer in, a name is one kind of lock |
 //! | `shared_stress.rs` | many clients on a reader-writer lock and a semaphore, every grant checked |
 //! | `semaphore.rs` | exactly N holders, expired permits free their place for good, release is owner-checked, waiters in order |
@@ -30,6 +31,7 @@ use crate::support::long;
 
 mod admin;
 mod batch;
+mod election;
 mod expiry;
 mod fencing;
 mod guard;
@@ -43,6 +45,7 @@ mod waiting;
 
 pub use admin::*;
 pub use batch::*;
+pub use election::*;
 pub use expiry::*;
 pub use fencing::*;
 pub use guard::*;

@@ -1,0 +1,354 @@
+//! Leader election on any backend: one lock per election, held by the
+//! leader, whose holder description is the leader's identity.
+
+use std::time::Duration;
+
+use tokio::time::sleep;
+
+use crate::wait::Backoff;
+use crate::{Error, Guard, LockInfo, LockOptions, Locker, Mode, Result};
+
+/// One leader at a time among the processes that campaign for `name`, on
+/// any backend: the leader holds the election's lock (a mutex, renewed by
+/// its guard), and its identity is the lock's holder description, so that
+/// anyone can read who leads without campaigning.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> dlock_core::Result<()> {
+/// use dlock_core::{Election, Locker, MemoryBackend};
+/// let locker = Locker::new(MemoryBackend::new());
+/// let election = Election::new(locker, "billing-controller", "node-a:8080");
+/// let leadership = election.campaign().await?;
+/// let leader = election.leader().await?.expect("someone leads");
+/// assert_eq!(leader.identity.as_deref(), Some("node-a:8080"));
+/// assert_eq!(leader.fencing_token, leadership.fencing_token());
+/// leadership.resign().await?;
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Debug, Clone)]
+pub struct Election {
+    locker: Locker,
+    name: String,
+    opts: LockOptions,
+    poll: Duration,
+}
+
+/// Who leads an election, as [`Election::leader`] reads it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Leader {
+    /// The leader's identity; `None` when the lock's holder stored none
+    /// (a holder that is not a campaign of this election).
+    pub identity: Option<String>,
+    /// The fencing token of the leader's term: greater for every later
+    /// term, so it tells terms apart and fences the leader's writes.
+    pub fencing_token: u64,
+    /// How long the term lasts without a renewal; `None` on session
+    /// backends (ZooKeeper).
+    pub expires_in: Option<Duration>,
+}
+
+impl From<LockInfo> for Leader {
+    fn from(info: LockInfo) -> Self {
+        Leader {
+            identity: info.holder,
+            fencing_token: info.fencing_token,
+            expires_in: info.expires_in,
+        }
+    }
+}
+
+/// A term as leader: the election's lock, renewed in the background until
+/// it is resigned, dropped, or lost.
+#[derive(Debug)]
+pub struct Leadership {
+    guard: Guard,
+}
+
+impl Leadership {
+    /// The term's fencing token: pass it with every write the leader
+    /// makes, so that a resource can refuse a deposed leader's.
+    pub fn fencing_token(&self) -> u64 {
+        self.guard.fencing_token()
+    }
+
+    /// Whether we still lead: the lease is valid and was not lost.
+    pub fn is_valid(&self) -> bool {
+        self.guard.is_valid()
+    }
+
+    /// Resolves when the term is lost (its lease ended or its session
+    /// went): stop acting as the leader at once.
+    pub async fn lost(&self) {
+        self.guard.lost().await;
+    }
+
+    /// The lock that makes us the leader.
+    pub fn guard(&self) -> &Guard {
+        &self.guard
+    }
+
+    /// Ends the term now: the next campaigner is granted at once, without
+    /// waiting for a TTL.
+    ///
+    /// # Errors
+    /// [`Error::NotHeld`] when the term had been lost already; the lock
+    /// service's errors (the term then ends with its lease).
+    pub async fn resign(self) -> Result<()> {
+        self.guard.release().await
+    }
+}
+
+impl Election {
+    /// The election `name` on `locker`, where we campaign as `identity`
+    /// (a host name and port, a pod name: what operators and followers
+    /// should read; validated as [`LockOptions::holder`]). Terms last 15 s
+    /// without a renewal; see [`Election::options`].
+    pub fn new(locker: Locker, name: impl Into<String>, identity: impl Into<String>) -> Self {
+        Election {
+            locker,
+            name: name.into(),
+            opts: LockOptions::new()
+                .ttl(Duration::from_secs(15))
+                .holder(identity),
+            poll: Duration::from_millis(250),
+        }
+    }
+
+    /// Campaigns with these options (the TTL of a term, how long
+    /// [`campaign`](Election::campaign) waits); the identity and the mutex
+    /// mode stay the election's.
+    pub fn options(mut self, opts: LockOptions) -> Self {
+        let identity = self.identity().to_owned();
+        self.opts = opts.mode(Mode::Exclusive).holder(identity);
+        self
+    }
+
+    /// How often [`Observer::changed`] reads who leads (default 250 ms).
+    pub fn poll_interval(mut self, every: Duration) -> Self {
+        self.poll = every;
+        self
+    }
+
+    /// The election's name (its lock's).
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The identity we campaign as.
+    pub fn identity(&self) -> &str {
+        self.opts.holder_value()
+    }
+
+    /// Waits until we lead (up to the options' wait bound; none by
+    /// default).
+    ///
+    /// # Errors
+    /// [`Error::Timeout`] when the wait bound passes; invalid options,
+    /// name or identity; the lock service's errors.
+    pub async fn campaign(&self) -> Result<Leadership> {
+        let guard = self.locker.acquire(&self.name, &self.opts).await?;
+        Ok(Leadership { guard })
+    }
+
+    /// Leads if nobody does now; `None` otherwise.
+    ///
+    /// # Errors
+    /// As [`Election::campaign`].
+    pub async fn try_campaign(&self) -> Result<Option<Leadership>> {
+        let guard = self.locker.try_acquire(&self.name, &self.opts).await?;
+        Ok(guard.map(|guard| Leadership { guard }))
+    }
+
+    /// Who leads now, without campaigning; `None` when nobody does.
+    ///
+    /// # Errors
+    /// The lock service's errors.
+    pub async fn leader(&self) -> Result<Option<Leader>> {
+        Ok(self.locker.inspect(&self.name).await?.map(Leader::from))
+    }
+
+    /// Follows who leads: each [`Observer::changed`] returns the next
+    /// change of leader.
+    pub fn observe(&self) -> Observer<'_> {
+        Observer {
+            election: self,
+            seen: None,
+            highest: 0,
+        }
+    }
+
+    /// Runs `work` whenever we lead, until it returns: campaigns, then runs
+    /// `work` for the term; if the term is lost first, `work` is cancelled
+    /// (dropped) at once and we campaign again (with `rejoin`; without, the
+    /// loss is an error). When `work` returns, we resign and return its
+    /// value. A campaign that fails on a lock service out of reach is
+    /// tried again after a pause.
+    ///
+    /// # Errors
+    /// [`Error::NotHeld`] when the term was lost and `rejoin` is off; the
+    /// campaign's errors that trying again cannot mend.
+    pub async fn lead<T>(
+        &self,
+        rejoin: bool,
+        mut work: impl AsyncFnMut(&Leadership) -> T,
+    ) -> Result<T> {
+        let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(5));
+        loop {
+            let term = match self.campaign().await {
+                Ok(term) => term,
+                Err(e) if e.is_retryable() => {
+                    tracing::debug!(election = self.name, error = %e, "campaigning again");
+                    sleep(backoff.next_delay()).await;
+                    continue;
+                }
+                Err(e) => return Err(e),
+            };
+            backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(5));
+            tokio::select! {
+                value = work(&term) => {
+                    if let Err(e) = term.resign().await {
+                        tracing::debug!(election = self.name, error = %e, "could not resign");
+                    }
+                    return Ok(value);
+                }
+                () = term.lost() => {
+                    tracing::warn!(election = self.name, "leadership lost");
+                    if !rejoin {
+                        return Err(Error::NotHeld { name: self.name.clone() });
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Follows the leader of an election (see [`Election::observe`]).
+#[derive(Debug)]
+pub struct Observer<'a> {
+    election: &'a Election,
+    /// The last leader returned (`Some(None)`: nobody led).
+    seen: Option<Option<Leader>>,
+    /// The greatest fencing token seen.
+    highest: u64,
+}
+
+impl Observer<'_> {
+    /// Waits for the next change of leader and returns the new one (`None`
+    /// when nobody leads); the first call returns the leader as it is.
+    /// Changes come in order, terms never go back (each new term has a
+    /// greater fencing token: the backend must declare
+    /// [`fencing`](crate::Capabilities::fencing)), and a term is seen when it lasts longer
+    /// than the poll interval: a shorter one may pass unseen between two
+    /// reads.
+    ///
+    /// # Errors
+    /// The lock service's errors; the next call reads again.
+    pub async fn changed(&mut self) -> Result<Option<Leader>> {
+        loop {
+            let now = self.election.leader().await?;
+            let changed = match (&self.seen, &now) {
+                (None, _) | (Some(Some(_)), None) => true,
+                (Some(None), None) => false,
+                // A later term has a greater token; an earlier one is a
+                // stale read, not a change.
+                (Some(_), Some(now)) => now.fencing_token > self.highest,
+            };
+            if let Some(now) = &now {
+                self.highest = self.highest.max(now.fencing_token);
+            }
+            if changed {
+                self.seen = Some(now.clone());
+                return Ok(now);
+            }
+            sleep(self.election.poll).await;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicU32, Ordering};
+
+    use super::*;
+    use crate::MemoryBackend;
+
+    fn election(locker: &Locker, identity: &str) -> Election {
+        Election::new(locker.clone(), "election", identity)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_resigned_leaders_successor_leads_at_once() {
+        let locker = Locker::new(MemoryBackend::new());
+        let (a, b) = (election(&locker, "a"), election(&locker, "b"));
+        let term = a.campaign().await.unwrap();
+        assert!(b.try_campaign().await.unwrap().is_none());
+        let waiting = tokio::spawn(async move {
+            let started = tokio::time::Instant::now();
+            let term = b.campaign().await.unwrap();
+            (started.elapsed(), term, b)
+        });
+        tokio::task::yield_now().await;
+        let first = term.fencing_token();
+        term.resign().await.unwrap();
+        let (waited, term, b) = waiting.await.unwrap();
+        assert!(waited < Duration::from_secs(1), "waited {waited:?}");
+        assert!(term.fencing_token() > first);
+        let leader = b.leader().await.unwrap().unwrap();
+        assert_eq!(leader.identity.as_deref(), Some("b"));
+        assert_eq!(leader.fencing_token, term.fencing_token());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_lost_term_cancels_the_work_and_campaigns_again() {
+        let locker = Locker::new(MemoryBackend::new());
+        // Unrenewed terms of 1 s: each is lost at its TTL.
+        let opts = LockOptions::new().ttl(Duration::from_secs(1)).renew(false);
+        let a = election(&locker, "a").options(opts);
+        let (started, finished) = (AtomicU32::new(0), AtomicU32::new(0));
+        let value = a
+            .lead(true, async |term| {
+                if started.fetch_add(1, Ordering::SeqCst) < 2 {
+                    // Outlives the term: cancelled when it is lost.
+                    sleep(Duration::from_secs(60)).await;
+                    finished.fetch_add(1, Ordering::SeqCst);
+                }
+                term.fencing_token()
+            })
+            .await
+            .unwrap();
+        assert_eq!(started.load(Ordering::SeqCst), 3);
+        assert_eq!(
+            finished.load(Ordering::SeqCst),
+            0,
+            "lost terms' work ran on"
+        );
+        assert_eq!(value, 3, "the third term's token");
+        assert!(
+            a.leader().await.unwrap().is_none(),
+            "the last term resigned"
+        );
+        let lost = a.lead(false, async |_| sleep(Duration::from_secs(60)).await);
+        assert!(matches!(lost.await, Err(Error::NotHeld { .. })));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_observer_sees_each_term_in_order() {
+        let locker = Locker::new(MemoryBackend::new());
+        let (a, b) = (election(&locker, "a"), election(&locker, "b"));
+        let mut observer = a.observe();
+        assert_eq!(observer.changed().await.unwrap(), None);
+        let mut seen = Vec::new();
+        for who in [&a, &b, &a] {
+            let term = who.campaign().await.unwrap();
+            let leader = observer.changed().await.unwrap().unwrap();
+            assert_eq!(leader.fencing_token, term.fencing_token());
+            seen.push(leader.identity.unwrap());
+            term.resign().await.unwrap();
+            assert_eq!(observer.changed().await.unwrap(), None);
+        }
+        assert_eq!(seen, ["a", "b", "a"]);
+    }
+}
