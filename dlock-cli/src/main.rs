@@ -8,6 +8,7 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand};
 use dlock::{Error, Locker};
 
+mod lead;
 mod run;
 
 /// Exit statuses besides the command's own (sysexits.h values).
@@ -47,6 +48,8 @@ struct Cli {
 enum Command {
     /// Run a command while holding a lock.
     Run(run::RunArgs),
+    /// Run a command only while this machine leads an election.
+    Lead(lead::LeadArgs),
     /// Show who holds a lock: `dlock inspect [URL] NAME`.
     Inspect(InspectArgs),
     /// Free a lock whoever holds it (dangerous: see --help).
@@ -165,6 +168,7 @@ fn main() -> ExitCode {
     let outcome = runtime.block_on(async {
         match cli.command {
             Command::Run(args) => run::run(args).await,
+            Command::Lead(args) => lead::lead(args).await,
             Command::Inspect(args) => inspect(args).await,
             Command::Release(args) => release(args).await,
             Command::Migrate(args) => migrate(args).await,

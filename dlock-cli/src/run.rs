@@ -92,53 +92,20 @@ pub(crate) async fn run(args: RunArgs) -> Result<u8, Failure> {
         opts = opts.holder(holder.as_str());
     }
     opts.validate()?;
-    // Signals are caught from the start, so that one that comes while the
-    // lock is awaited ends dlock cleanly rather than killing it.
-    let (tx, mut signals) = mpsc::unbounded_channel();
-    for (kind, sig) in FORWARDED {
-        let mut stream = signal(kind)
-            .map_err(|e| Failure::new(status::UNAVAILABLE, format!("cannot catch {sig}: {e}")))?;
-        let tx = tx.clone();
-        tokio::spawn(async move { while stream.recv().await.is_some() && tx.send(sig).is_ok() {} });
-    }
+    let mut signals = catch_signals()?;
     let locker = connect(&url, Some(args.ttl)).await?;
     let guard = tokio::select! {
         lock = acquire(&locker, &args.name, &opts) => lock?,
-        Some(sig) = signals.recv() => {
-            return Ok(128u8.saturating_add(u8::try_from(sig as i32).unwrap_or(0)));
-        }
+        Some(sig) = signals.recv() => return Ok(signalled(sig)),
     };
     tracing::info!(
         name = args.name,
         fencing_token = guard.fencing_token(),
         "lock acquired; starting the command"
     );
-    let mut child = spawn(&args.command, &args.name, guard.fencing_token())?;
     let started = Instant::now();
-    // The command leads its own process group, so that signals and a stop
-    // reach what it started too (`sh -c`, a wrapper script), not the shell
-    // alone: the group's id is the command's pid, negated for kill(2).
-    let group = child
-        .id()
-        .and_then(|id| i32::try_from(id).ok())
-        .map(|id| Pid::from_raw(-id));
-    let mut lost = false;
-    let exit = loop {
-        tokio::select! {
-            exit = child.wait() => break exit,
-            Some(sig) = signals.recv() => {
-                tracing::info!(%sig, "passing the signal on to the command");
-                send(group, sig);
-            }
-            () = guard.lost(), if !lost => {
-                lost = true;
-                eprintln!("dlock: the lease of {} was lost; stopping the command", args.name);
-                stop(&mut child, group, args.grace).await;
-            }
-        }
-    };
-    let exit = exit
-        .map_err(|e| Failure::new(status::UNAVAILABLE, format!("waiting for the command: {e}")))?;
+    let (exit, lost) =
+        supervise(&args.command, &args.name, &guard, &mut signals, args.grace).await?;
     if lost {
         return Ok(status::LOST);
     }
@@ -157,6 +124,62 @@ pub(crate) async fn run(args: RunArgs) -> Result<u8, Failure> {
         eprintln!("dlock: could not release {}: {e}", args.name);
     }
     Ok(exit_code(exit))
+}
+
+/// Catches the forwarded signals from the start, so that one that comes
+/// while the lock is awaited ends dlock cleanly rather than killing it.
+pub(crate) fn catch_signals() -> Result<mpsc::UnboundedReceiver<Signal>, Failure> {
+    let (tx, signals) = mpsc::unbounded_channel();
+    for (kind, sig) in FORWARDED {
+        let mut stream = signal(kind)
+            .map_err(|e| Failure::new(status::UNAVAILABLE, format!("cannot catch {sig}: {e}")))?;
+        let tx = tx.clone();
+        tokio::spawn(async move { while stream.recv().await.is_some() && tx.send(sig).is_ok() {} });
+    }
+    Ok(signals)
+}
+
+/// dlock's exit status when `sig` ended it before the command started.
+pub(crate) fn signalled(sig: Signal) -> u8 {
+    128u8.saturating_add(u8::try_from(sig as i32).unwrap_or(0))
+}
+
+/// Runs `command` while `guard` holds: passes signals on, and stops the
+/// command (SIGTERM, then SIGKILL after `grace`) when the lease is lost.
+/// Returns the command's exit, and whether the lease was lost.
+pub(crate) async fn supervise(
+    command: &[String],
+    name: &str,
+    guard: &dlock::Guard,
+    signals: &mut mpsc::UnboundedReceiver<Signal>,
+    grace: Duration,
+) -> Result<(ExitStatus, bool), Failure> {
+    let mut child = spawn(command, name, guard.fencing_token())?;
+    // The command leads its own process group, so that signals and a stop
+    // reach what it started too (`sh -c`, a wrapper script), not the shell
+    // alone: the group's id is the command's pid, negated for kill(2).
+    let group = child
+        .id()
+        .and_then(|id| i32::try_from(id).ok())
+        .map(|id| Pid::from_raw(-id));
+    let mut lost = false;
+    let exit = loop {
+        tokio::select! {
+            exit = child.wait() => break exit,
+            Some(sig) = signals.recv() => {
+                tracing::info!(%sig, "passing the signal on to the command");
+                send(group, sig);
+            }
+            () = guard.lost(), if !lost => {
+                lost = true;
+                eprintln!("dlock: the lease of {name} was lost; stopping the command");
+                stop(&mut child, group, grace).await;
+            }
+        }
+    };
+    let exit = exit
+        .map_err(|e| Failure::new(status::UNAVAILABLE, format!("waiting for the command: {e}")))?;
+    Ok((exit, lost))
 }
 
 async fn acquire(
@@ -250,7 +273,7 @@ async fn stop(child: &mut Child, group: Option<Pid>, grace: Duration) {
 
 /// The command's status as a shell reports it: its exit code, or 128 plus
 /// the signal that ended it.
-fn exit_code(status: ExitStatus) -> u8 {
+pub(crate) fn exit_code(status: ExitStatus) -> u8 {
     use std::os::unix::process::ExitStatusExt;
     match (status.code(), status.signal()) {
         (Some(code), _) => u8::try_from(code).unwrap_or(1),
