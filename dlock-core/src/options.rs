@@ -158,7 +158,8 @@ impl LockOptions {
     /// Who the grant is for, as [`inspect`](crate::Backend::inspect),
     /// [`list`](crate::Backend::list) and `dlock watch` show it: a short
     /// description an operator can map to a machine or a service instance
-    /// (at most [`MAX_HOLDER_LEN`] bytes, no control characters). Every
+    /// (at most [`MAX_HOLDER_LEN`] bytes, no control characters, line
+    /// separators or bidirectional overrides). Every
     /// backend stores it with the grant. Default: this process's
     /// `host:pid`. An empty description stores none.
     pub fn holder(mut self, holder: impl Into<String>) -> Self {
@@ -239,7 +240,13 @@ pub fn check_holder(holder: &str) -> Result<()> {
             format!("at most {MAX_HOLDER_LEN} bytes, got {} bytes", holder.len()),
         ));
     }
-    if let Some(c) = holder.chars().find(|c| c.is_control()) {
+    // Line and paragraph separators and bidirectional overrides garble a
+    // terminal as control characters do.
+    let garbles = |c: char| {
+        c.is_control()
+            || matches!(c, '\u{2028}' | '\u{2029}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
+    };
+    if let Some(c) = holder.chars().find(|&c| garbles(c)) {
         return Err(Error::invalid_option(
             "holder",
             format!("no control characters, got {c:?}"),
@@ -308,7 +315,7 @@ mod tests {
             assert!(LockOptions::new().holder(holder).validate().is_ok());
         }
         let long = "é".repeat(128);
-        for holder in [long.as_str(), "a\nb", "\u{1b}[31m", "a\0"] {
+        for holder in [long.as_str(), "a\nb", "\u{1b}[31m", "a\0", "a\u{202e}b"] {
             assert!(
                 matches!(
                     LockOptions::new().holder(holder).validate(),

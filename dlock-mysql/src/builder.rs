@@ -208,13 +208,16 @@ async fn create_table(
             denied,
         ));
     }
-    upgrade_holder(conn, sql, table, by).await
+    Ok(())
 }
 
 /// Brings the `holder` columns of tables made by older releases to this
 /// release's (see [`Statements::holder_columns`]); nothing to do on
-/// tables made by this one. Clients that connect at once may both change
-/// a table: the second finds the column there.
+/// tables made by this one. Only `migrate` does this, never `connect`: the
+/// change copies the lock table under a metadata lock that queues every
+/// statement on it (a sleeping waiter's holds it off meanwhile), and needs
+/// the ALTER right an application's user may lack. Two migrations at once
+/// may both change a table: the second finds the column there.
 async fn upgrade_holder(
     conn: &mut MySqlConnection,
     sql: &Statements,
@@ -325,9 +328,10 @@ impl MySqlBackend {
         ))
     }
 
-    /// Creates the lock table and its holds table if they do not exist,
-    /// and gives tables made by older releases the holder columns of this
-    /// one, as `connect` does by default. Idempotent. Returns within the
+    /// Creates the lock table and its holds table if they do not exist, as
+    /// `connect` does by default, and gives tables made by older releases
+    /// the holder columns of this one (which `connect` does not: see the
+    /// README's upgrade note). Idempotent. Returns within the
     /// request timeout.
     pub async fn migrate(&self) -> Result<()> {
         let by = self.deadline();

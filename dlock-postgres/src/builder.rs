@@ -194,7 +194,7 @@ async fn create_table(
     table: &str,
     by: Instant,
 ) -> Result<()> {
-    let created = timeout_at(by, sqlx::raw_sql(sql.create_sql()).execute(&mut *conn)).await;
+    let created = timeout_at(by, sqlx::raw_sql(sql.create_sql(false)).execute(&mut *conn)).await;
     let denied = match created {
         Ok(Ok(_)) => return Ok(()),
         Ok(Err(e)) if sql_state(&e).as_deref() == Some(INSUFFICIENT_PRIVILEGE) => e,
@@ -287,13 +287,16 @@ impl PgBackend {
     pub fn table_ddl(schema: &str, table: &str) -> Result<String> {
         validate_identifier("schema", schema)?;
         validate_identifier("table", table)?;
-        Ok(Statements::new(schema, table, Duration::from_secs(1)).create())
+        let sql = Statements::new(schema, table, Duration::from_secs(1));
+        Ok(format!("{}\n{}", sql.create(), sql.upgrade()))
     }
 
     /// Creates the lock table if it does not exist, as `connect` does by
-    /// default. Idempotent. Returns within the request timeout.
+    /// default, and gives tables made by older releases this one's layout
+    /// (which `connect` does not: it needs the tables' owner). Idempotent.
+    /// Returns within the request timeout.
     pub async fn migrate(&self) -> Result<()> {
-        let sql = self.inner.sql.create_sql();
+        let sql = self.inner.sql.create_sql(true);
         self.execute(sql, "migrate", self.deadline()).await?;
         Ok(())
     }

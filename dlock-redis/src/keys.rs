@@ -5,7 +5,8 @@
 //! | key | type | holds |
 //! |---|---|---|
 //! | `P:{E}` | string, with a PX expiry | the holder's owner token, 32 hex digits, then its holder description; for a reader-writer lock or semaphore, its marker (`~rw`, `~s<N>`) |
-//! | `P:{E}:h` | sorted set, with a PX expiry | a reader-writer lock's or semaphore's holds (owner token, mode code, holder description), by expiry (server µs) |
+//! | `P:{E}:h` | sorted set, with a PX expiry | a reader-writer lock's or semaphore's holds (owner token and mode code), by expiry (server µs) |
+//! | `P:{E}:hw` | hash, with a PX expiry | the holder description of each of those holds |
 //! | `P:{E}:qm` | hash, with a PX expiry | the mode code and marker of each of their waiters |
 //! | `P:{E}:fence` | string | the last fencing token granted |
 //! | `P:{E}:q` | sorted set, with a PX expiry | the waiters, by arrival (server µs) |
@@ -33,20 +34,21 @@ pub(crate) fn value_of(lease: &Lease) -> String {
     value(lease.owner(), lease.holder())
 }
 
-/// A shared hold's member of the holds set: the owner token, the mode
-/// code, then the holder description.
-pub(crate) fn member(owner: OwnerToken, mode: Mode, holder: &str) -> String {
-    format!("{owner}{}{holder}", mode.code())
+/// A shared hold's member of the holds set: the owner token, then the
+/// mode code (the layout every release's scripts read; the holder
+/// description is kept beside it, in `P:{E}:hw`).
+pub(crate) fn member(owner: OwnerToken, mode: Mode) -> String {
+    format!("{owner}{}", mode.code())
 }
 
 /// A shared lease's member of the holds set.
 pub(crate) fn member_of(lease: &Lease) -> String {
-    member(lease.owner(), lease.mode(), lease.holder())
+    member(lease.owner(), lease.mode())
 }
 
 /// The owner token and holder description of a lock key's value
-/// (`shared`: of a holds member); `None` for what this driver did not
-/// write.
+/// (`shared`: of a holds member followed by its description); `None` for
+/// what this driver did not write.
 pub(crate) fn holder_parts(stored: &str, shared: bool) -> Option<(OwnerToken, &str)> {
     let owner = stored.get(..32)?.parse().ok()?;
     let holder = stored.get(if shared { 33.. } else { 32.. })?;

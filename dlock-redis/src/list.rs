@@ -35,7 +35,7 @@ impl RedisBackend {
         let mut conn = self.connection();
         let mut names = Vec::new();
         // One bound for the whole page, however many requests it takes.
-        let replies: Vec<redis::Value> = self
+        let (replies, described): (Vec<redis::Value>, Vec<Option<String>>) = self
             .bounded("list", async {
                 // A few SCAN steps per page: each is bounded work for the
                 // server, and a sparse prefix still fills a page.
@@ -61,7 +61,7 @@ impl RedisBackend {
                         .filter_map(|key| name_of(&self.inner.prefix, key)),
                 );
                 if names.is_empty() {
-                    return Ok(Vec::new());
+                    return Ok((Vec::new(), Vec::new()));
                 }
                 // Every holder in one round trip, each read consistently.
                 let mut pipe = redis::pipe();
@@ -73,11 +73,37 @@ impl RedisBackend {
                         .get(&keys.fence)
                         .zrange(&keys.holds, -1, -1);
                 }
-                pipe.query_async(&mut conn).await
+                let replies: Vec<redis::Value> = pipe.query_async(&mut conn).await?;
+                // The shared kinds' holder descriptions, beside their holds
+                // (see `scripts/shared.rs`): a second round trip, only for
+                // pages with such locks.
+                let mut pipe = redis::pipe();
+                let mut asked = Vec::new();
+                for (i, (name, reply)) in names.iter().zip(replies.chunks(4)).enumerate() {
+                    if let [value, _, _, last_hold] = reply
+                        && let Ok(Some(value)) =
+                            redis::from_redis_value_ref::<Option<String>>(value)
+                        && value.starts_with('~')
+                        && let Ok(last) = redis::from_redis_value_ref::<Vec<String>>(last_hold)
+                        && let Some(member) = last.first()
+                    {
+                        pipe.hget(format!("{}w", self.keys(name).holds), member);
+                        asked.push(i);
+                    }
+                }
+                let mut described = vec![None; names.len()];
+                if !asked.is_empty() {
+                    let answers: Vec<Option<String>> = pipe.query_async(&mut conn).await?;
+                    for (i, answer) in asked.into_iter().zip(answers) {
+                        described[i] = answer;
+                    }
+                }
+                Ok((replies, described))
             })
             .await?;
         let mut locks = Vec::new();
-        for (name, reply) in names.into_iter().zip(replies.chunks(4)) {
+        let rows = replies.chunks(4).zip(described);
+        for (name, (reply, described)) in names.into_iter().zip(rows) {
             let [owner, pttl, fence, last_hold] = reply else {
                 return Err(Error::malformed(NAME, "list", reply));
             };
@@ -107,6 +133,11 @@ impl RedisBackend {
                 .and_then(|f| f.parse().ok())
                 .unwrap_or(0);
             let expires_in = u64::try_from(pttl).ok().map(Duration::from_millis);
+            let holder = if shared {
+                described.unwrap_or_default()
+            } else {
+                holder.to_owned()
+            };
             let info = LockInfo::new(owner, fence, expires_in).with_holder(holder);
             locks.push(HeldLock::new(name, info));
         }

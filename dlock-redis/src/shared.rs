@@ -54,11 +54,12 @@ impl RedisBackend {
         let mut invocation = self.queue_scripts().shared.acquire.prepare_invoke();
         self.shared_keys(&mut invocation, keys);
         invocation
-            .arg(member(owner, mode, opts.holder_value()))
+            .arg(member(owner, mode))
             .arg(mode.code())
             .arg(mode.marker())
             .arg(mode.permits())
-            .arg(millis_up(opts.ttl_value()));
+            .arg(millis_up(opts.ttl_value()))
+            .arg(opts.holder_value());
         if !waiter.is_empty() {
             invocation.arg(waiter).arg(millis_up(self.place_lifetime()));
         }
@@ -116,7 +117,7 @@ impl RedisBackend {
         self.shared_keys(&mut invocation, &keys);
         invocation
             .arg(member_of(lease))
-            .arg(member(lease.owner().for_hold(), mode, lease.holder()))
+            .arg(member(lease.owner().for_hold(), mode))
             .arg(hold_ms)
             .arg(mode.marker());
         self.mark_replays(&mut invocation, &keys)?;
@@ -140,9 +141,10 @@ impl RedisBackend {
         self.shared_keys(&mut invocation, &keys);
         invocation
             .arg(member_of(write))
-            .arg(member(reader, Mode::Read, opts.holder_value()))
+            .arg(member(reader, Mode::Read))
             .arg(millis_up(opts.ttl_value()))
-            .arg(Mode::Read.marker());
+            .arg(Mode::Read.marker())
+            .arg(opts.holder_value());
         // A read hold of unknown outcome (no reply in time, a dropped
         // future, an unconfirmed reply) is released, as an acquire's is.
         let mut undo = {

@@ -135,18 +135,19 @@ impl ZkBackend {
 
     /// How long the hold of `dir` still keeps the lock, by the leader's
     /// clock; `None` when there is none (an expired one is deleted). `node`
-    /// is written to learn the leader's time: our queue node, or the
+    /// is written (with `data`, what it holds: a queue node's holder
+    /// description) to learn the leader's time: our queue node, or the
     /// lock's folder.
     pub(crate) async fn hold_left(
         &self,
         client: &zk::Client,
         dir: &str,
-        node: &str,
+        (node, data): (&str, &[u8]),
     ) -> Result<Option<Duration>> {
         let Some(hold) = self.read_hold(client, dir).await? else {
             return Ok(None);
         };
-        let now = match self.bounded(client.set_data(node, &[], None)).await {
+        let now = match self.bounded(client.set_data(node, data, None)).await {
             Ok(stat) => stat.mtime,
             Err(e) => return Err(zk_error(e, "read the server's clock")),
         };
@@ -188,13 +189,14 @@ impl ZkBackend {
     }
 
     /// The permit holds `held` in the lease folder `leases`, ended ones
-    /// deleted: the server's clock is learned by writing `node` (ours).
+    /// deleted: the server's clock is learned by writing `node` (ours) with
+    /// `data`, what it holds.
     pub(crate) async fn permit_holds(
         &self,
         client: &zk::Client,
         leases: &str,
         held: &[String],
-        node: &str,
+        (node, data): (&str, &[u8]),
     ) -> Result<PermitHolds> {
         let mut holds = Vec::new();
         for name in held {
@@ -210,7 +212,7 @@ impl ZkBackend {
         if holds.is_empty() {
             return Ok(PermitHolds::None);
         }
-        let now = match self.bounded(client.set_data(node, &[], None)).await {
+        let now = match self.bounded(client.set_data(node, data, None)).await {
             Ok(stat) => stat.mtime,
             Err(e) => return Err(zk_error(e, "read the server's clock")),
         };
@@ -304,7 +306,12 @@ impl ZkBackend {
                 let client = backend.client();
                 // The server's clock, from a write to the lease folder.
                 let looked = backend
-                    .permit_holds(&client, &leases, std::slice::from_ref(&name), &leases)
+                    .permit_holds(
+                        &client,
+                        &leases,
+                        std::slice::from_ref(&name),
+                        (&leases, &[]),
+                    )
                     .await;
                 wait = match looked {
                     Ok(PermitHolds::Left(left)) => left.saturating_add(Duration::from_millis(100)),
@@ -413,6 +420,8 @@ impl ZkBackend {
     /// Deletes the hold of `dir` if it has ended by the leader's clock,
     /// which a write to the lock's folder itself tells.
     async fn delete_ended_hold(&self, dir: &str) -> Result<()> {
-        self.hold_left(&self.client(), dir, dir).await.map(drop)
+        self.hold_left(&self.client(), dir, (dir, &[]))
+            .await
+            .map(drop)
     }
 }

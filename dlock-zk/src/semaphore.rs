@@ -154,7 +154,8 @@ impl ZkBackend {
                         .await;
                 }
                 let left = if lock.hold {
-                    self.hold_left(&client, dir, &place.path).await?
+                    self.hold_left(&client, dir, (&place.path, holder.as_bytes()))
+                        .await?
                 } else {
                     None
                 };
@@ -175,7 +176,12 @@ impl ZkBackend {
             let mut until = Duration::MAX;
             if !leases.held.is_empty() {
                 match self
-                    .permit_holds(&client, &place.dir, &leases.held, &place.path)
+                    .permit_holds(
+                        &client,
+                        &place.dir,
+                        &leases.held,
+                        (&place.path, holder.as_bytes()),
+                    )
                     .await?
                 {
                     PermitHolds::Deleted => continue,
@@ -239,7 +245,9 @@ impl ZkBackend {
         let mut children = self.children(client, &leases).await?;
         let held = sorted_queue(children.clone()).held;
         if !held.is_empty()
-            && let PermitHolds::Deleted = self.permit_holds(client, &leases, &held, &leases).await?
+            && let PermitHolds::Deleted = self
+                .permit_holds(client, &leases, &held, (&leases, &[]))
+                .await?
         {
             children = self.children(client, &leases).await?;
         }

@@ -114,7 +114,8 @@ impl ZkBackend {
                 }
                 Admission::Grant => {
                     let left = if queue.hold {
-                        self.hold_left(&client, &place.dir, &place.path).await?
+                        self.hold_left(&client, &place.dir, (&place.path, holder.as_bytes()))
+                            .await?
                     } else {
                         None
                     };

@@ -201,6 +201,30 @@ pub async fn holders_show_in_inspect_and_list(backend: &Arc<dyn Backend>) {
     }
 
     let caps = backend.capabilities();
+    if caps.delayed_release {
+        // A grant that waited out a delayed release's hold keeps its own
+        // description (a driver that writes its queue node to read the
+        // server's clock must write the description back).
+        let name = format!("{prefix}after-hold");
+        let first = must_acquire(backend.as_ref(), &name, &long()).await;
+        backend
+            .release_after(&first, Duration::from_millis(300))
+            .await
+            .expect("release_after");
+        let opts = long()
+            .holder("after the hold")
+            .wait(Duration::from_secs(30));
+        let next = backend
+            .acquire(&name, &opts)
+            .await
+            .expect("acquire after the hold");
+        assert_eq!(
+            holder_of(backend, &name).await.as_deref(),
+            Some("after the hold"),
+            "a grant made after a hold"
+        );
+        backend.release(&next).await.expect("release");
+    }
     let shared = [
         (caps.rwlock, LockOptions::new().read(), "reader 1"),
         (caps.semaphore, LockOptions::new().permits(3), "permit 1"),

@@ -105,8 +105,18 @@ impl Statements {
                 since bigint NOT NULL,
                 holder text NOT NULL DEFAULT '',
                 PRIMARY KEY (name, owner)
-            );
-            DO $$ BEGIN
+            );"
+        )
+    }
+
+    /// Gives tables made by older releases this one's layout: the holds
+    /// table's holder column. Only `migrate` runs it: adding a column
+    /// locks the table for a moment, and needs its owner's rights, which an
+    /// application's role may lack.
+    pub fn upgrade(&self) -> String {
+        let h = &self.holds;
+        format!(
+            "DO $$ BEGIN
               IF NOT EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = '{h}'::regclass
                              AND attname = 'holder' AND NOT attisdropped) THEN
                 ALTER TABLE {h} ADD COLUMN holder text NOT NULL DEFAULT '';
@@ -119,9 +129,15 @@ impl Statements {
     /// against a concurrent creator (the loser fails on a catalog index),
     /// so creators take turns on a transaction-scoped advisory lock,
     /// which PgBouncer's transaction pooling keeps on one connection.
-    pub fn create_sql(&self) -> SqlStr {
+    /// With `upgrade`, [`Statements::upgrade`] too.
+    pub fn create_sql(&self, upgrade: bool) -> SqlStr {
+        let upgrade = if upgrade {
+            self.upgrade()
+        } else {
+            String::new()
+        };
         self.bounded(format!(
-            "SELECT pg_advisory_xact_lock(hashtext({})); {}",
+            "SELECT pg_advisory_xact_lock(hashtext({})); {} {upgrade}",
             text(&format!("dlock create {}", self.table)),
             self.create()
         ))

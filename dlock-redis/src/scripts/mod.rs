@@ -1,4 +1,6 @@
-//! The Lua scripts. Each runs by SHA; the redis crate loads it again only
+//! The Lua scripts. A mutex's *lock value* is its owner token followed by
+//! its holder description ([`crate::keys::value`]): the scripts compare
+//! it whole, so only the grant's own lease matches. Each runs by SHA; the redis crate loads it again only
 //! when the server answers NOSCRIPT (after a restart or `SCRIPT FLUSH`).
 
 use std::sync::LazyLock;
@@ -119,7 +121,7 @@ pub(crate) static SINGLE: LazyLock<QueueScripts> = LazyLock::new(|| QueueScripts
 pub(crate) static SHARDED: LazyLock<QueueScripts> =
     LazyLock::new(|| QueueScripts::new(WAKE_SHARDED));
 
-/// KEYS: lock, fence, queue, queue expiry. ARGV: owner token, TTL in ms,
+/// KEYS: lock, fence, queue, queue expiry. ARGV: lock value, TTL in ms,
 /// and to queue when held: waiter, place lifetime in ms.
 /// Returns `{1, fencing token}` when granted, `{0, holder's PTTL}` when held
 /// (-2: free, but promised to the waiter at the head of the queue), `{2,
@@ -189,7 +191,7 @@ return {{0, tostring(pttl)}}
 });
 
 /// KEYS: lock, queue, queue expiry, and on a cluster the release mark.
-/// ARGV: owner token, and on a cluster the request's id and how long to
+/// ARGV: lock value, and on a cluster the request's id and how long to
 /// remember it in ms. Returns 1 when released, 0 when the caller was not
 /// the holder. Wakes the head of the queue only: one message per release,
 /// however many wait.
@@ -223,7 +225,7 @@ end
 return 1
 ";
 
-/// KEYS: lock, fence. ARGV: owner token, TTL in ms, fence retention in ms.
+/// KEYS: lock, fence. ARGV: lock value, TTL in ms, fence retention in ms.
 /// Returns 1 when extended, 0 when the caller was not the holder.
 pub(crate) static EXTEND: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
@@ -239,7 +241,7 @@ return 0
 });
 
 /// EXTEND for many locks at once. KEYS: lock and fence of each lock, in
-/// turn. ARGV: fence retention in ms, then owner token and TTL in ms of each
+/// turn. ARGV: fence retention in ms, then lock value and TTL in ms of each
 /// lock. Returns one 1 (extended) or 0 (not the holder) per lock.
 pub(crate) static EXTEND_MANY: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
@@ -259,8 +261,8 @@ return out
     )
 });
 
-/// KEYS: lock, and on a cluster the release mark. ARGV: owner token, the
-/// hold's owner token, hold in ms, and on a cluster the request's id and
+/// KEYS: lock, and on a cluster the release mark. ARGV: lock value, the
+/// hold's lock value, hold in ms, and on a cluster the request's id and
 /// how long to remember it in ms. Returns 1 when the hold is set, 0 when
 /// the caller was not the holder.
 pub(crate) static HOLD: LazyLock<Script> = LazyLock::new(|| {
@@ -286,8 +288,8 @@ return 0
 /// or an empty array when the lock is free. For a mutex the holder is the
 /// lock's value (owner token and holder description) and kind is `''`; for
 /// a reader-writer lock or a semaphore, the member of the hold that lasts
-/// longest (owner token, mode code, holder description), and kind is the
-/// name's marker.
+/// longest (owner token, mode code) followed by its holder description
+/// (from `P:{E}:hw`), and kind is the name's marker.
 pub(crate) static INSPECT: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r"
@@ -302,7 +304,8 @@ if string.sub(owner, 1, 1) == '~' then
   if not last then
     return {}
   end
-  return {last, pttl, fence, owner}
+  local holder = redis.call('HGET', KEYS[3] .. 'w', last) or ''
+  return {last .. holder, pttl, fence, owner}
 end
 return {owner, pttl, fence, ''}
 ",

@@ -8,8 +8,10 @@
 //! holder's token or a mutex waiter refuses with the kind it found. The
 //! holds are the sorted set `P:{E}:h` (member: owner token then mode code,
 //! `r`, `w` or `p`; score: expiry in server µs, so that no rounding of the
-//! clock to whole milliseconds ends a hold early). Waiters share the mutex's
-//! queue, with their mode code and marker in the hash `P:{E}:qm`.
+//! clock to whole milliseconds ends a hold early), and their holder
+//! descriptions the hash `P:{E}:hw` (by member; beside the set, not in its
+//! members, whose layout older clients' scripts read). Waiters share the
+//! mutex's queue, with their mode code and marker in the hash `P:{E}:qm`.
 //!
 //! Every script takes the same keys: lock, fence, holds, queue, queue
 //! expiry, queue modes, and on a cluster the release mark. Admission is
@@ -23,6 +25,19 @@ use super::{FENCE_RETENTION_MS, with_queue};
 
 /// The helpers of the shared kinds, after the queue's.
 const SHARED: &str = r"
+-- The hash of the holds' holder descriptions, by member.
+local function who(holds)
+  return holds .. 'w'
+end
+-- Drops the holds that ended, and the descriptions of up to 64 of them
+-- (more, after a mass expiry, go with the hash when the name is idle).
+local function prune(holds, us)
+  local gone = redis.call('ZRANGEBYSCORE', holds, '-inf', us, 'LIMIT', 0, 64)
+  if #gone > 0 then
+    redis.call('HDEL', who(holds), unpack(gone))
+  end
+  redis.call('ZREMRANGEBYSCORE', holds, '-inf', us)
+end
 local function admits(mode, permits, count, writer, ahead, ahead_writer)
   if mode == 'w' then
     return count == 0 and ahead == 0
@@ -35,11 +50,11 @@ end
 -- (a writer holds alone, or beside the one reader it downgraded to, so
 -- only a set of two or fewer needs looking into).
 local function holders(us)
-  redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', us)
+  prune(KEYS[3], us)
   local count, writer = redis.call('ZCARD', KEYS[3]), false
   if count <= 2 then
     for _, m in ipairs(redis.call('ZRANGE', KEYS[3], 0, -1)) do
-      if string.sub(m, 33, 33) == 'w' then
+      if string.sub(m, 33) == 'w' then
         writer = true
       end
     end
@@ -57,7 +72,7 @@ local function stale(us)
 end
 -- The marker (and the holds) expire with the hold that lasts longest.
 local function settle(lock, holds, marker, us)
-  redis.call('ZREMRANGEBYSCORE', holds, '-inf', us)
+  prune(holds, us)
   local cur = redis.call('GET', lock)
   if cur and cur ~= marker then
     return
@@ -68,8 +83,12 @@ local function settle(lock, holds, marker, us)
     redis.call('SET', lock, marker)
     redis.call('PEXPIREAT', lock, at)
     redis.call('PEXPIREAT', holds, at)
-  elseif cur then
-    redis.call('DEL', lock)
+    redis.call('PEXPIREAT', who(holds), at)
+  else
+    redis.call('DEL', who(holds))
+    if cur then
+      redis.call('DEL', lock)
+    end
   end
 end
 -- Wakes the run of waiters at the head that would be admitted now: the
@@ -107,15 +126,15 @@ local function fence_up(us)
 end
 ";
 
-/// ARGV: member (owner token, mode code, holder description), mode code,
-/// marker, permits, TTL in ms, and to queue
-/// when not admitted: waiter, place lifetime in ms. Returns `{1, fencing
+/// ARGV: member (owner token and mode code), mode code, marker, permits,
+/// TTL in ms, holder description, and to queue when not admitted: waiter,
+/// place lifetime in ms. Returns `{1, fencing
 /// token}` when granted, `{0, ms until the first hold ends}` when not
 /// (`-2`: nobody holds), `{2, kind}` when the name is another kind of lock
 /// (its marker, or `x` for a mutex).
 const ACQUIRE: &str = r"
 local member, mode, marker = ARGV[1], ARGV[2], ARGV[3]
-local permits, ttl, me = tonumber(ARGV[4]), tonumber(ARGV[5]), ARGV[6] or ''
+local permits, ttl, me = tonumber(ARGV[4]), tonumber(ARGV[5]), ARGV[7] or ''
 local us = now_us()
 local ms = math.floor(us / 1000)
 local cur = redis.call('GET', KEYS[1])
@@ -163,6 +182,9 @@ if admits(mode, permits, count, writer, ahead, ahead_writer) then
     redis.call('HDEL', KEYS[6], me)
   end
   redis.call('ZADD', KEYS[3], us + ttl * 1000, member)
+  if ARGV[6] ~= '' then
+    redis.call('HSET', who(KEYS[3]), member, ARGV[6])
+  end
   settle(KEYS[1], KEYS[3], marker, us)
   return {1, fence_up(us)}
 end
@@ -170,11 +192,11 @@ if me ~= '' then
   if not redis.call('ZSCORE', KEYS[4], me) then
     redis.call('ZADD', KEYS[4], us, me)
   end
-  redis.call('ZADD', KEYS[5], ms + tonumber(ARGV[7]), me)
+  redis.call('ZADD', KEYS[5], ms + tonumber(ARGV[8]), me)
   redis.call('HSET', KEYS[6], me, mode .. marker)
-  keep(KEYS[4], ARGV[7])
-  keep(KEYS[5], ARGV[7])
-  keep(KEYS[6], ARGV[7])
+  keep(KEYS[4], ARGV[8])
+  keep(KEYS[5], ARGV[8])
+  keep(KEYS[6], ARGV[8])
 end
 if count == 0 then
   -- Free, but promised to waiters ahead that may have missed their call.
@@ -194,6 +216,7 @@ local ms = math.floor(us / 1000)
 local score = redis.call('ZSCORE', KEYS[3], ARGV[1])
 if score and tonumber(score) > us then
   redis.call('ZREM', KEYS[3], ARGV[1])
+  redis.call('HDEL', who(KEYS[3]), ARGV[1])
   settle(KEYS[1], KEYS[3], ARGV[2], us)
   local count, writer = holders(us)
   wake_run(ARGV[2], tonumber(ARGV[3]), count, writer, ms)
@@ -217,6 +240,12 @@ local score = redis.call('ZSCORE', KEYS[3], ARGV[1])
 if score and tonumber(score) > us then
   redis.call('ZREM', KEYS[3], ARGV[1])
   redis.call('ZADD', KEYS[3], us + tonumber(ARGV[3]) * 1000, ARGV[2])
+  -- The hold keeps the description, for operators.
+  local holder = redis.call('HGET', who(KEYS[3]), ARGV[1])
+  if holder then
+    redis.call('HDEL', who(KEYS[3]), ARGV[1])
+    redis.call('HSET', who(KEYS[3]), ARGV[2], holder)
+  end
   settle(KEYS[1], KEYS[3], ARGV[4], us)
   if ARGV[5] then
     redis.call('SET', KEYS[7], ARGV[5], 'PX', ARGV[6])
@@ -229,7 +258,8 @@ end
 return 0
 ";
 
-/// ARGV: the writer's member, the reader's member, TTL in ms, marker.
+/// ARGV: the writer's member, the reader's member, TTL in ms, marker, the
+/// reader's holder description.
 /// Returns `{1, fencing token}`, or `{0, ''}` when the write hold is not
 /// live.
 const DOWNGRADE: &str = r"
@@ -239,6 +269,9 @@ if not score or tonumber(score) <= us then
   return {0, ''}
 end
 redis.call('ZADD', KEYS[3], us + tonumber(ARGV[3]) * 1000, ARGV[2])
+if ARGV[5] ~= '' then
+  redis.call('HSET', who(KEYS[3]), ARGV[2], ARGV[5])
+end
 settle(KEYS[1], KEYS[3], ARGV[4], us)
 return {1, fence_up(us)}
 ";
@@ -266,7 +299,7 @@ end
 local us = now_us()
 local ms = math.floor(us / 1000)
 local count = holders(us)
-redis.call('DEL', KEYS[3])
+redis.call('DEL', KEYS[3], who(KEYS[3]))
 if redis.call('GET', KEYS[1]) == ARGV[1] then
   redis.call('DEL', KEYS[1])
 end
