@@ -10,6 +10,7 @@ use dlock::{Error, Locker};
 
 mod lead;
 mod run;
+mod watch;
 
 /// Exit statuses besides the command's own (sysexits.h values).
 pub(crate) mod status {
@@ -50,6 +51,8 @@ enum Command {
     Run(run::RunArgs),
     /// Run a command only while this machine leads an election.
     Lead(lead::LeadArgs),
+    /// Show the held locks, live: `dlock watch [URL] [PREFIX]`.
+    Watch(watch::WatchArgs),
     /// Show who holds a lock: `dlock inspect [URL] NAME`.
     Inspect(InspectArgs),
     /// Free a lock whoever holds it (dangerous: see --help).
@@ -169,6 +172,7 @@ fn main() -> ExitCode {
         match cli.command {
             Command::Run(args) => run::run(args).await,
             Command::Lead(args) => lead::lead(args).await,
+            Command::Watch(args) => watch::watch(args).await,
             Command::Inspect(args) => inspect(args).await,
             Command::Release(args) => release(args).await,
             Command::Migrate(args) => migrate(args).await,
@@ -255,7 +259,7 @@ fn who(info: &dlock::LockInfo) -> String {
     }
 }
 
-fn round_ms(d: Duration) -> Duration {
+pub(crate) fn round_ms(d: Duration) -> Duration {
     Duration::from_millis(u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 

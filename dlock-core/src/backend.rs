@@ -103,6 +103,9 @@ pub struct LockInfo {
     /// `None` when the grant stored none (an empty description, or a grant
     /// made by an older client or by another library).
     pub holder: Option<String>,
+    /// The kind of hold (for a reader-writer lock or a semaphore, that of
+    /// the hold shown); `None` where the driver cannot tell.
+    pub mode: Option<crate::Mode>,
 }
 
 impl LockInfo {
@@ -113,7 +116,14 @@ impl LockInfo {
             fencing_token,
             expires_in,
             holder: None,
+            mode: None,
         }
+    }
+
+    /// Sets the kind of hold.
+    pub fn with_mode(mut self, mode: crate::Mode) -> Self {
+        self.mode = Some(mode);
+        self
     }
 
     /// Sets the holder description; an empty one is none.

@@ -66,7 +66,8 @@ impl Slot {
             .max_by_key(|h| h.fence)?;
         Some(
             LockInfo::new(hold.owner, hold.fence, Some(hold.expires - now))
-                .with_holder(&*hold.holder),
+                .with_holder(&*hold.holder)
+                .with_mode(hold.mode),
         )
     }
 

@@ -119,6 +119,19 @@ impl Mode {
         }
     }
 
+    /// The mode a driver stored as its [`code`](Mode::code) and the name's
+    /// [`marker`](Mode::marker) (a permit's count is in the marker), for
+    /// `inspect` and `list`; `None` for what no driver writes.
+    pub fn of_code(code: &str, marker: &str) -> Option<Mode> {
+        match (code, Mode::of_marker(marker)) {
+            ("x", _) => Some(Mode::Exclusive),
+            ("r", Mode::Write) => Some(Mode::Read),
+            ("w", Mode::Write) => Some(Mode::Write),
+            ("p", permit @ Mode::Permit(_)) => Some(permit),
+            _ => None,
+        }
+    }
+
     /// The mode a driver's [`marker`](Mode::marker) names, to report a
     /// conflict: a semaphore's permit, a reader-writer lock's write side,
     /// and anything else (a mutex's `x`) a mutex.

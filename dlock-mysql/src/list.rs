@@ -2,14 +2,18 @@
 
 use std::time::Duration;
 
-use dlock_core::{Error, HeldLock, LockInfo, LockPage, Result};
+use dlock_core::{Error, HeldLock, LockInfo, LockPage, Mode, Result};
 use tokio::time::timeout_at;
 
 use crate::backend::{MySqlBackend, NAME};
 use crate::pool::settle;
 
-/// A row `list` reads: name, owner, holder description, version, µs left.
-type ListedRow = (Vec<u8>, String, Option<Vec<u8>>, u64, i64);
+/// A row `list` reads: name, owner, holder description, kind, version, µs
+/// left.
+type ListedRow = (Vec<u8>, String, Option<Vec<u8>>, Option<Vec<u8>>, u64, i64);
+
+/// The row `inspect` reads: a listed row without the name.
+type InspectedRow = (String, Option<Vec<u8>>, Option<Vec<u8>>, u64, i64);
 
 impl MySqlBackend {
     /// [`Backend::list`](dlock_core::Backend::list).
@@ -44,12 +48,13 @@ impl MySqlBackend {
             })
             .flatten();
         let mut locks = Vec::with_capacity(rows.len());
-        for (name, owner, holder, version, left) in rows {
+        for (name, owner, holder, kind, version, left) in rows {
             let (Ok(name), Ok(owner)) = (String::from_utf8(name), owner.parse()) else {
                 continue; // not a row this driver wrote
             };
             let expires_in = Some(Duration::from_micros(left.unsigned_abs()));
-            let info = LockInfo::new(owner, version, expires_in).with_holder(text(holder));
+            let mut info = LockInfo::new(owner, version, expires_in).with_holder(text(holder));
+            info.mode = mode(kind);
             locks.push(HeldLock::new(name, info));
         }
         Ok(LockPage::new(locks, next))
@@ -62,9 +67,8 @@ impl MySqlBackend {
         let (by, limit) = (self.deadline(), self.inner.request_timeout);
         let mut lent = self.lend("inspect", by).await?;
         let done = timeout_at(by, query.fetch_optional(lent.conn())).await;
-        let row: Option<(String, Option<Vec<u8>>, u64, i64)> =
-            settle(lent, done, limit, "inspect")?;
-        let Some((owner, holder, version, left)) = row else {
+        let row: Option<InspectedRow> = settle(lent, done, limit, "inspect")?;
+        let Some((owner, holder, kind, version, left)) = row else {
             return Ok(None);
         };
         // A marker whose holds all ended as this read ran.
@@ -75,9 +79,9 @@ impl MySqlBackend {
             .parse()
             .map_err(|_| Error::malformed(NAME, "inspect (the row's owner token)", &owner))?;
         let left = Some(Duration::from_micros(left.unsigned_abs()));
-        Ok(Some(
-            LockInfo::new(owner, version, left).with_holder(text(holder)),
-        ))
+        let mut info = LockInfo::new(owner, version, left).with_holder(text(holder));
+        info.mode = mode(kind);
+        Ok(Some(info))
     }
 }
 
@@ -85,4 +89,10 @@ impl MySqlBackend {
 /// releases, in whatever character set they had).
 fn text(holder: Option<Vec<u8>>) -> String {
     String::from_utf8_lossy(&holder.unwrap_or_default()).into_owned()
+}
+
+/// The kind of hold as stored: the mode code, then the name's marker.
+fn mode(kind: Option<Vec<u8>>) -> Option<Mode> {
+    let kind = String::from_utf8(kind?).ok()?;
+    Mode::of_code(kind.get(..1)?, kind.get(1..)?)
 }

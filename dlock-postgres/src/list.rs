@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use dlock_core::{Error, HeldLock, LockInfo, LockPage, Result};
+use dlock_core::{Error, HeldLock, LockInfo, LockPage, Mode, Result};
 use sqlx::Row;
 use sqlx::postgres::PgRow;
 
@@ -32,7 +32,7 @@ impl PgBackend {
         let mut last = None;
         for row in &rows {
             let hex: String = row.try_get(0).map_err(read)?;
-            let live: bool = row.try_get(5).map_err(read)?;
+            let live: bool = row.try_get(6).map_err(read)?;
             let name = unhex(&hex).ok_or_else(|| Error::malformed(NAME, "list", &hex))?;
             last = Some(hex);
             let Ok(name) = String::from_utf8(name) else {
@@ -59,7 +59,7 @@ impl PgBackend {
 }
 
 /// The holder in `row`'s columns from `at`: owner, holder description,
-/// fence, microseconds left; `None` for a reader-writer lock or semaphore
+/// kind (mode code and marker), fence, microseconds left; `None` for a reader-writer lock or semaphore
 /// with no live hold.
 fn holder(row: &PgRow, at: usize) -> Result<Option<LockInfo>> {
     let read = |e| Error::backend(NAME, "inspect", e);
@@ -68,19 +68,16 @@ fn holder(row: &PgRow, at: usize) -> Result<Option<LockInfo>> {
         return Ok(None);
     };
     let holder: Option<String> = row.try_get(at + 1).map_err(read)?;
-    let fence: i64 = row.try_get(at + 2).map_err(read)?;
-    let left: i64 = row.try_get(at + 3).map_err(read)?;
+    let kind: Option<String> = row.try_get(at + 2).map_err(read)?;
+    let fence: i64 = row.try_get(at + 3).map_err(read)?;
+    let left: i64 = row.try_get(at + 4).map_err(read)?;
     let owner = owner
         .parse()
         .map_err(|_| Error::malformed(NAME, "inspect (the row's owner token)", &owner))?;
     let fence =
         u64::try_from(fence).map_err(|_| Error::malformed(NAME, "inspect (the fence)", fence))?;
-    Ok(Some(
-        LockInfo::new(
-            owner,
-            fence,
-            Some(Duration::from_micros(u64::try_from(left).unwrap_or(0))),
-        )
-        .with_holder(holder.unwrap_or_default()),
-    ))
+    let left = Duration::from_micros(u64::try_from(left).unwrap_or(0));
+    let mut info = LockInfo::new(owner, fence, Some(left)).with_holder(holder.unwrap_or_default());
+    info.mode = kind.and_then(|k| Mode::of_code(k.get(..1)?, k.get(1..)?));
+    Ok(Some(info))
 }

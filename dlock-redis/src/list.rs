@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use dlock_core::{Error, HeldLock, LockInfo, LockPage, Result, validate_name};
+use dlock_core::{Error, HeldLock, LockInfo, LockPage, Mode, Result, validate_name};
 
 use crate::backend::{NAME, RedisBackend};
 use crate::keys::{holder_parts, lock_pattern, name_of};
@@ -138,7 +138,8 @@ impl RedisBackend {
             } else {
                 holder.to_owned()
             };
-            let info = LockInfo::new(owner, fence, expires_in).with_holder(holder);
+            let mut info = LockInfo::new(owner, fence, expires_in).with_holder(holder);
+            info.mode = mode_of(stored, if shared { &value } else { "" });
             locks.push(HeldLock::new(name, info));
         }
         Ok(LockPage::new(locks, (scan != 0).then(|| scan.to_string())))
@@ -166,15 +167,24 @@ impl RedisBackend {
                 Err(Error::malformed(NAME, "inspect", reply))
             };
         };
-        let (owner, holder) = holder_parts(owner, !kind.is_empty())
-            .ok_or_else(|| Error::malformed(NAME, "inspect (owner)", owner))?;
+        let owner_text = owner.as_str();
+        let (owner, holder) = holder_parts(owner_text, !kind.is_empty())
+            .ok_or_else(|| Error::malformed(NAME, "inspect (owner)", owner_text))?;
         let fence = fence
             .parse()
             .map_err(|_| Error::malformed(NAME, "inspect (fence)", fence))?;
         let expires_in = pttl.parse::<u64>().ok().map(Duration::from_millis);
-        Ok(Some((
-            LockInfo::new(owner, fence, expires_in).with_holder(holder),
-            kind.clone(),
-        )))
+        let mut info = LockInfo::new(owner, fence, expires_in).with_holder(holder);
+        info.mode = mode_of(owner_text, kind);
+        Ok(Some((info, kind.clone())))
     }
+}
+
+/// The kind of hold of a lock key's value (`marker` empty) or of a holds
+/// member under the name's `marker`.
+fn mode_of(stored: &str, marker: &str) -> Option<Mode> {
+    if marker.is_empty() {
+        return Some(Mode::Exclusive);
+    }
+    Mode::of_code(stored.get(32..33)?, marker)
 }

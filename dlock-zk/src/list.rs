@@ -1,7 +1,7 @@
 //! Admin reads and writes: the list of held locks, a lock's holder, and a
 //! forced release.
 
-use dlock_core::{HeldLock, LockInfo, LockPage, OwnerToken, Result, validate_name};
+use dlock_core::{HeldLock, LockInfo, LockPage, Mode, OwnerToken, Result, validate_name};
 use zookeeper_client as zk;
 
 use crate::acquire::Queue;
@@ -172,11 +172,19 @@ enum Front {
 fn front_info(path: &str, stat: &zk::Stat, data: &[u8]) -> Result<LockInfo> {
     let node = path.rsplit('/').next().unwrap_or_default();
     let owner = owner_of(node).unwrap_or(OwnerToken::from_u128(0));
-    let drawn = match parse(node) {
-        Some((Node::Read | Node::Write | Node::Permit(_), _)) => stat.mzxid,
+    let kind = parse(node).map(|(kind, _)| kind);
+    let drawn = match kind {
+        Some(Node::Read | Node::Write | Node::Permit(_)) => stat.mzxid,
         _ => stat.czxid,
     };
     let info = LockInfo::new(owner, fencing_token(drawn)?, None);
+    let info = match kind {
+        Some(Node::Mutex | Node::KazooLock) => info.with_mode(Mode::Exclusive),
+        Some(Node::Read | Node::KazooRead) => info.with_mode(Mode::Read),
+        Some(Node::Write) => info.with_mode(Mode::Write),
+        Some(Node::Permit(n)) => info.with_mode(Mode::Permit(n)),
+        Some(Node::CuratorLease) | None => info,
+    };
     Ok(match std::str::from_utf8(data) {
         Ok(holder) if dlock_core::check_holder(holder).is_ok() => info.with_holder(holder),
         _ => info,

@@ -2,10 +2,10 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 pub use dlock_core::{
-    Backend, CancellationToken, Capabilities, Election, Error, Guard, JobOptions, JobOutcome,
-    JobRun, Leader, Leadership, Lease, LeaseKind, LockInfo, LockOptions, Locker, MAX_HOLDER_LEN,
-    MemoryBackend, Mode, Observed, Observer, OwnerToken, Result, RunReport, Schedule, ScheduledJob,
-    Semaphore, async_trait, host_and_pid, validate_name,
+    Backend, CancellationToken, Capabilities, Election, Error, Guard, HeldLock, JobOptions,
+    JobOutcome, JobRun, Leader, Leadership, Lease, LeaseKind, LockInfo, LockOptions, LockPage,
+    Locker, MAX_HOLDER_LEN, MemoryBackend, Mode, Observed, Observer, OwnerToken, Result, RunReport,
+    Schedule, ScheduledJob, Semaphore, async_trait, host_and_pid, validate_name,
 };
 
 #[doc(hidden)]

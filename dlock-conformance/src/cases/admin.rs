@@ -242,6 +242,13 @@ pub async fn holders_show_in_inspect_and_list(backend: &Arc<dyn Backend>) {
             "a {:?} hold's holder",
             opts.mode_value()
         );
+        let info = backend.inspect(&name).await.expect("inspect");
+        let mode = info.and_then(|info| info.mode);
+        assert!(
+            mode.is_none_or(|m| m == opts.mode_value()),
+            "inspect reports a {:?} hold as {mode:?}",
+            opts.mode_value()
+        );
         backend.release(&lease).await.expect("release");
     }
 }

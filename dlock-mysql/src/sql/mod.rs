@@ -112,8 +112,9 @@ fn hex(bytes: &[u8]) -> String {
     out
 }
 
-/// The owner and the holder description (two columns, the second as
-/// bytes) `list` and `inspect` show for the row `l`: a name held as a
+/// The owner, the holder description and the kind of hold (mode code,
+/// then the name's marker): three columns, the last two as bytes, that
+/// `list` and `inspect` show for the row `l`. A name held as a
 /// reader-writer lock or a semaphore shows its longest hold's.
 fn shown_owner(table: &str) -> String {
     let longest = |column: &str| {
@@ -125,9 +126,11 @@ fn shown_owner(table: &str) -> String {
     };
     format!(
         "IF(l.owner LIKE '~%', COALESCE({}, l.owner), l.owner),
-         CAST(IF(l.owner LIKE '~%', {}, l.holder) AS BINARY)",
+         CAST(IF(l.owner LIKE '~%', {}, l.holder) AS BINARY),
+         CAST(IF(l.owner LIKE '~%', CONCAT({}, l.owner), 'x') AS BINARY)",
         longest("owner"),
-        longest("holder")
+        longest("holder"),
+        longest("mode")
     )
 }
 

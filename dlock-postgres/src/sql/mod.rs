@@ -334,15 +334,17 @@ impl Statements {
         ))
     }
 
-    /// Who holds the row aliased `l`: its owner and holder description
-    /// (two columns), and the join they need. For a reader-writer lock or
+    /// Who holds the row aliased `l`: its owner, holder description and
+    /// kind of hold (mode code, then the name's marker): three columns,
+    /// and the join they need. For a reader-writer lock or
     /// a semaphore, whose row holds its marker, the hold that lasts
     /// longest speaks (`NULL`s when none is live).
     fn holder_of(&self) -> (&'static str, String) {
         let columns = "CASE WHEN l.owner LIKE '~%' THEN s.owner ELSE l.owner END,
-               CASE WHEN l.owner LIKE '~%' THEN s.holder ELSE l.holder END";
+               CASE WHEN l.owner LIKE '~%' THEN s.holder ELSE l.holder END,
+               CASE WHEN l.owner LIKE '~%' THEN s.mode || l.owner ELSE 'x' END";
         let join = format!(
-            "LEFT JOIN LATERAL (SELECT x.owner, x.holder FROM {h} AS x
+            "LEFT JOIN LATERAL (SELECT x.owner, x.holder, x.mode FROM {h} AS x
                WHERE l.owner LIKE '~%' AND x.name = l.name AND NOT x.waiting
                  AND x.expires_at > {NOW}
                ORDER BY x.expires_at DESC LIMIT 1) AS s ON true",
