@@ -6,7 +6,7 @@ use clap::Args;
 use dlock::{Election, Error, LockOptions};
 use tokio::time::sleep;
 
-use crate::run::{catch_signals, exit_code, signalled, supervise};
+use crate::run::{catch_signals, ends, exit_code, signalled, supervise};
 use crate::{Failure, UrlArg, connect, status};
 
 /// Runs CMD only while this machine leads the election NAME: campaigns
@@ -15,6 +15,9 @@ use crate::{Failure, UrlArg, connect, status};
 /// campaigns again to run it anew. When CMD exits on its own, dlock
 /// resigns (the next campaigner leads at once) and exits with CMD's status.
 /// CMD sees DLOCK_LOCK_NAME and DLOCK_FENCING_TOKEN (its term's token).
+/// A lost term's CMD may run on for up to --grace while a successor
+/// already leads: keep --grace short, and fence CMD's writes with the
+/// token.
 #[derive(Debug, Args)]
 pub(crate) struct LeadArgs {
     #[command(flatten)]
@@ -54,23 +57,45 @@ pub(crate) async fn lead(args: LeadArgs) -> Result<u8, Failure> {
     let locker = connect(&url, Some(args.ttl)).await?;
     let election = Election::new(locker, &args.name, identity).options(opts);
     loop {
-        let term = tokio::select! {
-            term = campaign(&election) => term?,
-            Some(sig) = signals.recv() => return Ok(signalled(sig)),
+        let campaigned = campaign(&election);
+        tokio::pin!(campaigned);
+        let term = loop {
+            tokio::select! {
+                term = &mut campaigned => break term?,
+                Some(sig) = signals.recv() => {
+                    // A reload signal (HUP, USR1, USR2) is for the command:
+                    // a follower has none to pass it to, and keeps waiting.
+                    if ends(sig) {
+                        return Ok(signalled(sig));
+                    }
+                }
+            }
         };
         tracing::info!(
             name = args.name,
             fencing_token = term.fencing_token(),
             "leading; starting the command"
         );
-        let (exit, lost) = supervise(
+        let supervised = supervise(
             &args.command,
             &args.name,
             term.guard(),
             &mut signals,
             args.grace,
         )
-        .await?;
+        .await;
+        let (exit, lost, asked_to_end) = match supervised {
+            Ok(supervised) => supervised,
+            Err(failure) => {
+                // CMD could not start: the next campaigner's turn now,
+                // not at the end of the term.
+                let _ = term.resign().await;
+                return Err(failure);
+            }
+        };
+        if lost && asked_to_end {
+            return Ok(exit_code(exit));
+        }
         if lost {
             eprintln!("dlock: campaigning again for {}", args.name);
             continue;

@@ -104,7 +104,7 @@ pub(crate) async fn run(args: RunArgs) -> Result<u8, Failure> {
         "lock acquired; starting the command"
     );
     let started = Instant::now();
-    let (exit, lost) =
+    let (exit, lost, _) =
         supervise(&args.command, &args.name, &guard, &mut signals, args.grace).await?;
     if lost {
         return Ok(status::LOST);
@@ -146,14 +146,15 @@ pub(crate) fn signalled(sig: Signal) -> u8 {
 
 /// Runs `command` while `guard` holds: passes signals on, and stops the
 /// command (SIGTERM, then SIGKILL after `grace`) when the lease is lost.
-/// Returns the command's exit, and whether the lease was lost.
+/// Returns the command's exit, whether the lease was lost, and whether a
+/// signal asking it to end (INT, TERM, QUIT) was passed on.
 pub(crate) async fn supervise(
     command: &[String],
     name: &str,
     guard: &dlock::Guard,
     signals: &mut mpsc::UnboundedReceiver<Signal>,
     grace: Duration,
-) -> Result<(ExitStatus, bool), Failure> {
+) -> Result<(ExitStatus, bool, bool), Failure> {
     let mut child = spawn(command, name, guard.fencing_token())?;
     // The command leads its own process group, so that signals and a stop
     // reach what it started too (`sh -c`, a wrapper script), not the shell
@@ -162,12 +163,13 @@ pub(crate) async fn supervise(
         .id()
         .and_then(|id| i32::try_from(id).ok())
         .map(|id| Pid::from_raw(-id));
-    let mut lost = false;
+    let (mut lost, mut ended) = (false, false);
     let exit = loop {
         tokio::select! {
             exit = child.wait() => break exit,
             Some(sig) = signals.recv() => {
                 tracing::info!(%sig, "passing the signal on to the command");
+                ended |= ends(sig);
                 send(group, sig);
             }
             () = guard.lost(), if !lost => {
@@ -179,7 +181,12 @@ pub(crate) async fn supervise(
     };
     let exit = exit
         .map_err(|e| Failure::new(status::UNAVAILABLE, format!("waiting for the command: {e}")))?;
-    Ok((exit, lost))
+    Ok((exit, lost, ended))
+}
+
+/// Whether `sig` asks to end (rather than to reload, say).
+pub(crate) fn ends(sig: Signal) -> bool {
+    matches!(sig, Signal::SIGINT | Signal::SIGTERM | Signal::SIGQUIT)
 }
 
 async fn acquire(
@@ -259,16 +266,18 @@ fn send(group: Option<Pid>, sig: Signal) {
 }
 
 /// SIGTERM to the command's group, then SIGKILL if the command is still
-/// there after `grace`.
+/// there after `grace`; and SIGKILL to what is left of the group once the
+/// command has exited, so that nothing it started (a background job that
+/// ignores SIGTERM) runs on without the lock.
 async fn stop(child: &mut Child, group: Option<Pid>, grace: Duration) {
     send(group, Signal::SIGTERM);
     tokio::select! {
         _ = child.wait() => {}
         () = sleep(grace) => {
             eprintln!("dlock: the command did not exit within {grace:?} of SIGTERM; killing it");
-            send(group, Signal::SIGKILL);
         }
     }
+    send(group, Signal::SIGKILL);
 }
 
 /// The command's status as a shell reports it: its exit code, or 128 plus

@@ -6,12 +6,12 @@ use std::time::Duration;
 
 use clap::Args;
 use dlock::{Error, HeldLock, Locker, Mode};
+use tokio::signal::unix::{SignalKind, signal};
 use tokio::time::{Instant, sleep_until};
 
 use crate::{Failure, UrlArg, connect, round_ms, status};
 
-/// The most locks one view reads: a bound on the work a refresh costs the
-/// server (the rest are counted, not shown).
+/// The most locks one view shows; the view says when there were more.
 const MAX_LOCKS: usize = 10_000;
 
 /// Shows the held locks whose names start with PREFIX (all without one),
@@ -31,8 +31,8 @@ pub(crate) struct WatchArgs {
     /// How often the view is read again.
     #[arg(long, default_value = "1s", value_parser = humantime::parse_duration)]
     interval: Duration,
-    /// `[URL] [PREFIX]`: the URL may also come from --url or DLOCK_URL
-    /// (a single argument with `://` is the URL).
+    /// `[URL] [PREFIX]`: the URL may also come from --url or DLOCK_URL; a
+    /// single argument is the URL if it has `://`, else the prefix.
     #[arg(num_args = 0..=2, value_names = ["URL", "PREFIX"])]
     args: Vec<String>,
 }
@@ -45,36 +45,66 @@ pub(crate) async fn watch(args: WatchArgs) -> Result<u8, Failure> {
             "--interval must be at least 100ms",
         ));
     }
+    // Caught from the start: Ctrl-C during a slow read ends the view too.
+    let mut interrupt = signal(SignalKind::interrupt())
+        .map_err(|e| Failure::new(status::UNAVAILABLE, format!("cannot catch SIGINT: {e}")))?;
     let locker = connect(&url, None).await?;
     let terminal = std::io::stdout().is_terminal() && !args.json;
-    let mut next = Instant::now();
     loop {
-        let (mut locks, more) = held(&locker, &prefix).await?;
-        // Soonest to end first; session leases, which do not end by time,
-        // last.
-        locks.sort_by_key(|l| (l.info.expires_in.unwrap_or(Duration::MAX), l.name.clone()));
-        let view = if args.json {
-            json(&locks)
-        } else {
-            table(&locks, more, &prefix, terminal)
+        let started = Instant::now();
+        let view = tokio::select! {
+            view = view(&locker, &prefix, args.json, terminal) => view,
+            _ = interrupt.recv() => return Ok(0),
+        };
+        let view = match view {
+            Ok(view) => view,
+            Err(failure) if args.once || failure.status == status::USAGE => return Err(failure),
+            // A live view rides out a lock service that is briefly away.
+            Err(failure) => format!("dlock: {}\n", failure.message),
         };
         let mut out = std::io::stdout().lock();
-        if terminal {
+        let mut written = Ok(());
+        if terminal && !args.once {
             // Home and clear: the view replaces the last one.
-            let _ = out.write_all(b"\x1b[H\x1b[2J");
+            written = out.write_all(b"\x1b[H\x1b[2J");
         }
-        let _ = out.write_all(view.as_bytes());
-        let _ = out.flush();
+        let written = written
+            .and_then(|()| out.write_all(view.as_bytes()))
+            .and_then(|()| out.flush());
+        match written {
+            Ok(()) => {}
+            // The reader went (`dlock watch | head`): done.
+            Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => return Ok(0),
+            Err(e) => return Err(Failure::new(status::UNAVAILABLE, format!("stdout: {e}"))),
+        }
         drop(out);
         if args.once {
             return Ok(0);
         }
-        next += args.interval;
+        // The next view an interval after this one started, or at once
+        // after a read that took longer (never a burst to catch up).
         tokio::select! {
-            () = sleep_until(next) => {}
-            _ = tokio::signal::ctrl_c() => return Ok(0),
+            () = sleep_until(started + args.interval) => {}
+            _ = interrupt.recv() => return Ok(0),
         }
     }
+}
+
+/// One view: the held locks, soonest to end first (session leases, which
+/// do not end by time, last), as a table or as JSON.
+async fn view(
+    locker: &Locker,
+    prefix: &str,
+    json: bool,
+    terminal: bool,
+) -> Result<String, Failure> {
+    let (mut locks, more) = held(locker, prefix).await?;
+    locks.sort_by_key(|l| (l.info.expires_in.unwrap_or(Duration::MAX), l.name.clone()));
+    Ok(if json {
+        self::json(&locks)
+    } else {
+        table(&locks, more, prefix, terminal)
+    })
 }
 
 fn url_and_prefix(url: UrlArg, mut args: Vec<String>) -> Result<(String, String), Failure> {
@@ -83,7 +113,7 @@ fn url_and_prefix(url: UrlArg, mut args: Vec<String>) -> Result<(String, String)
             let prefix = args.pop().unwrap_or_default();
             (args.pop(), prefix)
         }
-        (1, from_env) if args[0].contains("://") => (args.pop(), from_env.unwrap_or_default()),
+        (1, _) if args[0].contains("://") => (args.pop(), String::new()),
         (1, from_env) => (from_env, args.pop().unwrap_or_default()),
         (_, from_env) => (from_env, String::new()),
     };
@@ -119,6 +149,21 @@ async fn held(locker: &Locker, prefix: &str) -> Result<(Vec<HeldLock>, bool), Fa
             None => return Ok((locks, false)),
         }
     }
+}
+
+/// `s` with its control characters escaped: a lock name may hold any
+/// (an escape sequence would reach the operator's terminal), and a holder
+/// written by another library was not checked.
+fn printable(s: &str) -> String {
+    s.chars()
+        .map(|c| {
+            if c.is_control() {
+                c.escape_default().to_string()
+            } else {
+                c.to_string()
+            }
+        })
+        .collect()
 }
 
 /// The kind of hold, short: `mutex`, `read`, `write`, `permit/N`.
@@ -163,9 +208,12 @@ fn table(locks: &[HeldLock], more: bool, prefix: &str, terminal: bool) -> String
         .iter()
         .map(|l| {
             [
-                l.name.clone(),
+                printable(&l.name),
                 kind(l.info.mode),
-                l.info.holder.clone().unwrap_or_else(|| "-".to_owned()),
+                l.info
+                    .holder
+                    .as_deref()
+                    .map_or_else(|| "-".to_owned(), printable),
                 l.info.fencing_token.to_string(),
                 left(l),
             ]
@@ -208,4 +256,36 @@ fn table(locks: &[HeldLock], more: bool, prefix: &str, terminal: bool) -> String
         let _ = writeln!(out, "{}", line(row.each_ref().map(String::as_str)));
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parsed(url: Option<&str>, args: &[&str]) -> Option<(String, String)> {
+        let url = UrlArg {
+            url: url.map(str::to_owned),
+        };
+        url_and_prefix(url, args.iter().map(|a| (*a).to_owned()).collect()).ok()
+    }
+
+    #[test]
+    fn a_lone_argument_is_the_url_only_with_a_scheme() {
+        let both = |u: &str, p: &str| Some((u.to_owned(), p.to_owned()));
+        assert_eq!(
+            parsed(None, &["redis://a", "jobs/"]),
+            both("redis://a", "jobs/")
+        );
+        assert_eq!(
+            parsed(Some("redis://env"), &["redis://b"]),
+            both("redis://b", "")
+        );
+        assert_eq!(
+            parsed(Some("redis://env"), &["jobs/"]),
+            both("redis://env", "jobs/")
+        );
+        assert_eq!(parsed(Some("redis://env"), &[]), both("redis://env", ""));
+        assert_eq!(parsed(None, &["jobs/"]), None);
+        assert_eq!(printable("a\u{1b}[2Jb"), "a\\u{1b}[2Jb");
+    }
 }

@@ -74,8 +74,33 @@ async fn once_shows_holders_and_tokens(service: Service) {
     let soon_row = rows.iter().find(|r| r["holder"] == "web-2").expect("soon");
     assert_eq!(soon_row["fencing_token"], soon.fencing_token());
     assert_eq!(soon_row["kind"], "mutex");
-    b.release(&late).await.unwrap();
-    b.release(&soon).await.unwrap();
+    // The shared kinds say theirs.
+    let shared = format!("{prefix}shared/");
+    let read = LockOptions::new().read().holder("reader");
+    let permit = LockOptions::new().permits(3).holder("permit");
+    let r = b
+        .try_acquire(&format!("{shared}r"), &read)
+        .await
+        .unwrap()
+        .unwrap();
+    let p = b
+        .try_acquire(&format!("{shared}p"), &permit)
+        .await
+        .unwrap()
+        .unwrap();
+    let json = output(dlock(&["watch", "--once", "--json", &url, &shared])).await;
+    let json: serde_json::Value = serde_json::from_slice(&json.stdout).expect("JSON");
+    let kinds: Vec<(&str, &str)> = json
+        .as_array()
+        .expect("an array")
+        .iter()
+        .map(|r| (r["holder"].as_str().unwrap(), r["kind"].as_str().unwrap()))
+        .collect();
+    assert!(kinds.contains(&("reader", "read")), "{kinds:?}");
+    assert!(kinds.contains(&("permit", "permit/3")), "{kinds:?}");
+    for lease in [late, soon, r, p] {
+        b.release(&lease).await.unwrap();
+    }
 }
 
 /// On a pseudo-terminal the view is redrawn each interval: a lock taken

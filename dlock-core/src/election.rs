@@ -185,10 +185,12 @@ impl Election {
     /// (dropped) at once and we campaign again (with `rejoin`; without, the
     /// loss is an error). When `work` returns, we resign and return its
     /// value. A campaign that fails on a lock service out of reach is
-    /// tried again after a pause.
+    /// tried again after a pause, and so is one after a lost term (a term
+    /// lost at once, again and again, does not make a busy loop).
     ///
     /// # Errors
-    /// [`Error::NotHeld`] when the term was lost and `rejoin` is off; the
+    /// [`Error::NotHeld`] when the term was lost and `rejoin` is off;
+    /// [`Error::Timeout`] when the options' wait bound passed; the
     /// campaign's errors that trying again cannot mend.
     pub async fn lead<T>(
         &self,
@@ -199,14 +201,14 @@ impl Election {
         loop {
             let term = match self.campaign().await {
                 Ok(term) => term,
-                Err(e) if e.is_retryable() => {
+                Err(e) if e.is_retryable() && !matches!(e, Error::Timeout { .. }) => {
                     tracing::debug!(election = self.name, error = %e, "campaigning again");
                     sleep(backoff.next_delay()).await;
                     continue;
                 }
                 Err(e) => return Err(e),
             };
-            backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(5));
+            let began = tokio::time::Instant::now();
             tokio::select! {
                 value = work(&term) => {
                     if let Err(e) = term.resign().await {
@@ -219,6 +221,12 @@ impl Election {
                     if !rejoin {
                         return Err(Error::NotHeld { name: self.name.clone() });
                     }
+                    // The pause grows while terms are lost as soon as
+                    // they begin, and starts over after one that lasted.
+                    if began.elapsed() >= self.opts.ttl_value() {
+                        backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(5));
+                    }
+                    sleep(backoff.next_delay()).await;
                 }
             }
         }
@@ -238,7 +246,8 @@ pub struct Observer<'a> {
 impl Observer<'_> {
     /// Waits for the next change of leader and returns the new one (`None`
     /// when nobody leads); the first call returns the leader as it is.
-    /// Changes come in order, terms never go back (each new term has a
+    /// Changes come in order, a term replaces another only with a greater
+    /// token (each new term has a
     /// greater fencing token: the backend must declare
     /// [`fencing`](crate::Capabilities::fencing)), and a term is seen when it lasts longer
     /// than the poll interval: a shorter one may pass unseen between two
@@ -250,11 +259,11 @@ impl Observer<'_> {
         loop {
             let now = self.election.leader().await?;
             let changed = match (&self.seen, &now) {
-                (None, _) | (Some(Some(_)), None) => true,
+                (None | Some(None), Some(_)) | (None, None) | (Some(Some(_)), None) => true,
                 (Some(None), None) => false,
                 // A later term has a greater token; an earlier one is a
                 // stale read, not a change.
-                (Some(_), Some(now)) => now.fencing_token > self.highest,
+                (Some(Some(_)), Some(now)) => now.fencing_token > self.highest,
             };
             if let Some(now) = &now {
                 self.highest = self.highest.max(now.fencing_token);
@@ -345,6 +354,8 @@ mod tests {
             let term = who.campaign().await.unwrap();
             let leader = observer.changed().await.unwrap().unwrap();
             assert_eq!(leader.fencing_token, term.fencing_token());
+            let unchanged = tokio::time::timeout(Duration::from_secs(5), observer.changed());
+            assert!(unchanged.await.is_err(), "a change reported with none");
             seen.push(leader.identity.unwrap());
             term.resign().await.unwrap();
             assert_eq!(observer.changed().await.unwrap(), None);
