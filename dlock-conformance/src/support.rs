@@ -81,3 +81,50 @@ pub async fn must_lock(locker: &Locker, name: &str, opts: &LockOptions) -> Guard
         Err(e) => panic!("try_acquire({name:?}) failed: {e}"),
     }
 }
+
+/// For drivers with a schema: `backend` works on tables made by an older
+/// release, which hold `old_owner`'s grant of `legacy` (holder `web-1:77`),
+/// until `migrate` gives them this release's layout: the mutex works at
+/// once, the reads and the shared kinds say to migrate; after `migrate`,
+/// the old grant reads with its holder, every kind stores its holder, and
+/// a second `migrate` changes nothing.
+///
+/// # Panics
+/// When the backend breaks one of those.
+pub async fn older_tables_work_until_migrated<M, Fut>(
+    backend: &dyn Backend,
+    old_owner: dlock_core::OwnerToken,
+    migrate: M,
+) where
+    M: Fn() -> Fut,
+    Fut: Future<Output = dlock_core::Result<()>>,
+{
+    let early = must_acquire(backend, "early", &long().holder("web-2:88")).await;
+    backend.release(&early).await.expect("release");
+    let says = |e: Option<dlock_core::Error>| {
+        let e = e.expect("an error until the migration");
+        assert!(e.to_string().contains("older release"), "{e}");
+    };
+    says(backend.inspect("legacy").await.err());
+    says(backend.try_acquire("shared", &long().read()).await.err());
+    migrate().await.expect("migrate");
+
+    let old = backend.inspect("legacy").await.expect("inspect");
+    let old = old.expect("the old grant");
+    assert_eq!(old.owner, old_owner);
+    assert_eq!(
+        old.holder.as_deref(),
+        Some("web-1:77"),
+        "the old row's holder"
+    );
+    let holder = "Zürich 🔒 worker";
+    let mutex = must_acquire(backend, "mutex", &long().holder(holder)).await;
+    let reader = must_acquire(backend, "shared", &long().read().holder(holder)).await;
+    for name in ["mutex", "shared"] {
+        let info = backend.inspect(name).await.expect("inspect").expect("held");
+        assert_eq!(info.holder.as_deref(), Some(holder), "{name}");
+    }
+    migrate().await.expect("a second migrate");
+    backend.release(&mutex).await.expect("release");
+    backend.release(&reader).await.expect("release");
+}

@@ -4,8 +4,8 @@
 #![allow(clippy::unwrap_used)] // tests panic on purpose
 
 use dlock_conformance::harness::{Service, shared};
-use dlock_conformance::support::{long, must_acquire, unique_name};
-use dlock_core::{Backend, OwnerToken};
+use dlock_conformance::support::{older_tables_work_until_migrated, unique_name};
+use dlock_core::OwnerToken;
 use dlock_postgres::PgBackend;
 use sqlx::Connection;
 
@@ -38,33 +38,7 @@ async fn tables_of_an_older_release_work_and_migrate_upgrades_them() {
         .connect()
         .await
         .unwrap();
-    // Until `migrate`, the mutex works, and the reads and the shared kinds
-    // say what to do.
-    let early = must_acquire(&b, "early", &long().holder("web-2:88")).await;
-    b.release(&early).await.unwrap();
-    let says = |e: dlock_core::Error| assert!(e.to_string().contains("older release"), "{e}");
-    says(b.inspect("legacy").await.unwrap_err());
-    says(b.try_acquire("shared", &long().read()).await.unwrap_err());
-    b.migrate().await.unwrap();
-
-    let old = b.inspect("legacy").await.unwrap().unwrap();
-    assert_eq!(old.owner, old_owner);
-    assert_eq!(
-        old.holder.as_deref(),
-        Some("web-1:77"),
-        "the old row's holder reads"
-    );
-    let holder = "Zürich 🔒 worker";
-    let mutex = must_acquire(&b, "mutex", &long().holder(holder)).await;
-    let reader = must_acquire(&b, "shared", &long().read().holder(holder)).await;
-    for name in ["mutex", "shared"] {
-        let info = b.inspect(name).await.unwrap().unwrap();
-        assert_eq!(info.holder.as_deref(), Some(holder), "{name}");
-    }
-    // Migrating again finds nothing to change.
-    b.migrate().await.unwrap();
-    b.release(&mutex).await.unwrap();
-    b.release(&reader).await.unwrap();
+    older_tables_work_until_migrated(&b, old_owner, || b.migrate()).await;
     sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
         "DROP TABLE {table}, {table}_holds"
     )))
