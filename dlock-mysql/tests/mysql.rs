@@ -84,7 +84,7 @@ async fn takeover_of_an_expired_row_bumps_the_version() {
         third.fencing_token() > second.fencing_token(),
         "release keeps the row and its version"
     );
-    let (version, owner, holder): (u64, String, String) =
+    let (version, owner, holder): (u64, String, Vec<u8>) =
         sqlx::query_as("SELECT version, owner, holder FROM dlock_locks WHERE name = ?")
             .bind(name.as_bytes())
             .fetch_one(&raw().await)
@@ -92,6 +92,8 @@ async fn takeover_of_an_expired_row_bumps_the_version() {
             .unwrap();
     assert_eq!(version, third.fencing_token());
     assert_eq!(owner, third.owner().to_string());
+    // The holder description, as its UTF-8 bytes: `host:pid` by default.
+    let holder = String::from_utf8(holder).unwrap();
     assert!(
         holder.ends_with(&format!(":{}", std::process::id())),
         "{holder}"
