@@ -19,7 +19,7 @@ impl MySqlBackend {
     /// whose reply came after its validity deadline; see [`on_arrival`]).
     pub(crate) async fn attempt(&self, name: &str, opts: &LockOptions) -> Result<Attempt> {
         if opts.mode_value() != Mode::Exclusive {
-            return self.attempt_shared(name, opts, "").await;
+            return self.attempt_shared(name, opts).await;
         }
         let owner = OwnerToken::random()?;
         let sent = Instant::now();

@@ -104,12 +104,20 @@ impl MySqlBackend {
         Ok(changed)
     }
 
+    /// One acquire of a shared kind, not queued.
+    pub(crate) async fn attempt_shared(&self, name: &str, opts: &LockOptions) -> Result<Attempt> {
+        self.look(name, opts, "", &Arc::default()).await
+    }
+
     /// One acquire of a shared kind, queued as `waiter` (`""`: not queued).
-    pub(crate) async fn attempt_shared(
+    /// While its transaction is on its way, `in_flight` holds the
+    /// connection it went out on.
+    async fn look(
         &self,
         name: &str,
         opts: &LockOptions,
         waiter: &str,
+        in_flight: &Arc<Mutex<Option<Mark>>>,
     ) -> Result<Attempt> {
         let mode = opts.mode_value();
         let owner = OwnerToken::random()?;
@@ -125,23 +133,28 @@ impl MySqlBackend {
         );
         // Armed while the outcome is unknown, as for the mutex: the undo
         // ends the connection the transaction went out on, then releases.
-        let sent_on: Arc<Mutex<Option<Mark>>> = Arc::default();
         let mut undo = {
-            let (backend, sent_on) = (self.clone(), sent_on.clone());
+            let (backend, sent_on) = (self.clone(), in_flight.clone());
             let lease = Lease::with_ttl(name, owner, 0, opts, sent);
             UndoOnDrop::new(async move {
                 let mark = sent_on
                     .lock()
                     .unwrap_or_else(PoisonError::into_inner)
-                    .take();
+                    .clone();
                 backend.undo_shared(&lease, mark).await;
             })
         };
         let rows = self
             .transact(sql, "acquire", self.deadline(), |mark| {
-                *sent_on.lock().unwrap_or_else(PoisonError::into_inner) = Some(mark);
+                *in_flight.lock().unwrap_or_else(PoisonError::into_inner) = Some(mark);
             })
             .await;
+        // Answered, or failed: no longer on its way (only a look dropped
+        // mid-flight leaves its connection here).
+        in_flight
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
         // Any answer from the server settles the outcome; no answer (a
         // timeout, a broken connection) leaves the undo armed, to run as
         // this returns.
@@ -189,9 +202,27 @@ impl MySqlBackend {
         backoff: Backoff,
     ) -> Result<Lease> {
         let waiter = OwnerToken::random()?.to_string();
+        let in_flight: Arc<Mutex<Option<Mark>>> = Arc::default();
         let mut leave = {
             let (backend, name, waiter) = (self.clone(), name.to_owned(), waiter.clone());
-            UndoOnDrop::new(async move { backend.abandon(&name, &waiter).await })
+            let in_flight = in_flight.clone();
+            UndoOnDrop::new(async move {
+                // A look dropped on its way may still commit its place:
+                // its connection ends first, so the place it wrote goes
+                // with the others (a place written after its removal
+                // would keep the queue behind a waiter that left).
+                let mark = in_flight
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .clone();
+                if let Some(mark) = mark {
+                    let by = backend.deadline();
+                    if let Err(e) = backend.end_connection(&mark, by).await {
+                        tracing::debug!(name, error = %e, "a dropped look's connection");
+                    }
+                }
+                backend.abandon(&name, &waiter).await;
+            })
         };
         let key = waiter_key(name, &waiter);
         let queued = std::sync::atomic::AtomicBool::new(false);
@@ -201,7 +232,7 @@ impl MySqlBackend {
                 if !place.is_empty() {
                     queued.store(true, std::sync::atomic::Ordering::Relaxed);
                 }
-                self.attempt_shared(name, opts, place)
+                self.look(name, opts, place, &in_flight)
             })
             .await;
         if waited.is_err() && queued.load(std::sync::atomic::Ordering::Relaxed) {
