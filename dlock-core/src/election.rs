@@ -197,7 +197,9 @@ impl Election {
         rejoin: bool,
         mut work: impl AsyncFnMut(&Leadership) -> T,
     ) -> Result<T> {
-        let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(5));
+        // The pause before campaigning again.
+        let pause = || Backoff::new(Duration::from_millis(100), Duration::from_secs(5));
+        let mut backoff = pause();
         loop {
             let term = match self.campaign().await {
                 Ok(term) => term,
@@ -224,7 +226,7 @@ impl Election {
                     // The pause grows while terms are lost as soon as
                     // they begin, and starts over after one that lasted.
                     if began.elapsed() >= self.opts.ttl_value() {
-                        backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(5));
+                        backoff = pause();
                     }
                     sleep(backoff.next_delay()).await;
                 }
@@ -246,12 +248,11 @@ pub struct Observer<'a> {
 impl Observer<'_> {
     /// Waits for the next change of leader and returns the new one (`None`
     /// when nobody leads); the first call returns the leader as it is.
-    /// Changes come in order, a term replaces another only with a greater
-    /// token (each new term has a
-    /// greater fencing token: the backend must declare
-    /// [`fencing`](crate::Capabilities::fencing)), and a term is seen when it lasts longer
-    /// than the poll interval: a shorter one may pass unseen between two
-    /// reads.
+    /// Changes come in order: a term replaces another only with a greater
+    /// fencing token (the backend must declare
+    /// [`fencing`](crate::Capabilities::fencing)). A term is seen when it
+    /// lasts longer than the poll interval; a shorter one may pass unseen
+    /// between two reads.
     ///
     /// # Errors
     /// The lock service's errors; the next call reads again.
@@ -259,7 +260,7 @@ impl Observer<'_> {
         loop {
             let now = self.election.leader().await?;
             let changed = match (&self.seen, &now) {
-                (None | Some(None), Some(_)) | (None, None) | (Some(Some(_)), None) => true,
+                (None, _) | (Some(None), Some(_)) | (Some(Some(_)), None) => true,
                 (Some(None), None) => false,
                 // A later term has a greater token; an earlier one is a
                 // stale read, not a change.
