@@ -15,7 +15,7 @@ pub mod proxy;
 pub mod support;
 pub mod topology;
 
-pub use mutex_as::MutexAs;
+pub use mutex_as::{Fillers, MutexAs};
 
 /// A boxed future, as the programmatic suite passes them around.
 pub type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
@@ -74,6 +74,7 @@ macro_rules! __case_list {
                 release_after_acts_only_on_its_own_lease,
                 force_release_frees_the_name_for_the_next_holder,
                 holders_show_in_inspect_and_list,
+                holders_list_every_hold,
                 readers_share_and_writers_hold_alone,
                 a_waiting_writer_keeps_new_readers_out,
                 queued_readers_enter_together,
@@ -183,6 +184,17 @@ pub mod __private {
 
     pub use dlock_core::Backend;
 
+    use crate::{BoxFuture, Factory};
+
+    /// The suite's [`Factory`] of an async fn that makes a client.
+    pub fn factory<F, Fut>(make: F) -> Factory
+    where
+        F: Fn() -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = std::sync::Arc<dyn Backend>> + Send + 'static,
+    {
+        std::sync::Arc::new(move || -> BoxFuture<std::sync::Arc<dyn Backend>> { Box::pin(make()) })
+    }
+
     /// Runs one case like `#[tokio::test]` would, on a fresh runtime with two
     /// workers (so background renewal and release run alongside), bounded
     /// so that a hung backend fails the test instead of hanging the run.
@@ -233,6 +245,28 @@ pub mod __private {
 #[doc(hidden)]
 #[macro_export]
 macro_rules! __stamp_tests {
+    // Each test first makes its factory with `$setup`, an async
+    // expression giving a [`Factory`]: for state its clients share.
+    ({ setup $setup:expr } single [$($single:ident),* $(,)?] multi [$($multi:ident),* $(,)?]) => {
+        $(
+            #[test]
+            fn $single() {
+                $crate::__private::run(stringify!($single), async {
+                    let factory: $crate::Factory = $setup.await;
+                    $crate::cases::$single(&factory().await).await;
+                });
+            }
+        )*
+        $(
+            #[test]
+            fn $multi() {
+                $crate::__private::run(stringify!($multi), async {
+                    let factory: $crate::Factory = $setup.await;
+                    $crate::cases::$multi(move || factory()).await;
+                });
+            }
+        )*
+    };
     ({ $factory:expr } single [$($single:ident),* $(,)?] multi [$($multi:ident),* $(,)?]) => {
         $(
             #[test]
@@ -323,8 +357,9 @@ macro_rules! fault_tests {
     };
 }
 
-/// The whole suite again on a driver's write lock and on its semaphore of
-/// one permit ([`MutexAs`]), in modules `write_lock` and `one_permit`, for
+/// The whole suite again on a driver's write lock, on its semaphore of one
+/// permit, and on the last free permit of its semaphores of three
+/// ([`MutexAs`]), in modules `write_lock`, `one_permit` and `last_permit`, for
 /// a driver with reader-writer locks and semaphores. `$factory` names an
 /// async fn of the calling module that makes a client.
 ///
@@ -355,6 +390,18 @@ macro_rules! shared_kind_tests {
             }
 
             $crate::conformance_tests!(one_permit_client);
+        }
+
+        /// The mutex suite again, on the last free permit of semaphores
+        /// of three.
+        mod last_permit {
+            use super::*;
+
+            async fn last_permit_clients() -> $crate::Factory {
+                $crate::MutexAs::last_permit_clients($crate::__private::factory($factory), 3).await
+            }
+
+            $crate::__case_list!(__stamp_tests { setup last_permit_clients() });
         }
     };
 }

@@ -12,8 +12,8 @@
 
 use std::time::Duration;
 
-use dlock_conformance::faults::FaultRun;
-use dlock_conformance::{fault_suite, suite};
+use dlock_conformance::faults::{FaultRun, FaultyFactory};
+use dlock_conformance::{Factory, MutexAs, fault_suite, suite};
 use tokio::time::timeout;
 
 #[path = "mutants/server.rs"]
@@ -71,6 +71,9 @@ enum Bug {
     /// `force_release` reports the holder but removes nothing (a delete
     /// keyed on the wrong row).
     ForceReleaseOnlyReports,
+    /// `holders` shows one hold, as `inspect` does (the trait's default,
+    /// kept by a driver with shared kinds).
+    HoldersShowOne,
     /// Grants store no holder description.
     HolderNotStored,
     /// A grant stores its client's `host:pid`, not the holder description
@@ -139,13 +142,28 @@ enum Bug {
 /// that failed.
 async fn failing_cases(bug: Option<Bug>) -> Vec<&'static str> {
     let (faulty, factory) = sim::factories(bug);
+    failing(factory, Some(faulty)).await
+}
+
+/// [`failing_cases`] of the mutex suite alone, run on the last free permit
+/// of semaphores of three ([`MutexAs::last_permit`]).
+async fn failing_last_permit_cases(bug: Option<Bug>) -> Vec<&'static str> {
+    let (_, factory) = sim::factories(bug);
+    failing(MutexAs::last_permit_clients(factory, 3).await, None).await
+}
+
+async fn failing(factory: Factory, faulty: Option<FaultyFactory>) -> Vec<&'static str> {
     let mut runs = Vec::new();
     for case in suite() {
         runs.push((case.name, (case.run)(factory.clone())));
     }
-    for case in fault_suite() {
+    for case in fault_suite().into_iter().filter(|_| faulty.is_some()) {
         match case.run {
-            FaultRun::Link(run) => runs.push((case.name, run(faulty.clone(), factory.clone()))),
+            FaultRun::Link(run) => runs.extend(
+                faulty
+                    .clone()
+                    .map(|faulty| (case.name, run(faulty, factory.clone()))),
+            ),
             // They restart and pause a server in a container; the simulated
             // server has none.
             FaultRun::Server(_) => {}
@@ -190,6 +208,24 @@ macro_rules! caught {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_correct_driver_passes_the_suite() {
     assert_eq!(failing_cases(None).await, Vec::<&str>::new());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_last_permit_of_a_correct_semaphore_passes_the_suite() {
+    assert_eq!(failing_last_permit_cases(None).await, Vec::<&str>::new());
+}
+
+/// The mutex suite on a semaphore's last permit catches a semaphore that
+/// admits one too many, through the mutex's own cases.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn over_admission_by_one_is_caught_on_the_last_permit() {
+    let failed = failing_last_permit_cases(Some(Bug::OverAdmitsByOne)).await;
+    for case in [
+        "try_acquire_when_held_is_none",
+        "stress_contended_grants_are_exclusive",
+    ] {
+        assert!(failed.contains(&case), "{case} passed; failed: {failed:?}");
+    }
 }
 
 caught!(
@@ -294,6 +330,11 @@ caught!(
     a_force_release_that_removes_nothing_is_caught,
     Bug::ForceReleaseOnlyReports,
     [force_release_frees_the_name_for_the_next_holder]
+);
+caught!(
+    holders_that_show_one_hold_are_caught,
+    Bug::HoldersShowOne,
+    [holders_list_every_hold]
 );
 caught!(
     a_grant_without_its_holder_is_caught,

@@ -173,6 +173,9 @@ impl LockPage {
 /// enough that 10,000 held leases cost ten requests per renewal period.
 pub const MAX_BATCH: usize = 1000;
 
+/// The most holds [`Backend::holders`] needs to report for one name.
+pub const MAX_HOLDERS: usize = 10_000;
+
 /// A lock service: what each driver implements. Users normally go through
 /// [`Locker`](crate::Locker), which adds guards, renewal and `with_lock`.
 ///
@@ -369,8 +372,27 @@ pub trait Backend: Send + Sync + Debug {
         .await
     }
 
-    /// Who holds `name` now, if anyone.
+    /// Who holds `name` now, if anyone. For a reader-writer lock or a
+    /// semaphore, one of its holds; [`holders`](Backend::holders) gives
+    /// them all.
     async fn inspect(&self, name: &str) -> Result<Option<LockInfo>>;
+
+    /// Every live hold of `name`, for operators: the mutex's holder, or
+    /// each writer, reader and permit of a reader-writer lock or
+    /// semaphore, and a delayed release's hold; empty when the name is
+    /// free. Where the driver knows when holds end, the one that lasts
+    /// longest comes first. A driver may stop at [`MAX_HOLDERS`], so that
+    /// the call stays bounded work for the server.
+    ///
+    /// The default is what [`inspect`](Backend::inspect) shows, which is
+    /// every hold for a driver with only mutexes; drivers with
+    /// reader-writer locks or semaphores override it.
+    ///
+    /// # Errors
+    /// The driver's errors.
+    async fn holders(&self, name: &str) -> Result<Vec<LockInfo>> {
+        Ok(self.inspect(name).await?.into_iter().collect())
+    }
 
     /// The held locks whose names start with `prefix`, a page at a time,
     /// for operators: start with `cursor` `None`, and pass each page's

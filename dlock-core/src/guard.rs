@@ -125,6 +125,12 @@ impl Locker {
         self.backend.inspect(name).await
     }
 
+    /// Every live hold of `name` (each reader, each permit); see
+    /// [`Backend::holders`].
+    pub async fn holders(&self, name: &str) -> Result<Vec<LockInfo>> {
+        self.backend.holders(name).await
+    }
+
     /// A page of the held locks whose names start with `prefix`; see
     /// [`Backend::list`].
     pub async fn list(&self, prefix: &str, cursor: Option<&str>, limit: usize) -> Result<LockPage> {

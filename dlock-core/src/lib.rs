@@ -21,7 +21,9 @@ pub mod undo;
 pub mod wait;
 
 pub use async_trait::async_trait;
-pub use backend::{Backend, Capabilities, HeldLock, LeaseKind, LockInfo, LockPage, MAX_BATCH};
+pub use backend::{
+    Backend, Capabilities, HeldLock, LeaseKind, LockInfo, LockPage, MAX_BATCH, MAX_HOLDERS,
+};
 pub use election::{Election, Leader, Leadership, Observer};
 pub use error::{BoxError, Error, Result};
 pub use guard::{Guard, Locker};

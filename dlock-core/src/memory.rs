@@ -51,6 +51,14 @@ struct Hold {
     holder: Arc<str>,
 }
 
+impl Hold {
+    fn info(&self, now: Instant) -> LockInfo {
+        LockInfo::new(self.owner, self.fence, Some(self.expires - now))
+            .with_holder(&*self.holder)
+            .with_mode(self.mode)
+    }
+}
+
 impl Slot {
     fn prune(&mut self, now: Instant) {
         self.holds.retain(|h| h.expires > now);
@@ -64,11 +72,7 @@ impl Slot {
             .iter()
             .filter(|h| h.expires > now)
             .max_by_key(|h| h.fence)?;
-        Some(
-            LockInfo::new(hold.owner, hold.fence, Some(hold.expires - now))
-                .with_holder(&*hold.holder)
-                .with_mode(hold.mode),
-        )
+        Some(hold.info(now))
     }
 
     /// Where the lease's own live hold is.
@@ -326,5 +330,18 @@ impl Backend for MemoryBackend {
     async fn inspect(&self, name: &str) -> Result<Option<LockInfo>> {
         validate_name(name)?;
         Ok(self.with_slots(|slots| slots.get(name)?.info(Instant::now())))
+    }
+
+    async fn holders(&self, name: &str) -> Result<Vec<LockInfo>> {
+        validate_name(name)?;
+        Ok(self.with_slots(|slots| {
+            let now = Instant::now();
+            let Some(slot) = slots.get(name) else {
+                return Vec::new();
+            };
+            let mut live: Vec<&Hold> = slot.holds.iter().filter(|h| h.expires > now).collect();
+            live.sort_by_key(|h| std::cmp::Reverse(h.expires));
+            live.into_iter().map(|h| h.info(now)).collect()
+        }))
     }
 }

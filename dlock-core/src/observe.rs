@@ -275,6 +275,18 @@ impl Backend for Observed {
         result
     }
 
+    async fn holders(&self, name: &str) -> Result<Vec<LockInfo>> {
+        let (span, backend, started) = (self.span("holders", name), self.driver(), Instant::now());
+        let result = self.inner.holders(name).instrument(span.clone()).await;
+        let outcome = match &result {
+            Ok(holds) if holds.is_empty() => "free",
+            Ok(_) => "held",
+            Err(e) => error_outcome(backend, e),
+        };
+        finish(&span, backend, "holders", outcome, started);
+        result
+    }
+
     async fn list(&self, prefix: &str, cursor: Option<&str>, limit: usize) -> Result<LockPage> {
         let (span, backend, started) = (self.span("list", prefix), self.driver(), Instant::now());
         let result = self

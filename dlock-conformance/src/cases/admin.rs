@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use dlock_core::{Backend, Error, LockOptions};
+use dlock_core::{Backend, Error, Lease, LeaseKind, LockOptions};
 
 use super::{assert_not_held, needs};
 use crate::support::{long, must_acquire, unique_name};
@@ -257,4 +257,90 @@ async fn holder_of(backend: &Arc<dyn Backend>, name: &str) -> Option<String> {
     let info = backend.inspect(name).await.expect("inspect");
     info.unwrap_or_else(|| panic!("inspect of the held {name:?} found it free"))
         .holder
+}
+
+/// `holders` lists every live hold of a name, each with its own owner,
+/// fencing token and description: the mutex's holder, a delayed release's
+/// hold, each reader, each permit (the longest-lasting first where leases
+/// have TTLs); nothing for a free name.
+pub async fn holders_list_every_hold(backend: &Arc<dyn Backend>) {
+    let case = "holders_list_every_hold";
+    let caps = backend.capabilities();
+    let name = unique_name(case);
+    let free = backend.holders(&name).await.expect("holders");
+    assert!(free.is_empty(), "a free name has holds: {free:?}");
+    assert!(
+        matches!(backend.holders("").await, Err(Error::InvalidName { .. })),
+        "holders of an invalid name"
+    );
+    let lease = must_acquire(backend.as_ref(), &name, &long().holder("the one")).await;
+    assert_holds(backend, &name, &[&lease]).await;
+    if caps.delayed_release {
+        let hold = Duration::from_secs(60);
+        backend
+            .release_after(&lease, hold)
+            .await
+            .expect("release_after");
+        let holds = backend.holders(&name).await.expect("holders");
+        assert_eq!(holds.len(), 1, "a delayed release's hold: {holds:?}");
+        backend.force_release(&name).await.expect("force_release");
+    } else {
+        backend.release(&lease).await.expect("release");
+    }
+    let left = backend.holders(&name).await.expect("holders");
+    assert!(left.is_empty(), "a freed name has holds: {left:?}");
+
+    let shared = [
+        (caps.rwlock, LockOptions::new().read(), "readers"),
+        (caps.semaphore, LockOptions::new().permits(3), "permits"),
+    ];
+    for (has, opts, kind) in shared {
+        if !needs(case, has, "the backend has no such kind of lock") {
+            continue;
+        }
+        let name = unique_name(case);
+        let longest = opts.clone().ttl(Duration::from_secs(120)).holder(kind);
+        let first = must_acquire(backend.as_ref(), &name, &longest).await;
+        let others = long().mode(opts.mode_value());
+        let second = must_acquire(backend.as_ref(), &name, &others).await;
+        let third = must_acquire(backend.as_ref(), &name, &others.holder("")).await;
+        let holds = assert_holds(backend, &name, &[&first, &second, &third]).await;
+        if caps.lease == LeaseKind::Ttl {
+            assert_eq!(holds[0].owner, first.owner(), "the longest hold first");
+        }
+        backend.release(&second).await.expect("release");
+        assert_holds(backend, &name, &[&first, &third]).await;
+        for lease in [first, third] {
+            backend.release(&lease).await.expect("release");
+        }
+        let left = backend.holders(&name).await.expect("holders");
+        assert!(left.is_empty(), "released {kind} still hold: {left:?}");
+    }
+}
+
+/// `holders` of `name` shows exactly `leases`, each as granted; returns
+/// the holds in the order listed.
+async fn assert_holds(
+    backend: &Arc<dyn Backend>,
+    name: &str,
+    leases: &[&Lease],
+) -> Vec<dlock_core::LockInfo> {
+    let holds = backend.holders(name).await.expect("holders");
+    let mut shown: Vec<_> = holds.iter().map(|h| h.owner.to_string()).collect();
+    let mut granted: Vec<_> = leases.iter().map(|l| l.owner().to_string()).collect();
+    shown.sort();
+    granted.sort();
+    assert_eq!(shown, granted, "holders of {name:?}: {holds:?}");
+    for lease in leases {
+        let Some(hold) = holds.iter().find(|h| h.owner == lease.owner()) else {
+            continue;
+        };
+        if backend.capabilities().fencing {
+            assert_eq!(hold.fencing_token, lease.fencing_token(), "{hold:?}");
+        }
+        let described = (!lease.holder().is_empty()).then(|| lease.holder().to_owned());
+        assert_eq!(hold.holder, described, "{hold:?}");
+        assert!(hold.mode.is_none_or(|m| m == lease.mode()), "{hold:?}");
+    }
+    holds
 }

@@ -36,6 +36,8 @@ struct Slot {
     versions: HashMap<String, u64>,
     /// [`Bug::TokenDrawnAtQueueing`]: the token each queued ticket drew.
     drawn: HashMap<u64, u64>,
+    /// The fencing token of each shared hold, by owner.
+    tokens: HashMap<OwnerToken, u64>,
 }
 
 impl Server {
@@ -139,7 +141,20 @@ impl Server {
                 slot.holder = Some((new_owner.unwrap_or(holder), now + hold));
                 true
             }
-            _ => false,
+            // A shared hold's: it keeps its place among the others.
+            _ => {
+                let shared = slot
+                    .holds
+                    .iter_mut()
+                    .find(|h| h.2 > now && Some(h.0) == owner);
+                let Some(h) = shared else {
+                    return false;
+                };
+                let token = slot.tokens.remove(&h.0).unwrap_or_default();
+                (h.0, h.2) = (new_owner.unwrap_or(h.0), now + hold);
+                slot.tokens.insert(h.0, token);
+                true
+            }
         }
     }
 
@@ -202,7 +217,8 @@ impl Server {
                 let (owner, expires) = if all {
                     slot.holder?
                 } else {
-                    self.live(slot, now)?
+                    self.live(slot, now)
+                        .or_else(|| Self::newest_shared(slot, now))?
                 };
                 let left = expires.saturating_duration_since(now);
                 Some(HeldLock::new(
@@ -219,13 +235,45 @@ impl Server {
         let slots = self.slots.lock().unwrap();
         let now = Instant::now();
         let slot = slots.get(name)?;
-        // A shared kind's newest live hold speaks for the name.
-        let shared = || {
-            let newest = slot.holds.iter().rev().find(|h| h.2 > now)?;
-            Some((newest.0, newest.2))
-        };
-        let (owner, expires) = self.live(slot, now).or_else(shared)?;
+        let (owner, expires) = self
+            .live(slot, now)
+            .or_else(|| Self::newest_shared(slot, now))?;
         Some(self.info(owner, slot.version, expires.saturating_duration_since(now)))
+    }
+
+    /// A shared kind's newest live hold, which speaks for the name.
+    fn newest_shared(slot: &Slot, now: Instant) -> Option<(OwnerToken, Instant)> {
+        let newest = slot.holds.iter().rev().find(|h| h.2 > now)?;
+        Some((newest.0, newest.2))
+    }
+
+    /// Ends every hold of `name`, of every kind.
+    pub(crate) fn clear(&self, name: &str) {
+        if let Some(slot) = self.slots.lock().unwrap().get_mut(name) {
+            slot.holder = None;
+            slot.holds.clear();
+        }
+        self.wakeups.wake(name);
+    }
+
+    /// Every live hold of `name`, the longest first.
+    pub(crate) fn holders(&self, name: &str) -> Vec<LockInfo> {
+        let slots = self.slots.lock().unwrap();
+        let now = Instant::now();
+        let Some(slot) = slots.get(name) else {
+            return Vec::new();
+        };
+        let mutex = self.live(slot, now).map(|(o, e)| (o, slot.version, e));
+        let shared = slot.holds.iter().filter(|h| h.2 > now);
+        let mut holds: Vec<_> = shared
+            .map(|&(o, _, e)| (o, slot.tokens.get(&o).copied().unwrap_or_default(), e))
+            .chain(mutex)
+            .collect();
+        holds.sort_by_key(|h| std::cmp::Reverse(h.2));
+        holds
+            .into_iter()
+            .map(|(owner, token, expires)| self.info(owner, token, expires - now))
+            .collect()
     }
 
     /// A mutex acquire's conflict with the shared kinds of lock.
@@ -321,10 +369,12 @@ impl Server {
             Admission::Grant => {
                 slot.queue.retain(|(t, _)| Some(*t) != ticket);
                 slot.holds.push((owner, mode, now + ttl));
-                if let Some(token) = ticket.and_then(|t| slot.drawn.remove(&t)) {
-                    return Ok(Ok(token));
-                }
-                Ok(Ok(Self::next_version(slot, mode, bug)))
+                let token = match ticket.and_then(|t| slot.drawn.remove(&t)) {
+                    Some(token) => token,
+                    None => Self::next_version(slot, mode, bug),
+                };
+                slot.tokens.insert(owner, token);
+                Ok(Ok(token))
             }
         }
     }
@@ -421,7 +471,9 @@ impl Server {
             .any(|h| h.0 == owner && h.1 == Mode::Write && h.2 > now)
             .then(|| {
                 slot.holds.push((reader, Mode::Read, now + ttl));
-                Self::next_version(slot, Mode::Read, bug)
+                let token = Self::next_version(slot, Mode::Read, bug);
+                slot.tokens.insert(reader, token);
+                token
             })
     }
 }

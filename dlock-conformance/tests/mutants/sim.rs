@@ -461,13 +461,21 @@ impl Backend for Sim {
         self.call(|s| s.inspect(name)).await
     }
 
+    async fn holders(&self, name: &str) -> Result<Vec<LockInfo>> {
+        if self.has(Bug::HoldersShowOne) {
+            return Ok(self.inspect(name).await?.into_iter().collect());
+        }
+        validate_name(name)?;
+        self.call(|s| s.holders(name)).await
+    }
+
     async fn force_release(&self, name: &str) -> Result<Option<LockInfo>> {
         if self.has(Bug::ForceReleaseOnlyReports) {
             return self.inspect(name).await;
         }
         let owner = self.inspect(name).await?;
-        if let Some(info) = &owner {
-            self.call(|s| s.release(name, Some(info.owner))).await?;
+        if owner.is_some() {
+            self.call(|s| s.clear(name)).await?;
         }
         Ok(owner)
     }
