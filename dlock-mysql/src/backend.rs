@@ -136,4 +136,9 @@ impl Backend for MySqlBackend {
         validate_name(name)?;
         self.inspect_lock(name).await
     }
+
+    async fn holders(&self, name: &str) -> Result<Vec<LockInfo>> {
+        validate_name(name)?;
+        self.holders_of(name).await
+    }
 }

@@ -85,6 +85,31 @@ impl MySqlBackend {
     }
 }
 
+impl MySqlBackend {
+    /// [`Backend::holders`](dlock_core::Backend::holders), with `name`
+    /// checked already.
+    pub(crate) async fn holders_of(&self, name: &str) -> Result<Vec<LockInfo>> {
+        let query = sqlx::query_as(self.inner.sql.holders.clone())
+            .bind(name.as_bytes())
+            .bind(name.as_bytes());
+        let (by, limit) = (self.deadline(), self.inner.request_timeout);
+        let mut lent = self.lend("holders", by).await?;
+        let done = timeout_at(by, query.fetch_all(lent.conn())).await;
+        let rows: Vec<InspectedRow> = settle(lent, done, limit, "holders")?;
+        let mut holds = Vec::with_capacity(rows.len());
+        for (owner, holder, kind, token, left) in rows {
+            let owner = owner
+                .parse()
+                .map_err(|_| Error::malformed(NAME, "holders (a row's owner token)", &owner))?;
+            let left = Some(Duration::from_micros(left.unsigned_abs()));
+            let mut info = LockInfo::new(owner, token, left).with_holder(text(holder));
+            info.mode = mode(kind);
+            holds.push(info);
+        }
+        Ok(holds)
+    }
+}
+
 /// A holder description as stored: bytes (a `VARCHAR` in tables of older
 /// releases, in whatever character set they had).
 fn text(holder: Option<Vec<u8>>) -> String {

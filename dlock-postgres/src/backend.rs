@@ -141,4 +141,9 @@ impl Backend for PgBackend {
         validate_name(name)?;
         self.inspect_lock(name).await
     }
+
+    async fn holders(&self, name: &str) -> Result<Vec<LockInfo>> {
+        validate_name(name)?;
+        self.holders_of(name).await
+    }
 }

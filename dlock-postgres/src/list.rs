@@ -56,6 +56,18 @@ impl PgBackend {
             None => None,
         })
     }
+
+    /// [`Backend::holders`](dlock_core::Backend::holders), with `name`
+    /// checked already.
+    pub(crate) async fn holders_of(&self, name: &str) -> Result<Vec<LockInfo>> {
+        let sql = self.inner.sql.holders(name.as_bytes());
+        let rows = self.fetch(sql, "holders", self.deadline()).await?;
+        let mut holds = Vec::with_capacity(rows.len());
+        for row in &rows {
+            holds.extend(holder(row, 0)?);
+        }
+        Ok(holds)
+    }
 }
 
 /// The holder in `row`'s columns from `at`: owner, holder description,

@@ -178,4 +178,8 @@ impl Backend for RedisBackend {
     async fn inspect(&self, name: &str) -> Result<Option<LockInfo>> {
         self.inspect_lock(name).await
     }
+
+    async fn holders(&self, name: &str) -> Result<Vec<LockInfo>> {
+        self.holders_of(name).await
+    }
 }

@@ -2,11 +2,11 @@
 
 use std::time::Duration;
 
-use dlock_core::{Error, HeldLock, LockInfo, LockPage, Mode, Result, validate_name};
+use dlock_core::{Error, HeldLock, LockInfo, LockPage, MAX_HOLDERS, Mode, Result, validate_name};
 
 use crate::backend::{NAME, RedisBackend};
 use crate::keys::{holder_parts, lock_pattern, name_of};
-use crate::scripts::INSPECT;
+use crate::scripts::HOLDERS;
 
 impl RedisBackend {
     /// One page of the held locks whose names start with `name_prefix`
@@ -127,16 +127,20 @@ impl RedisBackend {
             };
             let (owner, holder) = holder_parts(stored, shared)
                 .ok_or_else(|| Error::malformed(NAME, "list (owner)", stored))?;
-            let fence = redis::from_redis_value_ref::<Option<String>>(fence)
+            let mut fence = redis::from_redis_value_ref::<Option<String>>(fence)
                 .ok()
                 .flatten()
                 .and_then(|f| f.parse().ok())
                 .unwrap_or(0);
             let expires_in = u64::try_from(pttl).ok().map(Duration::from_millis);
-            let holder = if shared {
-                described.unwrap_or_default()
-            } else {
-                holder.to_owned()
+            let holder = match &described {
+                Some(entry) if shared => {
+                    let (token, holder) = token_and_holder(entry);
+                    fence = token.unwrap_or(fence);
+                    holder
+                }
+                _ if shared => "",
+                _ => holder,
             };
             let mut info = LockInfo::new(owner, fence, expires_in).with_holder(holder);
             info.mode = mode_of(stored, if shared { &value } else { "" });
@@ -153,30 +157,57 @@ impl RedisBackend {
     /// The holder of `name`, if any, and its marker when it is held as a
     /// reader-writer lock or a semaphore (`""` for a mutex).
     pub(crate) async fn inspect_with_kind(&self, name: &str) -> Result<Option<(LockInfo, String)>> {
+        Ok(self.holds(name, 1).await?.into_iter().next())
+    }
+
+    /// Every hold of `name`, the longest first.
+    pub(crate) async fn holders_of(&self, name: &str) -> Result<Vec<LockInfo>> {
+        let holds = self.holds(name, MAX_HOLDERS).await?;
+        Ok(holds.into_iter().map(|(info, _)| info).collect())
+    }
+
+    /// Up to `most` holds of `name`, each with the name's marker.
+    async fn holds(&self, name: &str, most: usize) -> Result<Vec<(LockInfo, String)>> {
         validate_name(name)?;
         let keys = self.keys(name);
-        let mut invocation = INSPECT.prepare_invoke();
-        invocation.key(&keys.lock).key(&keys.fence).key(&keys.holds);
+        let mut invocation = HOLDERS.prepare_invoke();
+        invocation
+            .key(&keys.lock)
+            .key(&keys.fence)
+            .key(&keys.holds)
+            .arg(most);
         let (reply, _) = self
             .run::<Vec<String>>(&invocation, false, "inspect")
             .await?;
-        let [owner, pttl, fence, kind] = reply.as_slice() else {
-            return if reply.is_empty() {
-                Ok(None)
-            } else {
-                Err(Error::malformed(NAME, "inspect", reply))
+        let quads = reply.chunks_exact(4);
+        if !quads.remainder().is_empty() {
+            return Err(Error::malformed(NAME, "inspect", reply));
+        }
+        let mut holds = Vec::with_capacity(reply.len() / 4);
+        for quad in quads {
+            let [stored, left, fence, kind] = quad else {
+                continue;
             };
-        };
-        let owner_text = owner.as_str();
-        let (owner, holder) = holder_parts(owner_text, !kind.is_empty())
-            .ok_or_else(|| Error::malformed(NAME, "inspect (owner)", owner_text))?;
-        let fence = fence
-            .parse()
-            .map_err(|_| Error::malformed(NAME, "inspect (fence)", fence))?;
-        let expires_in = pttl.parse::<u64>().ok().map(Duration::from_millis);
-        let mut info = LockInfo::new(owner, fence, expires_in).with_holder(holder);
-        info.mode = mode_of(owner_text, kind);
-        Ok(Some((info, kind.clone())))
+            let (owner, holder) = holder_parts(stored, !kind.is_empty())
+                .ok_or_else(|| Error::malformed(NAME, "inspect (owner)", stored))?;
+            let fence = fence
+                .parse()
+                .map_err(|_| Error::malformed(NAME, "inspect (fence)", fence))?;
+            let expires_in = left.parse::<u64>().ok().map(Duration::from_millis);
+            let mut info = LockInfo::new(owner, fence, expires_in).with_holder(holder);
+            info.mode = mode_of(stored, kind);
+            holds.push((info, kind.clone()));
+        }
+        Ok(holds)
+    }
+}
+
+/// A shared hold's entry in `P:{E}:hw`: its fencing token (`None` in an
+/// entry without one) and holder description.
+fn token_and_holder(entry: &str) -> (Option<u64>, &str) {
+    match entry.split_once(' ') {
+        Some((token, holder)) if let Ok(token) = token.parse() => (Some(token), holder),
+        _ => (None, entry),
     }
 }
 

@@ -1,6 +1,6 @@
 //! The statements, written once per table name.
 
-use dlock_core::{Error, Result};
+use dlock_core::{Error, MAX_HOLDERS, Result};
 use sqlx::{AssertSqlSafe, SqlSafeStr, SqlStr};
 
 mod shared;
@@ -64,6 +64,7 @@ pub(crate) struct Statements {
     pub purge_candidates: SqlStr,
     pub list: SqlStr,
     pub inspect: SqlStr,
+    pub holders: SqlStr,
     pub register: SqlStr,
     pub unregister: SqlStr,
     pub sleep: SqlStr,
@@ -256,6 +257,18 @@ impl Statements {
                 "SELECT {owner}, version, TIMESTAMPDIFF(MICROSECOND, {NOW}, expires_at)
                  FROM `{table}` AS l WHERE name = ? AND expires_at > {NOW}",
                 owner = shown_owner(table)
+            )),
+            // A mutex's holder, or each hold of a shared kind (its row's
+            // mode code then the name's marker): the rows `inspect` reads.
+            holders: safe(format!(
+                "SELECT owner, CAST(holder AS BINARY), CAST('x' AS BINARY), version,
+                        TIMESTAMPDIFF(MICROSECOND, {NOW}, expires_at) AS left_us
+                 FROM `{table}` WHERE name = ? AND owner NOT LIKE '~%' AND expires_at > {NOW}
+                 UNION ALL
+                 SELECT owner, holder, CAST(CONCAT(mode, kind) AS BINARY), fence,
+                        TIMESTAMPDIFF(MICROSECOND, {NOW}, expires_at)
+                 FROM `{table}_holds` WHERE name = ? AND NOT waiting AND expires_at > {NOW}
+                 ORDER BY left_us DESC LIMIT {MAX_HOLDERS}"
             )),
             kind: safe(format!("SELECT owner FROM `{table}` WHERE name = ?")),
         }

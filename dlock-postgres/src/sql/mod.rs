@@ -11,6 +11,7 @@
 use std::fmt::Write;
 use std::time::Duration;
 
+use dlock_core::MAX_HOLDERS;
 use sqlx::{AssertSqlSafe, SqlSafeStr, SqlStr};
 
 mod literal;
@@ -331,6 +332,21 @@ impl Statements {
         self.bounded(format!(
             "SELECT {who}, l.fence, (extract(epoch FROM l.expires_at - {NOW}) * 1000000)::bigint
              FROM {t} AS l {shared} WHERE l.name = {n} AND l.expires_at > {NOW}"
+        ))
+    }
+
+    /// Every hold of one name, the longest first: the rows `inspect`
+    /// reads, for a mutex's holder or each live hold of a shared kind.
+    pub fn holders(&self, name: &[u8]) -> SqlStr {
+        let (t, h, n) = (&self.table, &self.holds, bytes(name));
+        let left = format!("(extract(epoch FROM expires_at - {NOW}) * 1000000)::bigint");
+        self.bounded(format!(
+            "SELECT owner, holder, 'x', fence, {left} AS left_us
+             FROM {t} WHERE name = {n} AND owner NOT LIKE '~%' AND expires_at > {NOW}
+             UNION ALL
+             SELECT owner, holder, mode || kind, fence, {left}
+             FROM {h} WHERE name = {n} AND NOT waiting AND expires_at > {NOW}
+             ORDER BY left_us DESC LIMIT {MAX_HOLDERS}"
         ))
     }
 

@@ -284,13 +284,15 @@ return 0
     )
 });
 
-/// KEYS: lock, fence, holds. Returns `{holder, PTTL, fencing token, kind}`,
-/// or an empty array when the lock is free. For a mutex the holder is the
-/// lock's value (owner token and holder description) and kind is `''`; for
-/// a reader-writer lock or a semaphore, the member of the hold that lasts
-/// longest (owner token, mode code) followed by its holder description
-/// (from `P:{E}:hw`), and kind is the name's marker.
-pub(crate) static INSPECT: LazyLock<Script> = LazyLock::new(|| {
+/// KEYS: lock, fence, holds. ARGV: the most holds to return. Returns
+/// `{holder, ms left, fencing token, kind}` for each hold, the one that
+/// lasts longest first, or an empty array when the lock is free. For a
+/// mutex the holder is the lock's value (owner token and holder
+/// description), its token the counter's, and kind is `''`; for a
+/// reader-writer lock or a semaphore, each live hold's member (owner
+/// token, mode code) followed by its holder description, its own token
+/// (both from `P:{E}:hw`, see `shared.rs`), and the name's marker.
+pub(crate) static HOLDERS: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r"
 local owner = redis.call('GET', KEYS[1])
@@ -298,16 +300,24 @@ if not owner then
   return {}
 end
 local fence = redis.call('GET', KEYS[2]) or '0'
-local pttl = tostring(redis.call('PTTL', KEYS[1]))
-if string.sub(owner, 1, 1) == '~' then
-  local last = redis.call('ZRANGE', KEYS[3], -1, -1)[1]
-  if not last then
-    return {}
-  end
-  local holder = redis.call('HGET', KEYS[3] .. 'w', last) or ''
-  return {last .. holder, pttl, fence, owner}
+if string.sub(owner, 1, 1) ~= '~' then
+  return {owner, tostring(redis.call('PTTL', KEYS[1])), fence, ''}
 end
-return {owner, pttl, fence, ''}
+local t = redis.call('TIME')
+local us = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local live = redis.call('ZREVRANGEBYSCORE', KEYS[3], '+inf', '(' .. string.format('%.0f', us),
+  'WITHSCORES', 'LIMIT', 0, tonumber(ARGV[1]))
+local out = {}
+for i = 1, #live, 2 do
+  local member, left = live[i], math.ceil((tonumber(live[i + 1]) - us) / 1000)
+  local value = redis.call('HGET', KEYS[3] .. 'w', member) or ''
+  local token, holder = string.match(value, '^(%d+) (.*)$')
+  out[#out + 1] = member .. (holder or value)
+  out[#out + 1] = string.format('%.0f', left)
+  out[#out + 1] = token or fence
+  out[#out + 1] = owner
+end
+return out
 ",
     )
 });

@@ -8,9 +8,10 @@
 //! holder's token or a mutex waiter refuses with the kind it found. The
 //! holds are the sorted set `P:{E}:h` (member: owner token then mode code,
 //! `r`, `w` or `p`; score: expiry in server µs, so that no rounding of the
-//! clock to whole milliseconds ends a hold early), and their holder
-//! descriptions the hash `P:{E}:hw` (by member; beside the set, not in its
-//! members, whose layout older clients' scripts read). Waiters share the
+//! clock to whole milliseconds ends a hold early), and each hold's fencing
+//! token and holder description the hash `P:{E}:hw` (by member, the value
+//! `<token> <description>`; beside the set, not in its members, whose
+//! layout older clients' scripts read). Waiters share the
 //! mutex's queue, with their mode code and marker in the hash `P:{E}:qm`.
 //!
 //! Every script takes the same keys: lock, fence, holds, queue, queue
@@ -25,7 +26,7 @@ use super::{FENCE_RETENTION_MS, with_queue};
 
 /// The helpers of the shared kinds, after the queue's.
 const SHARED: &str = r"
--- The hash of the holds' holder descriptions, by member.
+-- The hash of the holds' tokens and holder descriptions, by member.
 local function who(holds)
   return holds .. 'w'
 end
@@ -124,6 +125,12 @@ local function fence_up(us)
   redis.call('SET', KEYS[2], fence, 'PX', FENCE_RETENTION)
   return fence
 end
+-- Grants `member` its token; returns the token.
+local function describe(holds, member, us, holder)
+  local fence = fence_up(us)
+  redis.call('HSET', who(holds), member, fence .. ' ' .. holder)
+  return fence
+end
 ";
 
 /// ARGV: member (owner token and mode code), mode code, marker, permits,
@@ -150,7 +157,7 @@ end
 -- moved on to other holders since the first run.
 local mine = redis.call('ZSCORE', KEYS[3], member)
 if mine and tonumber(mine) > us then
-  return {1, fence_up(us)}
+  return {1, describe(KEYS[3], member, us, ARGV[6])}
 end
 local count, writer = holders(us)
 local ahead, ahead_writer = 0, false
@@ -182,11 +189,9 @@ if admits(mode, permits, count, writer, ahead, ahead_writer) then
     redis.call('HDEL', KEYS[6], me)
   end
   redis.call('ZADD', KEYS[3], us + ttl * 1000, member)
-  if ARGV[6] ~= '' then
-    redis.call('HSET', who(KEYS[3]), member, ARGV[6])
-  end
+  local fence = describe(KEYS[3], member, us, ARGV[6])
   settle(KEYS[1], KEYS[3], marker, us)
-  return {1, fence_up(us)}
+  return {1, fence}
 end
 if me ~= '' then
   if not redis.call('ZSCORE', KEYS[4], me) then
@@ -240,7 +245,7 @@ local score = redis.call('ZSCORE', KEYS[3], ARGV[1])
 if score and tonumber(score) > us then
   redis.call('ZREM', KEYS[3], ARGV[1])
   redis.call('ZADD', KEYS[3], us + tonumber(ARGV[3]) * 1000, ARGV[2])
-  -- The hold keeps the description, for operators.
+  -- The hold keeps the token and description, for operators.
   local holder = redis.call('HGET', who(KEYS[3]), ARGV[1])
   if holder then
     redis.call('HDEL', who(KEYS[3]), ARGV[1])
@@ -269,11 +274,9 @@ if not score or tonumber(score) <= us then
   return {0, ''}
 end
 redis.call('ZADD', KEYS[3], us + tonumber(ARGV[3]) * 1000, ARGV[2])
-if ARGV[5] ~= '' then
-  redis.call('HSET', who(KEYS[3]), ARGV[2], ARGV[5])
-end
+local fence = describe(KEYS[3], ARGV[2], us, ARGV[5])
 settle(KEYS[1], KEYS[3], ARGV[4], us)
-return {1, fence_up(us)}
+return {1, fence}
 ";
 
 /// ARGV: waiter, marker, permits. Gives the waiter's place up and wakes
