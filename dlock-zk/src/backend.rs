@@ -209,4 +209,8 @@ impl Backend for ZkBackend {
     async fn inspect(&self, name: &str) -> Result<Option<LockInfo>> {
         self.within("inspect", self.holder_of(name)).await
     }
+
+    async fn holders(&self, name: &str) -> Result<Vec<LockInfo>> {
+        self.within("holders", self.holders_of(name)).await
+    }
 }

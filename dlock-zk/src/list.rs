@@ -1,7 +1,9 @@
 //! Admin reads and writes: the list of held locks, a lock's holder, and a
 //! forced release.
 
-use dlock_core::{HeldLock, LockInfo, LockPage, Mode, OwnerToken, Result, validate_name};
+use dlock_core::{
+    HeldLock, LockInfo, LockPage, MAX_HOLDERS, Mode, OwnerToken, Result, validate_name,
+};
 use zookeeper_client as zk;
 
 use crate::acquire::Queue;
@@ -55,6 +57,46 @@ impl ZkBackend {
     pub(crate) async fn holder_of(&self, name: &str) -> Result<Option<LockInfo>> {
         validate_name(name)?;
         self.holder(&self.client(), &self.lock_dir(name)).await
+    }
+
+    /// Every hold of `name`: a delayed release's hold, or the nodes of its
+    /// queue that hold (see [`holding`]), or a semaphore's leases and
+    /// permit holds.
+    pub(crate) async fn holders_of(&self, name: &str) -> Result<Vec<LockInfo>> {
+        validate_name(name)?;
+        let client = self.client();
+        let dir = self.lock_dir(name);
+        let queue = self.queue(&client, &dir).await?;
+        // During a hold, the nodes at the front only wait for it.
+        if queue.hold
+            && let Some(info) = self.read_hold(&client, &dir).await?.and_then(|h| h.info())
+        {
+            return Ok(vec![info]);
+        }
+        let (folder, nodes, held) = if queue.nodes.is_empty() && queue.leases {
+            let leases = format!("{dir}/{LEASES}");
+            let permits = self.queue(&client, &leases).await?;
+            let nodes = leasing(&permits);
+            (leases, nodes, permits.held)
+        } else {
+            (dir, holding(&queue.nodes), Vec::new())
+        };
+        let mut holds = Vec::with_capacity(nodes.len() + held.len());
+        for node in nodes.into_iter().take(MAX_HOLDERS) {
+            let path = format!("{folder}/{node}");
+            match self.bounded(client.get_data(&path)).await {
+                Ok((data, stat)) => holds.push(front_info(&path, &stat, &data)?),
+                Err(zk::Error::NoNode) => {} // released as this read ran
+                Err(e) => return Err(zk_error(e, "holders")),
+            }
+        }
+        for node in held {
+            let hold = self
+                .read_hold_at(&client, &format!("{folder}/{node}"))
+                .await?;
+            holds.extend(hold.and_then(|h| h.info()));
+        }
+        Ok(holds)
     }
 
     /// Deletes the hold of `name`, or else the node at the front of its
@@ -148,6 +190,46 @@ impl ZkBackend {
             Err(e) => return Err(zk_error(e, "inspect")),
         })
     }
+}
+
+/// The nodes of a lock's queue that hold it: the first, and, of a
+/// reader-writer lock, the readers after it with no writer ahead but the
+/// one at the front they were downgraded from (its sequence number).
+fn holding(nodes: &[String]) -> Vec<String> {
+    let front = nodes.first().and_then(|n| parse(n));
+    let mut holds = Vec::new();
+    for (i, node) in nodes.iter().enumerate() {
+        let reader = |n: &str| matches!(parse(n), Some((Node::Read | Node::KazooRead, _)));
+        let downgraded =
+            |n: &str| matches!((front, parse(n)), (Some((Node::Write, w)), Some((_, r))) if w == r);
+        let ahead = &nodes[..i];
+        let holds_too = reader(node)
+            && ahead
+                .iter()
+                .enumerate()
+                .all(|(j, a)| reader(a) || (j == 0 && downgraded(node)));
+        if i > 0 && !holds_too {
+            break;
+        }
+        holds.push(node.clone());
+    }
+    holds
+}
+
+/// The lease nodes of a semaphore's folder that hold a permit: all but
+/// the newest when the folder has more children than permits (the newest
+/// is the acquirer at the gate, waiting; a Curator lease does not say its
+/// semaphore's size, so a folder of those alone is taken as all held).
+fn leasing(leases: &Queue) -> Vec<String> {
+    let permits = leases.nodes.iter().find_map(|n| match parse(n) {
+        Some((Node::Permit(p), _)) => Some(p),
+        _ => None,
+    });
+    let mut nodes = leases.nodes.clone();
+    if permits.is_some_and(|p| u32::try_from(leases.children).is_ok_and(|n| n > p)) {
+        nodes.pop();
+    }
+    nodes
 }
 
 /// What a look for the node that shows a lock's holder found.
