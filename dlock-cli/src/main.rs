@@ -73,9 +73,14 @@ struct UrlArg {
 struct InspectArgs {
     #[command(flatten)]
     url: UrlArg,
-    /// Print JSON: {"name", "held", "holder", "owner", "fencing_token", "expires_in_ms"}.
+    /// Print JSON: {"name", "held", "holder", "owner", "fencing_token", "expires_in_ms"}
+    /// (with --all: {"name", "held", "holds": [{"holder", "owner", ...}]}).
     #[arg(long)]
     json: bool,
+    /// Every hold: each reader of a reader-writer lock, each permit of a
+    /// semaphore (one line each), not only the one that lasts longest.
+    #[arg(long)]
+    all: bool,
     /// `[URL] NAME`: the URL may also come from --url or DLOCK_URL.
     #[arg(num_args = 1..=2, required = true, value_names = ["URL", "NAME"])]
     args: Vec<String>,
@@ -217,34 +222,48 @@ pub(crate) async fn connect(url: &str, session: Option<Duration>) -> Result<Lock
 async fn inspect(args: InspectArgs) -> Result<u8, Failure> {
     let (url, name) = url_and_name(args.url, args.args)?;
     let locker = connect(&url, None).await?;
-    let info = locker.inspect(&name).await?;
+    let holds: Vec<dlock::LockInfo> = if args.all {
+        locker.holders(&name).await?
+    } else {
+        locker.inspect(&name).await?.into_iter().collect()
+    };
     if args.json {
-        let value = match &info {
-            Some(info) => serde_json::json!({
-                "name": name,
-                "held": true,
+        let json = |info: &dlock::LockInfo| {
+            serde_json::json!({
                 "holder": info.holder,
                 "owner": info.owner.to_string(),
                 "fencing_token": info.fencing_token,
                 "expires_in_ms": info.expires_in.map(|d| d.as_millis()),
+            })
+        };
+        let value = match holds.first() {
+            _ if args.all => serde_json::json!({
+                "name": name,
+                "held": !holds.is_empty(),
+                "holds": holds.iter().map(json).collect::<Vec<_>>(),
             }),
+            Some(info) => {
+                let mut value = json(info);
+                value["name"] = name.into();
+                value["held"] = true.into();
+                value
+            }
             None => serde_json::json!({ "name": name, "held": false }),
         };
         println!("{value}");
+    } else if holds.is_empty() {
+        println!("{name}: free");
     } else {
-        match &info {
-            Some(info) => {
-                let expiry = match info.expires_in {
-                    Some(d) => format!("expires in {}", humantime::format_duration(round_ms(d))),
-                    None => "held for its session".to_owned(),
-                };
-                println!(
-                    "{name}: held by {} with fencing token {}, {expiry}",
-                    who(info),
-                    info.fencing_token
-                );
-            }
-            None => println!("{name}: free"),
+        for info in &holds {
+            let expiry = match info.expires_in {
+                Some(d) => format!("expires in {}", humantime::format_duration(round_ms(d))),
+                None => "held for its session".to_owned(),
+            };
+            println!(
+                "{name}: held by {} with fencing token {}, {expiry}",
+                who(info),
+                info.fencing_token
+            );
         }
     }
     Ok(0)

@@ -104,6 +104,51 @@ async fn inspect_and_force_release(service: Service) {
     assert_eq!(rest(&mut lines).await, ["got-term"]);
 }
 
+/// `inspect --all` shows every permit of a semaphore, one line each (and
+/// a `holds` array in JSON); `inspect` alone shows one.
+async fn inspect_all_shows_every_permit(service: Service) {
+    let url = url_of(shared(service).await);
+    let name = unique_name("cli-all");
+    let locker = dlock::connect(&url).await.expect("connect");
+    let mut held = Vec::new();
+    for holder in ["worker a", "worker b"] {
+        let opts = dlock::LockOptions::new().permits(3).holder(holder);
+        held.push(
+            locker
+                .try_acquire(&name, &opts)
+                .await
+                .expect("try_acquire")
+                .expect("a permit"),
+        );
+    }
+    let text = output(dlock(&["inspect", "--all", &url, &name])).await;
+    let text = String::from_utf8_lossy(&text.stdout).into_owned();
+    assert_eq!(text.lines().count(), 2, "{text}");
+    assert!(
+        text.contains("worker a") && text.contains("worker b"),
+        "{text}"
+    );
+    let one = output(dlock(&["inspect", &url, &name])).await;
+    assert_eq!(
+        String::from_utf8_lossy(&one.stdout).lines().count(),
+        1,
+        "{one:?}"
+    );
+    let json = output(dlock(&["inspect", "--all", "--json", &url, &name])).await;
+    let json: serde_json::Value = serde_json::from_slice(&json.stdout).expect("JSON");
+    assert_eq!(json["held"], true, "{json}");
+    let holds = json["holds"].as_array().expect("holds");
+    let tokens: Vec<u64> = held.iter().map(dlock::Guard::fencing_token).collect();
+    for hold in holds {
+        let token = hold["fencing_token"].as_u64().expect("a token");
+        assert!(tokens.contains(&token), "{hold} is not a grant: {tokens:?}");
+    }
+    assert_eq!(holds.len(), 2, "{json}");
+    for guard in held {
+        guard.release().await.expect("release");
+    }
+}
+
 /// `--at-least` keeps the lock after a command that ended at once; a
 /// crashed (SIGKILLed) dlock's lock frees itself with the TTL.
 async fn at_least_and_crash(service: Service) {
@@ -242,6 +287,11 @@ macro_rules! backend_tests {
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn inspect_shows_the_holder_and_force_release_frees_it() {
                 inspect_and_force_release($service).await;
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn inspect_all_shows_every_permit_of_a_semaphore() {
+                inspect_all_shows_every_permit($service).await;
             }
 
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
