@@ -74,6 +74,9 @@ enum Bug {
     /// `holders` shows one hold, as `inspect` does (the trait's default,
     /// kept by a driver with shared kinds).
     HoldersShowOne,
+    /// `force_release` of a name held by several readers or permits ends
+    /// the one `inspect` shows, and the others hold on.
+    ForceReleaseEndsOneHold,
     /// Grants store no holder description.
     HolderNotStored,
     /// A grant stores its client's `host:pid`, not the holder description
@@ -334,6 +337,11 @@ caught!(
 caught!(
     holders_that_show_one_hold_are_caught,
     Bug::HoldersShowOne,
+    [holders_list_every_hold]
+);
+caught!(
+    a_force_release_that_ends_one_hold_is_caught,
+    Bug::ForceReleaseEndsOneHold,
     [holders_list_every_hold]
 );
 caught!(

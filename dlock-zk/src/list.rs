@@ -63,13 +63,25 @@ impl ZkBackend {
     /// queue that hold (see [`holding`]), or a semaphore's leases and
     /// permit holds.
     pub(crate) async fn holders_of(&self, name: &str) -> Result<Vec<LockInfo>> {
+        self.each_hold(name, false).await
+    }
+
+    /// Deletes every hold of `name`, whoever made it (a delayed release's
+    /// hold, or every node that holds: each reader, each permit); returns
+    /// the first it deleted.
+    pub(crate) async fn force_delete(&self, name: &str) -> Result<Option<LockInfo>> {
+        Ok(self.each_hold(name, true).await?.into_iter().next())
+    }
+
+    /// The holds of `name`, each deleted too if `delete`.
+    async fn each_hold(&self, name: &str, delete: bool) -> Result<Vec<LockInfo>> {
         validate_name(name)?;
         let client = self.client();
         let dir = self.lock_dir(name);
         let queue = self.queue(&client, &dir).await?;
         // During a hold, the nodes at the front only wait for it.
         if queue.hold
-            && let Some(info) = self.read_hold(&client, &dir).await?.and_then(|h| h.info())
+            && let Some(info) = self.end_hold(&client, &hold_path(&dir), delete).await?
         {
             return Ok(vec![info]);
         }
@@ -84,52 +96,42 @@ impl ZkBackend {
         let mut holds = Vec::with_capacity(nodes.len() + held.len());
         for node in nodes.into_iter().take(MAX_HOLDERS) {
             let path = format!("{folder}/{node}");
-            match self.bounded(client.get_data(&path)).await {
-                Ok((data, stat)) => holds.push(front_info(&path, &stat, &data)?),
-                Err(zk::Error::NoNode) => {} // released as this read ran
+            let (data, stat) = match self.bounded(client.get_data(&path)).await {
+                Ok(read) => read,
+                Err(zk::Error::NoNode) => continue, // released as this read ran
                 Err(e) => return Err(zk_error(e, "holders")),
+            };
+            if delete {
+                match self.bounded(client.delete(&path, None)).await {
+                    Ok(()) => {}
+                    Err(zk::Error::NoNode) => continue,
+                    Err(e) => return Err(zk_error(e, "force_release")),
+                }
             }
+            holds.push(front_info(&path, &stat, &data)?);
         }
         for node in held {
-            let hold = self
-                .read_hold_at(&client, &format!("{folder}/{node}"))
-                .await?;
-            holds.extend(hold.and_then(|h| h.info()));
+            let path = format!("{folder}/{node}");
+            holds.extend(self.end_hold(&client, &path, delete).await?);
         }
         Ok(holds)
     }
 
-    /// Deletes the hold of `name`, or else the node at the front of its
-    /// queue, whoever made it; returns what it deleted.
-    pub(crate) async fn force_delete(&self, name: &str) -> Result<Option<LockInfo>> {
-        validate_name(name)?;
-        let client = self.client();
-        let dir = self.lock_dir(name);
-        let queue = self.queue(&client, &dir).await?;
-        if queue.hold
-            && let Some(info) = self.delete_hold(&client, &hold_path(&dir)).await?
-        {
-            // The node at the front only waited for the hold.
-            return Ok(Some(info));
+    /// The hold whose node is `path`, if it still keeps the lock; deleted
+    /// if `delete`, whatever its state.
+    async fn end_hold(
+        &self,
+        client: &zk::Client,
+        path: &str,
+        delete: bool,
+    ) -> Result<Option<LockInfo>> {
+        if delete {
+            return self.delete_hold(client, path).await;
         }
-        let (first, stat, data) = match self.front(&client, &dir, &queue).await? {
-            Front::Free | Front::Gone => return Ok(None),
-            // The first that still held (ended ones before it go too).
-            Front::PermitHolds(paths) => {
-                for path in paths {
-                    if let Some(info) = self.delete_hold(&client, &path).await? {
-                        return Ok(Some(info));
-                    }
-                }
-                return Ok(None);
-            }
-            Front::Node(first, stat, data) => (first, stat, data),
-        };
-        match self.bounded(client.delete(&first, None)).await {
-            Ok(()) => Ok(Some(front_info(&first, &stat, &data)?)),
-            Err(zk::Error::NoNode) => Ok(None),
-            Err(e) => Err(zk_error(e, "force_release")),
-        }
+        Ok(self
+            .read_hold_at(client, path)
+            .await?
+            .and_then(|h| h.info()))
     }
 
     /// The holder of the lock in `dir`: the first node of its queue.

@@ -262,7 +262,8 @@ async fn holder_of(backend: &Arc<dyn Backend>, name: &str) -> Option<String> {
 /// `holders` lists every live hold of a name, each with its own owner,
 /// fencing token and description: the mutex's holder, a delayed release's
 /// hold, each reader, each permit (the longest-lasting first where leases
-/// have TTLs); nothing for a free name.
+/// have TTLs); nothing for a free name, or once `force_release` has ended
+/// every hold.
 pub async fn holders_list_every_hold(backend: &Arc<dyn Backend>) {
     let case = "holders_list_every_hold";
     let caps = backend.capabilities();
@@ -310,11 +311,14 @@ pub async fn holders_list_every_hold(backend: &Arc<dyn Backend>) {
         }
         backend.release(&second).await.expect("release");
         assert_holds(backend, &name, &[&first, &third]).await;
-        for lease in [first, third] {
-            backend.release(&lease).await.expect("release");
-        }
+        // An operator's force release ends them all.
+        let removed = backend.force_release(&name).await.expect("force_release");
+        assert!(removed.is_some(), "force_release found no {kind}");
         let left = backend.holders(&name).await.expect("holders");
-        assert!(left.is_empty(), "released {kind} still hold: {left:?}");
+        assert!(left.is_empty(), "{kind} outlived force_release: {left:?}");
+        for lease in [first, third] {
+            assert_not_held(backend.release(&lease).await, "a forcibly released hold");
+        }
     }
 }
 

@@ -474,8 +474,14 @@ impl Backend for Sim {
             return self.inspect(name).await;
         }
         let owner = self.inspect(name).await?;
-        if owner.is_some() {
-            self.call(|s| s.clear(name)).await?;
+        match &owner {
+            Some(info) if self.has(Bug::ForceReleaseEndsOneHold) => {
+                self.call(|s| s.release_shared(name, Some(info.owner)))
+                    .await?;
+                self.call(|s| s.release(name, Some(info.owner))).await?;
+            }
+            Some(_) => self.call(|s| s.clear(name)).await?,
+            None => {}
         }
         Ok(owner)
     }
