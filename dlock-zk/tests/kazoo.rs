@@ -37,34 +37,46 @@ for line in sys.stdin:
 zk.stop()
 "#;
 
-/// Where kazoo is installed for the tests, installing it if need be.
+/// Where kazoo is installed for the tests, installing it if need be: once
+/// per test process (the tests run at once, and two pip runs into one
+/// folder fail), into a folder of its own that is then moved into place,
+/// so that an install cut short leaves nothing half there.
 fn kazoo_path() -> PathBuf {
+    static INSTALLED: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    INSTALLED.get_or_init(install_kazoo).clone()
+}
+
+fn install_kazoo() -> PathBuf {
     let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("kazoo-2.11.0");
     let present = Command::new("python3")
         .args(["-c", "import kazoo"])
         .env("PYTHONPATH", &dir)
         .status()
         .is_ok_and(|s| s.success());
-    if !present {
-        let out = Command::new("python3")
-            .args([
-                "-m",
-                "pip",
-                "install",
-                "--quiet",
-                "--disable-pip-version-check",
-            ])
-            .arg("--target")
-            .arg(&dir)
-            .arg(KAZOO)
-            .output()
-            .unwrap_or_else(|e| panic!("this test needs python3 with pip to install {KAZOO}: {e}"));
-        assert!(
-            out.status.success(),
-            "installing {KAZOO} with pip failed:\n{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+    if present {
+        return dir;
     }
+    let fresh = dir.with_extension(format!("installing-{}", std::process::id()));
+    let out = Command::new("python3")
+        .args([
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--disable-pip-version-check",
+        ])
+        .arg("--target")
+        .arg(&fresh)
+        .arg(KAZOO)
+        .output()
+        .unwrap_or_else(|e| panic!("this test needs python3 with pip to install {KAZOO}: {e}"));
+    assert!(
+        out.status.success(),
+        "installing {KAZOO} with pip failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::rename(&fresh, &dir).expect("move kazoo into place");
     dir
 }
 
