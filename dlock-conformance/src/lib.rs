@@ -72,6 +72,7 @@ macro_rules! __case_list {
                 list_pages_through_held_locks,
                 release_after_holds_the_name_until_then,
                 release_after_acts_only_on_its_own_lease,
+                a_readers_hold_keeps_writers_out_not_readers,
                 force_release_frees_the_name_for_the_next_holder,
                 holders_show_in_inspect_and_list,
                 holders_list_every_hold,

@@ -77,6 +77,9 @@ enum Bug {
     /// `force_release` of a name held by several readers or permits ends
     /// the one `inspect` shows, and the others hold on.
     ForceReleaseEndsOneHold,
+    /// A reader's delayed release keeps every request out, readers too (a
+    /// hold made the mutex's way).
+    ReadHoldIsExclusive,
     /// Grants store no holder description.
     HolderNotStored,
     /// A grant stores its client's `host:pid`, not the holder description
@@ -343,6 +346,11 @@ caught!(
     a_force_release_that_ends_one_hold_is_caught,
     Bug::ForceReleaseEndsOneHold,
     [holders_list_every_hold]
+);
+caught!(
+    a_readers_hold_that_keeps_readers_out_is_caught,
+    Bug::ReadHoldIsExclusive,
+    [a_readers_hold_keeps_writers_out_not_readers]
 );
 caught!(
     a_grant_without_its_holder_is_caught,

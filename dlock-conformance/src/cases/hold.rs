@@ -6,10 +6,10 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use dlock_core::{Backend, Lease};
+use dlock_core::{Backend, Error, Lease};
 use tokio::time::{Instant, sleep};
 
-use super::{assert_held, assert_not_held, foreign_lease, needs_delayed_release};
+use super::{assert_held, assert_not_held, foreign_lease, needs, needs_delayed_release};
 use crate::support::{long, must_acquire, unique_name};
 
 /// The hold the delayed-release cases ask for.
@@ -129,4 +129,49 @@ where
     )
     .await;
     wait_out_the_hold(other.as_ref(), &name, since, &first).await;
+}
+
+/// A reader's `release_after` holds the name as a reader would: no writer
+/// gets in until the hold ends, another reader shares with it meanwhile.
+pub async fn a_readers_hold_keeps_writers_out_not_readers(backend: &Arc<dyn Backend>) {
+    let case = "a_readers_hold_keeps_writers_out_not_readers";
+    let b = backend.as_ref();
+    if !needs_delayed_release(b, case)
+        || !needs(case, b.capabilities().rwlock, "no reader-writer locks")
+    {
+        return;
+    }
+    let name = unique_name(case);
+    let reader = must_acquire(b, &name, &long().read()).await;
+    match b.release_after(&reader, HOLD).await {
+        Ok(()) => {}
+        Err(Error::Unsupported { .. }) => {
+            eprintln!("{case}: not applicable: the backend cannot hold a read lock");
+            b.release(&reader).await.expect("release");
+            return;
+        }
+        Err(e) => panic!("release_after of a reader: {e}"),
+    }
+    let since = Instant::now();
+    let writer = b.try_acquire(&name, &long().write()).await;
+    assert!(
+        matches!(writer, Ok(None)),
+        "a writer within a reader's hold: {writer:?}"
+    );
+    let other = b.try_acquire(&name, &long().read()).await;
+    let other = other
+        .expect("a reader within a reader's hold")
+        .unwrap_or_else(|| panic!("a reader's hold kept another reader out"));
+    b.release(&other).await.expect("release");
+    let waiter = b.acquire(&name, &long().write().wait(HOLD * 5)).await;
+    let writer = waiter.unwrap_or_else(|e| panic!("no writer after a reader's hold: {e}"));
+    assert!(
+        since.elapsed() + HOLD_SLACK >= HOLD,
+        "a writer {:?} into a {HOLD:?} reader's hold",
+        since.elapsed()
+    );
+    if b.capabilities().fencing {
+        assert!(writer.fencing_token() > reader.fencing_token());
+    }
+    b.release(&writer).await.expect("release");
 }

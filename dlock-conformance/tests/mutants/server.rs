@@ -123,13 +123,15 @@ impl Server {
     }
 
     /// Keeps the lock until `hold` from now for `new_owner` (the holder's
-    /// own when `None`); `owner: None` for any holder.
+    /// own when `None`); `owner: None` for any holder. With `exclusive`
+    /// ([`Bug::ReadHoldIsExclusive`]), a shared hold becomes a writer's.
     pub(crate) fn hold(
         &self,
         name: &str,
         owner: Option<OwnerToken>,
         new_owner: Option<OwnerToken>,
         hold: Duration,
+        exclusive: bool,
     ) -> bool {
         let mut slots = self.slots.lock().unwrap();
         let now = Instant::now();
@@ -152,6 +154,9 @@ impl Server {
                 };
                 let token = slot.tokens.remove(&h.0).unwrap_or_default();
                 (h.0, h.2) = (new_owner.unwrap_or(h.0), now + hold);
+                if exclusive && h.1 == Mode::Read {
+                    h.1 = Mode::Write;
+                }
                 slot.tokens.insert(h.0, token);
                 true
             }

@@ -352,7 +352,9 @@ impl Backend for Sim {
         let owner = (!self.has(Bug::ReleaseAfterWithoutOwnerCheck)).then_some(lease.owner());
         let new_owner = (!self.has(Bug::ReleaseAfterKeepsOwner)).then(|| lease.owner().for_hold());
         let name = lease.name().to_owned();
-        if !self.call(|s| s.hold(&name, owner, new_owner, hold)).await? && owner.is_some() {
+        let exclusive = self.has(Bug::ReadHoldIsExclusive);
+        let held = self.call(|s| s.hold(&name, owner, new_owner, hold, exclusive));
+        if !held.await? && owner.is_some() {
             return Err(Error::NotHeld { name });
         }
         if self.has(Bug::HoldEndsWithClient) {
