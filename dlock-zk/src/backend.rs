@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use dlock_core::wait::{bounded_acquire, check_request};
 use dlock_core::{
-    Backend, Capabilities, Error, Lease, LeaseKind, LockInfo, LockOptions, LockPage, Mode, Result,
+    Backend, Capabilities, Error, Lease, LeaseKind, LockInfo, LockOptions, LockPage, Result,
     async_trait,
 };
 use zookeeper_client as zk;
@@ -166,15 +166,6 @@ impl Backend for ZkBackend {
     }
 
     async fn release_after(&self, lease: &Lease, hold: Duration) -> Result<()> {
-        // The lock's hold node keeps every request out, as a write lock
-        // does; a reader's would keep out the others that may share the
-        // name. A permit's hold is a lease of its own (see `crate::hold`).
-        if !hold.is_zero() && lease.mode() == Mode::Read {
-            return Err(Error::Unsupported {
-                backend: NAME,
-                operation: "release_after of a read lock",
-            });
-        }
         self.within("release_after", self.release_holding(lease, hold))
             .await
     }

@@ -11,6 +11,11 @@
 //!
 //! The node is written and the lock node deleted in one transaction, so a
 //! waiter woken by the delete always sees the hold.
+//!
+//! A permit's hold and a reader's are nodes of their own instead, with the
+//! same data, in the place of the lease's node: a permit's in its
+//! semaphore's lease folder, a reader's in the queue with the reader's
+//! sequence number, so that other readers still share with it.
 
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -20,6 +25,7 @@ use zookeeper_client as zk;
 
 use crate::backend::ZkBackend;
 use crate::error::{gave_up, not_held, zk_error};
+use crate::path::read_hold_node;
 
 /// The hold node's name in a lock's folder. It has none of the queue's
 /// markers, so no recipe queues it.
@@ -34,7 +40,7 @@ pub(crate) struct Hold {
 }
 
 impl Hold {
-    fn parse(data: &[u8], stat: zk::Stat) -> Option<Hold> {
+    pub(crate) fn parse(data: &[u8], stat: zk::Stat) -> Option<Hold> {
         let text = std::str::from_utf8(data).ok()?;
         let mut parts = text.split(' ');
         let owner = parts.next()?.parse().ok()?;
@@ -188,9 +194,9 @@ impl ZkBackend {
         Ok(())
     }
 
-    /// The permit holds `held` in the lease folder `leases`, ended ones
-    /// deleted: the server's clock is learned by writing `node` (ours) with
-    /// `data`, what it holds.
+    /// The permit holds (or a reader's hold) `held` in the folder
+    /// `leases`, ended ones deleted: the server's clock is learned by
+    /// writing `node` (ours) with `data`, what it holds.
     pub(crate) async fn permit_holds(
         &self,
         client: &zk::Client,
@@ -252,6 +258,42 @@ impl ZkBackend {
         };
         let permits = lease.mode().permits();
         let path = format!("{leases}/{PERMIT_HOLD}{permits}-{}", lease.owner());
+        self.replace_with_hold(lease, node, path, hold).await
+    }
+
+    /// A reader's delayed release: its node becomes a persistent read node
+    /// of the hold's own owner with the same sequence number, in one
+    /// transaction, so that it keeps its place in the queue. Every recipe
+    /// (ours, Curator's, kazoo's) sees a reader there: writers wait for it,
+    /// readers share with it, until `hold` has passed by the server's clock
+    /// and someone deletes it (this client, or a dlock writer waiting for
+    /// it; see `wait`). Its data is a hold's.
+    pub(crate) async fn write_read_hold(
+        &self,
+        lease: &Lease,
+        node: &str,
+        hold: Duration,
+    ) -> Result<()> {
+        let Some((dir, name)) = node.rsplit_once('/') else {
+            return Err(not_held(lease));
+        };
+        let held = read_hold_node(lease.owner().for_hold(), name).ok_or_else(|| not_held(lease))?;
+        self.replace_with_hold(lease, node, format!("{dir}/{held}"), hold)
+            .await
+    }
+
+    /// Replaces the lease's `node` with the persistent hold `path`, and
+    /// deletes the hold once it has ended.
+    async fn replace_with_hold(
+        &self,
+        lease: &Lease,
+        node: &str,
+        path: String,
+        hold: Duration,
+    ) -> Result<()> {
+        let Some((folder, _)) = path.rsplit_once('/') else {
+            return Err(not_held(lease));
+        };
         let hold_ms = dlock_core::millis_up(hold);
         let data = format!("{} {hold_ms} {}", lease.owner(), lease.fencing_token());
         let client = self.client();
@@ -263,7 +305,7 @@ impl ZkBackend {
         let outcome = self.commit_within(&mut txn).await;
         if matches!(outcome, Ok(Ok(())) | Err(_)) {
             // Written, or maybe (no answer): deleted once ended.
-            self.delete_permit_hold_later(leases.to_owned(), path, hold);
+            self.delete_node_hold_later(folder.to_owned(), path, hold);
         }
         match outcome {
             Ok(Ok(())) => Ok(()),
@@ -286,9 +328,10 @@ impl ZkBackend {
         }
     }
 
-    /// Deletes a permit's hold once it has ended, if this client is still
-    /// there then (else the semaphore's next acquirer does).
-    fn delete_permit_hold_later(&self, leases: String, path: String, hold: Duration) {
+    /// Deletes a permit's or a reader's hold once it has ended, if this
+    /// client is still there then (else the next acquirer that waits for
+    /// it does).
+    fn delete_node_hold_later(&self, leases: String, path: String, hold: Duration) {
         let Ok(rt) = tokio::runtime::Handle::try_current() else {
             return;
         };

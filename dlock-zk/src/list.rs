@@ -10,7 +10,7 @@ use crate::acquire::Queue;
 use crate::acquire::fencing_token;
 use crate::backend::ZkBackend;
 use crate::error::{gave_up, zk_error};
-use crate::hold::hold_path;
+use crate::hold::{Hold, hold_path};
 use crate::path::{Node, owner_of, parse, unescape};
 use crate::semaphore::LEASES;
 
@@ -108,7 +108,7 @@ impl ZkBackend {
                     Err(e) => return Err(zk_error(e, "force_release")),
                 }
             }
-            holds.push(front_info(&path, &stat, &data)?);
+            holds.extend(shown(&path, &stat, &data)?);
         }
         for node in held {
             let path = format!("{folder}/{node}");
@@ -156,7 +156,7 @@ impl ZkBackend {
                     return Ok(None);
                 }
                 Front::Node(first, stat, data) => {
-                    return Ok(Some(front_info(&first, &stat, &data)?));
+                    return shown(&first, &stat, &data);
                 }
                 // Released between the two reads: look again.
                 Front::Gone => {}
@@ -245,6 +245,18 @@ enum Front {
     /// Permits' holds, and no permit held (see [`crate::hold`]): their
     /// nodes' paths.
     PermitHolds(Vec<String>),
+}
+
+/// What a node that holds shows: a reader's delayed release (a persistent
+/// read node; see `crate::hold`) its hold, until it ends; any other node
+/// its holder, as [`front_info`].
+fn shown(path: &str, stat: &zk::Stat, data: &[u8]) -> Result<Option<LockInfo>> {
+    if stat.ephemeral_owner == 0
+        && let Some(hold) = Hold::parse(data, *stat)
+    {
+        return Ok(hold.info().map(|info| info.with_mode(Mode::Read)));
+    }
+    front_info(path, stat, data).map(Some)
 }
 
 /// The holder as the node at the front of a queue shows it, with the token

@@ -191,6 +191,13 @@ pub(crate) fn downgraded_node(owner: OwnerToken, writer: &str) -> Option<String>
     Some(format!("{}{digits}", node_prefix(owner, Mode::Read)))
 }
 
+/// The read node of `owner` that takes the place of the reader `node`
+/// (its sequence number): a reader's delayed release (see `crate::hold`).
+pub(crate) fn read_hold_node(owner: OwnerToken, node: &str) -> Option<String> {
+    let digits = &node[node.rfind("__READ__")? + "__READ__".len()..];
+    Some(format!("{}{digits}", node_prefix(owner, Mode::Read)))
+}
+
 impl ZkBackend {
     /// The folder of the lock `name`: its queue and its hold.
     pub(crate) fn lock_dir(&self, name: &str) -> String {

@@ -55,10 +55,11 @@ impl ZkBackend {
             return self.delete_lease(lease).await;
         }
         let node = self.node_of(lease).ok_or_else(|| not_held(lease))?;
-        if let Mode::Permit(_) = lease.mode() {
-            return self.write_permit_hold(lease, node, hold).await;
+        match lease.mode() {
+            Mode::Permit(_) => self.write_permit_hold(lease, node, hold).await,
+            Mode::Read => self.write_read_hold(lease, node, hold).await,
+            _ => self.write_hold(lease, node, hold).await,
         }
-        self.write_hold(lease, node, hold).await
     }
 
     /// Deletes a lock node, remembering it for the next reconnect when the

@@ -10,6 +10,7 @@ use zookeeper_client as zk;
 use crate::acquire::Queue;
 use crate::backend::ZkBackend;
 use crate::error::{gave_up, node_vanished, zk_error};
+use crate::hold::PermitHolds;
 use crate::path::parse;
 
 impl ZkBackend {
@@ -157,6 +158,21 @@ impl ZkBackend {
                 Watch::Node(node) => {
                     let path = format!("{}/{node}", place.dir);
                     match self.bounded(client.check_and_watch_stat(&path)).await {
+                        // A persistent node in the queue is a reader's
+                        // delayed release (see `crate::hold`): waited out
+                        // by the server's clock, and deleted once ended.
+                        Ok((Some(stat), watcher)) if stat.ephemeral_owner == 0 => {
+                            let ours = (place.path.as_str(), holder.as_bytes());
+                            let nodes = std::slice::from_ref(&node);
+                            let held = self.permit_holds(&client, &place.dir, nodes, ours);
+                            if let PermitHolds::Left(left) = held.await? {
+                                tokio::select! {
+                                    _ = watcher.changed() => {}
+                                    () = sleep(deadline.cap(left)) => {}
+                                }
+                            }
+                            continue;
+                        }
                         Ok((Some(_), watcher)) => watcher,
                         Ok((None, _)) => continue,
                         Err(e) => return Err(zk_error(e, "watch the node ahead")),

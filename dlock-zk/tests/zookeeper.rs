@@ -396,3 +396,39 @@ async fn a_permits_hold_counts_against_its_semaphore() {
     let third = must_acquire(&b, &name, &two).await;
     b.release(&third).await.unwrap();
 }
+
+/// A reader's delayed release takes the reader's place in the queue, as a
+/// persistent read node with its sequence number, and outlives the
+/// session that made it: a writer waits it out, and deletes it once ended
+/// (its maker, gone, cannot), leaving the queue empty.
+#[tokio::test]
+async fn a_readers_hold_outlives_its_session_in_the_readers_place() {
+    let name = unique_name("read_hold");
+    let dir = format!("/dlock/{name}");
+    let hold = Duration::from_millis(1500);
+    let a = backend().await;
+    let reader = must_acquire(&a, &name, &LockOptions::new().read()).await;
+    let node = queue(&a, &dir).await.pop().expect("the reader's node");
+    a.release_after(&reader, hold).await.unwrap();
+    let since = Instant::now();
+    drop(a);
+    let b = backend().await;
+    let nodes = queue(&b, &dir).await;
+    let [held] = nodes.as_slice() else {
+        panic!("one hold in the queue: {nodes:?}");
+    };
+    assert!(held.contains("__READ__"), "{held}");
+    assert_eq!(&held[held.len() - 10..], &node[node.len() - 10..]);
+    let writer = b
+        .acquire(
+            &name,
+            &LockOptions::new().write().wait(Duration::from_secs(10)),
+        )
+        .await
+        .unwrap();
+    assert!(since.elapsed() >= hold - Duration::from_millis(100));
+    assert!(writer.fencing_token() > reader.fencing_token());
+    let nodes = queue(&b, &dir).await;
+    assert_eq!(nodes.len(), 1, "the ended hold was deleted: {nodes:?}");
+    b.release(&writer).await.unwrap();
+}
