@@ -52,6 +52,11 @@ pub(crate) enum Node {
 }
 
 impl Node {
+    /// A kazoo node, of whichever kind asks (see [`Node::mode_for`]).
+    pub(crate) fn is_kazoo(self) -> bool {
+        matches!(self, Node::KazooLock | Node::KazooRead)
+    }
+
     /// The mode this node holds or waits for, as a request in `asker`
     /// sees it: kazoo's nodes are a reader-writer lock's to a reader or
     /// writer, and exclusive to a mutex (as they always were to ours).

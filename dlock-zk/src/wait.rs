@@ -99,8 +99,20 @@ impl ZkBackend {
                 .take(1)
                 .filter(|m| !m.same_kind(mode))
                 .collect();
-            let ahead: Vec<Mode> = modes.filter(|m| m.same_kind(mode)).collect();
+            let ahead: Vec<Mode> = modes.clone().filter(|m| m.same_kind(mode)).collect();
             let mut holders = front;
+            // kazoo's nodes are of whichever kind asks, so a node of
+            // another kind behind one has not met a conflict at the front
+            // and is not on its way out: the name is in two kinds' use,
+            // and we are the one to leave.
+            if queue.nodes[..at]
+                .first()
+                .and_then(|node| parse(node))
+                .is_some_and(|(kind, _)| kind.is_kazoo())
+                && let Some(other) = modes.skip(1).find(|m| !m.same_kind(mode))
+            {
+                holders.push(other);
+            }
             if queue.leases {
                 holders.extend(self.permits_held(&client, &place.dir).await?);
             }

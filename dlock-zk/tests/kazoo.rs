@@ -8,10 +8,11 @@
 use std::io::{BufRead, BufReader, Write};
 use std::path::PathBuf;
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::time::Duration;
 
 use dlock_conformance::harness::{Service, shared};
 use dlock_conformance::support::{must_acquire, unique_name};
-use dlock_core::{Backend, LockOptions};
+use dlock_core::{Backend, Error, LockOptions};
 use dlock_zk::ZkBackend;
 
 const KAZOO: &str = "kazoo==2.11.0";
@@ -261,4 +262,49 @@ async fn dlock_and_kazoo_share_one_reader_writer_lock() {
     dlock.release(&lease).await.unwrap();
 
     drop((kazoo_reader, kazoo_writer));
+}
+
+/// kazoo's nodes are of whichever kind asks: behind a kazoo reader, a
+/// dlock mutex waits (kazoo's node is a mutex to it) and a dlock reader
+/// would read (a reader to it). The reader that comes after the waiting
+/// mutex meets a conflict instead of sharing with kazoo, so the mutex,
+/// once kazoo is gone, never holds beside a reader.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kazoo_node_at_the_front_lets_one_kind_in() {
+    let hosts = shared(Service::ZooKeeper).await.url().to_owned();
+    let dlock = ZkBackend::connect(&hosts).await.unwrap();
+    let name = unique_name("kazoo-mixed");
+    let path = format!("/dlock/{name}");
+    let kazoo = {
+        let (hosts, path) = (hosts.clone(), path.clone());
+        tokio::task::spawn_blocking(move || Kazoo::start(&hosts, &path, "ReadLock", &[]))
+            .await
+            .unwrap()
+    };
+    let (kazoo, said) = with_kazoo(kazoo, |k| k.ask("try")).await;
+    assert_eq!(said, "acquired");
+    let mutex = {
+        let (dlock, name) = (dlock.clone(), name.clone());
+        let opts = LockOptions::new().wait(Duration::from_secs(20));
+        tokio::spawn(async move { dlock.acquire(&name, &opts).await })
+    };
+    // The mutex's node is in the queue, behind kazoo's.
+    let started = std::time::Instant::now();
+    while dlock.client().list_children(&path).await.unwrap().len() < 2 {
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "the mutex never queued"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let read = dlock.try_acquire(&name, &LockOptions::new().read()).await;
+    assert!(
+        matches!(read, Err(Error::ModeConflict { .. })),
+        "a reader behind kazoo's and a waiting mutex: {read:?}"
+    );
+    let (kazoo, said) = with_kazoo(kazoo, |k| k.ask("release")).await;
+    assert_eq!(said, "released");
+    let mutex = mutex.await.unwrap().unwrap();
+    dlock.release(&mutex).await.unwrap();
+    drop(kazoo);
 }
