@@ -54,29 +54,22 @@ impl Fillers {
         let (fillers, name) = (Arc::clone(self), name.to_owned());
         let task = tokio::spawn(async move {
             let mut held = fillers.held.lock().await;
-            let mut owners = match held.get(&name) {
-                Some(_) if !top_up => return Ok(()),
-                Some(owners) => {
-                    let live = fillers.client.holders(&name).await?;
-                    let live: Vec<OwnerToken> = live.iter().map(|h| h.owner).collect();
-                    owners
-                        .iter()
-                        .copied()
-                        .filter(|o| live.contains(o))
-                        .collect()
-                }
-                None => Vec::new(),
-            };
+            let owners = held.entry(name.clone()).or_default();
+            if top_up {
+                let live = fillers.client.holders(&name).await?;
+                owners.retain(|o| live.iter().any(|h| h.owner == *o));
+            }
             // Long enough for any case; nothing renews them.
             let opts = LockOptions::new()
                 .permits(fillers.permits)
                 .ttl(Duration::from_secs(600))
                 .wait(Duration::from_secs(10))
                 .holder("dlock-conformance filler");
+            // Each owner is kept as soon as it holds: a failure further on
+            // must not leave a filler's permit looking like a case's.
             while owners.len() + 1 < fillers.permits as usize {
                 owners.push(fillers.client.acquire(&name, &opts).await?.owner());
             }
-            held.insert(name, owners);
             Ok(())
         });
         task.await.map_err(|e| Error::Backend {
@@ -122,6 +115,8 @@ impl MutexAs {
     /// not show the fillers' permits, and `force_release` gives them
     /// back, so every case sees a mutex. Not for fault cases: a server
     /// restart loses the fillers, and the semaphore admits more than one.
+    /// Nor for a `force_release` with waiters queued: between the release
+    /// of every hold and the fillers' return, more than one may get in.
     pub fn last_permit(backend: Arc<dyn Backend>, fillers: Arc<Fillers>) -> Self {
         MutexAs {
             backend,

@@ -205,7 +205,7 @@ impl RedisBackend {
 /// A shared hold's entry in `P:{E}:hw`: its fencing token (`None` in an
 /// entry without one) and holder description.
 fn token_and_holder(entry: &str) -> (Option<u64>, &str) {
-    match entry.split_once(' ') {
+    match entry.split_once('\u{1f}') {
         Some((token, holder)) if let Ok(token) = token.parse() => (Some(token), holder),
         _ => (None, entry),
     }

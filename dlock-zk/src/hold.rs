@@ -262,12 +262,12 @@ impl ZkBackend {
     }
 
     /// A reader's delayed release: its node becomes a persistent read node
-    /// of the hold's own owner with the same sequence number, in one
+    /// with the same sequence number ([`read_hold_node`]), in one
     /// transaction, so that it keeps its place in the queue. Every recipe
     /// (ours, Curator's, kazoo's) sees a reader there: writers wait for it,
     /// readers share with it, until `hold` has passed by the server's clock
-    /// and someone deletes it (this client, or a dlock writer waiting for
-    /// it; see `wait`). Its data is a hold's.
+    /// and someone deletes it (this client, or any dlock acquirer that
+    /// finds it ended; see `wait`). Its data is a hold's.
     pub(crate) async fn write_read_hold(
         &self,
         lease: &Lease,
@@ -301,7 +301,7 @@ impl ZkBackend {
         let mut txn = client.new_multi_writer();
         txn.add_create(&path, data.as_bytes(), &create)
             .and_then(|()| txn.add_delete(node, None))
-            .map_err(|e| zk_error(e, "write the permit's hold"))?;
+            .map_err(|e| zk_error(e, "write the hold"))?;
         let outcome = self.commit_within(&mut txn).await;
         if matches!(outcome, Ok(Ok(())) | Err(_)) {
             // Written, or maybe (no answer): deleted once ended.
@@ -360,7 +360,7 @@ impl ZkBackend {
                     Ok(PermitHolds::Left(left)) => left.saturating_add(Duration::from_millis(100)),
                     Ok(PermitHolds::Deleted | PermitHolds::None) => return,
                     Err(e) => {
-                        tracing::debug!(%path, error = %e, "could not delete an ended permit hold");
+                        tracing::debug!(%path, error = %e, "could not delete an ended hold");
                         Duration::from_secs(1)
                     }
                 };

@@ -63,56 +63,70 @@ impl ZkBackend {
     /// queue that hold (see [`holding`]), or a semaphore's leases and
     /// permit holds.
     pub(crate) async fn holders_of(&self, name: &str) -> Result<Vec<LockInfo>> {
-        self.each_hold(name, false).await
+        validate_name(name)?;
+        self.each_hold(&self.client(), &self.lock_dir(name), false)
+            .await
     }
 
     /// Deletes every hold of `name`, whoever made it (a delayed release's
     /// hold, or every node that holds: each reader, each permit); returns
     /// the first it deleted.
     pub(crate) async fn force_delete(&self, name: &str) -> Result<Option<LockInfo>> {
-        Ok(self.each_hold(name, true).await?.into_iter().next())
+        validate_name(name)?;
+        let (client, dir) = (self.client(), self.lock_dir(name));
+        let holds = self.each_hold(&client, &dir, true).await?;
+        Ok(holds.into_iter().next())
     }
 
-    /// The holds of `name`, each deleted too if `delete`.
-    async fn each_hold(&self, name: &str, delete: bool) -> Result<Vec<LockInfo>> {
-        validate_name(name)?;
-        let client = self.client();
-        let dir = self.lock_dir(name);
-        let queue = self.queue(&client, &dir).await?;
+    /// The holds of the lock in `dir`, each deleted too if `delete`. The
+    /// nodes are read (and deleted) all at once: the client pipelines the
+    /// requests, so the call takes a few round trips however many hold.
+    async fn each_hold(
+        &self,
+        client: &zk::Client,
+        dir: &str,
+        delete: bool,
+    ) -> Result<Vec<LockInfo>> {
+        let queue = self.queue(client, dir).await?;
         // During a hold, the nodes at the front only wait for it.
         if queue.hold
-            && let Some(info) = self.end_hold(&client, &hold_path(&dir), delete).await?
+            && let Some(info) = self.end_hold(client, &hold_path(dir), delete).await?
         {
             return Ok(vec![info]);
         }
         let (folder, nodes, held) = if queue.nodes.is_empty() && queue.leases {
             let leases = format!("{dir}/{LEASES}");
-            let permits = self.queue(&client, &leases).await?;
+            let permits = self.queue(client, &leases).await?;
             let nodes = leasing(&permits);
             (leases, nodes, permits.held)
         } else {
-            (dir, holding(&queue.nodes), Vec::new())
+            (dir.to_owned(), holding(&queue.nodes), Vec::new())
         };
-        let mut holds = Vec::with_capacity(nodes.len() + held.len());
-        for node in nodes.into_iter().take(MAX_HOLDERS) {
-            let path = format!("{folder}/{node}");
-            let (data, stat) = match self.bounded(client.get_data(&path)).await {
+        let paths = nodes.iter().chain(&held).take(MAX_HOLDERS);
+        let paths: Vec<(String, bool)> = paths
+            .map(|node| (format!("{folder}/{node}"), held.contains(node)))
+            .collect();
+        let looks = paths.iter().map(|(path, permit_hold)| async move {
+            if *permit_hold {
+                return self.end_hold(client, path, delete).await;
+            }
+            let (data, stat) = match self.bounded(client.get_data(path)).await {
                 Ok(read) => read,
-                Err(zk::Error::NoNode) => continue, // released as this read ran
+                Err(zk::Error::NoNode) => return Ok(None), // released meanwhile
                 Err(e) => return Err(zk_error(e, "holders")),
             };
             if delete {
-                match self.bounded(client.delete(&path, None)).await {
+                match self.bounded(client.delete(path, None)).await {
                     Ok(()) => {}
-                    Err(zk::Error::NoNode) => continue,
+                    Err(zk::Error::NoNode) => return Ok(None),
                     Err(e) => return Err(zk_error(e, "force_release")),
                 }
             }
-            holds.extend(shown(&path, &stat, &data)?);
-        }
-        for node in held {
-            let path = format!("{folder}/{node}");
-            holds.extend(self.end_hold(&client, &path, delete).await?);
+            shown(path, &stat, &data)
+        });
+        let mut holds = Vec::with_capacity(paths.len());
+        for look in futures_util::future::join_all(looks).await {
+            holds.extend(look?);
         }
         Ok(holds)
     }
@@ -155,9 +169,14 @@ impl ZkBackend {
                     }
                     return Ok(None);
                 }
-                Front::Node(first, stat, data) => {
-                    return shown(&first, &stat, &data);
-                }
+                Front::Node(first, stat, data) => match shown(&first, &stat, &data)? {
+                    Some(info) => return Ok(Some(info)),
+                    // A reader's ended hold: the readers behind it may
+                    // hold still.
+                    None => {
+                        return Ok(self.each_hold(client, dir, false).await?.into_iter().next());
+                    }
+                },
                 // Released between the two reads: look again.
                 Front::Gone => {}
             }

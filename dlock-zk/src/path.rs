@@ -196,11 +196,21 @@ pub(crate) fn downgraded_node(owner: OwnerToken, writer: &str) -> Option<String>
     Some(format!("{}{digits}", node_prefix(owner, Mode::Read)))
 }
 
-/// The read node of `owner` that takes the place of the reader `node`
-/// (its sequence number): a reader's delayed release (see `crate::hold`).
+/// The prefix of a reader's delayed release (see `crate::hold`): a read
+/// node to every recipe, which sort by what follows `__READ__`, and a hold
+/// to us by its name alone.
+pub(crate) const READ_HOLD: &str = "dlock-rhold-";
+
+/// The read node that takes the place of the reader `node` (its sequence
+/// number) for a reader's delayed release whose hold's owner is `owner`.
 pub(crate) fn read_hold_node(owner: OwnerToken, node: &str) -> Option<String> {
     let digits = &node[node.rfind("__READ__")? + "__READ__".len()..];
-    Some(format!("{}{digits}", node_prefix(owner, Mode::Read)))
+    Some(format!("{READ_HOLD}{owner}-__READ__{digits}"))
+}
+
+/// Whether a queue node is a reader's delayed release.
+pub(crate) fn is_read_hold(node: &str) -> bool {
+    node.starts_with(READ_HOLD)
 }
 
 impl ZkBackend {

@@ -33,7 +33,7 @@ use crate::acquire::{Place, Queue, sorted_queue};
 use crate::backend::{NAME, ZkBackend};
 use crate::error::{node_vanished, zk_error};
 use crate::hold::{PermitHolds, hold_permits};
-use crate::path::{Node, parse};
+use crate::path::{Node, is_read_hold, parse};
 
 /// The folder of a semaphore's permits in its lock folder.
 pub(crate) const LEASES: &str = "leases";
@@ -148,6 +148,22 @@ impl ZkBackend {
                 // The leases fit; the name may still be a lock of another
                 // kind, or held after a delayed release.
                 let lock = self.queue(&client, dir).await?;
+                // A reader's delayed release that has ended is no reader.
+                let holds: Vec<String> = lock
+                    .nodes
+                    .iter()
+                    .take(1)
+                    .filter(|n| is_read_hold(n))
+                    .cloned()
+                    .collect();
+                if !holds.is_empty() {
+                    let ours = (place.path.as_str(), holder.as_bytes());
+                    if let PermitHolds::Deleted =
+                        self.permit_holds(&client, dir, &holds, ours).await?
+                    {
+                        continue;
+                    }
+                }
                 if let Some(front) = lock.nodes.first().and_then(|n| parse(n)) {
                     return self
                         .conflict(place, name, front.0.mode_for(mode), mode)

@@ -11,7 +11,7 @@ use crate::acquire::Queue;
 use crate::backend::ZkBackend;
 use crate::error::{gave_up, node_vanished, zk_error};
 use crate::hold::PermitHolds;
-use crate::path::parse;
+use crate::path::{is_read_hold, parse};
 
 impl ZkBackend {
     /// Contends for `name` until `deadline`, again after a dropped
@@ -90,6 +90,23 @@ impl ZkBackend {
                 // Our node vanished: the session expired under us.
                 return Err(node_vanished());
             };
+            // Readers' delayed releases ahead (see `crate::hold`) are
+            // readers until they end by the server's clock; whoever finds
+            // one ended deletes it, so none outlives its hold for long.
+            let holds: Vec<String> = queue.nodes[..at]
+                .iter()
+                .filter(|node| is_read_hold(node))
+                .cloned()
+                .collect();
+            let mut hold_ends = Duration::MAX;
+            if !holds.is_empty() {
+                let ours = (place.path.as_str(), holder.as_bytes());
+                match self.permit_holds(&client, &place.dir, &holds, ours).await? {
+                    PermitHolds::Deleted => continue,
+                    PermitHolds::Left(left) => hold_ends = left,
+                    PermitHolds::None => {}
+                }
+            }
             let modes = queue.nodes[..at]
                 .iter()
                 .filter_map(|node| parse(node))
@@ -104,7 +121,9 @@ impl ZkBackend {
             // kazoo's nodes are of whichever kind asks, so a node of
             // another kind behind one has not met a conflict at the front
             // and is not on its way out: the name is in two kinds' use,
-            // and we are the one to leave.
+            // and we are the one to leave. (That node may itself be on its
+            // way out, refused by a third kind between: a refusal then is
+            // spurious but safe.)
             if queue.nodes[..at]
                 .first()
                 .and_then(|node| parse(node))
@@ -170,21 +189,6 @@ impl ZkBackend {
                 Watch::Node(node) => {
                     let path = format!("{}/{node}", place.dir);
                     match self.bounded(client.check_and_watch_stat(&path)).await {
-                        // A persistent node in the queue is a reader's
-                        // delayed release (see `crate::hold`): waited out
-                        // by the server's clock, and deleted once ended.
-                        Ok((Some(stat), watcher)) if stat.ephemeral_owner == 0 => {
-                            let ours = (place.path.as_str(), holder.as_bytes());
-                            let nodes = std::slice::from_ref(&node);
-                            let held = self.permit_holds(&client, &place.dir, nodes, ours);
-                            if let PermitHolds::Left(left) = held.await? {
-                                tokio::select! {
-                                    _ = watcher.changed() => {}
-                                    () = sleep(deadline.cap(left)) => {}
-                                }
-                            }
-                            continue;
-                        }
                         Ok((Some(_), watcher)) => watcher,
                         Ok((None, _)) => continue,
                         Err(e) => return Err(zk_error(e, "watch the node ahead")),
@@ -201,7 +205,13 @@ impl ZkBackend {
                     }
                     continue;
                 }
-                () = sleep(deadline.cap(Duration::MAX)) => {}
+                // A hold ahead ends (nobody may delete its node), or the
+                // deadline passes.
+                () = sleep(deadline.cap(hold_ends)) => {
+                    if !deadline.is_past() {
+                        continue;
+                    }
+                }
             }
             self.leave(place).await;
             return Err(deadline.timeout_error(name));

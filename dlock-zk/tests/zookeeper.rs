@@ -432,3 +432,40 @@ async fn a_readers_hold_outlives_its_session_in_the_readers_place() {
     assert_eq!(nodes.len(), 1, "the ended hold was deleted: {nodes:?}");
     b.release(&writer).await.unwrap();
 }
+
+/// A reader's hold that has ended, its maker gone, is no reader: `inspect`
+/// looks past it to a live reader behind it, and the next acquirer of any
+/// kind (a mutex here, a semaphore's permit after it) deletes it instead
+/// of meeting a reader-writer lock.
+#[tokio::test]
+async fn an_ended_readers_hold_goes_with_the_next_acquirer_of_any_kind() {
+    let name = unique_name("ended_read_hold");
+    let dir = format!("/dlock/{name}");
+    let hold = Duration::from_millis(300);
+    let read = LockOptions::new().read();
+    let a = backend().await;
+    let first = must_acquire(&a, &name, &read).await;
+    a.release_after(&first, hold).await.unwrap();
+    drop(a);
+    let b = backend().await;
+    let second = must_acquire(&b, &name, &read).await;
+    sleep(hold * 2).await;
+    let shown = b.inspect(&name).await.unwrap().expect("the live reader");
+    assert_eq!(shown.owner, second.owner());
+    b.release(&second).await.unwrap();
+    assert_eq!(
+        queue(&b, &dir).await.len(),
+        1,
+        "the ended hold is still there"
+    );
+    let mutex = must_acquire(&b, &name, &LockOptions::new()).await;
+    assert_eq!(queue(&b, &dir).await.len(), 1, "the mutex's node alone");
+    b.release(&mutex).await.unwrap();
+    let c = backend().await;
+    let reader = must_acquire(&c, &name, &read).await;
+    c.release_after(&reader, hold).await.unwrap();
+    drop(c);
+    sleep(hold * 2).await;
+    let permit = must_acquire(&b, &name, &LockOptions::new().permits(2)).await;
+    b.release(&permit).await.unwrap();
+}

@@ -10,8 +10,9 @@
 //! `r`, `w` or `p`; score: expiry in server µs, so that no rounding of the
 //! clock to whole milliseconds ends a hold early), and each hold's fencing
 //! token and holder description the hash `P:{E}:hw` (by member, the value
-//! `<token> <description>`; beside the set, not in its members, whose
-//! layout older clients' scripts read). Waiters share the
+//! `<token>\x1f<description>`, a separator no description may hold;
+//! beside the set, not in its members, whose layout older clients'
+//! scripts read). Waiters share the
 //! mutex's queue, with their mode code and marker in the hash `P:{E}:qm`.
 //!
 //! Every script takes the same keys: lock, fence, holds, queue, queue
@@ -128,7 +129,7 @@ end
 -- Grants `member` its token; returns the token.
 local function describe(holds, member, us, holder)
   local fence = fence_up(us)
-  redis.call('HSET', who(holds), member, fence .. ' ' .. holder)
+  redis.call('HSET', who(holds), member, fence .. '\031' .. holder)
   return fence
 end
 ";
