@@ -9,7 +9,8 @@ use zookeeper_client as zk;
 
 use crate::backend::{NAME, ZkBackend};
 use crate::error::{gave_up, node_vanished, zk_error};
-use crate::hold::{HOLD_NODE, PERMIT_HOLD};
+use crate::hold::HOLD_NODE;
+use crate::node_hold::PERMIT_HOLD;
 use crate::path::{Node, node_prefix, parse, protected_prefix, sequence};
 use crate::semaphore::LEASES;
 

@@ -9,6 +9,7 @@ mod error;
 mod extend;
 mod hold;
 mod list;
+mod node_hold;
 mod path;
 mod release;
 mod semaphore;

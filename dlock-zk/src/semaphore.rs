@@ -32,7 +32,7 @@ use zookeeper_client as zk;
 use crate::acquire::{Place, Queue, sorted_queue};
 use crate::backend::{NAME, ZkBackend};
 use crate::error::{node_vanished, zk_error};
-use crate::hold::{PermitHolds, hold_permits};
+use crate::node_hold::{PermitHolds, hold_permits};
 use crate::path::{Node, is_read_hold, parse};
 
 /// The folder of a semaphore's permits in its lock folder.

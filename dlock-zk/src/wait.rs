@@ -10,7 +10,7 @@ use zookeeper_client as zk;
 use crate::acquire::Queue;
 use crate::backend::ZkBackend;
 use crate::error::{gave_up, node_vanished, zk_error};
-use crate::hold::PermitHolds;
+use crate::node_hold::PermitHolds;
 use crate::path::{is_read_hold, parse};
 
 impl ZkBackend {
