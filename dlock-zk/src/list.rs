@@ -79,8 +79,9 @@ impl ZkBackend {
     }
 
     /// The holds of the lock in `dir`, each deleted too if `delete`. The
-    /// nodes are read (and deleted) all at once: the client pipelines the
-    /// requests, so the call takes a few round trips however many hold.
+    /// nodes are read (and deleted) a few hundred at once: the client
+    /// pipelines the requests, so the call takes a few round trips for any
+    /// likely number of holds.
     async fn each_hold(
         &self,
         client: &zk::Client,
@@ -102,8 +103,12 @@ impl ZkBackend {
         } else {
             (dir.to_owned(), holding(&queue.nodes), Vec::new())
         };
-        let paths = nodes.iter().chain(&held).take(MAX_HOLDERS);
-        let paths: Vec<(String, bool)> = paths
+        // A forced release ends them all; a look shows the first ones.
+        let most = if delete { usize::MAX } else { MAX_HOLDERS };
+        let paths: Vec<(String, bool)> = nodes
+            .iter()
+            .chain(&held)
+            .take(most)
             .map(|node| (format!("{folder}/{node}"), held.contains(node)))
             .collect();
         let looks = paths.iter().map(|(path, permit_hold)| async move {
@@ -124,11 +129,18 @@ impl ZkBackend {
             }
             shown(path, &stat, &data)
         });
+        // A few hundred requests in flight at a time.
+        let mut looks = looks.collect::<Vec<_>>().into_iter();
         let mut holds = Vec::with_capacity(paths.len());
-        for look in futures_util::future::join_all(looks).await {
-            holds.extend(look?);
+        loop {
+            let batch: Vec<_> = looks.by_ref().take(256).collect();
+            if batch.is_empty() {
+                return Ok(holds);
+            }
+            for look in futures_util::future::join_all(batch).await {
+                holds.extend(look?);
+            }
         }
-        Ok(holds)
     }
 
     /// The hold whose node is `path`, if it still keeps the lock; deleted

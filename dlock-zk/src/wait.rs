@@ -100,8 +100,23 @@ impl ZkBackend {
                 .collect();
             let mut hold_ends = Duration::MAX;
             if !holds.is_empty() {
-                let ours = (place.path.as_str(), holder.as_bytes());
-                match self.permit_holds(&client, &place.dir, &holds, ours).await? {
+                // The server's clock, from a write to the folder: a write
+                // to our node would wake the waiter behind us.
+                let folder = (place.dir.as_str(), &[][..]);
+                match self
+                    .permit_holds(&client, &place.dir, &holds, folder)
+                    .await?
+                {
+                    PermitHolds::Deleted if !mode.same_kind(Mode::Read) => {
+                        // A reader queued behind us saw the hold live, took
+                        // us for a node of another kind on its way out, and
+                        // may hold now: ours goes, and we queue again,
+                        // behind it, to meet the conflict.
+                        let dir = place.dir.clone();
+                        self.leave(place).await;
+                        place = self.join(&client, dir, mode, holder).await?;
+                        continue;
+                    }
                     PermitHolds::Deleted => continue,
                     PermitHolds::Left(left) => hold_ends = left,
                     PermitHolds::None => {}
@@ -187,6 +202,10 @@ impl ZkBackend {
                     continue;
                 }
                 Watch::Node(node) => {
+                    if !is_read_hold(&node) {
+                        // Only a hold ends with no event to wake us.
+                        hold_ends = Duration::MAX;
+                    }
                     let path = format!("{}/{node}", place.dir);
                     match self.bounded(client.check_and_watch_stat(&path)).await {
                         Ok((Some(_), watcher)) => watcher,
