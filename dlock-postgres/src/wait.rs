@@ -102,23 +102,17 @@ impl PgBackend {
         Ok(lease)
     }
 
-    /// Gives a mutex waiter's place up, and again once a look still on
-    /// its way when the wait ended has surely ended (its statement
-    /// timeout), since that look may write the place anew. A release that
-    /// named this waiter, which left without the lock, wakes nobody else:
-    /// they find the lock free at their next poll.
+    /// Gives a mutex waiter's place up, for good: a look still on its way
+    /// when the wait ended cannot write the place anew (see
+    /// `Statements::tombstone`). A release that named this waiter, which
+    /// left without the lock, wakes nobody else: they find the lock free at
+    /// their next poll.
     async fn leave_queue(&self, name: &str, waiter: &str) {
-        let limit = self.inner.request_timeout * 2;
-        for round in 0..2 {
-            if round == 1 {
-                tokio::time::sleep(limit).await;
-            }
-            let left = retry_for(limit, || async {
-                let sql = self.inner.sql.leave(name.as_bytes(), waiter);
-                self.execute(sql, "leave the queue", self.deadline()).await
-            })
-            .await;
-            tracing::debug!(name, ?left, round, "left the queue");
-        }
+        let left = retry_for(self.inner.request_timeout * 2, || async {
+            let sql = self.inner.sql.leave(name.as_bytes(), waiter);
+            self.execute(sql, "leave the queue", self.deadline()).await
+        })
+        .await;
+        tracing::debug!(name, ?left, "left the queue");
     }
 }

@@ -191,7 +191,8 @@ impl Statements {
                    WHERE NOT EXISTS (SELECT 1 FROM a) AND NOT EXISTS (SELECT 1 FROM {t}
                      WHERE name = {n} AND owner LIKE '~%' AND expires_at > {NOW})
                    ON CONFLICT (name, owner) DO UPDATE SET expires_at = EXCLUDED.expires_at,
-                     since = CASE WHEN x.expires_at > {NOW} THEN x.since ELSE EXCLUDED.since END)"
+                     since = CASE WHEN x.expires_at > {NOW} THEN x.since ELSE EXCLUDED.since END
+                   WHERE x.since >= 0)"
             )
         };
         self.bounded(format!(
@@ -253,12 +254,28 @@ impl Statements {
         ))
     }
 
-    /// Gives a mutex waiter's place up.
+    /// Gives a mutex waiter's place up: leaves its tombstone (see
+    /// [`Statements::tombstone`]).
     pub fn leave(&self, name: &[u8], waiter: &str) -> SqlStr {
-        let (q, n) = (&self.holds, bytes(name));
-        self.bounded(format!(
-            "DELETE FROM {q} WHERE name = {n} AND owner = '{waiter}' AND waiting AND mode = 'x'"
-        ))
+        let tombstone = self.tombstone(&bytes(name), waiter);
+        self.bounded(format!("WITH d AS ({tombstone}) SELECT count(*) FROM d"))
+    }
+
+    /// Ends `waiter`'s place for good, returning a row `(inserted)` when
+    /// it made one: the place's row stays, as a tombstone (expired, `since`
+    /// -1) that no later look of that waiter revives. A look still on its
+    /// way when the waiter gave up (its future dropped mid-statement) would
+    /// otherwise put the place back after its removal, and keep the queue
+    /// behind a waiter that left until the place lapsed. Tombstones go with
+    /// the other ended rows.
+    pub fn tombstone(&self, n: &str, waiter: &str) -> String {
+        format!(
+            "INSERT INTO {q} AS x (name, owner, mode, kind, fence, expires_at, waiting, since)
+             VALUES ({n}, '{waiter}', 'x', 'x', 0, {NOW}, true, -1)
+             ON CONFLICT (name, owner) DO UPDATE SET expires_at = {NOW}, since = -1
+             WHERE x.waiting RETURNING (xmax = 0) AS inserted",
+            q = self.holds
+        )
     }
 
     /// Moves the expiry of the row `owner` holds to `ttl_us` from now.

@@ -144,7 +144,8 @@ impl Statements {
                    WHERE '{me}' <> '' AND NOT EXISTS (SELECT 1 FROM f)
                      AND (SELECT conflict IS NULL FROM v)
                    ON CONFLICT (name, owner) DO UPDATE SET expires_at = EXCLUDED.expires_at,
-                     since = CASE WHEN x.expires_at > {NOW} THEN x.since ELSE EXCLUDED.since END)
+                     since = CASE WHEN x.expires_at > {NOW} THEN x.since ELSE EXCLUDED.since END
+                   WHERE x.since >= 0)
              SELECT (SELECT fence FROM f), (SELECT conflict FROM v),
                (SELECT (extract(epoch FROM min(expires_at) - {NOW}) * 1000000)::bigint FROM hs)"
         ))
@@ -217,12 +218,13 @@ impl Statements {
     /// in (a writer that leaves may let readers in). One row: how many
     /// places it gave up, and the waiters to wake.
     pub fn abandon(&self, name: &[u8], waiter: &str, notify: bool) -> SqlStr {
-        let (h, n) = (&self.holds, bytes(name));
+        let n = bytes(name);
+        let tombstone = self.tombstone(&n, waiter);
         let say = self.announce_to(&n, notify);
         let wake = self.wake_set(&n, waiter);
         self.bounded(format!(
-            "WITH d AS (DELETE FROM {h} WHERE name = {n} AND owner = '{waiter}' AND waiting
-                        RETURNING 1),
+            "WITH t AS ({tombstone}),
+             d AS (SELECT 1 FROM t WHERE NOT inserted),
              {wake}
              SELECT (SELECT count(*) FROM d), (SELECT who FROM wake WHERE EXISTS (SELECT 1 FROM d)),
                (SELECT count(*) FROM (SELECT {say} FROM wake WHERE EXISTS (SELECT 1 FROM d)) AS z)"
