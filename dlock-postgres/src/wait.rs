@@ -2,6 +2,8 @@
 //! release in this process and by the holder's expiry; with wake-ups on,
 //! a place in the name's queue, so that a release wakes one waiter.
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use dlock_core::undo::{UndoOnDrop, retry_for};
@@ -92,9 +94,22 @@ impl PgBackend {
         LF: Future<Output = ()> + Send + 'static,
     {
         let waiter = OwnerToken::random()?.to_string();
-        let mut leave = UndoOnDrop::new(leave(self.clone(), name.to_owned(), waiter.clone()));
+        // Only a wait that looked as a waiter has a place to give up.
+        let looked = Arc::new(AtomicBool::new(false));
+        let mut leave = {
+            let (looked, left) = (
+                looked.clone(),
+                leave(self.clone(), name.to_owned(), waiter.clone()),
+            );
+            UndoOnDrop::new(async move {
+                if looked.load(Ordering::Relaxed) {
+                    left.await;
+                }
+            })
+        };
         let wakeups = &self.inner.queued_wakeups;
         let lease = wait_for_lock_as(name, &waiter, deadline, wakeups, backoff, || {
+            looked.store(true, Ordering::Relaxed);
             attempt(waiter.clone())
         })
         .await?;

@@ -46,6 +46,9 @@ pub(crate) struct Statements {
     channel: String,
     /// `SET LOCAL …;`, ahead of every statement.
     limit: String,
+    /// How long a waiter's tombstone stays (see [`Statements::tombstone`]):
+    /// well past any look still on its way.
+    tomb: Duration,
 }
 
 /// One lease of a batch renewal.
@@ -65,6 +68,7 @@ impl Statements {
             holds: format!("\"{schema}\".\"{table}_holds\""),
             bare: table.to_owned(),
             channel: format!("dlock_{table}"),
+            tomb: (limit * 8).max(Duration::from_secs(60)),
             // Read committed, whatever the role's default: a waiter that
             // finds the row changed under it must see the row as it is now
             // (held), not fail with a serialization error.
@@ -182,10 +186,11 @@ impl Statements {
             String::new()
         } else {
             let (q, me, place) = (&self.holds, waiter, micros(place_us));
+            let swept = self.swept();
             format!(
                 ", gone AS (DELETE FROM {q} WHERE name = {n} AND (
-                     (owner = '{me}' AND EXISTS (SELECT 1 FROM a))
-                     OR (owner <> '{me}' AND expires_at < {NOW} - interval '1 minute'))),
+                     (owner = '{me}' AND since >= 0 AND EXISTS (SELECT 1 FROM a))
+                     OR (owner <> '{me}' AND {swept}))),
                  queued AS (INSERT INTO {q} AS x (name, owner, mode, kind, fence, expires_at, waiting, since)
                    SELECT {n}, '{me}', 'x', 'x', 0, {NOW} + {place}, true, {CLOCK_US}
                    WHERE NOT EXISTS (SELECT 1 FROM a) AND NOT EXISTS (SELECT 1 FROM {t}
@@ -246,7 +251,7 @@ impl Statements {
                WHERE name = {n} AND owner = '{owner}' AND expires_at > {NOW}
                RETURNING name),
              head AS (SELECT COALESCE((SELECT owner FROM {q}
-               WHERE name = {n} AND waiting AND mode = 'x' AND expires_at > {NOW}
+               WHERE name = {n} AND waiting AND mode = 'x' AND expires_at > {NOW} AND since >= 0
                ORDER BY since, owner LIMIT 1), '') AS who)
              SELECT who, CASE WHEN who <> ''
                THEN pg_notify('{c}', encode(name, 'hex') || ':' || who) END::text
@@ -259,6 +264,15 @@ impl Statements {
     pub fn leave(&self, name: &[u8], waiter: &str) -> SqlStr {
         let tombstone = self.tombstone(&bytes(name), waiter);
         self.bounded(format!("WITH d AS ({tombstone}) SELECT count(*) FROM d"))
+    }
+
+    /// Which rows of others an acquire sweeps away as it goes: ended over
+    /// a minute ago, tombstones only once no look can revive them.
+    pub fn swept(&self) -> String {
+        let tomb = micros(u64::try_from(self.tomb.as_micros()).unwrap_or(u64::MAX));
+        format!(
+            "expires_at < {NOW} - interval '1 minute' AND (since >= 0 OR expires_at < {NOW} - {tomb})"
+        )
     }
 
     /// Ends `waiter`'s place for good, returning a row `(inserted)` when

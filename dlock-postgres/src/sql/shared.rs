@@ -61,7 +61,7 @@ impl Statements {
             "q AS (SELECT owner, mode, kind, row_number() OVER w AS i,
                      count(*) FILTER (WHERE mode = 'w') OVER w AS writers
                    FROM {h} WHERE name = {n} AND waiting AND mode <> 'x'
-                     AND expires_at > {NOW} AND owner <> '{leaving}'
+                     AND expires_at > {NOW} AND since >= 0 AND owner <> '{leaving}'
                    WINDOW w AS (ORDER BY since, owner)),
              wake AS (SELECT string_agg(owner, ',') AS who FROM q
                       WHERE i = 1 OR (mode = 'r' AND writers = 0)
@@ -112,14 +112,15 @@ impl Statements {
             ),
         };
         let (who, place) = (text(holder), micros(place_us));
-        let lock = self.lock_row(&n);
+        let (lock, swept) = (self.lock_row(&n), self.swept());
         self.bounded(format!(
             "{lock}
              WITH r AS (SELECT owner, expires_at > {NOW} AS live FROM {t} WHERE name = {n}),
              hs AS (SELECT mode, expires_at FROM {h}
                     WHERE name = {n} AND NOT waiting AND expires_at > {NOW}),
              q AS (SELECT owner, mode, kind, since FROM {h}
-                   WHERE name = {n} AND waiting AND mode <> 'x' AND expires_at > {NOW}),
+                   WHERE name = {n} AND waiting AND mode <> 'x' AND expires_at > {NOW}
+                     AND since >= 0),
              mine AS (SELECT since, owner FROM q WHERE owner = '{me}'),
              ahead AS (SELECT mode, kind FROM q WHERE owner <> '{me}' AND (NOT EXISTS (SELECT 1 FROM mine)
                        OR (since, owner) < (SELECT since, owner FROM mine))),
@@ -137,8 +138,8 @@ impl Statements {
              g AS (INSERT INTO {h} (name, owner, mode, kind, fence, expires_at, waiting, since, holder)
                    SELECT {n}, '{owner}', '{m}', '{k}', fence, {NOW} + {ttl}, false, 0, {who} FROM f),
              gone AS (DELETE FROM {h} WHERE name = {n} AND (
-                        (owner = '{me}' AND waiting AND EXISTS (SELECT 1 FROM f))
-                        OR (owner <> '{me}' AND expires_at < {NOW} - interval '1 minute'))),
+                        (owner = '{me}' AND waiting AND since >= 0 AND EXISTS (SELECT 1 FROM f))
+                        OR (owner <> '{me}' AND {swept}))),
              queued AS (INSERT INTO {h} AS x (name, owner, mode, kind, fence, expires_at, waiting, since)
                    SELECT {n}, '{me}', '{m}', '{k}', 0, {NOW} + {place}, true, {CLOCK_US}
                    WHERE '{me}' <> '' AND NOT EXISTS (SELECT 1 FROM f)
