@@ -75,13 +75,7 @@ impl MySqlBackend {
         if owner.starts_with('~') {
             return Ok(None);
         }
-        let owner = owner
-            .parse()
-            .map_err(|_| Error::malformed(NAME, "inspect (the row's owner token)", &owner))?;
-        let left = Some(Duration::from_micros(left.unsigned_abs()));
-        let mut info = LockInfo::new(owner, version, left).with_holder(text(holder));
-        info.mode = mode(kind);
-        Ok(Some(info))
+        info_of((owner, holder, kind, version, left), "inspect").map(Some)
     }
 }
 
@@ -96,18 +90,21 @@ impl MySqlBackend {
         let mut lent = self.lend("holders", by).await?;
         let done = timeout_at(by, query.fetch_all(lent.conn())).await;
         let rows: Vec<InspectedRow> = settle(lent, done, limit, "holders")?;
-        let mut holds = Vec::with_capacity(rows.len());
-        for (owner, holder, kind, token, left) in rows {
-            let owner = owner
-                .parse()
-                .map_err(|_| Error::malformed(NAME, "holders (a row's owner token)", &owner))?;
-            let left = Some(Duration::from_micros(left.unsigned_abs()));
-            let mut info = LockInfo::new(owner, token, left).with_holder(text(holder));
-            info.mode = mode(kind);
-            holds.push(info);
-        }
-        Ok(holds)
+        rows.into_iter()
+            .map(|row| info_of(row, "holders"))
+            .collect()
     }
+}
+
+/// The holder a row read by `doing` shows.
+fn info_of((owner, holder, kind, token, left): InspectedRow, doing: &str) -> Result<LockInfo> {
+    let parsed = owner
+        .parse()
+        .map_err(|_| Error::malformed(NAME, &format!("{doing} (the row's owner token)"), &owner))?;
+    let left = Some(Duration::from_micros(left.unsigned_abs()));
+    let mut info = LockInfo::new(parsed, token, left).with_holder(text(holder));
+    info.mode = mode(kind);
+    Ok(info)
 }
 
 /// A holder description as stored: bytes (a `VARCHAR` in tables of older

@@ -111,7 +111,8 @@ impl ZkBackend {
             .take(most)
             .map(|node| (format!("{folder}/{node}"), held.contains(node)))
             .collect();
-        let looks = paths.iter().map(|(path, permit_hold)| async move {
+        // A few hundred requests in flight at a time.
+        let mut looks = paths.iter().map(|(path, permit_hold)| async move {
             if *permit_hold {
                 return self.end_hold(client, path, delete).await;
             }
@@ -129,8 +130,6 @@ impl ZkBackend {
             }
             shown(path, &stat, &data)
         });
-        // A few hundred requests in flight at a time.
-        let mut looks = looks.collect::<Vec<_>>().into_iter();
         let mut holds = Vec::with_capacity(paths.len());
         loop {
             let batch: Vec<_> = looks.by_ref().take(256).collect();
