@@ -108,15 +108,14 @@ impl ZkBackend {
                 Err(e) => return Err(zk_error(e, "draw the fencing token")),
             }
         };
-        let (current, lost) = self.session();
-        if !Arc::ptr_eq(&current, client) {
+        let Some(lost) = self.lease_node(client, path) else {
             return Err(Error::connection(
                 NAME,
                 "the session was replaced while waiting",
                 zk::Error::SessionExpired,
             ));
-        }
-        let lease = Lease::with_session(name, owner, fencing_token, lost.child_token());
+        };
+        let lease = Lease::with_session(name, owner, fencing_token, lost);
         Ok(lease
             .with_handle(path.to_owned())
             .with_mode(mode)

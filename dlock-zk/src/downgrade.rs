@@ -13,8 +13,6 @@
 //! before), below that of any grant after it (each drawn at its grant,
 //! when this node stands or is gone; see `grant`).
 
-use std::sync::Arc;
-
 use dlock_core::{Lease, LockOptions, Mode, OwnerToken, Result};
 use zookeeper_client as zk;
 
@@ -70,18 +68,13 @@ impl ZkBackend {
             Err(e) => return Err(zk_error(e, "downgrade: look at the write lock")),
         }
         // The lease gets the lost signal of the session the node lives in.
-        let (current, lost) = self.session();
-        if !Arc::ptr_eq(&current, &client) {
+        let token = fencing_token(stat.czxid)?;
+        let Some(lost) = self.lease_node(&client, &path) else {
             self.delete_node(path).await;
             undo.disarm();
             return Err(not_held(write));
-        }
-        let lease = Lease::with_session(
-            write.name(),
-            owner,
-            fencing_token(stat.czxid)?,
-            lost.child_token(),
-        );
+        };
+        let lease = Lease::with_session(write.name(), owner, token, lost);
         undo.disarm();
         Ok(lease
             .with_handle(path)

@@ -33,6 +33,8 @@ impl ZkBackend {
     /// failure.
     pub(crate) async fn delete_lease(&self, lease: &Lease) -> Result<()> {
         let path = self.node_of(lease).ok_or_else(|| not_held(lease))?;
+        // Deleted now, or on reconnect as an orphan.
+        self.forget_lease_node(path);
         match self.bounded(self.client().delete(path, None)).await {
             Ok(()) => Ok(()),
             Err(zk::Error::NoNode | zk::Error::SessionExpired) => Err(not_held(lease)),
@@ -55,11 +57,21 @@ impl ZkBackend {
             return self.delete_lease(lease).await;
         }
         let node = self.node_of(lease).ok_or_else(|| not_held(lease))?;
-        match lease.mode() {
+        // A lost lease's node is deleted on reconnect; it must not become
+        // a hold first.
+        if lease.lost_token().is_cancelled() {
+            return Err(not_held(lease));
+        }
+        let released = match lease.mode() {
             Mode::Permit(_) => self.write_permit_hold(lease, node, hold).await,
             Mode::Read => self.write_read_hold(lease, node, hold).await,
             _ => self.write_hold(lease, node, hold).await,
+        };
+        // Unless the outcome is unknown, the node is gone or a hold now.
+        if !matches!(&released, Err(e) if e.is_retryable()) {
+            self.forget_lease_node(node);
         }
+        released
     }
 
     /// Deletes a lock node, remembering it for the next reconnect when the

@@ -1,6 +1,7 @@
 //! The session: which client is current, when its leases are lost, and a
 //! new session once the old one has expired.
 
+use std::collections::HashSet;
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::Duration;
 
@@ -12,10 +13,15 @@ use zookeeper_client as zk;
 use crate::backend::{Inner, ZkBackend};
 use crate::builder::ZkBuilder;
 
-/// The current session's client, and the signal its leases are lost by.
+/// The current session's client, the signal its leases are lost by, and
+/// the nodes of its leases not yet released.
 pub(crate) struct Session {
     client: Arc<zk::Client>,
     lost: CancellationToken,
+    /// Deleted once the session is back if the leases are lost: a session
+    /// the server kept alive would otherwise keep a lost lease's lock
+    /// until its guard is dropped.
+    leases: HashSet<String>,
 }
 
 impl ZkBackend {
@@ -27,6 +33,7 @@ impl ZkBackend {
             session: Mutex::new(Session {
                 client: Arc::new(client),
                 lost: CancellationToken::new(),
+                leases: HashSet::new(),
             }),
             orphans: Mutex::new(Vec::new()),
             uncertain: Mutex::new(Vec::new()),
@@ -51,8 +58,39 @@ impl ZkBackend {
         (s.client.clone(), s.lost.clone())
     }
 
-    /// Marks every lease of the current session lost; later leases get a
-    /// fresh signal.
+    /// Records `path` as a lease's node, if `client`'s session is still the
+    /// current one, and gives the lease's lost signal. Done under the lock
+    /// that `end_leases` takes, so a lease is either ended with its node
+    /// or granted after.
+    pub(crate) fn lease_node(
+        &self,
+        client: &Arc<zk::Client>,
+        path: &str,
+    ) -> Option<CancellationToken> {
+        let mut s = self
+            .inner
+            .session
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if !Arc::ptr_eq(&s.client, client) {
+            return None;
+        }
+        s.leases.insert(path.to_owned());
+        Some(s.lost.child_token())
+    }
+
+    /// Forgets a lease's node: it is being released.
+    pub(crate) fn forget_lease_node(&self, path: &str) {
+        self.inner
+            .session
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .leases
+            .remove(path);
+    }
+
+    /// Marks every lease of the current session lost, and has their nodes
+    /// deleted on reconnect; later leases get a fresh signal.
     fn end_leases(&self) {
         let mut s = self
             .inner
@@ -61,6 +99,13 @@ impl ZkBackend {
             .unwrap_or_else(PoisonError::into_inner);
         s.lost.cancel();
         s.lost = CancellationToken::new();
+        let nodes = std::mem::take(&mut s.leases);
+        drop(s);
+        self.inner
+            .orphans
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .extend(nodes);
     }
 
     /// Replaces an expired session, retrying while the backend lives.

@@ -112,6 +112,49 @@ async fn a_hung_server_fires_lost_and_expires_the_session() {
     .await;
 }
 
+/// A short cut-off marks the lease lost, yet the server keeps the session:
+/// the driver deletes the lost lease's node once back, so the lock is free
+/// while the lost guard is still held.
+#[tokio::test]
+async fn a_lost_lease_frees_its_lock_when_the_session_lives_on() {
+    let server = start(Service::ZooKeeper, ServerOptions::default()).await;
+    let url = server.url();
+    let holder = ZkBackend::builder(url)
+        .session_timeout(Duration::from_secs(20))
+        .connect_timeout(Duration::from_secs(1))
+        .connect()
+        .await
+        .unwrap();
+    let session = holder.client().session_id();
+    let name = unique_name("lives_on");
+    let guard = Locker::new(holder.clone())
+        .try_acquire(&name, &LockOptions::new())
+        .await
+        .unwrap()
+        .unwrap();
+
+    let container = server.container().unwrap();
+    container.pause().await.unwrap();
+    timeout(Duration::from_secs(10), guard.lost())
+        .await
+        .expect("lost() fires once the client is cut off");
+    container.unpause().await.unwrap();
+
+    let other = ZkBackend::connect(url).await.unwrap();
+    let lease = other
+        .acquire(&name, &LockOptions::new().wait(Duration::from_secs(15)))
+        .await
+        .expect("the lost lease's lock is free while its guard lives");
+    assert_eq!(
+        holder.client().session_id(),
+        session,
+        "the session lived on (else this case is the expiry one)"
+    );
+    assert!(lease.fencing_token() > guard.fencing_token());
+    assert!(matches!(guard.release().await, Err(Error::NotHeld { .. })));
+    other.release(&lease).await.unwrap();
+}
+
 #[tokio::test]
 async fn each_release_wakes_the_next_waiter_in_order() {
     let b = backend().await;
