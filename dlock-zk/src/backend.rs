@@ -31,8 +31,12 @@ pub(crate) const NAME: &str = "zookeeper";
 /// once disconnected, the client cannot know whether the server has expired
 /// the session and handed the lock to the next waiter. If the connection
 /// comes back within the session timeout the lock node still exists; the
-/// driver deletes it then, since the lease stays marked lost: the lock is
-/// free for others without waiting for the lost guard to be dropped.
+/// driver keeps it until the lease is released or dropped (a release that
+/// failed during the disconnect is retried on reconnect), but the lease
+/// stays marked lost. Once disconnected for a whole session timeout, the
+/// driver gives the lock nodes up: a server that takes the session back
+/// after that (it was frozen, or the reconnect raced its expiry) has them
+/// deleted at once, so a lost guard still alive holds nobody up.
 ///
 /// With [`ZkBuilder::keep_leases_while_reconnecting`] a disconnect starts
 /// a grace period instead: a reconnect to the same session within it keeps

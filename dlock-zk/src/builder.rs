@@ -29,6 +29,8 @@ pub struct ZkBuilder {
     keep_while_reconnecting: bool,
     #[cfg(feature = "_test-hooks")]
     grace_override: Option<Duration>,
+    #[cfg(feature = "_test-hooks")]
+    give_up_override: Option<Duration>,
 }
 
 impl fmt::Debug for ZkBuilder {
@@ -64,6 +66,8 @@ impl ZkBackend {
             keep_while_reconnecting: false,
             #[cfg(feature = "_test-hooks")]
             grace_override: None,
+            #[cfg(feature = "_test-hooks")]
+            give_up_override: None,
         }
     }
 }
@@ -129,6 +133,26 @@ impl ZkBuilder {
         self.keep_while_reconnecting = true;
         self.grace_override = Some(grace);
         self
+    }
+
+    /// Lock nodes sooner given up than the session timeout: only for tests
+    /// that need a server that keeps a session its client gave up.
+    #[cfg(feature = "_test-hooks")]
+    #[doc(hidden)]
+    pub fn give_up_after_for_tests(mut self, after: Duration) -> Self {
+        self.give_up_override = Some(after);
+        self
+    }
+
+    /// How long after a disconnect the nodes of the session's leases are
+    /// given up (deleted on reconnect), for a session whose negotiated
+    /// timeout is `session`: by then the server may have expired it.
+    pub(crate) fn give_up_after(&self, session: Duration) -> Duration {
+        #[cfg(feature = "_test-hooks")]
+        if let Some(after) = self.give_up_override {
+            return after;
+        }
+        session
     }
 
     /// How long leases outlive a disconnect of a session whose negotiated

@@ -57,9 +57,9 @@ impl ZkBackend {
             return self.delete_lease(lease).await;
         }
         let node = self.node_of(lease).ok_or_else(|| not_held(lease))?;
-        // A lost lease's node is deleted on reconnect; it must not become
-        // a hold first.
+        // A lost lease holds nothing to keep: its node only goes.
         if lease.lost_token().is_cancelled() {
+            self.delete_lease(lease).await?;
             return Err(not_held(lease));
         }
         let released = match lease.mode() {

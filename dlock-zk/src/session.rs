@@ -60,8 +60,8 @@ impl ZkBackend {
 
     /// Records `path` as a lease's node, if `client`'s session is still the
     /// current one, and gives the lease's lost signal. Done under the lock
-    /// that `end_leases` takes, so a lease is either ended with its node
-    /// or granted after.
+    /// that `give_up_leases` takes, so a lease is either given up with its
+    /// node or granted after.
     pub(crate) fn lease_node(
         &self,
         client: &Arc<zk::Client>,
@@ -89,9 +89,30 @@ impl ZkBackend {
             .remove(path);
     }
 
-    /// Marks every lease of the current session lost, and has their nodes
-    /// deleted on reconnect; later leases get a fresh signal.
+    /// Marks every lease of the current session lost; later leases get a
+    /// fresh signal.
     fn end_leases(&self) {
+        self.end_leases_and(|_| {});
+    }
+
+    /// Ends every lease of the current session and has their nodes deleted
+    /// on reconnect: the client has not heard from the server for a whole
+    /// session timeout, so the server may have expired the session and
+    /// granted the locks again, or may yet take it back (a server that
+    /// was frozen, a reconnect racing the expiry). A session it takes back
+    /// must not keep a lost lease's lock until its guard is dropped.
+    fn give_up_leases(&self) {
+        self.end_leases_and(|s| {
+            let nodes = std::mem::take(&mut s.leases);
+            self.inner
+                .orphans
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .extend(nodes);
+        });
+    }
+
+    fn end_leases_and(&self, also: impl FnOnce(&mut Session)) {
         let mut s = self
             .inner
             .session
@@ -99,13 +120,7 @@ impl ZkBackend {
             .unwrap_or_else(PoisonError::into_inner);
         s.lost.cancel();
         s.lost = CancellationToken::new();
-        let nodes = std::mem::take(&mut s.leases);
-        drop(s);
-        self.inner
-            .orphans
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .extend(nodes);
+        also(&mut s);
     }
 
     /// Replaces an expired session, retrying while the backend lives.
@@ -142,20 +157,27 @@ impl ZkBackend {
 async fn watch_session(inner: Weak<Inner>, mut watcher: zk::StateWatcher) {
     // While disconnected with leases kept: when they are given up.
     let mut grace_ends: Option<Instant> = None;
+    // While disconnected: when the session may have expired on the server.
+    let mut give_up_at: Option<Instant> = None;
     loop {
-        let state = match grace_ends {
-            None => watcher.changed().await,
-            Some(at) => tokio::select! {
-                state = watcher.changed() => state,
-                () = sleep_until(at) => {
-                    grace_ends = None;
-                    if let Some(inner) = inner.upgrade() {
-                        tracing::warn!("no reconnect within the grace period: leases lost");
-                        ZkBackend { inner }.end_leases();
-                    }
-                    continue;
+        let state = tokio::select! {
+            state = watcher.changed() => state,
+            () = sleep_until_some(grace_ends) => {
+                grace_ends = None;
+                if let Some(inner) = inner.upgrade() {
+                    tracing::warn!("no reconnect within the grace period: leases lost");
+                    ZkBackend { inner }.end_leases();
                 }
-            },
+                continue;
+            }
+            () = sleep_until_some(give_up_at) => {
+                give_up_at = None;
+                if let Some(inner) = inner.upgrade() {
+                    tracing::warn!("no reconnect within the session timeout: lock nodes given up");
+                    ZkBackend { inner }.give_up_leases();
+                }
+                continue;
+            }
         };
         let Some(backend) = inner.upgrade().map(|inner| ZkBackend { inner }) else {
             return;
@@ -163,24 +185,37 @@ async fn watch_session(inner: Weak<Inner>, mut watcher: zk::StateWatcher) {
         match state {
             zk::SessionState::Disconnected => {
                 let session = backend.client().session_timeout();
-                let grace = backend.inner.config.reconnect_grace(session);
+                let config = &backend.inner.config;
+                let grace = config.reconnect_grace(session);
                 if grace.is_zero() {
                     backend.end_leases();
                 } else if grace_ends.is_none() {
                     grace_ends = Some(Instant::now() + grace);
+                }
+                if give_up_at.is_none() {
+                    give_up_at = Some(Instant::now() + config.give_up_after(session));
                 }
             }
             zk::SessionState::SyncConnected | zk::SessionState::ConnectedReadOnly => {
                 // The same session, back with the quorum: its lock nodes
                 // are still there. A read-only server speaks for no quorum.
                 if state == zk::SessionState::SyncConnected {
-                    grace_ends = None;
+                    // A deadline passed but its timer not yet run (a busy
+                    // runtime) still counts: the reconnect came after it.
+                    let now = Instant::now();
+                    if grace_ends.take().is_some_and(|at| at <= now) {
+                        backend.end_leases();
+                    }
+                    if give_up_at.take().is_some_and(|at| at <= now) {
+                        backend.give_up_leases();
+                    }
                 }
                 backend.delete_orphans().await;
                 backend.resolve_uncertain().await;
             }
             zk::SessionState::Expired | zk::SessionState::AuthFailed => {
                 grace_ends = None;
+                give_up_at = None;
                 backend.end_leases();
                 watcher = match backend.reopen().await {
                     Some(watcher) => watcher,
@@ -189,5 +224,13 @@ async fn watch_session(inner: Weak<Inner>, mut watcher: zk::StateWatcher) {
             }
             zk::SessionState::Closed => return,
         }
+    }
+}
+
+/// Sleeps until `at`, or forever without one.
+async fn sleep_until_some(at: Option<Instant>) {
+    match at {
+        Some(at) => sleep_until(at).await,
+        None => std::future::pending().await,
     }
 }
