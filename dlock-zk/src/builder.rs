@@ -146,24 +146,19 @@ impl ZkBuilder {
 
     /// How long after a disconnect the nodes of the session's leases are
     /// given up (deleted on reconnect), for a session whose negotiated
-    /// timeout is `session`: by then the server may have expired it.
+    /// timeout is `session`: once the server may have expired it, and
+    /// never before the leases' grace period ends.
     pub(crate) fn give_up_after(&self, session: Duration) -> Duration {
         #[cfg(feature = "_test-hooks")]
         if let Some(after) = self.give_up_override {
             return after;
         }
-        session
+        self.may_expire_after(session)
+            .max(self.reconnect_grace(session))
     }
 
     /// How long leases outlive a disconnect of a session whose negotiated
     /// timeout is `session`: until the server could have expired it.
-    /// Mirrors zookeeper-client, which pings once nothing was sent for 3
-    /// ticks and reports a silent connection lost once nothing was received
-    /// for 8 ticks, checked each tick (a tick is its connect timeout / 8,
-    /// or session / 20 when the connect timeout exceeds 3/5 of the
-    /// session). The server may last have heard from the client 13 ticks
-    /// (3 + 1 + 8 + 1) before the client reports the disconnect, and a tenth
-    /// of the session is kept for clock rates and a late timer.
     pub(crate) fn reconnect_grace(&self, session: Duration) -> Duration {
         if !self.keep_while_reconnecting {
             return Duration::ZERO;
@@ -172,6 +167,19 @@ impl ZkBuilder {
         if let Some(grace) = self.grace_override {
             return grace;
         }
+        self.may_expire_after(session)
+    }
+
+    /// How long after the client reports a disconnect of a session whose
+    /// negotiated timeout is `session` the server may have expired it.
+    /// Mirrors zookeeper-client, which pings once nothing was sent for 3
+    /// ticks and reports a silent connection lost once nothing was received
+    /// for 8 ticks, checked each tick (a tick is its connect timeout / 8,
+    /// or session / 20 when the connect timeout exceeds 3/5 of the
+    /// session). The server may last have heard from the client 13 ticks
+    /// (3 + 1 + 8 + 1) before the client reports the disconnect, and a tenth
+    /// of the session is kept for clock rates and a late timer.
+    fn may_expire_after(&self, session: Duration) -> Duration {
         let tick = if self.connect_timeout > session * 3 / 5 {
             session / 20
         } else {
@@ -341,5 +349,20 @@ mod tests {
             builder(8, true).reconnect_grace(session),
             Duration::from_millis(2500)
         );
+    }
+
+    #[test]
+    fn lock_nodes_are_given_up_once_the_server_may_have_expired_the_session() {
+        let session = Duration::from_secs(10);
+        for keep in [false, true] {
+            let builder = ZkBackend::builder("zk://127.0.0.1:2181")
+                .keep_leases_while_reconnecting(keep);
+            // The defaults: a 5 s connect timeout, ticks of 5/8 s.
+            assert_eq!(
+                builder.give_up_after(session),
+                Duration::from_millis(875),
+                "keep = {keep}"
+            );
+        }
     }
 }

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use dlock_core::undo::UndoOnDrop;
 use dlock_core::wait::Backoff;
-use dlock_core::{Lease, Mode, Result, check_hold};
+use dlock_core::{Error, Lease, Mode, Result, check_hold};
 use tokio::time::{Instant, sleep};
 use zookeeper_client as zk;
 
@@ -33,11 +33,15 @@ impl ZkBackend {
     /// failure.
     pub(crate) async fn delete_lease(&self, lease: &Lease) -> Result<()> {
         let path = self.node_of(lease).ok_or_else(|| not_held(lease))?;
-        // Deleted now, or on reconnect as an orphan.
-        self.forget_lease_node(path);
         match self.bounded(self.client().delete(path, None)).await {
-            Ok(()) => Ok(()),
-            Err(zk::Error::NoNode | zk::Error::SessionExpired) => Err(not_held(lease)),
+            Ok(()) => {
+                self.forget_lease_node(path);
+                Ok(())
+            }
+            Err(zk::Error::NoNode | zk::Error::SessionExpired) => {
+                self.forget_lease_node(path);
+                Err(not_held(lease))
+            }
             Err(e) => {
                 self.inner
                     .orphans
@@ -67,8 +71,8 @@ impl ZkBackend {
             Mode::Read => self.write_read_hold(lease, node, hold).await,
             _ => self.write_hold(lease, node, hold).await,
         };
-        // Unless the outcome is unknown, the node is gone or a hold now.
-        if !matches!(&released, Err(e) if e.is_retryable()) {
+        // The node is gone, or a hold now; otherwise it may still stand.
+        if matches!(&released, Ok(()) | Err(Error::NotHeld { .. })) {
             self.forget_lease_node(node);
         }
         released
@@ -78,7 +82,10 @@ impl ZkBackend {
     /// connection is down.
     pub(crate) async fn delete_node(&self, path: String) {
         match self.bounded(self.client().delete(&path, None)).await {
-            Ok(()) | Err(zk::Error::NoNode | zk::Error::SessionExpired) => {}
+            // A lease's node (a semaphore's gate) too: not one to give up.
+            Ok(()) | Err(zk::Error::NoNode | zk::Error::SessionExpired) => {
+                self.forget_lease_node(&path);
+            }
             Err(e) => {
                 tracing::debug!(%path, error = %e, "delete failed; retrying on reconnect");
                 self.inner

@@ -136,6 +136,7 @@ impl ZkBackend {
                         .lock()
                         .unwrap_or_else(PoisonError::into_inner);
                     s.client = Arc::new(client);
+                    s.leases.clear();
                     // Nodes of the old session are gone with it.
                     self.forget_cleanups();
                     return Some(watcher);
@@ -210,8 +211,12 @@ async fn watch_session(inner: Weak<Inner>, mut watcher: zk::StateWatcher) {
                         backend.give_up_leases();
                     }
                 }
-                backend.delete_orphans().await;
-                backend.resolve_uncertain().await;
+                // Off the watcher: however many there are, the next
+                // disconnect must still end the leases at once.
+                tokio::spawn(async move {
+                    backend.delete_orphans().await;
+                    backend.resolve_uncertain().await;
+                });
             }
             zk::SessionState::Expired | zk::SessionState::AuthFailed => {
                 grace_ends = None;

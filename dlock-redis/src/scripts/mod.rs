@@ -26,8 +26,9 @@ pub(crate) const PLACE_HEARTBEATS: u32 = 3;
 /// arrival (score: server time in µs), `qexp` when each one's place lapses
 /// (score: server time in ms). A waiter is `<32 hex digits><client id>`,
 /// and its client hears wake-ups on `<prefix>:wake:<client id>`, with the
-/// lock's key as the message. When nobody waits (the common case) the
-/// scripts cost one `ZRANGE` on a missing key more than a bare lock.
+/// lock's key as the message. When nobody waits (the common case) acquire
+/// and release cost one `EXISTS` on a missing key more than a bare lock
+/// (their fast paths).
 const QUEUE: &str = r"
 local function now_us()
   local t = redis.call('TIME')
@@ -91,8 +92,29 @@ end
 ";
 
 fn with_queue(body: &str, wake: &str) -> Script {
-    Script::new(&format!("{QUEUE}{wake}{body}"))
+    with_fast_path("", body, wake)
 }
+
+/// A script whose `fast` path, for a name nobody queues on (the common
+/// case), runs before the queue's functions are even defined: making
+/// them costs each run about as much as a command.
+fn with_fast_path(fast: &str, body: &str, wake: &str) -> Script {
+    Script::new(&format!("{fast}{QUEUE}{wake}{body}"))
+}
+
+/// Draws the next fencing token into `fence`, keeping the counter for
+/// [`FENCE_RETENTION_MS`]: never below the last one plus one, nor below
+/// the server's clock in µs.
+static FENCE_DRAW: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        r"
+  local last = tonumber(redis.call('GET', KEYS[2]) or '0')
+  local t = redis.call('TIME')
+  local fence = string.format('%.0f', math.max(last + 1, tonumber(t[1]) * 1000000 + tonumber(t[2])))
+  redis.call('SET', KEYS[2], fence, 'PX', {FENCE_RETENTION_MS})
+"
+    )
+});
 
 /// The scripts that wake waiters, in the flavour of one deployment.
 pub(crate) struct QueueScripts {
@@ -106,8 +128,8 @@ pub(crate) struct QueueScripts {
 impl QueueScripts {
     fn new(wake: &str) -> Self {
         QueueScripts {
-            acquire: with_queue(&ACQUIRE_BODY, wake),
-            release: with_queue(RELEASE_BODY, wake),
+            acquire: with_fast_path(&ACQUIRE_FAST, &ACQUIRE_BODY, wake),
+            release: with_fast_path(RELEASE_FAST, RELEASE_BODY, wake),
             abandon: with_queue(ABANDON_BODY, wake),
             shared: SharedScripts::new(wake),
         }
@@ -142,9 +164,7 @@ if (not first or first == me) and redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX'
     redis.call('ZREM', KEYS[3], me)
     redis.call('ZREM', KEYS[4], me)
   end
-  local last = tonumber(redis.call('GET', KEYS[2]) or '0')
-  local fence = string.format('%.0f', math.max(last + 1, now_us()))
-  redis.call('SET', KEYS[2], fence, 'PX', {FENCE_RETENTION_MS})
+{fence_draw}
   return {{1, fence}}
 end
 -- A replayed request (the cluster client sends a request again when its
@@ -186,9 +206,36 @@ if pttl == -2 and first ~= me then
   wake(first)
 end
 return {{0, tostring(pttl)}}
-"
+",
+        fence_draw = *FENCE_DRAW,
     )
 });
+
+/// ACQUIRE when nobody queues on the name: granted if free, else on to the
+/// whole script.
+static ACQUIRE_FAST: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        r"
+if redis.call('EXISTS', KEYS[3]) == 0 and redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+{fence_draw}
+  return {{1, fence}}
+end
+",
+        fence_draw = *FENCE_DRAW,
+    )
+});
+
+/// RELEASE when nobody queues on the name, so nobody is to be woken:
+/// released if ours, else on to the whole script (which finds a replay).
+const RELEASE_FAST: &str = r"
+if redis.call('EXISTS', KEYS[2]) == 0 and redis.call('GET', KEYS[1]) == ARGV[1] then
+  redis.call('DEL', KEYS[1])
+  if ARGV[2] then
+    redis.call('SET', KEYS[4], ARGV[2], 'PX', ARGV[3])
+  end
+  return 1
+end
+";
 
 /// KEYS: lock, queue, queue expiry, and on a cluster the release mark.
 /// ARGV: lock value, and on a cluster the request's id and how long to
