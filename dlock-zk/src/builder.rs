@@ -355,8 +355,8 @@ mod tests {
     fn lock_nodes_are_given_up_once_the_server_may_have_expired_the_session() {
         let session = Duration::from_secs(10);
         for keep in [false, true] {
-            let builder = ZkBackend::builder("zk://127.0.0.1:2181")
-                .keep_leases_while_reconnecting(keep);
+            let builder =
+                ZkBackend::builder("zk://127.0.0.1:2181").keep_leases_while_reconnecting(keep);
             // The defaults: a 5 s connect timeout, ticks of 5/8 s.
             assert_eq!(
                 builder.give_up_after(session),
