@@ -33,8 +33,9 @@ pub(crate) const NAME: &str = "zookeeper";
 /// comes back within the session timeout the lock node still exists; the
 /// driver keeps it until the lease is released or dropped (a release that
 /// failed during the disconnect is retried on reconnect), but the lease
-/// stays marked lost. Once disconnected for a whole session timeout, the
-/// driver gives the lock nodes up: a server that takes the session back
+/// stays marked lost. Once disconnected so long that the server may have
+/// expired the session (the grace period's bound, below), the driver gives
+/// the lock nodes up: a server that takes the session back
 /// after that (it was frozen, or the reconnect raced its expiry) has them
 /// deleted at once, so a lost guard still alive holds nobody up.
 ///

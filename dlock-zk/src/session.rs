@@ -96,8 +96,8 @@ impl ZkBackend {
     }
 
     /// Ends every lease of the current session and has their nodes deleted
-    /// on reconnect: the client has not heard from the server for a whole
-    /// session timeout, so the server may have expired the session and
+    /// on reconnect: the client has not heard from the server for so long
+    /// that the server may have expired the session and
     /// granted the locks again, or may yet take it back (a server that
     /// was frozen, a reconnect racing the expiry). A session it takes back
     /// must not keep a lost lease's lock until its guard is dropped.
@@ -174,7 +174,7 @@ async fn watch_session(inner: Weak<Inner>, mut watcher: zk::StateWatcher) {
             () = sleep_until_some(give_up_at) => {
                 give_up_at = None;
                 if let Some(inner) = inner.upgrade() {
-                    tracing::warn!("no reconnect within the session timeout: lock nodes given up");
+                    tracing::warn!("no reconnect before the server may expire the session: lock nodes given up");
                     ZkBackend { inner }.give_up_leases();
                 }
                 continue;
