@@ -60,6 +60,9 @@ pub(crate) struct Inner {
     /// may exist, or appear once a queued request reaches the server, so
     /// it is looked for by its protected prefix until found or hopeless.
     pub(crate) uncertain: Mutex<Vec<Uncertain>>,
+    /// Held by the clean-up after a reconnect: one at a time, so a delete
+    /// an earlier one puts back (it failed) is taken by the next.
+    pub(crate) cleaning: tokio::sync::Mutex<()>,
 }
 
 impl fmt::Debug for ZkBackend {

@@ -37,6 +37,7 @@ impl ZkBackend {
             }),
             orphans: Mutex::new(Vec::new()),
             uncertain: Mutex::new(Vec::new()),
+            cleaning: tokio::sync::Mutex::new(()),
             config,
         });
         tokio::spawn(watch_session(Arc::downgrade(&inner), watcher));
@@ -214,6 +215,7 @@ async fn watch_session(inner: Weak<Inner>, mut watcher: zk::StateWatcher) {
                 // Off the watcher: however many there are, the next
                 // disconnect must still end the leases at once.
                 tokio::spawn(async move {
+                    let _one = backend.inner.cleaning.lock().await;
                     backend.delete_orphans().await;
                     backend.resolve_uncertain().await;
                 });
