@@ -135,8 +135,9 @@ impl ZkBuilder {
         self
     }
 
-    /// Lock nodes sooner given up than the session timeout: only for tests
-    /// that need a server that keeps a session its client gave up.
+    /// Lock nodes given up sooner than the server may expire the session:
+    /// only for tests that need a server that keeps a session its client
+    /// gave up.
     #[cfg(feature = "_test-hooks")]
     #[doc(hidden)]
     pub fn give_up_after_for_tests(mut self, after: Duration) -> Self {

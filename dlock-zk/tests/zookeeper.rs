@@ -112,11 +112,12 @@ async fn a_hung_server_fires_lost_and_expires_the_session() {
     .await;
 }
 
-/// The client gives its lock nodes up once cut off for a session timeout,
-/// but the server keeps the session (here: a client that gives up sooner
-/// than the server expires, as when a frozen server's reconnect races its
-/// expiry): the driver deletes the lost lease's node once back, so the
-/// lock is free while the lost guard is still held.
+/// The client gives its lock nodes up once cut off so long that the server
+/// may have expired the session, but the server keeps the session (here: a
+/// client that gives up sooner than the server expires, as when a frozen
+/// server's reconnect races its expiry): the driver deletes the lost
+/// lease's node once back, so the lock is free while the lost guard is
+/// still held.
 #[tokio::test]
 async fn a_given_up_lease_frees_its_lock_when_the_session_lives_on() {
     let server = start(Service::ZooKeeper, ServerOptions::default()).await;
