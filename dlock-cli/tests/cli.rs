@@ -306,6 +306,7 @@ backend_tests!(redis, Service::Redis);
 backend_tests!(mysql, Service::MariaDb);
 backend_tests!(postgres, Service::Postgres);
 backend_tests!(zookeeper, Service::ZooKeeper);
+backend_tests!(etcd, Service::Etcd);
 
 #[tokio::test]
 async fn an_unreachable_service_and_bad_arguments_have_their_own_statuses() {

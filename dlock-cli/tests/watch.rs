@@ -197,3 +197,4 @@ backend_tests!(redis, Service::Redis);
 backend_tests!(mysql, Service::MariaDb);
 backend_tests!(postgres, Service::Postgres);
 backend_tests!(zookeeper, Service::ZooKeeper);
+backend_tests!(etcd, Service::Etcd);

@@ -67,6 +67,13 @@ pub struct Capabilities {
     /// Semaphores ([`Mode::Permit`](crate::Mode::Permit)). Without it,
     /// acquires of permits are [`Error::Unsupported`](crate::Error::Unsupported).
     pub semaphore: bool,
+    /// The step the server counts TTLs in (1 ms for most backends; etcd
+    /// counts whole seconds, and looks for expired leases twice a second):
+    /// the lock of a holder that went silent is freed within its TTL
+    /// rounded up to a whole step, plus one step. The lease's validity is
+    /// the TTL asked for all the same, so the lock outlives it, never the
+    /// reverse.
+    pub ttl_resolution: Duration,
 }
 
 impl Capabilities {
@@ -84,6 +91,7 @@ impl Capabilities {
             batch_extend: false,
             rwlock: false,
             semaphore: false,
+            ttl_resolution: Duration::from_millis(1),
         }
     }
 }

@@ -205,6 +205,7 @@ impl Backend for MemoryBackend {
             batch_extend: true,
             rwlock: true,
             semaphore: true,
+            ttl_resolution: Duration::from_millis(1),
         }
     }
 

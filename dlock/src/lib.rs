@@ -37,6 +37,11 @@ pub use dlock_postgres as postgres;
 #[cfg_attr(docsrs, doc(cfg(feature = "zookeeper")))]
 pub use dlock_zk as zk;
 
+/// The etcd driver.
+#[cfg(feature = "etcd")]
+#[cfg_attr(docsrs, doc(cfg(feature = "etcd")))]
+pub use dlock_etcd as etcd;
+
 /// Connects to the lock service a URL names, picking the driver by scheme:
 ///
 /// | scheme | driver | feature |
@@ -47,6 +52,7 @@ pub use dlock_zk as zk;
 /// | `mysql://`, `mariadb://` | MySQL / MariaDB (the lock table is created if missing) | `mysql` |
 /// | `postgres://`, `postgresql://` | PostgreSQL, directly or through PgBouncer (the lock table is created if missing) | `postgres` |
 /// | `zk://host:port[,host:port...][/chroot]` | ZooKeeper | `zookeeper` |
+/// | `etcd://[user:password@]host:port[,host:port...][/prefix]` | etcd | `etcd` |
 /// | `memory://` | in-process, a fresh lock space per call | none |
 ///
 /// ```
@@ -79,11 +85,12 @@ pub async fn connect(url: &str) -> Result<Locker> {
         "mysql" | "mariadb" => connect_mysql(url).await,
         "postgres" | "postgresql" => connect_postgres(url).await,
         "zk" | "zookeeper" => connect_zk(url).await,
+        "etcd" | "etcds" => connect_etcd(url).await,
         other => Err(Error::invalid_option(
             "url",
             format!(
-                "unknown scheme `{other}`; expected redis, rediss, mysql, mariadb, postgres, zk \
-                 or memory"
+                "unknown scheme `{other}`; expected redis, rediss, mysql, mariadb, postgres, zk, \
+                 etcd or memory"
             ),
         )),
     }
@@ -128,6 +135,17 @@ async fn connect_zk(url: &str) -> Result<Locker> {
 #[cfg(not(feature = "zookeeper"))]
 async fn connect_zk(_url: &str) -> Result<Locker> {
     Err(feature_off("zk", "zookeeper"))
+}
+
+#[cfg(feature = "etcd")]
+async fn connect_etcd(url: &str) -> Result<Locker> {
+    Ok(Locker::new(dlock_etcd::EtcdBackend::connect(url).await?))
+}
+
+#[cfg(not(feature = "etcd"))]
+async fn connect_etcd(url: &str) -> Result<Locker> {
+    let scheme = url.split_once("://").map_or("etcd", |(s, _)| s);
+    Err(feature_off(scheme, "etcd"))
 }
 
 #[allow(dead_code)] // unused when every driver is enabled

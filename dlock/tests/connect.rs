@@ -4,7 +4,8 @@
     feature = "redis",
     feature = "mysql",
     feature = "postgres",
-    feature = "zookeeper"
+    feature = "zookeeper",
+    feature = "etcd"
 ))]
 #![allow(clippy::unwrap_used)] // tests panic on purpose
 
@@ -58,4 +59,9 @@ async fn postgres_urls_pick_the_postgres_driver() {
 #[tokio::test]
 async fn zk_urls_pick_the_zookeeper_driver() {
     round_trip(&format!("zk://{}", shared(Service::ZooKeeper).await.url())).await;
+}
+
+#[tokio::test]
+async fn etcd_urls_pick_the_etcd_driver() {
+    round_trip(shared(Service::Etcd).await.url()).await;
 }

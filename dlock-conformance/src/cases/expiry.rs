@@ -9,7 +9,7 @@ use std::time::Duration;
 use dlock_core::{Backend, LockOptions};
 use tokio::time::{Instant, sleep};
 
-use super::{SHORT_TTL, assert_held, assert_not_held, needs_ttl, short};
+use super::{SHORT_TTL, assert_held, assert_not_held, needs_ttl, server_ttl, short};
 use crate::support::{long, must_acquire, unique_name};
 
 /// A TTL lease that is not extended expires on the server, and another
@@ -25,7 +25,7 @@ pub async fn expiry_then_takeover(backend: &Arc<dyn Backend>) {
         deadline <= Instant::now() + SHORT_TTL,
         "validity is counted from before the request"
     );
-    sleep(SHORT_TTL + Duration::from_millis(200)).await;
+    sleep(server_ttl(backend.as_ref(), SHORT_TTL) + Duration::from_millis(200)).await;
     assert!(!first.is_valid(), "the lease is invalid after its TTL");
     let second = must_acquire(backend.as_ref(), &name, &long()).await;
     if backend.capabilities().fencing {

@@ -64,6 +64,19 @@ fn short() -> LockOptions {
     LockOptions::new().ttl(SHORT_TTL)
 }
 
+/// How long the server may keep a lock of `ttl` whose holder went silent:
+/// the TTL rounded up to the backend's
+/// [`ttl_resolution`](dlock_core::Capabilities::ttl_resolution), plus one
+/// step (none for backends that count in milliseconds).
+fn server_ttl(backend: &dyn Backend, ttl: Duration) -> Duration {
+    let step = backend.capabilities().ttl_resolution;
+    if step <= Duration::from_millis(1) {
+        return ttl;
+    }
+    let steps = ttl.as_nanos().div_ceil(step.as_nanos()) + 1;
+    step * u32::try_from(steps).unwrap_or(u32::MAX)
+}
+
 /// Whether the backend `has` what `case` needs. A case that cannot apply
 /// says why on stderr and passes: an unsupported feature is a declared
 /// fact, not a silent pass.

@@ -8,7 +8,7 @@ use std::time::Duration;
 use dlock_core::{Backend, LockOptions};
 use tokio::time::sleep;
 
-use super::{SHORT_TTL, assert_not_held, foreign_lease, needs, needs_ttl};
+use super::{SHORT_TTL, assert_not_held, foreign_lease, needs, needs_ttl, server_ttl};
 use crate::support::{long, must_acquire, unique_name};
 
 fn needs_semaphore(backend: &dyn Backend, case: &str) -> bool {
@@ -86,7 +86,7 @@ pub async fn an_expired_permit_frees_its_place_for_good(backend: &Arc<dyn Backen
     let b = backend.as_ref();
     let short = LockOptions::new().ttl(SHORT_TTL).permits(2);
     let mut dead = take(b, &name, &short, 2).await;
-    sleep(SHORT_TTL * 2).await;
+    sleep(server_ttl(b, SHORT_TTL) * 2).await;
     let opts = long().permits(2);
     let living = take(b, &name, &opts, 2).await;
     for lease in &mut dead {

@@ -1,5 +1,5 @@
 //! Real servers for tests: Redis, MariaDB, PostgreSQL (alone and behind
-//! PgBouncer) and ZooKeeper started with
+//! PgBouncer), ZooKeeper and etcd started with
 //! testcontainers from the project's test image, or servers the user already
 //! runs, named by environment variables.
 //!
@@ -10,6 +10,7 @@
 //! | `DLOCK_POSTGRES_URL` | use this PostgreSQL (`postgres://user:pw@127.0.0.1:5432/db`) |
 //! | `DLOCK_PGBOUNCER_URL` | use this PgBouncer, in transaction pooling mode |
 //! | `DLOCK_ZK_CONNECT` | use this ZooKeeper (`127.0.0.1:2181`) |
+//! | `DLOCK_ETCD_URL` | use this etcd (`etcd://127.0.0.1:2379`) |
 //! | `DLOCK_TEST_IMAGE` | start containers from this image instead of building `testbed/` |
 //!
 //! Containers publish their port on 127.0.0.1 only, carry the label
@@ -67,16 +68,19 @@ pub enum Service {
     /// PgBouncer in transaction pooling mode, in front of a PostgreSQL as
     /// [`Service::Postgres`] in the same container.
     PgBouncer,
+    /// A single-node etcd 3.4.
+    Etcd,
 }
 
 impl Service {
     /// Every service.
-    pub const ALL: [Service; 5] = [
+    pub const ALL: [Service; 6] = [
         Service::Redis,
         Service::MariaDb,
         Service::ZooKeeper,
         Service::Postgres,
         Service::PgBouncer,
+        Service::Etcd,
     ];
 
     fn port(self) -> u16 {
@@ -86,6 +90,7 @@ impl Service {
             Service::ZooKeeper => 2181,
             Service::Postgres => 5432,
             Service::PgBouncer => 6432,
+            Service::Etcd => 2379,
         }
     }
 
@@ -96,6 +101,7 @@ impl Service {
             Service::ZooKeeper => "dlock-zookeeper",
             Service::Postgres => "dlock-postgres",
             Service::PgBouncer => "dlock-pgbouncer",
+            Service::Etcd => "dlock-etcd",
         }
     }
 
@@ -106,6 +112,7 @@ impl Service {
             Service::ZooKeeper => "DLOCK_ZK_CONNECT",
             Service::Postgres => "DLOCK_POSTGRES_URL",
             Service::PgBouncer => "DLOCK_PGBOUNCER_URL",
+            Service::Etcd => "DLOCK_ETCD_URL",
         }
     }
 
@@ -117,6 +124,7 @@ impl Service {
             Service::Postgres | Service::PgBouncer => {
                 format!("postgres://dlock:{POSTGRES_PASSWORD}@127.0.0.1:{port}/dlock")
             }
+            Service::Etcd => format!("etcd://127.0.0.1:{port}"),
         }
     }
 }
@@ -260,6 +268,11 @@ async fn start_container(service: Service, options: ServerOptions) -> Result<Ser
     };
     let binding_key = format!("{port}/tcp");
     let mut cmd = vec![service.command().to_owned()];
+    // The test etcd keeps its data in memory, for speed; one that a test
+    // stops and starts again keeps it on disk, as a real server does.
+    if service == Service::Etcd && options.fixed_port {
+        cmd.extend(["--data-dir".to_owned(), "/var/lib/dlock-etcd".to_owned()]);
+    }
     cmd.extend(options.args.iter().cloned());
     let mut request = GenericImage::new(repo, tag)
         .with_exposed_port(port.tcp())
@@ -277,6 +290,11 @@ async fn start_container(service: Service, options: ServerOptions) -> Result<Ser
                 }]),
             )]));
         });
+    if service == Service::Etcd {
+        // The test etcd keeps its data in /dev/shm, whose 64 MiB default
+        // one preallocated 64 MiB log segment fills.
+        request = request.with_shm_size(1 << 30);
+    }
     for (path, contents) in options.files {
         request = request.with_copy_to(path, contents);
     }

@@ -23,6 +23,7 @@ pub async fn wait_ready(service: Service, url: &str) -> Result<(), String> {
                 Service::MariaDb => probe_mysql(url).await,
                 Service::ZooKeeper => probe_zookeeper(url).await,
                 Service::Postgres | Service::PgBouncer => probe_postgres(url).await,
+                Service::Etcd => probe_etcd(url).await,
             }
         };
         // A server that accepts a connection but does not answer yet must
@@ -93,6 +94,29 @@ async fn probe_zookeeper(connect: &str) -> Result<(), String> {
     let addr = connect.split(',').next().unwrap_or(connect);
     let reply = four_letter_word(addr, "srvr").await?;
     reply.contains("Mode:").then_some(()).ok_or(reply)
+}
+
+/// etcd's own health check (`/health` on the client port), which is
+/// healthy once the member has a leader and serves.
+async fn probe_etcd(url: &str) -> Result<(), String> {
+    let addr = url.trim_start_matches("etcd://");
+    let addr = addr.split([',', '/']).next().unwrap_or(addr);
+    let mut stream = tokio::net::TcpStream::connect(addr)
+        .await
+        .map_err(|e| e.to_string())?;
+    stream
+        .write_all(b"GET /health HTTP/1.1\r\nHost: etcd\r\nConnection: close\r\n\r\n")
+        .await
+        .map_err(|e| e.to_string())?;
+    let mut reply = String::new();
+    stream
+        .read_to_string(&mut reply)
+        .await
+        .map_err(|e| e.to_string())?;
+    reply
+        .contains("\"health\":\"true\"")
+        .then_some(())
+        .ok_or(reply)
 }
 
 /// Asks a ZooKeeper server at `addr` one of its four-letter words.

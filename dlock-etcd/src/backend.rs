@@ -1,0 +1,148 @@
+//! The backend handle and its [`Backend`] implementation, which checks each
+//! request and hands it to the module of its concern.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use dlock_core::wait::{bounded_acquire, check_request};
+use dlock_core::{
+    Backend, Capabilities, Lease, LeaseKind, LockInfo, LockOptions, LockPage, Result, async_trait,
+    check_hold, validate_name,
+};
+
+use crate::client::Client;
+
+/// The driver's name in errors and [`Backend::driver`].
+pub(crate) const NAME: &str = "etcd";
+
+/// An etcd lock backend. Cheap to clone; clones share the connection.
+///
+/// Each hold, and each waiter, is one key with an etcd lease of its own
+/// (see the crate docs): the cluster deletes the key when the lease
+/// expires, grants in the order of create revisions, and a hold's fencing
+/// token is the revision at which its grant was confirmed.
+#[derive(Clone)]
+pub struct EtcdBackend {
+    pub(crate) inner: Arc<Inner>,
+}
+
+// By hand: the client holds the credentials.
+impl std::fmt::Debug for EtcdBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EtcdBackend")
+            .field("prefix", &self.inner.prefix)
+            .field("request_timeout", &self.inner.client.request_timeout)
+            .finish_non_exhaustive()
+    }
+}
+
+/// What the clones of one backend share.
+pub(crate) struct Inner {
+    pub(crate) client: Client,
+    pub(crate) prefix: String,
+}
+
+impl EtcdBackend {
+    pub(crate) fn new(client: Client, prefix: String) -> Self {
+        EtcdBackend {
+            inner: Arc::new(Inner { client, prefix }),
+        }
+    }
+
+    pub(crate) fn client(&self) -> &Client {
+        &self.inner.client
+    }
+
+    pub(crate) fn request_timeout(&self) -> Duration {
+        self.inner.client.request_timeout
+    }
+
+    /// `op` within one request timeout counted from now, however many
+    /// requests it makes.
+    pub(crate) async fn bounded<T>(
+        &self,
+        doing: &str,
+        op: impl Future<Output = Result<T>>,
+    ) -> Result<T> {
+        tokio::time::timeout(self.request_timeout(), op)
+            .await
+            .map_err(|_| crate::error::timed_out(doing))?
+    }
+}
+
+#[async_trait]
+impl Backend for EtcdBackend {
+    fn capabilities(&self) -> Capabilities {
+        let mut caps = Capabilities::new(LeaseKind::Ttl);
+        caps.fencing = true;
+        // Revisions are the cluster's, kept on disk with its data.
+        caps.fencing_survives_restart = true;
+        caps.notify = true;
+        caps.fifo = true;
+        caps.distributed = true;
+        caps.cleanup = true;
+        caps.delayed_release = true;
+        caps.batch_extend = true;
+        caps.rwlock = true;
+        caps.semaphore = true;
+        caps.ttl_resolution = Duration::from_secs(1);
+        caps
+    }
+
+    fn driver(&self) -> &'static str {
+        NAME
+    }
+
+    async fn try_acquire(&self, name: &str, opts: &LockOptions) -> Result<Option<Lease>> {
+        check_request(name, opts)?;
+        self.bounded("try to acquire", self.attempt(name, opts))
+            .await
+    }
+
+    async fn acquire(&self, name: &str, opts: &LockOptions) -> Result<Lease> {
+        bounded_acquire(name, opts, self.request_timeout(), |deadline| {
+            self.wait(name, opts, deadline)
+        })
+        .await
+    }
+
+    async fn release(&self, lease: &Lease) -> Result<()> {
+        self.release_lease(lease).await
+    }
+
+    async fn release_after(&self, lease: &Lease, hold: Duration) -> Result<()> {
+        check_hold(hold)?;
+        self.release_lease_after(lease, hold).await
+    }
+
+    async fn extend(&self, lease: &mut Lease) -> Result<()> {
+        self.extend_lease(lease).await
+    }
+
+    async fn extend_many(&self, leases: &mut [Lease]) -> Result<Vec<bool>> {
+        self.extend_leases(leases).await
+    }
+
+    async fn downgrade(&self, write: &Lease, opts: &LockOptions) -> Result<Lease> {
+        self.downgrade_lease(write, opts).await
+    }
+
+    async fn force_release(&self, name: &str) -> Result<Option<LockInfo>> {
+        validate_name(name)?;
+        self.force_release_any(name).await
+    }
+
+    async fn list(&self, prefix: &str, cursor: Option<&str>, limit: usize) -> Result<LockPage> {
+        self.list_locks(prefix, cursor, limit).await
+    }
+
+    async fn inspect(&self, name: &str) -> Result<Option<LockInfo>> {
+        validate_name(name)?;
+        Ok(self.holders_of(name, 1).await?.into_iter().next())
+    }
+
+    async fn holders(&self, name: &str) -> Result<Vec<LockInfo>> {
+        validate_name(name)?;
+        self.holders_of(name, dlock_core::MAX_HOLDERS).await
+    }
+}

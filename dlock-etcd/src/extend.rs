@@ -1,0 +1,83 @@
+//! Renewal: a lease keep-alive restarts the etcd lease's TTL, and many
+//! leases share one keep-alive stream.
+
+use dlock_core::{Error, Lease, Result};
+use tokio::time::Instant;
+
+use crate::acquire::parse_handle;
+use crate::backend::EtcdBackend;
+use crate::client::KeptAlive;
+
+impl EtcdBackend {
+    /// Keeps the lease's etcd lease alive; a lease that is gone (expired,
+    /// revoked by a release or an operator) is not held.
+    ///
+    /// Nor is a lease past its validity deadline: the server may keep the
+    /// key a little longer (its TTL is whole seconds), but its holder
+    /// stopped trusting it, and a renewal must not bring it back. Its
+    /// etcd lease is revoked, so the name is free at once.
+    pub(crate) async fn extend_lease(&self, lease: &mut Lease) -> Result<()> {
+        let (id, _) = parse_handle(lease)?;
+        if !lease.is_valid() {
+            // Revoked now, so the name is free when this returns (or on a
+            // spawned task, if the revoke fails).
+            let mut undo = self.undo_lease(id);
+            if self.client().revoke(id).await.is_ok() {
+                undo.disarm();
+            }
+            return Err(Error::NotHeld {
+                name: lease.name().to_owned(),
+            });
+        }
+        let sent = Instant::now();
+        match self.client().keep_alive(&[id]).await?.as_slice() {
+            [KeptAlive::Renewed] => {
+                lease.extended(sent);
+                Ok(())
+            }
+            _ => Err(Error::NotHeld {
+                name: lease.name().to_owned(),
+            }),
+        }
+    }
+
+    /// Keeps every lease alive on one keep-alive stream: one request per
+    /// lease on it, however many there are, within one request timeout.
+    /// Leases past their validity are not renewed (as in `extend_lease`);
+    /// their etcd leases are revoked on spawned tasks.
+    pub(crate) async fn extend_leases(&self, leases: &mut [Lease]) -> Result<Vec<bool>> {
+        let ids: Vec<Option<i64>> = leases
+            .iter()
+            .map(|l| {
+                let id = parse_handle(l).ok().map(|h| h.0);
+                if l.is_valid() {
+                    id
+                } else {
+                    if let Some(id) = id {
+                        // Dropped armed: revokes in the background.
+                        drop(self.undo_lease(id));
+                    }
+                    None
+                }
+            })
+            .collect();
+        let known: Vec<i64> = ids.iter().flatten().copied().collect();
+        if known.is_empty() {
+            return Ok(vec![false; leases.len()]);
+        }
+        let sent = Instant::now();
+        let mut kept = self
+            .bounded("keep leases alive", self.client().keep_alive(&known))
+            .await?
+            .into_iter();
+        let mut held = Vec::with_capacity(leases.len());
+        for (lease, id) in leases.iter_mut().zip(ids) {
+            let renewed = id.is_some() && kept.next() == Some(KeptAlive::Renewed);
+            if renewed {
+                lease.extended(sent);
+            }
+            held.push(renewed);
+        }
+        Ok(held)
+    }
+}

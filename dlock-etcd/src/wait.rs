@@ -1,0 +1,150 @@
+//! Waiting in the queue: one watch of the name's keys for the whole wait,
+//! opened before we queue, keeps our copy of the queue current, so that a
+//! release reaches the next in line as one message from the server and no
+//! read. Our own lease is kept alive meanwhile.
+
+use dlock_core::wait::{Attempt, Deadline, on_arrival};
+use dlock_core::{Admission, Error, Lease, LockOptions, Mode, Result};
+use tokio::time::Instant;
+
+use crate::acquire::{Place, token};
+use crate::backend::EtcdBackend;
+use crate::client::KeptAlive;
+use crate::key::{Entry, apply_changes, judge, name_range, queue};
+use crate::proto::RangeRequest;
+
+/// What woke a waiter.
+enum Woken {
+    Changes(Result<Vec<crate::proto::Event>>),
+    Timer,
+}
+
+impl EtcdBackend {
+    /// The wait loop of `acquire`, until `deadline`.
+    pub(crate) async fn wait(
+        &self,
+        name: &str,
+        opts: &LockOptions,
+        deadline: Deadline,
+    ) -> Result<Lease> {
+        let range = name_range(&self.inner.prefix, name);
+        // The watch starts before our key is made, so that the queue read
+        // with it and the changes after it miss nothing.
+        let mut watch = self.client().watch(range.clone()).await?;
+        let (mut place, mut queue, mut revision) = self.join(name, opts).await?;
+        // A grant seen by the join's own read is confirmed by its write.
+        let mut confirmed = true;
+        loop {
+            let Some(at) = queue.iter().position(|e| e.key == place.key) else {
+                // Our lease ended while we waited (we could not renew it in
+                // time): queue again, at the back.
+                (place, queue, revision) = self.join(name, opts).await?;
+                confirmed = true;
+                continue;
+            };
+            match judge(&queue, at) {
+                Admission::Grant => {
+                    // A mutex's grants follow its keys' order, so its key's
+                    // create revision is a token that increases; shared
+                    // kinds draw theirs when granted (see `confirm`).
+                    let token = if confirmed || place.opts.mode_value() == Mode::Exclusive {
+                        token(place.create_revision)?
+                    } else {
+                        match self.confirm(&place).await? {
+                            Some(token) => token,
+                            None => {
+                                queue.clear();
+                                continue;
+                            }
+                        }
+                    };
+                    // Our key stood at the read, so our lease was alive
+                    // then; a lease that ended since is past its validity
+                    // (counted from before its last renewal) and refused.
+                    match on_arrival(self, place.into_lease(token)) {
+                        Attempt::Acquired(lease) => return Ok(lease),
+                        Attempt::Held { .. } => {
+                            (place, queue, revision) = self.join(name, opts).await?;
+                            confirmed = true;
+                            continue;
+                        }
+                    }
+                }
+                Admission::Conflict(held) => {
+                    self.leave(place).await;
+                    return Err(Error::ModeConflict {
+                        name: name.to_owned(),
+                        held,
+                        asked: opts.mode_value(),
+                    });
+                }
+                Admission::Wait => {}
+            }
+            if deadline.is_past() {
+                self.leave(place).await;
+                return Err(deadline.timeout_error(name));
+            }
+            let renew_at = place.renewed + place.opts.ttl_value() / 3;
+            let until =
+                Instant::now() + deadline.cap(renew_at.saturating_duration_since(Instant::now()));
+            let woken = tokio::select! {
+                changes = watch.changes() => Woken::Changes(changes),
+                () = tokio::time::sleep_until(until) => Woken::Timer,
+            };
+            match woken {
+                Woken::Changes(Ok(events)) => {
+                    revision = apply_changes(&self.inner.prefix, &mut queue, &events, revision)?;
+                }
+                // The watch broke or the server cancelled it: watch anew,
+                // then read the queue as it is now.
+                Woken::Changes(Err(e)) => {
+                    tracing::debug!(error = %e, "the lock's watch ended; watching again");
+                    watch = self.client().watch(range.clone()).await?;
+                    (queue, revision) = self.read_queue(name).await?;
+                }
+                Woken::Timer if Instant::now() >= renew_at => {
+                    self.renew_place(&mut place, &mut queue).await?;
+                }
+                Woken::Timer => {}
+            }
+            confirmed = false;
+        }
+    }
+
+    /// Keeps a waiter's lease alive. A lease found gone took our key with
+    /// it: the key leaves our copy of the queue, and the caller queues
+    /// again.
+    async fn renew_place(&self, place: &mut Place, queue: &mut Vec<Entry>) -> Result<()> {
+        let sent = Instant::now();
+        match self.client().keep_alive(&[place.lease]).await?.as_slice() {
+            [KeptAlive::Renewed] => place.renewed = sent,
+            _ => queue.retain(|e| e.key != place.key),
+        }
+        Ok(())
+    }
+
+    /// `name`'s queue now, and the revision it was read at.
+    pub(crate) async fn read_queue(&self, name: &str) -> Result<(Vec<Entry>, i64)> {
+        let (key, range_end) = name_range(&self.inner.prefix, name);
+        let reply = self
+            .client()
+            .range(
+                "read the lock's queue",
+                RangeRequest {
+                    key,
+                    range_end,
+                    ..RangeRequest::default()
+                },
+            )
+            .await?;
+        let revision = reply
+            .header
+            .as_ref()
+            .map(|h| h.revision)
+            .filter(|&r| r > 0)
+            .ok_or_else(|| {
+                Error::malformed(crate::backend::NAME, "a range (its header)", &reply)
+            })?;
+        Ok((queue(&self.inner.prefix, &reply.kvs)?, revision))
+    }
+}
