@@ -36,7 +36,7 @@ impl EtcdBackend {
             return Ok(None);
         };
         let expires_in = Duration::from_secs(u64::try_from(ttl).unwrap_or(0));
-        Ok(Some(describe(entry, Some(expires_in))))
+        Ok(Some(describe(entry, expires_in)))
     }
 
     /// The held names under `prefix`, from `cursor` (the last name of the
@@ -80,15 +80,22 @@ impl EtcdBackend {
             if reply.more && names.len() > 1 {
                 names.pop();
             }
-            let mut locks = Vec::new();
+            let mut held = Vec::new();
             for name in &names {
                 let of_name: Vec<Entry> = entries
                     .iter()
                     .filter(|e| e.name == *name)
                     .cloned()
                     .collect();
-                if let Some(hold) = holds(&of_name).next() {
-                    locks.push(HeldLock::new((*name).to_owned(), describe(hold, None)));
+                held.extend(holds(&of_name).next().cloned());
+            }
+            // Each with its lease's remaining TTL, asked for all at once; a
+            // hold whose lease ended since the read is left out.
+            let infos = join_all(held.iter().map(|e| self.info(e))).await;
+            let mut locks = Vec::new();
+            for (entry, info) in held.iter().zip(infos) {
+                if let Some(info) = info? {
+                    locks.push(HeldLock::new(entry.name.clone(), info));
                 }
             }
             let next = reply
@@ -101,13 +108,13 @@ impl EtcdBackend {
     }
 }
 
-/// A hold's description; its fencing token is its key's last write, the
-/// grant's confirmation.
-fn describe(entry: &Entry, expires_in: Option<Duration>) -> LockInfo {
+/// A hold's description; its fencing token is its key's last write (its
+/// creation, or the grant's draw).
+fn describe(entry: &Entry, expires_in: Duration) -> LockInfo {
     LockInfo::new(
         entry.owner,
         u64::try_from(entry.mod_revision).unwrap_or(0),
-        expires_in,
+        Some(expires_in),
     )
     .with_holder(entry.holder.clone())
     .with_mode(entry.mode)
