@@ -101,18 +101,8 @@ async fn probe_zookeeper(connect: &str) -> Result<(), String> {
 async fn probe_etcd(url: &str) -> Result<(), String> {
     let addr = url.trim_start_matches("etcd://");
     let addr = addr.split([',', '/']).next().unwrap_or(addr);
-    let mut stream = tokio::net::TcpStream::connect(addr)
-        .await
-        .map_err(|e| e.to_string())?;
-    stream
-        .write_all(b"GET /health HTTP/1.1\r\nHost: etcd\r\nConnection: close\r\n\r\n")
-        .await
-        .map_err(|e| e.to_string())?;
-    let mut reply = String::new();
-    stream
-        .read_to_string(&mut reply)
-        .await
-        .map_err(|e| e.to_string())?;
+    let request = "GET /health HTTP/1.1\r\nHost: etcd\r\nConnection: close\r\n\r\n";
+    let reply = ask(addr, request).await?;
     reply
         .contains("\"health\":\"true\"")
         .then_some(())
@@ -121,12 +111,18 @@ async fn probe_etcd(url: &str) -> Result<(), String> {
 
 /// Asks a ZooKeeper server at `addr` one of its four-letter words.
 pub(crate) async fn four_letter_word(addr: &str, word: &str) -> Result<String, String> {
+    ask(addr, word).await
+}
+
+/// Sends `request` to `addr` and reads the reply until the server closes
+/// the connection, within the probe timeout.
+async fn ask(addr: &str, request: &str) -> Result<String, String> {
     let ask = async {
         let mut stream = tokio::net::TcpStream::connect(addr)
             .await
             .map_err(|e| e.to_string())?;
         stream
-            .write_all(word.as_bytes())
+            .write_all(request.as_bytes())
             .await
             .map_err(|e| e.to_string())?;
         let mut reply = String::new();
