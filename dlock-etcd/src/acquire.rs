@@ -13,8 +13,8 @@ use crate::backend::{EtcdBackend, NAME};
 use crate::error::is_lease_not_found;
 use crate::key::{Entry, hold_key, judge, name_range, queue, record};
 use crate::proto::{
-    Compare, PutRequest, RangeRequest, RequestOp, TxnRequest, TxnResponse, compare, request_op,
-    response_op,
+    Compare, PutRequest, RangeRequest, RequestOp, ResponseHeader, TxnRequest, TxnResponse, compare,
+    request_op, response_op,
 };
 
 /// A key in a lock's queue, not yet handed over as a lease: its lease is
@@ -48,9 +48,7 @@ impl Place {
         )
         .with_handle(handle(self.lease, self.create_revision, self.place))
     }
-}
 
-impl Place {
     /// The outcome is known: nothing to undo.
     pub(crate) fn disarm(&mut self) {
         match self.undo.get_mut() {
@@ -148,12 +146,20 @@ pub(crate) fn under_lease(key: Vec<u8>, lease: i64) -> Compare {
 
 /// A transaction's revision, as a fencing token.
 pub(crate) fn revision(reply: &TxnResponse) -> Result<i64> {
-    reply
-        .header
-        .as_ref()
+    header_revision(reply.header.as_ref(), "a transaction (its header)", reply)
+}
+
+/// The revision a reply's header gives, which is positive on a healthy
+/// server; `what` and `reply` name a malformed one.
+pub(crate) fn header_revision(
+    header: Option<&ResponseHeader>,
+    what: &str,
+    reply: impl std::fmt::Debug,
+) -> Result<i64> {
+    header
         .map(|h| h.revision)
         .filter(|&r| r > 0)
-        .ok_or_else(|| Error::malformed(NAME, "a transaction (its header)", reply))
+        .ok_or_else(|| Error::malformed(NAME, what, reply))
 }
 
 /// The range read in a transaction's replies.
@@ -199,13 +205,19 @@ impl EtcdBackend {
     /// a longer TTL (whole seconds, at least the cluster's minimum): the
     /// lock then outlives its lease's validity, later, never sooner.
     pub(crate) async fn new_lease(&self, opts: &LockOptions) -> Result<(i64, UndoOnDrop, Instant)> {
-        let lease = lease_id();
-        let undo = self.undo_lease(lease);
-        let sent = Instant::now();
+        let (lease, undo, sent) = self.reserve_lease();
         self.client()
             .grant(lease, ttl_seconds(opts.ttl_value()))
             .await?;
         Ok((lease, undo, sent))
+    }
+
+    /// A fresh lease id, its undo (armed before any request that may grant
+    /// it), and the instant its TTL is counted from: now, before the grant
+    /// is sent.
+    fn reserve_lease(&self) -> (i64, UndoOnDrop, Instant) {
+        let lease = lease_id();
+        (lease, self.undo_lease(lease), Instant::now())
     }
 
     /// Takes a place at the back of `name`'s queue with a new lease, in
@@ -221,9 +233,7 @@ impl EtcdBackend {
         opts: &LockOptions,
     ) -> Result<(Place, Vec<Entry>, i64)> {
         let owner = OwnerToken::random()?;
-        let lease = lease_id();
-        let undo = self.undo_lease(lease);
-        let renewed = Instant::now();
+        let (lease, undo, renewed) = self.reserve_lease();
         let grant = self.client().grant(lease, ttl_seconds(opts.ttl_value()));
         let (granted, created) = tokio::join!(grant, self.create_key(name, opts, lease, owner));
         granted?;
@@ -331,8 +341,16 @@ impl EtcdBackend {
     /// Leaves the queue now (revokes the place's lease), or in the
     /// background if that fails.
     pub(crate) async fn leave(&self, mut place: Place) {
-        if self.client().revoke(place.lease).await.is_ok() {
-            place.disarm();
+        self.revoke_soon(place.lease).await;
+        place.disarm();
+    }
+
+    /// Revokes `lease` now, or on a spawned task if that fails (or this
+    /// is dropped midway).
+    pub(crate) async fn revoke_soon(&self, lease: i64) {
+        let mut undo = self.undo_lease(lease);
+        if self.client().revoke(lease).await.is_ok() {
+            undo.disarm();
         }
     }
 

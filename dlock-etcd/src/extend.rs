@@ -19,12 +19,8 @@ impl EtcdBackend {
     pub(crate) async fn extend_lease(&self, lease: &mut Lease) -> Result<()> {
         let (id, _) = parse_handle(lease)?;
         if !lease.is_valid() {
-            // Revoked now, so the name is free when this returns (or on a
-            // spawned task, if the revoke fails).
-            let mut undo = self.undo_lease(id);
-            if self.client().revoke(id).await.is_ok() {
-                undo.disarm();
-            }
+            // Revoked now, so that the name is free when this returns.
+            self.revoke_soon(id).await;
             return Err(Error::NotHeld {
                 name: lease.name().to_owned(),
             });

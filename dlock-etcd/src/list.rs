@@ -36,7 +36,7 @@ impl EtcdBackend {
             return Ok(None);
         };
         let expires_in = Duration::from_secs(u64::try_from(ttl).unwrap_or(0));
-        Ok(Some(describe(entry, expires_in)))
+        Ok(Some(describe(entry, Some(expires_in))))
     }
 
     /// The held names under `prefix`, from `cursor` (the last name of the
@@ -110,11 +110,11 @@ impl EtcdBackend {
 
 /// A hold's description; its fencing token is its key's last write (its
 /// creation, or the grant's draw).
-fn describe(entry: &Entry, expires_in: Duration) -> LockInfo {
+pub(crate) fn describe(entry: &Entry, expires_in: Option<Duration>) -> LockInfo {
     LockInfo::new(
         entry.owner,
         u64::try_from(entry.mod_revision).unwrap_or(0),
-        Some(expires_in),
+        expires_in,
     )
     .with_holder(entry.holder.clone())
     .with_mode(entry.mode)

@@ -9,6 +9,7 @@ use dlock_core::{Error, Lease, LockInfo, LockOptions, Result};
 use crate::acquire::{created_at, parse_handle, parse_place, put_op, under_lease};
 use crate::backend::EtcdBackend;
 use crate::key::{hold_key, holds, record};
+use crate::list::describe;
 use crate::proto::TxnRequest;
 
 impl EtcdBackend {
@@ -60,12 +61,8 @@ impl EtcdBackend {
                 return Err(not_held(lease));
             }
             undo.disarm();
-            // The old lease has no key left, but could still be renewed:
-            // revoked now, or on a spawned task.
-            let mut undo_old = self.undo_lease(id);
-            if self.client().revoke(id).await.is_ok() {
-                undo_old.disarm();
-            }
+            // The old lease has no key left, but could still be renewed.
+            self.revoke_soon(id).await;
             Ok(())
         })
         .await
@@ -79,15 +76,7 @@ impl EtcdBackend {
             let mut first = None;
             for entry in holds(&queue) {
                 self.client().revoke(entry.lease).await?;
-                first.get_or_insert_with(|| {
-                    LockInfo::new(
-                        entry.owner,
-                        u64::try_from(entry.mod_revision).unwrap_or(0),
-                        None,
-                    )
-                    .with_holder(entry.holder.clone())
-                    .with_mode(entry.mode)
-                });
+                first.get_or_insert_with(|| describe(entry, None));
             }
             Ok(first)
         })

@@ -7,7 +7,7 @@ use dlock_core::wait::{Attempt, Deadline, on_arrival};
 use dlock_core::{Admission, Error, Lease, LockOptions, Mode, Result};
 use tokio::time::Instant;
 
-use crate::acquire::{Place, token};
+use crate::acquire::{Place, header_revision, token};
 use crate::backend::EtcdBackend;
 use crate::client::KeptAlive;
 use crate::key::{Entry, apply_changes, judge, name_range, queue};
@@ -137,14 +137,7 @@ impl EtcdBackend {
                 },
             )
             .await?;
-        let revision = reply
-            .header
-            .as_ref()
-            .map(|h| h.revision)
-            .filter(|&r| r > 0)
-            .ok_or_else(|| {
-                Error::malformed(crate::backend::NAME, "a range (its header)", &reply)
-            })?;
+        let revision = header_revision(reply.header.as_ref(), "a range (its header)", &reply)?;
         Ok((queue(&self.inner.prefix, &reply.kvs)?, revision))
     }
 }
