@@ -3,6 +3,11 @@
 //! and the locks users write without dlock, for each backend.
 
 use dlock::OwnerToken;
+use dlock::etcd::proto::{
+    Compare, DeleteRangeRequest, PutRequest, RangeRequest, RequestOp, TxnRequest,
+    compare, kv_client::KvClient, request_op,
+};
+use dlock::etcd::tonic::transport::Channel;
 use dlock::mysql::sqlx;
 use dlock::redis::redis;
 use dlock::zk::zookeeper_client as zk;
@@ -247,6 +252,82 @@ impl Op for ZkRaw {
             other => other?,
         };
         self.0.delete(&format!("{path}{seq}"), None).await?;
+        Ok(())
+    }
+}
+
+/// One HTTP/2 connection to the etcd a bench URL names.
+pub(crate) async fn etcd_channel(url: &str) -> Result<Channel> {
+    let addr = url
+        .trim_start_matches("etcd://")
+        .split([',', '/'])
+        .next()
+        .unwrap_or_default();
+    Ok(Channel::from_shared(format!("http://{addr}"))?
+        .tcp_nodelay(true)
+        .connect()
+        .await?)
+}
+
+/// A serializable read of a missing key: answered by the member itself,
+/// through no consensus round, as ZooKeeper's `exists` is.
+pub(crate) struct EtcdPing(pub(crate) Channel);
+
+#[dlock::async_trait]
+impl Op for EtcdPing {
+    async fn run(&self, key: &str) -> Result<()> {
+        let read = RangeRequest {
+            key: format!("bench-ping/{key}").into_bytes(),
+            serializable: true,
+            ..RangeRequest::default()
+        };
+        KvClient::new(self.0.clone()).range(read).await?;
+        Ok(())
+    }
+}
+
+/// A key put only if it does not exist (one transaction), then deleted: a
+/// lock without a lease, a queue or a token check.
+pub(crate) struct EtcdRaw(pub(crate) Channel);
+
+#[dlock::async_trait]
+impl Op for EtcdRaw {
+    async fn run(&self, key: &str) -> Result<()> {
+        let key = format!("bench-raw/{key}").into_bytes();
+        let mut kv = KvClient::new(self.0.clone());
+        let put = TxnRequest {
+            compare: vec![Compare {
+                result: compare::CompareResult::Equal as i32,
+                target: compare::CompareTarget::Create as i32,
+                key: key.clone(),
+                target_union: Some(compare::TargetUnion::CreateRevision(0)),
+                range_end: Vec::new(),
+            }],
+            success: vec![RequestOp {
+                request: Some(request_op::Request::RequestPut(PutRequest {
+                    key: key.clone(),
+                    value: OwnerToken::random()?.to_string().into_bytes(),
+                    ..PutRequest::default()
+                })),
+            }],
+            failure: Vec::new(),
+        };
+        if !kv.txn(put).await?.into_inner().succeeded {
+            return Err("an uncontended key existed".into());
+        }
+        // The KV service's delete, as a transaction's only operation.
+        let delete = TxnRequest {
+            success: vec![RequestOp {
+                request: Some(request_op::Request::RequestDeleteRange(
+                    DeleteRangeRequest {
+                        key,
+                        ..DeleteRangeRequest::default()
+                    },
+                )),
+            }],
+            ..TxnRequest::default()
+        };
+        kv.txn(delete).await?;
         Ok(())
     }
 }

@@ -1,5 +1,5 @@
 //! `cargo run --release -p dlock-bench`: compares the dlock backends side by
-//! side. Starts Redis, MariaDB, PostgreSQL and ZooKeeper from the project's test image
+//! side. Starts Redis, MariaDB, PostgreSQL, ZooKeeper and etcd from the project's test image
 //! (the same harness as the tests) unless given running servers.
 
 mod floors;
@@ -31,6 +31,7 @@ enum Which {
     Mysql,
     Postgres,
     Zookeeper,
+    Etcd,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -54,7 +55,7 @@ enum Scenario {
 #[command(version)]
 struct Args {
     /// Backends to measure.
-    #[arg(long, value_delimiter = ',', default_values = ["memory", "redis", "mysql", "postgres", "zookeeper"])]
+    #[arg(long, value_delimiter = ',', default_values = ["memory", "redis", "mysql", "postgres", "zookeeper", "etcd"])]
     backends: Vec<Which>,
     /// Scenarios to run.
     #[arg(long, value_delimiter = ',', default_values = ["cycle", "contended", "held", "scaling", "shared"])]
@@ -104,6 +105,9 @@ struct Args {
     /// A running ZooKeeper instead of a container (also DLOCK_ZK_CONNECT).
     #[arg(long)]
     zk_connect: Option<String>,
+    /// A running etcd instead of a container (also DLOCK_ETCD_URL).
+    #[arg(long)]
+    etcd_url: Option<String>,
 }
 
 /// Prints a failure as one readable line (with its causes), never a
@@ -171,6 +175,7 @@ async fn run(args: Args) -> Result<()> {
             Which::Zookeeper => {
                 Target::ZooKeeper(url(args.zk_connect.clone(), Service::ZooKeeper).await?)
             }
+            Which::Etcd => Target::Etcd(url(args.etcd_url.clone(), Service::Etcd).await?),
         });
     }
     let scaling_points: Vec<usize> = std::iter::successors(Some(1usize), |c| Some(c * 2))

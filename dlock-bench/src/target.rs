@@ -11,7 +11,8 @@ use sqlx::Connection as _;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::floors::{
-    MySqlCas, MySqlPing, MySqlRaw, PgAdvisory, PgPing, PgRaw, RedisPing, RedisRaw, ZkPing, ZkRaw,
+    EtcdPing, EtcdRaw, MySqlCas, MySqlPing, MySqlRaw, PgAdvisory, PgPing, PgRaw, RedisPing,
+    RedisRaw, ZkPing, ZkRaw, etcd_channel,
 };
 
 /// The bench clients' request timeout: every call returns within it.
@@ -28,6 +29,7 @@ pub enum Target {
     MySql(String),
     Postgres(String),
     ZooKeeper(String),
+    Etcd(String),
 }
 
 impl Target {
@@ -38,6 +40,7 @@ impl Target {
             Target::MySql(_) => "mysql",
             Target::Postgres(_) => "postgres",
             Target::ZooKeeper(_) => "zookeeper",
+            Target::Etcd(_) => "etcd",
         }
     }
 
@@ -77,6 +80,12 @@ impl Target {
                     .connect()
                     .await?,
             ),
+            Target::Etcd(url) => Arc::new(
+                dlock::etcd::EtcdBackend::builder(url)
+                    .request_timeout(REQUEST_TIMEOUT)
+                    .connect()
+                    .await?,
+            ),
         })
     }
 
@@ -110,6 +119,7 @@ impl Target {
             Target::MySql(url) => Some(Box::new(MySqlPing(mysql_pool(url).await?))),
             Target::Postgres(url) => Some(Box::new(PgPing(pg_pool(url).await?))),
             Target::ZooKeeper(c) => Some(Box::new(ZkPing(zk::Client::connect(c).await?))),
+            Target::Etcd(url) => Some(Box::new(EtcdPing(etcd_channel(url).await?))),
         })
     }
 
@@ -122,6 +132,7 @@ impl Target {
             Target::MySql(url) => Some(Box::new(MySqlRaw(mysql_pool(url).await?))),
             Target::Postgres(url) => Some(Box::new(PgRaw(pg_pool(url).await?))),
             Target::ZooKeeper(c) => Some(Box::new(ZkRaw(zk::Client::connect(c).await?))),
+            Target::Etcd(url) => Some(Box::new(EtcdRaw(etcd_channel(url).await?))),
         })
     }
 
@@ -199,8 +210,40 @@ impl Target {
                     field("zk_approximate_data_size"),
                 ))
             }
+            Target::Etcd(url) => {
+                let metrics = etcd_metrics(url).await?;
+                // Calls and streams opened, whatever they carry: a batch of
+                // keep-alives on one stream is one request.
+                let sum = |k: &str| -> f64 {
+                    metrics
+                        .lines()
+                        .filter(|l| l.starts_with(k))
+                        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+                        .sum()
+                };
+                #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+                Some((
+                    sum("grpc_server_started_total{") as u64,
+                    sum("etcd_mvcc_db_total_size_in_use_in_bytes ") as u64,
+                ))
+            }
         })
     }
+}
+
+/// etcd's Prometheus metrics, read from its client port.
+async fn etcd_metrics(url: &str) -> Result<String> {
+    let addr = url
+        .trim_start_matches("etcd://")
+        .split([',', '/'])
+        .next()
+        .unwrap_or_default();
+    let mut s = tokio::net::TcpStream::connect(addr).await?;
+    s.write_all(b"GET /metrics HTTP/1.0\r\nHost: etcd\r\n\r\n")
+        .await?;
+    let mut out = String::new();
+    s.read_to_string(&mut out).await?;
+    Ok(out)
 }
 
 async fn redis_conn(url: &str) -> Result<redis::aio::MultiplexedConnection> {

@@ -40,12 +40,19 @@ impl std::fmt::Debug for EtcdBackend {
 pub(crate) struct Inner {
     pub(crate) client: Client,
     pub(crate) prefix: String,
+    #[cfg(feature = "_test-hooks")]
+    pub(crate) pause_after_join: Option<Duration>,
 }
 
 impl EtcdBackend {
     pub(crate) fn new(client: Client, prefix: String) -> Self {
         EtcdBackend {
-            inner: Arc::new(Inner { client, prefix }),
+            inner: Arc::new(Inner {
+                client,
+                prefix,
+                #[cfg(feature = "_test-hooks")]
+                pause_after_join: None,
+            }),
         }
     }
 
@@ -55,6 +62,13 @@ impl EtcdBackend {
 
     pub(crate) fn request_timeout(&self) -> Duration {
         self.inner.client.request_timeout
+    }
+
+    /// How many keys `name` has in etcd: its holds and its waiters.
+    #[cfg(feature = "_test-hooks")]
+    #[doc(hidden)]
+    pub async fn keys_for_tests(&self, name: &str) -> Result<usize> {
+        Ok(self.read_queue(name).await?.0.len())
     }
 
     /// `op` within one request timeout counted from now, however many

@@ -17,6 +17,8 @@ pub struct EtcdBuilder {
     prefix: Option<String>,
     connect_timeout: Duration,
     request_timeout: Duration,
+    #[cfg(feature = "_test-hooks")]
+    pause_after_join: Option<std::time::Duration>,
 }
 
 // By hand: the URL may hold a password.
@@ -53,6 +55,8 @@ impl EtcdBackend {
             prefix: None,
             connect_timeout: Duration::from_secs(5),
             request_timeout: Duration::from_secs(2),
+            #[cfg(feature = "_test-hooks")]
+            pause_after_join: None,
         }
     }
 }
@@ -75,6 +79,15 @@ impl EtcdBuilder {
     /// failed, its effect unknown (default 2 s).
     pub fn request_timeout(mut self, timeout: Duration) -> Self {
         self.request_timeout = timeout;
+        self
+    }
+
+    /// A pause between a waiter's joining the queue and its first look at
+    /// it: only for tests of a release that lands in that gap.
+    #[cfg(feature = "_test-hooks")]
+    #[doc(hidden)]
+    pub fn pause_after_join_for_tests(mut self, pause: Duration) -> Self {
+        self.pause_after_join = Some(pause);
         self
     }
 
@@ -120,7 +133,13 @@ impl EtcdBuilder {
         tokio::time::timeout(self.connect_timeout + self.request_timeout, ready)
             .await
             .map_err(|_| crate::error::timed_out("connect"))??;
-        Ok(EtcdBackend::new(client, prefix))
+        #[allow(unused_mut, reason = "set by a test hook")]
+        let mut backend = EtcdBackend::new(client, prefix);
+        #[cfg(feature = "_test-hooks")]
+        if let Some(inner) = std::sync::Arc::get_mut(&mut backend.inner) {
+            inner.pause_after_join = self.pause_after_join;
+        }
+        Ok(backend)
     }
 }
 

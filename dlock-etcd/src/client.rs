@@ -11,7 +11,7 @@ use dlock_core::{Error, Result};
 use futures_util::StreamExt;
 use tonic::metadata::{AsciiMetadataValue, MetadataValue};
 use tonic::transport::Channel;
-use tonic::{Code, Request, Status};
+use tonic::{Request, Status};
 
 use crate::error::{grpc_error, timed_out};
 use crate::proto::auth_client::AuthClient;
@@ -71,6 +71,15 @@ impl Client {
         request
     }
 
+    /// Whether a refusal's `reason` says the server no longer knows our
+    /// token (it expired, or the server restarted and forgot it), so that
+    /// logging in again helps.
+    fn forgot_token(&self, reason: &str) -> bool {
+        // etcd's own client logs in again on these two.
+        self.credentials.is_some()
+            && (reason.contains("invalid auth token") || reason.contains("auth store is old"))
+    }
+
     /// Logs in with the credentials, if there are any, and keeps the token.
     pub(crate) async fn authenticate(&self) -> Result<()> {
         let Some(credentials) = self.credentials.clone() else {
@@ -105,7 +114,7 @@ impl Client {
     {
         let call = async {
             match send(self.channel.clone(), self.request(message.clone())).await {
-                Err(status) if self.credentials.is_some() && token_expired(&status) => {
+                Err(status) if self.forgot_token(status.message()) => {
                     self.authenticate().await?;
                     send(self.channel.clone(), self.request(message)).await
                 }
@@ -259,8 +268,8 @@ impl Client {
         let request = WatchRequest {
             request_union: Some(watch_request::RequestUnion::CreateRequest(create)),
         };
-        let (outgoing, open) = open_stream([request]);
-        let opened = async {
+        let open_watch = async || {
+            let (outgoing, open) = open_stream([request.clone()]);
             let mut watch = WatchClient::new(self.channel.clone());
             let mut replies = watch
                 .watch(self.request(outgoing))
@@ -268,13 +277,29 @@ impl Client {
                 .map_err(|s| grpc_error(s, WHAT))?
                 .into_inner();
             match replies.next().await {
-                Some(Ok(reply)) if reply.created && !reply.canceled => Ok(replies),
+                Some(Ok(reply)) if reply.created && !reply.canceled => Ok(Ok((replies, open))),
+                // A token the server forgot cancels the watch (it is
+                // checked when the watch is made, not with the stream).
+                Some(Ok(reply)) if reply.canceled && self.forgot_token(&reply.cancel_reason) => {
+                    Ok(Err(reply))
+                }
                 Some(Ok(reply)) => Err(Error::malformed(crate::backend::NAME, WHAT, reply)),
                 Some(Err(status)) => Err(grpc_error(status, WHAT)),
                 None => Err(stream_ended(WHAT)),
             }
         };
-        let replies = tokio::time::timeout(self.request_timeout, opened)
+        let opened = async {
+            match open_watch().await? {
+                Ok(opened) => Ok(opened),
+                Err(_) => {
+                    self.authenticate().await?;
+                    open_watch().await?.map_err(|reply| {
+                        Error::backend(crate::backend::NAME, WHAT, reply.cancel_reason)
+                    })
+                }
+            }
+        };
+        let (replies, open) = tokio::time::timeout(self.request_timeout, opened)
             .await
             .map_err(|_| timed_out(WHAT))??;
         Ok(Watch {
@@ -347,9 +372,4 @@ fn open_stream<T: Send + 'static>(
     )
 }
 
-/// Whether the server refused the token (it expired, or the server
-/// restarted and forgot it).
-fn token_expired(status: &Status) -> bool {
-    matches!(status.code(), Code::Unauthenticated | Code::InvalidArgument)
-        && status.message().contains("token")
-}
+

@@ -32,6 +32,10 @@ impl EtcdBackend {
         // with it and the changes after it miss nothing.
         let mut watch = self.client().watch(range.clone()).await?;
         let (mut place, mut queue, mut revision) = self.join(name, opts).await?;
+        #[cfg(feature = "_test-hooks")]
+        if let Some(pause) = self.inner.pause_after_join {
+            tokio::time::sleep(pause).await;
+        }
         // A grant seen by the join's own read is confirmed by its write.
         let mut confirmed = true;
         loop {

@@ -1,0 +1,211 @@
+//! etcd's own cases: what the shared suite cannot see from the outside
+//! (a waiter's leftovers, the gap between joining and looking, logins).
+
+#![allow(clippy::unwrap_used)] // tests panic on purpose
+
+use std::time::Duration;
+
+use dlock_conformance::harness::{Server, ServerOptions, Service, shared, start};
+use dlock_conformance::support::{must_acquire, unique_name};
+use dlock_core::{Backend, Error, LockOptions};
+use dlock_etcd::EtcdBackend;
+use tokio::time::{Instant, sleep, timeout};
+
+async fn backend() -> EtcdBackend {
+    EtcdBackend::connect(shared(Service::Etcd).await.url())
+        .await
+        .unwrap()
+}
+
+/// A hold that nobody renews, as long as the test needs.
+fn long() -> LockOptions {
+    LockOptions::new().ttl(Duration::from_secs(30))
+}
+
+#[tokio::test]
+async fn a_stale_release_leaves_the_next_holders_key() {
+    let backend = backend().await;
+    let name = unique_name("stale-release");
+    // A lease of the server's shortest TTL, left to expire unrenewed.
+    let short = LockOptions::new().ttl(Duration::from_secs(1));
+    let stale = must_acquire(&backend, &name, &short).await;
+    let next = timeout(
+        Duration::from_secs(10),
+        backend.acquire(&name, &long().wait(Duration::from_secs(10))),
+    )
+    .await
+    .unwrap()
+    .unwrap();
+    assert!(next.fencing_token() > stale.fencing_token());
+    assert!(matches!(
+        backend.release(&stale).await,
+        Err(Error::NotHeld { .. })
+    ));
+    let holder = backend.inspect(&name).await.unwrap().expect("still held");
+    assert_eq!(holder.fencing_token, next.fencing_token());
+    assert!(backend.try_acquire(&name, &long()).await.unwrap().is_none());
+    backend.release(&next).await.unwrap();
+}
+
+#[tokio::test]
+async fn an_acquire_that_timed_out_leaves_no_key_behind() {
+    let backend = backend().await;
+    let name = unique_name("timed-out");
+    let held = must_acquire(&backend, &name, &long()).await;
+    let waiting = long().wait(Duration::from_millis(300));
+    for _ in 0..3 {
+        assert!(matches!(
+            backend.acquire(&name, &waiting).await,
+            Err(Error::Timeout { .. })
+        ));
+    }
+    // Dropped while waiting, too.
+    let dropped = timeout(
+        Duration::from_millis(300),
+        backend.acquire(&name, &long().wait(Duration::from_secs(10))),
+    )
+    .await;
+    assert!(dropped.is_err(), "the name is held");
+    // The waiters' keys went with their leases (30 s TTLs: only a revoke
+    // explains their going), right away or on a spawned task.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while backend.keys_for_tests(&name).await.unwrap() > 1 {
+        assert!(Instant::now() < deadline, "a waiter's key was left behind");
+        sleep(Duration::from_millis(20)).await;
+    }
+    backend.release(&held).await.unwrap();
+    assert_eq!(backend.keys_for_tests(&name).await.unwrap(), 0);
+}
+
+/// A release that lands after a waiter joined the queue and before it
+/// looked at it still wakes the waiter: the watch was open before the
+/// join, so the delete is waiting in it.
+#[tokio::test]
+async fn a_release_between_joining_and_looking_wakes_the_waiter() {
+    let url = shared(Service::Etcd).await.url();
+    let holder = backend().await;
+    let waiter = EtcdBackend::builder(url)
+        .pause_after_join_for_tests(Duration::from_millis(500))
+        .connect()
+        .await
+        .unwrap();
+    let name = unique_name("gap");
+    let held = must_acquire(&holder, &name, &long()).await;
+    let opts = long().wait(Duration::from_secs(20));
+    let wait = tokio::spawn({
+        let (waiter, name) = (waiter.clone(), name.clone());
+        async move { waiter.acquire(&name, &opts).await }
+    });
+    // The waiter's key shows once it joined; it looks 500 ms later.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while holder.keys_for_tests(&name).await.unwrap() < 2 {
+        assert!(Instant::now() < deadline, "the waiter never joined");
+        sleep(Duration::from_millis(5)).await;
+    }
+    holder.release(&held).await.unwrap();
+    // Nothing else frees the name or wakes the waiter (a waiter's timer
+    // only renews its lease): a missed release is a timeout.
+    let lease = timeout(Duration::from_secs(10), wait)
+        .await
+        .expect("the waiter heard the release")
+        .unwrap()
+        .unwrap();
+    assert!(lease.fencing_token() > held.fencing_token());
+    waiter.release(&lease).await.unwrap();
+}
+
+/// A server of its own with authentication on: `root` (the admin etcd
+/// requires) and `alice`, who may use the keys under `dlock/` only.
+async fn with_authentication(token_ttl_secs: u32) -> Server {
+    let server = start(
+        Service::Etcd,
+        ServerOptions {
+            args: vec![format!("--auth-token-ttl={token_ttl_secs}")],
+            ..ServerOptions::default()
+        },
+    )
+    .await;
+    let id = server.container().unwrap().id().to_owned();
+    for command in [
+        "user add root:rootpw",
+        "user grant-role root root",
+        "user add alice:s3cr:et@/x",
+        "role add locks",
+        "role grant-permission locks --prefix=true readwrite dlock/",
+        "user grant-role alice locks",
+        "auth enable",
+    ] {
+        let out = std::process::Command::new("docker")
+            .args(["exec", &id, "etcdctl", "--endpoints=127.0.0.1:2379"])
+            .args(command.split(' '))
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "etcdctl {command}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    server
+}
+
+fn with_user(server: &Server, credentials: &str) -> String {
+    server
+        .url()
+        .replacen("etcd://", &format!("etcd://{credentials}@"), 1)
+}
+
+#[tokio::test]
+async fn a_user_with_rights_to_the_prefix_locks_and_waits() {
+    // Tokens that expire after a second: every call below comes after the
+    // first login's token expired, streams (watch, keep-alive) included.
+    let server = with_authentication(1).await;
+    let url = with_user(&server, "alice:s3cr%3Aet%40%2Fx");
+    let (a, b) = (
+        EtcdBackend::connect(&url).await.unwrap(),
+        EtcdBackend::connect(&url).await.unwrap(),
+    );
+    sleep(Duration::from_millis(2500)).await;
+    let name = unique_name("auth");
+    let mut held = must_acquire(&a, &name, &LockOptions::new()).await;
+    sleep(Duration::from_millis(2500)).await;
+    a.extend(&mut held).await.unwrap();
+    let wait = tokio::spawn({
+        let (b, name) = (b.clone(), name.clone());
+        async move {
+            b.acquire(&name, &LockOptions::new().wait(Duration::from_secs(20)))
+                .await
+        }
+    });
+    sleep(Duration::from_millis(2500)).await;
+    a.release(&held).await.unwrap();
+    let next = timeout(Duration::from_secs(10), wait)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert_eq!(b.list("", None, 10).await.unwrap().locks.len(), 1);
+    b.release(&next).await.unwrap();
+}
+
+#[tokio::test]
+async fn refused_credentials_are_typed_errors_that_hide_the_password() {
+    let server = with_authentication(300).await;
+    for credentials in ["alice:wrong-password", "nobody:wrong-password"] {
+        let err = EtcdBackend::connect(&with_user(&server, credentials))
+            .await
+            .unwrap_err();
+        assert!(matches!(err, Error::Backend { .. }), "{err:?}");
+        for shown in [err.to_string(), format!("{err:?}")] {
+            assert!(!shown.contains("wrong-password"), "{shown}");
+        }
+    }
+    // Without credentials, a request is refused, never granted.
+    let anonymous = EtcdBackend::connect(server.url()).await;
+    if let Ok(anonymous) = anonymous {
+        let name = unique_name("anonymous");
+        assert!(anonymous.try_acquire(&name, &LockOptions::new()).await.is_err());
+    }
+    let builder = EtcdBackend::builder(with_user(&server, "alice:wrong-password"));
+    assert!(!format!("{builder:?}").contains("wrong-password"));
+}
