@@ -4,8 +4,8 @@
 
 use dlock::OwnerToken;
 use dlock::etcd::proto::{
-    Compare, DeleteRangeRequest, PutRequest, RangeRequest, RequestOp, TxnRequest,
-    compare, kv_client::KvClient, request_op,
+    Compare, DeleteRangeRequest, PutRequest, RangeRequest, RequestOp, TxnRequest, compare,
+    kv_client::KvClient, request_op,
 };
 use dlock::etcd::tonic::transport::Channel;
 use dlock::mysql::sqlx;

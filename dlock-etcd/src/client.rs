@@ -371,5 +371,3 @@ fn open_stream<T: Send + 'static>(
         open,
     )
 }
-
-

@@ -204,7 +204,12 @@ async fn refused_credentials_are_typed_errors_that_hide_the_password() {
     let anonymous = EtcdBackend::connect(server.url()).await;
     if let Ok(anonymous) = anonymous {
         let name = unique_name("anonymous");
-        assert!(anonymous.try_acquire(&name, &LockOptions::new()).await.is_err());
+        assert!(
+            anonymous
+                .try_acquire(&name, &LockOptions::new())
+                .await
+                .is_err()
+        );
     }
     let builder = EtcdBackend::builder(with_user(&server, "alice:wrong-password"));
     assert!(!format!("{builder:?}").contains("wrong-password"));

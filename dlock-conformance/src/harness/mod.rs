@@ -45,8 +45,8 @@ pub use certs::TestCertificates;
 pub(crate) use cleanup::{register_for_cleanup, register_network_for_cleanup};
 pub use image::image_build_time;
 pub(crate) use image::test_image;
-pub(crate) use ready::four_letter_word;
 pub use ready::wait_ready;
+pub(crate) use ready::{ask, four_letter_word};
 
 /// The password of the `dlock` user in the test MariaDB.
 pub const MYSQL_PASSWORD: &str = "dlock";

@@ -116,7 +116,7 @@ pub(crate) async fn four_letter_word(addr: &str, word: &str) -> Result<String, S
 
 /// Sends `request` to `addr` and reads the reply until the server closes
 /// the connection, within the probe timeout.
-async fn ask(addr: &str, request: &str) -> Result<String, String> {
+pub(crate) async fn ask(addr: &str, request: &str) -> Result<String, String> {
     let ask = async {
         let mut stream = tokio::net::TcpStream::connect(addr)
             .await

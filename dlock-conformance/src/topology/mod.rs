@@ -1,5 +1,6 @@
 //! Several servers on a private Docker network that the harness makes:
-//! a ZooKeeper ensemble, a Redis primary with a replica and Sentinels.
+//! a ZooKeeper ensemble, an etcd cluster, a Redis primary with a replica
+//! and Sentinels.
 //!
 //! Tests reach the nodes at their addresses on that network (the host
 //! routes to a bridge network it created) and nowhere else. Nodes can be
@@ -12,6 +13,7 @@
 //! |---|---|
 //! | `mod.rs` | nodes, the network, and the Docker calls they take |
 //! | `zookeeper.rs` | the ZooKeeper ensemble |
+//! | `etcd.rs` | the etcd cluster |
 //! | `redis.rs` | the Redis Cluster, and a primary with a replica and Sentinels |
 
 use std::net::IpAddr;
@@ -24,9 +26,11 @@ use testcontainers::{ContainerAsync, GenericImage, ImageExt};
 
 use crate::harness::{register_for_cleanup, test_image};
 
+mod etcd;
 mod redis;
 mod zookeeper;
 
+pub use etcd::etcd_cluster;
 pub use redis::{SENTINEL_SERVICE, node_connection, redis_cluster, redis_sentinel};
 pub use zookeeper::zookeeper_ensemble;
 
@@ -73,7 +77,7 @@ impl Node {
 
     /// Drops everything this node sends to `other` (a blackhole route in
     /// its network namespace): `other` stops hearing from it, as behind a
-    /// one-way partition, while both keep running. Redis nodes only.
+    /// one-way partition, while both keep running.
     pub async fn stop_sending_to(&self, other: &Node) {
         let target = format!("{}/32", other.ip);
         docker_async([
