@@ -5,6 +5,8 @@ use std::time::Duration;
 
 use dlock_core::{Error, MAX_SETTING, Result, check_duration};
 use percent_encoding::percent_decode_str;
+#[cfg(feature = "tls")]
+use tonic::transport::{Certificate, ClientTlsConfig, Identity};
 use tonic::transport::{Channel, Endpoint};
 
 use crate::backend::EtcdBackend;
@@ -17,6 +19,8 @@ pub struct EtcdBuilder {
     prefix: Option<String>,
     connect_timeout: Duration,
     request_timeout: Duration,
+    tls_ca: Option<String>,
+    tls_identity: Option<(String, String)>,
     #[cfg(feature = "_test-hooks")]
     pause_after_join: Option<std::time::Duration>,
 }
@@ -29,6 +33,8 @@ impl fmt::Debug for EtcdBuilder {
             .field("prefix", &self.prefix)
             .field("connect_timeout", &self.connect_timeout)
             .field("request_timeout", &self.request_timeout)
+            .field("tls_ca", &self.tls_ca.is_some())
+            .field("tls_identity", &self.tls_identity.is_some())
             .finish()
     }
 }
@@ -36,6 +42,8 @@ impl fmt::Debug for EtcdBuilder {
 /// A URL taken apart.
 #[derive(Debug, PartialEq, Eq)]
 struct Target {
+    /// `etcds://`: TLS to every member.
+    tls: bool,
     endpoints: Vec<String>,
     credentials: Option<(String, String)>,
     prefix: Option<String>,
@@ -43,7 +51,8 @@ struct Target {
 
 impl EtcdBackend {
     /// Connects with default settings to
-    /// `etcd://[user:password@]host:port[,host:port...][/prefix]`.
+    /// `etcd://[user:password@]host:port[,host:port...][/prefix]`, or
+    /// `etcds://` for TLS (the `tls` feature).
     pub async fn connect(url: &str) -> Result<Self> {
         Self::builder(url).connect().await
     }
@@ -55,6 +64,8 @@ impl EtcdBackend {
             prefix: None,
             connect_timeout: Duration::from_secs(5),
             request_timeout: Duration::from_secs(2),
+            tls_ca: None,
+            tls_identity: None,
             #[cfg(feature = "_test-hooks")]
             pause_after_join: None,
         }
@@ -82,6 +93,27 @@ impl EtcdBuilder {
         self
     }
 
+    /// With an `etcds://` URL, trusts these CA certificates (PEM) instead
+    /// of the public roots. The members' certificates must name the hosts
+    /// of the URL.
+    #[cfg(feature = "tls")]
+    pub fn tls_ca_certificates(mut self, pem: impl Into<String>) -> Self {
+        self.tls_ca = Some(pem.into());
+        self
+    }
+
+    /// With an `etcds://` URL, shows this client certificate and key (PEM)
+    /// to members that ask for one (etcd's `--client-cert-auth`).
+    #[cfg(feature = "tls")]
+    pub fn tls_client_identity(
+        mut self,
+        certificate: impl Into<String>,
+        key: impl Into<String>,
+    ) -> Self {
+        self.tls_identity = Some((certificate.into(), key.into()));
+        self
+    }
+
     /// A pause between a waiter's joining the queue and its first look at
     /// it: only for tests of a release that lands in that gap.
     #[cfg(feature = "_test-hooks")]
@@ -103,6 +135,7 @@ impl EtcdBuilder {
         check_duration("connect_timeout", self.connect_timeout, ms, MAX_SETTING)?;
         check_duration("request_timeout", self.request_timeout, ms, MAX_SETTING)?;
         let target = parse_url(&self.url)?;
+        let tls = self.tls(&target)?;
         let prefix = self
             .prefix
             .or(target.prefix)
@@ -110,18 +143,24 @@ impl EtcdBuilder {
         if prefix.contains('\0') {
             return Err(Error::invalid_option("prefix", "must not contain NUL"));
         }
+        let scheme = if target.tls { "https" } else { "http" };
         let endpoints = target
             .endpoints
             .iter()
             .map(|host| {
-                Endpoint::from_shared(format!("http://{host}"))
-                    .map(|e| {
-                        e.connect_timeout(self.connect_timeout)
-                            .tcp_nodelay(true)
-                            .http2_keep_alive_interval(Duration::from_secs(5))
-                            .keep_alive_timeout(self.request_timeout)
-                    })
-                    .map_err(|e| Error::invalid_option("url", format!("bad host {host:?}: {e}")))
+                let bad = |e: tonic::transport::Error| {
+                    Error::invalid_option("url", format!("bad host {host:?}: {e}"))
+                };
+                let endpoint = Endpoint::from_shared(format!("{scheme}://{host}"))
+                    .map_err(bad)?
+                    .connect_timeout(self.connect_timeout)
+                    .tcp_nodelay(true)
+                    .http2_keep_alive_interval(Duration::from_secs(5))
+                    .keep_alive_timeout(self.request_timeout);
+                match &tls {
+                    Some(tls) => secure(endpoint, tls).map_err(bad),
+                    None => Ok(endpoint),
+                }
             })
             .collect::<Result<Vec<_>>>()?;
         let channel = Channel::balance_list(endpoints.into_iter());
@@ -143,21 +182,74 @@ impl EtcdBuilder {
     }
 }
 
-/// Takes `etcd://[user:password@]host:port[,host:port...][/prefix]` apart.
+impl EtcdBuilder {
+    /// The TLS settings of an `etcds://` URL; `None` for `etcd://`.
+    #[cfg(feature = "tls")]
+    fn tls(&self, target: &Target) -> Result<Option<Tls>> {
+        if !target.tls {
+            return match (&self.tls_ca, &self.tls_identity) {
+                (None, None) => Ok(None),
+                _ => Err(Error::invalid_option(
+                    "tls_ca_certificates",
+                    "TLS settings need an etcds:// URL",
+                )),
+            };
+        }
+        let config = ClientTlsConfig::new();
+        let config = match &self.tls_ca {
+            Some(pem) => config.ca_certificate(Certificate::from_pem(pem)),
+            None => config.with_webpki_roots(),
+        };
+        Ok(Some(match &self.tls_identity {
+            Some((cert, key)) => config.identity(Identity::from_pem(cert, key)),
+            None => config,
+        }))
+    }
+
+    #[cfg(not(feature = "tls"))]
+    fn tls(&self, target: &Target) -> Result<Option<Tls>> {
+        if target.tls {
+            return Err(Error::invalid_option(
+                "url",
+                "etcds:// needs the `tls` feature of dlock-etcd (`etcd-tls` of dlock)",
+            ));
+        }
+        Ok(None)
+    }
+}
+
+/// TLS settings for every member.
+#[cfg(feature = "tls")]
+type Tls = ClientTlsConfig;
+/// None can be made without the `tls` feature.
+#[cfg(not(feature = "tls"))]
+type Tls = std::convert::Infallible;
+
+#[cfg(feature = "tls")]
+fn secure(endpoint: Endpoint, tls: &Tls) -> std::result::Result<Endpoint, tonic::transport::Error> {
+    endpoint.tls_config(tls.clone())
+}
+
+#[cfg(not(feature = "tls"))]
+fn secure(_: Endpoint, tls: &Tls) -> std::result::Result<Endpoint, tonic::transport::Error> {
+    match *tls {}
+}
+
+/// Takes `etcd[s]://[user:password@]host:port[,host:port...][/prefix]` apart.
 fn parse_url(url: &str) -> Result<Target> {
     let bad = |why: &str| {
         Error::invalid_option(
             "url",
             format!(
-                "{why}; expected etcd://[user:password@]host:port[,host:port...][/prefix], got {}",
+                "{why}; expected etcd[s]://[user:password@]host:port[,host:port...][/prefix], got {}",
                 dlock_core::redact_url(url)
             ),
         )
     };
-    let rest = match url.split_once("://") {
-        Some(("etcd", rest)) => rest,
-        Some(("etcds", _)) => return Err(bad("TLS (etcds://) is not supported yet")),
-        _ => return Err(bad("the scheme must be etcd://")),
+    let (tls, rest) = match url.split_once("://") {
+        Some(("etcd", rest)) => (false, rest),
+        Some(("etcds", rest)) => (true, rest),
+        _ => return Err(bad("the scheme must be etcd:// or etcds://")),
     };
     let (authority, path) = rest.split_once('/').unwrap_or((rest, ""));
     let (userinfo, hosts) = match authority.rsplit_once('@') {
@@ -189,6 +281,7 @@ fn parse_url(url: &str) -> Result<Target> {
     }
     let prefix = (!path.is_empty()).then(|| decode(path)).transpose()?;
     Ok(Target {
+        tls,
         endpoints,
         credentials,
         prefix,
@@ -205,8 +298,9 @@ mod tests {
         assert_eq!(t.endpoints, ["a:1", "b:2"]);
         assert_eq!(t.credentials, Some(("u@x".to_owned(), "p:w".to_owned())));
         assert_eq!(t.prefix.as_deref(), Some("locks/"));
-        let t = parse_url("etcd://127.0.0.1:2379").expect("parses");
-        assert_eq!((t.credentials, t.prefix), (None, None));
+        assert!(!t.tls);
+        let t = parse_url("etcds://127.0.0.1:2379").expect("parses");
+        assert_eq!((t.tls, t.credentials, t.prefix), (true, None, None));
     }
 
     #[test]
@@ -218,7 +312,7 @@ mod tests {
             "etcd://a:x",
             "etcd://a:1,",
             "etcd://:secret@a:1",
-            "etcds://a:1",
+            "etcds://:secret@a:1",
             "etcd://u:%ff@a:1",
         ] {
             match parse_url(url) {

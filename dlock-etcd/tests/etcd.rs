@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use dlock_conformance::harness::{Server, ServerOptions, Service, shared, start};
 use dlock_conformance::support::{must_acquire, unique_name};
-use dlock_core::{Backend, Error, LockOptions};
+use dlock_core::{Backend, Error, LockOptions, Locker};
 use dlock_etcd::EtcdBackend;
 use tokio::time::{Instant, sleep, timeout};
 
@@ -213,4 +213,67 @@ async fn refused_credentials_are_typed_errors_that_hide_the_password() {
     }
     let builder = EtcdBackend::builder(with_user(&server, "alice:wrong-password"));
     assert!(!format!("{builder:?}").contains("wrong-password"));
+}
+
+/// The server restarts while a lock is held, its data on disk: the lease
+/// comes back with its TTL restarted and the holder's renewals go on, or
+/// the holder is told it lost the lock. Either way, the name is never
+/// granted to another client while the holder's lease is valid.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_restarted_mid_hold_never_grants_twice() {
+    let server = start(
+        Service::Etcd,
+        ServerOptions {
+            fixed_port: true,
+            ..ServerOptions::default()
+        },
+    )
+    .await;
+    let connect = || {
+        EtcdBackend::builder(server.url())
+            .request_timeout(Duration::from_secs(1))
+            .connect()
+    };
+    let holder = Locker::new(connect().await.unwrap());
+    let other = connect().await.unwrap();
+    let name = unique_name("restart-mid-hold");
+    let opts = LockOptions::new().ttl(Duration::from_secs(6));
+    let guard = holder.try_acquire(&name, &opts).await.unwrap().unwrap();
+
+    let restarted = Instant::now();
+    let id = server.container().unwrap().id().to_owned();
+    let out = std::process::Command::new("docker")
+        .args(["restart", "-t", "1", &id])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "docker restart: {out:?}");
+    // For two TTLs, the other client tries the name.
+    let mut answered = 0;
+    while restarted.elapsed() < Duration::from_secs(12) {
+        if let Ok(Ok(found)) =
+            timeout(Duration::from_secs(2), other.try_acquire(&name, &opts)).await
+        {
+            answered += 1;
+            if let Some(lease) = found {
+                let granted = Instant::now();
+                let valid_until = guard.valid_until().expect("a TTL lease");
+                assert!(
+                    valid_until < granted,
+                    "granted to another client {:?} before the holder's validity ended",
+                    valid_until - granted
+                );
+                eprintln!("restart mid-hold: the holder lost the lock; granted again after it");
+                other.release(&lease).await.unwrap();
+                return;
+            }
+        }
+        sleep(Duration::from_millis(100)).await;
+    }
+    assert!(answered > 0, "the server never answered after its restart");
+    assert!(
+        guard.is_valid(),
+        "the holder renewed its lease after the restart"
+    );
+    eprintln!("restart mid-hold: the lease came back and the holder kept the lock");
+    guard.release().await.unwrap();
 }

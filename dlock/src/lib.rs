@@ -52,7 +52,7 @@ pub use dlock_etcd as etcd;
 /// | `mysql://`, `mariadb://` | MySQL / MariaDB (the lock table is created if missing) | `mysql` |
 /// | `postgres://`, `postgresql://` | PostgreSQL, directly or through PgBouncer (the lock table is created if missing) | `postgres` |
 /// | `zk://host:port[,host:port...][/chroot]` | ZooKeeper | `zookeeper` |
-/// | `etcd://[user:password@]host:port[,host:port...][/prefix]` | etcd | `etcd` |
+/// | `etcd://[user:password@]host:port[,host:port...][/prefix]` | etcd | `etcd` (`etcd-tls` for `etcds://`) |
 /// | `memory://` | in-process, a fresh lock space per call | none |
 ///
 /// ```

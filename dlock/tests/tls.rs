@@ -1,20 +1,23 @@
 //! TLS with certificates the test makes (a private CA), against servers
 //! that speak only TLS: Redis on a TLS-only port with an ACL user, MariaDB
 //! with `require_secure_transport`, ZooKeeper with only a secure client
-//! port, PostgreSQL accepting only `hostssl`. Exercises the `tls`
-//! features of the four drivers.
+//! port, PostgreSQL accepting only `hostssl`, etcd serving only TLS and
+//! asking for client certificates. Exercises the `tls` features of the
+//! five drivers.
 
 #![cfg(all(
     feature = "redis",
     feature = "mysql",
     feature = "postgres",
-    feature = "zookeeper"
+    feature = "zookeeper",
+    feature = "etcd"
 ))]
 #![allow(clippy::unwrap_used)] // tests panic on purpose
 
 use std::future::Future;
 use std::time::Duration;
 
+use dlock::etcd::EtcdBackend;
 use dlock::mysql::MySqlBackend;
 use dlock::postgres::PgBackend;
 use dlock::redis::RedisBackend;
@@ -252,4 +255,47 @@ ssl.clientAuth=none
         .connect()
         .await;
     assert!(plain.is_err(), "plain text reached a TLS-only port");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn etcd_with_client_certificates_and_a_private_ca() {
+    let certs = TestCertificates::generate();
+    let args = [
+        "--listen-client-urls=https://0.0.0.0:2379",
+        "--cert-file=/tmp/server.crt",
+        "--key-file=/tmp/server.key",
+        "--client-cert-auth",
+        "--trusted-ca-file=/tmp/ca.crt",
+    ];
+    let (_server, port) = tls_server(Service::Etcd, &args, files(&certs)).await;
+    let url = format!("etcds://127.0.0.1:{port}");
+    let pem = |bytes: &[u8]| String::from_utf8(bytes.to_vec()).unwrap();
+    // The server's certificate has no key usage limits: it serves as the
+    // client's too, signed by the CA the server trusts.
+    let backend = when_up(|| {
+        EtcdBackend::builder(url.clone())
+            .tls_ca_certificates(pem(&certs.ca))
+            .tls_client_identity(pem(&certs.server_cert), pem(&certs.server_key))
+            .connect_timeout(Duration::from_secs(2))
+            .connect()
+    })
+    .await;
+    lock_and_unlock(backend).await;
+
+    // Without a client certificate, with the web's roots (which do not
+    // vouch for the private CA), or in plain text: errors, never grants.
+    let attempts = [
+        EtcdBackend::builder(url.clone()).tls_ca_certificates(pem(&certs.ca)),
+        EtcdBackend::builder(url.clone())
+            .tls_client_identity(pem(&certs.server_cert), pem(&certs.server_key)),
+        EtcdBackend::builder(format!("etcd://127.0.0.1:{port}")),
+    ];
+    for (i, builder) in attempts.into_iter().enumerate() {
+        let refused = builder
+            .connect_timeout(Duration::from_secs(2))
+            .request_timeout(Duration::from_secs(2))
+            .connect()
+            .await;
+        assert!(refused.is_err(), "attempt {i} connected: {refused:?}");
+    }
 }
