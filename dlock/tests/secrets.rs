@@ -8,7 +8,8 @@
     feature = "redis",
     feature = "mysql",
     feature = "postgres",
-    feature = "zookeeper"
+    feature = "zookeeper",
+    feature = "etcd"
 ))]
 #![allow(clippy::unwrap_used)] // tests panic on purpose
 
@@ -16,7 +17,7 @@ use std::io::Write;
 use std::sync::{Arc, Mutex};
 
 use dlock::LockOptions;
-use dlock_conformance::harness::{Service, shared, unused_port};
+use dlock_conformance::harness::{ServerOptions, Service, shared, start, unused_port};
 use dlock_conformance::support::unique_name;
 use tracing_subscriber::filter::LevelFilter;
 
@@ -104,6 +105,24 @@ async fn passwords_never_show_in_errors_debug_output_or_logs() {
     .await
     .unwrap();
     drop((admin, root, pg_root));
+    // etcd: a server of its own with authentication on, and a user with
+    // the secret password (etcd requires a root user to turn it on).
+    let etcd = start(Service::Etcd, ServerOptions::default()).await;
+    let id = etcd.container().unwrap().id().to_owned();
+    for command in [
+        "user add root:root-pw".to_owned(),
+        "user grant-role root root".to_owned(),
+        format!("user add app:{SECRET}"),
+        "user grant-role app root".to_owned(),
+        "auth enable".to_owned(),
+    ] {
+        let out = std::process::Command::new("docker")
+            .args(["exec", &id, "etcdctl", "--endpoints=127.0.0.1:2379"])
+            .args(command.split(' '))
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "etcdctl: {out:?}");
+    }
 
     let capture = Capture::default();
     let writer = capture.clone();
@@ -167,6 +186,26 @@ async fn passwords_never_show_in_errors_debug_output_or_logs() {
     let backend = builder.connect().await;
     printed.push(shown(&backend));
     lock_once(&dlock::Locker::new(backend.unwrap()), &mut printed).await;
+
+    // etcd: a user with the secret password.
+    let with_secret = etcd
+        .url()
+        .replace("etcd://", &format!("etcd://app:{SECRET}@"));
+    let locker = dlock::connect(&with_secret).await;
+    printed.push(shown(&locker));
+    lock_once(&locker.unwrap(), &mut printed).await;
+    let wrong = etcd
+        .url()
+        .replace("etcd://", &format!("etcd://app:{SECRET}x@"));
+    printed.push(shown(&dlock::connect(&wrong).await));
+    let refused = format!("etcd://app:{SECRET}@127.0.0.1:{port}");
+    printed.push(shown(&dlock::connect(&refused).await));
+    let malformed = format!("etcd://app:{SECRET}%ff@127.0.0.1:{port}");
+    printed.push(shown(&dlock::connect(&malformed).await));
+    printed.push(format!(
+        "{:?}",
+        dlock::etcd::EtcdBackend::builder(&with_secret)
+    ));
 
     let logs = String::from_utf8_lossy(&capture.0.lock().unwrap()).into_owned();
     assert!(
