@@ -38,7 +38,16 @@ pub fn redact_url(url: &str) -> String {
         return url.to_owned();
     };
     let rest = &url[scheme_end..];
-    let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    // The user info ends at an `@`, and a password may hold a raw `/`, `?`
+    // or `#` (malformed, yet some drivers' parsers take it): the authority
+    // is cut at the first of those after the first `@`, not before it.
+    // Hiding a little too much of a strange URL is the safe mistake.
+    let Some(first_at) = rest.find('@') else {
+        return url.to_owned();
+    };
+    let authority_end = rest[first_at..]
+        .find(['/', '?', '#'])
+        .map_or(rest.len(), |i| first_at + i);
     let authority = &rest[..authority_end];
     let Some(at) = authority.rfind('@') else {
         return url.to_owned();
@@ -119,6 +128,9 @@ mod tests {
             redact_url("mysql://u:p@ss:w@h/db?x=@"),
             "mysql://u:***@h/db?x=@"
         );
+        for url in ["etcd://alice:pa?ss@h:2379", "etcd://alice:p/ss@h:2379"] {
+            assert_eq!(redact_url(url), "etcd://alice:***@h:2379");
+        }
         assert_eq!(redact_url("redis://host/0"), "redis://host/0");
         assert_eq!(redact_url("redis://user@host"), "redis://user@host");
         assert_eq!(redact_url("not a url"), "not a url");

@@ -4,13 +4,13 @@
 
 use std::time::Duration;
 
-use dlock_core::undo::UndoOnDrop;
+use dlock_core::undo::{UndoOnDrop, retry_for};
 use dlock_core::wait::on_arrival;
 use dlock_core::{Admission, Error, Lease, LockOptions, Mode, OwnerToken, Result};
 use tokio::time::Instant;
 
 use crate::backend::{EtcdBackend, NAME};
-use crate::error::is_lease_not_found;
+use crate::error::{is_lease_not_found, is_lease_taken};
 use crate::key::{Entry, hold_key, judge, name_range, queue, record};
 use crate::proto::{
     Compare, PutRequest, RangeRequest, RequestOp, ResponseHeader, TxnRequest, TxnResponse, compare,
@@ -183,19 +183,28 @@ pub(crate) fn token(revision: i64) -> Result<u64> {
 }
 
 impl EtcdBackend {
-    /// Revokes `lease` on a spawned task if dropped armed.
+    /// Revokes `lease` on a spawned task if dropped armed, trying again
+    /// with backoff for up to `ttl` (past it, the server ends the lease
+    /// anyway): a key left standing could sit at the front of its queue
+    /// for the whole TTL.
     ///
     /// The lease's own grant may still be in flight, and be handled after
     /// a bare revoke, which would then find nothing, leaving the late grant
     /// (and the key made under it) for the whole TTL. So the undo first
     /// grants the id itself, for the shortest TTL: whichever grant comes
     /// first, the other fails, and the revoke after both finds the lease.
-    pub(crate) fn undo_lease(&self, lease: i64) -> UndoOnDrop {
+    pub(crate) fn undo_lease(&self, lease: i64, ttl: Duration) -> UndoOnDrop {
         let client = self.client().clone();
         UndoOnDrop::new(async move {
-            let _ = client.grant(lease, 1).await;
-            if let Err(e) = client.revoke(lease).await {
-                tracing::debug!(error = %e, "could not revoke an abandoned lease; its TTL ends it");
+            let revoked = retry_for(ttl, || async {
+                match client.grant(lease, 1).await {
+                    Err(e) if !is_lease_taken(&e) => return Err(e),
+                    _ => client.revoke(lease).await,
+                }
+            })
+            .await;
+            if revoked.is_none() {
+                tracing::debug!("could not revoke an abandoned lease; its TTL ends it");
             }
         })
     }
@@ -205,7 +214,7 @@ impl EtcdBackend {
     /// a longer TTL (whole seconds, at least the cluster's minimum): the
     /// lock then outlives its lease's validity, later, never sooner.
     pub(crate) async fn new_lease(&self, opts: &LockOptions) -> Result<(i64, UndoOnDrop, Instant)> {
-        let (lease, undo, sent) = self.reserve_lease();
+        let (lease, undo, sent) = self.reserve_lease(opts);
         self.client()
             .grant(lease, ttl_seconds(opts.ttl_value()))
             .await?;
@@ -215,9 +224,10 @@ impl EtcdBackend {
     /// A fresh lease id, its undo (armed before any request that may grant
     /// it), and the instant its TTL is counted from: now, before the grant
     /// is sent.
-    fn reserve_lease(&self) -> (i64, UndoOnDrop, Instant) {
+    fn reserve_lease(&self, opts: &LockOptions) -> (i64, UndoOnDrop, Instant) {
         let lease = lease_id();
-        (lease, self.undo_lease(lease), Instant::now())
+        let undo = self.undo_lease(lease, opts.ttl_value());
+        (lease, undo, Instant::now())
     }
 
     /// Takes a place at the back of `name`'s queue with a new lease, in
@@ -233,7 +243,7 @@ impl EtcdBackend {
         opts: &LockOptions,
     ) -> Result<(Place, Vec<Entry>, i64)> {
         let owner = OwnerToken::random()?;
-        let (lease, undo, renewed) = self.reserve_lease();
+        let (lease, undo, renewed) = self.reserve_lease(opts);
         let grant = self.client().grant(lease, ttl_seconds(opts.ttl_value()));
         let (granted, created) = tokio::join!(grant, self.create_key(name, opts, lease, owner));
         granted?;
@@ -341,14 +351,14 @@ impl EtcdBackend {
     /// Leaves the queue now (revokes the place's lease), or in the
     /// background if that fails.
     pub(crate) async fn leave(&self, mut place: Place) {
-        self.revoke_soon(place.lease).await;
+        self.revoke_soon(place.lease, place.opts.ttl_value()).await;
         place.disarm();
     }
 
-    /// Revokes `lease` now, or on a spawned task if that fails (or this
-    /// is dropped midway).
-    pub(crate) async fn revoke_soon(&self, lease: i64) {
-        let mut undo = self.undo_lease(lease);
+    /// Revokes `lease` (of `ttl`) now, or on a spawned task if that fails
+    /// (or this is dropped midway).
+    pub(crate) async fn revoke_soon(&self, lease: i64, ttl: Duration) {
+        let mut undo = self.undo_lease(lease, ttl);
         if self.client().revoke(lease).await.is_ok() {
             undo.disarm();
         }

@@ -155,10 +155,14 @@ impl EtcdBuilder {
                     .map_err(bad)?
                     .connect_timeout(self.connect_timeout)
                     .tcp_nodelay(true)
-                    .http2_keep_alive_interval(Duration::from_secs(5))
+                    // etcd refuses pings more often than every 5 s
+                    // (`--grpc-keepalive-min-time`) with a GOAWAY that would
+                    // end every watch: twice that, for margin.
+                    .http2_keep_alive_interval(Duration::from_secs(10))
                     .keep_alive_timeout(self.request_timeout);
                 match &tls {
-                    Some(tls) => secure(endpoint, tls).map_err(bad),
+                    Some(tls) => secure(endpoint, tls)
+                        .map_err(|e| Error::invalid_option("tls", e.to_string())),
                     None => Ok(endpoint),
                 }
             })
@@ -189,14 +193,26 @@ impl EtcdBuilder {
         if !target.tls {
             return match (&self.tls_ca, &self.tls_identity) {
                 (None, None) => Ok(None),
-                _ => Err(Error::invalid_option(
+                (Some(_), _) => Err(Error::invalid_option(
                     "tls_ca_certificates",
+                    "TLS settings need an etcds:// URL",
+                )),
+                (None, Some(_)) => Err(Error::invalid_option(
+                    "tls_client_identity",
                     "TLS settings need an etcds:// URL",
                 )),
             };
         }
         let config = ClientTlsConfig::new();
         let config = match &self.tls_ca {
+            // A string with no certificate would trust nothing, and show
+            // only as connections that never succeed.
+            Some(pem) if !pem.contains("-----BEGIN CERTIFICATE-----") => {
+                return Err(Error::invalid_option(
+                    "tls_ca_certificates",
+                    "no PEM certificate in it",
+                ));
+            }
             Some(pem) => config.ca_certificate(Certificate::from_pem(pem)),
             None => config.with_webpki_roots(),
         };

@@ -32,6 +32,9 @@ pub(crate) struct Client {
     /// The auth token, when the cluster has authentication on.
     token: Arc<RwLock<Option<AsciiMetadataValue>>>,
     credentials: Option<Arc<(String, String)>>,
+    /// One login at a time: of many calls refused for one expired token,
+    /// the first logs in and the others use its new token.
+    login: Arc<tokio::sync::Mutex<()>>,
     pub(crate) request_timeout: Duration,
 }
 
@@ -54,6 +57,7 @@ impl Client {
             channel,
             token: Arc::new(RwLock::new(None)),
             credentials: credentials.map(Arc::new),
+            login: Arc::new(tokio::sync::Mutex::new(())),
             request_timeout,
         }
     }
@@ -65,10 +69,25 @@ impl Client {
         let mut request = Request::new(message);
         let metadata = request.metadata_mut();
         metadata.insert("hasleader", MetadataValue::from_static("true"));
-        if let Some(token) = self.token.read().ok().and_then(|t| t.clone()) {
+        if let Some(token) = self.token() {
             metadata.insert("token", token);
         }
         request
+    }
+
+    /// The auth token requests carry now.
+    fn token(&self) -> Option<AsciiMetadataValue> {
+        self.token.read().ok().and_then(|t| t.clone())
+    }
+
+    /// Logs in again after a request carrying `stale` was refused for its
+    /// token, unless another call has done so since.
+    async fn login_again(&self, stale: Option<AsciiMetadataValue>) -> Result<()> {
+        let _one = self.login.lock().await;
+        if self.token() != stale {
+            return Ok(());
+        }
+        self.authenticate().await
     }
 
     /// Whether a refusal's `reason` says the server no longer knows our
@@ -113,9 +132,10 @@ impl Client {
         Fut: Future<Output = std::result::Result<tonic::Response<R>, Status>>,
     {
         let call = async {
+            let used = self.token();
             match send(self.channel.clone(), self.request(message.clone())).await {
                 Err(status) if self.forgot_token(status.message()) => {
-                    self.authenticate().await?;
+                    self.login_again(used).await?;
                     send(self.channel.clone(), self.request(message)).await
                 }
                 other => other,
@@ -269,6 +289,7 @@ impl Client {
             request_union: Some(watch_request::RequestUnion::CreateRequest(create)),
         };
         let open_watch = async || {
+            let used = self.token();
             let (outgoing, open) = open_stream([request.clone()]);
             let mut watch = WatchClient::new(self.channel.clone());
             let mut replies = watch
@@ -280,9 +301,22 @@ impl Client {
                 Some(Ok(reply)) if reply.created && !reply.canceled => Ok(Ok((replies, open))),
                 // A token the server forgot cancels the watch (it is
                 // checked when the watch is made, not with the stream).
-                Some(Ok(reply)) if reply.canceled && self.forgot_token(&reply.cancel_reason) => {
-                    Ok(Err(reply))
+                // etcd 3.4 gives the reason as "invalid auth token" only
+                // from 3.4.22 on; before, as "permission denied", which
+                // logging in again also clears when it was the token.
+                Some(Ok(reply))
+                    if reply.canceled
+                        && (self.forgot_token(&reply.cancel_reason)
+                            || self.credentials.is_some()
+                                && reply.cancel_reason.contains("permission denied")) =>
+                {
+                    Ok(Err((reply, used)))
                 }
+                Some(Ok(reply)) if reply.canceled => Err(Error::backend(
+                    crate::backend::NAME,
+                    WHAT,
+                    reply.cancel_reason,
+                )),
                 Some(Ok(reply)) => Err(Error::malformed(crate::backend::NAME, WHAT, reply)),
                 Some(Err(status)) => Err(grpc_error(status, WHAT)),
                 None => Err(stream_ended(WHAT)),
@@ -291,9 +325,9 @@ impl Client {
         let opened = async {
             match open_watch().await? {
                 Ok(opened) => Ok(opened),
-                Err(_) => {
-                    self.authenticate().await?;
-                    open_watch().await?.map_err(|reply| {
+                Err((_, used)) => {
+                    self.login_again(used).await?;
+                    open_watch().await?.map_err(|(reply, _)| {
                         Error::backend(crate::backend::NAME, WHAT, reply.cancel_reason)
                     })
                 }

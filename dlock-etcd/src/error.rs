@@ -48,3 +48,12 @@ pub(crate) fn is_lease_not_found(error: &Error) -> bool {
         _ => false,
     }
 }
+
+/// Whether the server refused a grant because the lease id is taken: the
+/// lease exists (granted by the request the undo races).
+pub(crate) fn is_lease_taken(error: &Error) -> bool {
+    match error {
+        Error::Backend { message, .. } => message.contains("lease already exists"),
+        _ => false,
+    }
+}

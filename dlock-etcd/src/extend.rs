@@ -18,22 +18,31 @@ impl EtcdBackend {
     /// etcd lease is revoked, so the name is free at once.
     pub(crate) async fn extend_lease(&self, lease: &mut Lease) -> Result<()> {
         let (id, _) = parse_handle(lease)?;
+        let ttl = lease.ttl().unwrap_or_default();
+        let not_held = || Error::NotHeld {
+            name: lease.name().to_owned(),
+        };
         if !lease.is_valid() {
             // Revoked now, so that the name is free when this returns.
-            self.revoke_soon(id).await;
-            return Err(Error::NotHeld {
-                name: lease.name().to_owned(),
-            });
+            self.revoke_soon(id, ttl).await;
+            return Err(not_held());
         }
         let sent = Instant::now();
-        match self.client().keep_alive(&[id]).await?.as_slice() {
-            [KeptAlive::Renewed] => {
+        let kept = self.client().keep_alive(&[id]).await?;
+        // A renewal answered after the validity deadline is none: the
+        // server may have answered it as it was ending the lease (etcd
+        // issue 14758), and its own expiry is never before that deadline,
+        // so a reply in time cannot have met that race.
+        match kept.as_slice() {
+            [KeptAlive::Renewed] if lease.is_valid() => {
                 lease.extended(sent);
                 Ok(())
             }
-            _ => Err(Error::NotHeld {
-                name: lease.name().to_owned(),
-            }),
+            [KeptAlive::Renewed] => {
+                self.revoke_soon(id, ttl).await;
+                Err(not_held())
+            }
+            _ => Err(not_held()),
         }
     }
 
@@ -50,8 +59,7 @@ impl EtcdBackend {
                     id
                 } else {
                     if let Some(id) = id {
-                        // Dropped armed: revokes in the background.
-                        drop(self.undo_lease(id));
+                        self.revoke_in_background(id, l);
                     }
                     None
                 }
@@ -68,12 +76,23 @@ impl EtcdBackend {
             .into_iter();
         let mut held = Vec::with_capacity(leases.len());
         for (lease, id) in leases.iter_mut().zip(ids) {
-            let renewed = id.is_some() && kept.next() == Some(KeptAlive::Renewed);
+            let kept = id.is_some() && kept.next() == Some(KeptAlive::Renewed);
+            // Answered after the validity deadline: none (as in
+            // `extend_lease`).
+            let renewed = kept && lease.is_valid();
             if renewed {
                 lease.extended(sent);
+            } else if let (true, Some(id)) = (kept, id) {
+                self.revoke_in_background(id, lease);
             }
             held.push(renewed);
         }
         Ok(held)
+    }
+
+    /// Revokes `lease`'s etcd lease `id` on a spawned task.
+    fn revoke_in_background(&self, id: i64, lease: &Lease) {
+        // Dropped armed: the undo runs.
+        drop(self.undo_lease(id, lease.ttl().unwrap_or_default()));
     }
 }

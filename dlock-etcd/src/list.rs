@@ -76,17 +76,25 @@ impl EtcdBackend {
             let mut names: Vec<&str> = entries.iter().map(|e| e.name.as_str()).collect();
             names.sort_unstable();
             names.dedup();
-            // The last name may have more keys past the page.
+            // The last name may have more keys past the page: it waits for
+            // the next page, or, alone on this one, is read whole (keys are
+            // paged in key order, not queue order, so a part of its queue
+            // could show a waiter as the holder).
+            let truncated = reply.more && names.len() == 1;
             if reply.more && names.len() > 1 {
                 names.pop();
             }
             let mut held = Vec::new();
             for name in &names {
-                let of_name: Vec<Entry> = entries
-                    .iter()
-                    .filter(|e| e.name == *name)
-                    .cloned()
-                    .collect();
+                let of_name: Vec<Entry> = if truncated {
+                    self.read_queue(name).await?.0
+                } else {
+                    entries
+                        .iter()
+                        .filter(|e| e.name == *name)
+                        .cloned()
+                        .collect()
+                };
                 held.extend(holds(&of_name).next().cloned());
             }
             // Each with its lease's remaining TTL, asked for all at once; a
@@ -108,14 +116,16 @@ impl EtcdBackend {
     }
 }
 
-/// A hold's description; its fencing token is its key's last write (its
-/// creation, or the grant's draw).
+/// A hold's description with its fencing token: a mutex's key's creation
+/// (a delayed release rewrites the key, not the token), a shared kind's
+/// key's last write (its creation, or the grant's draw).
 pub(crate) fn describe(entry: &Entry, expires_in: Option<Duration>) -> LockInfo {
-    LockInfo::new(
-        entry.owner,
-        u64::try_from(entry.mod_revision).unwrap_or(0),
-        expires_in,
-    )
-    .with_holder(entry.holder.clone())
-    .with_mode(entry.mode)
+    let token = if entry.mode == dlock_core::Mode::Exclusive {
+        entry.create_revision
+    } else {
+        entry.mod_revision
+    };
+    LockInfo::new(entry.owner, u64::try_from(token).unwrap_or(0), expires_in)
+        .with_holder(entry.holder.clone())
+        .with_mode(entry.mode)
 }

@@ -62,7 +62,7 @@ impl EtcdBackend {
             }
             undo.disarm();
             // The old lease has no key left, but could still be renewed.
-            self.revoke_soon(id).await;
+            self.revoke_soon(id, lease.ttl().unwrap_or_default()).await;
             Ok(())
         })
         .await

@@ -117,11 +117,14 @@ impl EtcdBackend {
 
     /// Keeps a waiter's lease alive. A lease found gone took our key with
     /// it: the key leaves our copy of the queue, and the caller queues
-    /// again.
+    /// again (the old place's undo revokes what is left of it). So does a
+    /// renewal answered after the lease's validity, which may have met the
+    /// server ending the lease (see `extend_lease`).
     async fn renew_place(&self, place: &mut Place, queue: &mut Vec<Entry>) -> Result<()> {
         let sent = Instant::now();
+        let valid_until = place.opts.valid_until(place.renewed);
         match self.client().keep_alive(&[place.lease]).await?.as_slice() {
-            [KeptAlive::Renewed] => place.renewed = sent,
+            [KeptAlive::Renewed] if Instant::now() < valid_until => place.renewed = sent,
             _ => queue.retain(|e| e.key != place.key),
         }
         Ok(())

@@ -218,7 +218,10 @@ async fn start_node(
         .with_hostname(name)
         .with_label("dlock.harness", std::process::id().to_string())
         // For `stop_sending_to`: routes in the node's own namespace.
-        .with_cap_add("NET_ADMIN");
+        .with_cap_add("NET_ADMIN")
+        // etcd members keep their data in /dev/shm, as the single test
+        // server does; Docker's 64 MiB would not hold one log segment.
+        .with_shm_size(1 << 30);
     for (key, value) in env {
         request = request.with_env_var(*key, value.clone());
     }
