@@ -198,7 +198,7 @@ impl EtcdBackend {
         UndoOnDrop::new(async move {
             let revoked = retry_for(ttl, || async {
                 match client.grant(lease, 1).await {
-                    Err(e) if !is_lease_taken(&e) => return Err(e),
+                    Err(e) if !is_lease_taken(&e) => Err(e),
                     _ => client.revoke(lease).await,
                 }
             })
