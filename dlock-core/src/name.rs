@@ -41,7 +41,9 @@ pub fn redact_url(url: &str) -> String {
     // The user info ends at an `@`, and a password may hold a raw `/`, `?`
     // or `#` (malformed, yet some drivers' parsers take it): the authority
     // is cut at the first of those after the first `@`, not before it.
-    // Hiding a little too much of a strange URL is the safe mistake.
+    // Hiding a little too much of a strange URL is the safe mistake: an
+    // `@` in a path with no user info (`etcd://h:1/team@x`) hides the
+    // host's port too.
     let Some(first_at) = rest.find('@') else {
         return url.to_owned();
     };

@@ -195,8 +195,12 @@ impl EtcdBackend {
     /// first, the other fails, and the revoke after both finds the lease.
     pub(crate) fn undo_lease(&self, lease: i64, ttl: Duration) -> UndoOnDrop {
         let client = self.client().clone();
+        // The server's lease: whole seconds, and at least etcd's default
+        // minimum (2 s), however short the TTL asked for.
+        let secs = u64::try_from(ttl_seconds(ttl)).unwrap_or(u64::MAX).max(2);
+        let within = Duration::from_secs(secs);
         UndoOnDrop::new(async move {
-            let revoked = retry_for(ttl, || async {
+            let revoked = retry_for(within, || async {
                 match client.grant(lease, 1).await {
                     Err(e) if !is_lease_taken(&e) => Err(e),
                     _ => client.revoke(lease).await,

@@ -41,7 +41,10 @@ impl EtcdBackend {
         loop {
             let Some(at) = queue.iter().position(|e| e.key == place.key) else {
                 // Our lease ended while we waited (we could not renew it in
-                // time): queue again, at the back.
+                // time), or its renewal came too late to trust: queue
+                // again, at the back, once the old key is surely gone (a
+                // late renewal may have kept it, at the front of the queue).
+                self.leave(place).await;
                 (place, queue, revision) = self.join(name, opts).await?;
                 confirmed = true;
                 continue;
