@@ -256,13 +256,17 @@ impl Op for ZkRaw {
     }
 }
 
-/// One HTTP/2 connection to the etcd a bench URL names.
-pub(crate) async fn etcd_channel(url: &str) -> Result<Channel> {
-    let addr = url
-        .trim_start_matches("etcd://")
+/// The first member an `etcd://` bench URL names, as `host:port`.
+pub(crate) fn etcd_addr(url: &str) -> &str {
+    url.trim_start_matches("etcd://")
         .split([',', '/'])
         .next()
-        .unwrap_or_default();
+        .unwrap_or_default()
+}
+
+/// One HTTP/2 connection to the etcd a bench URL names.
+pub(crate) async fn etcd_channel(url: &str) -> Result<Channel> {
+    let addr = etcd_addr(url);
     Ok(Channel::from_shared(format!("http://{addr}"))?
         .tcp_nodelay(true)
         .connect()

@@ -12,7 +12,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::floors::{
     EtcdPing, EtcdRaw, MySqlCas, MySqlPing, MySqlRaw, PgAdvisory, PgPing, PgRaw, RedisPing,
-    RedisRaw, ZkPing, ZkRaw, etcd_channel,
+    RedisRaw, ZkPing, ZkRaw, etcd_addr, etcd_channel,
 };
 
 /// The bench clients' request timeout: every call returns within it.
@@ -233,12 +233,7 @@ impl Target {
 
 /// etcd's Prometheus metrics, read from its client port.
 async fn etcd_metrics(url: &str) -> Result<String> {
-    let addr = url
-        .trim_start_matches("etcd://")
-        .split([',', '/'])
-        .next()
-        .unwrap_or_default();
-    let mut s = tokio::net::TcpStream::connect(addr).await?;
+    let mut s = tokio::net::TcpStream::connect(etcd_addr(url)).await?;
     s.write_all(b"GET /metrics HTTP/1.0\r\nHost: etcd\r\n\r\n")
         .await?;
     let mut out = String::new();

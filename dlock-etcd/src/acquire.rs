@@ -183,10 +183,10 @@ pub(crate) fn token(revision: i64) -> Result<u64> {
 }
 
 impl EtcdBackend {
-    /// Revokes `lease` on a spawned task if dropped armed, trying again
-    /// with backoff for up to `ttl` (past it, the server ends the lease
-    /// anyway): a key left standing could sit at the front of its queue
-    /// for the whole TTL.
+    /// Revokes `lease` (asked for with `ttl`) on a spawned task if dropped
+    /// armed, trying again with backoff for as long as the server may keep
+    /// the lease (past that, it ends the lease anyway): a key left standing
+    /// could sit at the front of its queue for the whole TTL.
     ///
     /// The lease's own grant may still be in flight, and be handled after
     /// a bare revoke, which would then find nothing, leaving the late grant

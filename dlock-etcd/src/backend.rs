@@ -45,17 +45,6 @@ pub(crate) struct Inner {
 }
 
 impl EtcdBackend {
-    pub(crate) fn new(client: Client, prefix: String) -> Self {
-        EtcdBackend {
-            inner: Arc::new(Inner {
-                client,
-                prefix,
-                #[cfg(feature = "_test-hooks")]
-                pause_after_join: None,
-            }),
-        }
-    }
-
     pub(crate) fn client(&self) -> &Client {
         &self.inner.client
     }

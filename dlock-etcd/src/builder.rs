@@ -9,7 +9,7 @@ use percent_encoding::percent_decode_str;
 use tonic::transport::{Certificate, ClientTlsConfig, Identity};
 use tonic::transport::{Channel, Endpoint};
 
-use crate::backend::EtcdBackend;
+use crate::backend::{EtcdBackend, Inner};
 use crate::client::Client;
 
 /// Settings for [`EtcdBackend`]; start from [`EtcdBackend::builder`].
@@ -22,7 +22,7 @@ pub struct EtcdBuilder {
     tls_ca: Option<String>,
     tls_identity: Option<(String, String)>,
     #[cfg(feature = "_test-hooks")]
-    pause_after_join: Option<std::time::Duration>,
+    pause_after_join: Option<Duration>,
 }
 
 // By hand: the URL may hold a password.
@@ -176,13 +176,14 @@ impl EtcdBuilder {
         tokio::time::timeout(self.connect_timeout + self.request_timeout, ready)
             .await
             .map_err(|_| crate::error::timed_out("connect"))??;
-        #[allow(unused_mut, reason = "set by a test hook")]
-        let mut backend = EtcdBackend::new(client, prefix);
-        #[cfg(feature = "_test-hooks")]
-        if let Some(inner) = std::sync::Arc::get_mut(&mut backend.inner) {
-            inner.pause_after_join = self.pause_after_join;
-        }
-        Ok(backend)
+        Ok(EtcdBackend {
+            inner: std::sync::Arc::new(Inner {
+                client,
+                prefix,
+                #[cfg(feature = "_test-hooks")]
+                pause_after_join: self.pause_after_join,
+            }),
+        })
     }
 }
 

@@ -6,9 +6,9 @@ use crate::harness::{Service, ask, on_harness, wait_ready};
 /// An etcd cluster of `size` members, each in its own container, with its
 /// data in memory (a member killed is not started again), as the single
 /// test server's: writes that wait for three disks would make the suite's
-/// stress cases a test of the disk. Elections time out after 600 ms (etcd's default is 1 s),
-/// so that leases as short as the single test server's (1 s: 1.5 election
-/// timeouts, rounded up) are granted as asked.
+/// stress cases a test of the disk. Elections time out after 600 ms
+/// (etcd's default is 1 s), so that leases as short as the single test
+/// server's (1 s: 1.5 election timeouts, rounded up) are granted as asked.
 ///
 /// # Panics
 /// When Docker cannot be reached or the cluster does not form.
