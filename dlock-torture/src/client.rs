@@ -1,0 +1,304 @@
+//! One client process of the workload: several tasks contending on the
+//! run's names with every kind of hold, each critical section writing to
+//! the fenced resource twice, and a history of everything.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use dlock::{Backend, Guard, LockOptions, Locker};
+use tokio::time::sleep;
+
+use crate::history::{Kind, PERMITS, Recorder, What, instant_ns, now_ns};
+use crate::mutant::{Broken, Mutant};
+use crate::resource::Writer;
+
+/// The client's settings, passed on its command line by the campaign.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ClientArgs {
+    /// The driver: a backend's label, or a control's mutant.
+    #[arg(long)]
+    pub driver: String,
+    /// Where its server is (through the client's own fault proxy).
+    #[arg(long)]
+    pub url: String,
+    /// The fenced resource.
+    #[arg(long)]
+    pub resource: SocketAddr,
+    /// This process's id, unique over the run.
+    #[arg(long)]
+    pub client: u32,
+    /// Tasks contending in this process.
+    #[arg(long)]
+    pub tasks: u32,
+    /// Names contended on.
+    #[arg(long)]
+    pub names: u32,
+    /// Lease TTL, milliseconds.
+    #[arg(long)]
+    pub ttl_ms: u64,
+    /// Stop starting holds at this `CLOCK_MONOTONIC` time (ns).
+    #[arg(long)]
+    pub until_ns: u64,
+    /// Seed of this process's choices.
+    #[arg(long)]
+    pub seed: u64,
+    /// Where to write the history.
+    #[arg(long)]
+    pub history: PathBuf,
+}
+
+/// How long an acquire may wait for a held name.
+pub const WAIT: Duration = Duration::from_secs(3);
+
+/// The lock name of name index `i`.
+pub fn lock_name(i: u32) -> String {
+    format!("torture:{i}")
+}
+
+/// The kind of hold name `i` is used as: mutexes, reader-writer locks and
+/// semaphores in turn (a name is never used as two kinds, which the drivers
+/// refuse).
+pub fn name_kinds(i: u32) -> &'static [Kind] {
+    match i % 3 {
+        0 => &[Kind::Mutex],
+        1 => &[Kind::Read, Kind::Read, Kind::Write],
+        _ => &[Kind::Permit],
+    }
+}
+
+/// Runs the client until `until_ns`, then releases and exits.
+pub async fn run(args: ClientArgs) -> Result<(), String> {
+    // The campaign's death must not leave workers behind.
+    let _ = nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL);
+    let recorder = Arc::new(
+        Recorder::create(&args.history, args.client).map_err(|e| format!("history: {e}"))?,
+    );
+    let backend = loop {
+        match connect(&args.driver, &args.url, args.seed).await {
+            Ok(backend) => break backend,
+            // The nemesis may have the server down right now.
+            Err(_) if now_ns() < args.until_ns => sleep(Duration::from_millis(200)).await,
+            Err(e) => return Err(format!("connect: {e}")),
+        }
+    };
+    let locker = Locker::from_arc(backend);
+    let mut tasks = tokio::task::JoinSet::new();
+    for task in 0..args.tasks {
+        let seed = args.seed ^ (u64::from(args.client) << 32) ^ u64::from(task);
+        let worker = Worker {
+            args: args.clone(),
+            locker: locker.clone(),
+            recorder: recorder.clone(),
+            task,
+            rng: fastrand::Rng::with_seed(seed),
+        };
+        tasks.spawn(worker.run());
+    }
+    while tasks.join_next().await.is_some() {}
+    Ok(())
+}
+
+/// A client of `driver` at `url`, as every process of the run makes it.
+pub async fn connect(driver: &str, url: &str, seed: u64) -> Result<Arc<dyn Backend>, dlock::Error> {
+    Ok(match driver {
+        "redis" => Arc::new(
+            dlock::redis::RedisBackend::builder(url)
+                .request_timeout(Duration::from_secs(1))
+                .connect()
+                .await?,
+        ),
+        "mysql" => Arc::new(
+            dlock::mysql::MySqlBackend::builder(url)
+                .wake_ups(true)
+                .connect()
+                .await?,
+        ),
+        "postgres" => Arc::new(
+            dlock::postgres::PgBackend::builder(url)
+                .wake_ups(true)
+                .connect()
+                .await?,
+        ),
+        "zookeeper" => Arc::new(
+            dlock::zk::ZkBackend::builder(url)
+                .session_timeout(crate::target::ZK_SESSION)
+                .connect()
+                .await?,
+        ),
+        "etcd" => Arc::new(dlock::etcd::EtcdBackend::builder(url).connect().await?),
+        "sim-split-brain" => Arc::new(Mutant::new(Broken::SplitBrain, seed)),
+        "sim-stale-token" => Arc::new(Mutant::new(Broken::StaleToken, seed)),
+        other => {
+            return Err(dlock::Error::invalid_option(
+                "driver",
+                format!("unknown driver {other}"),
+            ));
+        }
+    })
+}
+
+/// How a critical section ends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum End {
+    Release,
+    /// Drop the guard: it releases in the background.
+    Drop,
+    /// Leave the lease to expire (no renewal, no release).
+    Abandon,
+}
+
+struct Worker {
+    args: ClientArgs,
+    locker: Locker,
+    recorder: Arc<Recorder>,
+    task: u32,
+    rng: fastrand::Rng,
+}
+
+impl Worker {
+    async fn run(mut self) {
+        let mut writer = None;
+        while now_ns() < self.args.until_ns {
+            if writer.is_none() {
+                writer = Writer::connect(self.args.resource).await.ok();
+            }
+            let Some(w) = writer.as_mut() else {
+                sleep(Duration::from_millis(100)).await;
+                continue;
+            };
+            if !self.one_hold(w).await {
+                writer = None;
+            }
+        }
+    }
+
+    fn record(&self, name: u32, what: What) {
+        self.recorder.record(self.task, name, what);
+    }
+
+    /// One acquire and critical section; `false` when the resource
+    /// connection broke.
+    async fn one_hold(&mut self, writer: &mut Writer) -> bool {
+        let name = self.rng.u32(0..self.args.names);
+        let kinds = name_kinds(name);
+        let kind = kinds[self.rng.usize(0..kinds.len())];
+        let end = match self.rng.u32(0..100) {
+            0..85 => End::Release,
+            85..93 => End::Drop,
+            _ => End::Abandon,
+        };
+        let ttl = Duration::from_millis(self.args.ttl_ms);
+        let opts = LockOptions::new()
+            .ttl(ttl)
+            .wait(WAIT)
+            .renew(end != End::Abandon);
+        let opts = match kind {
+            Kind::Mutex => opts,
+            Kind::Read => opts.read(),
+            Kind::Write => opts.write(),
+            Kind::Permit => opts.permits(PERMITS),
+        };
+        self.record(name, What::Invoke { kind });
+        let guard = match self.locker.acquire(&lock_name(name), &opts).await {
+            Ok(guard) => guard,
+            Err(e) => {
+                self.record(
+                    name,
+                    What::Failed {
+                        error: e.to_string(),
+                    },
+                );
+                // A down server answers at once; do not spin on it.
+                sleep(Duration::from_millis(50)).await;
+                return true;
+            }
+        };
+        self.record(
+            name,
+            What::Granted {
+                kind,
+                token: guard.fencing_token(),
+                valid_until: guard.valid_until().map(|t| instant_ns(t.into_std())),
+            },
+        );
+        let ok = self.critical_section(name, kind, &guard, writer).await;
+        match end {
+            End::Release => {
+                self.record(name, What::Release);
+                let done = guard.release().await;
+                self.record(name, What::Released { ok: done.is_ok() });
+            }
+            End::Drop => {
+                self.record(name, What::Dropped);
+                drop(guard);
+            }
+            End::Abandon => {
+                self.record(name, What::Abandoned);
+                // Neither renewed (renew(false)) nor released: the lease
+                // ends with its TTL. A session lease would live as long as
+                // the process, so it is released instead.
+                if guard.valid_until().is_some() {
+                    std::mem::forget(guard);
+                } else {
+                    drop(guard);
+                }
+            }
+        }
+        ok
+    }
+
+    /// Writes, waits 0–20 ms (now and then past the TTL, so that renewal
+    /// matters), writes again. Stops writing once the lease is lost.
+    async fn critical_section(
+        &mut self,
+        name: u32,
+        kind: Kind,
+        guard: &Guard,
+        writer: &mut Writer,
+    ) -> bool {
+        for round in 0..2 {
+            if round == 1 {
+                let pause = if self.rng.u32(0..50) == 0 {
+                    self.rng.u64(0..self.args.ttl_ms * 3 / 2)
+                } else {
+                    self.rng.u64(0..=20)
+                };
+                tokio::select! {
+                    () = guard.lost() => {
+                        self.record(name, What::Lost);
+                        return true;
+                    }
+                    () = sleep(Duration::from_millis(pause)) => {}
+                }
+            }
+            let valid = guard.is_valid();
+            self.record(
+                name,
+                What::Checked {
+                    valid,
+                    valid_until: guard.valid_until().map(|t| instant_ns(t.into_std())),
+                },
+            );
+            if !valid {
+                self.record(name, What::Lost);
+                return true;
+            }
+            let token = guard.fencing_token();
+            let sent = writer
+                .write(
+                    name,
+                    token,
+                    kind.exclusive(),
+                    (self.args.client, self.task),
+                    valid,
+                )
+                .await;
+            if sent.is_err() {
+                return false;
+            }
+        }
+        true
+    }
+}

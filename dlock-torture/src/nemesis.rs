@@ -1,0 +1,194 @@
+//! The nemesis: seeded batches of one or two overlapping faults, each
+//! healed after a random time, with quiet periods between batches in
+//! which recovery is measured.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use dlock_conformance::harness::{Service, wait_ready};
+use dlock_conformance::proxy::Fault;
+use nix::sys::signal::Signal;
+use serde::Serialize;
+use tokio::time::sleep;
+
+use crate::clients::Clients;
+use crate::history::now_ns;
+use crate::target::FaultKind;
+
+/// One fault thrown, from its start to its heal.
+#[derive(Debug, Clone, Serialize)]
+pub struct FaultRecord {
+    /// What.
+    pub kind: FaultKind,
+    /// The client process it hit, `None` for the server.
+    pub client: Option<u32>,
+    /// When it started (ns).
+    pub start: u64,
+    /// When it healed (ns): for a server kill, once the server answers again.
+    pub end: u64,
+}
+
+/// What the nemesis did.
+#[derive(Debug, Default, Serialize)]
+pub struct Record {
+    /// Every fault.
+    pub faults: Vec<FaultRecord>,
+    /// When each batch had healed entirely (ns).
+    pub heals: Vec<u64>,
+    /// When each batch started (ns).
+    pub batches: Vec<u64>,
+}
+
+/// The server a run faults.
+#[derive(Debug, Clone)]
+pub struct ServerHandle {
+    /// Its kind.
+    pub service: Service,
+    /// Its URL, for the readiness probe.
+    pub url: String,
+    /// Its container.
+    pub container: String,
+}
+
+impl ServerHandle {
+    async fn docker(&self, verb: &'static str) -> Result<(), String> {
+        let id = self.container.clone();
+        let out = tokio::process::Command::new("docker")
+            .args([verb, &id])
+            .output()
+            .await
+            .map_err(|e| format!("docker {verb}: {e}"))?;
+        if out.status.success() {
+            Ok(())
+        } else {
+            Err(format!(
+                "docker {verb} {id}: {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            ))
+        }
+    }
+}
+
+/// Throws faults of `kinds` at `clients` and `server` until `until_ns`.
+pub async fn run(
+    kinds: &[FaultKind],
+    clients: Arc<Clients>,
+    server: Option<ServerHandle>,
+    ttl: Duration,
+    seed: u64,
+    until_ns: u64,
+) -> Result<Record, String> {
+    let mut rng = fastrand::Rng::with_seed(seed);
+    let mut record = Record::default();
+    let usable: Vec<FaultKind> = kinds
+        .iter()
+        .copied()
+        .filter(|k| server.is_some() || !k.on_server())
+        .collect();
+    if usable.is_empty() {
+        return Ok(record);
+    }
+    // Clients first connect and warm up.
+    sleep(Duration::from_secs(2)).await;
+    while now_ns() < until_ns {
+        record.batches.push(now_ns());
+        let first = usable[rng.usize(0..usable.len())];
+        // One server fault at a time; two client faults hit two clients.
+        let others: Vec<FaultKind> = usable
+            .iter()
+            .copied()
+            .filter(|k| !(k.on_server() && first.on_server()))
+            .collect();
+        let second = (rng.bool() && clients.len() > 1 && !others.is_empty())
+            .then(|| others[rng.usize(0..others.len())]);
+        let slots = clients.len().max(1);
+        let a = rng.usize(0..slots);
+        let b = (a + 1 + rng.usize(0..slots.saturating_sub(1).max(1))) % slots;
+        let seeds = (rng.u64(..), rng.u64(..));
+        let lag = Duration::from_millis(rng.u64(0..2000));
+        let one = throw(first, a, &clients, server.as_ref(), ttl, seeds.0);
+        let two = async {
+            match second {
+                Some(kind) => {
+                    sleep(lag).await;
+                    Some(throw(kind, b, &clients, server.as_ref(), ttl, seeds.1).await)
+                }
+                None => None,
+            }
+        };
+        let (one, two) = tokio::join!(one, two);
+        record.faults.push(one?);
+        if let Some(two) = two {
+            record.faults.push(two?);
+        }
+        record.heals.push(now_ns());
+        sleep(Duration::from_millis(rng.u64(2000..6000))).await;
+    }
+    Ok(record)
+}
+
+/// Throws one fault and heals it.
+async fn throw(
+    kind: FaultKind,
+    slot: usize,
+    clients: &Clients,
+    server: Option<&ServerHandle>,
+    ttl: Duration,
+    seed: u64,
+) -> Result<FaultRecord, String> {
+    let mut rng = fastrand::Rng::with_seed(seed);
+    let lasting = Duration::from_millis(rng.u64(500..4000));
+    let start = now_ns();
+    let client = clients.id(slot).filter(|_| !kind.on_server());
+    match kind {
+        FaultKind::LinkDelay | FaultKind::LinkStall | FaultKind::LinkCut => {
+            let fault = match kind {
+                FaultKind::LinkDelay => Fault::Delay(Duration::from_millis(rng.u64(20..400))),
+                FaultKind::LinkStall => Fault::Stall,
+                _ => Fault::Cut,
+            };
+            clients.set_link(slot, fault);
+            sleep(lasting).await;
+            clients.set_link(slot, Fault::Pass);
+        }
+        FaultKind::ServerPause => {
+            let server = server.ok_or("no server to pause")?;
+            server.docker("pause").await?;
+            sleep(lasting).await;
+            server.docker("unpause").await?;
+        }
+        FaultKind::ServerKill => {
+            let server = server.ok_or("no server to kill")?;
+            server.docker("kill").await?;
+            sleep(Duration::from_millis(rng.u64(0..2000))).await;
+            server.docker("start").await?;
+            wait_ready(server.service, &server.url)
+                .await
+                .map_err(|e| format!("the server did not come back: {e}"))?;
+        }
+        FaultKind::ClientStop => {
+            // Past the TTL, so that the holder's lease ends while it sleeps.
+            let stopped = ttl + Duration::from_millis(rng.u64(500..3000));
+            clients.signal(slot, Signal::SIGSTOP);
+            sleep(stopped).await;
+            clients.signal(slot, Signal::SIGCONT);
+        }
+        FaultKind::ClientKill => {
+            let pause = Duration::from_millis(rng.u64(0..1000));
+            if let Some((id, at)) = clients.kill_and_replace(slot, pause).await {
+                return Ok(FaultRecord {
+                    kind,
+                    client: Some(id),
+                    start: at,
+                    end: now_ns(),
+                });
+            }
+        }
+    }
+    Ok(FaultRecord {
+        kind,
+        client,
+        start,
+        end: now_ns(),
+    })
+}

@@ -1,0 +1,224 @@
+//! What a campaign runs against: each backend as the Safety model's row
+//! describes it, the faults the nemesis may throw at it, and what that row
+//! predicts can break.
+
+use std::time::Duration;
+
+use dlock_conformance::harness::Service;
+use serde::Serialize;
+
+/// The ZooKeeper clients' session timeout.
+pub const ZK_SESSION: Duration = Duration::from_secs(4);
+
+/// What the load of a 2-core machine running servers, the campaign and its
+/// clients may add to any bound judged.
+pub const SLACK: Duration = Duration::from_secs(5);
+
+/// A fault the nemesis can throw.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum FaultKind {
+    /// One client's link delays every byte.
+    LinkDelay,
+    /// One client's link forwards nothing (a hung peer).
+    LinkStall,
+    /// One client's link drops every connection.
+    LinkCut,
+    /// The server is frozen (`docker pause`).
+    ServerPause,
+    /// The server is killed (`kill -9`) and started again.
+    ServerKill,
+    /// A client process is stopped (SIGSTOP) past its TTL: the GC pause.
+    ClientStop,
+    /// A client process is killed (SIGKILL) and a new one started.
+    ClientKill,
+}
+
+impl FaultKind {
+    /// Every fault.
+    pub const ALL: [FaultKind; 7] = [
+        FaultKind::LinkDelay,
+        FaultKind::LinkStall,
+        FaultKind::LinkCut,
+        FaultKind::ServerPause,
+        FaultKind::ServerKill,
+        FaultKind::ClientStop,
+        FaultKind::ClientKill,
+    ];
+
+    /// Whether it faults the server rather than one client.
+    pub fn on_server(self) -> bool {
+        matches!(self, FaultKind::ServerPause | FaultKind::ServerKill)
+    }
+
+    /// Its label in tables.
+    pub fn label(self) -> &'static str {
+        match self {
+            FaultKind::LinkDelay => "link-delay",
+            FaultKind::LinkStall => "link-stall",
+            FaultKind::LinkCut => "link-cut",
+            FaultKind::ServerPause => "server-pause",
+            FaultKind::ServerKill => "server-kill",
+            FaultKind::ClientStop => "client-stop",
+            FaultKind::ClientKill => "client-kill",
+        }
+    }
+}
+
+/// A way the Safety model says a promise can break: a violation it
+/// explains is predicted; any other fails the run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Hazard {
+    /// A server restarted without persistence forgets held locks: a hold
+    /// that spans a server kill may be granted again (exclusion).
+    RestartForgets,
+    /// A holder paused longer than its session still believes it holds
+    /// (exclusion): a hold spanning a stop of its process of at least two
+    /// thirds of the session timeout.
+    PausedSessionHolder,
+    /// The driver is a deliberately wrong one: every violation is expected.
+    Mutant,
+}
+
+/// What a control must show, to prove the checker can see.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Expect {
+    /// At least one exclusion violation.
+    Exclusion,
+    /// At least one fencing violation.
+    Fencing,
+}
+
+/// One backend in one configuration.
+#[derive(Debug, Clone, Serialize)]
+pub struct Target {
+    /// Its label in tables and on the command line.
+    pub label: &'static str,
+    /// The driver the clients use.
+    pub driver: &'static str,
+    /// The server, `None` for an in-process driver.
+    #[serde(skip)]
+    pub service: Option<Service>,
+    /// Arguments appended to the server's start script: the settings under
+    /// which the Safety model's row promises exclusion.
+    pub server_args: &'static [&'static str],
+    /// The faults thrown at it.
+    pub faults: &'static [FaultKind],
+    /// The hazards its Safety model row names.
+    pub hazards: &'static [Hazard],
+    /// For a control: the violation it must show.
+    pub expect: Option<Expect>,
+    /// Client processes it runs with, when it cannot share a lock service
+    /// across processes (an in-process driver: 1).
+    pub processes: Option<u32>,
+}
+
+impl Target {
+    /// The longest a lease can outlive its holder: the TTL, or the session.
+    pub fn lease_bound(&self, ttl: Duration) -> Duration {
+        match self.driver {
+            "zookeeper" => ZK_SESSION,
+            // etcd rounds a lease up to whole seconds.
+            "etcd" => Duration::from_secs(ttl.as_millis().div_ceil(1000) as u64),
+            _ => ttl,
+        }
+    }
+
+    /// How soon after the last fault heals a name must be granted again:
+    /// a lease of a holder that died in the fault ends first.
+    pub fn liveness_bound(&self, ttl: Duration) -> Duration {
+        self.lease_bound(ttl) + SLACK
+    }
+}
+
+/// The backends' rows, each run with every fault.
+pub const BACKENDS: [Target; 5] = [
+    Target {
+        label: "redis",
+        driver: "redis",
+        service: Some(Service::Redis),
+        // The row's condition: no restart without persistence.
+        server_args: &["--appendonly", "yes", "--appendfsync", "always", "--dir", "/tmp"],
+        faults: &FaultKind::ALL,
+        hazards: &[],
+        expect: None,
+        processes: None,
+    },
+    Target {
+        label: "mariadb",
+        driver: "mysql",
+        service: Some(Service::MariaDb),
+        server_args: &["--innodb-flush-log-at-trx-commit=1"],
+        faults: &FaultKind::ALL,
+        hazards: &[],
+        expect: None,
+        processes: None,
+    },
+    Target {
+        label: "postgres",
+        driver: "postgres",
+        service: Some(Service::Postgres),
+        server_args: &["-c", "fsync=on", "-c", "synchronous_commit=on"],
+        faults: &FaultKind::ALL,
+        hazards: &[],
+        expect: None,
+        processes: None,
+    },
+    Target {
+        label: "zookeeper",
+        driver: "zookeeper",
+        service: Some(Service::ZooKeeper),
+        server_args: &[],
+        faults: &FaultKind::ALL,
+        hazards: &[Hazard::PausedSessionHolder],
+        expect: None,
+        processes: None,
+    },
+    Target {
+        label: "etcd",
+        driver: "etcd",
+        service: Some(Service::Etcd),
+        // On disk: the row's condition is a restart that keeps the data.
+        server_args: &["--data-dir", "/var/lib/dlock-etcd"],
+        faults: &FaultKind::ALL,
+        hazards: &[],
+        expect: None,
+        processes: None,
+    },
+];
+
+/// The controls: configurations that must show violations.
+pub const CONTROLS: [Target; 3] = [
+    Target {
+        label: "control: redis without persistence, killed",
+        driver: "redis",
+        service: Some(Service::Redis),
+        server_args: &[],
+        faults: &[FaultKind::ServerKill],
+        hazards: &[Hazard::RestartForgets],
+        expect: Some(Expect::Exclusion),
+        processes: None,
+    },
+    Target {
+        label: "control: simulated split brain",
+        driver: "sim-split-brain",
+        service: None,
+        server_args: &[],
+        faults: &[],
+        hazards: &[Hazard::Mutant],
+        expect: Some(Expect::Exclusion),
+        processes: Some(1),
+    },
+    Target {
+        label: "control: simulated stale tokens",
+        driver: "sim-stale-token",
+        service: None,
+        server_args: &[],
+        faults: &[],
+        hazards: &[Hazard::Mutant],
+        expect: Some(Expect::Fencing),
+        processes: Some(1),
+    },
+];
