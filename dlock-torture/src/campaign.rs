@@ -110,6 +110,7 @@ pub async fn run(target: &Target, settings: &Settings, seed: u64) -> Result<Outc
         until_ns,
         seed,
         dir: dir.clone(),
+        long_holds: target.long_holds,
     };
     let processes = target.processes.unwrap_or(settings.processes);
     let clients = Arc::new(Clients::start(workload, processes).await?);

@@ -76,7 +76,7 @@ pub struct Findings {
     pub fencing: Vec<StaleToken>,
     /// Writes the resource refused: (name, token, client, believed).
     pub refused: Vec<(u32, u64, u32, bool)>,
-    /// The longest time from a batch's heal to the next grant (ms).
+    /// The longest time from a batch's heal to a name's next grant (ms).
     pub longest_unavailable_ms: f64,
     /// Heals after which no grant came within the bound.
     pub unavailable: Vec<f64>,
@@ -311,12 +311,17 @@ fn fencing(holds: &[Hold], seen: &Seen<'_>, out: &mut Vec<StaleToken>) {
     }
 }
 
-/// After each batch of faults heals, some name is granted again within the
-/// target's bound.
+/// After each batch of faults heals, every name is granted again within
+/// the target's bound (a lease of a holder lost in the fault ends first).
 fn liveness(holds: &[Hold], seen: &Seen<'_>, f: &mut Findings) {
     let bound = duration_ns(seen.target.liveness_bound(seen.ttl));
-    let mut grants: Vec<u64> = holds.iter().map(|h| h.granted).collect();
-    grants.sort_unstable();
+    let mut by_name: BTreeMap<u32, Vec<u64>> = BTreeMap::new();
+    for h in holds {
+        by_name.entry(h.name).or_default().push(h.granted);
+    }
+    for grants in by_name.values_mut() {
+        grants.sort_unstable();
+    }
     for (i, &heal) in seen.nemesis.heals.iter().enumerate() {
         let next_batch = seen
             .nemesis
@@ -324,21 +329,19 @@ fn liveness(holds: &[Hold], seen: &Seen<'_>, f: &mut Findings) {
             .get(i + 1)
             .copied()
             .unwrap_or(seen.until_ns);
-        let first = grants.iter().copied().find(|&g| g > heal);
-        match first {
-            Some(g) if g <= next_batch => {
-                let gap = g - heal;
-                f.longest_unavailable_ms = f.longest_unavailable_ms.max(ms(gap));
-                if gap > bound {
-                    f.unavailable.push(ms(gap));
-                }
-            }
-            // The next faults came before any grant: judged only if the
-            // quiet period was longer than the bound.
-            _ if next_batch.saturating_sub(heal) > bound => {
-                f.unavailable.push(ms(next_batch - heal));
-            }
-            _ => {}
+        let mut longest = 0;
+        for grants in by_name.values() {
+            let first = grants[grants.partition_point(|&g| g <= heal)..].first();
+            longest = longest.max(match first {
+                Some(&g) if g <= next_batch => g - heal,
+                // The next faults came first: what is known is that the
+                // name waited at least until then.
+                _ => next_batch.saturating_sub(heal),
+            });
+        }
+        f.longest_unavailable_ms = f.longest_unavailable_ms.max(ms(longest));
+        if longest > bound {
+            f.unavailable.push(ms(longest));
         }
     }
 }

@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use dlock::{Backend, Guard, LockOptions, Locker};
+use dlock::{Backend, Guard, Lease, LockOptions, Locker};
 use tokio::time::sleep;
 
 use crate::history::{Kind, PERMITS, Recorder, What, instant_ns, now_ns};
@@ -47,6 +47,9 @@ pub struct ClientArgs {
     /// Where to write the history.
     #[arg(long)]
     pub history: PathBuf,
+    /// Hold every lock for up to a TTL (renewed), not 0–20 ms.
+    #[arg(long)]
+    pub long_holds: bool,
 }
 
 /// How long an acquire may wait for a held name.
@@ -201,8 +204,15 @@ impl Worker {
             Kind::Permit => opts.permits(PERMITS),
         };
         self.record(name, What::Invoke { kind });
-        let guard = match self.locker.acquire(&lock_name(name), &opts).await {
-            Ok(guard) => guard,
+        let lock = lock_name(name);
+        let held = if end == End::Abandon {
+            // A bare lease: nothing renews it, nothing releases it.
+            self.locker.backend().acquire(&lock, &opts).await.map(Held::Lease)
+        } else {
+            self.locker.acquire(&lock, &opts).await.map(Held::Guard)
+        };
+        let held = match held {
+            Ok(held) => held,
             Err(e) => {
                 self.record(
                     name,
@@ -219,77 +229,81 @@ impl Worker {
             name,
             What::Granted {
                 kind,
-                token: guard.fencing_token(),
-                valid_until: guard.valid_until().map(|t| instant_ns(t.into_std())),
+                token: held.token(),
+                valid_until: held.valid_until(),
             },
         );
-        let ok = self.critical_section(name, kind, &guard, writer).await;
-        match end {
-            End::Release => {
+        let ok = self.critical_section(name, kind, &held, writer).await;
+        match (end, held) {
+            (End::Release, Held::Guard(guard)) => {
                 self.record(name, What::Release);
                 let done = guard.release().await;
                 self.record(name, What::Released { ok: done.is_ok() });
             }
-            End::Drop => {
+            (_, Held::Guard(guard)) => {
                 self.record(name, What::Dropped);
                 drop(guard);
             }
-            End::Abandon => {
+            (_, Held::Lease(lease)) if lease.valid_until().is_some() => {
                 self.record(name, What::Abandoned);
-                // Neither renewed (renew(false)) nor released: the lease
-                // ends with its TTL. A session lease would live as long as
-                // the process, so it is released instead.
-                if guard.valid_until().is_some() {
-                    std::mem::forget(guard);
-                } else {
-                    drop(guard);
-                }
+            }
+            // A session lease would live as long as the process: released.
+            (_, Held::Lease(lease)) => {
+                self.record(name, What::Release);
+                let done = self.locker.backend().release(&lease).await;
+                self.record(name, What::Released { ok: done.is_ok() });
             }
         }
         ok
     }
 
     /// Writes, waits 0–20 ms (now and then past the TTL, so that renewal
-    /// matters), writes again. Stops writing once the lease is lost.
+    /// matters), writes again; stops writing once the lease is lost. A bare
+    /// lease's holder is now and then late: it looks, then writes after its
+    /// lease ended, as a holder paused between its check and its write
+    /// would, and fencing must refuse the write once another holder wrote.
     async fn critical_section(
         &mut self,
         name: u32,
         kind: Kind,
-        guard: &Guard,
+        held: &Held,
         writer: &mut Writer,
     ) -> bool {
         for round in 0..2 {
             if round == 1 {
-                let pause = if self.rng.u32(0..50) == 0 {
+                let pause = if self.args.long_holds || self.rng.u32(0..50) == 0 {
                     self.rng.u64(0..self.args.ttl_ms * 3 / 2)
                 } else {
                     self.rng.u64(0..=20)
                 };
                 tokio::select! {
-                    () = guard.lost() => {
+                    () = held.lost() => {
                         self.record(name, What::Lost);
                         return true;
                     }
                     () = sleep(Duration::from_millis(pause)) => {}
                 }
             }
-            let valid = guard.is_valid();
+            let valid = held.is_valid();
             self.record(
                 name,
                 What::Checked {
                     valid,
-                    valid_until: guard.valid_until().map(|t| instant_ns(t.into_std())),
+                    valid_until: held.valid_until(),
                 },
             );
             if !valid {
                 self.record(name, What::Lost);
                 return true;
             }
-            let token = guard.fencing_token();
+            if round == 1 && matches!(held, Held::Lease(_)) && self.rng.bool() {
+                let late = self.args.ttl_ms + self.rng.u64(0..1000);
+                sleep(Duration::from_millis(late)).await;
+            }
             let sent = writer
                 .write(
                     name,
-                    token,
+                    held.token(),
                     kind.exclusive(),
                     (self.args.client, self.task),
                     valid,
@@ -300,5 +314,50 @@ impl Worker {
             }
         }
         true
+    }
+}
+
+/// A grant, as a guard (renewed, released) or a bare lease (left to expire).
+enum Held {
+    Guard(Guard),
+    Lease(Lease),
+}
+
+impl Held {
+    fn token(&self) -> u64 {
+        match self {
+            Held::Guard(g) => g.fencing_token(),
+            Held::Lease(l) => l.fencing_token(),
+        }
+    }
+
+    fn valid_until(&self) -> Option<u64> {
+        let until = match self {
+            Held::Guard(g) => g.valid_until(),
+            Held::Lease(l) => l.valid_until(),
+        };
+        until.map(|t| instant_ns(t.into_std()))
+    }
+
+    fn is_valid(&self) -> bool {
+        match self {
+            Held::Guard(g) => g.is_valid(),
+            Held::Lease(l) => l.is_valid(),
+        }
+    }
+
+    async fn lost(&self) {
+        match self {
+            Held::Guard(g) => g.lost().await,
+            Held::Lease(l) => match l.valid_until() {
+                Some(until) => {
+                    tokio::select! {
+                        () = l.lost_token().cancelled() => {}
+                        () = tokio::time::sleep_until(until) => {}
+                    }
+                }
+                None => l.lost_token().cancelled().await,
+            },
+        }
     }
 }

@@ -39,6 +39,8 @@ pub struct Workload {
     pub seed: u64,
     /// Where histories go.
     pub dir: PathBuf,
+    /// Whether holds last up to a TTL.
+    pub long_holds: bool,
 }
 
 struct Slot {
@@ -119,6 +121,7 @@ impl Clients {
             .args(["--seed", &w.seed.to_string()])
             .arg("--history")
             .arg(&history)
+            .args(w.long_holds.then_some("--long-holds"))
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .kill_on_drop(true)

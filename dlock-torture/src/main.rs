@@ -150,6 +150,7 @@ async fn campaign(args: Args) -> Result<bool, String> {
         if *control {
             s.duration = Duration::from_secs(args.control_seconds);
         }
+        s.ttl = target.ttl.unwrap_or(s.ttl);
         // Each run's own seed: a run replays alone with the same campaign seed.
         let run_seed = seed ^ (i as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15);
         eprintln!("dlock-torture: {} …", target.label);

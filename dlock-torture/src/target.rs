@@ -113,6 +113,12 @@ pub struct Target {
     /// Client processes it runs with, when it cannot share a lock service
     /// across processes (an in-process driver: 1).
     pub processes: Option<u32>,
+    /// Whether holds last up to a TTL (renewed) rather than 0–20 ms: a
+    /// fault then finds most names held.
+    pub long_holds: bool,
+    /// The TTL it runs with, instead of the campaign's.
+    #[serde(skip)]
+    pub ttl: Option<Duration>,
 }
 
 impl Target {
@@ -145,6 +151,8 @@ pub const BACKENDS: [Target; 5] = [
         hazards: &[],
         expect: None,
         processes: None,
+        long_holds: false,
+        ttl: None,
     },
     Target {
         label: "mariadb",
@@ -155,6 +163,8 @@ pub const BACKENDS: [Target; 5] = [
         hazards: &[],
         expect: None,
         processes: None,
+        long_holds: false,
+        ttl: None,
     },
     Target {
         label: "postgres",
@@ -165,6 +175,8 @@ pub const BACKENDS: [Target; 5] = [
         hazards: &[],
         expect: None,
         processes: None,
+        long_holds: false,
+        ttl: None,
     },
     Target {
         label: "zookeeper",
@@ -175,6 +187,8 @@ pub const BACKENDS: [Target; 5] = [
         hazards: &[Hazard::PausedSessionHolder],
         expect: None,
         processes: None,
+        long_holds: false,
+        ttl: None,
     },
     Target {
         label: "etcd",
@@ -186,6 +200,8 @@ pub const BACKENDS: [Target; 5] = [
         hazards: &[],
         expect: None,
         processes: None,
+        long_holds: false,
+        ttl: None,
     },
 ];
 
@@ -200,6 +216,9 @@ pub const CONTROLS: [Target; 3] = [
         hazards: &[Hazard::RestartForgets],
         expect: Some(Expect::Exclusion),
         processes: None,
+        long_holds: true,
+        // Holders believe well past the restart, whatever its length.
+        ttl: Some(Duration::from_secs(8)),
     },
     Target {
         label: "control: simulated split brain",
@@ -210,6 +229,8 @@ pub const CONTROLS: [Target; 3] = [
         hazards: &[Hazard::Mutant],
         expect: Some(Expect::Exclusion),
         processes: Some(1),
+        long_holds: false,
+        ttl: None,
     },
     Target {
         label: "control: simulated stale tokens",
@@ -220,5 +241,7 @@ pub const CONTROLS: [Target; 3] = [
         hazards: &[Hazard::Mutant],
         expect: Some(Expect::Fencing),
         processes: Some(1),
+        long_holds: false,
+        ttl: None,
     },
 ];
