@@ -8,7 +8,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use dlock::Locker;
-use dlock_conformance::harness::{self, Server, ServerOptions};
+use dlock_conformance::harness::{self, Server, ServerOptions, Service};
+use dlock_conformance::topology::{self, Topology};
 use serde::Serialize;
 use tokio::time::sleep;
 
@@ -16,9 +17,9 @@ use crate::check::{Findings, Seen, check};
 use crate::client::{connect, lock_name};
 use crate::clients::{Clients, Workload};
 use crate::history::now_ns;
-use crate::nemesis::{self, Record, ServerHandle};
+use crate::nemesis::{self, Record, Servers};
 use crate::resource::Resource;
-use crate::target::{Expect, FaultKind, Target};
+use crate::target::{Expect, FaultKind, Target, Topo};
 
 /// How every run of a campaign is shaped.
 #[derive(Debug, Clone)]
@@ -56,6 +57,10 @@ pub struct Outcome {
     pub findings: Findings,
     /// Names still held once every lease should have ended.
     pub leftovers: Vec<String>,
+    /// Client processes that exited with an error of their own.
+    pub crashed: Vec<String>,
+    /// The lease TTL it ran with (ms).
+    pub ttl_ms: u64,
     /// Violations the Safety model does not predict (or call bounds and
     /// liveness missed, or leftovers).
     pub unpredicted: usize,
@@ -83,6 +88,10 @@ pub async fn run(target: &Target, settings: &Settings, seed: u64) -> Result<Outc
         Some(service) => Some(start_server(service, target.server_args).await?),
         None => None,
     };
+    let cluster = match target.topology {
+        Some(topo) => Some(start_cluster(topo).await?),
+        None => None,
+    };
     let upstream = match &server {
         Some(s) => Some(SocketAddr::from((
             [127, 0, 0, 1],
@@ -90,7 +99,12 @@ pub async fn run(target: &Target, settings: &Settings, seed: u64) -> Result<Outc
         ))),
         None => None,
     };
-    let url = server.as_ref().map_or("memory://".to_owned(), |s| s.url().to_owned());
+    let url = match (&server, &cluster, target.topology) {
+        (Some(s), _, _) => s.url().to_owned(),
+        (_, Some(c), Some(Topo::EtcdCluster)) => c.etcd_url(&all(c)),
+        (_, Some(c), _) => c.connect_string(&all(c)),
+        _ => "memory://".to_owned(),
+    };
     let resource = Resource::start()
         .await
         .map_err(|e| format!("the fenced resource: {e}"))?;
@@ -98,7 +112,10 @@ pub async fn run(target: &Target, settings: &Settings, seed: u64) -> Result<Outc
     let until_ns = started_ns + nanos(settings.duration);
     // The last stretch is quiet: the last heal is measured, and the
     // clients release before the leftovers are listed.
-    let quiet = (settings.duration / 5).clamp(Duration::from_secs(5), Duration::from_secs(30));
+    let judged_quiet = target.liveness_bound(settings.ttl) + Duration::from_secs(1);
+    // The last batch may run 6 s past the nemesis's end, and then its heal
+    // is judged like any other.
+    let quiet = (settings.duration / 5).clamp(judged_quiet + Duration::from_secs(6), Duration::from_secs(60));
     let workload = Workload {
         driver: target.driver,
         url: url.clone(),
@@ -114,23 +131,33 @@ pub async fn run(target: &Target, settings: &Settings, seed: u64) -> Result<Outc
     };
     let processes = target.processes.unwrap_or(settings.processes);
     let clients = Arc::new(Clients::start(workload, processes).await?);
-    let handle = server.as_ref().map(|s| ServerHandle {
-        service: s.service(),
-        url: url.clone(),
-        container: s.container().map(|c| c.id().to_owned()).unwrap_or_default(),
-    });
+    let servers = match (&server, &cluster) {
+        (Some(s), _) => Some(Servers::One {
+            service: s.service(),
+            url: url.clone(),
+            container: s.container().map(|c| c.id().to_owned()).unwrap_or_default(),
+        }),
+        (_, Some(c)) => Some(Servers::Cluster(
+            c.nodes()
+                .iter()
+                .map(|n| (n.name().to_owned(), n.ip()))
+                .collect(),
+        )),
+        _ => None,
+    };
     let record = nemesis::run(
         target.faults,
         clients.clone(),
-        handle,
+        servers,
         settings.ttl,
         seed,
         until_ns.saturating_sub(nanos(quiet)),
+        judged_quiet,
     )
     .await?;
     sleep(Duration::from_nanos(until_ns.saturating_sub(now_ns()))).await;
     // A client ends its hold in progress: at most a wait and a hold.
-    let mut kills = clients.finish(until_ns + nanos(Duration::from_secs(30))).await;
+    let (mut kills, crashed) = clients.finish(until_ns + nanos(Duration::from_secs(30))).await;
     kills.extend(
         record
             .faults
@@ -138,18 +165,18 @@ pub async fn run(target: &Target, settings: &Settings, seed: u64) -> Result<Outc
             .filter(|f| f.kind == FaultKind::ClientKill)
             .filter_map(|f| Some((f.client?, f.start))),
     );
-    let leftovers = match &server {
-        Some(_) => {
-            sleep(target.lease_bound(settings.ttl) + Duration::from_secs(2)).await;
-            leftovers(target.driver, &url, settings.names).await?
-        }
-        // An in-process lock space ended with its process.
-        None => Vec::new(),
+    // An in-process lock space ends with its process: nothing to list.
+    let leftovers = if target.service.is_some() || target.topology.is_some() {
+        // Every lease ends within its bound; a ZooKeeper session's nodes go
+        // at the server's next tick after it; a loaded machine adds more.
+        let settle = target.lease_bound(settings.ttl) + Duration::from_secs(8);
+        leftovers(target.driver, &url, settings.names, settle).await?
+    } else {
+        Vec::new()
     };
     let mut events = Vec::new();
     for (_, path) in clients.histories() {
-        // A client killed before it created its file wrote nothing.
-        events.extend(crate::history::read(&path).unwrap_or_default());
+        events.extend(crate::history::read(&path).map_err(|e| format!("a history: {e}"))?);
     }
     let grant_times = events
         .iter()
@@ -166,21 +193,10 @@ pub async fn run(target: &Target, settings: &Settings, seed: u64) -> Result<Outc
             kills: &kills,
             writes: &writes,
             until_ns,
+            names: settings.names,
         },
     );
-    let unpredicted = findings
-        .exclusion
-        .iter()
-        .filter(|o| o.explained_by.is_none())
-        .count()
-        + findings
-            .fencing
-            .iter()
-            .filter(|s| s.explained_by.is_none())
-            .count()
-        + findings.unavailable.len()
-        + findings.slow_calls.len()
-        + leftovers.len();
+    let unpredicted = findings.unpredicted() + leftovers.len() + crashed.len();
     let control_showed = target.expect.map(|e| match e {
         Expect::Exclusion => !findings.exclusion.is_empty(),
         Expect::Fencing => !findings.fencing.is_empty(),
@@ -190,6 +206,10 @@ pub async fn run(target: &Target, settings: &Settings, seed: u64) -> Result<Outc
         *faults.entry(f.kind).or_default() += 1;
     }
     drop(server);
+    if let Some(cluster) = cluster {
+        // Removing containers blocks on Docker.
+        let _ = tokio::task::spawn_blocking(move || drop(cluster)).await;
+    }
     Ok(Outcome {
         target: target.clone(),
         seed,
@@ -199,6 +219,8 @@ pub async fn run(target: &Target, settings: &Settings, seed: u64) -> Result<Outc
         faults,
         findings,
         leftovers,
+        crashed,
+        ttl_ms: settings.ttl.as_millis() as u64,
         unpredicted,
         control_showed,
         grant_times,
@@ -222,47 +244,70 @@ fn nanos(d: Duration) -> u64 {
     u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
 }
 
-async fn start_server(
-    service: harness::Service,
-    args: &'static [&'static str],
-) -> Result<Server, String> {
+async fn start_server(service: Service, args: &'static [&'static str]) -> Result<Server, String> {
     let options = ServerOptions {
         // A killed server comes back where the proxies forward.
         fixed_port: true,
         args: args.iter().map(|a| (*a).to_owned()).collect(),
         ..ServerOptions::default()
     };
-    // The harness panics with its message when Docker or the image fails.
-    tokio::spawn(harness::start(service, options))
-        .await
-        .map_err(|e| match e.try_into_panic() {
-            Ok(panic) => panic
-                .downcast_ref::<String>()
-                .cloned()
-                .or_else(|| panic.downcast_ref::<&str>().map(|s| (*s).to_owned()))
-                .unwrap_or_else(|| "the server did not start".to_owned()),
-            Err(e) => e.to_string(),
-        })
+    caught(tokio::spawn(harness::start(service, options))).await
 }
 
-/// The run's names still held.
-async fn leftovers(driver: &str, url: &str, names: u32) -> Result<Vec<String>, String> {
+async fn start_cluster(topo: Topo) -> Result<Topology, String> {
+    match topo {
+        Topo::ZooKeeperEnsemble => caught(tokio::spawn(topology::zookeeper_ensemble(3))).await,
+        Topo::EtcdCluster => caught(tokio::spawn(topology::etcd_cluster(3))).await,
+    }
+}
+
+fn all(cluster: &Topology) -> Vec<usize> {
+    (0..cluster.nodes().len()).collect()
+}
+
+/// The harness panics with its message when Docker or the image fails: the
+/// message, as an error.
+async fn caught<T>(task: tokio::task::JoinHandle<T>) -> Result<T, String> {
+    task.await.map_err(|e| match e.try_into_panic() {
+        Ok(panic) => panic
+            .downcast_ref::<String>()
+            .cloned()
+            .or_else(|| panic.downcast_ref::<&str>().map(|s| (*s).to_owned()))
+            .unwrap_or_else(|| "the servers did not start".to_owned()),
+        Err(e) => e.to_string(),
+    })
+}
+
+/// The run's names still held once `settle` has passed (asked again
+/// every half second until then, so a clean run ends early).
+async fn leftovers(
+    driver: &str,
+    url: &str,
+    names: u32,
+    settle: Duration,
+) -> Result<Vec<String>, String> {
+    let deadline = tokio::time::Instant::now() + settle;
     let backend = connect(driver, url, 0)
         .await
         .map_err(|e| format!("connecting to list leftovers: {e}"))?;
     let locker = Locker::from_arc(backend);
-    let mut held = Vec::new();
-    for i in 0..names {
-        let name = lock_name(i);
-        let holders = locker
-            .holders(&name)
-            .await
-            .map_err(|e| format!("listing the holders of {name}: {e}"))?;
-        held.extend(
-            holders
-                .into_iter()
-                .map(|h| format!("{name} (token {})", h.fencing_token)),
-        );
+    loop {
+        let mut held = Vec::new();
+        for i in 0..names {
+            let name = lock_name(i);
+            let holders = locker
+                .holders(&name)
+                .await
+                .map_err(|e| format!("listing the holders of {name}: {e}"))?;
+            held.extend(
+                holders
+                    .into_iter()
+                    .map(|h| format!("{name} (token {})", h.fencing_token)),
+            );
+        }
+        if held.is_empty() || tokio::time::Instant::now() >= deadline {
+            return Ok(held);
+        }
+        sleep(Duration::from_millis(500)).await;
     }
-    Ok(held)
 }

@@ -96,10 +96,14 @@ pub async fn run(args: ClientArgs) -> Result<(), String> {
             recorder: recorder.clone(),
             task,
             rng: fastrand::Rng::with_seed(seed),
+            holds: 0,
         };
         tasks.spawn(worker.run());
     }
     while tasks.join_next().await.is_some() {}
+    // A guard dropped in a task's last hold releases in the background:
+    // give that release its request timeout before the runtime ends.
+    sleep(Duration::from_secs(2)).await;
     Ok(())
 }
 
@@ -142,6 +146,17 @@ pub async fn connect(driver: &str, url: &str, seed: u64) -> Result<Arc<dyn Backe
     })
 }
 
+/// An error with its sources, for the report.
+fn chain(e: &dlock::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = std::error::Error::source(e);
+    while let Some(s) = source {
+        text.push_str(&format!(": {s}"));
+        source = s.source();
+    }
+    text
+}
+
 /// How a critical section ends.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum End {
@@ -158,6 +173,8 @@ struct Worker {
     recorder: Arc<Recorder>,
     task: u32,
     rng: fastrand::Rng,
+    /// Holds so far: with the task, each write names its hold.
+    holds: u32,
 }
 
 impl Worker {
@@ -203,6 +220,7 @@ impl Worker {
             Kind::Write => opts.write(),
             Kind::Permit => opts.permits(PERMITS),
         };
+        self.holds = self.holds.wrapping_add(1);
         self.record(name, What::Invoke { kind });
         let lock = lock_name(name);
         let held = if end == End::Abandon {
@@ -217,7 +235,8 @@ impl Worker {
                 self.record(
                     name,
                     What::Failed {
-                        error: e.to_string(),
+                        error: chain(&e),
+                        unexpected: !e.is_retryable(),
                     },
                 );
                 // A down server answers at once; do not spin on it.
@@ -296,18 +315,18 @@ impl Worker {
                 self.record(name, What::Lost);
                 return true;
             }
-            if round == 1 && matches!(held, Held::Lease(_)) && self.rng.bool() {
-                let late = self.args.ttl_ms + self.rng.u64(0..1000);
-                sleep(Duration::from_millis(late)).await;
+            // Late only where the lease ends by itself: a session lease
+            // lives on while the process does.
+            let late = round == 1
+                && matches!(held, Held::Lease(l) if l.valid_until().is_some())
+                && self.rng.bool();
+            if late {
+                let after = self.args.ttl_ms + self.rng.u64(0..1000);
+                sleep(Duration::from_millis(after)).await;
             }
+            let hold = (u64::from(self.task) << 32) | u64::from(self.holds);
             let sent = writer
-                .write(
-                    name,
-                    held.token(),
-                    kind.exclusive(),
-                    (self.args.client, self.task),
-                    valid,
-                )
+                .write(name, held.token(), kind.exclusive(), (self.args.client, hold), (valid, late))
                 .await;
             if sent.is_err() {
                 return false;

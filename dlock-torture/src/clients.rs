@@ -124,6 +124,7 @@ impl Clients {
             .args(w.long_holds.then_some("--long-holds"))
             .stdin(Stdio::null())
             .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
             .kill_on_drop(true)
             .spawn()
             .map_err(|e| format!("starting a client: {e}"))?;
@@ -160,8 +161,9 @@ impl Clients {
             let slot = slots.get_mut(i)?;
             (slot.id, slot.child.take()?)
         };
-        let _ = child.start_kill();
+        // Its belief ends no later than this.
         let at = now_ns();
+        let _ = child.start_kill();
         let _ = child.wait().await;
         tokio::time::sleep(pause).await;
         let mut slots = lock(&self.slots);
@@ -176,20 +178,27 @@ impl Clients {
     }
 
     /// Waits for every client to exit by itself, until `deadline_ns`; then
-    /// kills the rest. The ids killed, and when.
-    pub async fn finish(&self, deadline_ns: u64) -> Vec<(u32, u64)> {
+    /// kills the rest. The ids killed, and when; and the clients that
+    /// exited with an error (their own, not a signal of ours).
+    pub async fn finish(&self, deadline_ns: u64) -> (Vec<(u32, u64)>, Vec<String>) {
         let slots: Vec<Slot> = std::mem::take(&mut *lock(&self.slots));
         let mut killed = Vec::new();
+        let mut failed = Vec::new();
         for slot in slots {
             let Some(mut child) = slot.child else { continue };
             let left = Duration::from_nanos(deadline_ns.saturating_sub(now_ns()));
-            if tokio::time::timeout(left, child.wait()).await.is_err() {
-                let _ = child.start_kill();
-                killed.push((slot.id, now_ns()));
-                let _ = child.wait().await;
+            match tokio::time::timeout(left, child.wait()).await {
+                Ok(Ok(status)) if status.success() => {}
+                Ok(Ok(status)) => failed.push(format!("client {} exited: {status}", slot.id)),
+                Ok(Err(e)) => failed.push(format!("client {}: {e}", slot.id)),
+                Err(_) => {
+                    killed.push((slot.id, now_ns()));
+                    let _ = child.start_kill();
+                    let _ = child.wait().await;
+                }
             }
         }
-        killed
+        (killed, failed)
     }
 
     /// Every process started, with its history file.

@@ -2,9 +2,9 @@
 //! `CLOCK_MONOTONIC` (one host, so times compare across processes).
 
 use std::fs::File;
-use std::io::{self, BufRead, BufReader, Write};
+use std::io::{self, Write};
 use std::path::Path;
-use std::sync::{Mutex, PoisonError};
+use std::sync::{Mutex, OnceLock, PoisonError};
 use std::time::Instant;
 
 use nix::time::{ClockId, clock_gettime};
@@ -22,11 +22,32 @@ pub fn now_ns() -> u64 {
 
 /// `at` in nanoseconds of `CLOCK_MONOTONIC`.
 pub fn instant_ns(at: Instant) -> u64 {
-    let (now, ns) = (Instant::now(), now_ns());
-    match at.checked_duration_since(now) {
-        Some(ahead) => ns + nanos(ahead),
-        None => ns.saturating_sub(nanos(now - at)),
+    let (then, ns) = *ANCHOR.get_or_init(anchor);
+    match at.checked_duration_since(then) {
+        Some(after) => ns + nanos(after),
+        None => ns.saturating_sub(nanos(then - at)),
     }
+}
+
+/// One `Instant` and its `CLOCK_MONOTONIC` reading, taken once per process.
+static ANCHOR: OnceLock<(Instant, u64)> = OnceLock::new();
+
+/// The tightest of several paired readings: a preemption between the two
+/// reads would shift every converted deadline by its length, and the
+/// drift margin that keeps a believed hold inside the server's lease is
+/// only a few milliseconds.
+fn anchor() -> (Instant, u64) {
+    let mut best = (Instant::now(), now_ns(), u64::MAX);
+    for _ in 0..64 {
+        let before = now_ns();
+        let at = Instant::now();
+        let after = now_ns();
+        let spread = after.saturating_sub(before);
+        if spread < best.2 {
+            best = (at, before + spread / 2, spread);
+        }
+    }
+    (best.0, best.1)
 }
 
 fn nanos(d: std::time::Duration) -> u64 {
@@ -95,6 +116,9 @@ pub enum What {
     Failed {
         /// The error, as displayed.
         error: String,
+        /// Whether it is one a fault does not explain: neither a timeout
+        /// nor a connection or availability error.
+        unexpected: bool,
     },
     /// The task looked before writing: it believes it holds (`valid`), until
     /// `valid_until` as of now.
@@ -156,13 +180,28 @@ impl Recorder {
     }
 }
 
-/// Reads a history file; a torn last line (the process was killed while
-/// writing it) is skipped.
+/// Reads a history file. Only the last line may be torn (the process was
+/// killed while writing it), and it is skipped; any other bad line is an
+/// error, since the checker must not judge a history with holes. A file
+/// never created (the process was killed before it started) is empty.
 pub fn read(path: &Path) -> io::Result<Vec<Event>> {
-    let mut events = Vec::new();
-    for line in BufReader::new(File::open(path)?).lines() {
-        if let Ok(event) = serde_json::from_str(&line?) {
-            events.push(event);
+    let bytes = match std::fs::read(path) {
+        Ok(bytes) => bytes,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(e),
+    };
+    let lines: Vec<&[u8]> = bytes.split(|&b| b == b'\n').collect();
+    let mut events = Vec::with_capacity(lines.len());
+    for (i, line) in lines.iter().enumerate() {
+        match serde_json::from_slice(line) {
+            Ok(event) => events.push(event),
+            Err(_) if i + 1 == lines.len() => {}
+            Err(e) => {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    format!("{} line {}: {e}", path.display(), i + 1),
+                ));
+            }
         }
     }
     Ok(events)

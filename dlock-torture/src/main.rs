@@ -37,7 +37,7 @@ use std::time::Duration;
 use clap::{Parser, Subcommand};
 
 use campaign::Settings;
-use target::{BACKENDS, CONTROLS, Target};
+use target::{BACKENDS, CONTROLS, TOPOLOGIES, Target};
 
 /// A randomized fault campaign against every dlock backend, judged against
 /// the README's Safety model.
@@ -53,6 +53,10 @@ struct Args {
     /// Backends to run: redis, mariadb, postgres, zookeeper, etcd.
     #[arg(long, value_delimiter = ',')]
     backends: Option<Vec<String>>,
+    /// Clusters to run: zookeeper-ensemble, etcd-cluster, or none (default:
+    /// all, unless `--backends` is given).
+    #[arg(long, value_delimiter = ',')]
+    topologies: Option<Vec<String>>,
     /// Skip the controls (runs that must show violations).
     #[arg(long, conflicts_with = "controls_only")]
     no_controls: bool,
@@ -145,16 +149,27 @@ async fn campaign(args: Args) -> Result<bool, String> {
         settings.names
     );
     let mut outcomes = Vec::new();
-    for (i, (target, control)) in targets.iter().enumerate() {
+    let mut errors = Vec::new();
+    for (target, control) in &targets {
         let mut s = settings.clone();
         if *control {
             s.duration = Duration::from_secs(args.control_seconds);
         }
         s.ttl = target.ttl.unwrap_or(s.ttl);
-        // Each run's own seed: a run replays alone with the same campaign seed.
-        let run_seed = seed ^ (i as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        // Each run's seed comes from the campaign's and the target's label:
+        // a run replays alone (`--backends etcd --seed S`) as it ran among
+        // the others.
+        let run_seed = seed ^ label_hash(target.label);
         eprintln!("dlock-torture: {} …", target.label);
-        let outcome = campaign::run(target, &s, run_seed).await?;
+        let outcome = match campaign::run(target, &s, run_seed).await {
+            Ok(outcome) => outcome,
+            // A run that could not be carried out fails; the others still run.
+            Err(e) => {
+                eprintln!("  {}: {e}", target.label);
+                errors.push(format!("{}: {e}", target.label));
+                continue;
+            }
+        };
         for line in report::failures(&outcome) {
             eprintln!("  {line}");
         }
@@ -171,29 +186,56 @@ async fn campaign(args: Args) -> Result<bool, String> {
     let path = args.out.join("report.json");
     std::fs::write(&path, json).map_err(|e| format!("{}: {e}", path.display()))?;
     println!("report: {} (timelines beside it)", path.display());
-    Ok(outcomes.iter().all(campaign::Outcome::passed))
+    for e in &errors {
+        println!("not run to the end: {e}");
+    }
+    Ok(errors.is_empty() && outcomes.iter().all(campaign::Outcome::passed))
+}
+
+/// FNV-1a of a target's label.
+fn label_hash(label: &str) -> u64 {
+    label.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    })
 }
 
 /// The targets to run, each marked whether it is a control.
 fn pick(args: &Args) -> Result<Vec<(Target, bool)>, String> {
-    let mut targets: Vec<(Target, bool)> = match &args.backends {
-        _ if args.controls_only => Vec::new(),
-        None => BACKENDS.iter().map(|t| (t.clone(), false)).collect(),
-        Some(names) => names
-            .iter()
-            .map(|n| {
-                BACKENDS
-                    .iter()
-                    .find(|t| t.label == n.as_str())
-                    .map(|t| (t.clone(), false))
-                    .ok_or_else(|| {
-                        format!("unknown backend {n}: redis, mariadb, postgres, zookeeper or etcd")
-                    })
-            })
-            .collect::<Result<_, _>>()?,
-    };
-    if !args.no_controls {
-        targets.extend(CONTROLS.iter().map(|t| (t.clone(), true)));
+    let mut targets = Vec::new();
+    if !args.controls_only {
+        targets.extend(chosen(&BACKENDS, args.backends.as_deref(), true)?);
+        let topologies = args.topologies.as_deref();
+        let all = args.backends.is_none();
+        targets.extend(chosen(&TOPOLOGIES, topologies, all)?);
     }
-    Ok(targets)
+    if !args.no_controls {
+        targets.extend(CONTROLS.iter().cloned());
+    }
+    let controls = CONTROLS.map(|c| c.label);
+    Ok(targets
+        .into_iter()
+        .map(|t| {
+            let control = controls.contains(&t.label);
+            (t, control)
+        })
+        .collect())
+}
+
+/// The targets of `from` named in `names` (`none` for none); all of them,
+/// or none, when no names are given.
+fn chosen(from: &[Target], names: Option<&[String]>, all: bool) -> Result<Vec<Target>, String> {
+    let Some(names) = names else {
+        return Ok(if all { from.to_vec() } else { Vec::new() });
+    };
+    let known = || from.iter().map(|t| t.label).collect::<Vec<_>>().join(", ");
+    names
+        .iter()
+        .filter(|n| n.as_str() != "none")
+        .map(|n| {
+            from.iter()
+                .find(|t| t.label == n.as_str())
+                .cloned()
+                .ok_or_else(|| format!("unknown name {n}; expected one of {}", known()))
+        })
+        .collect()
 }

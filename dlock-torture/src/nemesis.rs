@@ -2,6 +2,7 @@
 //! healed after a random time, with quiet periods between batches in
 //! which recovery is measured.
 
+use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -39,44 +40,75 @@ pub struct Record {
     pub batches: Vec<u64>,
 }
 
-/// The server a run faults.
+/// The servers a run faults.
 #[derive(Debug, Clone)]
-pub struct ServerHandle {
-    /// Its kind.
-    pub service: Service,
-    /// Its URL, for the readiness probe.
-    pub url: String,
-    /// Its container.
-    pub container: String,
+pub enum Servers {
+    /// One server in a container.
+    One {
+        /// Its kind.
+        service: Service,
+        /// Its URL, for the readiness probe.
+        url: String,
+        /// Its container.
+        container: String,
+    },
+    /// A cluster's members: (container name, address on its network).
+    Cluster(Vec<(String, IpAddr)>),
 }
 
-impl ServerHandle {
-    async fn docker(&self, verb: &'static str) -> Result<(), String> {
-        let id = self.container.clone();
-        let out = tokio::process::Command::new("docker")
-            .args([verb, &id])
-            .output()
-            .await
-            .map_err(|e| format!("docker {verb}: {e}"))?;
-        if out.status.success() {
-            Ok(())
-        } else {
-            Err(format!(
-                "docker {verb} {id}: {}",
-                String::from_utf8_lossy(&out.stderr).trim()
-            ))
-        }
+/// How long one Docker command may take: a stuck daemon must not hang the
+/// campaign.
+const DOCKER_TIMEOUT: Duration = Duration::from_secs(60);
+
+async fn docker(args: &[&str]) -> Result<(), String> {
+    let run = tokio::process::Command::new("docker")
+        .args(args)
+        .kill_on_drop(true)
+        .output();
+    let out = tokio::time::timeout(DOCKER_TIMEOUT, run)
+        .await
+        .map_err(|_| format!("docker {}: no answer in {DOCKER_TIMEOUT:?}", args.join(" ")))?
+        .map_err(|e| format!("docker {}: {e}", args.join(" ")))?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(format!(
+            "docker {}: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr).trim()
+        ))
     }
 }
 
+/// Adds (`add`) or removes (`del`) blackhole routes between member `i`
+/// and every other, both ways. Every route is tried, so a partial failure
+/// to add is healed in full; the first error is returned.
+async fn partition(members: &[(String, IpAddr)], i: usize, verb: &str) -> Result<(), String> {
+    let (name, ip) = &members[i];
+    let mut first_error = Ok(());
+    for (other, other_ip) in members.iter().filter(|m| m.0 != *name) {
+        for (from, to) in [(name, other_ip), (other, ip)] {
+            let target = format!("{to}/32");
+            let done = docker(&["exec", from, "ip", "route", verb, "blackhole", &target]).await;
+            first_error = first_error.and(done);
+        }
+    }
+    first_error
+}
+
 /// Throws faults of `kinds` at `clients` and `server` until `until_ns`.
+/// Every other quiet period lasts `judged_quiet`, so that the checker can
+/// judge recovery after it (a name granted again within its bound);
+/// the others last 2–6 s, so that faults also meet a system still
+/// recovering.
 pub async fn run(
     kinds: &[FaultKind],
     clients: Arc<Clients>,
-    server: Option<ServerHandle>,
+    server: Option<Servers>,
     ttl: Duration,
     seed: u64,
     until_ns: u64,
+    judged_quiet: Duration,
 ) -> Result<Record, String> {
     let mut rng = fastrand::Rng::with_seed(seed);
     let mut record = Record::default();
@@ -122,7 +154,11 @@ pub async fn run(
             record.faults.push(two?);
         }
         record.heals.push(now_ns());
-        sleep(Duration::from_millis(rng.u64(2000..6000))).await;
+        let quiet = match record.heals.len() % 2 {
+            0 => judged_quiet,
+            _ => Duration::from_millis(rng.u64(2000..6000)),
+        };
+        sleep(quiet).await;
     }
     Ok(record)
 }
@@ -132,7 +168,7 @@ async fn throw(
     kind: FaultKind,
     slot: usize,
     clients: &Clients,
-    server: Option<&ServerHandle>,
+    server: Option<&Servers>,
     ttl: Duration,
     seed: u64,
 ) -> Result<FaultRecord, String> {
@@ -151,20 +187,45 @@ async fn throw(
             sleep(lasting).await;
             clients.set_link(slot, Fault::Pass);
         }
-        FaultKind::ServerPause => {
-            let server = server.ok_or("no server to pause")?;
-            server.docker("pause").await?;
-            sleep(lasting).await;
-            server.docker("unpause").await?;
+        FaultKind::ServerPause | FaultKind::ServerKill => {
+            let Some(Servers::One {
+                service,
+                url,
+                container,
+            }) = server
+            else {
+                return Err("no single server to fault".to_owned());
+            };
+            if kind == FaultKind::ServerPause {
+                docker(&["pause", container]).await?;
+                sleep(lasting).await;
+                docker(&["unpause", container]).await?;
+            } else {
+                docker(&["kill", container]).await?;
+                sleep(Duration::from_millis(rng.u64(0..2000))).await;
+                docker(&["start", container]).await?;
+                wait_ready(*service, url)
+                    .await
+                    .map_err(|e| format!("the server did not come back: {e}"))?;
+            }
         }
-        FaultKind::ServerKill => {
-            let server = server.ok_or("no server to kill")?;
-            server.docker("kill").await?;
-            sleep(Duration::from_millis(rng.u64(0..2000))).await;
-            server.docker("start").await?;
-            wait_ready(server.service, &server.url)
-                .await
-                .map_err(|e| format!("the server did not come back: {e}"))?;
+        FaultKind::NodePause | FaultKind::NodePartition => {
+            let Some(Servers::Cluster(members)) = server else {
+                return Err("no cluster to fault".to_owned());
+            };
+            let i = rng.usize(0..members.len());
+            if kind == FaultKind::NodePause {
+                docker(&["pause", &members[i].0]).await?;
+                sleep(lasting).await;
+                docker(&["unpause", &members[i].0]).await?;
+            } else {
+                let cut = partition(members, i, "add").await;
+                if cut.is_ok() {
+                    sleep(lasting).await;
+                }
+                let healed = partition(members, i, "del").await;
+                cut.and(healed)?;
+            }
         }
         FaultKind::ClientStop => {
             // Past the TTL, so that the holder's lease ends while it sleeps.

@@ -8,7 +8,7 @@ use crate::campaign::Outcome;
 /// The table of every run.
 pub fn table(outcomes: &[Outcome]) -> String {
     let mut t = String::from(
-        "| target | s | grants | faults | exclusion violations (unpredicted) | fencing violations (unpredicted) | stale writes refused (writer believed it held) | longest unavailable after a heal | acquire p50 / p99 | longest call | left held | verdict |\n\
+        "| target | s | grants | faults | exclusion violations (unpredicted) | fencing violations (unpredicted) | stale writes refused (of them sent late on purpose) | longest unavailable after a heal | acquire p50 / p99 | longest call | left held | verdict |\n\
          |---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---|\n",
     );
     for o in outcomes {
@@ -22,10 +22,13 @@ pub fn table(outcomes: &[Outcome]) -> String {
                 .collect::<Vec<_>>()
                 .join(", ")
         };
-        let unexplained = |n: usize| n;
-        let excl_un = unexplained(f.exclusion.iter().filter(|o| o.explained_by.is_none()).count());
-        let fence_un = unexplained(f.fencing.iter().filter(|s| s.explained_by.is_none()).count());
-        let believed = f.refused.iter().filter(|r| r.3).count();
+        let unexplained = |v: &[crate::check::Overlap]| {
+            v.iter().filter(|o| o.explained_by.is_none()).count()
+        };
+        let exclusion = f.exclusion.len() + f.refused_in_belief.len();
+        let excl_un = unexplained(&f.exclusion) + unexplained(&f.refused_in_belief);
+        let fence_un = f.fencing.iter().filter(|s| s.explained_by.is_none()).count();
+        let late = f.refused.iter().filter(|r| r.4).count();
         let verdict = match (o.control_showed, o.passed()) {
             (Some(true), true) => "control: showed its violations",
             (Some(false), _) => "**FAIL: the control showed nothing**",
@@ -39,12 +42,12 @@ pub fn table(outcomes: &[Outcome]) -> String {
             o.seconds,
             f.grants,
             faults,
-            f.exclusion.len(),
+            exclusion,
             excl_un,
             f.fencing.len(),
             fence_un,
             f.refused.len(),
-            believed,
+            late,
             f.longest_unavailable_ms / 1e3,
             f.acquire_p50_ms,
             f.acquire_p99_ms,
@@ -72,12 +75,30 @@ pub fn failures(o: &Outcome) -> Vec<String> {
             x.name, x.grant.0, x.grant.1, x.earlier
         ));
     }
+    for x in f.refused_in_belief.iter().filter(|x| x.explained_by.is_none()) {
+        lines.push(format!(
+            "exclusion: client {} wrote name {} with token {} while it believed it held it, and the resource refused: a higher token was granted meanwhile",
+            x.first.0, x.name, x.first.1
+        ));
+    }
+    let bound = o
+        .target
+        .liveness_bound(std::time::Duration::from_millis(o.ttl_ms));
     for gap in &f.unavailable {
         lines.push(format!(
-            "liveness: nothing granted for {:.2} s after a heal (bound {:.0} s)",
+            "liveness: a name not granted for {:.2} s after a heal (bound {:.0} s)",
             gap / 1e3,
-            o.target.liveness_bound(std::time::Duration::from_secs(2)).as_secs_f64()
+            bound.as_secs_f64()
         ));
+    }
+    for (error, n) in &f.unexpected_errors {
+        lines.push(format!("error {n}×: {error}"));
+    }
+    for kind in &f.ungranted {
+        lines.push(format!("never granted: {kind}"));
+    }
+    for crash in &o.crashed {
+        lines.push(crash.clone());
     }
     for (what, took) in &f.slow_calls {
         lines.push(format!("bound: {what} took {:.2} s", took / 1e3));
@@ -90,7 +111,7 @@ pub fn failures(o: &Outcome) -> Vec<String> {
 
 /// A timeline: grants per second, the faults drawn as bands.
 pub fn svg(o: &Outcome) -> String {
-    let (w, h, left, top, bottom) = (900.0, 260.0, 50.0, 30.0, 40.0);
+    let (w, h, left, top, bottom) = (960.0, 260.0, 50.0, 30.0, 40.0);
     let secs = o.seconds.ceil().max(1.0) as usize;
     let mut bins = vec![0usize; secs];
     for &t in &o.grant_times {
@@ -156,7 +177,7 @@ pub fn svg(o: &Outcome) -> String {
             h - 7.0,
             kind.label()
         );
-        lx += 115.0;
+        lx += 95.0;
     }
     out.push_str("</svg>\n");
     out
@@ -172,6 +193,8 @@ fn colour(kind: crate::target::FaultKind) -> &'static str {
         K::ServerKill => "#4d9de0",
         K::ClientStop => "#9b5de5",
         K::ClientKill => "#555555",
+        K::NodePause => "#2a9d8f",
+        K::NodePartition => "#e76f51",
     }
 }
 

@@ -3,12 +3,13 @@
 //! token accepted and refuses a lower one, as a store that honours fencing
 //! would; it logs every write, accepted or refused.
 //!
-//! A request is `name token exclusive client task believed\n` (numbers,
-//! `0`/`1` for the flags); the answer is `ok\n` or `refused\n`. An
-//! exclusive write needs a token above the highest accepted (or equal to it
-//! from the same holder: a hold writes twice); a shared one (a reader, a
+//! A request is `name token exclusive client hold believed late\n`
+//! (numbers, `0`/`1` for the flags); the answer is `ok\n` or `refused\n`.
+//! An exclusive write needs a token above the highest accepted (or equal to
+//! it from the same hold: a hold writes twice); a shared one (a reader, a
 //! permit) at least the highest exclusive one, since shared holders write
-//! beside each other in any order.
+//! beside each other in any order. So a semaphore's permits, all shared,
+//! are never refused: one counter cannot fence N holders at once.
 
 use std::collections::HashMap;
 use std::io;
@@ -37,10 +38,14 @@ pub struct Write {
     pub exclusive: bool,
     /// The client process that sent it.
     pub client: u32,
-    /// The task within it.
-    pub task: u32,
-    /// Whether the writer believed it held the lock (`is_valid()`).
+    /// The hold within it.
+    pub hold: u64,
+    /// Whether the writer believed it held the lock (`is_valid()` when it
+    /// decided to write).
     pub believed: bool,
+    /// Whether the workload made it late on purpose: sent after the
+    /// lease ended, as by a holder paused between its check and its write.
+    pub late: bool,
     /// Whether the resource took it.
     pub accepted: bool,
 }
@@ -49,8 +54,9 @@ pub struct Write {
 struct State {
     /// Per name: the highest token accepted, and the highest exclusive one.
     highest: HashMap<u32, (u64, u64)>,
-    /// Per name: who wrote the highest exclusive token (client, task).
-    writer: HashMap<u32, (u32, u32)>,
+    /// Per name: the hold that wrote the highest exclusive token (client,
+    /// hold).
+    writer: HashMap<u32, (u32, u64)>,
     log: Vec<Write>,
 }
 
@@ -115,22 +121,23 @@ fn parse(line: &str) -> Option<Write> {
     let mut f = line.split_ascii_whitespace();
     let mut next = || f.next()?.parse::<u64>().ok();
     let (name, token, exclusive) = (next()?, next()?, next()?);
-    let (client, task, believed) = (next()?, next()?, next()?);
+    let (client, hold, believed, late) = (next()?, next()?, next()?, next()?);
     Some(Write {
         t: now_ns(),
         name: u32::try_from(name).ok()?,
         token,
         exclusive: exclusive == 1,
         client: u32::try_from(client).ok()?,
-        task: u32::try_from(task).ok()?,
+        hold,
         believed: believed == 1,
+        late: late == 1,
         accepted: false,
     })
 }
 
 fn apply(state: &Mutex<State>, mut w: Write) -> bool {
     let mut s = state.lock().unwrap_or_else(PoisonError::into_inner);
-    let same_writer = s.writer.get(&w.name) == Some(&(w.client, w.task));
+    let same_writer = s.writer.get(&w.name) == Some(&(w.client, w.hold));
     let (any, exclusive) = s.highest.entry(w.name).or_default();
     w.accepted = if w.exclusive {
         w.token > *any || (w.token == *any && same_writer)
@@ -141,7 +148,7 @@ fn apply(state: &Mutex<State>, mut w: Write) -> bool {
         *any = (*any).max(w.token);
         if w.exclusive {
             *exclusive = (*exclusive).max(w.token);
-            s.writer.insert(w.name, (w.client, w.task));
+            s.writer.insert(w.name, (w.client, w.hold));
         }
     }
     s.log.push(w);
@@ -174,13 +181,14 @@ impl Writer {
         name: u32,
         token: u64,
         exclusive: bool,
-        (client, task): (u32, u32),
-        believed: bool,
+        (client, hold): (u32, u64),
+        (believed, late): (bool, bool),
     ) -> io::Result<bool> {
         let line = format!(
-            "{name} {token} {} {client} {task} {}\n",
+            "{name} {token} {} {client} {hold} {} {}\n",
             u8::from(exclusive),
-            u8::from(believed)
+            u8::from(believed),
+            u8::from(late)
         );
         let exchange = async {
             self.write.write_all(line.as_bytes()).await?;

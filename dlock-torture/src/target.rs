@@ -32,11 +32,17 @@ pub enum FaultKind {
     ClientStop,
     /// A client process is killed (SIGKILL) and a new one started.
     ClientKill,
+    /// One member of a cluster is frozen (`docker pause`): the leader, or
+    /// a follower.
+    NodePause,
+    /// One member is cut off from its peers (blackhole routes both ways)
+    /// while clients still reach it: a minority partition.
+    NodePartition,
 }
 
 impl FaultKind {
-    /// Every fault.
-    pub const ALL: [FaultKind; 7] = [
+    /// Every fault a single server takes.
+    pub const SINGLE: [FaultKind; 7] = [
         FaultKind::LinkDelay,
         FaultKind::LinkStall,
         FaultKind::LinkCut,
@@ -46,9 +52,38 @@ impl FaultKind {
         FaultKind::ClientKill,
     ];
 
-    /// Whether it faults the server rather than one client.
+    /// Every fault a cluster takes. The harness's cluster members keep
+    /// their peers' addresses, which a member killed and started again may
+    /// not get back: a frozen member stands in for a dead one.
+    pub const CLUSTER: [FaultKind; 4] = [
+        FaultKind::NodePause,
+        FaultKind::NodePartition,
+        FaultKind::ClientStop,
+        FaultKind::ClientKill,
+    ];
+
+    /// Every fault, in the timeline's legend.
+    pub const ALL: [FaultKind; 9] = [
+        FaultKind::LinkDelay,
+        FaultKind::LinkStall,
+        FaultKind::LinkCut,
+        FaultKind::ServerPause,
+        FaultKind::ServerKill,
+        FaultKind::NodePause,
+        FaultKind::NodePartition,
+        FaultKind::ClientStop,
+        FaultKind::ClientKill,
+    ];
+
+    /// Whether it faults the servers rather than one client.
     pub fn on_server(self) -> bool {
-        matches!(self, FaultKind::ServerPause | FaultKind::ServerKill)
+        matches!(
+            self,
+            FaultKind::ServerPause
+                | FaultKind::ServerKill
+                | FaultKind::NodePause
+                | FaultKind::NodePartition
+        )
     }
 
     /// Its label in tables.
@@ -61,6 +96,8 @@ impl FaultKind {
             FaultKind::ServerKill => "server-kill",
             FaultKind::ClientStop => "client-stop",
             FaultKind::ClientKill => "client-kill",
+            FaultKind::NodePause => "node-pause",
+            FaultKind::NodePartition => "node-partition",
         }
     }
 }
@@ -98,9 +135,12 @@ pub struct Target {
     pub label: &'static str,
     /// The driver the clients use.
     pub driver: &'static str,
-    /// The server, `None` for an in-process driver.
+    /// The server, `None` for an in-process driver or a cluster.
     #[serde(skip)]
     pub service: Option<Service>,
+    /// The cluster, if it runs on one.
+    #[serde(skip)]
+    pub topology: Option<Topo>,
     /// Arguments appended to the server's start script: the settings under
     /// which the Safety model's row promises exclusion.
     pub server_args: &'static [&'static str],
@@ -144,10 +184,11 @@ pub const BACKENDS: [Target; 5] = [
     Target {
         label: "redis",
         driver: "redis",
+        topology: None,
         service: Some(Service::Redis),
         // The row's condition: no restart without persistence.
         server_args: &["--appendonly", "yes", "--appendfsync", "always", "--dir", "/tmp"],
-        faults: &FaultKind::ALL,
+        faults: &FaultKind::SINGLE,
         hazards: &[],
         expect: None,
         processes: None,
@@ -157,9 +198,10 @@ pub const BACKENDS: [Target; 5] = [
     Target {
         label: "mariadb",
         driver: "mysql",
+        topology: None,
         service: Some(Service::MariaDb),
         server_args: &["--innodb-flush-log-at-trx-commit=1"],
-        faults: &FaultKind::ALL,
+        faults: &FaultKind::SINGLE,
         hazards: &[],
         expect: None,
         processes: None,
@@ -169,9 +211,10 @@ pub const BACKENDS: [Target; 5] = [
     Target {
         label: "postgres",
         driver: "postgres",
+        topology: None,
         service: Some(Service::Postgres),
         server_args: &["-c", "fsync=on", "-c", "synchronous_commit=on"],
-        faults: &FaultKind::ALL,
+        faults: &FaultKind::SINGLE,
         hazards: &[],
         expect: None,
         processes: None,
@@ -181,9 +224,10 @@ pub const BACKENDS: [Target; 5] = [
     Target {
         label: "zookeeper",
         driver: "zookeeper",
+        topology: None,
         service: Some(Service::ZooKeeper),
         server_args: &[],
-        faults: &FaultKind::ALL,
+        faults: &FaultKind::SINGLE,
         hazards: &[Hazard::PausedSessionHolder],
         expect: None,
         processes: None,
@@ -193,10 +237,50 @@ pub const BACKENDS: [Target; 5] = [
     Target {
         label: "etcd",
         driver: "etcd",
+        topology: None,
         service: Some(Service::Etcd),
         // On disk: the row's condition is a restart that keeps the data.
         server_args: &["--data-dir", "/var/lib/dlock-etcd"],
-        faults: &FaultKind::ALL,
+        faults: &FaultKind::SINGLE,
+        hazards: &[],
+        expect: None,
+        processes: None,
+        long_holds: false,
+        ttl: None,
+    },
+];
+
+/// A cluster the harness can start.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Topo {
+    /// Three ZooKeeper nodes.
+    ZooKeeperEnsemble,
+    /// Three etcd members.
+    EtcdCluster,
+}
+
+/// The clusters' rows.
+pub const TOPOLOGIES: [Target; 2] = [
+    Target {
+        label: "zookeeper-ensemble",
+        driver: "zookeeper",
+        service: None,
+        topology: Some(Topo::ZooKeeperEnsemble),
+        server_args: &[],
+        faults: &FaultKind::CLUSTER,
+        hazards: &[Hazard::PausedSessionHolder],
+        expect: None,
+        processes: None,
+        long_holds: false,
+        ttl: None,
+    },
+    Target {
+        label: "etcd-cluster",
+        driver: "etcd",
+        service: None,
+        topology: Some(Topo::EtcdCluster),
+        server_args: &[],
+        faults: &FaultKind::CLUSTER,
         hazards: &[],
         expect: None,
         processes: None,
@@ -210,6 +294,7 @@ pub const CONTROLS: [Target; 3] = [
     Target {
         label: "control: redis without persistence, killed",
         driver: "redis",
+        topology: None,
         service: Some(Service::Redis),
         server_args: &[],
         faults: &[FaultKind::ServerKill],
@@ -224,6 +309,7 @@ pub const CONTROLS: [Target; 3] = [
         label: "control: simulated split brain",
         driver: "sim-split-brain",
         service: None,
+        topology: None,
         server_args: &[],
         faults: &[],
         hazards: &[Hazard::Mutant],
@@ -236,6 +322,7 @@ pub const CONTROLS: [Target; 3] = [
         label: "control: simulated stale tokens",
         driver: "sim-stale-token",
         service: None,
+        topology: None,
         server_args: &[],
         faults: &[],
         hazards: &[Hazard::Mutant],

@@ -84,13 +84,20 @@ impl ZkBackend {
     /// Bounds a request by the request timeout: the client holds requests
     /// while it is disconnected, and one unanswered that long belongs to a
     /// session in doubt. Counts as a lost connection.
+    ///
+    /// So does a connection the client library gave up on with the request
+    /// in flight (no answer within its connect timeout, a failed read or
+    /// write): it reports that as `Custom`, not `ConnectionLoss`, yet the
+    /// server may still have applied the request, so callers must look
+    /// for what it made, as after any lost connection.
     pub(crate) async fn bounded<T>(
         &self,
         request: impl Future<Output = Result<T, zk::Error>>,
     ) -> Result<T, zk::Error> {
-        tokio::time::timeout(self.request_timeout(), request)
-            .await
-            .unwrap_or(Err(zk::Error::ConnectionLoss))
+        match tokio::time::timeout(self.request_timeout(), request).await {
+            Ok(Err(zk::Error::Custom(_))) | Err(_) => Err(zk::Error::ConnectionLoss),
+            Ok(done) => done,
+        }
     }
 
     /// Runs a whole call within the request timeout: its one bound,

@@ -1,0 +1,226 @@
+//! The checker against hand-made histories.
+
+use super::*;
+use crate::nemesis::FaultRecord;
+use crate::resource::Write;
+use crate::target::{BACKENDS, FaultKind};
+
+const S: u64 = 1_000_000_000;
+
+fn ev(t: u64, client: u32, name: u32, what: What) -> Event {
+    Event {
+        t,
+        client,
+        task: 0,
+        name,
+        what,
+    }
+}
+
+/// A hold by `client` of `kind` on name 0: asked at `asked`, granted at
+/// `granted` with `token`, valid until `valid`, released at `released`.
+fn hold(client: u32, kind: Kind, token: u64, times: [u64; 4]) -> Vec<Event> {
+    let [asked, granted, valid, released] = times;
+    vec![
+        ev(asked, client, 0, What::Invoke { kind }),
+        ev(
+            granted,
+            client,
+            0,
+            What::Granted {
+                kind,
+                token,
+                valid_until: (valid > 0).then_some(valid),
+            },
+        ),
+        ev(released, client, 0, What::Release),
+        ev(released + 1, client, 0, What::Released { ok: true }),
+    ]
+}
+
+fn judge(target: &Target, events: Vec<Event>, nemesis: &Record) -> Findings {
+    judge_with_writes(target, events, nemesis, &[])
+}
+
+fn judge_with_writes(
+    target: &Target,
+    events: Vec<Event>,
+    nemesis: &Record,
+    writes: &[Write],
+) -> Findings {
+    check(
+        events,
+        &Seen {
+            target,
+            ttl: Duration::from_secs(2),
+            nemesis,
+            kills: &[],
+            writes,
+            until_ns: 100 * S,
+            names: 1,
+        },
+    )
+}
+
+#[test]
+fn two_mutex_holders_at_once_are_caught_and_not_explained() {
+    let mut events = hold(1, Kind::Mutex, 10, [S, S + 1, 9 * S, 5 * S]);
+    events.extend(hold(2, Kind::Mutex, 11, [2 * S, 3 * S, 9 * S, 4 * S]));
+    let f = judge(&BACKENDS[0], events, &Record::default());
+    assert_eq!(f.exclusion.len(), 1, "{f:?}");
+    assert_eq!(f.exclusion[0].first, (1, 10));
+    assert!(f.exclusion[0].explained_by.is_none());
+    assert!(f.fencing.is_empty(), "{f:?}");
+}
+
+#[test]
+fn a_hold_ends_at_its_validity_deadline_even_if_released_later() {
+    // Client 1's lease ended at 2 s; it released (late) at 5 s.
+    let mut events = hold(1, Kind::Mutex, 10, [S, S + 1, 2 * S, 5 * S]);
+    events.extend(hold(2, Kind::Mutex, 11, [S + 2, 3 * S, 9 * S, 4 * S]));
+    let f = judge(&BACKENDS[0], events, &Record::default());
+    assert!(f.exclusion.is_empty(), "{f:?}");
+}
+
+#[test]
+fn readers_share_but_never_with_a_writer_and_permits_are_counted() {
+    let mut events = hold(1, Kind::Read, 10, [S, S, 0, 5 * S]);
+    events.extend(hold(2, Kind::Read, 11, [S, 2 * S, 0, 5 * S]));
+    let f = judge(&BACKENDS[0], events.clone(), &Record::default());
+    assert!(f.exclusion.is_empty(), "{f:?}");
+    events.extend(hold(3, Kind::Write, 12, [S, 3 * S, 0, 4 * S]));
+    let f = judge(&BACKENDS[0], events, &Record::default());
+    assert_eq!(f.exclusion.len(), 1, "{f:?}");
+
+    let mut events = Vec::new();
+    for c in 1..=PERMITS + 1 {
+        events.extend(hold(c, Kind::Permit, 10 + u64::from(c), [S, c as u64 * S, 0, 9 * S]));
+    }
+    let f = judge(&BACKENDS[0], events, &Record::default());
+    assert_eq!(f.exclusion.len(), 1, "{f:?}");
+}
+
+#[test]
+fn a_token_not_above_an_earlier_completed_grant_is_a_fencing_violation() {
+    // Client 2 asked after client 1's grant returned: its token must be higher.
+    let mut events = hold(1, Kind::Mutex, 10, [S, S + 1, 0, 2 * S]);
+    events.extend(hold(2, Kind::Mutex, 9, [3 * S, 4 * S, 0, 5 * S]));
+    let f = judge(&BACKENDS[0], events, &Record::default());
+    assert_eq!(f.fencing.len(), 1, "{f:?}");
+    // Asked before client 1's grant returned: the order is the server's.
+    let mut events = hold(1, Kind::Mutex, 10, [S, 2 * S, 0, 3 * S]);
+    events.extend(hold(2, Kind::Mutex, 9, [S + 1, S + 2, 0, S + 3]));
+    let f = judge(&BACKENDS[0], events, &Record::default());
+    assert!(f.fencing.is_empty(), "{f:?}");
+}
+
+#[test]
+fn a_long_stop_of_a_session_holder_explains_its_overlap_on_zookeeper() {
+    let zookeeper = BACKENDS.iter().find(|t| t.label == "zookeeper").unwrap();
+    let mut events = hold(1, Kind::Mutex, 10, [S, S + 1, 0, 9 * S]);
+    events.extend(hold(2, Kind::Mutex, 11, [2 * S, 7 * S, 0, 8 * S]));
+    let stop = |secs: u64| Record {
+        faults: vec![FaultRecord {
+            kind: FaultKind::ClientStop,
+            client: Some(1),
+            start: 2 * S,
+            end: (2 + secs) * S,
+        }],
+        ..Record::default()
+    };
+    let f = judge(zookeeper, events.clone(), &stop(5));
+    assert_eq!(f.exclusion[0].explained_by, Some(Hazard::PausedSessionHolder));
+    // The later holder's pause explains the pair as well: paused while its
+    // grant's reply was on the way, it learns of a grant already gone.
+    let mut later = hold(2, Kind::Mutex, 11, [2 * S, 7 * S, 0, 8 * S]);
+    later.extend(hold(1, Kind::Mutex, 12, [S + S / 2, 7 * S + 2, 0, 9 * S]));
+    let f = judge(zookeeper, later, &stop(5));
+    assert_eq!(f.exclusion.len(), 1, "{f:?}");
+    assert_eq!(f.exclusion[0].explained_by, Some(Hazard::PausedSessionHolder));
+    // A stop too short to end the session explains nothing.
+    let f = judge(zookeeper, events.clone(), &stop(1));
+    assert_eq!(f.exclusion[0].explained_by, None);
+    // Nor does any stop on a backend whose row does not name the hazard.
+    let f = judge(&BACKENDS[0], events, &stop(5));
+    assert_eq!(f.exclusion[0].explained_by, None);
+}
+
+#[test]
+fn a_name_granted_late_after_a_heal_misses_liveness() {
+    let mut events = hold(1, Kind::Mutex, 10, [S, S + 1, 0, 2 * S]);
+    events.extend(hold(2, Kind::Mutex, 11, [20 * S, 30 * S, 0, 31 * S]));
+    let nemesis = Record {
+        heals: vec![3 * S],
+        batches: vec![S, 60 * S],
+        ..Record::default()
+    };
+    let f = judge(&BACKENDS[0], events, &nemesis);
+    assert_eq!(f.unavailable.len(), 1, "{f:?}");
+    assert!((f.longest_unavailable_ms - 27_000.0).abs() < 1.0);
+}
+
+#[test]
+fn a_hold_whose_first_look_found_it_invalid_was_never_believed() {
+    let mut events = hold(1, Kind::Mutex, 10, [S, S + 1, 0, 5 * S]);
+    events.insert(
+        2,
+        ev(
+            2 * S,
+            1,
+            0,
+            What::Checked {
+                valid: false,
+                valid_until: None,
+            },
+        ),
+    );
+    events.extend(hold(2, Kind::Mutex, 11, [S + 2, 3 * S, 0, 4 * S]));
+    let f = judge(&BACKENDS[0], events, &Record::default());
+    assert!(f.exclusion.is_empty(), "{f:?}");
+}
+
+#[test]
+fn a_refused_write_while_its_hold_was_believed_is_a_violation_unless_sent_late() {
+    // Client 1 believed its hold (token 10) from 1 s to 5 s; the resource
+    // refused its write at 2 s.
+    let events = hold(1, Kind::Mutex, 10, [S, S + 1, 0, 5 * S]);
+    let refused = |late| Write {
+        t: 2 * S,
+        name: 0,
+        token: 10,
+        exclusive: true,
+        client: 1,
+        hold: 1,
+        believed: true,
+        late,
+        accepted: false,
+    };
+    let f = judge_with_writes(&BACKENDS[0], events.clone(), &Record::default(), &[refused(false)]);
+    assert_eq!(f.refused_in_belief.len(), 1, "{f:?}");
+    assert_eq!(f.unpredicted(), 1);
+    let f = judge_with_writes(&BACKENDS[0], events, &Record::default(), &[refused(true)]);
+    assert!(f.refused_in_belief.is_empty(), "{f:?}");
+    assert_eq!(f.refused.len(), 1);
+}
+
+#[test]
+fn unexpected_errors_and_kinds_never_granted_fail_the_run() {
+    let mut events = vec![
+        ev(S, 1, 0, What::Invoke { kind: Kind::Mutex }),
+        ev(
+            2 * S,
+            1,
+            0,
+            What::Failed {
+                error: "unsupported".to_owned(),
+                unexpected: true,
+            },
+        ),
+    ];
+    let f = judge(&BACKENDS[0], events.clone(), &Record::default());
+    assert_eq!(f.ungranted.len(), 1, "{f:?}");
+    assert_eq!(f.unexpected_errors.get("unsupported"), Some(&1));
+    events.extend(hold(1, Kind::Mutex, 10, [3 * S, 3 * S + 1, 0, 4 * S]));
+    let f = judge(&BACKENDS[0], events, &Record::default());
+    assert!(f.ungranted.is_empty(), "{f:?}");
+}
