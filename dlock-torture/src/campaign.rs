@@ -115,7 +115,10 @@ pub async fn run(target: &Target, settings: &Settings, seed: u64) -> Result<Outc
     let judged_quiet = target.liveness_bound(settings.ttl) + Duration::from_secs(1);
     // The last batch may run 6 s past the nemesis's end, and then its heal
     // is judged like any other.
-    let quiet = (settings.duration / 5).clamp(judged_quiet + Duration::from_secs(6), Duration::from_secs(60));
+    let quiet = (settings.duration / 5).clamp(
+        judged_quiet + Duration::from_secs(6),
+        Duration::from_secs(60),
+    );
     let workload = Workload {
         driver: target.driver,
         url: url.clone(),
@@ -157,7 +160,9 @@ pub async fn run(target: &Target, settings: &Settings, seed: u64) -> Result<Outc
     .await?;
     sleep(Duration::from_nanos(until_ns.saturating_sub(now_ns()))).await;
     // A client ends its hold in progress: at most a wait and a hold.
-    let (mut kills, crashed) = clients.finish(until_ns + nanos(Duration::from_secs(30))).await;
+    let (mut kills, crashed) = clients
+        .finish(until_ns + nanos(Duration::from_secs(30)))
+        .await;
     kills.extend(
         record
             .faults

@@ -225,7 +225,11 @@ impl Worker {
         let lock = lock_name(name);
         let held = if end == End::Abandon {
             // A bare lease: nothing renews it, nothing releases it.
-            self.locker.backend().acquire(&lock, &opts).await.map(Held::Lease)
+            self.locker
+                .backend()
+                .acquire(&lock, &opts)
+                .await
+                .map(Held::Lease)
         } else {
             self.locker.acquire(&lock, &opts).await.map(Held::Guard)
         };
@@ -326,7 +330,13 @@ impl Worker {
             }
             let hold = (u64::from(self.task) << 32) | u64::from(self.holds);
             let sent = writer
-                .write(name, held.token(), kind.exclusive(), (self.args.client, hold), (valid, late))
+                .write(
+                    name,
+                    held.token(),
+                    kind.exclusive(),
+                    (self.args.client, hold),
+                    (valid, late),
+                )
                 .await;
             if sent.is_err() {
                 return false;

@@ -148,7 +148,11 @@ impl Clients {
     pub fn signal(&self, i: usize, signal: Signal) -> Option<u32> {
         let slots = lock(&self.slots);
         let slot = slots.get(i)?;
-        let pid = slot.child.as_ref()?.id().and_then(|p| i32::try_from(p).ok())?;
+        let pid = slot
+            .child
+            .as_ref()?
+            .id()
+            .and_then(|p| i32::try_from(p).ok())?;
         kill(Pid::from_raw(pid), signal).ok()?;
         Some(slot.id)
     }
@@ -185,7 +189,9 @@ impl Clients {
         let mut killed = Vec::new();
         let mut failed = Vec::new();
         for slot in slots {
-            let Some(mut child) = slot.child else { continue };
+            let Some(mut child) = slot.child else {
+                continue;
+            };
             let left = Duration::from_nanos(deadline_ns.saturating_sub(now_ns()));
             match tokio::time::timeout(left, child.wait()).await {
                 Ok(Ok(status)) if status.success() => {}

@@ -22,12 +22,15 @@ pub fn table(outcomes: &[Outcome]) -> String {
                 .collect::<Vec<_>>()
                 .join(", ")
         };
-        let unexplained = |v: &[crate::check::Overlap]| {
-            v.iter().filter(|o| o.explained_by.is_none()).count()
-        };
+        let unexplained =
+            |v: &[crate::check::Overlap]| v.iter().filter(|o| o.explained_by.is_none()).count();
         let exclusion = f.exclusion.len() + f.refused_in_belief.len();
         let excl_un = unexplained(&f.exclusion) + unexplained(&f.refused_in_belief);
-        let fence_un = f.fencing.iter().filter(|s| s.explained_by.is_none()).count();
+        let fence_un = f
+            .fencing
+            .iter()
+            .filter(|s| s.explained_by.is_none())
+            .count();
         let late = f.refused.iter().filter(|r| r.4).count();
         let verdict = match (o.control_showed, o.passed()) {
             (Some(true), true) => "control: showed its violations",
@@ -75,7 +78,11 @@ pub fn failures(o: &Outcome) -> Vec<String> {
             x.name, x.grant.0, x.grant.1, x.earlier
         ));
     }
-    for x in f.refused_in_belief.iter().filter(|x| x.explained_by.is_none()) {
+    for x in f
+        .refused_in_belief
+        .iter()
+        .filter(|x| x.explained_by.is_none())
+    {
         lines.push(format!(
             "exclusion: client {} wrote name {} with token {} while it believed it held it, and the resource refused: a higher token was granted meanwhile",
             x.first.0, x.name, x.first.1

@@ -187,7 +187,14 @@ pub const BACKENDS: [Target; 5] = [
         topology: None,
         service: Some(Service::Redis),
         // The row's condition: no restart without persistence.
-        server_args: &["--appendonly", "yes", "--appendfsync", "always", "--dir", "/tmp"],
+        server_args: &[
+            "--appendonly",
+            "yes",
+            "--appendfsync",
+            "always",
+            "--dir",
+            "/tmp",
+        ],
         faults: &FaultKind::SINGLE,
         hazards: &[],
         expect: None,

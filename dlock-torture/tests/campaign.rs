@@ -8,8 +8,8 @@
 //! machine, not the lock.
 
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
 use std::sync::{Mutex, PoisonError};
+use std::time::{Duration, Instant};
 
 static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
 
@@ -50,7 +50,11 @@ fn campaign(args: &[&str]) {
         "dlock-torture {args:?} failed ({status})\n{stdout}\n{stderr}"
     );
     // A run that judged nothing must not pass: every row saw grants.
-    let rows: Vec<&str> = stdout.lines().filter(|l| l.starts_with("| ")).skip(1).collect();
+    let rows: Vec<&str> = stdout
+        .lines()
+        .filter(|l| l.starts_with("| "))
+        .skip(1)
+        .collect();
     assert!(!rows.is_empty(), "no table in the output:\n{stdout}");
     for row in rows {
         let grants: u64 = row

@@ -236,9 +236,11 @@ fn explain(a: &Hold, seen: &Seen<'_>) -> Option<Hazard> {
     seen.target.hazards.iter().copied().find(|h| match h {
         Hazard::Mutant => true,
         // Granted before the server came back, believed when it died.
-        Hazard::RestartForgets => seen.nemesis.faults.iter().any(|f| {
-            f.kind == FaultKind::ServerKill && a.granted < f.end && a.end > f.start
-        }),
+        Hazard::RestartForgets => seen
+            .nemesis
+            .faults
+            .iter()
+            .any(|f| f.kind == FaultKind::ServerKill && a.granted < f.end && a.end > f.start),
         // Paused while it asked counts too: the grant it then learns of
         // may already be gone.
         Hazard::PausedSessionHolder => seen.nemesis.faults.iter().any(|f| {

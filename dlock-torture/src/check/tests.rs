@@ -94,7 +94,12 @@ fn readers_share_but_never_with_a_writer_and_permits_are_counted() {
 
     let mut events = Vec::new();
     for c in 1..=PERMITS + 1 {
-        events.extend(hold(c, Kind::Permit, 10 + u64::from(c), [S, c as u64 * S, 0, 9 * S]));
+        events.extend(hold(
+            c,
+            Kind::Permit,
+            10 + u64::from(c),
+            [S, c as u64 * S, 0, 9 * S],
+        ));
     }
     let f = judge(&BACKENDS[0], events, &Record::default());
     assert_eq!(f.exclusion.len(), 1, "{f:?}");
@@ -129,14 +134,20 @@ fn a_long_stop_of_a_session_holder_explains_its_overlap_on_zookeeper() {
         ..Record::default()
     };
     let f = judge(zookeeper, events.clone(), &stop(5));
-    assert_eq!(f.exclusion[0].explained_by, Some(Hazard::PausedSessionHolder));
+    assert_eq!(
+        f.exclusion[0].explained_by,
+        Some(Hazard::PausedSessionHolder)
+    );
     // The later holder's pause explains the pair as well: paused while its
     // grant's reply was on the way, it learns of a grant already gone.
     let mut later = hold(2, Kind::Mutex, 11, [2 * S, 7 * S, 0, 8 * S]);
     later.extend(hold(1, Kind::Mutex, 12, [S + S / 2, 7 * S + 2, 0, 9 * S]));
     let f = judge(zookeeper, later, &stop(5));
     assert_eq!(f.exclusion.len(), 1, "{f:?}");
-    assert_eq!(f.exclusion[0].explained_by, Some(Hazard::PausedSessionHolder));
+    assert_eq!(
+        f.exclusion[0].explained_by,
+        Some(Hazard::PausedSessionHolder)
+    );
     // A stop too short to end the session explains nothing.
     let f = judge(zookeeper, events.clone(), &stop(1));
     assert_eq!(f.exclusion[0].explained_by, None);
@@ -195,7 +206,12 @@ fn a_refused_write_while_its_hold_was_believed_is_a_violation_unless_sent_late()
         late,
         accepted: false,
     };
-    let f = judge_with_writes(&BACKENDS[0], events.clone(), &Record::default(), &[refused(false)]);
+    let f = judge_with_writes(
+        &BACKENDS[0],
+        events.clone(),
+        &Record::default(),
+        &[refused(false)],
+    );
     assert_eq!(f.refused_in_belief.len(), 1, "{f:?}");
     assert_eq!(f.unpredicted(), 1);
     let f = judge_with_writes(&BACKENDS[0], events, &Record::default(), &[refused(true)]);

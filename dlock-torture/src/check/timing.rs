@@ -66,7 +66,8 @@ pub(super) fn judge_calls(calls: Vec<Call>, seen: &Seen<'_>, f: &mut Findings) {
         }
         f.longest_call_ms = f.longest_call_ms.max(ms(took));
         if took > duration_ns(bound) {
-            f.slow_calls.push((format!("{what} by client {client}"), ms(took)));
+            f.slow_calls
+                .push((format!("{what} by client {client}"), ms(took)));
         }
     }
     acquires.sort_unstable();
