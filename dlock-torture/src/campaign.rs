@@ -216,7 +216,7 @@ pub async fn run(target: &Target, settings: &Settings, seed: u64) -> Result<Outc
         let _ = tokio::task::spawn_blocking(move || drop(cluster)).await;
     }
     Ok(Outcome {
-        target: target.clone(),
+        target: *target,
         seed,
         seconds: settings.duration.as_secs_f64(),
         started_ns,

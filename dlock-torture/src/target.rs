@@ -129,7 +129,7 @@ pub enum Expect {
 }
 
 /// One backend in one configuration.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Copy, Serialize)]
 pub struct Target {
     /// Its label in tables and on the command line.
     pub label: &'static str,
@@ -179,15 +179,37 @@ impl Target {
     }
 }
 
+/// A single server's row, run with every fault a single server takes.
+const fn single(
+    label: &'static str,
+    driver: &'static str,
+    service: Service,
+    server_args: &'static [&'static str],
+    hazards: &'static [Hazard],
+) -> Target {
+    Target {
+        label,
+        driver,
+        service: Some(service),
+        topology: None,
+        server_args,
+        faults: &FaultKind::SINGLE,
+        hazards,
+        expect: None,
+        processes: None,
+        long_holds: false,
+        ttl: None,
+    }
+}
+
 /// The backends' rows, each run with every fault.
 pub const BACKENDS: [Target; 5] = [
-    Target {
-        label: "redis",
-        driver: "redis",
-        topology: None,
-        service: Some(Service::Redis),
-        // The row's condition: no restart without persistence.
-        server_args: &[
+    // The row's condition: no restart without persistence.
+    single(
+        "redis",
+        "redis",
+        Service::Redis,
+        &[
             "--appendonly",
             "yes",
             "--appendfsync",
@@ -195,66 +217,37 @@ pub const BACKENDS: [Target; 5] = [
             "--dir",
             "/tmp",
         ],
-        faults: &FaultKind::SINGLE,
-        hazards: &[],
-        expect: None,
-        processes: None,
-        long_holds: false,
-        ttl: None,
-    },
-    Target {
-        label: "mariadb",
-        driver: "mysql",
-        topology: None,
-        service: Some(Service::MariaDb),
-        server_args: &["--innodb-flush-log-at-trx-commit=1"],
-        faults: &FaultKind::SINGLE,
-        hazards: &[],
-        expect: None,
-        processes: None,
-        long_holds: false,
-        ttl: None,
-    },
-    Target {
-        label: "postgres",
-        driver: "postgres",
-        topology: None,
-        service: Some(Service::Postgres),
-        server_args: &["-c", "fsync=on", "-c", "synchronous_commit=on"],
-        faults: &FaultKind::SINGLE,
-        hazards: &[],
-        expect: None,
-        processes: None,
-        long_holds: false,
-        ttl: None,
-    },
-    Target {
-        label: "zookeeper",
-        driver: "zookeeper",
-        topology: None,
-        service: Some(Service::ZooKeeper),
-        server_args: &[],
-        faults: &FaultKind::SINGLE,
-        hazards: &[Hazard::PausedSessionHolder],
-        expect: None,
-        processes: None,
-        long_holds: false,
-        ttl: None,
-    },
-    Target {
-        label: "etcd",
-        driver: "etcd",
-        topology: None,
-        service: Some(Service::Etcd),
-        // On disk: the row's condition is a restart that keeps the data.
-        server_args: &["--data-dir", "/var/lib/dlock-etcd"],
-        faults: &FaultKind::SINGLE,
-        hazards: &[],
-        expect: None,
-        processes: None,
-        long_holds: false,
-        ttl: None,
-    },
+        &[],
+    ),
+    single(
+        "mariadb",
+        "mysql",
+        Service::MariaDb,
+        &["--innodb-flush-log-at-trx-commit=1"],
+        &[],
+    ),
+    single(
+        "postgres",
+        "postgres",
+        Service::Postgres,
+        &["-c", "fsync=on", "-c", "synchronous_commit=on"],
+        &[],
+    ),
+    single(
+        "zookeeper",
+        "zookeeper",
+        Service::ZooKeeper,
+        &[],
+        &[Hazard::PausedSessionHolder],
+    ),
+    // On disk: the row's condition is a restart that keeps the data.
+    single(
+        "etcd",
+        "etcd",
+        Service::Etcd,
+        &["--data-dir", "/var/lib/dlock-etcd"],
+        &[],
+    ),
 ];
 
 /// A cluster the harness can start.
@@ -266,76 +259,62 @@ pub enum Topo {
     EtcdCluster,
 }
 
+/// A cluster's row: the single server's, on three members, with the
+/// faults a cluster takes.
+const fn cluster(label: &'static str, topology: Topo, of: Target) -> Target {
+    Target {
+        label,
+        service: None,
+        topology: Some(topology),
+        faults: &FaultKind::CLUSTER,
+        ..of
+    }
+}
+
 /// The clusters' rows.
 pub const TOPOLOGIES: [Target; 2] = [
-    Target {
-        label: "zookeeper-ensemble",
-        driver: "zookeeper",
-        service: None,
-        topology: Some(Topo::ZooKeeperEnsemble),
-        server_args: &[],
-        faults: &FaultKind::CLUSTER,
-        hazards: &[Hazard::PausedSessionHolder],
-        expect: None,
-        processes: None,
-        long_holds: false,
-        ttl: None,
-    },
-    Target {
-        label: "etcd-cluster",
-        driver: "etcd",
-        service: None,
-        topology: Some(Topo::EtcdCluster),
-        server_args: &[],
-        faults: &FaultKind::CLUSTER,
-        hazards: &[],
-        expect: None,
-        processes: None,
-        long_holds: false,
-        ttl: None,
-    },
+    cluster("zookeeper-ensemble", Topo::ZooKeeperEnsemble, BACKENDS[3]),
+    cluster("etcd-cluster", Topo::EtcdCluster, BACKENDS[4]),
 ];
+
+/// An in-process driver that breaks a promise, which the checker must see.
+const fn simulated(label: &'static str, driver: &'static str, expect: Expect) -> Target {
+    Target {
+        label,
+        driver,
+        service: None,
+        topology: None,
+        server_args: &[],
+        faults: &[],
+        hazards: &[Hazard::Mutant],
+        expect: Some(expect),
+        // Its lock space lives in one process.
+        processes: Some(1),
+        long_holds: false,
+        ttl: None,
+    }
+}
 
 /// The controls: configurations that must show violations.
 pub const CONTROLS: [Target; 3] = [
     Target {
         label: "control: redis without persistence, killed",
-        driver: "redis",
-        topology: None,
-        service: Some(Service::Redis),
-        server_args: &[],
         faults: &[FaultKind::ServerKill],
         hazards: &[Hazard::RestartForgets],
         expect: Some(Expect::Exclusion),
-        processes: None,
         long_holds: true,
         // Holders believe well past the restart, whatever its length.
         ttl: Some(Duration::from_secs(8)),
+        ..single("", "redis", Service::Redis, &[], &[])
     },
-    Target {
-        label: "control: simulated split brain",
-        driver: "sim-split-brain",
-        service: None,
-        topology: None,
-        server_args: &[],
-        faults: &[],
-        hazards: &[Hazard::Mutant],
-        expect: Some(Expect::Exclusion),
-        processes: Some(1),
-        long_holds: false,
-        ttl: None,
-    },
-    Target {
-        label: "control: simulated stale tokens",
-        driver: "sim-stale-token",
-        service: None,
-        topology: None,
-        server_args: &[],
-        faults: &[],
-        hazards: &[Hazard::Mutant],
-        expect: Some(Expect::Fencing),
-        processes: Some(1),
-        long_holds: false,
-        ttl: None,
-    },
+    simulated(
+        "control: simulated split brain",
+        "sim-split-brain",
+        Expect::Exclusion,
+    ),
+    simulated(
+        "control: simulated stale tokens",
+        "sim-stale-token",
+        Expect::Fencing,
+    ),
 ];
