@@ -172,10 +172,26 @@ impl Target {
         }
     }
 
+    /// How long a queued waiter whose process died (or stopped) keeps its
+    /// place at the head of a name's queue, holding the free lock for
+    /// itself, with the clients' settings: each driver's documented place
+    /// lifetime. ZooKeeper's and etcd's waiters are nodes and keys of the
+    /// session or lease, which [`Target::lease_bound`] covers.
+    pub fn dead_waiter_bound(&self) -> Duration {
+        match self.driver {
+            // 3 × the longest poll (1 s) + 2 × (connect 2 s + request 1 s).
+            "redis" => Duration::from_secs(9),
+            // 3 × the longest poll (1 s) + 2 × the request timeout (2 s).
+            "mysql" | "postgres" => Duration::from_secs(7),
+            _ => Duration::ZERO,
+        }
+    }
+
     /// How soon after the last fault heals a name must be granted again:
-    /// a lease of a holder that died in the fault ends first.
+    /// the lease of a holder that died in the fault ends, then the place of
+    /// a waiter that died at the head of the queue lapses.
     pub fn liveness_bound(&self, ttl: Duration) -> Duration {
-        self.lease_bound(ttl) + SLACK
+        self.lease_bound(ttl) + self.dead_waiter_bound() + SLACK
     }
 }
 
