@@ -198,6 +198,15 @@ impl Worker {
         self.recorder.record(self.task, name, what);
     }
 
+    /// Looks at the hold as its user would before acting, and records what
+    /// it saw: whether it is valid, and until when as last renewed.
+    fn look(&self, name: u32, held: &Held) -> bool {
+        let valid = held.is_valid();
+        let valid_until = held.valid_until();
+        self.record(name, What::Checked { valid, valid_until });
+        valid
+    }
+
     /// One acquire and critical section; `false` when the resource
     /// connection broke.
     async fn one_hold(&mut self, writer: &mut Writer) -> bool {
@@ -257,6 +266,9 @@ impl Worker {
             },
         );
         let ok = self.critical_section(name, kind, &held, writer).await;
+        // The deadline as last renewed, for the checker: belief ends at
+        // the first of it and what follows.
+        self.look(name, &held);
         match (end, held) {
             (End::Release, Held::Guard(guard)) => {
                 self.record(name, What::Release);
@@ -301,20 +313,14 @@ impl Worker {
                 };
                 tokio::select! {
                     () = held.lost() => {
+                        self.look(name, held);
                         self.record(name, What::Lost);
                         return true;
                     }
                     () = sleep(Duration::from_millis(pause)) => {}
                 }
             }
-            let valid = held.is_valid();
-            self.record(
-                name,
-                What::Checked {
-                    valid,
-                    valid_until: held.valid_until(),
-                },
-            );
+            let valid = self.look(name, held);
             if !valid {
                 self.record(name, What::Lost);
                 return true;

@@ -85,17 +85,25 @@ impl ZkBackend {
     /// while it is disconnected, and one unanswered that long belongs to a
     /// session in doubt. Counts as a lost connection.
     ///
-    /// So does a connection the client library gave up on with the request
-    /// in flight (no answer within its connect timeout, a failed read or
-    /// write): it reports that as `Custom`, not `ConnectionLoss`, yet the
-    /// server may still have applied the request, so callers must look
-    /// for what it made, as after any lost connection.
+    /// So does a connection the client library dropped with the request in
+    /// flight for a reason of its own (no answer within its connect
+    /// timeout, a failed read or write: `Custom`; a reply it could not
+    /// read: `UnexpectedError`, `UnmarshalError`): the library hands every
+    /// pending request that error, not `ConnectionLoss`, yet the server may
+    /// have applied it, so callers must look for what it made, as after any
+    /// lost connection. (Only for requests: at connect, `Custom` is also a
+    /// TLS or SASL configuration error, which no retry mends.)
     pub(crate) async fn bounded<T>(
         &self,
         request: impl Future<Output = Result<T, zk::Error>>,
     ) -> Result<T, zk::Error> {
         match tokio::time::timeout(self.request_timeout(), request).await {
-            Ok(Err(zk::Error::Custom(_))) | Err(_) => Err(zk::Error::ConnectionLoss),
+            Ok(Err(
+                zk::Error::Custom(_)
+                | zk::Error::UnexpectedError(_)
+                | zk::Error::UnmarshalError { .. },
+            ))
+            | Err(_) => Err(zk::Error::ConnectionLoss),
             Ok(done) => done,
         }
     }

@@ -12,12 +12,10 @@ pub(crate) fn zk_error(e: zk::Error, doing: &str) -> Error {
         zk::Error::AuthFailed | zk::Error::NoAuth => {
             Error::backend(NAME, format!("{doing}: authentication failed"), e)
         }
-        // `Custom`: the client library gave up on its connection.
         zk::Error::ConnectionLoss
         | zk::Error::SessionExpired
         | zk::Error::ClientClosed
-        | zk::Error::Timeout
-        | zk::Error::Custom(_) => Error::connection(NAME, doing, e),
+        | zk::Error::Timeout => Error::connection(NAME, doing, e),
         e => Error::backend(NAME, doing, e),
     }
 }

@@ -15,9 +15,17 @@ struct Open {
     seen_valid: bool,
 }
 
-/// The holds, in no order, and every call with its times. `events` is
-/// sorted by client, task and time.
-pub(super) fn holds(events: &[Event], seen: &Seen<'_>) -> (Vec<Hold>, Vec<Call>) {
+/// What the histories say: the holds that were believed, every grant
+/// (believed or not: fencing and liveness judge them all), and every call
+/// with its times. `events` is sorted by client, task and time.
+pub(super) struct Read {
+    pub(super) holds: Vec<Hold>,
+    pub(super) grants: Vec<Hold>,
+    pub(super) calls: Vec<Call>,
+}
+
+/// Reads `events` (sorted by client, task and time).
+pub(super) fn holds(events: &[Event], seen: &Seen<'_>) -> Read {
     // A process that ended without our kill (a crash) believed nothing
     // after its last event.
     let mut last_seen: HashMap<u32, u64> = HashMap::new();
@@ -34,6 +42,7 @@ pub(super) fn holds(events: &[Event], seen: &Seen<'_>) -> (Vec<Hold>, Vec<Call>)
             .unwrap_or(seen.until_ns)
     };
     let mut holds = Vec::new();
+    let mut grants = Vec::new();
     let mut calls = Vec::new();
     let mut open: Option<Open> = None;
     let mut invoked = None;
@@ -61,16 +70,18 @@ pub(super) fn holds(events: &[Event], seen: &Seen<'_>) -> (Vec<Hold>, Vec<Call>)
                 close(&mut open, e.t, &mut holds);
                 let sent = invoked.take().unwrap_or(e.t);
                 calls.push(("acquire", e.client, sent, e.t));
+                let hold = Hold {
+                    client: e.client,
+                    name: e.name,
+                    kind: *kind,
+                    invoked: sent,
+                    granted: e.t,
+                    end: u64::MAX,
+                    token: *token,
+                };
+                grants.push(hold);
                 open = Some(Open {
-                    hold: Hold {
-                        client: e.client,
-                        name: e.name,
-                        kind: *kind,
-                        invoked: sent,
-                        granted: e.t,
-                        end: u64::MAX,
-                        token: *token,
-                    },
+                    hold,
                     valid_until: *valid_until,
                     seen_valid: false,
                 });
@@ -108,7 +119,11 @@ pub(super) fn holds(events: &[Event], seen: &Seen<'_>) -> (Vec<Hold>, Vec<Call>)
     if let Some((client, _)) = task {
         close(&mut open, gone(client), &mut holds);
     }
-    (holds, calls)
+    Read {
+        holds,
+        grants,
+        calls,
+    }
 }
 
 /// Ends the open hold at `at`, or at its validity deadline if that came
