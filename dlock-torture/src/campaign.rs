@@ -111,14 +111,20 @@ pub async fn run(target: &Target, settings: &Settings, seed: u64) -> Result<Outc
     let started_ns = now_ns();
     let until_ns = started_ns + nanos(settings.duration);
     // The last stretch is quiet: the last heal is measured, and the
-    // clients release before the leftovers are listed.
-    let judged_quiet = target.liveness_bound(settings.ttl) + Duration::from_secs(1);
-    // The last batch may run 6 s past the nemesis's end, and then its heal
-    // is judged like any other.
-    let quiet = (settings.duration / 5).clamp(
-        judged_quiet + Duration::from_secs(6),
-        Duration::from_secs(60),
-    );
+    // clients release before the leftovers are listed. The last batch may
+    // run 6 s past the nemesis's end, and then its heal is judged like any
+    // other. A control is judged by the violations it must show, not by
+    // its recovery: its faults come as often as they can.
+    let (judged_quiet, quiet) = if target.expect.is_none() {
+        let judged_quiet = target.liveness_bound(settings.ttl) + Duration::from_secs(1);
+        let tail = (settings.duration / 5).clamp(
+            judged_quiet + Duration::from_secs(6),
+            Duration::from_secs(60),
+        );
+        (judged_quiet, tail)
+    } else {
+        (Duration::from_secs(3), Duration::from_secs(5))
+    };
     let workload = Workload {
         driver: target.driver,
         url: url.clone(),
