@@ -22,15 +22,9 @@ pub fn table(outcomes: &[Outcome]) -> String {
                 .collect::<Vec<_>>()
                 .join(", ")
         };
-        let unexplained =
-            |v: &[crate::check::Overlap]| v.iter().filter(|o| o.explained_by.is_none()).count();
         let exclusion = f.exclusion.len() + f.refused_in_belief.len();
-        let excl_un = unexplained(&f.exclusion) + unexplained(&f.refused_in_belief);
-        let fence_un = f
-            .fencing
-            .iter()
-            .filter(|s| s.explained_by.is_none())
-            .count();
+        let excl_un = f.unexplained_exclusion();
+        let fence_un = f.unexplained_fencing();
         let late = f.refused.iter().filter(|r| r.4).count();
         let verdict = match (o.control_showed, o.passed()) {
             (Some(true), true) => "control: showed its violations",

@@ -174,17 +174,26 @@ pub fn check(mut events: Vec<Event>, seen: &Seen<'_>) -> Findings {
 }
 
 impl Findings {
+    /// Exclusion violations, refused writes while believed included, that
+    /// the target's Safety model row does not explain.
+    pub fn unexplained_exclusion(&self) -> usize {
+        let unexplained = |v: &[Overlap]| v.iter().filter(|o| o.explained_by.is_none()).count();
+        unexplained(&self.exclusion) + unexplained(&self.refused_in_belief)
+    }
+
+    /// Fencing violations the row does not explain.
+    pub fn unexplained_fencing(&self) -> usize {
+        self.fencing
+            .iter()
+            .filter(|s| s.explained_by.is_none())
+            .count()
+    }
+
     /// Violations the target's Safety model row does not predict, missed
     /// bounds, unexpected errors and kinds never granted.
     pub fn unpredicted(&self) -> usize {
-        let unexplained = |v: &[Overlap]| v.iter().filter(|o| o.explained_by.is_none()).count();
-        unexplained(&self.exclusion)
-            + unexplained(&self.refused_in_belief)
-            + self
-                .fencing
-                .iter()
-                .filter(|s| s.explained_by.is_none())
-                .count()
+        self.unexplained_exclusion()
+            + self.unexplained_fencing()
             + self.unavailable.len()
             + self.slow_calls.len()
             + self.unexpected_errors.values().sum::<usize>()
