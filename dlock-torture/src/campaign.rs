@@ -102,6 +102,8 @@ pub async fn run(target: &Target, settings: &Settings, seed: u64) -> Result<Outc
     let url = match (&server, &cluster, target.topology) {
         (Some(s), _, _) => s.url().to_owned(),
         (_, Some(c), Some(Topo::EtcdCluster)) => c.etcd_url(&all(c)),
+        (_, Some(c), Some(Topo::RedisSentinel)) => c.sentinel_url(),
+        (_, Some(c), Some(Topo::RedisCluster)) => c.cluster_url(),
         (_, Some(c), _) => c.connect_string(&all(c)),
         _ => "memory://".to_owned(),
     };
@@ -269,6 +271,8 @@ async fn start_cluster(topo: Topo) -> Result<Topology, String> {
     match topo {
         Topo::ZooKeeperEnsemble => caught(tokio::spawn(topology::zookeeper_ensemble(3))).await,
         Topo::EtcdCluster => caught(tokio::spawn(topology::etcd_cluster(3))).await,
+        Topo::RedisSentinel => caught(tokio::spawn(topology::redis_sentinel())).await,
+        Topo::RedisCluster => caught(tokio::spawn(topology::redis_cluster())).await,
     }
 }
 

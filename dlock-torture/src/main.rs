@@ -53,7 +53,8 @@ struct Args {
     /// Backends to run: redis, mariadb, postgres, zookeeper, etcd.
     #[arg(long, value_delimiter = ',')]
     backends: Option<Vec<String>>,
-    /// Clusters to run: zookeeper-ensemble, etcd-cluster, or none (default:
+    /// Clusters to run: zookeeper-ensemble, etcd-cluster, redis-sentinel,
+    /// redis-cluster, or none (default:
     /// all, unless `--backends` is given).
     #[arg(long, value_delimiter = ',')]
     topologies: Option<Vec<String>>,

@@ -23,6 +23,8 @@ pub struct FaultRecord {
     pub kind: FaultKind,
     /// The client process it hit, `None` for the server.
     pub client: Option<u32>,
+    /// The cluster member it hit, by its index in the topology.
+    pub node: Option<usize>,
     /// When it started (ns).
     pub start: u64,
     /// When it healed (ns): for a server kill, once the server answers again.
@@ -176,6 +178,7 @@ async fn throw(
     let lasting = Duration::from_millis(rng.u64(500..4000));
     let start = now_ns();
     let client = clients.id(slot).filter(|_| !kind.on_server());
+    let mut node = None;
     match kind {
         FaultKind::LinkDelay | FaultKind::LinkStall | FaultKind::LinkCut => {
             let fault = match kind {
@@ -214,6 +217,7 @@ async fn throw(
                 return Err("no cluster to fault".to_owned());
             };
             let i = rng.usize(0..members.len());
+            node = Some(i);
             if kind == FaultKind::NodePause {
                 docker(&["pause", &members[i].0]).await?;
                 sleep(lasting).await;
@@ -240,6 +244,7 @@ async fn throw(
                 return Ok(FaultRecord {
                     kind,
                     client: Some(id),
+                    node: None,
                     start: at,
                     end: now_ns(),
                 });
@@ -249,6 +254,7 @@ async fn throw(
     Ok(FaultRecord {
         kind,
         client,
+        node,
         start,
         end: now_ns(),
     })

@@ -114,6 +114,11 @@ pub enum Hazard {
     /// (exclusion): a hold spanning a stop of its process of at least two
     /// thirds of the session timeout.
     PausedSessionHolder,
+    /// A replica promoted after its primary failed may have missed a grant
+    /// or an extension, and a primary cut off from the others may go on
+    /// granting until it is demoted (exclusion): a hold granted before a
+    /// fault of a data node had settled, and believed after it began.
+    FailoverForgets,
     /// The driver is a deliberately wrong one: every violation is expected.
     Mutant,
 }
@@ -273,6 +278,33 @@ pub enum Topo {
     ZooKeeperEnsemble,
     /// Three etcd members.
     EtcdCluster,
+    /// A Redis primary and its replica (nodes 0 and 1), watched by three
+    /// Sentinels (nodes 2 to 4).
+    RedisSentinel,
+    /// Three Redis Cluster primaries, each with a replica.
+    RedisCluster,
+}
+
+impl Topo {
+    /// Whether member `i` keeps lock data: a fault of it may fail over.
+    pub fn holds_data(self, i: usize) -> bool {
+        match self {
+            Topo::RedisSentinel => i < 2,
+            _ => true,
+        }
+    }
+
+    /// How long after a data node's fault heals a failover may still be
+    /// settling: a Sentinel finds an old primary back (its `INFO` every
+    /// 10 s) and demotes it; a cluster node learns the new epoch by gossip
+    /// within its node timeout (2 s).
+    pub fn failover_settle(self) -> Duration {
+        match self {
+            Topo::RedisSentinel => Duration::from_secs(12),
+            Topo::RedisCluster => Duration::from_secs(4),
+            _ => Duration::ZERO,
+        }
+    }
 }
 
 /// A cluster's row: the single server's, on three members, with the
@@ -287,10 +319,22 @@ const fn cluster(label: &'static str, topology: Topo, of: Target) -> Target {
     }
 }
 
+/// Redis on a cluster: the faults of a data node may fail over, which its
+/// Safety model row says may forget a grant.
+const fn redis_on(label: &'static str, topology: Topo) -> Target {
+    Target {
+        server_args: &[],
+        hazards: &[Hazard::FailoverForgets],
+        ..cluster(label, topology, BACKENDS[0])
+    }
+}
+
 /// The clusters' rows.
-pub const TOPOLOGIES: [Target; 2] = [
+pub const TOPOLOGIES: [Target; 4] = [
     cluster("zookeeper-ensemble", Topo::ZooKeeperEnsemble, BACKENDS[3]),
     cluster("etcd-cluster", Topo::EtcdCluster, BACKENDS[4]),
+    redis_on("redis-sentinel", Topo::RedisSentinel),
+    redis_on("redis-cluster", Topo::RedisCluster),
 ];
 
 /// An in-process driver that breaks a promise, which the checker must see.

@@ -278,6 +278,17 @@ fn explain(h: &Hold, at: u64, seen: &Seen<'_>) -> Option<Hazard> {
                     && h.end > f.start
                     && f.start < at
             }),
+            // Granted before the failover settled, believed when it began.
+            Hazard::FailoverForgets => seen.nemesis.faults.iter().any(|f| {
+                let Some(topo) = seen.target.topology else {
+                    return false;
+                };
+                matches!(f.kind, FaultKind::NodePause | FaultKind::NodePartition)
+                    && f.node.is_some_and(|i| topo.holds_data(i))
+                    && h.granted < f.end + duration_ns(topo.failover_settle())
+                    && h.end > f.start
+                    && f.start < at
+            }),
             // Paused while it asked counts too: the grant it then learns of may
             // already be gone. Half a session: a starved client's last ping may
             // have gone well before the stop.

@@ -3,7 +3,7 @@
 use super::*;
 use crate::nemesis::FaultRecord;
 use crate::resource::Write;
-use crate::target::{BACKENDS, FaultKind};
+use crate::target::{BACKENDS, FaultKind, TOPOLOGIES};
 
 const S: u64 = 1_000_000_000;
 
@@ -128,6 +128,7 @@ fn a_long_stop_of_a_session_holder_explains_its_overlap_on_zookeeper() {
         faults: vec![FaultRecord {
             kind: FaultKind::ClientStop,
             client: Some(1),
+            node: None,
             start: 2 * S,
             end: (2 + secs) * S,
         }],
@@ -153,6 +154,47 @@ fn a_long_stop_of_a_session_holder_explains_its_overlap_on_zookeeper() {
     assert_eq!(f.exclusion[0].explained_by, None);
     // Nor does any stop on a backend whose row does not name the hazard.
     let f = judge(&BACKENDS[0], events, &stop(5));
+    assert_eq!(f.exclusion[0].explained_by, None);
+}
+
+#[test]
+fn a_fault_of_a_data_node_explains_an_overlap_on_sentinel_until_it_settled() {
+    let sentinel = TOPOLOGIES
+        .iter()
+        .find(|t| t.label == "redis-sentinel")
+        .unwrap();
+    // Granted on the primary at 1 s, believed to 9 s; granted again at 6 s.
+    let mut events = hold(1, Kind::Mutex, 10, [S, S + 1, 9 * S, 9 * S]);
+    events.extend(hold(2, Kind::Mutex, 11, [2 * S, 6 * S, 8 * S, 8 * S]));
+    let fault = |node: usize, start: u64, secs: u64| Record {
+        faults: vec![FaultRecord {
+            kind: FaultKind::NodePartition,
+            client: None,
+            node: Some(node),
+            start: start * S,
+            end: (start + secs) * S,
+        }],
+        ..Record::default()
+    };
+    let f = judge(sentinel, events.clone(), &fault(0, 2, 2));
+    assert_eq!(f.exclusion[0].explained_by, Some(Hazard::FailoverForgets));
+    // A Sentinel's fault fails nothing over.
+    let f = judge(sentinel, events.clone(), &fault(3, 2, 2));
+    assert_eq!(f.exclusion[0].explained_by, None);
+    // Nor does a fault that began after the overlap.
+    let f = judge(sentinel, events.clone(), &fault(0, 7, 1));
+    assert_eq!(f.exclusion[0].explained_by, None);
+    // A fault settled long before both grants explains nothing either.
+    let mut late = hold(1, Kind::Mutex, 10, [30 * S, 30 * S + 1, 39 * S, 39 * S]);
+    late.extend(hold(2, Kind::Mutex, 11, [31 * S, 36 * S, 38 * S, 38 * S]));
+    let f = judge(sentinel, late, &fault(0, 2, 2));
+    assert_eq!(f.exclusion[0].explained_by, None);
+    // Nor on a cluster whose row does not name the hazard.
+    let ensemble = TOPOLOGIES
+        .iter()
+        .find(|t| t.label == "zookeeper-ensemble")
+        .unwrap();
+    let f = judge(ensemble, events, &fault(0, 2, 2));
     assert_eq!(f.exclusion[0].explained_by, None);
 }
 
