@@ -148,12 +148,17 @@ pub async fn run(target: &Target, settings: &Settings, seed: u64) -> Result<Outc
             url: url.clone(),
             container: s.container().map(|c| c.id().to_owned()).unwrap_or_default(),
         }),
-        (_, Some(c)) => Some(Servers::Cluster(
-            c.nodes()
+        (_, Some(c)) => Some(Servers::Cluster {
+            topo: target.topology.ok_or("a cluster without a topology")?,
+            members: c
+                .nodes()
                 .iter()
-                .map(|n| (n.name().to_owned(), n.ip()))
-                .collect(),
-        )),
+                .map(|n| match n.addr().parse() {
+                    Ok(addr) => Ok((n.name().to_owned(), addr)),
+                    Err(e) => Err(format!("member {}: {e}", n.addr())),
+                })
+                .collect::<Result<_, String>>()?,
+        }),
         _ => None,
     };
     let record = nemesis::run(

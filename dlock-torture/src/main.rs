@@ -23,6 +23,7 @@ mod campaign;
 mod check;
 mod client;
 mod clients;
+mod failover;
 mod history;
 mod mutant;
 mod nemesis;

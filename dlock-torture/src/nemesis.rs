@@ -2,7 +2,7 @@
 //! healed after a random time, with quiet periods between batches in
 //! which recovery is measured.
 
-use std::net::IpAddr;
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -13,8 +13,9 @@ use serde::Serialize;
 use tokio::time::sleep;
 
 use crate::clients::Clients;
+use crate::failover;
 use crate::history::now_ns;
-use crate::target::FaultKind;
+use crate::target::{FaultKind, Topo};
 
 /// One fault thrown, from its start to its heal.
 #[derive(Debug, Clone, Serialize)]
@@ -25,6 +26,12 @@ pub struct FaultRecord {
     pub client: Option<u32>,
     /// The cluster member it hit, by its index in the topology.
     pub node: Option<usize>,
+    /// Whether it hit a Redis primary that was no longer primary once the
+    /// topology settled.
+    pub failed_over: bool,
+    /// For a fault of a Redis data node, when the topology had settled
+    /// after the heal (ns): the old primary demoted, or still primary.
+    pub settled: Option<u64>,
     /// When it started (ns).
     pub start: u64,
     /// When it healed (ns): for a server kill, once the server answers again.
@@ -54,8 +61,13 @@ pub enum Servers {
         /// Its container.
         container: String,
     },
-    /// A cluster's members: (container name, address on its network).
-    Cluster(Vec<(String, IpAddr)>),
+    /// A cluster.
+    Cluster {
+        /// Which.
+        topo: Topo,
+        /// Its members: container name, and server address on its network.
+        members: Vec<(String, SocketAddr)>,
+    },
 }
 
 /// How long one Docker command may take: a stuck daemon must not hang the
@@ -85,12 +97,12 @@ async fn docker(args: &[&str]) -> Result<(), String> {
 /// Adds (`add`) or removes (`del`) blackhole routes between member `i`
 /// and every other, both ways. Every route is tried, so a partial failure
 /// to add is healed in full; the first error is returned.
-async fn partition(members: &[(String, IpAddr)], i: usize, verb: &str) -> Result<(), String> {
-    let (name, ip) = &members[i];
+async fn partition(members: &[(String, SocketAddr)], i: usize, verb: &str) -> Result<(), String> {
+    let (name, addr) = &members[i];
     let mut first_error = Ok(());
-    for (other, other_ip) in members.iter().filter(|m| m.0 != *name) {
-        for (from, to) in [(name, other_ip), (other, ip)] {
-            let target = format!("{to}/32");
+    for (other, other_addr) in members.iter().filter(|m| m.0 != *name) {
+        for (from, to) in [(name, other_addr), (other, addr)] {
+            let target = format!("{}/32", to.ip());
             let done = docker(&["exec", from, "ip", "route", verb, "blackhole", &target]).await;
             first_error = first_error.and(done);
         }
@@ -151,11 +163,16 @@ pub async fn run(
             }
         };
         let (one, two) = tokio::join!(one, two);
-        record.faults.push(one?);
+        let one = one?;
+        // Healed when the last fault was undone, not once a topology settled.
+        let mut healed = one.end;
+        record.faults.push(one);
         if let Some(two) = two {
-            record.faults.push(two?);
+            let two = two?;
+            healed = healed.max(two.end);
+            record.faults.push(two);
         }
-        record.heals.push(now_ns());
+        record.heals.push(healed);
         let quiet = match record.heals.len() % 2 {
             0 => judged_quiet,
             _ => Duration::from_millis(rng.u64(2000..6000)),
@@ -178,7 +195,6 @@ async fn throw(
     let lasting = Duration::from_millis(rng.u64(500..4000));
     let start = now_ns();
     let client = clients.id(slot).filter(|_| !kind.on_server());
-    let mut node = None;
     match kind {
         FaultKind::LinkDelay | FaultKind::LinkStall | FaultKind::LinkCut => {
             let fault = match kind {
@@ -213,23 +229,10 @@ async fn throw(
             }
         }
         FaultKind::NodePause | FaultKind::NodePartition => {
-            let Some(Servers::Cluster(members)) = server else {
+            let Some(Servers::Cluster { topo, members }) = server else {
                 return Err("no cluster to fault".to_owned());
             };
-            let i = rng.usize(0..members.len());
-            node = Some(i);
-            if kind == FaultKind::NodePause {
-                docker(&["pause", &members[i].0]).await?;
-                sleep(lasting).await;
-                docker(&["unpause", &members[i].0]).await?;
-            } else {
-                let cut = partition(members, i, "add").await;
-                if cut.is_ok() {
-                    sleep(lasting).await;
-                }
-                let healed = partition(members, i, "del").await;
-                cut.and(healed)?;
-            }
+            return node_fault(kind, *topo, members, &mut rng, lasting).await;
         }
         FaultKind::ClientStop => {
             // Past the TTL, so that the holder's lease ends while it sleeps.
@@ -245,6 +248,8 @@ async fn throw(
                     kind,
                     client: Some(id),
                     node: None,
+                    failed_over: false,
+                    settled: None,
                     start: at,
                     end: now_ns(),
                 });
@@ -254,8 +259,57 @@ async fn throw(
     Ok(FaultRecord {
         kind,
         client,
-        node,
+        node: None,
+        failed_over: false,
+        settled: None,
         start,
         end: now_ns(),
+    })
+}
+
+/// Freezes or cuts off one member, heals it, and on a Redis topology waits
+/// until it settled, to record whether the fault moved the primary.
+async fn node_fault(
+    kind: FaultKind,
+    topo: Topo,
+    members: &[(String, SocketAddr)],
+    rng: &mut fastrand::Rng,
+    lasting: Duration,
+) -> Result<FaultRecord, String> {
+    let i = topo.pick(rng, members.len());
+    let addrs: Vec<SocketAddr> = members.iter().map(|m| m.1).collect();
+    let tracked = topo.fails_over(i);
+    // Not knowing counts as a primary: the fault may then explain more,
+    // never less, than it should.
+    let was_primary = tracked && failover::is_primary(addrs[i]).await.unwrap_or(true);
+    let start = now_ns();
+    if kind == FaultKind::NodePause {
+        docker(&["pause", &members[i].0]).await?;
+        sleep(lasting).await;
+        docker(&["unpause", &members[i].0]).await?;
+    } else {
+        let cut = partition(members, i, "add").await;
+        if cut.is_ok() {
+            sleep(lasting).await;
+        }
+        let healed = partition(members, i, "del").await;
+        cut.and(healed)?;
+    }
+    let end = now_ns();
+    let (failed_over, settled) = match tracked {
+        true => {
+            let primary = failover::settle(topo, &addrs, i).await?;
+            (was_primary && !primary, Some(now_ns()))
+        }
+        false => (false, None),
+    };
+    Ok(FaultRecord {
+        kind,
+        client: None,
+        node: Some(i),
+        failed_over,
+        settled,
+        start,
+        end,
     })
 }

@@ -115,9 +115,10 @@ pub enum Hazard {
     /// thirds of the session timeout.
     PausedSessionHolder,
     /// A replica promoted after its primary failed may have missed a grant
-    /// or an extension, and a primary cut off from the others may go on
-    /// granting until it is demoted (exclusion): a hold granted before a
-    /// fault of a data node had settled, and believed after it began.
+    /// or an extension, and the old primary may go on granting until it is
+    /// demoted (exclusion): a hold granted before the topology settled
+    /// after a fault that moved the primary, and believed after the fault
+    /// began.
     FailoverForgets,
     /// The driver is a deliberately wrong one: every violation is expected.
     Mutant,
@@ -286,23 +287,24 @@ pub enum Topo {
 }
 
 impl Topo {
-    /// Whether member `i` keeps lock data: a fault of it may fail over.
-    pub fn holds_data(self, i: usize) -> bool {
+    /// Whether a fault of member `i` may fail the primary over: the
+    /// nemesis then records when the topology settled (see
+    /// [`crate::failover`]).
+    pub fn fails_over(self, i: usize) -> bool {
         match self {
             Topo::RedisSentinel => i < 2,
-            _ => true,
+            Topo::RedisCluster => true,
+            Topo::ZooKeeperEnsemble | Topo::EtcdCluster => false,
         }
     }
 
-    /// How long after a data node's fault heals a failover may still be
-    /// settling: a Sentinel finds an old primary back (its `INFO` every
-    /// 10 s) and demotes it; a cluster node learns the new epoch by gossip
-    /// within its node timeout (2 s).
-    pub fn failover_settle(self) -> Duration {
+    /// The member a fault hits, of `members`. On Sentinel three faults in
+    /// four hit a data node, so that failovers happen as often as
+    /// Sentinels lose their peers.
+    pub fn pick(self, rng: &mut fastrand::Rng, members: usize) -> usize {
         match self {
-            Topo::RedisSentinel => Duration::from_secs(12),
-            Topo::RedisCluster => Duration::from_secs(4),
-            _ => Duration::ZERO,
+            Topo::RedisSentinel if members > 2 && rng.usize(0..4) > 0 => rng.usize(0..2),
+            _ => rng.usize(0..members),
         }
     }
 }

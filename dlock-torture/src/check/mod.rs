@@ -278,14 +278,13 @@ fn explain(h: &Hold, at: u64, seen: &Seen<'_>) -> Option<Hazard> {
                     && h.end > f.start
                     && f.start < at
             }),
-            // Granted before the failover settled, believed when it began.
+            // Granted before the old primary was demoted (or its answer was
+            // on the way: the clients' request timeout is 1 s), believed when
+            // the fault began.
             Hazard::FailoverForgets => seen.nemesis.faults.iter().any(|f| {
-                let Some(topo) = seen.target.topology else {
-                    return false;
-                };
-                matches!(f.kind, FaultKind::NodePause | FaultKind::NodePartition)
-                    && f.node.is_some_and(|i| topo.holds_data(i))
-                    && h.granted < f.end + duration_ns(topo.failover_settle())
+                f.failed_over
+                    && f.settled
+                        .is_some_and(|settled| h.granted < settled + duration_ns(LATE_ANSWER))
                     && h.end > f.start
                     && f.start < at
             }),
@@ -301,6 +300,11 @@ fn explain(h: &Hold, at: u64, seen: &Seen<'_>) -> Option<Hazard> {
             }),
         })
 }
+
+/// How long after the server acted its answer may reach the history: the
+/// clients' request timeout (a later answer is no answer), and a second
+/// for a loaded machine.
+const LATE_ANSWER: Duration = Duration::from_secs(2);
 
 fn duration_ns(d: Duration) -> u64 {
     u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)

@@ -129,6 +129,8 @@ fn a_long_stop_of_a_session_holder_explains_its_overlap_on_zookeeper() {
             kind: FaultKind::ClientStop,
             client: Some(1),
             node: None,
+            failed_over: false,
+            settled: None,
             start: 2 * S,
             end: (2 + secs) * S,
         }],
@@ -158,7 +160,7 @@ fn a_long_stop_of_a_session_holder_explains_its_overlap_on_zookeeper() {
 }
 
 #[test]
-fn a_fault_of_a_data_node_explains_an_overlap_on_sentinel_until_it_settled() {
+fn a_failover_explains_an_overlap_on_sentinel_until_the_old_primary_was_demoted() {
     let sentinel = TOPOLOGIES
         .iter()
         .find(|t| t.label == "redis-sentinel")
@@ -166,35 +168,38 @@ fn a_fault_of_a_data_node_explains_an_overlap_on_sentinel_until_it_settled() {
     // Granted on the primary at 1 s, believed to 9 s; granted again at 6 s.
     let mut events = hold(1, Kind::Mutex, 10, [S, S + 1, 9 * S, 9 * S]);
     events.extend(hold(2, Kind::Mutex, 11, [2 * S, 6 * S, 8 * S, 8 * S]));
-    let fault = |node: usize, start: u64, secs: u64| Record {
+    // A partition of a primary from 2 s to 4 s, settled at `settled` s.
+    let fault = |failed_over: bool, start: u64, settled: u64| Record {
         faults: vec![FaultRecord {
             kind: FaultKind::NodePartition,
             client: None,
-            node: Some(node),
+            node: Some(0),
+            failed_over,
+            settled: Some(settled * S),
             start: start * S,
-            end: (start + secs) * S,
+            end: (start + 2) * S,
         }],
         ..Record::default()
     };
-    let f = judge(sentinel, events.clone(), &fault(0, 2, 2));
+    let f = judge(sentinel, events.clone(), &fault(true, 2, 5));
     assert_eq!(f.exclusion[0].explained_by, Some(Hazard::FailoverForgets));
-    // A Sentinel's fault fails nothing over.
-    let f = judge(sentinel, events.clone(), &fault(3, 2, 2));
+    // A fault that moved no primary explains nothing.
+    let f = judge(sentinel, events.clone(), &fault(false, 2, 5));
     assert_eq!(f.exclusion[0].explained_by, None);
-    // Nor does a fault that began after the overlap.
-    let f = judge(sentinel, events.clone(), &fault(0, 7, 1));
+    // Nor does a failover that began after the overlap.
+    let f = judge(sentinel, events.clone(), &fault(true, 7, 12));
     assert_eq!(f.exclusion[0].explained_by, None);
-    // A fault settled long before both grants explains nothing either.
+    // Nor one settled well before both grants: the old primary was demoted.
     let mut late = hold(1, Kind::Mutex, 10, [30 * S, 30 * S + 1, 39 * S, 39 * S]);
     late.extend(hold(2, Kind::Mutex, 11, [31 * S, 36 * S, 38 * S, 38 * S]));
-    let f = judge(sentinel, late, &fault(0, 2, 2));
+    let f = judge(sentinel, late, &fault(true, 2, 20));
     assert_eq!(f.exclusion[0].explained_by, None);
     // Nor on a cluster whose row does not name the hazard.
     let ensemble = TOPOLOGIES
         .iter()
         .find(|t| t.label == "zookeeper-ensemble")
         .unwrap();
-    let f = judge(ensemble, events, &fault(0, 2, 2));
+    let f = judge(ensemble, events, &fault(true, 2, 5));
     assert_eq!(f.exclusion[0].explained_by, None);
 }
 
