@@ -10,6 +10,7 @@ use std::time::Duration;
 use dlock_conformance::topology::{SENTINEL_SERVICE, node_connection};
 use tokio::time::{Instant, sleep, timeout};
 
+use crate::history::now_ns;
 use crate::target::Topo;
 
 /// How long a topology may take to settle after a heal. A Sentinel demotes
@@ -39,21 +40,42 @@ pub async fn is_primary(addr: SocketAddr) -> Option<bool> {
     Some(info.lines().any(|l| l.trim() == "role:master"))
 }
 
-/// Waits until `topo` has settled after a fault of member `node` healed,
-/// and returns whether `node` is a primary then.
+/// How long the roles must stay the same for the topology to count as
+/// settled: a failover begun before the heal (a Sentinel's, or a cluster
+/// replica's election after its node timeout) may still promote a replica
+/// seconds after the old primary answers again.
+const STABLE: Duration = Duration::from_secs(6);
+
+/// Waits until `topo` has settled after a fault of member `node` healed.
+/// Returns whether `node` is a primary then, and since when (ns) the roles
+/// have been what they are.
 ///
-/// Settled means, on Sentinel, that one data node is primary and a
-/// majority of the Sentinels name it (a Sentinel that was paused sits in
-/// TILT mode for 30 s, and may answer with what it knew before); on a
-/// cluster, that every node reports `cluster_state:ok`.
+/// Settled means that the roles have not changed for [`STABLE`] and that,
+/// on Sentinel, one data node is primary and a majority of the Sentinels
+/// name it (a Sentinel that was paused sits in TILT mode for 30 s, and may
+/// answer with what it knew before); on a cluster, that every node
+/// reports `cluster_state:ok`.
 ///
 /// # Errors
 /// When it does not settle within [`SETTLE_LIMIT`].
-pub async fn settle(topo: Topo, members: &[SocketAddr], node: usize) -> Result<bool, String> {
+pub async fn settle(
+    topo: Topo,
+    members: &[SocketAddr],
+    node: usize,
+) -> Result<(bool, u64), String> {
     let deadline = Instant::now() + SETTLE_LIMIT;
+    let mut last: Option<(Vec<bool>, u64, Instant)> = None;
     loop {
-        if let Some(primary) = settled(topo, members, node).await {
-            return Ok(primary);
+        let roles = roles(topo, members).await;
+        last = match (roles, last) {
+            (Some(roles), Some(last)) if roles == last.0 => Some(last),
+            (Some(roles), _) => Some((roles, now_ns(), Instant::now())),
+            (None, _) => None,
+        };
+        if let Some((roles, since, at)) = &last
+            && at.elapsed() >= STABLE
+        {
+            return Ok((roles.get(node).copied().unwrap_or(false), *since));
         }
         if Instant::now() >= deadline {
             return Err(format!(
@@ -64,11 +86,12 @@ pub async fn settle(topo: Topo, members: &[SocketAddr], node: usize) -> Result<b
     }
 }
 
-async fn settled(topo: Topo, members: &[SocketAddr], node: usize) -> Option<bool> {
+/// Whether each data member is a primary, when the topology agrees on it.
+async fn roles(topo: Topo, members: &[SocketAddr]) -> Option<Vec<bool>> {
     match topo {
         Topo::RedisSentinel => {
-            let roles = [is_primary(members[0]).await?, is_primary(members[1]).await?];
-            let primary = match roles {
+            let roles = vec![is_primary(members[0]).await?, is_primary(members[1]).await?];
+            let primary = match roles[..] {
                 [true, false] => 0,
                 [false, true] => 1,
                 _ => return None,
@@ -82,19 +105,21 @@ async fn settled(topo: Topo, members: &[SocketAddr], node: usize) -> Option<bool
                     naming += usize::from(addr.join(":") == named);
                 }
             }
-            (naming * 2 > members.len() - 2).then_some(primary == node)
+            (naming * 2 > members.len() - 2).then_some(roles)
         }
         Topo::RedisCluster => {
             let mut cmd = redis::cmd("CLUSTER");
             cmd.arg("INFO");
+            let mut roles = Vec::new();
             for member in members {
                 let info: String = ask(*member, &cmd).await?;
                 if !info.contains("cluster_state:ok") {
                     return None;
                 }
+                roles.push(is_primary(*member).await?);
             }
-            is_primary(members[node]).await
+            Some(roles)
         }
-        Topo::ZooKeeperEnsemble | Topo::EtcdCluster => Some(false),
+        Topo::ZooKeeperEnsemble | Topo::EtcdCluster => Some(Vec::new()),
     }
 }

@@ -298,8 +298,8 @@ async fn node_fault(
     let end = now_ns();
     let (failed_over, settled) = match tracked {
         true => {
-            let primary = failover::settle(topo, &addrs, i).await?;
-            (was_primary && !primary, Some(now_ns()))
+            let (primary, since) = failover::settle(topo, &addrs, i).await?;
+            (was_primary && !primary, Some(since))
         }
         false => (false, None),
     };
