@@ -224,6 +224,14 @@ impl ZkBackend {
         dir: &str,
         prefix: &str,
     ) -> Result<Option<(String, i64)>> {
+        // On an ensemble the create may have reached the leader through the
+        // member we lost, and not yet be applied on the one we reconnected
+        // to. A sync goes through the leader after every proposal before it;
+        // proposals of ours arriving later are refused (the session moved).
+        match self.bounded(client.sync(dir)).await {
+            Ok(()) | Err(zk::Error::NoNode) => {}
+            Err(e) => return Err(zk_error(e, "sync before looking for our lock node")),
+        }
         let children = match self.bounded(client.list_children(dir)).await {
             Ok(children) => children,
             Err(zk::Error::NoNode) => return Ok(None),
