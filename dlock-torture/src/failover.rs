@@ -64,16 +64,17 @@ pub async fn settle(
     node: usize,
 ) -> Result<(bool, u64), String> {
     let deadline = Instant::now() + SETTLE_LIMIT;
-    let mut last: Option<(Vec<bool>, u64, Instant)> = None;
+    let stable = u64::try_from(STABLE.as_nanos()).unwrap_or(u64::MAX);
+    let mut last: Option<(Vec<bool>, u64)> = None;
     loop {
         let roles = roles(topo, members).await;
         last = match (roles, last) {
             (Some(roles), Some(last)) if roles == last.0 => Some(last),
-            (Some(roles), _) => Some((roles, now_ns(), Instant::now())),
+            (Some(roles), _) => Some((roles, now_ns())),
             (None, _) => None,
         };
-        if let Some((roles, since, at)) = &last
-            && at.elapsed() >= STABLE
+        if let Some((roles, since)) = &last
+            && now_ns().saturating_sub(*since) >= stable
         {
             return Ok((roles.get(node).copied().unwrap_or(false), *since));
         }
