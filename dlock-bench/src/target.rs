@@ -314,6 +314,11 @@ fn client_requests(info: &str) -> u64 {
         "zscore",
         "exists",
         "zrangebyscore",
+        "zcount",
+        "hset",
+        "hget",
+        "hdel",
+        "spublish",
     ];
     info.lines()
         .filter_map(|line| {

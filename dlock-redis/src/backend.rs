@@ -9,12 +9,11 @@ use dlock_core::wait::{bounded_acquire, check_request};
 use dlock_core::{
     Backend, Capabilities, Lease, LeaseKind, LockInfo, LockOptions, LockPage, Result, async_trait,
 };
-use redis::PushInfo;
 
 use crate::builder::RedisBuilder;
 use crate::conn::Connection;
 use crate::keys::{Keys, keys};
-use crate::notify::Notifications;
+use crate::notify::{Notifications, Pushes};
 use crate::scripts::{QueueScripts, SHARDED, SINGLE};
 use crate::sentinel::Sentinel;
 
@@ -50,7 +49,9 @@ pub(crate) struct Inner {
     pub sentinel: Option<Sentinel>,
     /// The settings, for connections to a new primary among others.
     pub builder: RedisBuilder,
-    pub pushes: tokio::sync::mpsc::UnboundedSender<PushInfo>,
+    /// Where every notification connection of this backend hands its
+    /// messages: kept to connect to a new primary.
+    pub pushes: Arc<Pushes>,
     pub prefix: String,
     pub max_poll: Duration,
     pub request_timeout: Duration,
@@ -138,7 +139,7 @@ impl Backend for RedisBackend {
 
     async fn try_acquire(&self, name: &str, opts: &LockOptions) -> Result<Option<Lease>> {
         check_request(name, opts)?;
-        let attempt = self.attempt(name, &self.keys(name), opts, "").await?;
+        let attempt = self.attempt(name, &self.keys(name), opts, "", None).await?;
         Ok(attempt.into_lease())
     }
 

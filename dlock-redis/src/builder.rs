@@ -8,21 +8,15 @@ use std::time::Duration;
 use dlock_core::wait::MIN_BACKOFF;
 use dlock_core::{Error, MAX_SETTING, OwnerToken, Result, check_duration};
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use redis::{IntoConnectionInfo, ProtocolVersion, PushInfo};
+use redis::{IntoConnectionInfo, ProtocolVersion};
 
 use crate::backend::{Inner, NAME, RedisBackend};
 use crate::conn::{Connection, Kind, PushConn, cluster_nodes};
 use crate::error::{bad_url, redis_error};
 use crate::eviction;
 use crate::keys::validate_prefix;
-use crate::notify::Notifications;
+use crate::notify::{Notifications, Pushes};
 use crate::sentinel::{Sentinel, parse_url};
-
-/// Where the notification connection hands its messages over.
-type PushChannel = (
-    tokio::sync::mpsc::UnboundedSender<PushInfo>,
-    tokio::sync::mpsc::UnboundedReceiver<PushInfo>,
-);
 
 /// Settings for [`RedisBackend`]; start from [`RedisBackend::builder`].
 #[derive(Clone)]
@@ -182,12 +176,12 @@ impl RedisBuilder {
                 .into_connection_info()
                 .map_err(|e| Error::invalid_option("url", format!("not a Redis URL: {e}")))?,
         };
-        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
-        let (conn, push_conn) = self.open(info.clone(), &tx).await?;
+        let pushes = Pushes::new(self.prefix.clone());
+        let (conn, push_conn) = self.open(info.clone(), &pushes).await?;
         if let Some(sentinel) = &sentinel {
             sentinel.switch_to(info.addr());
         }
-        self.backend(conn, push_conn, sentinel, false, (tx, rx))
+        self.backend(conn, push_conn, sentinel, false, pushes)
     }
 
     /// The backend over connections just made; it keeps the settings to
@@ -198,7 +192,7 @@ impl RedisBuilder {
         push_conn: PushConn,
         sentinel: Option<Sentinel>,
         cluster: bool,
-        (tx, rx): PushChannel,
+        pushes: Arc<Pushes>,
     ) -> Result<RedisBackend> {
         let mut client_id = OwnerToken::random()?.to_string();
         client_id.truncate(16);
@@ -207,10 +201,10 @@ impl RedisBuilder {
                 conn: RwLock::new(conn),
                 cluster,
                 sentinel,
-                pushes: tx,
+                notifications: Notifications::start(push_conn, &pushes),
+                pushes,
                 wake_prefix: format!("{}:wake:", self.prefix),
                 client_id,
-                notifications: Notifications::start(push_conn, rx, self.prefix.clone()),
                 prefix: self.prefix.clone(),
                 max_poll: self.max_poll,
                 request_timeout: self.request_timeout,
@@ -239,11 +233,11 @@ impl RedisBuilder {
                 .response_timeout(self.request_timeout)
                 .retries(2)
         };
-        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        let pushes = Pushes::new(self.prefix.clone());
         let client = builder().build().map_err(|e| bad_url(&e))?;
         let push_client = builder()
             .use_protocol(ProtocolVersion::RESP3)
-            .push_sender(tx.clone())
+            .push_sender(pushes.clone())
             .build()
             .map_err(|e| bad_url(&e))?;
         // The client tries its seeds in turn; bound the whole walk.
@@ -265,7 +259,7 @@ impl RedisBuilder {
             PushConn::Cluster(push_conn),
             None,
             true,
-            (tx, rx),
+            pushes,
         )
     }
 
@@ -273,7 +267,7 @@ impl RedisBuilder {
     pub(crate) async fn open(
         &self,
         info: redis::ConnectionInfo,
-        pushes: &tokio::sync::mpsc::UnboundedSender<PushInfo>,
+        pushes: &Arc<Pushes>,
     ) -> Result<(Connection, PushConn)> {
         let config = ConnectionManagerConfig::new()
             .set_response_timeout(Some(self.request_timeout))

@@ -11,8 +11,9 @@
 //! | `P:{E}:fence` | string | the last fencing token granted |
 //! | `P:{E}:q` | sorted set, with a PX expiry | the waiters, by arrival (server µs) |
 //! | `P:{E}:qexp` | sorted set, with a PX expiry | when each waiter's place lapses (server ms) |
+//! | `P:{E}:qv` | hash, with a PX expiry | for a mutex waiter that takes hand-overs: its TTL in ms, when it last asked (server ms) and its lock value, `:`-separated |
 //! | `P:{E}:done` | string, with a PX expiry | on a cluster, the id of the last release or hold request, for a few request timeouts |
-//! | `P:wake:C` | pub/sub channel | `N`, when the client `C`'s waiter for `N` is next |
+//! | `P:wake:C` | pub/sub channel | the lock key, when the client `C`'s waiter for it is next; `+<fencing token> <waiter> <owner token> <lock key>` when a release handed the lock over to that waiter |
 //!
 //! `E` is `N` with `%` written `%25` and `}` written `%7D`. Without a `}`
 //! inside, the hash tag is exactly `E`, never empty (a name starting with
@@ -64,6 +65,7 @@ pub(crate) struct Keys {
     pub queue_expiry: String,
     pub holds: String,
     pub queue_modes: String,
+    pub queue_values: String,
 }
 
 pub(crate) fn keys(prefix: &str, name: &str) -> Keys {
@@ -84,6 +86,7 @@ pub(crate) fn keys(prefix: &str, name: &str) -> Keys {
         queue_expiry: format!("{lock}:qexp"),
         holds: format!("{lock}:h"),
         queue_modes: format!("{lock}:qm"),
+        queue_values: format!("{lock}:qv"),
         lock,
     }
 }

@@ -2,10 +2,12 @@
 //! channels of every name that has a waiter in this process.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::Duration;
 
+use dlock_core::OwnerToken;
 use dlock_core::wait::{Backoff, Wakeups};
+use redis::aio::{AsyncPushSender, SendError};
 use redis::{PushInfo, PushKind, Value};
 use tokio::sync::{mpsc, oneshot};
 
@@ -42,15 +44,114 @@ pub(crate) struct Notifications {
     moved_to: MovedTo,
 }
 
+/// Turns the notification connection's pushes into wake-ups, on the
+/// connection's own task: no channel and no task of ours stand between a
+/// release's message and its waiter.
+#[derive(Debug)]
+pub(crate) struct Pushes {
+    wakeups: Arc<Wakeups>,
+    prefix: String,
+    /// The waiters of this client that take hand-overs, and the grant a
+    /// release handed over to each, until its wait takes it.
+    grants: Mutex<HashMap<String, Option<HandedOver>>>,
+    /// Set once the subscriber runs. Weak: the subscriber must end when the
+    /// backend is dropped, and a strong sender here (which the connection
+    /// keeps) would keep its channel open forever.
+    resubscribe: OnceLock<mpsc::WeakUnboundedSender<Command>>,
+}
+
+impl Pushes {
+    /// The sink for a backend whose lock keys start with `prefix`.
+    pub fn new(prefix: String) -> Arc<Self> {
+        Arc::new(Pushes {
+            wakeups: Arc::new(Wakeups::new()),
+            prefix,
+            grants: Mutex::default(),
+            resubscribe: OnceLock::new(),
+        })
+    }
+
+    fn grants(&self) -> std::sync::MutexGuard<'_, HashMap<String, Option<HandedOver>>> {
+        self.grants.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Keeps the grants handed over to `waiter` until [`Pushes::forget`].
+    pub fn expect(&self, waiter: &str) {
+        self.grants().insert(waiter.to_owned(), None);
+    }
+
+    /// The grant handed over to `waiter` since the last call, if any.
+    pub fn take(&self, waiter: &str) -> Option<HandedOver> {
+        self.grants().get_mut(waiter).and_then(Option::take)
+    }
+
+    /// Stops keeping grants for `waiter`.
+    pub fn forget(&self, waiter: &str) {
+        self.grants().remove(waiter);
+    }
+
+    /// Records a hand-over message, `<fencing token> <waiter> <owner
+    /// token> <lock key>`, for its waiter; returns the lock key.
+    fn handed_over<'a>(&self, message: &'a str) -> Option<&'a str> {
+        let mut parts = message.splitn(4, ' ');
+        let (fence, waiter, owner, key) =
+            (parts.next()?, parts.next()?, parts.next()?, parts.next()?);
+        let grant = HandedOver {
+            fence: fence.parse().ok()?,
+            owner: owner.parse().ok()?,
+        };
+        if let Some(slot) = self.grants().get_mut(waiter) {
+            *slot = Some(grant);
+        }
+        Some(key)
+    }
+}
+
+/// A grant a release handed over to a waiter of this client.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct HandedOver {
+    pub fence: u64,
+    /// The owner token of the lock value granted: the waiter's, unless it
+    /// changed its value since.
+    pub owner: OwnerToken,
+}
+
+impl AsyncPushSender for Pushes {
+    fn send(&self, push: PushInfo) -> Result<(), SendError> {
+        match push.kind {
+            // A wake-up carries the lock's key.
+            PushKind::Message | PushKind::SMessage => {
+                if let [_, Value::BulkString(message)] = push.data.as_slice() {
+                    let message = String::from_utf8_lossy(message);
+                    let key = match message.strip_prefix('+') {
+                        Some(grant) => self.handed_over(grant),
+                        None => Some(&*message),
+                    };
+                    if let Some(name) = key.and_then(|key| name_of(&self.prefix, key)) {
+                        self.wakeups.wake(&name);
+                    }
+                }
+            }
+            // Releases published while disconnected are lost. Waking
+            // waiters now would send them at a dead connection: wake them
+            // once the subscriptions are back instead.
+            PushKind::Disconnection => {
+                if let Some(commands) = self.resubscribe.get().and_then(|c| c.upgrade()) {
+                    let _ = commands.send(Command::Resubscribe);
+                }
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+}
+
 impl Notifications {
-    /// Starts the tasks: one applies (un)subscriptions in order, one turns
-    /// release messages into wake-ups. Both end when the backend is dropped.
-    pub fn start(
-        conn: PushConn,
-        mut pushes: mpsc::UnboundedReceiver<PushInfo>,
-        prefix: String,
-    ) -> Self {
-        let wakeups = Arc::new(Wakeups::new());
+    /// Starts the task that applies (un)subscriptions in order; it ends
+    /// when the backend is dropped. `pushes` is the sink `conn` hands its
+    /// messages to.
+    pub fn start(conn: PushConn, pushes: &Pushes) -> Self {
+        let wakeups = pushes.wakeups.clone();
         let interest: Interests = Arc::default();
         let (commands, rx) = mpsc::unbounded_channel();
         let moved_to = MovedTo::default();
@@ -61,36 +162,7 @@ impl Notifications {
             wakeups.clone(),
             moved_to.clone(),
         ));
-
-        let hub = wakeups.clone();
-        // Weak: the subscriber task must end when the backend goes, and a
-        // strong sender here would keep its channel open forever.
-        let resubscribe = commands.downgrade();
-        tokio::spawn(async move {
-            while let Some(push) = pushes.recv().await {
-                match push.kind {
-                    // A wake-up carries the lock's key.
-                    PushKind::Message | PushKind::SMessage => {
-                        if let [_, Value::BulkString(key)] = push.data.as_slice()
-                            && let Some(name) = name_of(&prefix, &String::from_utf8_lossy(key))
-                        {
-                            hub.wake(&name);
-                        }
-                    }
-                    // Releases published while disconnected are lost. Waking
-                    // waiters now would send them at a dead connection: wake
-                    // them once the subscriptions are back instead.
-                    PushKind::Disconnection => match resubscribe.upgrade() {
-                        Some(commands) => {
-                            let _ = commands.send(Command::Resubscribe);
-                        }
-                        None => return,
-                    },
-                    _ => {}
-                }
-            }
-        });
-
+        let _ = pushes.resubscribe.set(commands.downgrade());
         Notifications {
             wakeups,
             interest,

@@ -86,6 +86,8 @@ impl RedisBackend {
             .key(&keys.lock)
             .key(&keys.queue)
             .key(&keys.queue_expiry)
+            .key(&keys.fence)
+            .key(&keys.queue_values)
             .arg(value);
         invocation
     }

@@ -2,13 +2,16 @@
 //! channel when the place comes first, and giving the place up when the
 //! wait ends without a grant.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use dlock_core::undo::{UndoOnDrop, retry_for};
 use dlock_core::wait::{Attempt, Backoff, Deadline, wait_for_lock};
 use dlock_core::{Lease, LockOptions, Mode, OwnerToken, Result};
 
+use crate::acquire::Pending;
 use crate::backend::RedisBackend;
+use crate::keys::value;
 use crate::scripts::PLACE_HEARTBEATS;
 
 /// The longest a queued waiter goes without asking again, whatever its
@@ -56,7 +59,7 @@ impl RedisBackend {
         let worth_queueing = deadline.cap(self.inner.request_timeout) >= self.inner.request_timeout;
         let cluster = self.inner.cluster;
         if cluster || !notifications.is_kept() || !worth_queueing {
-            match self.attempt(name, &keys, opts, "").await {
+            match self.attempt(name, &keys, opts, "", None).await {
                 Ok(Attempt::Acquired(lease)) => return Ok(lease),
                 Ok(Attempt::Held { .. }) => {}
                 Err(e) if e.is_retryable() => {}
@@ -84,15 +87,25 @@ impl RedisBackend {
             tracing::debug!(name, "waiting without wake-ups: polling");
         }
         let waiter = format!("{}{}", OwnerToken::random()?, self.inner.client_id);
+        // A mutex waiter takes the lock handed over by a release, unless
+        // every grant must be confirmed by replicas: a hand-over is not.
+        let pending = (opts.mode_value() == Mode::Exclusive && self.inner.builder.durable.is_none())
+            .then(Pending::new)
+            .transpose()?
+            .map(Arc::new);
+        let _expecting = pending.is_some().then(|| Expecting::new(self, &waiter));
         // However the wait ends without a grant (timeout, error, dropped),
         // give the place up, so that the next waiter need not wait for it
-        // to lapse. A grant took it out of the queue already.
+        // to lapse, and a grant handed over that it never took. A grant
+        // took it out of the queue already.
         let mut leave = {
             let (backend, name, waiter) = (self.clone(), name.to_owned(), waiter.clone());
-            let mode = opts.mode_value();
+            let (mode, pending) = (opts.mode_value(), pending.clone());
+            let holder = opts.holder_value().to_owned();
             UndoOnDrop::new(async move {
                 if mode == Mode::Exclusive {
-                    backend.abandon(&name, &waiter).await;
+                    let held = pending.map(|p| value(p.owner(), &holder));
+                    backend.abandon(&name, &waiter, held.as_deref()).await;
                 } else {
                     backend.abandon_shared(&name, &waiter, mode).await;
                 }
@@ -106,28 +119,53 @@ impl RedisBackend {
             deadline,
             Some(&notifications.wakeups),
             backoff,
-            || self.attempt(name, &keys, opts, &waiter),
+            || self.attempt(name, &keys, opts, &waiter, pending.as_deref()),
         )
         .await?;
         leave.disarm();
         Ok(lease)
     }
 
-    /// Takes `waiter` out of the queue of `name`, waking the next waiter if
-    /// it was first and the lock is free.
-    async fn abandon(&self, name: &str, waiter: &str) {
+    /// Takes `waiter` out of the queue of `name`, and releases the lock if
+    /// it was handed over to the waiter's lock value `held`; wakes the
+    /// next waiter if it was first, or the lock was released, and the lock
+    /// is free.
+    async fn abandon(&self, name: &str, waiter: &str, held: Option<&str>) {
         let keys = self.keys(name);
         let mut invocation = self.queue_scripts().abandon.prepare_invoke();
         invocation
             .key(&keys.lock)
             .key(&keys.queue)
             .key(&keys.queue_expiry)
+            .key(&keys.queue_values)
             .arg(waiter);
+        if let Some(held) = held {
+            invocation.arg(held);
+        }
         let left = retry_for(self.inner.request_timeout * 2, || async {
             self.run::<i64>(&invocation, false, "leave the queue").await
         })
         .await;
         // Otherwise the place lapses by itself.
         tracing::debug!(name, ?left, "left the queue");
+    }
+}
+
+/// A waiter whose hand-overs this client keeps, for as long as it waits.
+struct Expecting<'a> {
+    backend: &'a RedisBackend,
+    waiter: &'a str,
+}
+
+impl<'a> Expecting<'a> {
+    fn new(backend: &'a RedisBackend, waiter: &'a str) -> Self {
+        backend.inner.pushes.expect(waiter);
+        Expecting { backend, waiter }
+    }
+}
+
+impl Drop for Expecting<'_> {
+    fn drop(&mut self) {
+        self.backend.inner.pushes.forget(self.waiter);
     }
 }

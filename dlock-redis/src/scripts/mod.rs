@@ -34,16 +34,18 @@ local function now_us()
   local t = redis.call('TIME')
   return tonumber(t[1]) * 1000000 + tonumber(t[2])
 end
--- The first waiter whose place has not lapsed. Lapsed places at the front
--- are all dropped, however many: a bound here would hide a live head
--- behind them (and promise a free lock to nobody), and each place is
--- dropped once, so the work is bounded by the places ever queued. A few
--- lapsed places further back are dropped per call too.
+-- The first waiter whose place has not lapsed, and whether it just became
+-- first (lapsed places ahead of it were dropped: nobody has woken it).
+-- Lapsed places at the front are all dropped, however many: a bound here
+-- would hide a live head behind them (and promise a free lock to nobody),
+-- and each place is dropped once, so the work is bounded by the places
+-- ever queued. A few lapsed places further back are dropped per call too.
 local function head(q, qexp)
   local first = redis.call('ZRANGE', q, 0, 0)[1]
   if not first then
-    return nil
+    return nil, false
   end
+  local was = first
   local ms = math.floor(now_us() / 1000)
   local gone = redis.call('ZRANGEBYSCORE', qexp, '-inf', ms, 'LIMIT', 0, 16)
   if #gone > 0 then
@@ -56,7 +58,7 @@ local function head(q, qexp)
     redis.call('ZREM', qexp, first)
     first = redis.call('ZRANGE', q, 0, 0)[1]
   end
-  return first
+  return first, first ~= was
 end
 -- The queue keys live as long as the longest-lived place in them.
 local function keep(key, ms)
@@ -70,12 +72,15 @@ end
 /// `<prefix>:wake:<client id>`. The prefix is what precedes the hash tag
 /// (prefixes have no braces).
 const WAKE: &str = r"
+local function notify(waiter, message)
+  local prefix = string.match(KEYS[1], '^(.-):{')
+  -- pcall: a client whose ACL lacks channel rights (Redis 7's default
+  -- for new users) must still release and queue; its waiters poll.
+  redis.pcall('PUBLISH', prefix .. ':wake:' .. string.sub(waiter, 33), message)
+end
 local function wake(waiter)
   if waiter then
-    local prefix = string.match(KEYS[1], '^(.-):{')
-    -- pcall: a client whose ACL lacks channel rights (Redis 7's default
-    -- for new users) must still release and queue; its waiters poll.
-    redis.pcall('PUBLISH', prefix .. ':wake:' .. string.sub(waiter, 33), KEYS[1])
+    notify(waiter, KEYS[1])
   end
 end
 ";
@@ -84,9 +89,12 @@ end
 /// and client, `<lock key>:wake:<client id>`, in the lock's slot, so the
 /// message stays on the node that holds the lock.
 const WAKE_SHARDED: &str = r"
+local function notify(waiter, message)
+  redis.pcall('SPUBLISH', KEYS[1] .. ':wake:' .. string.sub(waiter, 33), message)
+end
 local function wake(waiter)
   if waiter then
-    redis.pcall('SPUBLISH', KEYS[1] .. ':wake:' .. string.sub(waiter, 33), KEYS[1])
+    notify(waiter, KEYS[1])
   end
 end
 ";
@@ -129,7 +137,7 @@ impl QueueScripts {
     fn new(wake: &str) -> Self {
         QueueScripts {
             acquire: with_fast_path(&ACQUIRE_FAST, &ACQUIRE_BODY, wake),
-            release: with_fast_path(RELEASE_FAST, RELEASE_BODY, wake),
+            release: with_fast_path(RELEASE_FAST, &format!("{}{RELEASE_BODY}", *HAND_OVER), wake),
             abandon: with_queue(ABANDON_BODY, wake),
             shared: SharedScripts::new(wake),
         }
@@ -143,26 +151,32 @@ pub(crate) static SINGLE: LazyLock<QueueScripts> = LazyLock::new(|| QueueScripts
 pub(crate) static SHARDED: LazyLock<QueueScripts> =
     LazyLock::new(|| QueueScripts::new(WAKE_SHARDED));
 
-/// KEYS: lock, fence, queue, queue expiry. ARGV: lock value, TTL in ms,
-/// and to queue when held: waiter, place lifetime in ms.
-/// Returns `{1, fencing token}` when granted, `{0, holder's PTTL}` when held
-/// (-2: free, but promised to the waiter at the head of the queue), `{2,
-/// marker}` when the name is held as a reader-writer lock or a semaphore
-/// (see `shared.rs`).
+/// KEYS: lock, fence, queue, queue expiry, queue values. ARGV: lock value,
+/// TTL in ms, and to queue when held: waiter, place lifetime in ms, and
+/// `1` for a waiter that takes a grant from a release's message.
+/// Returns `{1, fencing token}` when granted now, `{3, fencing token}` when
+/// the lock value was granted before (a replayed request, an earlier
+/// attempt of the same wait, or a release's hand-over), `{0, holder's
+/// PTTL}` when held (-2: free, but promised to the waiter at the head of
+/// the queue), `{2, marker}` when the name is held as a reader-writer lock
+/// or a semaphore (see `shared.rs`).
 ///
 /// A free lock goes to the head of the queue, or to anyone when nobody
 /// waits; a waiter not granted joins the queue (once) and renews its place.
+/// A waiter that takes hand-overs also leaves, under its place, its lock
+/// value, its TTL and when it last asked ([`HAND_OVER`]).
 static ACQUIRE_BODY: LazyLock<String> = LazyLock::new(|| {
     format!(
         r"
 local me = ARGV[3] or ''
-local first = head(KEYS[3], KEYS[4])
+local first, promoted = head(KEYS[3], KEYS[4])
 if (not first or first == me) and redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
   -- The grantee's place goes on every grant, not only when it was first:
   -- left behind, it would become the head once the lock is free again.
   if me ~= '' then
     redis.call('ZREM', KEYS[3], me)
     redis.call('ZREM', KEYS[4], me)
+    redis.call('HDEL', KEYS[5], me)
   end
 {fence_draw}
   return {{1, fence}}
@@ -177,7 +191,7 @@ if redis.call('GET', KEYS[1]) == ARGV[1] then
     fence = string.format('%.0f', now_us())
     redis.call('SET', KEYS[2], fence, 'PX', {FENCE_RETENTION_MS})
   end
-  return {{1, fence}}
+  return {{3, fence}}
 end
 local holder = redis.call('GET', KEYS[1])
 if holder and string.sub(holder, 1, 1) == '~' then
@@ -198,11 +212,16 @@ if me ~= '' then
   redis.call('ZADD', KEYS[4], math.floor(us / 1000) + tonumber(ARGV[4]), me)
   keep(KEYS[3], ARGV[4])
   keep(KEYS[4], ARGV[4])
+  if ARGV[5] then
+    redis.call('HSET', KEYS[5], me, ARGV[2] .. ':' .. math.floor(us / 1000) .. ':' .. ARGV[1])
+    keep(KEYS[5], ARGV[4])
+  end
 end
 local pttl = redis.call('PTTL', KEYS[1])
--- Free but promised: the head may have missed its wake-up (a lapsed head
--- was just dropped, or the lock expired): tell it again.
-if pttl == -2 and first ~= me then
+-- Free but promised to a head that lapsed places were hiding: nobody has
+-- woken it yet. (A head woken by the release needs no second message,
+-- and one that saw the lock held looks again when that lease ends.)
+if pttl == -2 and promoted and first ~= me then
   wake(first)
 end
 return {{0, tostring(pttl)}}
@@ -231,41 +250,91 @@ const RELEASE_FAST: &str = r"
 if redis.call('EXISTS', KEYS[2]) == 0 and redis.call('GET', KEYS[1]) == ARGV[1] then
   redis.call('DEL', KEYS[1])
   if ARGV[2] then
-    redis.call('SET', KEYS[4], ARGV[2], 'PX', ARGV[3])
+    redis.call('SET', KEYS[6], ARGV[2], 'PX', ARGV[3])
   end
   return 1
 end
 ";
 
-/// KEYS: lock, queue, queue expiry, and on a cluster the release mark.
-/// ARGV: lock value, and on a cluster the request's id and how long to
-/// remember it in ms. Returns 1 when released, 0 when the caller was not
-/// the holder. Wakes the head of the queue only: one message per release,
-/// however many wait.
+/// Hands a free lock (`KEYS[1]`, its fence `KEYS[4]`, queue values
+/// `KEYS[5]`) over to the head of the queue, `first`, in the release that
+/// freed it: the head learns of its grant from the message alone, one push
+/// instead of a wake-up and an acquire. Only a head that left its lock
+/// value gets it, and only if it asked within the last half of its TTL:
+/// the grant expires its TTL after that ask, by the server's clock, and the
+/// waiter counts its validity from before that ask (it sent the request
+/// before the server ran it). Any other head is woken as before.
+///
+/// The message is `+<fencing token> <waiter> <owner token> <lock key>`.
+static HAND_OVER: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        r"
+local function hand_over(first)
+  if not first then
+    return
+  end
+  local stored = redis.call('HGET', KEYS[5], first)
+  local ttl, asked, value
+  if stored then
+    ttl, asked, value = string.match(stored, '^(%d+):(%d+):(.*)$')
+  end
+  if value then
+    local ms = math.floor(now_us() / 1000)
+    local left = tonumber(ttl) - (ms - tonumber(asked))
+    if left * 2 >= tonumber(ttl) then
+      redis.call('SET', KEYS[1], value, 'PX', left)
+      redis.call('ZREM', KEYS[2], first)
+      redis.call('ZREM', KEYS[3], first)
+      redis.call('HDEL', KEYS[5], first)
+      local last = tonumber(redis.call('GET', KEYS[4]) or '0')
+      local fence = string.format('%.0f', math.max(last + 1, now_us()))
+      redis.call('SET', KEYS[4], fence, 'PX', {FENCE_RETENTION_MS})
+      notify(first, '+' .. fence .. ' ' .. first .. ' ' .. string.sub(value, 1, 32) .. ' ' .. KEYS[1])
+      return
+    end
+  end
+  wake(first)
+end
+"
+    )
+});
+
+/// KEYS: lock, queue, queue expiry, fence, queue values, and on a cluster
+/// the release mark. ARGV: lock value, and on a cluster the request's id
+/// and how long to remember it in ms. Returns 1 when released, 0 when the
+/// caller was not the holder. Hands the lock over to the head of the queue
+/// (or wakes it): one message per release, however many wait.
 const RELEASE_BODY: &str = r"
 if redis.call('GET', KEYS[1]) == ARGV[1] then
   redis.call('DEL', KEYS[1])
-  wake(head(KEYS[2], KEYS[3]))
+  hand_over(head(KEYS[2], KEYS[3]))
   if ARGV[2] then
-    redis.call('SET', KEYS[4], ARGV[2], 'PX', ARGV[3])
+    redis.call('SET', KEYS[6], ARGV[2], 'PX', ARGV[3])
   end
   return 1
 end
 -- A replayed request (the cluster client sends a request again when its
 -- connection dropped, and the first may have run) finds its own mark.
-if ARGV[2] and redis.call('GET', KEYS[4]) == ARGV[2] then
+if ARGV[2] and redis.call('GET', KEYS[6]) == ARGV[2] then
   return 1
 end
 return 0
 ";
 
-/// KEYS: lock, queue, queue expiry. ARGV: waiter.
-/// A waiter gives up its place; if it was first and the lock is free, the
-/// next one is woken.
+/// KEYS: lock, queue, queue expiry, queue values. ARGV: waiter, and the
+/// lock value of a waiter that takes hand-overs.
+/// A waiter gives up its place, and a grant handed over to it that it
+/// never took; if it was first, or gave a grant up, and the lock is free,
+/// the next one is woken.
 const ABANDON_BODY: &str = r"
 local first = head(KEYS[2], KEYS[3])
 redis.call('ZREM', KEYS[2], ARGV[1])
 redis.call('ZREM', KEYS[3], ARGV[1])
+redis.call('HDEL', KEYS[4], ARGV[1])
+if ARGV[2] and redis.call('GET', KEYS[1]) == ARGV[2] then
+  redis.call('DEL', KEYS[1])
+  first = ARGV[1]
+end
 if first == ARGV[1] and redis.call('EXISTS', KEYS[1]) == 0 then
   wake(head(KEYS[2], KEYS[3]))
 end
