@@ -200,3 +200,58 @@ async fn a_dead_place_lapses_whatever_the_poll_interval() {
     let (granted, _, waiter) = task.await.unwrap();
     waiter.release(&granted.unwrap()).await.unwrap();
 }
+
+/// A release hands the lock over to the head of the queue in the same
+/// script, and the waiter takes it from the message. The server counts
+/// that grant's TTL from the waiter's last ask, so the waiter must count
+/// its validity from no later than when it sent that ask: here the ask is
+/// at least 600 ms old when the release comes, and a waiter that counted
+/// from the message would believe in its lease that much longer than the
+/// server keeps it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handed_over_lease_ends_no_later_than_on_the_server() {
+    let server = start(Service::Redis, ServerOptions::default()).await;
+    let holder = RedisBackend::connect(server.url()).await.unwrap();
+    // Asks again at most every 5 s: the last ask ages between wake-ups.
+    let waiter = polling_every(server.url(), Duration::from_secs(5)).await;
+    let name = unique_name("handover");
+    let opts = long().ttl(Duration::from_secs(8));
+    let held = must_acquire(&holder, &name, &opts).await;
+    let task = wait_on_task(waiter, &name, opts.wait(Duration::from_secs(50)));
+
+    // The waiter leaves its TTL, its last ask (server ms) and its lock
+    // value under its place; release once that ask is 600 ms old.
+    let key = format!("dlock:{{{name}}}");
+    let mut conn = holder.connection();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let left: Vec<String> = conn.hvals(format!("{key}:qv")).await.unwrap();
+        let (now_s, now_us): (u64, u64) = redis::cmd("TIME").query_async(&mut conn).await.unwrap();
+        let now_ms = now_s * 1000 + now_us / 1000;
+        let asked = left
+            .first()
+            .and_then(|v| v.split(':').nth(1))
+            .and_then(|ms| ms.parse::<u64>().ok());
+        if asked.is_some_and(|asked| now_ms.saturating_sub(asked) >= 600) {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the waiter never left a 600 ms old ask under its place"
+        );
+        sleep(Duration::from_millis(20)).await;
+    }
+    holder.release(&held).await.unwrap();
+    let (granted, _, waiter) = task.await.unwrap();
+    let lease = granted.unwrap();
+    let pttl: i64 = conn.pttl(&key).await.unwrap();
+    let believed = lease
+        .valid_until()
+        .unwrap()
+        .saturating_duration_since(tokio::time::Instant::now());
+    assert!(
+        pttl > 0 && believed.as_millis() <= u128::try_from(pttl).unwrap(),
+        "the waiter believes in its lease for {believed:?}, the server keeps it {pttl} ms"
+    );
+    waiter.release(&lease).await.unwrap();
+}

@@ -466,8 +466,32 @@ async fn a_waiter_that_vanishes_loses_its_place() {
     let patient = polling_every(url, Duration::from_secs(2)).await;
     let next = wait_for(patient, &name);
     tokio::time::sleep(Duration::from_millis(300)).await;
+    // The first place is the doomed waiter's, `<32 hex digits><client id>`.
+    let mut conn = holder.connection();
+    let queue = format!("dlock:{{{name}}}:q");
+    let places: Vec<String> = conn.zrange(&queue, 0, 0).await.unwrap();
+    let channel = format!("dlock:wake:{}", &places[0][32..]);
     proxy.set(Fault::Cut);
     doomed.abort();
+    // Vanished: the server no longer has its connection. (One still open
+    // is handed the lock, as a holder frozen then would keep it.)
+    let gone_by = Instant::now() + Duration::from_secs(10);
+    loop {
+        assert!(
+            Instant::now() < gone_by,
+            "the cut link's connection stayed open"
+        );
+        let (_, listening): (String, u64) = redis::cmd("PUBSUB")
+            .arg("NUMSUB")
+            .arg(&channel)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        if listening == 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     let released = Instant::now();
     holder.release(&lease).await.unwrap();
     let (granted, at, patient) = tokio::time::timeout(Duration::from_secs(20), next)

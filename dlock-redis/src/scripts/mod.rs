@@ -76,7 +76,7 @@ local function notify(waiter, message)
   local prefix = string.match(KEYS[1], '^(.-):{')
   -- pcall: a client whose ACL lacks channel rights (Redis 7's default
   -- for new users) must still release and queue; its waiters poll.
-  redis.pcall('PUBLISH', prefix .. ':wake:' .. string.sub(waiter, 33), message)
+  return redis.pcall('PUBLISH', prefix .. ':wake:' .. string.sub(waiter, 33), message)
 end
 local function wake(waiter)
   if waiter then
@@ -90,7 +90,7 @@ end
 /// message stays on the node that holds the lock.
 const WAKE_SHARDED: &str = r"
 local function notify(waiter, message)
-  redis.pcall('SPUBLISH', KEYS[1] .. ':wake:' .. string.sub(waiter, 33), message)
+  return redis.pcall('SPUBLISH', KEYS[1] .. ':wake:' .. string.sub(waiter, 33), message)
 end
 local function wake(waiter)
   if waiter then
@@ -260,10 +260,14 @@ end
 /// `KEYS[5]`) over to the head of the queue, `first`, in the release that
 /// freed it: the head learns of its grant from the message alone, one push
 /// instead of a wake-up and an acquire. Only a head that left its lock
-/// value gets it, and only if it asked within the last half of its TTL:
-/// the grant expires its TTL after that ask, by the server's clock, and the
-/// waiter counts its validity from before that ask (it sent the request
-/// before the server ran it). Any other head is woken as before.
+/// value gets it, only if it asked within the last half of its TTL (the
+/// grant expires its TTL after that ask, by the server's clock, and the
+/// waiter counts its validity from before that ask: it sent the request
+/// before the server ran it), and only if its client's connection hears
+/// the message: the client of a waiter whose process died has no
+/// connection left, and its place lapses as before instead of the lock
+/// being held for a TTL by nobody. (The message then tells no one.) Any
+/// other head is woken as before.
 ///
 /// The message is `+<fencing token> <waiter> <owner token> <lock key>`.
 static HAND_OVER: LazyLock<String> = LazyLock::new(|| {
@@ -282,14 +286,16 @@ local function hand_over(first)
     local ms = math.floor(now_us() / 1000)
     local left = tonumber(ttl) - (ms - tonumber(asked))
     if left * 2 >= tonumber(ttl) then
-      redis.call('SET', KEYS[1], value, 'PX', left)
-      redis.call('ZREM', KEYS[2], first)
-      redis.call('ZREM', KEYS[3], first)
-      redis.call('HDEL', KEYS[5], first)
       local last = tonumber(redis.call('GET', KEYS[4]) or '0')
       local fence = string.format('%.0f', math.max(last + 1, now_us()))
       redis.call('SET', KEYS[4], fence, 'PX', {FENCE_RETENTION_MS})
-      notify(first, '+' .. fence .. ' ' .. first .. ' ' .. string.sub(value, 1, 32) .. ' ' .. KEYS[1])
+      local heard = notify(first, '+' .. fence .. ' ' .. first .. ' ' .. string.sub(value, 1, 32) .. ' ' .. KEYS[1])
+      if type(heard) == 'number' and heard > 0 then
+        redis.call('SET', KEYS[1], value, 'PX', left)
+        redis.call('ZREM', KEYS[2], first)
+        redis.call('ZREM', KEYS[3], first)
+        redis.call('HDEL', KEYS[5], first)
+      end
       return
     end
   end
