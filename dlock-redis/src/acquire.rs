@@ -1,6 +1,7 @@
 //! One acquire attempt: the acquire script, and what its reply means; or a
 //! grant a release handed over to the wait.
 
+use std::collections::VecDeque;
 use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
@@ -27,19 +28,26 @@ pub(crate) struct Pending {
 #[derive(Debug)]
 struct PendingState {
     owner: OwnerToken,
-    /// No grant of `owner` was made before this: when the last attempt
-    /// answered "held" was sent (the server ran it later, and a hand-over
-    /// counts the lease from the waiter's last ask), or before that, when
-    /// the wait's first attempt was sent.
-    anchor: Option<Instant>,
+    /// The number of the next attempt.
+    next: u64,
+    /// When the latest attempts were sent, by number: a hand-over names
+    /// the attempt whose ask it counts the grant's TTL from, and the lease
+    /// counts from that attempt's sending, which came before.
+    sent: VecDeque<(u64, Instant)>,
 }
+
+/// How many attempts' sending times a wait keeps. A hand-over naming an
+/// older one (which only a message delayed across that many attempts
+/// would) is taken by an attempt instead.
+const KEPT_SENDS: usize = 16;
 
 impl Pending {
     pub fn new() -> Result<Self> {
         Ok(Pending {
             state: Mutex::new(PendingState {
                 owner: OwnerToken::random()?,
-                anchor: None,
+                next: 0,
+                sent: VecDeque::with_capacity(KEPT_SENDS),
             }),
         })
     }
@@ -70,23 +78,41 @@ impl RedisBackend {
         if opts.mode_value() != Mode::Exclusive {
             return self.attempt_shared(name, keys, opts, waiter).await;
         }
-        let sent = Instant::now();
-        let (owner, handed) = match pending {
-            None => (OwnerToken::random()?, None),
+        let (owner, number) = match pending {
+            None => (OwnerToken::random()?, 0),
             Some(pending) => {
-                let mut state = pending.state();
                 let handed = self.inner.pushes.take(waiter);
-                let anchor = *state.anchor.get_or_insert(sent);
-                (state.owner, handed.map(|grant| (grant, anchor)))
+                let mut state = pending.state();
+                if let Some(grant) = handed {
+                    let asked = state.sent.iter().find(|(n, _)| *n == grant.attempt);
+                    match asked {
+                        Some(&(_, asked)) if grant.owner == state.owner => {
+                            let lease =
+                                Lease::with_ttl(name, state.owner, grant.fence, opts, asked);
+                            drop(state);
+                            return self.arrived(lease, Some(pending));
+                        }
+                        // Handed over to the value this wait gave up: free it.
+                        _ if grant.owner != state.owner => {
+                            let old = value(grant.owner, opts.holder_value());
+                            self.undo_in_background(name, old, opts);
+                        }
+                        // Counted from an attempt no longer known: the
+                        // attempt below finds the grant, and its TTL left.
+                        _ => {}
+                    }
+                }
+                let number = state.next;
+                state.next += 1;
+                if state.sent.len() == KEPT_SENDS {
+                    state.sent.pop_front();
+                }
+                (state.owner, number)
             }
         };
-        if let Some((grant, anchor)) = handed {
-            if grant.owner == owner {
-                let lease = Lease::with_ttl(name, owner, grant.fence, opts, anchor);
-                return self.arrived(lease, pending);
-            }
-            // Handed over to the value this wait gave up: free it.
-            self.undo_in_background(name, value(grant.owner, opts.holder_value()), opts);
+        let sent = Instant::now();
+        if let Some(pending) = pending {
+            pending.state().sent.push_back((number, sent));
         }
         // Armed until the reply is in: if the request fails or this future is
         // dropped mid-flight, the script may still run and take the lock for
@@ -110,49 +136,60 @@ impl RedisBackend {
         if !waiter.is_empty() {
             invocation.arg(waiter).arg(millis_up(self.place_lifetime()));
             if pending.is_some() {
-                invocation.arg(1);
+                invocation.arg(number);
             }
         }
         let (reply, confirmed) = self
-            .run::<(i64, String)>(&invocation, true, "acquire")
+            .run::<Vec<String>>(&invocation, true, "acquire")
             .await?;
-        if matches!(reply.0, 1 | 3) && !confirmed {
+        let malformed = || Error::malformed(NAME, "acquire", &reply);
+        let (code, detail) = match reply.as_slice() {
+            [code, detail, ..] => (code.parse::<i64>().map_err(|_| malformed())?, detail),
+            _ => return Err(malformed()),
+        };
+        if matches!(code, 1 | 3) && !confirmed {
             // Granted on the primary only: the armed undo releases it.
             return Err(unconfirmed("acquire"));
         }
-        let attempt = match reply {
-            (granted @ (1 | 3), fence) => {
-                let fence = fence
-                    .parse()
-                    .map_err(|_| Error::malformed(NAME, "acquire", &fence))?;
-                // Granted earlier (3): by this request's first run, an
-                // earlier attempt of the wait, or a hand-over; each came
-                // after the wait's anchor.
-                let from = match pending {
-                    Some(pending) if granted == 3 => pending.state().anchor.unwrap_or(sent),
-                    _ => sent,
-                };
-                self.arrived(Lease::with_ttl(name, owner, fence, opts, from), pending)?
+        let attempt = match code {
+            1 => {
+                let fence = detail.parse().map_err(|_| malformed())?;
+                self.arrived(Lease::with_ttl(name, owner, fence, opts, sent), pending)?
             }
-            (0, pttl) => {
-                if let Some(pending) = pending {
-                    pending.state().anchor = Some(sent);
-                }
-                Attempt::Held {
-                    expires_in: pttl.parse::<u64>().ok().map(Duration::from_millis),
+            // Granted before: by this request's first run (a replay), an
+            // earlier attempt of the wait, or a hand-over. The key expires
+            // `left` after the script ran, which was after `sent`; the
+            // lease counts as if granted `ttl - left` before `sent`.
+            3 => {
+                let fence = detail.parse().map_err(|_| malformed())?;
+                let left = reply
+                    .get(2)
+                    .and_then(|ms| ms.parse::<u64>().ok())
+                    .map(Duration::from_millis)
+                    .ok_or_else(malformed)?;
+                match sent.checked_sub(opts.ttl_value().saturating_sub(left)) {
+                    Some(from) => {
+                        self.arrived(Lease::with_ttl(name, owner, fence, opts, from), pending)?
+                    }
+                    // Only within a TTL of the machine's boot.
+                    None => self.arrived_late(name, owner, opts, pending)?,
                 }
             }
-            (2, marker) => {
+            0 => Attempt::Held {
+                expires_in: detail.parse::<u64>().ok().map(Duration::from_millis),
+            },
+            2 => {
+                let marker = detail;
                 if let Some(cleanup) = &mut cleanup {
                     cleanup.disarm();
                 }
                 return Err(Error::ModeConflict {
                     name: name.to_owned(),
-                    held: Mode::of_marker(&marker),
+                    held: Mode::of_marker(marker),
                     asked: Mode::Exclusive,
                 });
             }
-            other => return Err(Error::malformed(NAME, "acquire", other)),
+            _ => return Err(malformed()),
         };
         if let Some(cleanup) = &mut cleanup {
             cleanup.disarm();
@@ -169,6 +206,22 @@ impl RedisBackend {
             pending.state().owner = OwnerToken::random()?;
         }
         Ok(attempt)
+    }
+
+    /// A grant whose validity cannot be counted: released like one that
+    /// came too late.
+    fn arrived_late(
+        &self,
+        name: &str,
+        owner: OwnerToken,
+        opts: &LockOptions,
+        pending: Option<&Pending>,
+    ) -> Result<Attempt> {
+        self.undo_in_background(name, value(owner, opts.holder_value()), opts);
+        if let Some(pending) = pending {
+            pending.state().owner = OwnerToken::random()?;
+        }
+        Ok(Attempt::Held { expires_in: None })
     }
 
     /// Releases `value` of `name` on a task of its own.

@@ -90,14 +90,20 @@ impl Pushes {
         self.grants().remove(waiter);
     }
 
-    /// Records a hand-over message, `<fencing token> <waiter> <owner
-    /// token> <lock key>`, for its waiter; returns the lock key.
+    /// Records a hand-over message, `+<fencing token> <waiter> <attempt>
+    /// <owner token> <lock key>`, for its waiter; returns the lock key.
     fn handed_over<'a>(&self, message: &'a str) -> Option<&'a str> {
-        let mut parts = message.splitn(4, ' ');
-        let (fence, waiter, owner, key) =
-            (parts.next()?, parts.next()?, parts.next()?, parts.next()?);
+        let mut parts = message.strip_prefix('+')?.splitn(5, ' ');
+        let (fence, waiter, attempt, owner, key) = (
+            parts.next()?,
+            parts.next()?,
+            parts.next()?,
+            parts.next()?,
+            parts.next()?,
+        );
         let grant = HandedOver {
             fence: fence.parse().ok()?,
+            attempt: attempt.parse().ok()?,
             owner: owner.parse().ok()?,
         };
         if let Some(slot) = self.grants().get_mut(waiter) {
@@ -111,6 +117,8 @@ impl Pushes {
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct HandedOver {
     pub fence: u64,
+    /// The number of the waiter's attempt whose ask the grant counts from.
+    pub attempt: u64,
     /// The owner token of the lock value granted: the waiter's, unless it
     /// changed its value since.
     pub owner: OwnerToken,
@@ -123,11 +131,10 @@ impl AsyncPushSender for Pushes {
             PushKind::Message | PushKind::SMessage => {
                 if let [_, Value::BulkString(message)] = push.data.as_slice() {
                     let message = String::from_utf8_lossy(message);
-                    let key = match message.strip_prefix('+') {
-                        Some(grant) => self.handed_over(grant),
-                        None => Some(&*message),
-                    };
-                    if let Some(name) = key.and_then(|key| name_of(&self.prefix, key)) {
+                    // Anything else is a wake-up: the lock key (a prefix
+                    // may start with `+` too).
+                    let key = self.handed_over(&message).unwrap_or(&message);
+                    if let Some(name) = name_of(&self.prefix, key) {
                         self.wakeups.wake(&name);
                     }
                 }

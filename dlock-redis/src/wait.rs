@@ -88,12 +88,16 @@ impl RedisBackend {
         }
         let waiter = format!("{}{}", OwnerToken::random()?, self.inner.client_id);
         // A mutex waiter takes the lock handed over by a release, unless
-        // every grant must be confirmed by replicas: a hand-over is not.
-        let pending = (opts.mode_value() == Mode::Exclusive
-            && self.inner.builder.durable.is_none())
-        .then(Pending::new)
-        .transpose()?
-        .map(Arc::new);
+        // every grant must be confirmed by replicas (a hand-over is not),
+        // or it would not hear of it (it would learn at its next poll, and
+        // hold the lock for nothing until then).
+        let takes_hand_overs = subscribed
+            && opts.mode_value() == Mode::Exclusive
+            && self.inner.builder.durable.is_none();
+        let pending = takes_hand_overs
+            .then(Pending::new)
+            .transpose()?
+            .map(Arc::new);
         let _expecting = pending.is_some().then(|| Expecting::new(self, &waiter));
         // However the wait ends without a grant (timeout, error, dropped),
         // give the place up, so that the next waiter need not wait for it

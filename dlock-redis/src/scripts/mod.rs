@@ -40,7 +40,8 @@ end
 -- would hide a live head behind them (and promise a free lock to nobody),
 -- and each place is dropped once, so the work is bounded by the places
 -- ever queued. A few lapsed places further back are dropped per call too.
-local function head(q, qexp)
+-- `qv`, when given, loses the dropped waiters' lock values as well.
+local function head(q, qexp, qv)
   local first = redis.call('ZRANGE', q, 0, 0)[1]
   if not first then
     return nil, false
@@ -51,11 +52,17 @@ local function head(q, qexp)
   if #gone > 0 then
     redis.call('ZREM', q, unpack(gone))
     redis.call('ZREM', qexp, unpack(gone))
+    if qv then
+      redis.call('HDEL', qv, unpack(gone))
+    end
     first = redis.call('ZRANGE', q, 0, 0)[1]
   end
   while first and tonumber(redis.call('ZSCORE', qexp, first) or '0') <= ms do
     redis.call('ZREM', q, first)
     redis.call('ZREM', qexp, first)
+    if qv then
+      redis.call('HDEL', qv, first)
+    end
     first = redis.call('ZRANGE', q, 0, 0)[1]
   end
   return first, first ~= was
@@ -153,10 +160,11 @@ pub(crate) static SHARDED: LazyLock<QueueScripts> =
 
 /// KEYS: lock, fence, queue, queue expiry, queue values. ARGV: lock value,
 /// TTL in ms, and to queue when held: waiter, place lifetime in ms, and
-/// `1` for a waiter that takes a grant from a release's message.
-/// Returns `{1, fencing token}` when granted now, `{3, fencing token}` when
-/// the lock value was granted before (a replayed request, an earlier
-/// attempt of the same wait, or a release's hand-over), `{0, holder's
+/// for a waiter that takes a grant from a release's message, the number
+/// of this attempt in its wait.
+/// Returns `{1, fencing token}` when granted now, `{3, fencing token,
+/// PTTL}` when the lock value was granted before (a replayed request, an
+/// earlier attempt of the same wait, or a release's hand-over), `{0, holder's
 /// PTTL}` when held (-2: free, but promised to the waiter at the head of
 /// the queue), `{2, marker}` when the name is held as a reader-writer lock
 /// or a semaphore (see `shared.rs`).
@@ -164,12 +172,13 @@ pub(crate) static SHARDED: LazyLock<QueueScripts> =
 /// A free lock goes to the head of the queue, or to anyone when nobody
 /// waits; a waiter not granted joins the queue (once) and renews its place.
 /// A waiter that takes hand-overs also leaves, under its place, its lock
-/// value, its TTL and when it last asked ([`HAND_OVER`]).
+/// value, its TTL, when it last asked and that attempt's number
+/// ([`HAND_OVER`]).
 static ACQUIRE_BODY: LazyLock<String> = LazyLock::new(|| {
     format!(
         r"
 local me = ARGV[3] or ''
-local first, promoted = head(KEYS[3], KEYS[4])
+local first, promoted = head(KEYS[3], KEYS[4], KEYS[5])
 if (not first or first == me) and redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
   -- The grantee's place goes on every grant, not only when it was first:
   -- left behind, it would become the head once the lock is free again.
@@ -191,7 +200,7 @@ if redis.call('GET', KEYS[1]) == ARGV[1] then
     fence = string.format('%.0f', now_us())
     redis.call('SET', KEYS[2], fence, 'PX', {FENCE_RETENTION_MS})
   end
-  return {{3, fence}}
+  return {{3, fence, tostring(redis.call('PTTL', KEYS[1]))}}
 end
 local holder = redis.call('GET', KEYS[1])
 if holder and string.sub(holder, 1, 1) == '~' then
@@ -213,14 +222,15 @@ if me ~= '' then
   keep(KEYS[3], ARGV[4])
   keep(KEYS[4], ARGV[4])
   if ARGV[5] then
-    redis.call('HSET', KEYS[5], me, ARGV[2] .. ':' .. math.floor(us / 1000) .. ':' .. ARGV[1])
+    redis.call('HSET', KEYS[5], me, ARGV[2] .. ':' .. math.floor(us / 1000) .. ':' .. ARGV[5] .. ':' .. ARGV[1])
     keep(KEYS[5], ARGV[4])
   end
 end
 local pttl = redis.call('PTTL', KEYS[1])
 -- Free but promised to a head that lapsed places were hiding: nobody has
--- woken it yet. (A head woken by the release needs no second message,
--- and one that saw the lock held looks again when that lease ends.)
+-- woken it yet. (A head woken by the release needs no second message, one
+-- that saw the lock held looks again when that lease ends, and one whose
+-- wake-up was lost looks again at its next heartbeat.)
 if pttl == -2 and promoted and first ~= me then
   wake(first)
 end
@@ -262,14 +272,16 @@ end
 /// instead of a wake-up and an acquire. Only a head that left its lock
 /// value gets it, only if it asked within the last half of its TTL (the
 /// grant expires its TTL after that ask, by the server's clock, and the
-/// waiter counts its validity from before that ask: it sent the request
-/// before the server ran it), and only if its client's connection hears
+/// waiter counts its validity from when it sent that ask, whose number
+/// the message carries: before the server ran it), and only if its
+/// client's connection hears
 /// the message: the client of a waiter whose process died has no
 /// connection left, and its place lapses as before instead of the lock
 /// being held for a TTL by nobody. (The message then tells no one.) Any
 /// other head is woken as before.
 ///
-/// The message is `+<fencing token> <waiter> <owner token> <lock key>`.
+/// The message is `+<fencing token> <waiter> <attempt> <owner token> <lock
+/// key>`.
 static HAND_OVER: LazyLock<String> = LazyLock::new(|| {
     format!(
         r"
@@ -278,9 +290,9 @@ local function hand_over(first)
     return
   end
   local stored = redis.call('HGET', KEYS[5], first)
-  local ttl, asked, value
+  local ttl, asked, attempt, value
   if stored then
-    ttl, asked, value = string.match(stored, '^(%d+):(%d+):(.*)$')
+    ttl, asked, attempt, value = string.match(stored, '^(%d+):(%d+):(%d+):(.*)$')
   end
   if value then
     local ms = math.floor(now_us() / 1000)
@@ -289,7 +301,8 @@ local function hand_over(first)
       local last = tonumber(redis.call('GET', KEYS[4]) or '0')
       local fence = string.format('%.0f', math.max(last + 1, now_us()))
       redis.call('SET', KEYS[4], fence, 'PX', {FENCE_RETENTION_MS})
-      local heard = notify(first, '+' .. fence .. ' ' .. first .. ' ' .. string.sub(value, 1, 32) .. ' ' .. KEYS[1])
+      local heard = notify(first, '+' .. fence .. ' ' .. first .. ' ' .. attempt .. ' '
+        .. string.sub(value, 1, 32) .. ' ' .. KEYS[1])
       if type(heard) == 'number' and heard > 0 then
         redis.call('SET', KEYS[1], value, 'PX', left)
         redis.call('ZREM', KEYS[2], first)
@@ -313,7 +326,7 @@ end
 const RELEASE_BODY: &str = r"
 if redis.call('GET', KEYS[1]) == ARGV[1] then
   redis.call('DEL', KEYS[1])
-  hand_over(head(KEYS[2], KEYS[3]))
+  hand_over(head(KEYS[2], KEYS[3], KEYS[5]))
   if ARGV[2] then
     redis.call('SET', KEYS[6], ARGV[2], 'PX', ARGV[3])
   end
@@ -330,10 +343,10 @@ return 0
 /// KEYS: lock, queue, queue expiry, queue values. ARGV: waiter, and the
 /// lock value of a waiter that takes hand-overs.
 /// A waiter gives up its place, and a grant handed over to it that it
-/// never took; if it was first, or gave a grant up, and the lock is free,
-/// the next one is woken.
+/// never took; if it was first, or gave a grant up, or lapsed places were
+/// hiding the head, and the lock is free, the next one is woken.
 const ABANDON_BODY: &str = r"
-local first = head(KEYS[2], KEYS[3])
+local first, promoted = head(KEYS[2], KEYS[3], KEYS[4])
 redis.call('ZREM', KEYS[2], ARGV[1])
 redis.call('ZREM', KEYS[3], ARGV[1])
 redis.call('HDEL', KEYS[4], ARGV[1])
@@ -341,8 +354,8 @@ if ARGV[2] and redis.call('GET', KEYS[1]) == ARGV[2] then
   redis.call('DEL', KEYS[1])
   first = ARGV[1]
 end
-if first == ARGV[1] and redis.call('EXISTS', KEYS[1]) == 0 then
-  wake(head(KEYS[2], KEYS[3]))
+if (first == ARGV[1] or promoted) and redis.call('EXISTS', KEYS[1]) == 0 then
+  wake(head(KEYS[2], KEYS[3], KEYS[4]))
 end
 return 1
 ";
