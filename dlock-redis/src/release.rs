@@ -15,8 +15,8 @@ use dlock_core::millis_up;
 use crate::scripts::HOLD;
 
 impl RedisBackend {
-    /// Deletes the lock if `lease` holds it, and wakes the head of its
-    /// queue.
+    /// Deletes the lock if `lease` holds it, and hands it over to the head
+    /// of its queue (or wakes the head).
     pub(crate) async fn release_lease(&self, lease: &Lease) -> Result<()> {
         if lease.mode() != Mode::Exclusive {
             return self.release_shared(lease).await;
@@ -79,7 +79,8 @@ impl RedisBackend {
     }
 
     /// The release script for the grant whose lock key value is `value`
-    /// on the lock of `keys`; it wakes the head of the queue.
+    /// on the lock of `keys`; it hands the lock over to the head of the
+    /// queue, or wakes it.
     fn release_script<'a>(&'a self, keys: &'a Keys, value: &'a str) -> redis::ScriptInvocation<'a> {
         let mut invocation = self.queue_scripts().release.prepare_invoke();
         invocation
