@@ -47,8 +47,11 @@ pub async fn is_primary(addr: SocketAddr) -> Option<bool> {
 const STABLE: Duration = Duration::from_secs(6);
 
 /// Waits until `topo` has settled after a fault of member `node` healed.
-/// Returns whether `node` is a primary then, and since when (ns) the roles
-/// have been what they are.
+/// Returns whether `node` stayed the primary throughout, and since when
+/// (ns) the roles have been what they are. It did not if at any poll it
+/// answered as a replica, or on Sentinel the other data node answered as a
+/// primary too: a Sentinel may fail over and back, ending where it began
+/// with two primaries in between.
 ///
 /// Settled means that the roles have not changed for [`STABLE`] and that,
 /// on Sentinel, one data node is primary and a majority of the Sentinels
@@ -66,7 +69,12 @@ pub async fn settle(
     let deadline = Instant::now() + SETTLE_LIMIT;
     let stable = u64::try_from(STABLE.as_nanos()).unwrap_or(u64::MAX);
     let mut last: Option<(Vec<bool>, u64)> = None;
+    let mut moved = false;
     loop {
+        moved |= is_primary(members[node]).await == Some(false);
+        if topo == Topo::RedisSentinel && node < 2 {
+            moved |= is_primary(members[1 - node]).await == Some(true);
+        }
         let roles = roles(topo, members).await;
         last = match (roles, last) {
             (Some(roles), Some(last)) if roles == last.0 => Some(last),
@@ -76,7 +84,8 @@ pub async fn settle(
         if let Some((roles, since)) = &last
             && now_ns().saturating_sub(*since) >= stable
         {
-            return Ok((roles.get(node).copied().unwrap_or(false), *since));
+            let primary = roles.get(node).copied().unwrap_or(false);
+            return Ok((primary && !moved, *since));
         }
         if Instant::now() >= deadline {
             return Err(format!(
