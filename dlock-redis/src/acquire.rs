@@ -78,8 +78,8 @@ impl RedisBackend {
         if opts.mode_value() != Mode::Exclusive {
             return self.attempt_shared(name, keys, opts, waiter).await;
         }
-        let (owner, number) = match pending {
-            None => (OwnerToken::random()?, 0),
+        let (owner, number, sent) = match pending {
+            None => (OwnerToken::random()?, 0, Instant::now()),
             Some(pending) => {
                 let handed = self.inner.pushes.take(waiter);
                 let mut state = pending.state();
@@ -107,13 +107,11 @@ impl RedisBackend {
                 if state.sent.len() == KEPT_SENDS {
                     state.sent.pop_front();
                 }
-                (state.owner, number)
+                let sent = Instant::now();
+                state.sent.push_back((number, sent));
+                (state.owner, number, sent)
             }
         };
-        let sent = Instant::now();
-        if let Some(pending) = pending {
-            pending.state().sent.push_back((number, sent));
-        }
         // Armed until the reply is in: if the request fails or this future is
         // dropped mid-flight, the script may still run and take the lock for
         // a caller who never hears of it, so release it by its token. A
