@@ -3,6 +3,7 @@
 //! (the same harness as the tests) unless given running servers.
 
 mod floors;
+mod heap;
 mod report;
 mod scenarios;
 mod shared;
@@ -10,7 +11,7 @@ mod target;
 
 /// Counts heap bytes, for the client memory per held lease.
 #[global_allocator]
-static GLOBAL: &stats_alloc::StatsAlloc<std::alloc::System> = &stats_alloc::INSTRUMENTED_SYSTEM;
+static GLOBAL: heap::Counting = heap::Counting;
 
 use std::path::PathBuf;
 use std::sync::Arc;

@@ -346,7 +346,7 @@ pub async fn held(
     for done in tasks.join_all().await {
         done?;
     }
-    let heap = stats_alloc::Region::new(crate::GLOBAL);
+    let heap = crate::heap::Count::open();
     let ttl = Duration::from_secs(6);
     let tick = ttl / 3;
     let locker = Locker::from_arc(backend);
@@ -369,8 +369,7 @@ pub async fn held(
         }
     }
     sleep(tick / 2).await;
-    let heap = heap.change();
-    let client_bytes = heap.bytes_allocated as f64 - heap.bytes_deallocated as f64;
+    let client_bytes = heap.net() as f64;
     let (requests_a, memory_after) = target.server_stats().await?.unwrap_or_default();
     let ticks = 3;
     sleep(tick * ticks).await;

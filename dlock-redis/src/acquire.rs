@@ -1,7 +1,7 @@
 //! One acquire attempt: the acquire script, and what its reply means; or a
 //! grant a release handed over to the wait.
 
-use std::collections::VecDeque;
+use std::collections::{HashSet, VecDeque};
 use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
@@ -10,9 +10,10 @@ use dlock_core::wait::{Attempt, on_arrival};
 use dlock_core::{Error, Lease, LockOptions, Mode, OwnerToken, Result};
 use tokio::time::Instant;
 
-use crate::backend::{NAME, RedisBackend};
+use crate::backend::{COUNTED_NAMES, NAME, RedisBackend};
 use crate::error::unconfirmed;
 use crate::keys::{Keys, value};
+use crate::scripts::{DRAW_FENCE, FENCE_RETENTION_MS};
 use dlock_core::millis_up;
 
 /// A mutex wait that takes hand-overs: a release gives the lock to the
@@ -40,6 +41,10 @@ struct PendingState {
 /// older one (which only a message delayed across that many attempts
 /// would) is taken by an attempt instead.
 const KEPT_SENDS: usize = 16;
+
+/// Every fencing token drawn from the server's clock is at least this
+/// (2001-09-09 in µs): a counter below it was made by `INCR` on nothing.
+const CLOCK_FLOOR_US: u64 = 1_000_000_000_000_000;
 
 impl Pending {
     pub fn new() -> Result<Self> {
@@ -77,6 +82,14 @@ impl RedisBackend {
     ) -> Result<Attempt> {
         if opts.mode_value() != Mode::Exclusive {
             return self.attempt_shared(name, keys, opts, waiter).await;
+        }
+        if pending.is_none()
+            && waiter.is_empty()
+            && self.inner.builder.durable.is_none()
+            && self.counted(name)
+            && let Some(attempt) = self.attempt_bare(name, keys, opts).await?
+        {
+            return Ok(attempt);
         }
         let (owner, number, sent) = match pending {
             None => (OwnerToken::random()?, 0, Instant::now()),
@@ -124,11 +137,11 @@ impl RedisBackend {
         });
         let mut invocation = self.queue_scripts().acquire.prepare_invoke();
         invocation
-            .key(&keys.lock)
-            .key(&keys.fence)
-            .key(&keys.queue)
-            .key(&keys.queue_expiry)
-            .key(&keys.queue_values)
+            .key(&keys.lock())
+            .key(&keys.fence())
+            .key(&keys.queue())
+            .key(&keys.queue_expiry())
+            .key(&keys.queue_values())
             .arg(value(owner, opts.holder_value()))
             .arg(millis_up(opts.ttl_value()));
         if !waiter.is_empty() {
@@ -195,13 +208,107 @@ impl RedisBackend {
         Ok(attempt)
     }
 
+    /// The acquire of a lock nobody waits for, in bare commands and one
+    /// round trip (a script costs the server several times a `SET`): `SET
+    /// NX PX`, then the fencing counter's `INCR`. `None` when
+    /// the key is there: held, of another kind, promised to the head of
+    /// its queue (see the scripts' `promise`), or granted to this very
+    /// request (a cluster client's resend); the acquire script then says
+    /// which.
+    ///
+    /// Only for names whose counter this client drew lately: a counter
+    /// that is gone comes back from `INCR` far below the server's clock in
+    /// µs, where every token lies, and the grant then draws its token with
+    /// a script, in a second round trip (as the first grant of a name
+    /// would every time).
+    async fn attempt_bare(
+        &self,
+        name: &str,
+        keys: &Keys,
+        opts: &LockOptions,
+    ) -> Result<Option<Attempt>> {
+        let owner = OwnerToken::random()?;
+        let value = value(owner, opts.holder_value());
+        let ttl = opts.ttl_value();
+        let mut pipe = redis::pipe();
+        pipe.cmd("SET")
+            .arg(keys.lock())
+            .arg(&value)
+            .arg("NX")
+            .arg("PX")
+            .arg(millis_up(ttl))
+            .cmd("INCR")
+            .arg(keys.fence());
+        // As in `attempt`: a request that fails or is dropped mid-flight
+        // may still have taken the lock.
+        let mut cleanup = {
+            let (backend, name) = (self.clone(), name.to_owned());
+            UndoOnDrop::new(async move { backend.undo(&name, &value, ttl).await })
+        };
+        let sent = Instant::now();
+        let mut conn = self.connection();
+        let (set, counter) = self
+            .bounded(
+                "acquire",
+                pipe.query_async::<(Option<String>, u64)>(&mut conn),
+            )
+            .await?;
+        if set.is_none() {
+            cleanup.disarm();
+            if counter < CLOCK_FLOOR_US {
+                // This `INCR` made the counter, without an expiry.
+                let mut expire = redis::cmd("PEXPIRE");
+                expire.arg(keys.fence()).arg(FENCE_RETENTION_MS);
+                self.bounded("acquire", expire.query_async::<i64>(&mut conn))
+                    .await?;
+            }
+            return Ok(None);
+        }
+        let fence = if counter >= CLOCK_FLOOR_US {
+            counter
+        } else {
+            let mut invocation = DRAW_FENCE.prepare_invoke();
+            invocation.key(keys.fence());
+            let (fence, _) = self.run::<u64>(&invocation, false, "acquire").await?;
+            fence
+        };
+        cleanup.disarm();
+        let lease = Lease::with_ttl(name, owner, fence, opts, sent);
+        Ok(Some(self.arrived(lease, None)?))
+    }
+
+    /// Whether this client drew the fencing counter of `name` lately.
+    fn counted(&self, name: &str) -> bool {
+        self.counted_names().contains(name)
+    }
+
+    /// Notes that this client drew the fencing counter of `name`.
+    fn count(&self, name: &str) {
+        let mut counted = self.counted_names();
+        if !counted.contains(name) {
+            if counted.len() >= COUNTED_NAMES {
+                counted.clear();
+            }
+            counted.insert(name.to_owned());
+        }
+    }
+
+    fn counted_names(&self) -> std::sync::MutexGuard<'_, HashSet<String>> {
+        self.inner
+            .counted
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
     /// A grant in hand, judged by [`on_arrival`]. One that came too late is
     /// released by its value; a wait then goes on under a new value, so
     /// that it can never take that value's grant as its own again.
     fn arrived(&self, lease: Lease, pending: Option<&Pending>) -> Result<Attempt> {
         let attempt = on_arrival(self, lease);
-        if let (Attempt::Held { .. }, Some(pending)) = (&attempt, pending) {
-            pending.state().owner = OwnerToken::random()?;
+        match (&attempt, pending) {
+            (Attempt::Acquired(lease), _) => self.count(lease.name()),
+            (Attempt::Held { .. }, Some(pending)) => pending.state().owner = OwnerToken::random()?,
+            (Attempt::Held { .. }, None) => {}
         }
         Ok(attempt)
     }

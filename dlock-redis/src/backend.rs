@@ -1,8 +1,9 @@
 //! The backend type, what its clones share, and the [`Backend`] impl, which
 //! hands each operation to the file of its concern.
 
+use std::collections::HashSet;
 use std::fmt;
-use std::sync::{Arc, PoisonError, RwLock};
+use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::time::Duration;
 
 use dlock_core::wait::{bounded_acquire, check_request};
@@ -61,7 +62,14 @@ pub(crate) struct Inner {
     /// `<prefix>:wake:`: with the client id, the channel a client's
     /// waiters are woken on.
     pub wake_prefix: String,
+    /// Names whose fencing counter this client drew lately: the uncontended
+    /// acquire of one of these is bare commands (see
+    /// `RedisBackend::attempt_bare`). Emptied when full.
+    pub counted: Mutex<HashSet<String>>,
 }
+
+/// How many names [`Inner::counted`] keeps.
+pub(crate) const COUNTED_NAMES: usize = 4096;
 
 impl fmt::Debug for RedisBackend {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {

@@ -30,8 +30,8 @@ impl RedisBackend {
         let sent = Instant::now();
         let mut invocation = EXTEND.prepare_invoke();
         invocation
-            .key(&keys.lock)
-            .key(&keys.fence)
+            .key(&keys.lock())
+            .key(&keys.fence())
             .arg(value_of(lease))
             .arg(millis_up(ttl))
             .arg(FENCE_RETENTION_MS);
@@ -71,7 +71,7 @@ impl RedisBackend {
         invocation.arg(FENCE_RETENTION_MS);
         for lease in leases.iter() {
             let keys = self.keys(lease.name());
-            invocation.key(keys.lock).key(keys.fence);
+            invocation.key(keys.lock()).key(keys.fence());
             invocation
                 .arg(value_of(lease))
                 .arg(millis_up(lease.ttl().unwrap_or_default()));
@@ -111,7 +111,7 @@ impl RedisBackend {
             invocation.arg(FENCE_RETENTION_MS);
             for &i in group {
                 let keys = self.keys(leases[i].name());
-                invocation.key(keys.lock).key(keys.fence);
+                invocation.key(keys.lock()).key(keys.fence());
                 invocation
                     .arg(value_of(&leases[i]))
                     .arg(millis_up(leases[i].ttl().unwrap_or_default()));
@@ -152,11 +152,12 @@ impl RedisBackend {
 /// The cluster hash slot of a lock's keys: CRC16 of the hash tag, which
 /// is the escaped name.
 fn slot(name: &str) -> u16 {
-    let lock = keys("", name).lock;
+    let keys = keys("", name);
+    let lock = keys.lock();
     let tag = lock
         .strip_prefix(":{")
         .and_then(|rest| rest.strip_suffix('}'))
-        .unwrap_or(&lock);
+        .unwrap_or(lock);
     crc16::State::<crc16::XMODEM>::calculate(tag.as_bytes()) % 16384
 }
 

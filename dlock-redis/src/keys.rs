@@ -27,7 +27,11 @@ use dlock_core::{Error, Lease, Mode, OwnerToken, Result};
 /// The scripts compare the whole value, so a grant's value is its owner's
 /// alone as before, and `inspect` reads both from one key.
 pub(crate) fn value(owner: OwnerToken, holder: &str) -> String {
-    format!("{owner}{holder}")
+    use std::fmt::Write;
+    let mut value = String::with_capacity(32 + holder.len());
+    let _ = write!(value, "{owner}"); // writing to a String cannot fail
+    value.push_str(holder);
+    value
 }
 
 /// A mutex lease's lock key value.
@@ -56,45 +60,90 @@ pub(crate) fn holder_parts(stored: &str, shared: bool) -> Option<(OwnerToken, &s
     Some((owner, holder))
 }
 
-/// The key names of one lock.
+/// The key names of one lock, in one allocation (an acquire and a release
+/// each need several).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Keys {
-    pub lock: String,
-    pub fence: String,
-    pub queue: String,
-    pub queue_expiry: String,
-    pub holds: String,
-    pub queue_modes: String,
-    pub queue_values: String,
+    all: String,
+    /// Where each of [`SUFFIXES`]' keys ends in `all`.
+    ends: [usize; SUFFIXES.len()],
+}
+
+/// What follows the lock key in each of a lock's keys, in `Keys` order.
+const SUFFIXES: [&str; 7] = ["", ":fence", ":q", ":qexp", ":h", ":qm", ":qv"];
+
+impl Keys {
+    fn part(&self, i: usize) -> &str {
+        let start = i.checked_sub(1).map_or(0, |j| self.ends[j]);
+        &self.all[start..self.ends[i]]
+    }
+
+    /// `P:{E}`.
+    pub fn lock(&self) -> &str {
+        self.part(0)
+    }
+
+    /// `P:{E}:fence`.
+    pub fn fence(&self) -> &str {
+        self.part(1)
+    }
+
+    /// `P:{E}:q`.
+    pub fn queue(&self) -> &str {
+        self.part(2)
+    }
+
+    /// `P:{E}:qexp`.
+    pub fn queue_expiry(&self) -> &str {
+        self.part(3)
+    }
+
+    /// `P:{E}:h`.
+    pub fn holds(&self) -> &str {
+        self.part(4)
+    }
+
+    /// `P:{E}:qm`.
+    pub fn queue_modes(&self) -> &str {
+        self.part(5)
+    }
+
+    /// `P:{E}:qv`.
+    pub fn queue_values(&self) -> &str {
+        self.part(6)
+    }
 }
 
 pub(crate) fn keys(prefix: &str, name: &str) -> Keys {
-    let mut lock = String::with_capacity(prefix.len() + name.len() + 3);
-    lock.push_str(prefix);
-    lock.push_str(":{");
+    // Room for every key with an unescaped name; escapes grow it.
+    let lock_len = prefix.len() + name.len() + 3;
+    let suffixes: usize = SUFFIXES.iter().map(|s| s.len()).sum();
+    let mut all = String::with_capacity(lock_len * SUFFIXES.len() + suffixes);
+    all.push_str(prefix);
+    all.push_str(":{");
     for c in name.chars() {
         match c {
-            '%' => lock.push_str("%25"),
-            '}' => lock.push_str("%7D"),
-            c => lock.push(c),
+            '%' => all.push_str("%25"),
+            '}' => all.push_str("%7D"),
+            c => all.push(c),
         }
     }
-    lock.push('}');
-    Keys {
-        fence: format!("{lock}:fence"),
-        queue: format!("{lock}:q"),
-        queue_expiry: format!("{lock}:qexp"),
-        holds: format!("{lock}:h"),
-        queue_modes: format!("{lock}:qm"),
-        queue_values: format!("{lock}:qv"),
-        lock,
+    all.push('}');
+    let lock_end = all.len();
+    let mut ends = [lock_end; SUFFIXES.len()];
+    for (i, suffix) in SUFFIXES.iter().enumerate().skip(1) {
+        all.extend_from_within(..lock_end);
+        all.push_str(suffix);
+        ends[i] = all.len();
     }
+    Keys { all, ends }
 }
 
 /// The `SCAN MATCH` pattern of the lock keys whose names start with
 /// `name_prefix`: only lock keys end with `}` (escaped names have none).
 pub(crate) fn lock_pattern(prefix: &str, name_prefix: &str) -> String {
-    let escaped = keys(prefix, name_prefix).lock;
+    let keys = keys(prefix, name_prefix);
+    let escaped = keys.lock();
     let open = escaped.len() - 1; // without the closing brace
     format!("{}*}}", glob_escape(&escaped[..open]))
 }
@@ -149,18 +198,21 @@ mod tests {
     #[test]
     fn layout() {
         let k = keys("dlock", "job:nightly");
-        assert_eq!(k.lock, "dlock:{job:nightly}");
-        assert_eq!(k.fence, "dlock:{job:nightly}:fence");
-        assert_eq!(k.queue, "dlock:{job:nightly}:q");
-        assert_eq!(k.queue_expiry, "dlock:{job:nightly}:qexp");
+        assert_eq!(k.lock(), "dlock:{job:nightly}");
+        assert_eq!(k.fence(), "dlock:{job:nightly}:fence");
+        assert_eq!(k.queue(), "dlock:{job:nightly}:q");
+        assert_eq!(k.queue_expiry(), "dlock:{job:nightly}:qexp");
     }
 
     #[test]
     fn braces_and_percent_are_escaped_injectively() {
-        assert_eq!(keys("p", "}x").lock, "p:{%7Dx}");
-        assert_eq!(keys("p", "a{b}").lock, "p:{a{b%7D}");
+        assert_eq!(keys("p", "}x").lock(), "p:{%7Dx}");
+        assert_eq!(keys("p", "a{b}").lock(), "p:{a{b%7D}");
         let names = ["}", "%7D", "%257D", "%", "%25", "a}b", "a%7Db"];
-        let mut locks: Vec<_> = names.iter().map(|n| keys("p", n).lock).collect();
+        let mut locks: Vec<_> = names
+            .iter()
+            .map(|n| keys("p", n).lock().to_owned())
+            .collect();
         locks.sort();
         locks.dedup();
         assert_eq!(locks.len(), names.len());
@@ -169,7 +221,7 @@ mod tests {
     #[test]
     fn names_come_back_from_keys_and_patterns_are_escaped() {
         for name in ["a", "}x%", "a{b}", "%7D", "é f", "a*b?[c]\\"] {
-            assert_eq!(name_of("p", &keys("p", name).lock).as_deref(), Some(name));
+            assert_eq!(name_of("p", &keys("p", name).lock()).as_deref(), Some(name));
         }
         assert_eq!(name_of("p", "p:{a}:fence"), None);
         assert_eq!(name_of("p", "q:{a}"), None);

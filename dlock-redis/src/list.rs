@@ -68,10 +68,10 @@ impl RedisBackend {
                 pipe.atomic();
                 for name in &names {
                     let keys = self.keys(name);
-                    pipe.get(&keys.lock)
-                        .pttl(&keys.lock)
-                        .get(&keys.fence)
-                        .zrange(&keys.holds, -1, -1);
+                    pipe.get(&keys.lock())
+                        .pttl(&keys.lock())
+                        .get(&keys.fence())
+                        .zrange(&keys.holds(), -1, -1);
                 }
                 let replies: Vec<redis::Value> = pipe.query_async(&mut conn).await?;
                 // The shared kinds' holder descriptions, beside their holds
@@ -87,7 +87,7 @@ impl RedisBackend {
                         && let Ok(last) = redis::from_redis_value_ref::<Vec<String>>(last_hold)
                         && let Some(member) = last.first()
                     {
-                        pipe.hget(format!("{}w", self.keys(name).holds), member);
+                        pipe.hget(format!("{}w", self.keys(name).holds()), member);
                         asked.push(i);
                     }
                 }
@@ -172,9 +172,9 @@ impl RedisBackend {
         let keys = self.keys(name);
         let mut invocation = HOLDERS.prepare_invoke();
         invocation
-            .key(&keys.lock)
-            .key(&keys.fence)
-            .key(&keys.holds)
+            .key(&keys.lock())
+            .key(&keys.fence())
+            .key(&keys.holds())
             .arg(most);
         let (reply, _) = self
             .run::<Vec<String>>(&invocation, false, "inspect")

@@ -43,7 +43,7 @@ impl RedisBackend {
         if self.inner.cluster {
             let remember = millis_up(self.inner.request_timeout).saturating_mul(2);
             invocation
-                .key(format!("{}:done", keys.lock))
+                .key(format!("{}:done", keys.lock()))
                 .arg(OwnerToken::random()?.to_string())
                 .arg(remember);
         }
@@ -68,7 +68,7 @@ impl RedisBackend {
         let keys = self.keys(lease.name());
         let mut invocation = HOLD.prepare_invoke();
         invocation
-            .key(&keys.lock)
+            .key(&keys.lock())
             .arg(value_of(lease))
             // The hold keeps the holder description, for operators.
             .arg(value(lease.owner().for_hold(), lease.holder()))
@@ -84,11 +84,11 @@ impl RedisBackend {
     fn release_script<'a>(&'a self, keys: &'a Keys, value: &'a str) -> redis::ScriptInvocation<'a> {
         let mut invocation = self.queue_scripts().release.prepare_invoke();
         invocation
-            .key(&keys.lock)
-            .key(&keys.queue)
-            .key(&keys.queue_expiry)
-            .key(&keys.fence)
-            .key(&keys.queue_values)
+            .key(&keys.lock())
+            .key(&keys.queue())
+            .key(&keys.queue_expiry())
+            .key(&keys.fence())
+            .key(&keys.queue_values())
             .arg(value);
         invocation
     }

@@ -18,12 +18,12 @@ impl RedisBackend {
     /// The keys every shared script takes, in its order.
     fn shared_keys<'a>(&self, invocation: &mut ScriptInvocation<'a>, keys: &Keys) {
         invocation
-            .key(&keys.lock)
-            .key(&keys.fence)
-            .key(&keys.holds)
-            .key(&keys.queue)
-            .key(&keys.queue_expiry)
-            .key(&keys.queue_modes);
+            .key(&keys.lock())
+            .key(&keys.fence())
+            .key(&keys.holds())
+            .key(&keys.queue())
+            .key(&keys.queue_expiry())
+            .key(&keys.queue_modes());
     }
 
     /// One acquire attempt at a shared kind of lock; with a `waiter`, a
@@ -216,7 +216,10 @@ impl RedisBackend {
             invocation.arg(FENCE_RETENTION_MS);
             for lease in leases {
                 let keys = self.keys(lease.name());
-                invocation.key(keys.lock).key(keys.fence).key(keys.holds);
+                invocation
+                    .key(keys.lock())
+                    .key(keys.fence())
+                    .key(keys.holds());
                 invocation
                     .arg(member_of(lease))
                     .arg(millis_up(lease.ttl().unwrap_or_default()))

@@ -76,7 +76,7 @@ impl RedisBackend {
         // that its turn came at its next poll instead.
         let limit = deadline.cap(self.inner.request_timeout * 2);
         let (_interest, subscribed) = if cluster {
-            let channel = format!("{}:wake:{}", keys.lock, self.inner.client_id);
+            let channel = format!("{}:wake:{}", keys.lock(), self.inner.client_id);
             let (interest, subscribed) = notifications.interest(&channel, limit).await;
             (Some(interest), subscribed)
         } else {
@@ -139,10 +139,10 @@ impl RedisBackend {
         let keys = self.keys(name);
         let mut invocation = self.queue_scripts().abandon.prepare_invoke();
         invocation
-            .key(&keys.lock)
-            .key(&keys.queue)
-            .key(&keys.queue_expiry)
-            .key(&keys.queue_values)
+            .key(&keys.lock())
+            .key(&keys.queue())
+            .key(&keys.queue_expiry())
+            .key(&keys.queue_values())
             .arg(waiter);
         if let Some(held) = held {
             invocation.arg(held);

@@ -13,7 +13,10 @@ mod shared;
 pub(crate) use lease::{EXTEND, EXTEND_MANY, HOLD, HOLDERS};
 pub(crate) use shared::SharedScripts;
 
-/// How long the fencing counter outlives the last grant or extension.
+/// How long the fencing counter outlives the last release, extension or
+/// grant by a script. (A bare grant, `INCR`, keeps its expiry: its release
+/// renews it, and a holder that never releases let a counter that has
+/// gone meanwhile be drawn from the clock, as any counter gone.)
 /// Tokens are never below the server's clock in microseconds, so once the
 /// counter is gone (expired, or lost in a restart without persistence) the
 /// clock alone keeps the next token above every earlier one. The retention
@@ -68,6 +71,17 @@ local function head(q, qexp, qv)
     first = redis.call('ZRANGE', q, 0, 0)[1]
   end
   return first, first ~= was
+end
+-- Promises a free lock to the head of the queue, `first`, until its place
+-- lapses: the uncontended acquire is a bare `SET NX` outside the scripts,
+-- which a free lock key would let take it. Every script counts the
+-- promise as free, so the head (or a waiter behind a lapsed head) still
+-- gets it.
+local function promise(lock, qexp, first)
+  local left = tonumber(redis.call('ZSCORE', qexp, first) or '0') - math.floor(now_us() / 1000)
+  if left > 0 then
+    redis.call('SET', lock, '~p', 'PX', left)
+  end
 end
 -- The queue keys live as long as the longest-lived place in them.
 local function keep(key, ms)
@@ -133,6 +147,15 @@ static FENCE_DRAW: LazyLock<String> = LazyLock::new(|| {
     )
 });
 
+/// KEYS: fence. Draws the next fencing token and returns it: for a bare
+/// acquire that found the counter gone (see `acquire.rs`).
+pub(crate) static DRAW_FENCE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(&format!(
+        "{}\nreturn fence\n",
+        FENCE_DRAW.replace("KEYS[2]", "KEYS[1]")
+    ))
+});
+
 /// The scripts that wake waiters, in the flavour of one deployment.
 pub(crate) struct QueueScripts {
     pub acquire: Script,
@@ -146,7 +169,11 @@ impl QueueScripts {
     fn new(wake: &str) -> Self {
         QueueScripts {
             acquire: with_fast_path(&ACQUIRE_FAST, &ACQUIRE_BODY, wake),
-            release: with_fast_path(RELEASE_FAST, &format!("{}{RELEASE_BODY}", *HAND_OVER), wake),
+            release: with_fast_path(
+                &RELEASE_FAST,
+                &format!("{}{}", *HAND_OVER, *RELEASE_BODY),
+                wake,
+            ),
             abandon: with_queue(ABANDON_BODY, wake),
             shared: SharedScripts::new(wake),
         }
@@ -180,6 +207,9 @@ static ACQUIRE_BODY: LazyLock<String> = LazyLock::new(|| {
     format!(
         r"
 local me = ARGV[3] or ''
+if redis.call('GET', KEYS[1]) == '~p' then
+  redis.call('DEL', KEYS[1])
+end
 local first, promoted = head(KEYS[3], KEYS[4], KEYS[5])
 if (not first or first == me) and redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
   -- The grantee's place goes on every grant, not only when it was first:
@@ -229,12 +259,17 @@ if me ~= '' then
   end
 end
 local pttl = redis.call('PTTL', KEYS[1])
--- Free but promised to a head that lapsed places were hiding: nobody has
--- woken it yet. (A head woken by the release needs no second message, one
--- that saw the lock held looks again when that lease ends, and one whose
--- wake-up was lost looks again at its next heartbeat.)
-if pttl == -2 and promoted and first ~= me then
-  wake(first)
+-- Free but promised to the head (this caller would have been granted it
+-- otherwise): the promise is kept, or made when the holder's lease ran
+-- out. A head that lapsed places were hiding has not been woken yet. (A
+-- head woken by the release needs no second message, one that saw the
+-- lock held looks again when that lease ends, and one whose wake-up was
+-- lost looks again at its next heartbeat.)
+if pttl == -2 and first then
+  promise(KEYS[1], KEYS[4], first)
+  if promoted then
+    wake(first)
+  end
 end
 return {{0, tostring(pttl)}}
 ",
@@ -258,15 +293,20 @@ end
 
 /// RELEASE when nobody queues on the name, so nobody is to be woken:
 /// released if ours, else on to the whole script (which finds a replay).
-const RELEASE_FAST: &str = r"
+static RELEASE_FAST: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        r"
 if redis.call('EXISTS', KEYS[2]) == 0 and redis.call('GET', KEYS[1]) == ARGV[1] then
   redis.call('DEL', KEYS[1])
+  redis.call('PEXPIRE', KEYS[4], {FENCE_RETENTION_MS})
   if ARGV[2] then
     redis.call('SET', KEYS[6], ARGV[2], 'PX', ARGV[3])
   end
   return 1
 end
-";
+"
+    )
+});
 
 /// Hands a free lock (`KEYS[1]`, its fence `KEYS[4]`, queue values
 /// `KEYS[5]`) over to the head of the queue, `first`, in the release that
@@ -310,10 +350,14 @@ local function hand_over(first)
         redis.call('ZREM', KEYS[2], first)
         redis.call('ZREM', KEYS[3], first)
         redis.call('HDEL', KEYS[5], first)
+        return
       end
+      -- Nobody heard it: the head's client is gone, and its place lapses.
+      promise(KEYS[1], KEYS[3], first)
       return
     end
   end
+  promise(KEYS[1], KEYS[3], first)
   wake(first)
 end
 "
@@ -325,9 +369,12 @@ end
 /// and how long to remember it in ms. Returns 1 when released, 0 when the
 /// caller was not the holder. Hands the lock over to the head of the queue
 /// (or wakes it): one message per release, however many wait.
-const RELEASE_BODY: &str = r"
+static RELEASE_BODY: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        r"
 if redis.call('GET', KEYS[1]) == ARGV[1] then
   redis.call('DEL', KEYS[1])
+  redis.call('PEXPIRE', KEYS[4], {FENCE_RETENTION_MS})
   hand_over(head(KEYS[2], KEYS[3], KEYS[5]))
   if ARGV[2] then
     redis.call('SET', KEYS[6], ARGV[2], 'PX', ARGV[3])
@@ -340,7 +387,9 @@ if ARGV[2] and redis.call('GET', KEYS[6]) == ARGV[2] then
   return 1
 end
 return 0
-";
+"
+    )
+});
 
 /// KEYS: lock, queue, queue expiry, queue values. ARGV: waiter, and the
 /// lock value of a waiter that takes hand-overs.
@@ -352,12 +401,19 @@ local first, promoted = head(KEYS[2], KEYS[3], KEYS[4])
 redis.call('ZREM', KEYS[2], ARGV[1])
 redis.call('ZREM', KEYS[3], ARGV[1])
 redis.call('HDEL', KEYS[4], ARGV[1])
-if ARGV[2] and redis.call('GET', KEYS[1]) == ARGV[2] then
+local cur = redis.call('GET', KEYS[1])
+if ARGV[2] and cur == ARGV[2] then
   redis.call('DEL', KEYS[1])
-  first = ARGV[1]
+  cur, first = false, ARGV[1]
 end
-if (first == ARGV[1] or promoted) and redis.call('EXISTS', KEYS[1]) == 0 then
-  wake(head(KEYS[2], KEYS[3], KEYS[4]))
+if (first == ARGV[1] or promoted) and (not cur or cur == '~p') then
+  local next = head(KEYS[2], KEYS[3], KEYS[4])
+  if next then
+    promise(KEYS[1], KEYS[3], next)
+    wake(next)
+  elseif cur then
+    redis.call('DEL', KEYS[1])
+  end
 end
 return 1
 ";
