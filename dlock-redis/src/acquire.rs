@@ -137,11 +137,11 @@ impl RedisBackend {
         });
         let mut invocation = self.queue_scripts().acquire.prepare_invoke();
         invocation
-            .key(&keys.lock())
-            .key(&keys.fence())
-            .key(&keys.queue())
-            .key(&keys.queue_expiry())
-            .key(&keys.queue_values())
+            .key(keys.lock())
+            .key(keys.fence())
+            .key(keys.queue())
+            .key(keys.queue_expiry())
+            .key(keys.queue_values())
             .arg(value(owner, opts.holder_value()))
             .arg(millis_up(opts.ttl_value()));
         if !waiter.is_empty() {

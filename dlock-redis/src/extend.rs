@@ -30,8 +30,8 @@ impl RedisBackend {
         let sent = Instant::now();
         let mut invocation = EXTEND.prepare_invoke();
         invocation
-            .key(&keys.lock())
-            .key(&keys.fence())
+            .key(keys.lock())
+            .key(keys.fence())
             .arg(value_of(lease))
             .arg(millis_up(ttl))
             .arg(FENCE_RETENTION_MS);

@@ -221,7 +221,7 @@ mod tests {
     #[test]
     fn names_come_back_from_keys_and_patterns_are_escaped() {
         for name in ["a", "}x%", "a{b}", "%7D", "é f", "a*b?[c]\\"] {
-            assert_eq!(name_of("p", &keys("p", name).lock()).as_deref(), Some(name));
+            assert_eq!(name_of("p", keys("p", name).lock()).as_deref(), Some(name));
         }
         assert_eq!(name_of("p", "p:{a}:fence"), None);
         assert_eq!(name_of("p", "q:{a}"), None);

@@ -68,10 +68,10 @@ impl RedisBackend {
                 pipe.atomic();
                 for name in &names {
                     let keys = self.keys(name);
-                    pipe.get(&keys.lock())
-                        .pttl(&keys.lock())
-                        .get(&keys.fence())
-                        .zrange(&keys.holds(), -1, -1);
+                    pipe.get(keys.lock())
+                        .pttl(keys.lock())
+                        .get(keys.fence())
+                        .zrange(keys.holds(), -1, -1);
                 }
                 let replies: Vec<redis::Value> = pipe.query_async(&mut conn).await?;
                 // The shared kinds' holder descriptions, beside their holds
@@ -172,9 +172,9 @@ impl RedisBackend {
         let keys = self.keys(name);
         let mut invocation = HOLDERS.prepare_invoke();
         invocation
-            .key(&keys.lock())
-            .key(&keys.fence())
-            .key(&keys.holds())
+            .key(keys.lock())
+            .key(keys.fence())
+            .key(keys.holds())
             .arg(most);
         let (reply, _) = self
             .run::<Vec<String>>(&invocation, false, "inspect")

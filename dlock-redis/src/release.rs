@@ -68,7 +68,7 @@ impl RedisBackend {
         let keys = self.keys(lease.name());
         let mut invocation = HOLD.prepare_invoke();
         invocation
-            .key(&keys.lock())
+            .key(keys.lock())
             .arg(value_of(lease))
             // The hold keeps the holder description, for operators.
             .arg(value(lease.owner().for_hold(), lease.holder()))
@@ -84,11 +84,11 @@ impl RedisBackend {
     fn release_script<'a>(&'a self, keys: &'a Keys, value: &'a str) -> redis::ScriptInvocation<'a> {
         let mut invocation = self.queue_scripts().release.prepare_invoke();
         invocation
-            .key(&keys.lock())
-            .key(&keys.queue())
-            .key(&keys.queue_expiry())
-            .key(&keys.fence())
-            .key(&keys.queue_values())
+            .key(keys.lock())
+            .key(keys.queue())
+            .key(keys.queue_expiry())
+            .key(keys.fence())
+            .key(keys.queue_values())
             .arg(value);
         invocation
     }

@@ -18,12 +18,12 @@ impl RedisBackend {
     /// The keys every shared script takes, in its order.
     fn shared_keys<'a>(&self, invocation: &mut ScriptInvocation<'a>, keys: &Keys) {
         invocation
-            .key(&keys.lock())
-            .key(&keys.fence())
-            .key(&keys.holds())
-            .key(&keys.queue())
-            .key(&keys.queue_expiry())
-            .key(&keys.queue_modes());
+            .key(keys.lock())
+            .key(keys.fence())
+            .key(keys.holds())
+            .key(keys.queue())
+            .key(keys.queue_expiry())
+            .key(keys.queue_modes());
     }
 
     /// One acquire attempt at a shared kind of lock; with a `waiter`, a

@@ -139,10 +139,10 @@ impl RedisBackend {
         let keys = self.keys(name);
         let mut invocation = self.queue_scripts().abandon.prepare_invoke();
         invocation
-            .key(&keys.lock())
-            .key(&keys.queue())
-            .key(&keys.queue_expiry())
-            .key(&keys.queue_values())
+            .key(keys.lock())
+            .key(keys.queue())
+            .key(keys.queue_expiry())
+            .key(keys.queue_values())
             .arg(waiter);
         if let Some(held) = held {
             invocation.arg(held);
