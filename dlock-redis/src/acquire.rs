@@ -230,31 +230,38 @@ impl RedisBackend {
         let owner = OwnerToken::random()?;
         let value = value(owner, opts.holder_value());
         let ttl = opts.ttl_value();
-        let mut pipe = redis::pipe();
-        pipe.cmd("SET")
-            .arg(keys.lock())
+        // Sized up front: this runs for every uncontended lock.
+        let (lock, fence) = (keys.lock(), keys.fence());
+        let mut set = redis::Cmd::with_capacity(6, lock.len() + value.len() + 32);
+        set.arg("SET")
+            .arg(lock)
             .arg(&value)
             .arg("NX")
             .arg("PX")
-            .arg(millis_up(ttl))
-            .cmd("INCR")
-            .arg(keys.fence());
+            .arg(millis_up(ttl));
+        let mut incr = redis::Cmd::with_capacity(2, fence.len() + 4);
+        incr.arg("INCR").arg(fence);
+        let mut pipe = redis::Pipeline::with_capacity(2);
+        pipe.add_command(set).add_command(incr);
         // As in `attempt`: a request that fails or is dropped mid-flight
         // may still have taken the lock.
-        let mut cleanup = {
-            let (backend, name) = (self.clone(), name.to_owned());
-            UndoOnDrop::new(async move { backend.undo(&name, &value, ttl).await })
+        let mut cleanup = Unknown {
+            backend: self,
+            name,
+            value: &value,
+            ttl,
+            armed: true,
         };
         let sent = Instant::now();
         let mut conn = self.connection();
-        let (set, counter) = self
+        let (granted, counter) = self
             .bounded(
                 "acquire",
                 pipe.query_async::<(Option<String>, u64)>(&mut conn),
             )
             .await?;
-        if set.is_none() {
-            cleanup.disarm();
+        if granted.is_none() {
+            cleanup.armed = false;
             if counter < CLOCK_FLOOR_US {
                 // This `INCR` made the counter, without an expiry.
                 let mut expire = redis::cmd("PEXPIRE");
@@ -272,7 +279,7 @@ impl RedisBackend {
             let (fence, _) = self.run::<u64>(&invocation, false, "acquire").await?;
             fence
         };
-        cleanup.disarm();
+        cleanup.armed = false;
         let lease = Lease::with_ttl(name, owner, fence, opts, sent);
         Ok(Some(self.arrived(lease, None)?))
     }
@@ -333,5 +340,28 @@ impl RedisBackend {
     fn undo_in_background(&self, name: &str, value: String, opts: &LockOptions) {
         let (backend, name, ttl) = (self.clone(), name.to_owned(), opts.ttl_value());
         tokio::spawn(async move { backend.undo(&name, &value, ttl).await });
+    }
+}
+
+/// A bare acquire whose outcome is not known yet, released by its value if
+/// dropped armed (as [`UndoOnDrop`]), allocating only then.
+struct Unknown<'a> {
+    backend: &'a RedisBackend,
+    name: &'a str,
+    value: &'a str,
+    ttl: Duration,
+    armed: bool,
+}
+
+impl Drop for Unknown<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            let (backend, name) = (self.backend.clone(), self.name.to_owned());
+            let (value, ttl) = (self.value.to_owned(), self.ttl);
+            // Dropped armed, it spawns the undo.
+            drop(UndoOnDrop::new(async move {
+                backend.undo(&name, &value, ttl).await;
+            }));
+        }
     }
 }

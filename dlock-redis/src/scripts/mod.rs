@@ -31,9 +31,11 @@ pub(crate) const PLACE_HEARTBEATS: u32 = 3;
 /// arrival (score: server time in µs), `qexp` when each one's place lapses
 /// (score: server time in ms). A waiter is `<32 hex digits><client id>`,
 /// and its client hears wake-ups on `<prefix>:wake:<client id>`, with the
-/// lock's key as the message. When nobody waits (the common case) acquire
-/// and release cost one `EXISTS` on a missing key more than a bare lock
-/// (their fast paths).
+/// lock's key as the message. When nobody waits (the common case) the
+/// acquire script and the release cost one `EXISTS` on a missing key more
+/// than a bare lock (their fast paths), and most acquires are no script at
+/// all (`RedisBackend::attempt_bare`). A free lock with waiters holds the
+/// promise `~p` (see `promise`), so that a bare `SET NX` cannot take it.
 const QUEUE: &str = r"
 local function now_us()
   local t = redis.call('TIME')
@@ -199,7 +201,8 @@ pub(crate) static SHARDED: LazyLock<QueueScripts> =
 /// or a semaphore (see `shared.rs`).
 ///
 /// A free lock goes to the head of the queue, or to anyone when nobody
-/// waits; a waiter not granted joins the queue (once) and renews its place.
+/// waits; a promise (`~p`) counts as free. A waiter not granted joins the
+/// queue (once) and renews its place.
 /// A waiter that takes hand-overs also leaves, under its place, its lock
 /// value, its TTL, when it last asked and that attempt's number
 /// ([`HAND_OVER`]).
