@@ -83,16 +83,27 @@ impl RedisBackend {
         if opts.mode_value() != Mode::Exclusive {
             return self.attempt_shared(name, keys, opts, waiter).await;
         }
+        // A bare acquire that finds the key there goes on to the script
+        // under the same owner: the key may be its own grant (a cluster
+        // client's resend), which the script then finds.
+        let mut bare_owner = None;
         if pending.is_none()
             && waiter.is_empty()
             && self.inner.builder.durable.is_none()
             && self.counted(name)
-            && let Some(attempt) = self.attempt_bare(name, keys, opts).await?
         {
-            return Ok(attempt);
+            let owner = OwnerToken::random()?;
+            if let Some(attempt) = self.attempt_bare(name, keys, opts, owner).await? {
+                return Ok(attempt);
+            }
+            bare_owner = Some(owner);
         }
         let (owner, number, sent) = match pending {
-            None => (OwnerToken::random()?, 0, Instant::now()),
+            None => (
+                bare_owner.map_or_else(OwnerToken::random, Ok)?,
+                0,
+                Instant::now(),
+            ),
             Some(pending) => {
                 let handed = self.inner.pushes.take(waiter);
                 let mut state = pending.state();
@@ -210,9 +221,9 @@ impl RedisBackend {
 
     /// The acquire of a lock nobody waits for, in bare commands and one
     /// round trip (a script costs the server several times a `SET`): `SET
-    /// NX PX`, then the fencing counter's `INCR`. `None` when
-    /// the key is there: held, of another kind, promised to the head of
-    /// its queue (see the scripts' `promise`), or granted to this very
+    /// NX PX`, then the fencing counter's `INCR`. `None` when the key is
+    /// there: held, of another kind, promised to the head of its queue
+    /// (see the scripts' `promise`), or granted to `owner` by this very
     /// request (a cluster client's resend); the acquire script then says
     /// which.
     ///
@@ -226,8 +237,8 @@ impl RedisBackend {
         name: &str,
         keys: &Keys,
         opts: &LockOptions,
+        owner: OwnerToken,
     ) -> Result<Option<Attempt>> {
-        let owner = OwnerToken::random()?;
         let value = value(owner, opts.holder_value());
         let ttl = opts.ttl_value();
         // Sized up front: this runs for every uncontended lock.
@@ -263,7 +274,8 @@ impl RedisBackend {
         if granted.is_none() {
             cleanup.armed = false;
             if counter < CLOCK_FLOOR_US {
-                // This `INCR` made the counter, without an expiry.
+                // This `INCR` made the counter, without an expiry (a rare
+                // case: the counter of a held lock went).
                 let mut expire = redis::cmd("PEXPIRE");
                 expire.arg(keys.fence()).arg(FENCE_RETENTION_MS);
                 self.bounded("acquire", expire.query_async::<i64>(&mut conn))

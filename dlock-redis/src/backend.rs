@@ -147,7 +147,10 @@ impl Backend for RedisBackend {
 
     async fn try_acquire(&self, name: &str, opts: &LockOptions) -> Result<Option<Lease>> {
         check_request(name, opts)?;
-        let attempt = self.attempt(name, &self.keys(name), opts, "", None).await?;
+        let keys = self.keys(name);
+        let attempt = self
+            .within("acquire", self.attempt(name, &keys, opts, "", None))
+            .await?;
         Ok(attempt.into_lease())
     }
 
