@@ -13,7 +13,7 @@ use tokio::time::Instant;
 use crate::backend::{COUNTED_NAMES, NAME, RedisBackend};
 use crate::error::unconfirmed;
 use crate::keys::{Keys, value};
-use crate::scripts::{DRAW_FENCE, FENCE_RETENTION_MS};
+use crate::scripts::FENCE_RETENTION_MS;
 use dlock_core::millis_up;
 
 /// A mutex wait that takes hand-overs: a release gives the lock to the
@@ -42,8 +42,8 @@ struct PendingState {
 /// would) is taken by an attempt instead.
 const KEPT_SENDS: usize = 16;
 
-/// Every fencing token drawn from the server's clock is at least this
-/// (2001-09-09 in µs): a counter below it was made by `INCR` on nothing.
+/// Every fencing token is at least this (2001-09-09 in µs, the server's
+/// clock): a counter below it was made by `INCR` on nothing.
 const CLOCK_FLOOR_US: u64 = 1_000_000_000_000_000;
 
 impl Pending {
@@ -221,17 +221,19 @@ impl RedisBackend {
 
     /// The acquire of a lock nobody waits for, in bare commands and one
     /// round trip (a script costs the server several times a `SET`): `SET
-    /// NX PX`, then the fencing counter's `INCR`. `None` when the key is
-    /// there: held, of another kind, promised to the head of its queue
+    /// NX PX`, the fencing counter's `INCR` and the server's clock. `None`
+    /// when the key is there: held, of another kind, promised to its queue
     /// (see the scripts' `promise`), or granted to `owner` by this very
     /// request (a cluster client's resend); the acquire script then says
     /// which.
     ///
+    /// The token is `max(INCR, server µs)`, as a script draws it: a counter
+    /// brought back older (a restart from a snapshot, a failover to a
+    /// replica that missed grants) is below the clock, past every token
+    /// drawn before. The release raises the counter to the token, so that
+    /// it stays above the clock's tokens even if that clock steps back.
     /// Only for names whose counter this client drew lately: a counter
-    /// that is gone comes back from `INCR` far below the server's clock in
-    /// µs, where every token lies, and the grant then draws its token with
-    /// a script, in a second round trip (as the first grant of a name
-    /// would every time).
+    /// made by this `INCR` has no expiry, and costs a second request.
     async fn attempt_bare(
         &self,
         name: &str,
@@ -252,8 +254,10 @@ impl RedisBackend {
             .arg(millis_up(ttl));
         let mut incr = redis::Cmd::with_capacity(2, fence.len() + 4);
         incr.arg("INCR").arg(fence);
-        let mut pipe = redis::Pipeline::with_capacity(2);
-        pipe.add_command(set).add_command(incr);
+        let mut pipe = redis::Pipeline::with_capacity(3);
+        pipe.add_command(set)
+            .add_command(incr)
+            .add_command(redis::cmd("TIME"));
         // As in `attempt`: a request that fails or is dropped mid-flight
         // may still have taken the lock.
         let mut cleanup = Unknown {
@@ -265,34 +269,26 @@ impl RedisBackend {
         };
         let sent = Instant::now();
         let mut conn = self.connection();
-        let (granted, counter) = self
+        let (granted, counter, (secs, micros)) = self
             .bounded(
                 "acquire",
-                pipe.query_async::<(Option<String>, u64)>(&mut conn),
+                pipe.query_async::<(Option<String>, u64, (u64, u64))>(&mut conn),
             )
             .await?;
+        if counter < CLOCK_FLOOR_US {
+            // This `INCR` made the counter (it was gone: a first grant in
+            // an hour, a restart, a delete), without an expiry.
+            let mut expire = redis::cmd("PEXPIRE");
+            expire.arg(keys.fence()).arg(FENCE_RETENTION_MS);
+            self.bounded("acquire", expire.query_async::<i64>(&mut conn))
+                .await?;
+        }
+        cleanup.armed = false;
         if granted.is_none() {
-            cleanup.armed = false;
-            if counter < CLOCK_FLOOR_US {
-                // This `INCR` made the counter, without an expiry (a rare
-                // case: the counter of a held lock went).
-                let mut expire = redis::cmd("PEXPIRE");
-                expire.arg(keys.fence()).arg(FENCE_RETENTION_MS);
-                self.bounded("acquire", expire.query_async::<i64>(&mut conn))
-                    .await?;
-            }
             return Ok(None);
         }
-        let fence = if counter >= CLOCK_FLOOR_US {
-            counter
-        } else {
-            let mut invocation = DRAW_FENCE.prepare_invoke();
-            invocation.key(keys.fence());
-            let (fence, _) = self.run::<u64>(&invocation, false, "acquire").await?;
-            fence
-        };
-        cleanup.armed = false;
-        let lease = Lease::with_ttl(name, owner, fence, opts, sent);
+        let clock = secs.saturating_mul(1_000_000).saturating_add(micros);
+        let lease = Lease::with_ttl(name, owner, counter.max(clock), opts, sent);
         Ok(Some(self.arrived(lease, None)?))
     }
 

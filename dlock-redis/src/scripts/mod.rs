@@ -14,9 +14,8 @@ pub(crate) use lease::{EXTEND, EXTEND_MANY, HOLD, HOLDERS};
 pub(crate) use shared::SharedScripts;
 
 /// How long the fencing counter outlives the last release, extension or
-/// grant by a script. (A bare grant, `INCR`, keeps its expiry: its release
-/// renews it, and a holder that never releases let a counter that has
-/// gone meanwhile be drawn from the clock, as any counter gone.)
+/// grant by a script. (A bare grant's `INCR` keeps its expiry; its release
+/// raises the counter to the grant's token and renews it.)
 /// Tokens are never below the server's clock in microseconds, so once the
 /// counter is gone (expired, or lost in a restart without persistence) the
 /// clock alone keeps the next token above every earlier one. The retention
@@ -74,13 +73,14 @@ local function head(q, qexp, qv)
   end
   return first, first ~= was
 end
--- Promises a free lock to the head of the queue, `first`, until its place
--- lapses: the uncontended acquire is a bare `SET NX` outside the scripts,
--- which a free lock key would let take it. Every script counts the
--- promise as free, so the head (or a waiter behind a lapsed head) still
--- gets it.
-local function promise(lock, qexp, first)
-  local left = tonumber(redis.call('ZSCORE', qexp, first) or '0') - math.floor(now_us() / 1000)
+-- Promises a free lock to the queue until the last place in it lapses:
+-- the uncontended acquire is a bare `SET NX` outside the scripts, which a
+-- free lock key would let take it. Every script counts the promise as
+-- free, so the head (or a waiter behind a head that lapsed) still gets
+-- it.
+local function promise(lock, qexp)
+  local last = redis.call('ZRANGE', qexp, -1, -1, 'WITHSCORES')[2]
+  local left = tonumber(last or '0') - math.floor(now_us() / 1000)
   if left > 0 then
     redis.call('SET', lock, '~p', 'PX', left)
   end
@@ -147,15 +147,6 @@ static FENCE_DRAW: LazyLock<String> = LazyLock::new(|| {
   redis.call('SET', KEYS[2], fence, 'PX', {FENCE_RETENTION_MS})
 "
     )
-});
-
-/// KEYS: fence. Draws the next fencing token and returns it: for a bare
-/// acquire that found the counter gone (see `acquire.rs`).
-pub(crate) static DRAW_FENCE: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(&format!(
-        "{}\nreturn fence\n",
-        FENCE_DRAW.replace("KEYS[2]", "KEYS[1]")
-    ))
 });
 
 /// The scripts that wake waiters, in the flavour of one deployment.
@@ -227,14 +218,10 @@ if (not first or first == me) and redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX'
 end
 -- A replayed request (the cluster client sends a request again when its
 -- connection failed, and the first may have run) finds its own grant.
+-- It gets a token of its own, above every earlier one: a bare grant's
+-- token is in no counter until its release.
 if redis.call('GET', KEYS[1]) == ARGV[1] then
-  local fence = redis.call('GET', KEYS[2])
-  if not fence then
-    -- The counter is gone (evicted, deleted): the clock still gives a
-    -- token above every earlier one.
-    fence = string.format('%.0f', now_us())
-    redis.call('SET', KEYS[2], fence, 'PX', {FENCE_RETENTION_MS})
-  end
+{fence_draw}
   return {{3, fence, tostring(redis.call('PTTL', KEYS[1]))}}
 end
 local holder = redis.call('GET', KEYS[1])
@@ -269,7 +256,7 @@ local pttl = redis.call('PTTL', KEYS[1])
 -- lock held looks again when that lease ends, and one whose wake-up was
 -- lost looks again at its next heartbeat.)
 if pttl == -2 and first then
-  promise(KEYS[1], KEYS[4], first)
+  promise(KEYS[1], KEYS[4])
   if promoted then
     wake(first)
   end
@@ -301,9 +288,14 @@ static RELEASE_FAST: LazyLock<String> = LazyLock::new(|| {
         r"
 if redis.call('EXISTS', KEYS[2]) == 0 and redis.call('GET', KEYS[1]) == ARGV[1] then
   redis.call('DEL', KEYS[1])
-  redis.call('PEXPIRE', KEYS[4], {FENCE_RETENTION_MS})
-  if ARGV[2] then
-    redis.call('SET', KEYS[6], ARGV[2], 'PX', ARGV[3])
+  local last = tonumber(redis.call('GET', KEYS[4]) or '0')
+  if last < tonumber(ARGV[2]) then
+    redis.call('SET', KEYS[4], ARGV[2], 'PX', {FENCE_RETENTION_MS})
+  else
+    redis.call('PEXPIRE', KEYS[4], {FENCE_RETENTION_MS})
+  end
+  if ARGV[3] then
+    redis.call('SET', KEYS[6], ARGV[3], 'PX', ARGV[4])
   end
   return 1
 end
@@ -356,11 +348,11 @@ local function hand_over(first)
         return
       end
       -- Nobody heard it: the head's client is gone, and its place lapses.
-      promise(KEYS[1], KEYS[3], first)
+      promise(KEYS[1], KEYS[3])
       return
     end
   end
-  promise(KEYS[1], KEYS[3], first)
+  promise(KEYS[1], KEYS[3])
   wake(first)
 end
 "
@@ -377,16 +369,21 @@ static RELEASE_BODY: LazyLock<String> = LazyLock::new(|| {
         r"
 if redis.call('GET', KEYS[1]) == ARGV[1] then
   redis.call('DEL', KEYS[1])
-  redis.call('PEXPIRE', KEYS[4], {FENCE_RETENTION_MS})
+  local last = tonumber(redis.call('GET', KEYS[4]) or '0')
+  if last < tonumber(ARGV[2]) then
+    redis.call('SET', KEYS[4], ARGV[2], 'PX', {FENCE_RETENTION_MS})
+  else
+    redis.call('PEXPIRE', KEYS[4], {FENCE_RETENTION_MS})
+  end
   hand_over(head(KEYS[2], KEYS[3], KEYS[5]))
-  if ARGV[2] then
-    redis.call('SET', KEYS[6], ARGV[2], 'PX', ARGV[3])
+  if ARGV[3] then
+    redis.call('SET', KEYS[6], ARGV[3], 'PX', ARGV[4])
   end
   return 1
 end
 -- A replayed request (the cluster client sends a request again when its
 -- connection dropped, and the first may have run) finds its own mark.
-if ARGV[2] and redis.call('GET', KEYS[6]) == ARGV[2] then
+if ARGV[3] and redis.call('GET', KEYS[6]) == ARGV[3] then
   return 1
 end
 return 0
@@ -412,7 +409,7 @@ end
 if (first == ARGV[1] or promoted) and (not cur or cur == '~p') then
   local next = head(KEYS[2], KEYS[3], KEYS[4])
   if next then
-    promise(KEYS[1], KEYS[3], next)
+    promise(KEYS[1], KEYS[3])
     wake(next)
   elseif cur then
     redis.call('DEL', KEYS[1])
