@@ -1,7 +1,7 @@
 //! One acquire attempt: the acquire script, and what its reply means; or a
 //! grant a release handed over to the wait.
 
-use std::collections::{HashSet, VecDeque};
+use std::collections::VecDeque;
 use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
@@ -10,10 +10,9 @@ use dlock_core::wait::{Attempt, on_arrival};
 use dlock_core::{Error, Lease, LockOptions, Mode, OwnerToken, Result};
 use tokio::time::Instant;
 
-use crate::backend::{COUNTED_NAMES, NAME, RedisBackend};
+use crate::backend::{NAME, RedisBackend};
 use crate::error::unconfirmed;
 use crate::keys::{Keys, value};
-use crate::scripts::FENCE_RETENTION_MS;
 use dlock_core::millis_up;
 
 /// A mutex wait that takes hand-overs: a release gives the lock to the
@@ -41,10 +40,6 @@ struct PendingState {
 /// older one (which only a message delayed across that many attempts
 /// would) is taken by an attempt instead.
 const KEPT_SENDS: usize = 16;
-
-/// Every fencing token is at least this (2001-09-09 in µs, the server's
-/// clock): a counter below it was made by `INCR` on nothing.
-const CLOCK_FLOOR_US: u64 = 1_000_000_000_000_000;
 
 impl Pending {
     pub fn new() -> Result<Self> {
@@ -83,27 +78,8 @@ impl RedisBackend {
         if opts.mode_value() != Mode::Exclusive {
             return self.attempt_shared(name, keys, opts, waiter).await;
         }
-        // A bare acquire that finds the key there goes on to the script
-        // under the same owner: the key may be its own grant (a cluster
-        // client's resend), which the script then finds.
-        let mut bare_owner = None;
-        if pending.is_none()
-            && waiter.is_empty()
-            && self.inner.builder.durable.is_none()
-            && self.counted(name)
-        {
-            let owner = OwnerToken::random()?;
-            if let Some(attempt) = self.attempt_bare(name, keys, opts, owner).await? {
-                return Ok(attempt);
-            }
-            bare_owner = Some(owner);
-        }
         let (owner, number, sent) = match pending {
-            None => (
-                bare_owner.map_or_else(OwnerToken::random, Ok)?,
-                0,
-                Instant::now(),
-            ),
+            None => (OwnerToken::random()?, 0, Instant::now()),
             Some(pending) => {
                 let handed = self.inner.pushes.take(waiter);
                 let mut state = pending.state();
@@ -219,111 +195,13 @@ impl RedisBackend {
         Ok(attempt)
     }
 
-    /// The acquire of a lock nobody waits for, in bare commands and one
-    /// round trip (a script costs the server several times a `SET`): `SET
-    /// NX PX`, the fencing counter's `INCR` and the server's clock. `None`
-    /// when the key is there: held, of another kind, promised to its queue
-    /// (see the scripts' `promise`), or granted to `owner` by this very
-    /// request (a cluster client's resend); the acquire script then says
-    /// which.
-    ///
-    /// The token is `max(INCR, server µs)`, as a script draws it: a counter
-    /// brought back older (a restart from a snapshot, a failover to a
-    /// replica that missed grants) is below the clock, past every token
-    /// drawn before. The release raises the counter to the token, so that
-    /// it stays above the clock's tokens even if that clock steps back.
-    /// Only for names whose counter this client drew lately: a counter
-    /// made by this `INCR` has no expiry, and costs a second request.
-    async fn attempt_bare(
-        &self,
-        name: &str,
-        keys: &Keys,
-        opts: &LockOptions,
-        owner: OwnerToken,
-    ) -> Result<Option<Attempt>> {
-        let value = value(owner, opts.holder_value());
-        let ttl = opts.ttl_value();
-        // Sized up front: this runs for every uncontended lock.
-        let (lock, fence) = (keys.lock(), keys.fence());
-        let mut set = redis::Cmd::with_capacity(6, lock.len() + value.len() + 32);
-        set.arg("SET")
-            .arg(lock)
-            .arg(&value)
-            .arg("NX")
-            .arg("PX")
-            .arg(millis_up(ttl));
-        let mut incr = redis::Cmd::with_capacity(2, fence.len() + 4);
-        incr.arg("INCR").arg(fence);
-        let mut pipe = redis::Pipeline::with_capacity(3);
-        pipe.add_command(set)
-            .add_command(incr)
-            .add_command(redis::cmd("TIME"));
-        // As in `attempt`: a request that fails or is dropped mid-flight
-        // may still have taken the lock.
-        let mut cleanup = Unknown {
-            backend: self,
-            name,
-            value: &value,
-            ttl,
-            armed: true,
-        };
-        let sent = Instant::now();
-        let mut conn = self.connection();
-        let (granted, counter, (secs, micros)) = self
-            .bounded(
-                "acquire",
-                pipe.query_async::<(Option<String>, u64, (u64, u64))>(&mut conn),
-            )
-            .await?;
-        if counter < CLOCK_FLOOR_US {
-            // This `INCR` made the counter (it was gone: a first grant in
-            // an hour, a restart, a delete), without an expiry.
-            let mut expire = redis::cmd("PEXPIRE");
-            expire.arg(keys.fence()).arg(FENCE_RETENTION_MS);
-            self.bounded("acquire", expire.query_async::<i64>(&mut conn))
-                .await?;
-        }
-        cleanup.armed = false;
-        if granted.is_none() {
-            return Ok(None);
-        }
-        let clock = secs.saturating_mul(1_000_000).saturating_add(micros);
-        let lease = Lease::with_ttl(name, owner, counter.max(clock), opts, sent);
-        Ok(Some(self.arrived(lease, None)?))
-    }
-
-    /// Whether this client drew the fencing counter of `name` lately.
-    fn counted(&self, name: &str) -> bool {
-        self.counted_names().contains(name)
-    }
-
-    /// Notes that this client drew the fencing counter of `name`.
-    fn count(&self, name: &str) {
-        let mut counted = self.counted_names();
-        if !counted.contains(name) {
-            if counted.len() >= COUNTED_NAMES {
-                counted.clear();
-            }
-            counted.insert(name.to_owned());
-        }
-    }
-
-    fn counted_names(&self) -> std::sync::MutexGuard<'_, HashSet<String>> {
-        self.inner
-            .counted
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-    }
-
     /// A grant in hand, judged by [`on_arrival`]. One that came too late is
     /// released by its value; a wait then goes on under a new value, so
     /// that it can never take that value's grant as its own again.
     fn arrived(&self, lease: Lease, pending: Option<&Pending>) -> Result<Attempt> {
         let attempt = on_arrival(self, lease);
-        match (&attempt, pending) {
-            (Attempt::Acquired(lease), _) => self.count(lease.name()),
-            (Attempt::Held { .. }, Some(pending)) => pending.state().owner = OwnerToken::random()?,
-            (Attempt::Held { .. }, None) => {}
+        if let (Attempt::Held { .. }, Some(pending)) = (&attempt, pending) {
+            pending.state().owner = OwnerToken::random()?;
         }
         Ok(attempt)
     }
@@ -348,28 +226,5 @@ impl RedisBackend {
     fn undo_in_background(&self, name: &str, value: String, opts: &LockOptions) {
         let (backend, name, ttl) = (self.clone(), name.to_owned(), opts.ttl_value());
         tokio::spawn(async move { backend.undo(&name, &value, ttl).await });
-    }
-}
-
-/// A bare acquire whose outcome is not known yet, released by its value if
-/// dropped armed (as [`UndoOnDrop`]), allocating only then.
-struct Unknown<'a> {
-    backend: &'a RedisBackend,
-    name: &'a str,
-    value: &'a str,
-    ttl: Duration,
-    armed: bool,
-}
-
-impl Drop for Unknown<'_> {
-    fn drop(&mut self) {
-        if self.armed {
-            let (backend, name) = (self.backend.clone(), self.name.to_owned());
-            let (value, ttl) = (self.value.to_owned(), self.ttl);
-            // Dropped armed, it spawns the undo.
-            drop(UndoOnDrop::new(async move {
-                backend.undo(&name, &value, ttl).await;
-            }));
-        }
     }
 }

@@ -1,9 +1,8 @@
 //! The backend type, what its clones share, and the [`Backend`] impl, which
 //! hands each operation to the file of its concern.
 
-use std::collections::HashSet;
 use std::fmt;
-use std::sync::{Arc, Mutex, PoisonError, RwLock};
+use std::sync::{Arc, PoisonError, RwLock};
 use std::time::Duration;
 
 use dlock_core::wait::{bounded_acquire, check_request};
@@ -62,14 +61,7 @@ pub(crate) struct Inner {
     /// `<prefix>:wake:`: with the client id, the channel a client's
     /// waiters are woken on.
     pub wake_prefix: String,
-    /// Names whose fencing counter this client drew lately: the uncontended
-    /// acquire of one of these is bare commands (see
-    /// `RedisBackend::attempt_bare`). Emptied when full.
-    pub counted: Mutex<HashSet<String>>,
 }
-
-/// How many names [`Inner::counted`] keeps.
-pub(crate) const COUNTED_NAMES: usize = 4096;
 
 impl fmt::Debug for RedisBackend {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -147,10 +139,7 @@ impl Backend for RedisBackend {
 
     async fn try_acquire(&self, name: &str, opts: &LockOptions) -> Result<Option<Lease>> {
         check_request(name, opts)?;
-        let keys = self.keys(name);
-        let attempt = self
-            .within("acquire", self.attempt(name, &keys, opts, "", None))
-            .await?;
+        let attempt = self.attempt(name, &self.keys(name), opts, "", None).await?;
         Ok(attempt.into_lease())
     }
 

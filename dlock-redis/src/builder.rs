@@ -2,7 +2,7 @@
 //! primary Sentinel names, or to a Redis Cluster.
 
 use std::fmt;
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use dlock_core::wait::MIN_BACKOFF;
@@ -209,7 +209,6 @@ impl RedisBuilder {
                 max_poll: self.max_poll,
                 request_timeout: self.request_timeout,
                 builder: self,
-                counted: Mutex::default(),
             }),
         })
     }

@@ -164,22 +164,10 @@ impl RedisBackend {
         doing: &str,
         requests: impl Future<Output = RedisResult<T>>,
     ) -> Result<T> {
-        self.within(doing, async {
-            requests.await.map_err(|e| self.fail(e, doing))
-        })
-        .await
-    }
-
-    /// Runs `call` within the request timeout: a call of several requests,
-    /// each bounded too, still has one bound.
-    pub(crate) async fn within<T>(
-        &self,
-        doing: &str,
-        call: impl Future<Output = Result<T>>,
-    ) -> Result<T> {
         let bound = self.inner.request_timeout;
-        match tokio::time::timeout(bound, call).await {
-            Ok(result) => result,
+        match tokio::time::timeout(bound, requests).await {
+            Ok(Ok(reply)) => Ok(reply),
+            Ok(Err(e)) => Err(self.fail(e, doing)),
             Err(_) => Err(self.fail(
                 RedisError::from(std::io::Error::new(
                     std::io::ErrorKind::TimedOut,

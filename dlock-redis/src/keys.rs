@@ -4,11 +4,11 @@
 //!
 //! | key | type | holds |
 //! |---|---|---|
-//! | `P:{E}` | string, with a PX expiry | the holder's owner token, 32 hex digits, then its holder description; for a reader-writer lock or semaphore, its marker (`~rw`, `~s<N>`); `~p` while a free lock is promised to its queue |
+//! | `P:{E}` | string, with a PX expiry | the holder's owner token, 32 hex digits, then its holder description; for a reader-writer lock or semaphore, its marker (`~rw`, `~s<N>`) |
 //! | `P:{E}:h` | sorted set, with a PX expiry | a reader-writer lock's or semaphore's holds (owner token and mode code), by expiry (server µs) |
 //! | `P:{E}:hw` | hash, with a PX expiry | the holder description of each of those holds |
 //! | `P:{E}:qm` | hash, with a PX expiry | the mode code and marker of each of their waiters |
-//! | `P:{E}:fence` | string, with a PX expiry | the last fencing token granted (a bare grant's once it is released) |
+//! | `P:{E}:fence` | string | the last fencing token granted |
 //! | `P:{E}:q` | sorted set, with a PX expiry | the waiters, by arrival (server µs) |
 //! | `P:{E}:qexp` | sorted set, with a PX expiry | when each waiter's place lapses (server ms) |
 //! | `P:{E}:qv` | hash, with a PX expiry | for a mutex waiter that takes hand-overs: its TTL in ms, when it last asked (server ms) and its lock value, `:`-separated |

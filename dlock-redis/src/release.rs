@@ -23,7 +23,7 @@ impl RedisBackend {
         }
         let keys = self.keys(lease.name());
         let value = value_of(lease);
-        let mut invocation = self.release_script(&keys, &value, lease.fencing_token());
+        let mut invocation = self.release_script(&keys, &value);
         self.mark_replays(&mut invocation, &keys)?;
         let (released, confirmed) = self.run::<i64>(&invocation, false, "release").await?;
         owner_checked(lease, released, confirmed, "release")
@@ -80,15 +80,8 @@ impl RedisBackend {
 
     /// The release script for the grant whose lock key value is `value`
     /// on the lock of `keys`; it hands the lock over to the head of the
-    /// queue, or wakes it, and raises the fencing counter to the grant's
-    /// `fence` (a bare grant took its token from the clock, beside a
-    /// counter left behind; 0 when unknown).
-    fn release_script<'a>(
-        &'a self,
-        keys: &'a Keys,
-        value: &'a str,
-        fence: u64,
-    ) -> redis::ScriptInvocation<'a> {
+    /// queue, or wakes it.
+    fn release_script<'a>(&'a self, keys: &'a Keys, value: &'a str) -> redis::ScriptInvocation<'a> {
         let mut invocation = self.queue_scripts().release.prepare_invoke();
         invocation
             .key(keys.lock())
@@ -96,8 +89,7 @@ impl RedisBackend {
             .key(keys.queue_expiry())
             .key(keys.fence())
             .key(keys.queue_values())
-            .arg(value)
-            .arg(fence);
+            .arg(value);
         invocation
     }
 
@@ -107,7 +99,7 @@ impl RedisBackend {
     /// that waiters wake.
     pub(crate) async fn undo(&self, name: &str, value: &str, ttl: Duration) {
         let keys = self.keys(name);
-        let invocation = self.release_script(&keys, value, 0);
+        let invocation = self.release_script(&keys, value);
         let released = retry_for(ttl, || async {
             self.run::<i64>(&invocation, false, "undo an acquire").await
         })

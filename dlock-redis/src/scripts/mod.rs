@@ -13,9 +13,7 @@ mod shared;
 pub(crate) use lease::{EXTEND, EXTEND_MANY, HOLD, HOLDERS};
 pub(crate) use shared::SharedScripts;
 
-/// How long the fencing counter outlives the last release, extension or
-/// grant by a script. (A bare grant's `INCR` keeps its expiry; its release
-/// raises the counter to the grant's token and renews it.)
+/// How long the fencing counter outlives the last grant or extension.
 /// Tokens are never below the server's clock in microseconds, so once the
 /// counter is gone (expired, or lost in a restart without persistence) the
 /// clock alone keeps the next token above every earlier one. The retention
@@ -30,11 +28,9 @@ pub(crate) const PLACE_HEARTBEATS: u32 = 3;
 /// arrival (score: server time in µs), `qexp` when each one's place lapses
 /// (score: server time in ms). A waiter is `<32 hex digits><client id>`,
 /// and its client hears wake-ups on `<prefix>:wake:<client id>`, with the
-/// lock's key as the message. When nobody waits (the common case) the
-/// acquire script and the release cost one `EXISTS` on a missing key more
-/// than a bare lock (their fast paths), and most acquires are no script at
-/// all (`RedisBackend::attempt_bare`). A free lock with waiters holds the
-/// promise `~p` (see `promise`), so that a bare `SET NX` cannot take it.
+/// lock's key as the message. When nobody waits (the common case) acquire
+/// and release cost one `EXISTS` on a missing key more than a bare lock
+/// (their fast paths).
 const QUEUE: &str = r"
 local function now_us()
   local t = redis.call('TIME')
@@ -72,18 +68,6 @@ local function head(q, qexp, qv)
     first = redis.call('ZRANGE', q, 0, 0)[1]
   end
   return first, first ~= was
-end
--- Promises a free lock to the queue until the last place in it lapses:
--- the uncontended acquire is a bare `SET NX` outside the scripts, which a
--- free lock key would let take it. Every script counts the promise as
--- free, so the head (or a waiter behind a head that lapsed) still gets
--- it.
-local function promise(lock, qexp)
-  local last = redis.call('ZRANGE', qexp, -1, -1, 'WITHSCORES')[2]
-  local left = tonumber(last or '0') - math.floor(now_us() / 1000)
-  if left > 0 then
-    redis.call('SET', lock, '~p', 'PX', left)
-  end
 end
 -- The queue keys live as long as the longest-lived place in them.
 local function keep(key, ms)
@@ -162,11 +146,7 @@ impl QueueScripts {
     fn new(wake: &str) -> Self {
         QueueScripts {
             acquire: with_fast_path(&ACQUIRE_FAST, &ACQUIRE_BODY, wake),
-            release: with_fast_path(
-                &RELEASE_FAST,
-                &format!("{}{}", *HAND_OVER, *RELEASE_BODY),
-                wake,
-            ),
+            release: with_fast_path(RELEASE_FAST, &format!("{}{RELEASE_BODY}", *HAND_OVER), wake),
             abandon: with_queue(ABANDON_BODY, wake),
             shared: SharedScripts::new(wake),
         }
@@ -192,8 +172,7 @@ pub(crate) static SHARDED: LazyLock<QueueScripts> =
 /// or a semaphore (see `shared.rs`).
 ///
 /// A free lock goes to the head of the queue, or to anyone when nobody
-/// waits; a promise (`~p`) counts as free. A waiter not granted joins the
-/// queue (once) and renews its place.
+/// waits; a waiter not granted joins the queue (once) and renews its place.
 /// A waiter that takes hand-overs also leaves, under its place, its lock
 /// value, its TTL, when it last asked and that attempt's number
 /// ([`HAND_OVER`]).
@@ -201,9 +180,6 @@ static ACQUIRE_BODY: LazyLock<String> = LazyLock::new(|| {
     format!(
         r"
 local me = ARGV[3] or ''
-if redis.call('GET', KEYS[1]) == '~p' then
-  redis.call('DEL', KEYS[1])
-end
 local first, promoted = head(KEYS[3], KEYS[4], KEYS[5])
 if (not first or first == me) and redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
   -- The grantee's place goes on every grant, not only when it was first:
@@ -218,10 +194,14 @@ if (not first or first == me) and redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX'
 end
 -- A replayed request (the cluster client sends a request again when its
 -- connection failed, and the first may have run) finds its own grant.
--- It gets a token of its own, above every earlier one: a bare grant's
--- token is in no counter until its release.
 if redis.call('GET', KEYS[1]) == ARGV[1] then
-{fence_draw}
+  local fence = redis.call('GET', KEYS[2])
+  if not fence then
+    -- The counter is gone (evicted, deleted): the clock still gives a
+    -- token above every earlier one.
+    fence = string.format('%.0f', now_us())
+    redis.call('SET', KEYS[2], fence, 'PX', {FENCE_RETENTION_MS})
+  end
   return {{3, fence, tostring(redis.call('PTTL', KEYS[1]))}}
 end
 local holder = redis.call('GET', KEYS[1])
@@ -249,17 +229,12 @@ if me ~= '' then
   end
 end
 local pttl = redis.call('PTTL', KEYS[1])
--- Free but promised to the head (this caller would have been granted it
--- otherwise): the promise is kept, or made when the holder's lease ran
--- out. A head that lapsed places were hiding has not been woken yet. (A
--- head woken by the release needs no second message, one that saw the
--- lock held looks again when that lease ends, and one whose wake-up was
--- lost looks again at its next heartbeat.)
-if pttl == -2 and first then
-  promise(KEYS[1], KEYS[4])
-  if promoted then
-    wake(first)
-  end
+-- Free but promised to a head that lapsed places were hiding: nobody has
+-- woken it yet. (A head woken by the release needs no second message, one
+-- that saw the lock held looks again when that lease ends, and one whose
+-- wake-up was lost looks again at its next heartbeat.)
+if pttl == -2 and promoted and first ~= me then
+  wake(first)
 end
 return {{0, tostring(pttl)}}
 ",
@@ -283,25 +258,15 @@ end
 
 /// RELEASE when nobody queues on the name, so nobody is to be woken:
 /// released if ours, else on to the whole script (which finds a replay).
-static RELEASE_FAST: LazyLock<String> = LazyLock::new(|| {
-    format!(
-        r"
+const RELEASE_FAST: &str = r"
 if redis.call('EXISTS', KEYS[2]) == 0 and redis.call('GET', KEYS[1]) == ARGV[1] then
   redis.call('DEL', KEYS[1])
-  local last = tonumber(redis.call('GET', KEYS[4]) or '0')
-  if last < tonumber(ARGV[2]) then
-    redis.call('SET', KEYS[4], ARGV[2], 'PX', {FENCE_RETENTION_MS})
-  else
-    redis.call('PEXPIRE', KEYS[4], {FENCE_RETENTION_MS})
-  end
-  if ARGV[3] then
-    redis.call('SET', KEYS[6], ARGV[3], 'PX', ARGV[4])
+  if ARGV[2] then
+    redis.call('SET', KEYS[6], ARGV[2], 'PX', ARGV[3])
   end
   return 1
 end
-"
-    )
-});
+";
 
 /// Hands a free lock (`KEYS[1]`, its fence `KEYS[4]`, queue values
 /// `KEYS[5]`) over to the head of the queue, `first`, in the release that
@@ -345,14 +310,10 @@ local function hand_over(first)
         redis.call('ZREM', KEYS[2], first)
         redis.call('ZREM', KEYS[3], first)
         redis.call('HDEL', KEYS[5], first)
-        return
       end
-      -- Nobody heard it: the head's client is gone, and its place lapses.
-      promise(KEYS[1], KEYS[3])
       return
     end
   end
-  promise(KEYS[1], KEYS[3])
   wake(first)
 end
 "
@@ -364,32 +325,22 @@ end
 /// and how long to remember it in ms. Returns 1 when released, 0 when the
 /// caller was not the holder. Hands the lock over to the head of the queue
 /// (or wakes it): one message per release, however many wait.
-static RELEASE_BODY: LazyLock<String> = LazyLock::new(|| {
-    format!(
-        r"
+const RELEASE_BODY: &str = r"
 if redis.call('GET', KEYS[1]) == ARGV[1] then
   redis.call('DEL', KEYS[1])
-  local last = tonumber(redis.call('GET', KEYS[4]) or '0')
-  if last < tonumber(ARGV[2]) then
-    redis.call('SET', KEYS[4], ARGV[2], 'PX', {FENCE_RETENTION_MS})
-  else
-    redis.call('PEXPIRE', KEYS[4], {FENCE_RETENTION_MS})
-  end
   hand_over(head(KEYS[2], KEYS[3], KEYS[5]))
-  if ARGV[3] then
-    redis.call('SET', KEYS[6], ARGV[3], 'PX', ARGV[4])
+  if ARGV[2] then
+    redis.call('SET', KEYS[6], ARGV[2], 'PX', ARGV[3])
   end
   return 1
 end
 -- A replayed request (the cluster client sends a request again when its
 -- connection dropped, and the first may have run) finds its own mark.
-if ARGV[3] and redis.call('GET', KEYS[6]) == ARGV[3] then
+if ARGV[2] and redis.call('GET', KEYS[6]) == ARGV[2] then
   return 1
 end
 return 0
-"
-    )
-});
+";
 
 /// KEYS: lock, queue, queue expiry, queue values. ARGV: waiter, and the
 /// lock value of a waiter that takes hand-overs.
@@ -401,19 +352,12 @@ local first, promoted = head(KEYS[2], KEYS[3], KEYS[4])
 redis.call('ZREM', KEYS[2], ARGV[1])
 redis.call('ZREM', KEYS[3], ARGV[1])
 redis.call('HDEL', KEYS[4], ARGV[1])
-local cur = redis.call('GET', KEYS[1])
-if ARGV[2] and cur == ARGV[2] then
+if ARGV[2] and redis.call('GET', KEYS[1]) == ARGV[2] then
   redis.call('DEL', KEYS[1])
-  cur, first = false, ARGV[1]
+  first = ARGV[1]
 end
-if (first == ARGV[1] or promoted) and (not cur or cur == '~p') then
-  local next = head(KEYS[2], KEYS[3], KEYS[4])
-  if next then
-    promise(KEYS[1], KEYS[3])
-    wake(next)
-  elseif cur then
-    redis.call('DEL', KEYS[1])
-  end
+if (first == ARGV[1] or promoted) and redis.call('EXISTS', KEYS[1]) == 0 then
+  wake(head(KEYS[2], KEYS[3], KEYS[4]))
 end
 return 1
 ";
