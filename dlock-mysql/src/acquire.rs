@@ -21,6 +21,12 @@ impl MySqlBackend {
         if opts.mode_value() != Mode::Exclusive {
             return self.attempt_shared(name, opts).await;
         }
+        self.attempt_mutex(name, opts).await
+    }
+
+    /// [`Self::attempt`] of a mutex, not queued: the lock is held while
+    /// anybody queues for it.
+    pub(crate) async fn attempt_mutex(&self, name: &str, opts: &LockOptions) -> Result<Attempt> {
         let owner = OwnerToken::random()?;
         let sent = Instant::now();
         match self
@@ -77,8 +83,13 @@ impl MySqlBackend {
                 .bind(owner)
                 .bind(ttl)
                 .bind(holder.as_bytes())
+                .bind(name.as_bytes())
+                .bind(owner)
+                .bind(owner)
+                .bind(owner)
                 .bind(owner)
                 .bind(holder.as_bytes())
+                .bind(owner)
                 .bind(ttl);
             let limit = self.inner.request_timeout;
             let mut lent = self.lend("acquire", by).await?;

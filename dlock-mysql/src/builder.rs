@@ -73,17 +73,18 @@ impl MySqlBuilder {
     }
 
     /// The longest a waiter goes without looking at the lock again
-    /// (default 1 s). A release wakes the waiter registered for the name at
-    /// once, and the holder's expiry wakes it too; this bounds the others'
-    /// polls and covers a wake-up that could not be sent.
+    /// (default 1 s). With [`wake_ups`](Self::wake_ups), a release wakes
+    /// the first queued waiter at once, and the holder's expiry wakes it
+    /// too; this bounds the others' sleeps and polls and covers a wake-up
+    /// that could not be sent.
     pub fn max_poll_interval(mut self, interval: Duration) -> Self {
         self.max_poll = interval;
         self
     }
 
-    /// Whether waiters sleep in the server and releases wake them with
-    /// `KILL QUERY` (default `false`: waiters poll; see the crate's
-    /// README): hand-offs across processes in about a millisecond, for up
+    /// Whether waiters queue and sleep in the server, and releases wake
+    /// the first of them with `KILL QUERY` (default `false`: waiters poll;
+    /// see the crate's README): hand-offs across processes in about a millisecond, for up
     /// to 5 connections per backend beyond the pool (an anchor and up to 4
     /// sleeping waiters), opened when it first waits and kept. Turn it on
     /// for every client of the table, and only with a direct connection to

@@ -5,7 +5,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use dlock_core::undo::{UndoOnDrop, retry_for};
-use dlock_core::wait::{Attempt, Backoff, Deadline, on_arrival};
+use dlock_core::wait::{Attempt, on_arrival};
 use dlock_core::{Error, Lease, LockInfo, LockOptions, Mode, OwnerToken, Result, micros_up};
 use sqlx::mysql::MySqlRow;
 use sqlx::{Row, SqlStr};
@@ -15,7 +15,6 @@ use crate::backend::{MySqlBackend, NAME};
 use crate::error::RolledBack;
 use crate::extend::{Extended, owned_keys};
 use crate::pool::{Lent, Mark, answer};
-use crate::wait::waiter_key;
 
 /// The one row a shared call's transaction answers with.
 fn one_row<'r>(rows: &'r [MySqlRow], doing: &str) -> Result<&'r MySqlRow> {
@@ -82,7 +81,7 @@ impl MySqlBackend {
     /// Runs a change of `name`'s holds or queue (`sql`, whose rows are the
     /// waiters to wake, then a count) and wakes the waiters it may have
     /// let in: those of this process, and those sleeping in the server
-    /// ([`waiter_key`]). Returns the count.
+    /// ([`crate::wait::waiter_key`]). Returns the count.
     async fn change_and_wake(&self, sql: SqlStr, name: &str, doing: &str) -> Result<i64> {
         let by = self.deadline();
         let (rows, lent) = self.transact_on(sql, doing, by, drop).await?;
@@ -109,10 +108,10 @@ impl MySqlBackend {
         self.look(name, opts, "", &Arc::default()).await
     }
 
-    /// One acquire of a shared kind, queued as `waiter` (`""`: not queued).
-    /// While its transaction is on its way, `in_flight` holds the
-    /// connection it went out on.
-    async fn look(
+    /// One acquire, queued as `waiter` (`""`: not queued; a mutex's is
+    /// then the plain acquire). While its transaction is on its way,
+    /// `in_flight` holds the connection it went out on.
+    pub(crate) async fn look(
         &self,
         name: &str,
         opts: &LockOptions,
@@ -120,17 +119,23 @@ impl MySqlBackend {
         in_flight: &Arc<Mutex<Option<Mark>>>,
     ) -> Result<Attempt> {
         let mode = opts.mode_value();
+        if mode == Mode::Exclusive && waiter.is_empty() {
+            return self.attempt_mutex(name, opts).await;
+        }
         let owner = OwnerToken::random()?;
         let sent = Instant::now();
-        let sql = self.inner.sql.acquire_shared(
-            name.as_bytes(),
-            &owner.to_string(),
-            mode,
+        let (sql, ttl, place) = (
+            &self.inner.sql,
             micros_up(opts.ttl_value()),
-            opts.holder_value(),
-            waiter,
             micros_up(self.place()),
         );
+        let sql = if mode == Mode::Exclusive {
+            let lease = (ttl, opts.holder_value());
+            sql.acquire_queued(name.as_bytes(), &owner.to_string(), lease, waiter, place)
+        } else {
+            let (owner, holder) = (&owner.to_string(), opts.holder_value());
+            sql.acquire_shared(name.as_bytes(), owner, mode, ttl, holder, waiter, place)
+        };
         // Armed while the outcome is unknown, as for the mutex: the undo
         // ends the connection the transaction went out on, then releases.
         let mut undo = {
@@ -186,65 +191,8 @@ impl MySqlBackend {
         })
     }
 
-    /// Acquire's wait for a shared kind: a place in the name's queue (from
-    /// the first look, which costs what any acquire does when it grants;
-    /// not by a look made once the wait's time is up), given up however
-    /// the wait ends without a grant: before an error returns, and on a
-    /// task of its own when the wait is dropped. A waiter sleeps in the
-    /// server under its own key ([`waiter_key`]; with wake-ups on, and a
-    /// sleeper connection free) or polls; the changes that may let it in
-    /// wake it, from any process.
-    pub(crate) async fn wait_shared(
-        &self,
-        name: &str,
-        opts: &LockOptions,
-        deadline: Deadline,
-        backoff: Backoff,
-    ) -> Result<Lease> {
-        let waiter = OwnerToken::random()?.to_string();
-        let in_flight: Arc<Mutex<Option<Mark>>> = Arc::default();
-        let mut leave = {
-            let (backend, name, waiter) = (self.clone(), name.to_owned(), waiter.clone());
-            let in_flight = in_flight.clone();
-            UndoOnDrop::new(async move {
-                // A look dropped on its way may still commit its place:
-                // its connection ends first, so the place it wrote goes
-                // with the others (a place written after its removal
-                // would keep the queue behind a waiter that left).
-                let mark = in_flight
-                    .lock()
-                    .unwrap_or_else(PoisonError::into_inner)
-                    .clone();
-                if let Some(mark) = mark {
-                    let by = backend.deadline();
-                    if let Err(e) = backend.end_connection(&mark, by).await {
-                        tracing::debug!(name, error = %e, "a dropped look's connection");
-                    }
-                }
-                backend.abandon(&name, &waiter).await;
-            })
-        };
-        let key = waiter_key(name, &waiter);
-        let queued = std::sync::atomic::AtomicBool::new(false);
-        let waited = self
-            .wait_registered(&key, name, deadline, backoff, || {
-                let place = if deadline.is_past() { "" } else { &waiter };
-                if !place.is_empty() {
-                    queued.store(true, std::sync::atomic::Ordering::Relaxed);
-                }
-                self.look(name, opts, place, &in_flight)
-            })
-            .await;
-        if waited.is_err() && queued.load(std::sync::atomic::Ordering::Relaxed) {
-            // Here, not on a task a process on its way out may never run.
-            self.abandon(name, &waiter).await;
-        }
-        leave.disarm();
-        waited
-    }
-
     /// Gives a waiter's place up (a writer that leaves may let readers in).
-    async fn abandon(&self, name: &str, waiter: &str) {
+    pub(crate) async fn abandon(&self, name: &str, waiter: &str) {
         let left = retry_for(self.inner.request_timeout * 2, || async {
             let sql = self
                 .inner
@@ -272,7 +220,7 @@ impl MySqlBackend {
         Ok(())
     }
 
-    /// Undoes a shared acquire of unknown outcome: ends the connection it
+    /// Undoes a queued or shared acquire of unknown outcome: ends the connection it
     /// went out on (`sent_on`, when known), so that it cannot grant after
     /// this, then releases by owner until the server answers or the TTL
     /// has freed the hold anyway.
@@ -282,7 +230,7 @@ impl MySqlBackend {
             if let Some(mark) = &sent_on {
                 self.end_connection(mark, self.deadline()).await?;
             }
-            match self.release_shared(lease).await {
+            match self.release_lease(lease).await {
                 Err(Error::NotHeld { .. }) => Ok(false),
                 other => other.map(|()| true),
             }

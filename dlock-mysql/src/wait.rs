@@ -1,24 +1,36 @@
-//! Acquire's wait, on core's shared loop. Its pause is MySQL's own: one
-//! waiter per name registers (see [`crate::wake`]) and sleeps in the
-//! server, where a release from any process wakes it; the others poll with
-//! jittered backoff, woken by releases in this process, and take the
-//! registration over when it frees.
+//! Acquire's wait, on core's shared loop, for every kind of lock. With
+//! wake-ups on, a waiter registers under its own key (see [`crate::wake`])
+//! when a sleeper connection is free, and sleeps in the server until a
+//! change that may let it in (from any process) wakes it; the others poll
+//! with jittered backoff, woken by releases in this process.
+//!
+//! Waiters queue: a place in the name's queue (rows of the holds table)
+//! decides who goes in, in the order the places were taken. A shared
+//! kind's waiter takes its place at its first look. A mutex waiter takes
+//! one only once registered, and its place counts only while it is: the
+//! lock goes to the first place, and a first place whose waiter could not
+//! hear the release (a poller, a process gone) would keep the lock free
+//! until that waiter looked again.
 
-use std::sync::{Mutex, PoisonError};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use dlock_core::wait::{Attempt, Backoff, Deadline, wait_for_lock_with_pause};
-use dlock_core::{Lease, LockOptions, Mode, Result};
+use dlock_core::undo::UndoOnDrop;
+use dlock_core::wait::{Backoff, Deadline, wait_for_lock_with_pause};
+use dlock_core::{Lease, LockOptions, Mode, OwnerToken, Result};
 
 use crate::backend::MySqlBackend;
+use crate::pool::Mark;
 use crate::wake::Sleeper;
 
-/// How long a queued waiter of a shared kind sleeps in the server when the
-/// name is free (see `pause`): a waiter ahead of it is about to go in.
+/// How long a queued waiter sleeps in the server when the name is free
+/// but the acquire's rule does not let it in: a waiter ahead of it is
+/// about to go in.
 const QUEUED_NAP: Duration = Duration::from_millis(50);
 
-/// The key a queued waiter of a shared kind registers under: a change that
-/// may let it in wakes it by this key (the SQL side computes it as
+/// The key a waiter registers under: a change that may let it in wakes
+/// it by this key (the SQL side computes it as
 /// `CONCAT(name, X'00', owner)`).
 pub(crate) fn waiter_key(name: &str, waiter: &str) -> String {
     format!("{name}\0{waiter}")
@@ -30,7 +42,11 @@ pub(crate) fn waiter_key(name: &str, waiter: &str) -> String {
 type Registration = Mutex<Option<Sleeper>>;
 
 impl MySqlBackend {
-    /// Acquire's wait for `name` until `deadline`.
+    /// Acquire's wait for `name` until `deadline`: looks, each queued from
+    /// the moment the waiter may queue (see the module's documentation;
+    /// not from a look made once the wait's time is up), and a place given
+    /// up however the wait ends without a grant: before an error returns,
+    /// and on a task of its own when the wait is dropped.
     pub(crate) async fn wait(
         &self,
         name: &str,
@@ -39,37 +55,54 @@ impl MySqlBackend {
     ) -> Result<Lease> {
         let max_poll = self.inner.max_poll;
         let backoff = Backoff::new(Duration::from_millis(50).min(max_poll), max_poll);
-        if opts.mode_value() != Mode::Exclusive {
-            return self.wait_shared(name, opts, deadline, backoff).await;
-        }
-        self.wait_registered(name, name, deadline, backoff, || self.attempt(name, opts))
-            .await
-    }
-
-    /// Core's wait loop for `name` with MySQL's pause: the waiter registers
-    /// under `key` (the name, or for a queued waiter of a shared kind its
-    /// [`waiter_key`], which the changes that may let it in wake), and
-    /// unregisters once the wait ends.
-    pub(crate) async fn wait_registered<F, Fut>(
-        &self,
-        key: &str,
-        name: &str,
-        deadline: Deadline,
-        backoff: Backoff,
-        attempt: F,
-    ) -> Result<Lease>
-    where
-        F: FnMut() -> Fut,
-        Fut: Future<Output = Result<Attempt>>,
-    {
+        let mutex = opts.mode_value() == Mode::Exclusive;
+        let waiter = OwnerToken::random()?.to_string();
+        let in_flight: Arc<Mutex<Option<Mark>>> = Arc::default();
+        let queued = Arc::new(AtomicBool::new(false));
+        let mut leave = {
+            let (backend, name, waiter) = (self.clone(), name.to_owned(), waiter.clone());
+            let (in_flight, queued) = (in_flight.clone(), queued.clone());
+            UndoOnDrop::new(async move {
+                if !queued.load(Ordering::Relaxed) {
+                    return;
+                }
+                // A look dropped on its way may still commit its place:
+                // its connection ends first, so the place it wrote goes
+                // with the others (a place written after its removal
+                // would keep the queue behind a waiter that left).
+                let mark = in_flight
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .clone();
+                if let Some(mark) = mark {
+                    let by = backend.deadline();
+                    if let Err(e) = backend.end_connection(&mark, by).await {
+                        tracing::debug!(name, error = %e, "a dropped look's connection");
+                    }
+                }
+                backend.abandon(&name, &waiter).await;
+            })
+        };
+        let key = waiter_key(name, &waiter);
         let registration = Registration::new(None);
         let waited = wait_for_lock_with_pause(
             name,
             deadline,
             Some(&self.inner.wakeups),
             backoff,
-            attempt,
-            |deadline| self.pause(key, name, deadline, &registration),
+            || {
+                let registered = registration
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .is_some();
+                let queue = queued.load(Ordering::Relaxed)
+                    || (!deadline.is_past() && (registered || !mutex));
+                if queue {
+                    queued.store(true, Ordering::Relaxed);
+                }
+                self.look(name, opts, if queue { &waiter } else { "" }, &in_flight)
+            },
+            |deadline| self.pause((name, &waiter, &key), deadline, &registration, mutex),
         )
         .await;
         let sleeper = registration
@@ -80,25 +113,32 @@ impl MySqlBackend {
             // the unregister nor be lost if this future is dropped during it.
             let unregister = self.inner.sql.unregister.clone();
             let limit = self.inner.request_timeout;
-            tokio::spawn(sleeper.unregister(unregister, key.to_owned(), limit));
+            tokio::spawn(sleeper.unregister(unregister, key, limit));
         }
+        if waited.is_err() && queued.load(Ordering::Relaxed) {
+            // Here, not on a task a process on its way out may never run.
+            self.abandon(name, &waiter).await;
+        }
+        leave.disarm();
         waited
     }
 
-    /// The pause after a look that did not get the lock: `false` for the
-    /// shared loop's local sleep. A mutex waiter that registers now looks
-    /// again at once (a release from then on wakes it); a queued waiter of
-    /// a shared kind sleeps at once, as its sleep reads first whether it
-    /// would be let in. Then it sleeps in the server until the holder's
-    /// lease ends, a release wakes it, or the poll interval passes. A sleeper connection that broke takes the
-    /// registration with it: the waiter looks again at once, and registers
-    /// anew if it can.
+    /// The pause of `waiter` (registered under `key`) after a look at
+    /// `name` that did not get the lock: `false` for the
+    /// shared loop's local sleep (no sleeper connection to be had). A
+    /// mutex waiter that registers now looks again at once: that look
+    /// queues it, and a release from then on wakes it (a release reads the
+    /// first place's registration before it commits, so a sleep that read
+    /// the lock just before that commit would not be woken). Otherwise it
+    /// sleeps in the server (see [`Sleeper::sleep`]). A sleeper connection
+    /// that broke takes the registration with it: the waiter looks again
+    /// at once, and registers anew if it can.
     async fn pause(
         &self,
-        key: &str,
-        name: &str,
+        (name, waiter, key): (&str, &str, &str),
         deadline: Deadline,
         registration: &Registration,
+        mutex: bool,
     ) -> bool {
         let held = registration
             .lock()
@@ -110,7 +150,7 @@ impl MySqlBackend {
                 let Some(sleeper) = self.register(key).await else {
                     return false;
                 };
-                if key == name {
+                if mutex {
                     *registration.lock().unwrap_or_else(PoisonError::into_inner) = Some(sleeper);
                     return true;
                 }
@@ -119,23 +159,18 @@ impl MySqlBackend {
         };
         let (sql, limit) = (&self.inner.sql, self.inner.request_timeout);
         let cap = deadline.cap(self.inner.max_poll);
-        // A free mutex row means the next look gets the lock. A free
-        // marker row of a shared kind does not: a waiter behind a queued
-        // writer, or past a semaphore's first N, is still refused, and
-        // would look again at once, over and over, until the waiters ahead
-        // are in. It naps instead (a release still wakes it).
-        let queued = key
-            .strip_prefix(name)
-            .and_then(|rest| rest.strip_prefix('\0'))
-            .map(|waiter| (waiter, QUEUED_NAP));
-        if sleeper.sleep(sql, name, cap, queued, limit).await {
+        if sleeper
+            .sleep(sql, (name, waiter), cap, QUEUED_NAP, limit)
+            .await
+        {
             *registration.lock().unwrap_or_else(PoisonError::into_inner) = Some(sleeper);
         }
         true
     }
 
-    /// Registers as the waiter of `key`: `None` when another waiter is,
-    /// or this backend's sleeper connections are all busy or not open yet.
+    /// Registers as the waiter of `key`: `None` when this backend's
+    /// sleeper connections are all busy or not open yet, or wake-ups are
+    /// off.
     async fn register(&self, key: &str) -> Option<Sleeper> {
         if !self.inner.wake_ups {
             return None;

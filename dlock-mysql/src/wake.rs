@@ -1,13 +1,14 @@
 //! Wake-ups across processes. MySQL has no notifications, so a waiter
-//! sleeps in the server instead: one waiter per name registers by taking a
-//! named lock (`GET_LOCK`) on a connection of its own, then sleeps there
-//! until the holder's lease ends, by waiting for the backend's anchor (a
-//! named lock that one more connection of its own holds, and never gives
-//! up). The release statement reads the registered connection
-//! (`IS_USED_LOCK`) in the same statement, and the releaser ends the wait
-//! with `KILL QUERY`, sent on the same connection as the release so that it
-//! reaches the same server. Other waiters poll slowly, and take over the
-//! registration when it frees.
+//! sleeps in the server instead: it registers by taking a named lock
+//! (`GET_LOCK`, its key the name and its waiter token) on a connection of
+//! its own, then sleeps there until the holder's lease ends, by waiting
+//! for the backend's anchor (a named lock that one more connection of its
+//! own holds, and never gives up). A change that may let queued waiters
+//! in reads the connections they sleep on (`IS_USED_LOCK` of their keys;
+//! a mutex's release in its own statement, for the first place only) and
+//! ends their waits with `KILL QUERY`, sent on the same connection as the
+//! change so that it reaches the same server. A waiter without a free
+//! sleeper connection polls.
 //!
 //! These connections run nothing but the named locks and the wait, so a
 //! late kill can only cut a wait short; they never go back to the pool.
@@ -196,35 +197,29 @@ impl Sleeper {
         None
     }
 
-    /// Sleeps until the holder's lease of `name` ends, a release wakes us,
-    /// or `cap` passes; when the name is free, at once. A queued waiter of
-    /// a shared kind (`queued`: its token and a nap) does not sleep when
-    /// the acquire's rule lets it in now, and naps when the name is free. False when the
-    /// connection broke (the registration is gone with it), or the anchor
-    /// did (its connection is then opened again).
+    /// Sleeps until the holder's lease of `name` ends, a change that may
+    /// let `waiter` in wakes us, or `cap` passes; not at all when the
+    /// acquire's rule lets the waiter in now, and for `nap` when the name
+    /// is free but the waiter is not let in (one ahead of it is about to
+    /// go in). False when the connection broke (the registration is gone
+    /// with it), or the anchor did (its connection is then opened again).
     pub async fn sleep(
         &mut self,
         sql: &Statements,
-        name: &str,
+        (name, waiter): (&str, &str),
         cap: Duration,
-        queued: Option<(&str, Duration)>,
+        nap: Duration,
         limit: Duration,
     ) -> bool {
-        let anchor = &self.sleepers.anchor_name;
-        let query = match queued {
-            None => sqlx::query_scalar(sql.sleep.clone())
-                .bind(anchor)
-                .bind(cap.as_secs_f64())
-                .bind(name.as_bytes()),
-            Some((waiter, nap)) => sqlx::query_scalar(sql.sleep_queued.clone())
-                .bind(anchor)
-                .bind(name.as_bytes())
-                .bind(name.as_bytes())
-                .bind(waiter)
-                .bind(cap.as_secs_f64())
-                .bind(name.as_bytes())
-                .bind(nap.min(cap).as_secs_f64()),
-        };
+        let query = sqlx::query_scalar(sql.sleep.clone())
+            .bind(&self.sleepers.anchor_name)
+            .bind(name.as_bytes())
+            .bind(name.as_bytes())
+            .bind(name.as_bytes())
+            .bind(waiter)
+            .bind(cap.as_secs_f64())
+            .bind(name.as_bytes())
+            .bind(nap.min(cap).as_secs_f64());
         // All of the reply: a kill may end it with an error after the row.
         let fine = match timeout(cap + limit, query.fetch_all(&mut self.conn)).await {
             Ok(Ok(got)) if got.contains(&Some(1_i64)) => {

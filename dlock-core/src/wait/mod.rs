@@ -114,8 +114,8 @@ where
 }
 
 /// [`wait_for_lock`] for a driver that can pause somewhere better than in
-/// a local sleep: MySQL's registered waiter sleeps in the server, where a
-/// release from any process ends the sleep.
+/// a local sleep: MySQL's registered waiters sleep in the server, where a
+/// release from any process ends the first one's sleep.
 ///
 /// After every attempt that did not get the lock, while the deadline has
 /// not passed, `pause(deadline)` runs first. `true`: it has paused, or wants the next

@@ -25,8 +25,9 @@ pub(crate) const HELD_AS_ANOTHER_KIND: u64 = 1;
 /// MySQL's 64-character identifiers.
 const MAX_TABLE: usize = 58;
 
-/// The named lock (at most 64 characters) that a name's registered waiter
-/// holds; `name` is an SQL expression for the lock name's bytes. Named
+/// The named lock (at most 64 characters) that a registered waiter holds;
+/// `name` is an SQL expression for the bytes of the lock's name and the
+/// waiter's token. Named
 /// locks are global to the server: the database is part of the key.
 pub(super) fn wait_key(table: &str, name: &str) -> String {
     format!("CONCAT('dlock-w:', SHA1(CONCAT(COALESCE(DATABASE(), ''), '.{table}:', {name})))")
@@ -68,7 +69,6 @@ pub(crate) struct Statements {
     pub register: SqlStr,
     pub unregister: SqlStr,
     pub sleep: SqlStr,
-    pub sleep_queued: SqlStr,
     pub anchor: SqlStr,
     /// The owner column of a name: a marker for the shared kinds.
     pub kind: SqlStr,
@@ -161,40 +161,49 @@ impl Statements {
             exists: safe(format!("SELECT 1 FROM `{table}` LIMIT 0")),
             // One statement, race-free: the row lock taken by the insert or
             // the duplicate-key update orders concurrent acquirers. The
-            // update only fires on an expired or released row. The statement
-            // reports its outcome through LAST_INSERT_ID(expr), whose last
-            // value lands in the OK packet: the clock for a new row, the
-            // greater of version + 1 and the clock for a takeover, 0 when
-            // the lock is held, and [`HELD_AS_ANOTHER_KIND`] when it is held
-            // as a reader-writer lock or a semaphore (its owner a marker). The held branch must
-            // set 0 itself, because the VALUES row (and its
-            // LAST_INSERT_ID(clock)) is evaluated before the duplicate key is
-            // found. MySQL applies
-            // the assignments left to right, so `expires_at`, which the
-            // conditions read, goes last. Parameters are bound twice instead
-            // of using VALUES() (deprecated in MySQL 8) or `AS new` (not in
-            // MariaDB).
+            // update only fires on an expired or released row with nobody
+            // queued for it (a place in the holds table: with wake-ups on,
+            // waiters queue, and the lock goes to the first; see
+            // `acquire_queued`). The statement reports its outcome through
+            // LAST_INSERT_ID(expr), whose last value lands in the OK
+            // packet: the clock for a new row, the greater of version + 1
+            // and the clock for a takeover, 0 when the lock is held, and
+            // [`HELD_AS_ANOTHER_KIND`] when it is held as a reader-writer
+            // lock or a semaphore (its owner a marker). The held branch
+            // must set 0 itself, because the VALUES row (and its
+            // LAST_INSERT_ID(clock)) is evaluated before the duplicate key
+            // is found. MySQL applies the assignments left to right: the
+            // first decides, and the others test whether the row now has
+            // this acquire's owner (a fresh random token: granted).
+            // Parameters are bound twice instead of using VALUES()
+            // (deprecated in MySQL 8) or `AS new` (not in MariaDB).
             acquire: safe(format!(
                 "INSERT INTO `{table}` (name, owner, version, expires_at, acquired_at, holder)
                  VALUES (?, ?, LAST_INSERT_ID({CLOCK}), {NOW} + INTERVAL ? MICROSECOND, {NOW}, ?)
                  ON DUPLICATE KEY UPDATE
-                   owner = IF(expires_at <= {NOW}, ?, owner),
-                   version = IF(expires_at <= {NOW}, LAST_INSERT_ID(GREATEST(version + 1, {CLOCK})), version + LAST_INSERT_ID(owner LIKE '~%') * 0),
-                   acquired_at = IF(expires_at <= {NOW}, {NOW}, acquired_at),
-                   holder = IF(expires_at <= {NOW}, ?, holder),
-                   expires_at = IF(expires_at <= {NOW}, {NOW} + INTERVAL ? MICROSECOND, expires_at)"
+                   owner = IF(expires_at <= {NOW} AND NOT EXISTS (SELECT 1 FROM `{table}_holds`
+                     WHERE name = ? AND waiting AND expires_at > {NOW} AND {counts}), ?, owner),
+                   version = IF(owner = ?, LAST_INSERT_ID(GREATEST(version + 1, {CLOCK})), version + LAST_INSERT_ID(owner LIKE '~%') * 0),
+                   acquired_at = IF(owner = ?, {NOW}, acquired_at),
+                   holder = IF(owner = ?, ?, holder),
+                   expires_at = IF(owner = ?, {NOW} + INTERVAL ? MICROSECOND, expires_at)",
+                counts = shared::counts(table, "")
             )),
             // The row stays, so the version keeps counting up. The reply's
-            // LAST_INSERT_ID is the connection of the waiter registered for
-            // the name (0: none), which the releaser then wakes. `* 0`
-            // rather than a test of the value: an optimizer may drop an
-            // expression whose result cannot matter (`IS NULL` of a
-            // non-null argument), and the side effect with it.
+            // LAST_INSERT_ID is the connection the first waiter in the
+            // name's queue sleeps on (0: none, or not asleep), which the
+            // releaser then wakes: only that one, the one the lock goes
+            // to. `* 0` rather than a test of the value: an optimizer may
+            // drop an expression whose result cannot matter (`IS NULL` of
+            // a non-null argument), and the side effect with it.
             release: safe(format!(
-                "UPDATE `{table}` SET owner = '', expires_at = {NOW},
+                "UPDATE `{table}` AS l SET owner = '', expires_at = {NOW},
                    version = version + LAST_INSERT_ID(COALESCE(IS_USED_LOCK({wait_key}), 0)) * 0
                  WHERE name = ? AND owner = ? AND expires_at > {NOW}",
-                wait_key = wait_key(table, "name")
+                wait_key = wait_key(
+                    table,
+                    &format!("CONCAT(l.name, X'00', {})", shared::head(table, "l.name"))
+                )
             )),
             extend: safe(format!(
                 "UPDATE `{table}` SET expires_at = {NOW} + INTERVAL ? MICROSECOND
@@ -221,11 +230,15 @@ impl Statements {
                  ORDER BY name LIMIT ?",
                 owner = shown_owner(table)
             )),
-            // The waiter registered for a name holds a named lock on a
-            // connection of its own and sleeps on it until the holder's lease
-            // ends, or a release kills the sleep. The sleep reads the row
-            // itself: a release just before it finds the row free (no sleep),
-            // one during it is a kill.
+            // A waiter with wake-ups on registers under its own key (the
+            // name and its token): a named lock on a connection of its own,
+            // where it sleeps until a change may let it in, or the holder's
+            // lease ends. The change kills the sleep. The sleep reads the
+            // state itself: one the rule lets in now does not sleep (a
+            // change between its last look and this sleep killed nothing);
+            // a free name that does not let it in (a waiter queued ahead
+            // is about to go in) gives it a short nap (the last `?`), not
+            // a sleep until woken.
             //
             // It sleeps by waiting for the backend's anchor, a named lock its
             // anchor connection holds for good, not with SLEEP(): MariaDB's
@@ -235,20 +248,10 @@ impl Statements {
             register: safe(format!("SELECT GET_LOCK({}, 0)", wait_key(table, "?"))),
             unregister: safe(format!("SELECT RELEASE_LOCK({})", wait_key(table, "?"))),
             sleep: safe(format!(
-                "SELECT GET_LOCK(?, LEAST(GREATEST(TIMESTAMPDIFF(MICROSECOND, {NOW}, expires_at), 0) / 1000000 + 0.002, ?))
-                 FROM `{table}` WHERE name = ? AND expires_at > {NOW}"
-            )),
-            // A queued waiter of a shared kind (its token the third `?`):
-            // one the rule lets in now does not sleep (a change that let it
-            // in between its last look and this sleep killed nothing); a
-            // free marker row does not let the others in (a writer may be
-            // queued ahead), so they sleep then too, for a short nap (the
-            // last `?`), not until woken.
-            sleep_queued: safe(format!(
                 "SELECT GET_LOCK(?, COALESCE((SELECT 0 FROM {admitted} AND q.owner = ?),
                    (SELECT LEAST(GREATEST(TIMESTAMPDIFF(MICROSECOND, {NOW}, expires_at), 0) / 1000000 + 0.002, ?)
                     FROM `{table}` WHERE name = ? AND expires_at > {NOW}), ?))",
-                admitted = shared::admitted(&format!("`{table}_holds`"), "?")
+                admitted = shared::admitted(table, "?")
             )),
             // MySQL rounds GET_LOCK's timeout to whole seconds; MariaDB
             // waits for fractions of one, which the sleep needs.

@@ -35,22 +35,47 @@ fn after(us: u64) -> String {
     format!("{NOW} + INTERVAL {us} MICROSECOND")
 }
 
-/// The waiters of `n` (a literal or a `?`) that `acquire_shared`'s rule
-/// lets in now, as the tail of a query (`q.owner` is each one's token):
-/// the first writer once nobody holds, the readers before the first
-/// writer once no writer holds, a semaphore's first waiters while they
-/// fit.
-pub(super) fn admitted(holds: &str, n: &str) -> String {
+/// The waiters of `n` (a literal or a `?`) that the acquire's rule lets
+/// in now, as the tail of a query on the holds of the lock table `t`
+/// (`q.owner` is each one's token): the first writer once nobody holds,
+/// the readers before the first writer once no writer holds, a
+/// semaphore's first waiters while they fit, a mutex's first waiter once
+/// the name's row is free.
+pub(super) fn admitted(t: &str, n: &str) -> String {
     format!(
         "(SELECT owner, mode, kind, ROW_NUMBER() OVER w AS i, SUM(mode = 'w') OVER w AS writers
-           FROM {holds} WHERE name = {n} AND waiting AND expires_at > {NOW}
+           FROM `{t}_holds` WHERE name = {n} AND waiting AND expires_at > {NOW} AND {counts}
            WINDOW w AS (ORDER BY since, owner)) AS q
          CROSS JOIN (SELECT COUNT(*) AS held, COALESCE(SUM(mode = 'w'), 0) AS held_w
-           FROM {holds} WHERE name = {n} AND NOT waiting AND expires_at > {NOW}) AS c
+           FROM `{t}_holds` WHERE name = {n} AND NOT waiting AND expires_at > {NOW}) AS c
          WHERE ((mode = 'w' AND i = 1 AND held = 0)
            OR (mode = 'r' AND writers = 0 AND held_w = 0)
-           OR (mode = 'p' AND i + held <= CAST(SUBSTRING(kind, 3) AS UNSIGNED)))"
+           OR (mode = 'p' AND i + held <= CAST(SUBSTRING(kind, 3) AS UNSIGNED))
+           OR (mode = 'x' AND i = 1 AND NOT EXISTS (SELECT 1 FROM `{t}`
+             WHERE name = {n} AND expires_at > {NOW})))",
+        counts = counts(t, "")
     )
+}
+
+/// The token of the first live place in the queue of `n` (an SQL
+/// expression), as a subquery: NULL when nobody queues.
+pub(super) fn head(t: &str, n: &str) -> String {
+    format!(
+        "(SELECT q.owner FROM `{t}_holds` AS q WHERE q.name = {n} AND q.waiting
+           AND q.expires_at > {NOW} AND {} ORDER BY q.since, q.owner LIMIT 1)",
+        counts(t, "q.")
+    )
+}
+
+/// Whether a live place of the holds of `t` (its columns prefixed by `p`:
+/// `""` or `"q."`) counts in the queue: every place of a shared kind, and
+/// a mutex waiter's only while its waiter is registered (its sleeper
+/// connection holds the waiter's key). A mutex waiter queues only once
+/// registered, so a waiter whose process died (and took its connection
+/// along) keeps nobody waiting behind its place.
+pub(super) fn counts(t: &str, p: &str) -> String {
+    let key = super::wait_key(t, &format!("CONCAT({p}name, X'00', {p}owner)"));
+    format!("({p}mode <> 'x' OR IS_USED_LOCK({key}) IS NOT NULL)")
 }
 
 impl Statements {
@@ -79,7 +104,7 @@ impl Statements {
         let key = super::wait_key(&self.table, &format!("CONCAT({n}, X'00', owner)"));
         format!(
             "SELECT CAST(IS_USED_LOCK({key}) AS SIGNED) FROM {} AND {changed};",
-            admitted(&self.holds(), n)
+            admitted(&self.table, n)
         )
     }
 
@@ -92,6 +117,17 @@ impl Statements {
              INSERT INTO `{t}` (name, owner, version, expires_at, acquired_at, holder)
                VALUES ({n}, '', {CLOCK}, {NOW}, {NOW}, '')
                ON DUPLICATE KEY UPDATE version = version; "
+        )
+    }
+
+    /// The live places queued ahead of `me` in the queue of `n`, as a
+    /// condition on the holds (all of them when `me` has none: `@dl_since`,
+    /// its place's, is NULL).
+    fn ahead(&self, n: &str, me: &str) -> String {
+        format!(
+            "name = {n} AND expires_at > {NOW} AND waiting AND owner <> '{me}' AND {counts}
+             AND (@dl_since IS NULL OR since < @dl_since OR (since = @dl_since AND owner < '{me}'))",
+            counts = counts(&self.table, "")
         )
     }
 
@@ -125,10 +161,7 @@ impl Statements {
         let (t, h, n) = (&self.table, self.holds(), bytes(name));
         let me = waiter;
         let live = format!("name = {n} AND expires_at > {NOW}");
-        let ahead = format!(
-            "{live} AND waiting AND owner <> '{me}'
-             AND (@dl_since IS NULL OR since < @dl_since OR (since = @dl_since AND owner < '{me}'))"
-        );
+        let ahead = self.ahead(&n, me);
         let admit = match code {
             "w" => "@dl_held = 0 AND @dl_ahead = 0".to_owned(),
             "r" => "@dl_held_w = 0 AND @dl_ahead_w = 0".to_owned(),
@@ -167,6 +200,53 @@ impl Statements {
              SELECT CAST(@dl_fence AS SIGNED), CAST(@dl_conflict AS BINARY),
                (SELECT CAST(TIMESTAMPDIFF(MICROSECOND, {NOW}, MIN(expires_at)) AS SIGNED) FROM {h}
                 WHERE {live} AND NOT waiting)"
+        ))
+    }
+
+    /// A mutex's acquire by `owner`, queued as `waiter` with a place of
+    /// `place_us`: granted when the name's row is free and no place counts
+    /// ahead of the waiter's (see [`counts`]), which it then gives up;
+    /// otherwise it keeps (or takes) its place. One row, as
+    /// [`Statements::acquire_shared`]'s: the fencing token when granted,
+    /// the marker of the kind the name is in use as when that is another,
+    /// and the µs left of the holder's lease.
+    pub fn acquire_queued(
+        &self,
+        name: &[u8],
+        owner: &str,
+        (ttl_us, holder): (u64, &str),
+        waiter: &str,
+        place_us: u64,
+    ) -> SqlStr {
+        let (t, h, n, me) = (&self.table, self.holds(), bytes(name), waiter);
+        let (live, ahead) = (
+            format!("name = {n} AND expires_at > {NOW}"),
+            self.ahead(&n, me),
+        );
+        let (who, begin) = (bytes(holder.as_bytes()), self.begin(&n));
+        let (ttl, place) = (after(ttl_us), after(place_us));
+        safe(format!(
+            "{begin}
+             SET @dl_o = (SELECT IF(expires_at > {NOW}, owner, NULL) FROM `{t}` WHERE name = {n});
+             SET @dl_since = (SELECT since FROM {h} WHERE {live} AND waiting AND owner = '{me}');
+             SET @dl_conflict = COALESCE(IF(@dl_o LIKE '~%', @dl_o, NULL),
+               (SELECT kind FROM {h} WHERE {ahead} AND kind <> '' LIMIT 1));
+             SET @dl_admit = @dl_conflict IS NULL AND @dl_o IS NULL
+               AND NOT EXISTS (SELECT 1 FROM {h} WHERE {ahead});
+             UPDATE `{t}` SET owner = '{owner}', version = GREATEST(version + 1, {CLOCK}),
+               acquired_at = {NOW}, holder = {who}, expires_at = {ttl}
+             WHERE name = {n} AND @dl_admit;
+             SET @dl_fence = IF(@dl_admit, (SELECT version FROM `{t}` WHERE name = {n}), NULL);
+             DELETE FROM {h} WHERE name = {n} AND (
+               (owner = '{me}' AND waiting AND @dl_admit)
+               OR (owner <> '{me}' AND expires_at < {NOW} - INTERVAL 1 MINUTE));
+             INSERT INTO {h} (name, owner, mode, kind, fence, expires_at, waiting, since)
+               SELECT {n}, '{me}', 'x', '', 0, {place}, TRUE, {CLOCK} FROM DUAL
+               WHERE NOT @dl_admit AND @dl_conflict IS NULL
+               ON DUPLICATE KEY UPDATE since = IF(expires_at > {NOW}, since, {CLOCK}), expires_at = {place};
+             COMMIT;
+             SELECT CAST(@dl_fence AS SIGNED), CAST(@dl_conflict AS BINARY),
+               (SELECT CAST(TIMESTAMPDIFF(MICROSECOND, {NOW}, expires_at) AS SIGNED) FROM `{t}` WHERE {live})"
         ))
     }
 
