@@ -1,11 +1,11 @@
 //! One acquire attempt: a single `INSERT … ON DUPLICATE KEY UPDATE`, undone
 //! by its owner token when its outcome is unknown.
 
-use std::time::Duration;
-
 use dlock_core::undo::UndoOnDrop;
 use dlock_core::wait::{Attempt, on_arrival};
 use dlock_core::{Error, Lease, LockOptions, Mode, OwnerToken, Result};
+use sqlx::Row;
+use sqlx::mysql::MySqlRow;
 use tokio::time::{Instant, timeout_at};
 
 use crate::backend::MySqlBackend;
@@ -21,18 +21,21 @@ impl MySqlBackend {
         if opts.mode_value() != Mode::Exclusive {
             return self.attempt_shared(name, opts).await;
         }
-        self.attempt_mutex(name, opts).await
+        self.attempt_mutex(name, opts, "").await
     }
 
-    /// [`Self::attempt`] of a mutex, not queued: the lock is held while
+    /// [`Self::attempt`] of a mutex, queued as `waiter` (see
+    /// `Statements::acquire_queued`); `""`: not queued, and then held while
     /// anybody queues for it.
-    pub(crate) async fn attempt_mutex(&self, name: &str, opts: &LockOptions) -> Result<Attempt> {
+    pub(crate) async fn attempt_mutex(
+        &self,
+        name: &str,
+        opts: &LockOptions,
+        waiter: &str,
+    ) -> Result<Attempt> {
         let owner = OwnerToken::random()?;
         let sent = Instant::now();
-        match self
-            .grant(name, owner, opts.ttl_value(), opts.holder_value())
-            .await?
-        {
+        match self.grant(name, owner, opts, waiter).await? {
             Some(HELD_AS_ANOTHER_KIND) => return self.conflict(name).await,
             Some(version) => {
                 let lease = Lease::with_ttl(name, owner, version, opts, sent);
@@ -64,33 +67,26 @@ impl MySqlBackend {
         }
     }
 
-    /// One acquire statement. Returns the granted version, or `None` when
-    /// the lock is held.
+    /// One acquire statement (a queued waiter's: three, in one round
+    /// trip). Returns the granted version, or `None` when the lock is held.
     async fn grant(
         &self,
         name: &str,
         owner_token: OwnerToken,
-        lease_ttl: Duration,
-        holder: &str,
+        opts: &LockOptions,
+        waiter: &str,
     ) -> Result<Option<u64>> {
+        let (lease_ttl, holder) = (opts.ttl_value(), opts.holder_value());
         let owner_text = owner_token.to_string();
         let (owner, ttl) = (owner_text.as_str(), micros_up(lease_ttl));
+        let queued = (!waiter.is_empty()).then(|| {
+            let place = micros_up(self.place());
+            let sql = &self.inner.sql;
+            sql.acquire_queued(name.as_bytes(), owner, (ttl, holder), waiter, place)
+        });
         let mut rolled_back = RolledBack::default();
         let by = self.deadline();
         loop {
-            let query = sqlx::query(self.inner.sql.acquire.clone())
-                .bind(name.as_bytes())
-                .bind(owner)
-                .bind(ttl)
-                .bind(holder.as_bytes())
-                .bind(name.as_bytes())
-                .bind(owner)
-                .bind(owner)
-                .bind(owner)
-                .bind(owner)
-                .bind(holder.as_bytes())
-                .bind(owner)
-                .bind(ttl);
             let limit = self.inner.request_timeout;
             let mut lent = self.lend("acquire", by).await?;
             // Armed from the moment the statement may reach the server until
@@ -103,7 +99,30 @@ impl MySqlBackend {
                     backend.undo(&name, owner_token, lease_ttl, sent_on).await;
                 })
             };
-            let done = timeout_at(by, query.execute(lent.conn())).await;
+            let done = match &queued {
+                None => {
+                    let query = sqlx::query(self.inner.sql.acquire.clone())
+                        .bind(name.as_bytes())
+                        .bind(owner)
+                        .bind(ttl)
+                        .bind(holder.as_bytes())
+                        .bind(name.as_bytes())
+                        .bind(owner)
+                        .bind(owner)
+                        .bind(owner)
+                        .bind(owner)
+                        .bind(holder.as_bytes())
+                        .bind(owner)
+                        .bind(ttl);
+                    let done = timeout_at(by, query.execute(lent.conn())).await;
+                    done.map(|r| r.map(|r| r.last_insert_id()))
+                }
+                Some(sql) => {
+                    let rows = sqlx::raw_sql(sql.clone()).fetch_all(lent.conn());
+                    let done = timeout_at(by, rows).await;
+                    done.map(|r| r.map(|rows| last_insert_id(&rows)))
+                }
+            };
             // Any answer from the server settles the outcome (an error was
             // rolled back). Disarm then, or the undo of a deadlocked try
             // would release the next try's grant: it has the same owner.
@@ -121,10 +140,19 @@ impl MySqlBackend {
                     rolled_back.pause(by).await;
                 }
                 done => {
-                    let version = settle(lent, done, limit, "acquire")?.last_insert_id();
+                    let version = settle(lent, done, limit, "acquire")?;
                     return Ok((version != 0).then_some(version));
                 }
             }
         }
     }
+}
+
+/// The `LAST_INSERT_ID` a queued acquire answers with (0, held, when the
+/// answer has no such row).
+fn last_insert_id(rows: &[MySqlRow]) -> u64 {
+    rows.last()
+        .and_then(|row| row.try_get::<Option<i64>, _>(0).ok().flatten())
+        .and_then(|id| u64::try_from(id).ok())
+        .unwrap_or(0)
 }

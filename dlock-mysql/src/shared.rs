@@ -33,7 +33,7 @@ fn count(rows: &[MySqlRow], doing: &str) -> Result<i64> {
 impl MySqlBackend {
     /// How long a queued waiter keeps its place without asking again: a
     /// few of its longest sleeps, plus the round trips of its asking.
-    fn place(&self) -> Duration {
+    pub(crate) fn place(&self) -> Duration {
         self.inner.max_poll * 3 + self.inner.request_timeout * 2
     }
 
@@ -119,23 +119,20 @@ impl MySqlBackend {
         in_flight: &Arc<Mutex<Option<Mark>>>,
     ) -> Result<Attempt> {
         let mode = opts.mode_value();
-        if mode == Mode::Exclusive && waiter.is_empty() {
-            return self.attempt_mutex(name, opts).await;
+        if mode == Mode::Exclusive {
+            return self.attempt_mutex(name, opts, waiter).await;
         }
         let owner = OwnerToken::random()?;
         let sent = Instant::now();
-        let (sql, ttl, place) = (
-            &self.inner.sql,
+        let sql = self.inner.sql.acquire_shared(
+            name.as_bytes(),
+            &owner.to_string(),
+            mode,
             micros_up(opts.ttl_value()),
+            opts.holder_value(),
+            waiter,
             micros_up(self.place()),
         );
-        let sql = if mode == Mode::Exclusive {
-            let lease = (ttl, opts.holder_value());
-            sql.acquire_queued(name.as_bytes(), &owner.to_string(), lease, waiter, place)
-        } else {
-            let (owner, holder) = (&owner.to_string(), opts.holder_value());
-            sql.acquire_shared(name.as_bytes(), owner, mode, ttl, holder, waiter, place)
-        };
         // Armed while the outcome is unknown, as for the mutex: the undo
         // ends the connection the transaction went out on, then releases.
         let mut undo = {

@@ -24,9 +24,11 @@ use crate::backend::MySqlBackend;
 use crate::pool::Mark;
 use crate::wake::Sleeper;
 
-/// How long a queued waiter sleeps in the server when the name is free
-/// but the acquire's rule does not let it in: a waiter ahead of it is
-/// about to go in.
+/// How long a queued waiter of a shared kind sleeps in the server when
+/// the name is free but the acquire's rule does not let it in: a waiter
+/// ahead of it is about to go in. A mutex waiter sleeps on then, as while
+/// the lock is held: the first waiter goes in, and its release (or its
+/// leaving) wakes the next.
 const QUEUED_NAP: Duration = Duration::from_millis(50);
 
 /// The key a waiter registers under: a change that may let it in wakes
@@ -160,7 +162,13 @@ impl MySqlBackend {
         let (sql, limit) = (&self.inner.sql, self.inner.request_timeout);
         let cap = deadline.cap(self.inner.max_poll);
         if sleeper
-            .sleep(sql, (name, waiter), cap, QUEUED_NAP, limit)
+            .sleep(
+                sql,
+                (name, waiter),
+                cap,
+                if mutex { cap } else { QUEUED_NAP },
+                limit,
+            )
             .await
         {
             *registration.lock().unwrap_or_else(PoisonError::into_inner) = Some(sleeper);

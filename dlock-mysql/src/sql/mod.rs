@@ -135,6 +135,47 @@ fn shown_owner(table: &str) -> String {
     )
 }
 
+/// The mutex's acquire of the row `name` for `owner`, with a lease of
+/// `ttl` µs and the description `holder` (SQL for each value, used in that
+/// order: `?` for a prepared statement), when nobody counts ahead in its
+/// queue: no place of the holds matches `ahead` (a condition on them).
+///
+/// One statement, race-free: the row lock taken by the insert or the
+/// duplicate-key update orders concurrent acquirers. The update only fires
+/// on an expired or released row. The statement reports its outcome
+/// through LAST_INSERT_ID(expr), whose last value lands in the OK packet:
+/// the clock for a new row, the greater of version + 1 and the clock for a
+/// takeover, 0 when the lock is held, and [`HELD_AS_ANOTHER_KIND`] when it
+/// is held as a reader-writer lock or a semaphore (its owner a marker).
+/// The held branch must set 0 itself, because the VALUES row (and its
+/// LAST_INSERT_ID(clock)) is evaluated before the duplicate key is found.
+/// MySQL applies the assignments left to right: the first decides, and
+/// the others test whether the row now has this acquire's owner (a fresh
+/// random token: granted). Values are written twice instead of using
+/// VALUES() (deprecated in MySQL 8) or `AS new` (not in MariaDB).
+fn acquire(table: &str, [name, owner, ttl, holder]: [&str; 4], ahead: &str) -> String {
+    format!(
+        "INSERT INTO `{table}` (name, owner, version, expires_at, acquired_at, holder)
+         VALUES ({name}, {owner}, LAST_INSERT_ID({CLOCK}), {NOW} + INTERVAL {ttl} MICROSECOND, {NOW}, {holder})
+         ON DUPLICATE KEY UPDATE
+           owner = IF(expires_at <= {NOW} AND NOT EXISTS (SELECT 1 FROM `{table}_holds` AS q
+             WHERE {ahead}), {owner}, owner),
+           version = IF(owner = {owner}, LAST_INSERT_ID(GREATEST(version + 1, {CLOCK})), version + LAST_INSERT_ID(owner LIKE '~%') * 0),
+           acquired_at = IF(owner = {owner}, {NOW}, acquired_at),
+           holder = IF(owner = {owner}, {holder}, holder),
+           expires_at = IF(owner = {owner}, {NOW} + INTERVAL {ttl} MICROSECOND, expires_at)"
+    )
+}
+
+/// The places of the holds `q` that count in a queue (with their name's
+/// condition, the whole queue): live, and [`shared::counts`].
+fn queued(table: &str) -> String {
+    format!(
+        "q.waiting AND q.expires_at > {NOW} AND {}",
+        shared::counts(table, "q.")
+    )
+}
+
 /// `table` has passed [`validate_table`]: a plain identifier, quoted.
 fn safe(sql: String) -> SqlStr {
     AssertSqlSafe(sql).into_sql_str()
@@ -159,36 +200,7 @@ impl Statements {
                 ) ENGINE=InnoDB"
             )),
             exists: safe(format!("SELECT 1 FROM `{table}` LIMIT 0")),
-            // One statement, race-free: the row lock taken by the insert or
-            // the duplicate-key update orders concurrent acquirers. The
-            // update only fires on an expired or released row with nobody
-            // queued for it (a place in the holds table: with wake-ups on,
-            // waiters queue, and the lock goes to the first; see
-            // `acquire_queued`). The statement reports its outcome through
-            // LAST_INSERT_ID(expr), whose last value lands in the OK
-            // packet: the clock for a new row, the greater of version + 1
-            // and the clock for a takeover, 0 when the lock is held, and
-            // [`HELD_AS_ANOTHER_KIND`] when it is held as a reader-writer
-            // lock or a semaphore (its owner a marker). The held branch
-            // must set 0 itself, because the VALUES row (and its
-            // LAST_INSERT_ID(clock)) is evaluated before the duplicate key
-            // is found. MySQL applies the assignments left to right: the
-            // first decides, and the others test whether the row now has
-            // this acquire's owner (a fresh random token: granted).
-            // Parameters are bound twice instead of using VALUES()
-            // (deprecated in MySQL 8) or `AS new` (not in MariaDB).
-            acquire: safe(format!(
-                "INSERT INTO `{table}` (name, owner, version, expires_at, acquired_at, holder)
-                 VALUES (?, ?, LAST_INSERT_ID({CLOCK}), {NOW} + INTERVAL ? MICROSECOND, {NOW}, ?)
-                 ON DUPLICATE KEY UPDATE
-                   owner = IF(expires_at <= {NOW} AND NOT EXISTS (SELECT 1 FROM `{table}_holds`
-                     WHERE name = ? AND waiting AND expires_at > {NOW} AND {counts}), ?, owner),
-                   version = IF(owner = ?, LAST_INSERT_ID(GREATEST(version + 1, {CLOCK})), version + LAST_INSERT_ID(owner LIKE '~%') * 0),
-                   acquired_at = IF(owner = ?, {NOW}, acquired_at),
-                   holder = IF(owner = ?, ?, holder),
-                   expires_at = IF(owner = ?, {NOW} + INTERVAL ? MICROSECOND, expires_at)",
-                counts = shared::counts(table, "")
-            )),
+            acquire: safe(acquire(table, ["?"; 4], &format!("name = ? AND {}", queued(table)))),
             // The row stays, so the version keeps counting up. The reply's
             // LAST_INSERT_ID is the connection the first waiter in the
             // name's queue sleeps on (0: none, or not asleep), which the

@@ -204,12 +204,14 @@ impl Statements {
     }
 
     /// A mutex's acquire by `owner`, queued as `waiter` with a place of
-    /// `place_us`: granted when the name's row is free and no place counts
-    /// ahead of the waiter's (see [`counts`]), which it then gives up;
-    /// otherwise it keeps (or takes) its place. One row, as
-    /// [`Statements::acquire_shared`]'s: the fencing token when granted,
-    /// the marker of the kind the name is in use as when that is another,
-    /// and the µs left of the holder's lease.
+    /// `place_us`: granted when no place counts ahead of the waiter's (see
+    /// [`counts`]), which it then gives up. One row: the plain acquire's
+    /// outcome (its `LAST_INSERT_ID`).
+    ///
+    /// Three statements, no transaction: the place is written (or kept)
+    /// first, on its own, so that a release that takes the name's row
+    /// after the acquire has it sees it, and wakes this waiter when it is
+    /// first; a release before the acquire leaves the row free for it.
     pub fn acquire_queued(
         &self,
         name: &[u8],
@@ -218,35 +220,26 @@ impl Statements {
         waiter: &str,
         place_us: u64,
     ) -> SqlStr {
-        let (t, h, n, me) = (&self.table, self.holds(), bytes(name), waiter);
-        let (live, ahead) = (
-            format!("name = {n} AND expires_at > {NOW}"),
-            self.ahead(&n, me),
+        let (h, n, me, place) = (self.holds(), bytes(name), waiter, after(place_us));
+        let values = [
+            &*n,
+            &format!("'{owner}'"),
+            &ttl_us.to_string(),
+            &bytes(holder.as_bytes()),
+        ];
+        let ahead = format!(
+            "q.name = {n} AND {queued} AND q.owner <> '{me}' AND (q.since, q.owner) <
+               (SELECT m.since, m.owner FROM {h} AS m WHERE m.name = {n} AND m.owner = '{me}')",
+            queued = super::queued(&self.table)
         );
-        let (who, begin) = (bytes(holder.as_bytes()), self.begin(&n));
-        let (ttl, place) = (after(ttl_us), after(place_us));
         safe(format!(
-            "{begin}
-             SET @dl_o = (SELECT IF(expires_at > {NOW}, owner, NULL) FROM `{t}` WHERE name = {n});
-             SET @dl_since = (SELECT since FROM {h} WHERE {live} AND waiting AND owner = '{me}');
-             SET @dl_conflict = COALESCE(IF(@dl_o LIKE '~%', @dl_o, NULL),
-               (SELECT kind FROM {h} WHERE {ahead} AND kind <> '' LIMIT 1));
-             SET @dl_admit = @dl_conflict IS NULL AND @dl_o IS NULL
-               AND NOT EXISTS (SELECT 1 FROM {h} WHERE {ahead});
-             UPDATE `{t}` SET owner = '{owner}', version = GREATEST(version + 1, {CLOCK}),
-               acquired_at = {NOW}, holder = {who}, expires_at = {ttl}
-             WHERE name = {n} AND @dl_admit;
-             SET @dl_fence = IF(@dl_admit, (SELECT version FROM `{t}` WHERE name = {n}), NULL);
-             DELETE FROM {h} WHERE name = {n} AND (
-               (owner = '{me}' AND waiting AND @dl_admit)
-               OR (owner <> '{me}' AND expires_at < {NOW} - INTERVAL 1 MINUTE));
-             INSERT INTO {h} (name, owner, mode, kind, fence, expires_at, waiting, since)
-               SELECT {n}, '{me}', 'x', '', 0, {place}, TRUE, {CLOCK} FROM DUAL
-               WHERE NOT @dl_admit AND @dl_conflict IS NULL
+            "INSERT INTO {h} (name, owner, mode, kind, fence, expires_at, waiting, since)
+               VALUES ({n}, '{me}', 'x', '', 0, {place}, TRUE, {CLOCK})
                ON DUPLICATE KEY UPDATE since = IF(expires_at > {NOW}, since, {CLOCK}), expires_at = {place};
-             COMMIT;
-             SELECT CAST(@dl_fence AS SIGNED), CAST(@dl_conflict AS BINARY),
-               (SELECT CAST(TIMESTAMPDIFF(MICROSECOND, {NOW}, expires_at) AS SIGNED) FROM `{t}` WHERE {live})"
+             {acquire};
+             DELETE FROM {h} WHERE name = {n} AND owner = '{me}' AND waiting AND LAST_INSERT_ID() > 1;
+             SELECT CAST(LAST_INSERT_ID() AS SIGNED)",
+            acquire = super::acquire(&self.table, values, &ahead)
         ))
     }
 
