@@ -1,5 +1,7 @@
-//! One acquire attempt: a single `INSERT … ON DUPLICATE KEY UPDATE`, undone
-//! by its owner token when its outcome is unknown.
+//! One acquire attempt: a single `INSERT … ON DUPLICATE KEY UPDATE` (a
+//! queued waiter's: with its place written before and given up after, in
+//! the same round trip), undone by its owner token when its outcome is
+//! unknown.
 
 use dlock_core::undo::UndoOnDrop;
 use dlock_core::wait::{Attempt, on_arrival};
@@ -80,7 +82,10 @@ impl MySqlBackend {
         let owner_text = owner_token.to_string();
         let (owner, ttl) = (owner_text.as_str(), micros_up(lease_ttl));
         let queued = (!waiter.is_empty()).then(|| {
-            let place = micros_up(self.place());
+            // A sleeping waiter looks again within a poll interval, and each
+            // sleep and look within a request timeout: a place lapses
+            // soon after its waiter stops looking.
+            let place = micros_up(self.inner.max_poll + self.inner.request_timeout * 3);
             let sql = &self.inner.sql;
             sql.acquire_queued(name.as_bytes(), owner, (ttl, holder), waiter, place)
         });
@@ -101,7 +106,13 @@ impl MySqlBackend {
             };
             let done = match &queued {
                 None => {
-                    let query = sqlx::query(self.inner.sql.acquire.clone())
+                    let sql = &self.inner.sql;
+                    let plain = if self.inner.wake_ups {
+                        &sql.acquire
+                    } else {
+                        &sql.acquire_unqueued
+                    };
+                    let query = sqlx::query(plain.clone())
                         .bind(name.as_bytes())
                         .bind(owner)
                         .bind(ttl)
@@ -126,8 +137,13 @@ impl MySqlBackend {
             // Any answer from the server settles the outcome (an error was
             // rolled back). Disarm then, or the undo of a deadlocked try
             // would release the next try's grant: it has the same owner.
+            // A queued look is three statements, and an error in the last
+            // ones comes after the acquire's commit: it stays armed then,
+            // unless the look is tried again, whose acquire finds the row
+            // its own and grants it anew (a later version, same owner).
             let answered = match &done {
                 Ok(Ok(_)) => true,
+                Ok(Err(e)) if queued.is_some() => rolled_back.would_retry(e),
                 Ok(Err(e)) => e.as_database_error().is_some(),
                 Err(_) => false,
             };

@@ -84,14 +84,17 @@ impl MySqlBuilder {
 
     /// Whether waiters queue and sleep in the server, and releases wake
     /// the first of them with `KILL QUERY` (default `false`: waiters poll;
-    /// see the crate's README): hand-offs across processes in about a millisecond, for up
-    /// to 5 connections per backend beyond the pool (an anchor and up to 4
-    /// sleeping waiters), opened when it first waits and kept. Turn it on
-    /// for every client of the table, and only with a direct connection to
-    /// the server: behind a proxy (ProxySQL, a multi-primary router) the
-    /// connection id a release kills may name another client's connection.
-    /// On MySQL, whose `GET_LOCK` cannot wait for a fraction of a second,
-    /// waiters poll whatever this says.
+    /// see the crate's README): waiters served in the order they came, a
+    /// releaser asking again at once included, for up to 5 connections per
+    /// backend beyond the pool (an anchor and up to 4 sleeping waiters),
+    /// opened when it first waits and kept. A client without it neither
+    /// queues nor waits for those who do. Turn it on for every client of
+    /// the table, and only with a direct connection to the server: behind
+    /// a proxy (ProxySQL, a multi-primary router) the connection id a
+    /// release kills may name another client's connection, and a release
+    /// wakes the first queued waiter whatever the releasing client's own
+    /// setting. On MySQL, whose `GET_LOCK` cannot wait for a fraction of a
+    /// second, waiters poll whatever this says.
     pub fn wake_ups(mut self, on: bool) -> Self {
         self.wake_ups = on;
         self

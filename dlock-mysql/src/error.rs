@@ -44,15 +44,20 @@ impl RolledBack {
     /// Whether `e` says the server rolled the statement back and it may be
     /// sent again (after [`RolledBack::pause`]).
     pub fn again(&mut self, e: &sqlx::Error) -> bool {
-        let rolled_back = matches!(
-            server_error_number(e),
-            Some(ER_LOCK_DEADLOCK | ER_LOCK_WAIT_TIMEOUT)
-        );
-        if !rolled_back || self.tries == ROLLED_BACK_RETRIES {
+        if !self.would_retry(e) {
             return false;
         }
         self.tries += 1;
         true
+    }
+
+    /// Whether [`RolledBack::again`] would say so now.
+    pub fn would_retry(&self, e: &sqlx::Error) -> bool {
+        let rolled_back = matches!(
+            server_error_number(e),
+            Some(ER_LOCK_DEADLOCK | ER_LOCK_WAIT_TIMEOUT)
+        );
+        rolled_back && self.tries < ROLLED_BACK_RETRIES
     }
 
     /// A short random pause, longer at each try, within the call's bound

@@ -142,7 +142,9 @@ impl MySqlBackend {
         let mut lent = self.lend(doing, by).await?;
         let done = timeout_at(by, query.execute(lent.conn())).await;
         let sleeper = match &done {
-            Ok(Ok(r)) if r.rows_affected() == 1 && self.inner.wake_ups => r.last_insert_id(),
+            // Whatever this client's own setting: only a client with
+            // wake-ups queues and sleeps, and the lock goes to it.
+            Ok(Ok(r)) if r.rows_affected() == 1 => r.last_insert_id(),
             _ => 0,
         };
         if sleeper == 0 {

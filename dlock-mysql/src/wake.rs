@@ -171,8 +171,8 @@ pub(crate) struct Sleeper {
 }
 
 impl Sleeper {
-    /// Registers for `name` on an idle sleeper connection: `None` when
-    /// there is none free, or another waiter is registered.
+    /// Registers under `name` (a waiter's key) on an idle sleeper
+    /// connection: `None` when there is none free, or the key is taken.
     pub async fn register(
         sleepers: &Arc<Sleepers>,
         sql: &Statements,

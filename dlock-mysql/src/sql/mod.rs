@@ -58,7 +58,11 @@ pub(crate) fn validate_table(name: &str) -> Result<()> {
 pub(crate) struct Statements {
     pub create: SqlStr,
     pub exists: SqlStr,
+    /// The plain acquire of a client with wake-ups: refused while a
+    /// waiter queues.
     pub acquire: SqlStr,
+    /// The plain acquire of a client without wake-ups.
+    pub acquire_unqueued: SqlStr,
     pub release: SqlStr,
     pub extend: SqlStr,
     pub hold: SqlStr,
@@ -201,6 +205,10 @@ impl Statements {
             )),
             exists: safe(format!("SELECT 1 FROM `{table}` LIMIT 0")),
             acquire: safe(acquire(table, ["?"; 4], &format!("name = ? AND {}", queued(table)))),
+            // A client without wake-ups does not queue, nor wait for those
+            // who do: it looks as it always did (the impossible condition
+            // keeps the parameters of `acquire`, and reads nothing).
+            acquire_unqueued: safe(acquire(table, ["?"; 4], "name = ? AND FALSE")),
             // The row stays, so the version keeps counting up. The reply's
             // LAST_INSERT_ID is the connection the first waiter in the
             // name's queue sleeps on (0: none, or not asleep), which the
