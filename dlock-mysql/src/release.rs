@@ -5,12 +5,10 @@ use std::time::Duration;
 
 use dlock_core::undo::retry_for;
 use dlock_core::{Error, Lease, Mode, OwnerToken, Result};
-use sqlx::mysql::{MySql, MySqlArguments};
-use sqlx::query::Query;
 use tokio::time::{Instant, timeout_at};
 
 use crate::backend::MySqlBackend;
-use crate::error::{ER_NO_SUCH_THREAD, server_error_number, timed_out};
+use crate::error::{ER_NO_SUCH_THREAD, RolledBack, server_error_number, timed_out};
 use crate::pool::{Lent, Mark, answer, settle};
 use dlock_core::micros_up;
 
@@ -20,11 +18,12 @@ impl MySqlBackend {
         if lease.mode() != Mode::Exclusive {
             return self.release_shared(lease).await;
         }
-        let query = sqlx::query(self.inner.sql.release.clone())
-            .bind(lease.name().as_bytes())
-            .bind(lease.owner().to_string());
         let by = self.deadline();
-        if self.release_row(query, lease.name(), "release", by).await? != 1 {
+        if self
+            .release_row(lease.name(), lease.owner(), "release", by)
+            .await?
+            != 1
+        {
             return Err(Error::NotHeld {
                 name: lease.name().to_owned(),
             });
@@ -59,10 +58,7 @@ impl MySqlBackend {
         let released = retry_for(ttl, || async {
             let by = self.deadline();
             self.end_connection(&sent_on, by).await?;
-            let query = sqlx::query(self.inner.sql.release.clone())
-                .bind(name.as_bytes())
-                .bind(owner.to_string());
-            self.release_row(query, name, "undo an acquire", by).await
+            self.release_row(name, owner, "undo an acquire", by).await
         })
         .await;
         tracing::debug!(name, ?released, "undid an acquire of unknown outcome");
@@ -126,21 +122,36 @@ impl MySqlBackend {
         Ok(())
     }
 
-    /// Runs a release statement for `name` (the plain release, or an
-    /// undo) and wakes its waiters: those in this process, and the waiter
-    /// registered for the name, whose connection the statement reports.
-    /// The kill goes on the same connection as the release, so that it
-    /// reaches the server that read the registration. Returns rows matched.
+    /// Releases `name` if `owner` holds it (the plain release, or an
+    /// undo) and wakes its waiters: those in this process, and the first
+    /// queued one, whose connection the statement reports. The kill goes
+    /// on the same connection as the release, so that it reaches the
+    /// server that read the registration. A release InnoDB rolled back
+    /// (a deadlock with a look at the queue) changed nothing, and is sent
+    /// again. Returns rows matched.
     async fn release_row(
         &self,
-        query: Query<'_, MySql, MySqlArguments>,
         name: &str,
+        owner: OwnerToken,
         doing: &str,
         by: Instant,
     ) -> Result<u64> {
         let limit = self.inner.request_timeout;
-        let mut lent = self.lend(doing, by).await?;
-        let done = timeout_at(by, query.execute(lent.conn())).await;
+        let owner = owner.to_string();
+        let mut rolled_back = RolledBack::default();
+        let (done, lent) = loop {
+            let query = sqlx::query(self.inner.sql.release.clone())
+                .bind(name.as_bytes())
+                .bind(owner.as_str());
+            let mut lent = self.lend(doing, by).await?;
+            match timeout_at(by, query.execute(lent.conn())).await {
+                Ok(Err(e)) if rolled_back.again(&e) => {
+                    lent.give_back();
+                    rolled_back.pause(by).await;
+                }
+                done => break (done, lent),
+            }
+        };
         let sleeper = match &done {
             // Whatever this client's own setting: only a client with
             // wake-ups queues and sleeps, and the lock goes to it.

@@ -205,9 +205,11 @@ impl Statements {
 
     /// A mutex's acquire by `owner`, queued as `waiter` with a place of
     /// `place_us`: granted when no place counts ahead of the waiter's (see
-    /// [`counts`]), which it then gives up (with places of others that
-    /// ended over a minute ago). One row: the plain acquire's outcome (its
-    /// `LAST_INSERT_ID`).
+    /// [`counts`]), which it then gives up. One row: the plain acquire's
+    /// outcome (its `LAST_INSERT_ID`). Each statement touches the holds by
+    /// primary key or reads them: a sweep of lapsed places here (a range
+    /// of row locks) deadlocked with releases in the bench; lapsed places
+    /// go when a waiter of the name leaves ([`Statements::abandon`]).
     ///
     /// Three statements, no transaction, and the order matters: the place
     /// is committed first, on its own, before the acquire locks the name's
@@ -245,9 +247,7 @@ impl Statements {
                VALUES ({n}, '{me}', 'x', '', 0, {place}, TRUE, {CLOCK})
                ON DUPLICATE KEY UPDATE since = IF(expires_at > {NOW}, since, {CLOCK}), expires_at = {place};
              {acquire};
-             DELETE FROM {h} WHERE name = {n} AND waiting AND (
-               (owner = '{me}' AND LAST_INSERT_ID() > 1)
-               OR (owner <> '{me}' AND expires_at < {NOW} - INTERVAL 1 MINUTE));
+             DELETE FROM {h} WHERE name = {n} AND owner = '{me}' AND waiting AND LAST_INSERT_ID() > 1;
              SELECT CAST(LAST_INSERT_ID() AS SIGNED)",
             acquire = super::acquire(&self.table, values, &ahead)
         ))
@@ -320,8 +320,9 @@ impl Statements {
         ))
     }
 
-    /// Gives a waiter's place up. Rows: the waiters to wake (a writer that
-    /// leaves may let readers in), then how many places it gave up.
+    /// Gives a waiter's place up, and sweeps the name's places that lapsed
+    /// over a minute ago. Rows: the waiters to wake (a writer that leaves
+    /// may let readers in), then how many places it gave up.
     pub fn abandon(&self, name: &[u8], waiter: &str, wake: bool) -> SqlStr {
         let (h, n) = (self.holds(), bytes(name));
         // In the name's transaction, as a release: each sees the other's
@@ -332,6 +333,7 @@ impl Statements {
             "{begin}
              DELETE FROM {h} WHERE name = {n} AND owner = '{waiter}' AND waiting;
              SET @dl_n = ROW_COUNT();
+             DELETE FROM {h} WHERE name = {n} AND waiting AND expires_at < {NOW} - INTERVAL 1 MINUTE;
              COMMIT;
              {wake}
              SELECT CAST(@dl_n AS SIGNED)"
