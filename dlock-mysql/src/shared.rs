@@ -33,7 +33,7 @@ fn count(rows: &[MySqlRow], doing: &str) -> Result<i64> {
 impl MySqlBackend {
     /// How long a queued waiter keeps its place without asking again: a
     /// few of its longest sleeps, plus the round trips of its asking.
-    pub(crate) fn place(&self) -> Duration {
+    fn place(&self) -> Duration {
         self.inner.max_poll * 3 + self.inner.request_timeout * 2
     }
 

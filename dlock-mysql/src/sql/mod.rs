@@ -171,15 +171,6 @@ fn acquire(table: &str, [name, owner, ttl, holder]: [&str; 4], ahead: &str) -> S
     )
 }
 
-/// The places of the holds `q` that count in a queue (with their name's
-/// condition, the whole queue): live, and [`shared::counts`].
-fn queued(table: &str) -> String {
-    format!(
-        "q.waiting AND q.expires_at > {NOW} AND {}",
-        shared::counts(table, "q.")
-    )
-}
-
 /// `table` has passed [`validate_table`]: a plain identifier, quoted.
 fn safe(sql: String) -> SqlStr {
     AssertSqlSafe(sql).into_sql_str()
@@ -204,7 +195,7 @@ impl Statements {
                 ) ENGINE=InnoDB"
             )),
             exists: safe(format!("SELECT 1 FROM `{table}` LIMIT 0")),
-            acquire: safe(acquire(table, ["?"; 4], &format!("name = ? AND {}", queued(table)))),
+            acquire: safe(acquire(table, ["?"; 4], &format!("name = ? AND {}", shared::queued(table)))),
             // A client without wake-ups does not queue, nor wait for those
             // who do: it looks as it always did (the impossible condition
             // keeps the parameters of `acquire`, and reads nothing).

@@ -61,10 +61,16 @@ pub(super) fn admitted(t: &str, n: &str) -> String {
 /// expression), as a subquery: NULL when nobody queues.
 pub(super) fn head(t: &str, n: &str) -> String {
     format!(
-        "(SELECT q.owner FROM `{t}_holds` AS q WHERE q.name = {n} AND q.waiting
-           AND q.expires_at > {NOW} AND {} ORDER BY q.since, q.owner LIMIT 1)",
-        counts(t, "q.")
+        "(SELECT q.owner FROM `{t}_holds` AS q WHERE q.name = {n} AND {}
+           ORDER BY q.since, q.owner LIMIT 1)",
+        queued(t)
     )
+}
+
+/// The places of the holds `q` of `t` that count in a queue (with their
+/// name's condition, the whole queue): live, and [`counts`].
+pub(super) fn queued(t: &str) -> String {
+    format!("q.waiting AND q.expires_at > {NOW} AND {}", counts(t, "q."))
 }
 
 /// Whether a live place of the holds of `t` (its columns prefixed by `p`:
@@ -240,7 +246,7 @@ impl Statements {
         let ahead = format!(
             "q.name = {n} AND {queued} AND q.owner <> '{me}' AND COALESCE((q.since, q.owner) <
                (SELECT m.since, m.owner FROM {h} AS m WHERE m.name = {n} AND m.owner = '{me}'), TRUE)",
-            queued = super::queued(&self.table)
+            queued = queued(&self.table)
         );
         safe(format!(
             "INSERT INTO {h} (name, owner, mode, kind, fence, expires_at, waiting, since)
