@@ -5,9 +5,9 @@ use std::collections::VecDeque;
 use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
-use dlock_core::undo::UndoOnDrop;
 use dlock_core::wait::{Attempt, on_arrival};
 use dlock_core::{Error, Lease, LockOptions, Mode, OwnerToken, Result};
+use redis::Value;
 use tokio::time::Instant;
 
 use crate::backend::{NAME, RedisBackend};
@@ -112,37 +112,45 @@ impl RedisBackend {
                 (state.owner, number, sent)
             }
         };
+        let value = value(owner, opts.holder_value());
         // Armed until the reply is in: if the request fails or this future is
         // dropped mid-flight, the script may still run and take the lock for
-        // a caller who never hears of it, so release it by its token. A
+        // a caller who never hears of it, so release it by its value. A
         // wait's value is released when the wait ends instead: a later
         // attempt may have been granted it meanwhile.
-        let mut cleanup = pending.is_none().then(|| {
-            let (backend, name, ttl) = (self.clone(), name.to_owned(), opts.ttl_value());
-            let value = value(owner, opts.holder_value());
-            UndoOnDrop::new(async move { backend.undo(&name, &value, ttl).await })
-        });
+        let mut cleanup = Unsettled {
+            backend: self,
+            name,
+            value: &value,
+            opts,
+            armed: pending.is_none(),
+        };
         let mut invocation = self.queue_scripts().acquire.prepare_invoke();
-        invocation
-            .key(keys.lock())
-            .key(keys.fence())
-            .key(keys.queue())
-            .key(keys.queue_expiry())
-            .key(keys.queue_values())
-            .arg(value(owner, opts.holder_value()))
-            .arg(millis_up(opts.ttl_value()));
+        invocation.key(keys.lock());
+        if self.inner.cluster {
+            // One server derives them from the lock key (see the script).
+            invocation
+                .key(keys.fence())
+                .key(keys.queue())
+                .key(keys.queue_expiry())
+                .key(keys.queue_values());
+        }
+        invocation.arg(&value).arg(millis_up(opts.ttl_value()));
         if !waiter.is_empty() {
             invocation.arg(waiter).arg(millis_up(self.place_lifetime()));
             if pending.is_some() {
                 invocation.arg(number);
             }
         }
-        let (reply, confirmed) = self
-            .run::<Vec<String>>(&invocation, true, "acquire")
-            .await?;
+        let (reply, confirmed) = self.run::<Value>(&invocation, true, "acquire").await?;
         let malformed = || Error::malformed(NAME, "acquire", &reply);
-        let (code, detail) = match reply.as_slice() {
-            [code, detail, ..] => (code.parse::<i64>().map_err(|_| malformed())?, detail),
+        // A grant now is the fencing token alone; other outcomes a table.
+        let (code, detail, third) = match &reply {
+            Value::BulkString(_) => (1, &reply, None),
+            Value::Array(fields) => match fields.as_slice() {
+                [Value::Int(code), detail, rest @ ..] => (*code, detail, rest.first()),
+                _ => return Err(malformed()),
+            },
             _ => return Err(malformed()),
         };
         if matches!(code, 1 | 3) && !confirmed {
@@ -151,7 +159,7 @@ impl RedisBackend {
         }
         let attempt = match code {
             1 => {
-                let fence = detail.parse().map_err(|_| malformed())?;
+                let fence = count(detail).ok_or_else(malformed)?;
                 self.arrived(Lease::with_ttl(name, owner, fence, opts, sent), pending)?
             }
             // Granted before: by this request's first run (a replay), an
@@ -159,10 +167,9 @@ impl RedisBackend {
             // `left` after the script ran, which was after `sent`; the
             // lease counts as if granted `ttl - left` before `sent`.
             3 => {
-                let fence = detail.parse().map_err(|_| malformed())?;
-                let left = reply
-                    .get(2)
-                    .and_then(|ms| ms.parse::<u64>().ok())
+                let fence = count(detail).ok_or_else(malformed)?;
+                let left = third
+                    .and_then(count)
                     .map(Duration::from_millis)
                     .ok_or_else(malformed)?;
                 match sent.checked_sub(opts.ttl_value().saturating_sub(left)) {
@@ -173,25 +180,21 @@ impl RedisBackend {
                     None => self.arrived_late(name, owner, opts, pending)?,
                 }
             }
+            // The holder's PTTL; negative: free but promised to the head.
             0 => Attempt::Held {
-                expires_in: detail.parse::<u64>().ok().map(Duration::from_millis),
+                expires_in: count(detail).map(Duration::from_millis),
             },
             2 => {
-                let marker = detail;
-                if let Some(cleanup) = &mut cleanup {
-                    cleanup.disarm();
-                }
+                cleanup.armed = false;
                 return Err(Error::ModeConflict {
                     name: name.to_owned(),
-                    held: Mode::of_marker(marker),
+                    held: Mode::of_marker(text(detail).ok_or_else(malformed)?),
                     asked: Mode::Exclusive,
                 });
             }
             _ => return Err(malformed()),
         };
-        if let Some(cleanup) = &mut cleanup {
-            cleanup.disarm();
-        }
+        cleanup.armed = false;
         Ok(attempt)
     }
 
@@ -222,9 +225,53 @@ impl RedisBackend {
         Ok(Attempt::Held { expires_in: None })
     }
 
-    /// Releases `value` of `name` on a task of its own.
+    /// Releases `value` of `name` on a task of its own, if there is a
+    /// runtime to spawn it on (an acquire dropped as its runtime shuts
+    /// down leaves the lock to its TTL).
     fn undo_in_background(&self, name: &str, value: String, opts: &LockOptions) {
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
         let (backend, name, ttl) = (self.clone(), name.to_owned(), opts.ttl_value());
-        tokio::spawn(async move { backend.undo(&name, &value, ttl).await });
+        rt.spawn(async move { backend.undo(&name, &value, ttl).await });
+    }
+}
+
+/// An acquire whose outcome is not known yet: dropped while armed (the
+/// request failed, or the caller dropped the future mid-flight), it
+/// releases `value` on a task of its own. It borrows until then, so the
+/// common case, a reply, costs no allocation.
+struct Unsettled<'a> {
+    backend: &'a RedisBackend,
+    name: &'a str,
+    value: &'a str,
+    opts: &'a LockOptions,
+    armed: bool,
+}
+
+impl Drop for Unsettled<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            let value = self.value.to_owned();
+            self.backend.undo_in_background(self.name, value, self.opts);
+        }
+    }
+}
+
+/// A reply field as text.
+fn text(field: &Value) -> Option<&str> {
+    match field {
+        Value::BulkString(bytes) => std::str::from_utf8(bytes).ok(),
+        Value::SimpleString(text) => Some(text),
+        _ => None,
+    }
+}
+
+/// A reply field as a number: an integer, or its decimal text. `None` for
+/// a negative one (a PTTL's "no key", "no expiry").
+fn count(field: &Value) -> Option<u64> {
+    match field {
+        Value::Int(n) => u64::try_from(*n).ok(),
+        other => text(other)?.parse().ok(),
     }
 }

@@ -83,13 +83,16 @@ impl RedisBackend {
     /// queue, or wakes it.
     fn release_script<'a>(&'a self, keys: &'a Keys, value: &'a str) -> redis::ScriptInvocation<'a> {
         let mut invocation = self.queue_scripts().release.prepare_invoke();
-        invocation
-            .key(keys.lock())
-            .key(keys.queue())
-            .key(keys.queue_expiry())
-            .key(keys.fence())
-            .key(keys.queue_values())
-            .arg(value);
+        invocation.key(keys.lock());
+        if self.inner.cluster {
+            // One server derives them from the lock key (see the script).
+            invocation
+                .key(keys.queue())
+                .key(keys.queue_expiry())
+                .key(keys.fence())
+                .key(keys.queue_values());
+        }
+        invocation.arg(value);
         invocation
     }
 

@@ -142,6 +142,26 @@ async fn fencing_survives_a_restart_without_persistence() {
     );
 }
 
+/// The counter, not the clock, sets the token when the counter is ahead
+/// (the clock stepped back, or a token drawn in the same microsecond).
+#[tokio::test]
+async fn a_counter_ahead_of_the_clock_still_rises_by_one() {
+    let b = backend().await;
+    let name = unique_name("ahead");
+    // Far above the clock in µs, and below 2^53.
+    let ahead: u64 = 9_000_000_000_000_000;
+    let mut conn = b.connection();
+    let _: () = conn
+        .set(format!("dlock:{{{name}}}:fence"), ahead)
+        .await
+        .unwrap();
+    for step in 1..=2 {
+        let lease = must_acquire(&b, &name, &long()).await;
+        assert_eq!(lease.fencing_token(), ahead + step);
+        b.release(&lease).await.unwrap();
+    }
+}
+
 #[tokio::test]
 async fn scripts_are_reloaded_after_script_flush() {
     let b = backend().await;

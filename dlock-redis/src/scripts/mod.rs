@@ -119,19 +119,48 @@ fn with_fast_path(fast: &str, body: &str, wake: &str) -> Script {
     Script::new(&format!("{fast}{QUEUE}{wake}{body}"))
 }
 
-/// Draws the next fencing token into `fence`, keeping the counter for
-/// [`FENCE_RETENTION_MS`]: never below the last one plus one, nor below
-/// the server's clock in µs.
+/// Draws the next fencing token into `fence`, the counter `KEYS[2]`, kept
+/// for [`FENCE_RETENTION_MS`]: never below the last one
+/// plus one, nor below the server's clock in µs.
+///
+/// The clock's µs are joined as text, and the counter is swapped in one
+/// `SET … GET`: formatting a number, and a `GET` of its own, each cost the
+/// server about as much as the rest of the draw. Only when the last token
+/// is not below the clock (it stepped back, or two grants fell in one µs)
+/// is a number formatted: the last one plus one. (Tokens stay below 2^53,
+/// where Lua's numbers are exact, until the 2250s.)
 static FENCE_DRAW: LazyLock<String> = LazyLock::new(|| {
     format!(
         r"
-  local last = tonumber(redis.call('GET', KEYS[2]) or '0')
   local t = redis.call('TIME')
-  local fence = string.format('%.0f', math.max(last + 1, tonumber(t[1]) * 1000000 + tonumber(t[2])))
-  redis.call('SET', KEYS[2], fence, 'PX', {FENCE_RETENTION_MS})
+  local fence = t[1] .. string.rep('0', 6 - #t[2]) .. t[2]
+  local last = redis.call('SET', KEYS[2], fence, 'PX', {FENCE_RETENTION_MS}, 'GET')
+  if last and tonumber(last) >= tonumber(fence) then
+    fence = string.format('%.0f', tonumber(last) + 1)
+    redis.call('SET', KEYS[2], fence, 'PX', {FENCE_RETENTION_MS})
+  end
 "
     )
 });
+
+/// The acquire script's keys, filled in from the lock key when that is
+/// the only one sent: every key sent costs one server about what a small
+/// command does. (A lock's keys are its lock key and a suffix, in one hash
+/// slot, see [`crate::keys`].) A cluster is sent them all: a slot being
+/// migrated answers `TRYAGAIN` or `ASK` for the keys a script declares,
+/// and fails a script that touches a key it did not declare.
+const ACQUIRE_KEYS: &str = r"
+if not KEYS[2] then
+  KEYS[2], KEYS[3], KEYS[4], KEYS[5] = KEYS[1] .. ':fence', KEYS[1] .. ':q', KEYS[1] .. ':qexp', KEYS[1] .. ':qv'
+end
+";
+
+/// As [`ACQUIRE_KEYS`], for the release.
+const RELEASE_KEYS: &str = r"
+if not KEYS[2] then
+  KEYS[2], KEYS[3], KEYS[4], KEYS[5] = KEYS[1] .. ':q', KEYS[1] .. ':qexp', KEYS[1] .. ':fence', KEYS[1] .. ':qv'
+end
+";
 
 /// The scripts that wake waiters, in the flavour of one deployment.
 pub(crate) struct QueueScripts {
@@ -145,8 +174,16 @@ pub(crate) struct QueueScripts {
 impl QueueScripts {
     fn new(wake: &str) -> Self {
         QueueScripts {
-            acquire: with_fast_path(&ACQUIRE_FAST, &ACQUIRE_BODY, wake),
-            release: with_fast_path(RELEASE_FAST, &format!("{}{RELEASE_BODY}", *HAND_OVER), wake),
+            acquire: with_fast_path(
+                &format!("{ACQUIRE_KEYS}{}", *ACQUIRE_FAST),
+                &ACQUIRE_BODY,
+                wake,
+            ),
+            release: with_fast_path(
+                &format!("{RELEASE_KEYS}{RELEASE_FAST}"),
+                &format!("{}{RELEASE_BODY}", *HAND_OVER),
+                wake,
+            ),
             abandon: with_queue(ABANDON_BODY, wake),
             shared: SharedScripts::new(wake),
         }
@@ -160,11 +197,12 @@ pub(crate) static SINGLE: LazyLock<QueueScripts> = LazyLock::new(|| QueueScripts
 pub(crate) static SHARDED: LazyLock<QueueScripts> =
     LazyLock::new(|| QueueScripts::new(WAKE_SHARDED));
 
-/// KEYS: lock, fence, queue, queue expiry, queue values. ARGV: lock value,
-/// TTL in ms, and to queue when held: waiter, place lifetime in ms, and
-/// for a waiter that takes a grant from a release's message, the number
-/// of this attempt in its wait.
-/// Returns `{1, fencing token}` when granted now, `{3, fencing token,
+/// KEYS: lock, fence, queue, queue expiry, queue values (or the lock
+/// alone, see [`ACQUIRE_KEYS`]). ARGV: lock value, TTL in ms, and to queue when held: waiter, place
+/// lifetime in ms, and for a waiter that takes a grant from a release's
+/// message, the number of this attempt in its wait.
+/// Returns the fencing token alone when granted now (the common reply,
+/// and a table costs the server more than a string), `{3, fencing token,
 /// PTTL}` when the lock value was granted before (a replayed request, an
 /// earlier attempt of the same wait, or a release's hand-over), `{0, holder's
 /// PTTL}` when held (-2: free, but promised to the waiter at the head of
@@ -190,7 +228,7 @@ if (not first or first == me) and redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX'
     redis.call('HDEL', KEYS[5], me)
   end
 {fence_draw}
-  return {{1, fence}}
+  return fence
 end
 -- A replayed request (the cluster client sends a request again when its
 -- connection failed, and the first may have run) finds its own grant.
@@ -249,7 +287,7 @@ static ACQUIRE_FAST: LazyLock<String> = LazyLock::new(|| {
         r"
 if redis.call('EXISTS', KEYS[3]) == 0 and redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
 {fence_draw}
-  return {{1, fence}}
+  return fence
 end
 ",
         fence_draw = *FENCE_DRAW,
@@ -321,7 +359,8 @@ end
 });
 
 /// KEYS: lock, queue, queue expiry, fence, queue values, and on a cluster
-/// the release mark. ARGV: lock value, and on a cluster the request's id
+/// the release mark (on one server the lock alone, see [`RELEASE_KEYS`]).
+/// ARGV: lock value, and on a cluster the request's id
 /// and how long to remember it in ms. Returns 1 when released, 0 when the
 /// caller was not the holder. Hands the lock over to the head of the queue
 /// (or wakes it): one message per release, however many wait.
