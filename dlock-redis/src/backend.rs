@@ -22,8 +22,12 @@ pub(crate) const NAME: &str = "redis";
 
 /// A Redis lock backend. Cheap to clone; clones share connections.
 ///
-/// Needs Redis 6 or later (RESP3 for the pub/sub connection). See the crate
-/// docs for the key layout.
+/// Needs Redis 6.2 or later (RESP3 for the pub/sub connection, `SET … GET`
+/// for the fencing counter), or Valkey. On one server the acquire and
+/// release scripts are sent the lock key alone and derive the lock's other
+/// keys from it, which Redis and Valkey allow; a server that refuses keys
+/// a script did not declare (Dragonfly by default) refuses them. See the
+/// crate docs for the key layout.
 ///
 /// With a `redis+sentinel://` URL it asks the Sentinels for the primary,
 /// and asks again whenever a request fails for want of a primary (the
