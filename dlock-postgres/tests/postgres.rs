@@ -404,6 +404,9 @@ async fn eventually(within: Duration, mut check: impl FnMut() -> bool) -> bool {
 /// A release in another process reaches a waiting backend as a
 /// notification, which wakes its waiter: it gets the lock at once. Counted
 /// on the listener, so that a poll landing by chance cannot pass for it.
+/// The release comes once the waiter has its place: a waiter listens
+/// before it queues, and a release finding no place names nobody (the
+/// waiter's next look then finds the lock free, unannounced).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_release_wakes_a_waiter_in_another_process() {
     let table = own_table("wake");
@@ -424,12 +427,26 @@ async fn a_release_wakes_a_waiter_in_another_process() {
         .await,
         "the waiting backend never listened"
     );
+    let _ = queued(
+        &mut admin().await,
+        &table,
+        &name,
+        1,
+        "the waiter never queued",
+    )
+    .await;
     let heard = waiter.listener_counts_for_tests().1;
     holder.release(&lease).await.unwrap();
     let (granted, _, waiter) = task.await.unwrap();
     waiter.release(&granted.unwrap()).await.unwrap();
+    // The waiter's own look may find the lock free just before the
+    // notification lands: it is counted when it does.
     assert!(
-        waiter.listener_counts_for_tests().1 > heard,
+        eventually(Duration::from_secs(10), || waiter
+            .listener_counts_for_tests()
+            .1
+            > heard)
+        .await,
         "the release was not heard"
     );
 }
