@@ -120,8 +120,8 @@ fn with_fast_path(fast: &str, body: &str, wake: &str) -> Script {
 }
 
 /// Draws the next fencing token into `fence`, the counter `KEYS[2]`, kept
-/// for [`FENCE_RETENTION_MS`]: never below the last one
-/// plus one, nor below the server's clock in µs.
+/// for [`FENCE_RETENTION_MS`]: never below the last one plus one, nor
+/// below the server's clock in µs.
 ///
 /// The clock's µs are joined as text, and the counter is swapped in one
 /// `SET … GET`: formatting a number, and a `GET` of its own, each cost the
@@ -198,9 +198,9 @@ pub(crate) static SHARDED: LazyLock<QueueScripts> =
     LazyLock::new(|| QueueScripts::new(WAKE_SHARDED));
 
 /// KEYS: lock, fence, queue, queue expiry, queue values (or the lock
-/// alone, see [`ACQUIRE_KEYS`]). ARGV: lock value, TTL in ms, and to queue when held: waiter, place
-/// lifetime in ms, and for a waiter that takes a grant from a release's
-/// message, the number of this attempt in its wait.
+/// alone, see [`ACQUIRE_KEYS`]). ARGV: lock value, TTL in ms, and to queue
+/// when held: waiter, place lifetime in ms, and for a waiter that takes a
+/// grant from a release's message, the number of this attempt in its wait.
 /// Returns the fencing token alone when granted now (the common reply,
 /// and a table costs the server more than a string), `{3, fencing token,
 /// PTTL}` when the lock value was granted before (a replayed request, an
@@ -360,10 +360,10 @@ end
 
 /// KEYS: lock, queue, queue expiry, fence, queue values, and on a cluster
 /// the release mark (on one server the lock alone, see [`RELEASE_KEYS`]).
-/// ARGV: lock value, and on a cluster the request's id
-/// and how long to remember it in ms. Returns 1 when released, 0 when the
-/// caller was not the holder. Hands the lock over to the head of the queue
-/// (or wakes it): one message per release, however many wait.
+/// ARGV: lock value, and on a cluster the request's id and how long to
+/// remember it in ms. Returns 1 when released, 0 when the caller was not
+/// the holder. Hands the lock over to the head of the queue (or wakes it):
+/// one message per release, however many wait.
 const RELEASE_BODY: &str = r"
 if redis.call('GET', KEYS[1]) == ARGV[1] then
   redis.call('DEL', KEYS[1])
