@@ -229,9 +229,15 @@ pub async fn try_shared(service: Service) -> Result<&'static Server, String> {
 /// # Panics
 /// As [`shared`].
 pub async fn start(service: Service, options: ServerOptions) -> Server {
-    on_harness(start_container(service, options))
+    try_start(service, options)
         .await
         .unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// [`start`], saying why instead of panicking when the server cannot be
+/// started (no Docker, no image).
+pub async fn try_start(service: Service, options: ServerOptions) -> Result<Server, String> {
+    on_harness(start_container(service, options)).await
 }
 
 /// The runtime all Docker calls run on. Tests each have their own runtime,
