@@ -168,7 +168,7 @@ async fn url(flag: Option<String>, service: Service) -> Result<String> {
 /// on 2 cores; dlock-mysql's README advises the pool for many nodes on few
 /// cores. The tests run the default.
 async fn mysql_url(flag: Option<String>, own: &mut Vec<Server>) -> Result<String> {
-    if let Some(url) = flag.or_else(|| std::env::var("DLOCK_MYSQL_URL").ok()) {
+    if let Some(url) = flag.or_else(|| std::env::var(Service::MariaDb.env_override()).ok()) {
         return Ok(url);
     }
     let options = ServerOptions {

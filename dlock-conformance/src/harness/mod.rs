@@ -105,7 +105,9 @@ impl Service {
         }
     }
 
-    fn env_override(self) -> &'static str {
+    /// The variable naming a running server to use instead of a container
+    /// (read by [`try_shared`]).
+    pub fn env_override(self) -> &'static str {
         match self {
             Service::Redis => "DLOCK_REDIS_URL",
             Service::MariaDb => "DLOCK_MYSQL_URL",
