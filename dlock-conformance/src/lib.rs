@@ -199,17 +199,27 @@ pub mod __private {
     /// Runs one case like `#[tokio::test]` would, on a fresh runtime with two
     /// workers (so background renewal and release run alongside), bounded
     /// so that a hung backend fails the test instead of hanging the run.
+    /// It runs beside the other cases of its process
+    /// ([`beside_others`](crate::support::beside_others)), but for the
+    /// stress cases, which keep every core busy and run
+    /// [`alone`](crate::support::alone).
     pub fn run(case: &str, fut: impl Future<Output = ()>) {
-        // The stress cases each keep every core busy for tens of seconds:
-        // two at once in one test process (a driver's mutex and its write
-        // lock, say) each took over twice their time alone, past the case
-        // timeout on a 2-core machine. They take turns, each timed alone.
-        static STRESS: std::sync::Mutex<()> = std::sync::Mutex::new(());
-        let _turn = case.contains("stress_").then(|| {
-            STRESS
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner)
-        });
+        if case.starts_with("stress_") {
+            run_alone(case, fut);
+        } else {
+            let _turn = crate::support::beside_others();
+            block_on(case, fut);
+        }
+    }
+
+    /// [`run`] with no other case of the process beside it: for the fault
+    /// cases, which judge their bounds in time.
+    pub fn run_alone(case: &str, fut: impl Future<Output = ()>) {
+        let _turn = crate::support::alone();
+        block_on(case, fut);
+    }
+
+    fn block_on(case: &str, fut: impl Future<Output = ()>) {
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .enable_all()
@@ -319,7 +329,7 @@ macro_rules! __stamp_fault_tests {
         $(
             #[test]
             fn $link() {
-                $crate::__private::run(stringify!($link), async {
+                $crate::__private::run_alone(stringify!($link), async {
                     let url = $crate::harness::shared($service).await.url().to_owned();
                     let (faulty, client) = $crate::faults::proxied($connect, url);
                     $crate::faults::$link(faulty, client).await;
@@ -329,7 +339,7 @@ macro_rules! __stamp_fault_tests {
         $(
             #[test]
             fn $server() {
-                $crate::__private::run(stringify!($server), async {
+                $crate::__private::run_alone(stringify!($server), async {
                     $crate::faults::$server($connect, $service).await;
                 });
             }

@@ -1,10 +1,37 @@
 //! Helpers for driver tests and the cases alike: fresh names, options,
 //! an acquire that must succeed, a waiter on a task of its own.
 
+use std::sync::{PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::Duration;
 
 use dlock_core::{Backend, Guard, Lease, LockOptions, Locker};
 use tokio::time::Instant;
+
+/// Turns on the machine among the tests of one process: many run beside
+/// each other, one runs alone.
+static TURNS: RwLock<()> = RwLock::new(());
+
+/// For a test that judges timing against a budget (a fault case's bound, a
+/// hand-over time) or keeps the cores busy (a stress case, a topology of
+/// many containers): while it holds this, no test of its process that
+/// holds [`beside_others`] runs, so its pass does not depend on what else
+/// the run had going. It waits for those running to end, and tests that
+/// ask for a turn after it wait for it (a waiting writer keeps new readers
+/// out), so it is never starved.
+///
+/// Tests that only wait on TTLs and timeouts take [`beside_others`]
+/// instead, and the harness runs them many at a time (`RUST_TEST_THREADS`
+/// in `.cargo/config.toml`).
+pub fn alone() -> RwLockWriteGuard<'static, ()> {
+    TURNS.write().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// For a test that only waits (on TTLs, timeouts, other clients): it runs
+/// beside any number of others like it, never beside one that runs
+/// [`alone`].
+pub fn beside_others() -> RwLockReadGuard<'static, ()> {
+    TURNS.read().unwrap_or_else(PoisonError::into_inner)
+}
 
 /// A lock name no other test or run uses: `<case>-<random hex>`.
 pub fn unique_name(case: &str) -> String {

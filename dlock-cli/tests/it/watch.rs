@@ -13,8 +13,8 @@ use dlock_conformance::support::unique_name;
 use tokio::sync::mpsc;
 use tokio::time::timeout;
 
-mod support;
-use support::*;
+
+use crate::support::*;
 
 async fn backend(url: &str) -> std::sync::Arc<dyn Backend> {
     dlock::connect(url)

@@ -15,8 +15,8 @@ use dlock_redis::RedisBackend;
 use dlock_redis::redis::{self, AsyncCommands};
 use tokio::time::sleep;
 
-mod support;
-use support::{command_calls, polling_every, proxy_to};
+
+use crate::support::{command_calls, polling_every, proxy_to};
 
 /// Forty lapsed places ahead of a live waiter (waiters whose processes
 /// died): the release still wakes the live one (one PUBLISH, counted

@@ -1,5 +1,5 @@
 //! The simulated lock server: TTLs, fencing, release notifications, and the
-//! few places where a bug of [`Bug`](crate::Bug) changes what it does.
+//! few places where a bug of [`Bug`](crate::mutants::Bug) changes what it does.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -8,7 +8,7 @@ use std::time::Duration;
 use dlock_core::wait::Wakeups;
 use dlock_core::{Admission, HeldLock, LockInfo, Mode, OwnerToken};
 
-use crate::Bug;
+use crate::mutants::Bug;
 use tokio::time::Instant;
 
 /// The lock server: TTLs, fencing, release notifications.
@@ -16,7 +16,7 @@ use tokio::time::Instant;
 pub(crate) struct Server {
     slots: Mutex<HashMap<String, Slot>>,
     pub(crate) wakeups: Wakeups,
-    /// On for [`Bug::TryIgnoresExpiry`](crate::Bug::TryIgnoresExpiry): an
+    /// On for [`Bug::TryIgnoresExpiry`](crate::mutants::Bug::TryIgnoresExpiry): an
     /// expired holder still holds.
     ignores_expiry: bool,
     /// The holder description of each grant, by owner token.

@@ -16,8 +16,8 @@ use dlock_core::{
 use tokio::sync::watch;
 use tokio::time::{Instant, sleep, timeout};
 
-use crate::Bug;
-use crate::server::Server;
+use crate::mutants::Bug;
+use crate::mutants::server::Server;
 
 /// A client's link to the server: each request and each reply crosses it.
 #[derive(Debug)]

@@ -3,8 +3,8 @@
 use dlock_conformance::harness::{ServerOptions, Service, shared, start};
 use dlock_conformance::support::unique_name;
 
-mod support;
-use support::*;
+
+use crate::support::*;
 
 /// Two `dlock run` at once: one runs its command, the other exits "held"
 /// without running it; once the first is done the name is free.

@@ -8,7 +8,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use dlock_conformance::{fault_suite, suite};
 
-const README: &str = include_str!("../README.md");
+const README: &str = include_str!("../../README.md");
 const MUTANTS: &str = include_str!("mutants.rs");
 
 /// A row of a README table: its first cell, and its last.

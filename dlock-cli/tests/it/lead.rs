@@ -8,8 +8,8 @@ use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::Child;
 use tokio::time::timeout;
 
-mod support;
-use support::*;
+
+use crate::support::*;
 
 /// Starts `dlock lead --holder HOLDER … -- sh -c UNTIL_TERM`.
 fn lead(url: &str, name: &str, holder: &str) -> (Child, Lines) {

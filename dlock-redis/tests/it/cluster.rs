@@ -14,7 +14,7 @@ use dlock_redis::RedisBackend;
 use tokio::sync::Mutex;
 use tokio::time::{Instant, sleep};
 
-mod support;
+use crate::support;
 
 /// One six-node cluster at a time.
 static ONE_AT_A_TIME: Mutex<()> = Mutex::const_new(());

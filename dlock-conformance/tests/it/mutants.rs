@@ -16,9 +16,7 @@ use dlock_conformance::faults::{FaultRun, FaultyFactory};
 use dlock_conformance::{Factory, MutexAs, fault_suite, suite};
 use tokio::time::timeout;
 
-#[path = "mutants/server.rs"]
 mod server;
-#[path = "mutants/sim.rs"]
 mod sim;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

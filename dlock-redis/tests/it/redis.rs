@@ -15,8 +15,8 @@ use dlock_redis::RedisBackend;
 use dlock_redis::redis::{self, AsyncCommands};
 use tokio::time::Instant;
 
-mod support;
-use support::{polling_every, proxy_to};
+use crate::support;
+use crate::support::{polling_every, proxy_to};
 
 async fn backend() -> RedisBackend {
     RedisBackend::connect(shared(Service::Redis).await.url())

@@ -1,0 +1,8 @@
+//! dlock's integration tests, one binary (one link, one set of shared servers).
+
+mod connect;
+mod election;
+mod jobs;
+mod no_panic;
+mod secrets;
+mod tls;
