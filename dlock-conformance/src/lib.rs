@@ -199,33 +199,53 @@ pub mod __private {
     /// Runs one case like `#[tokio::test]` would, on a fresh runtime with two
     /// workers (so background renewal and release run alongside), bounded
     /// so that a hung backend fails the test instead of hanging the run.
-    /// It runs beside the other cases of its process
-    /// ([`beside_others`](crate::support::beside_others)), but for the
-    /// stress cases, which keep every core busy and run
-    /// [`alone`](crate::support::alone).
+    /// It runs beside the other cases of its process that only wait
+    /// ([`beside_others`](crate::support::beside_others)).
     pub fn run(case: &str, fut: impl Future<Output = ()>) {
-        if case.starts_with("stress_") {
-            run_alone(case, fut);
-        } else {
-            let _turn = crate::support::beside_others();
-            block_on(case, fut);
-        }
+        // The stress cases each keep every core busy for tens of seconds:
+        // two at once each took over twice their time alone, past the case
+        // timeout on a 2-core machine. They take turns among themselves,
+        // beside the cases that only wait.
+        static STRESS: std::sync::Mutex<()> = std::sync::Mutex::new(());
+        let asked = std::time::Instant::now();
+        let _stress = case.starts_with("stress_").then(|| {
+            STRESS
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+        });
+        let _turn = crate::support::beside_others();
+        block_on(case, asked, fut);
     }
 
     /// [`run`] with no other case of the process beside it: for the fault
     /// cases, which judge their bounds in time.
     pub fn run_alone(case: &str, fut: impl Future<Output = ()>) {
+        let asked = std::time::Instant::now();
         let _turn = crate::support::alone();
-        block_on(case, fut);
+        block_on(case, asked, fut);
     }
 
-    fn block_on(case: &str, fut: impl Future<Output = ()>) {
+    fn block_on(case: &str, asked: std::time::Instant, fut: impl Future<Output = ()>) {
+        let started = std::time::Instant::now();
+        // Shown with the case's failure, or with `--nocapture`: a case that
+        // failed on time can be told from one that waited long for its turn.
+        eprintln!("{case}: its turn came after {:?}", started - asked);
+        let _ran = Ran(case, started);
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .enable_all()
             .build()
             .unwrap_or_else(|e| panic!("cannot start a tokio runtime: {e}"));
         runtime.block_on(within_case_timeout(case, fut));
+    }
+
+    /// Says how long a case ran, when it ends (or unwinds).
+    struct Ran<'a>(&'a str, std::time::Instant);
+
+    impl Drop for Ran<'_> {
+        fn drop(&mut self) {
+            eprintln!("{}: ran {:?}", self.0, self.1.elapsed());
+        }
     }
 
     /// Runs a case, failing it when it runs longer than [`CASE_TIMEOUT`],

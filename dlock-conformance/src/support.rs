@@ -11,6 +11,28 @@ use tokio::time::Instant;
 /// each other, one runs alone.
 static TURNS: RwLock<()> = RwLock::new(());
 
+/// A test's turn on the machine, from [`alone`] or [`beside_others`]: held
+/// for the test's whole run, across its awaits (it is the test thread's
+/// own: `#[tokio::test]` and the suite's cases run their body on it).
+#[must_use = "the turn ends when this is dropped"]
+pub struct Turn {
+    _guard: TurnGuard,
+}
+
+enum TurnGuard {
+    Alone(#[allow(dead_code)] RwLockWriteGuard<'static, ()>),
+    Beside(#[allow(dead_code)] RwLockReadGuard<'static, ()>),
+}
+
+impl std::fmt::Debug for Turn {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self._guard {
+            TurnGuard::Alone(_) => "Turn::Alone",
+            TurnGuard::Beside(_) => "Turn::Beside",
+        })
+    }
+}
+
 /// For a test that judges timing against a budget (a fault case's bound, a
 /// hand-over time) or keeps the cores busy (a stress case, a topology of
 /// many containers): while it holds this, no test of its process that
@@ -20,17 +42,21 @@ static TURNS: RwLock<()> = RwLock::new(());
 /// out), so it is never starved.
 ///
 /// Tests that only wait on TTLs and timeouts take [`beside_others`]
-/// instead, and the harness runs them many at a time (`RUST_TEST_THREADS`
-/// in `.cargo/config.toml`).
-pub fn alone() -> RwLockWriteGuard<'static, ()> {
-    TURNS.write().unwrap_or_else(PoisonError::into_inner)
+/// instead, and `cargo test` runs them many at a time (`RUST_TEST_THREADS`
+/// in the workspace's `.cargo/config.toml`).
+pub fn alone() -> Turn {
+    Turn {
+        _guard: TurnGuard::Alone(TURNS.write().unwrap_or_else(PoisonError::into_inner)),
+    }
 }
 
 /// For a test that only waits (on TTLs, timeouts, other clients): it runs
 /// beside any number of others like it, never beside one that runs
 /// [`alone`].
-pub fn beside_others() -> RwLockReadGuard<'static, ()> {
-    TURNS.read().unwrap_or_else(PoisonError::into_inner)
+pub fn beside_others() -> Turn {
+    Turn {
+        _guard: TurnGuard::Beside(TURNS.read().unwrap_or_else(PoisonError::into_inner)),
+    }
 }
 
 /// A lock name no other test or run uses: `<case>-<random hex>`.

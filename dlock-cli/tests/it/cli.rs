@@ -3,7 +3,6 @@
 use dlock_conformance::harness::{ServerOptions, Service, shared, start};
 use dlock_conformance::support::unique_name;
 
-
 use crate::support::*;
 
 /// Two `dlock run` at once: one runs its command, the other exits "held"

@@ -8,7 +8,6 @@ use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::Child;
 use tokio::time::timeout;
 
-
 use crate::support::*;
 
 /// Starts `dlock lead --holder HOLDER … -- sh -c UNTIL_TERM`.

@@ -13,7 +13,6 @@ use dlock_conformance::support::unique_name;
 use tokio::sync::mpsc;
 use tokio::time::timeout;
 
-
 use crate::support::*;
 
 async fn backend(url: &str) -> std::sync::Arc<dyn Backend> {

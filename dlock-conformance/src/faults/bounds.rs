@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use dlock_core::{Error, Lease, LockOptions, Result};
+use dlock_core::{Backend, Error, Lease, LockOptions, Result};
 use tokio::task::JoinSet;
 use tokio::time::{Instant, sleep, timeout};
 
@@ -22,8 +22,9 @@ const STALLED_WAIT: Duration = Duration::from_secs(1);
 /// rounds), three of each, all at once, so that a pool of connections runs
 /// dry. Each must return within its bound, counted from the call's start,
 /// whatever it waits for inside (a free connection, a reconnect, several
-/// requests): `acquire` within its wait bound or the request timeout,
-/// whichever is longer, every other call within the request timeout. No
+/// requests): `acquire` within its wait bound plus the request timeout
+/// (the look it makes when its wait ends is one more request), every
+/// other call within the request timeout. No
 /// acquire may be granted. When the link recovers, the client's next call
 /// must succeed at once: no connection pool left exhausted.
 pub async fn calls_on_a_stalled_server_return_within_their_bound(
@@ -54,7 +55,7 @@ pub async fn calls_on_a_stalled_server_return_within_their_bound(
                     (what, bound, started.elapsed(), done)
                 });
             };
-            let acquire_bound = STALLED_WAIT.max(REQUEST_TIMEOUT);
+            let acquire_bound = STALLED_WAIT + REQUEST_TIMEOUT;
             // Waiting already when the server stalls.
             for _ in 0..COPIES * 3 {
                 let (b, name, opts) = (f.backend.clone(), held.clone(), opts.clone());
@@ -207,14 +208,28 @@ fn granted(done: Result<Option<Lease>>) -> Outcome {
     }
 }
 
+/// How many requests over the slowed link the undo of one dropped acquire
+/// may take, the healthy client's look included. The longest undo here is
+/// MySQL's when its pool has no idle connection left (each dropped acquire
+/// closed the one it had): a new connection (TCP, the server's greeting
+/// and the login, the session's settings, its marker: five), then ending
+/// the connection the acquire went out on (the marker's holder, `KILL`,
+/// the wait until it is gone: three), then the release by owner (one);
+/// then the healthy client's look (one, on its own link: counted in full
+/// all the same). Redis needs one, etcd and ZooKeeper two or three.
+const UNDO_REQUESTS: u32 = 10;
+
 /// Acquires dropped at points from before their request is sent to while
 /// the reply is on its way back (the link is slow: 50 ms each way), on
 /// free names with a 60 s TTL. For a driver that declares
 /// [`Capabilities::cleanup`](dlock_core::Capabilities::cleanup), every
-/// name must be free again within a second, not at the end of the TTL.
+/// name must be free again within [`UNDO_REQUESTS`] requests of the slowed
+/// link (about a second), not at the end of the TTL. The request's time is
+/// measured on the link as the case runs (a loaded machine adds to every
+/// round trip), so the bound is a count of requests, not seconds.
 /// Then one-attempt acquires of a held name, dropped at points through
-/// their attempt: once the holder releases, the name must be free at once
-/// (no queue place left behind, as a queueing driver might).
+/// their attempt: once the holder releases, the name must be free within
+/// the same bound (no queue place left behind, as a queueing driver might).
 pub async fn acquire_dropped_in_flight_frees_the_name_at_once(
     faulty: FaultyFactory,
     client: Factory,
@@ -232,6 +247,9 @@ pub async fn acquire_dropped_in_flight_frees_the_name_at_once(
             }
             let f = faulty().await;
             f.link.set(Fault::Delay(Duration::from_millis(50)));
+            let request = request_time(f.backend.as_ref()).await;
+            let undone = request * UNDO_REQUESTS;
+            eprintln!("one request over the slowed link: {request:?}; an undo's bound: {undone:?}");
             let mut dropped = Vec::new();
             for step in 0..12u64 {
                 let name = unique_name("dropped_in_flight");
@@ -250,15 +268,13 @@ pub async fn acquire_dropped_in_flight_frees_the_name_at_once(
             for (cut, name) in dropped {
                 let other = other.clone();
                 checks.spawn(async move {
-                    match other
-                        .acquire(&name, &long().wait(Duration::from_secs(1)))
-                        .await
-                    {
+                    match other.acquire(&name, &long().wait(undone)).await {
                         Ok(lease) => other.release(&lease).await.expect("release"),
                         Err(Error::Timeout { .. }) => panic!(
                             "an acquire dropped {cut:?} after it started left its name locked \
-                             for over a second: an acquire of unknown outcome must be undone \
-                             by owner token"
+                             for over {undone:?} ({UNDO_REQUESTS} requests of {request:?} over \
+                             its link): an acquire of unknown outcome must be undone by owner \
+                             token"
                         ),
                         Err(e) => panic!("acquire failed: {e}"),
                     }
@@ -280,17 +296,29 @@ pub async fn acquire_dropped_in_flight_frees_the_name_at_once(
                 }
             }
             other.release(&holder).await.expect("release");
-            match other
-                .acquire(&name, &long().wait(Duration::from_secs(1)))
-                .await
-            {
+            match other.acquire(&name, &long().wait(undone)).await {
                 Ok(lease) => other.release(&lease).await.expect("release"),
                 Err(e) => panic!(
                     "attempts on a held name, dropped midway, kept it locked after its \
-                     holder released it: {e}"
+                     holder released it, for over {undone:?} ({UNDO_REQUESTS} requests of \
+                     {request:?} over the link): {e}"
                 ),
             }
         },
     )
     .await;
+}
+
+/// The time one request over `client`'s link takes now: a grant and its
+/// release on a fresh name (a round trip each), halved; the faster of two
+/// tries, so that a connection opened on the way does not count.
+async fn request_time(client: &dyn Backend) -> Duration {
+    let mut fastest = Duration::MAX;
+    for _ in 0..2 {
+        let started = Instant::now();
+        let lease = must_acquire(client, &unique_name("request_time"), &long()).await;
+        client.release(&lease).await.expect("release");
+        fastest = fastest.min(started.elapsed() / 2);
+    }
+    fastest
 }

@@ -46,7 +46,7 @@ pub use slow::*;
 pub use takeover::*;
 
 /// The request timeout faulty clients use: the stall cases allow each call
-/// its wait bound or this, whichever is longer.
+/// its wait bound plus this (the look made when the wait ends is a request).
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// What a loaded CI machine may add to any bound the cases check.

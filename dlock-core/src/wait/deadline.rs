@@ -49,13 +49,18 @@ impl Deadline {
         }
     }
 
-    /// When an acquire under this deadline must have returned: the deadline
-    /// itself, but never sooner than one request timeout after the wait
-    /// began, so that a zero or tiny wait bound still gets its one attempt.
-    /// `None` for an unbounded wait.
+    /// When an acquire under this deadline must have returned: one request
+    /// timeout after the deadline. A wait's loop looks one last time when
+    /// its deadline comes (its sleeps end there), and that look is a
+    /// request like any other: cut off at the deadline itself, it could
+    /// never be answered, so a lock freed between the wait's last poll and
+    /// its deadline (up to a poll interval, a second by default) would be
+    /// reported as a timeout, and the look, sent and then dropped, would
+    /// leave a grant for the driver to undo. A zero wait bound gets its one
+    /// attempt the same way. `None` for an unbounded wait.
     pub fn cut_off(&self, request_timeout: Duration) -> Option<Instant> {
         let end = self.end?;
-        Some(end.max(deadline_after(self.start, request_timeout)))
+        Some(deadline_after(end, request_timeout))
     }
 
     /// Runs a whole acquire of `name`, cut off at [`Deadline::cut_off`]
@@ -76,5 +81,72 @@ impl Deadline {
             Ok(done) => done,
             Err(_) => Err(self.timeout_error(name)),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::wait::Backoff;
+
+    /// A wait whose lock frees after its last poll but before its deadline
+    /// gets it: the look the loop makes at the deadline is answered, not
+    /// cut off. The lock here frees just before the deadline, long after
+    /// the last poll (the poll interval is longer than the wait), and each
+    /// look takes a round trip.
+    #[tokio::test(start_paused = true)]
+    async fn the_look_at_the_deadline_is_answered() {
+        let wait = Duration::from_secs(1);
+        let round_trip = Duration::from_millis(100);
+        let deadline = Deadline::after(Some(wait));
+        let freed_at = Instant::now() + wait - Duration::from_millis(10);
+        let looks = std::sync::atomic::AtomicU32::new(0);
+        let waited = deadline.bound(
+            "job",
+            round_trip * 3,
+            crate::wait::wait_for_lock_with_pause(
+                "job",
+                deadline,
+                None,
+                Backoff::new(Duration::from_secs(5), Duration::from_secs(5)),
+                || async {
+                    looks.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    let asked = Instant::now();
+                    tokio::time::sleep(round_trip).await;
+                    if asked >= freed_at {
+                        let opts = crate::LockOptions::new();
+                        let owner = crate::OwnerToken::random()?;
+                        Ok(crate::wait::Attempt::Acquired(crate::Lease::with_ttl(
+                            "job", owner, 1, &opts, asked,
+                        )))
+                    } else {
+                        Ok(crate::wait::Attempt::Held { expires_in: None })
+                    }
+                },
+                |_| async { false },
+            ),
+        );
+        let lease = waited.await.expect("the lock was free at the deadline");
+        assert_eq!(lease.fencing_token(), 1);
+        // The first look, then the one at the deadline.
+        assert_eq!(looks.load(std::sync::atomic::Ordering::Relaxed), 2);
+        assert!(Instant::now() <= deadline.cut_off(round_trip * 3).expect("bounded"));
+    }
+
+    /// The hard bound is the deadline plus one request: never sooner, so a
+    /// zero wait still gets its attempt, and never later.
+    #[tokio::test(start_paused = true)]
+    async fn the_cut_off_is_one_request_after_the_deadline() {
+        let request = Duration::from_millis(300);
+        for wait in [
+            Duration::ZERO,
+            Duration::from_millis(100),
+            Duration::from_secs(2),
+        ] {
+            let deadline = Deadline::after(Some(wait));
+            let cut = deadline.cut_off(request).expect("bounded");
+            assert_eq!(cut - deadline.start, wait + request, "wait {wait:?}");
+        }
+        assert_eq!(Deadline::after(None).cut_off(request), None);
     }
 }

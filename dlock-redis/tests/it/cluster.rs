@@ -64,6 +64,8 @@ async fn spublished(addr: &str) -> u64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_release_wakes_the_waiter_on_a_sharded_channel() {
+    // Judges time or loads the machine: no other test of this process beside it.
+    let _turn = dlock_conformance::support::alone();
     let _one = ONE_AT_A_TIME.lock().await;
     let cluster = redis_cluster().await;
     let holder = client(&cluster).await;
@@ -139,6 +141,8 @@ async fn a_release_wakes_the_waiter_on_a_sharded_channel() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_thousand_names_spread_over_every_primary() {
+    // Judges time or loads the machine: no other test of this process beside it.
+    let _turn = dlock_conformance::support::alone();
     let _one = ONE_AT_A_TIME.lock().await;
     let cluster = redis_cluster().await;
     let backend = client(&cluster).await;
@@ -174,6 +178,8 @@ async fn a_thousand_names_spread_over_every_primary() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn primary_killed_mid_hold_keeps_a_replicated_lock() {
+    // Judges time or loads the machine: no other test of this process beside it.
+    let _turn = dlock_conformance::support::alone();
     let _one = ONE_AT_A_TIME.lock().await;
     let cluster = redis_cluster().await;
     let holder = client(&cluster).await;
@@ -281,6 +287,8 @@ async fn migrate_keys(from: &str, to: &str, slot: u16, which: impl Fn(&str) -> b
 /// second grant, and the holder keeps its lock.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn resharding_a_held_lock_keeps_it() {
+    // Judges time or loads the machine: no other test of this process beside it.
+    let _turn = dlock_conformance::support::alone();
     let _one = ONE_AT_A_TIME.lock().await;
     let cluster = redis_cluster().await;
     let holder = client(&cluster).await;
@@ -452,6 +460,8 @@ async fn one_node_cluster_behind_a_proxy() -> (
 /// held", and the name is as the first run left it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replayed_release_reports_what_the_first_run_did() {
+    // Judges time or loads the machine: no other test of this process beside it.
+    let _turn = dlock_conformance::support::alone();
     use dlock_conformance::proxy::Fault;
     use dlock_core::Error;
     let (_server, proxy) = one_node_cluster_behind_a_proxy().await;

@@ -15,7 +15,6 @@ use dlock_redis::RedisBackend;
 use dlock_redis::redis::{self, AsyncCommands};
 use tokio::time::sleep;
 
-
 use crate::support::{command_calls, polling_every, proxy_to};
 
 /// Forty lapsed places ahead of a live waiter (waiters whose processes
@@ -130,6 +129,8 @@ async fn a_waiter_without_subscribe_gets_its_turn() {
 /// it. Decided on order: which waiter holds the lock.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_slow_head_keeps_its_place() {
+    // Judges time or loads the machine: no other test of this process beside it.
+    let _turn = dlock_conformance::support::alone();
     let server = start(Service::Redis, ServerOptions::default()).await;
     let proxy = proxy_to(server.url()).await;
     let holder = RedisBackend::connect(server.url()).await.unwrap();

@@ -122,6 +122,8 @@ fn spawn_acquire(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dlock_and_curator_mutexes_exclude_each_other_in_one_fifo_queue() {
+    // Judges time or loads the machine: no other test of this process beside it.
+    let _turn = dlock_conformance::support::alone();
     let b = dlock().await;
     let name = unique_name("curator-mutex");
     let path = format!("/dlock/{name}");
@@ -160,6 +162,8 @@ async fn dlock_and_curator_mutexes_exclude_each_other_in_one_fifo_queue() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dlock_and_curator_share_one_reader_writer_lock() {
+    // Judges time or loads the machine: no other test of this process beside it.
+    let _turn = dlock_conformance::support::alone();
     let b = dlock().await;
     let name = unique_name("curator-rw");
     let path = format!("/dlock/{name}");
@@ -219,6 +223,8 @@ async fn dlock_and_curator_share_one_reader_writer_lock() {
 /// lock go, but when the downgrade's read hold ends.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_curator_writer_waits_for_a_dlock_downgrade() {
+    // Judges time or loads the machine: no other test of this process beside it.
+    let _turn = dlock_conformance::support::alone();
     let b = dlock().await;
     let name = unique_name("curator-downgrade");
     let path = format!("/dlock/{name}");
@@ -245,6 +251,8 @@ async fn a_curator_writer_waits_for_a_dlock_downgrade() {
 /// share their permits: never more than N between them, and N reached.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dlock_and_curator_share_one_semaphore() {
+    // Judges time or loads the machine: no other test of this process beside it.
+    let _turn = dlock_conformance::support::alone();
     let b = dlock().await;
     let name = unique_name("curator-semaphore");
     let path = format!("/dlock/{name}");
@@ -286,6 +294,8 @@ async fn dlock_and_curator_share_one_semaphore() {
 /// mutex under `locks/`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dlock_and_curator_semaphore_waiters_queue_in_arrival_order() {
+    // Judges time or loads the machine: no other test of this process beside it.
+    let _turn = dlock_conformance::support::alone();
     let b = dlock().await;
     let name = unique_name("curator-semaphore-fifo");
     let path = format!("/dlock/{name}");
@@ -316,6 +326,8 @@ async fn dlock_and_curator_semaphore_waiters_queue_in_arrival_order() {
 /// deletes it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_permits_hold_keeps_curator_out_until_it_ends() {
+    // Judges time or loads the machine: no other test of this process beside it.
+    let _turn = dlock_conformance::support::alone();
     let b = dlock().await;
     let name = unique_name("curator-semaphore-hold");
     let path = format!("/dlock/{name}");

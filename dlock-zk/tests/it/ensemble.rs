@@ -87,6 +87,8 @@ async fn leader(ensemble: &Topology) -> usize {
 /// keeps it through the reconnect.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn leader_killed_mid_hold_never_grants_twice() {
+    // Judges time or loads the machine: no other test of this process beside it.
+    let _turn = dlock_conformance::support::alone();
     let _one = ONE_AT_A_TIME.lock().await;
     let ensemble = zookeeper_ensemble(3).await;
     let all = [0, 1, 2];
@@ -167,6 +169,8 @@ async fn leader_killed_mid_hold_never_grants_twice() {
 /// clients lock again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn quorum_loss_tells_holders_and_grants_nothing() {
+    // Judges time or loads the machine: no other test of this process beside it.
+    let _turn = dlock_conformance::support::alone();
     let _one = ONE_AT_A_TIME.lock().await;
     let ensemble = zookeeper_ensemble(3).await;
     let all = [0, 1, 2];
@@ -241,6 +245,8 @@ async fn quorum_loss_tells_holders_and_grants_nothing() {
 /// side is granted them, under either policy.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn partitioned_minority_loses_before_the_majority_is_granted() {
+    // Judges time or loads the machine: no other test of this process beside it.
+    let _turn = dlock_conformance::support::alone();
     let _one = ONE_AT_A_TIME.lock().await;
     let ensemble = zookeeper_ensemble(3).await;
     let leader = leader(&ensemble).await;

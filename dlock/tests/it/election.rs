@@ -77,7 +77,7 @@ fn spawn(url: &str, name: &str, node: usize, events: mpsc::UnboundedSender<Event
     let exe = std::env::current_exe().expect("the test binary");
     let mut child = Command::new(exe)
         .args([
-            "election_node",
+            "election::election_node",
             "--exact",
             "--nocapture",
             "--test-threads=1",

@@ -163,11 +163,16 @@ struct Process {
 fn spawn(node: &Node) -> Process {
     let exe = std::env::current_exe().expect("the test binary");
     let mut cmd = Command::new(exe);
-    cmd.args(["job_node", "--exact", "--nocapture", "--test-threads=1"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .kill_on_drop(true);
+    cmd.args([
+        "jobs::job_node",
+        "--exact",
+        "--nocapture",
+        "--test-threads=1",
+    ])
+    .stdin(Stdio::piped())
+    .stdout(Stdio::piped())
+    .stderr(Stdio::inherit())
+    .kill_on_drop(true);
     node.env(&mut cmd);
     let mut child = cmd.spawn().expect("spawn a node");
     let stdout = child.stdout.take().expect("piped");
