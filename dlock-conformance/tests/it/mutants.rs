@@ -5,7 +5,7 @@
 //! fail the cases that guard against that bug. The driver without a bug
 //! is the control: it must pass everything.
 //!
-//! `tests/readme.rs` reads this file: the README's mutant table and its
+//! `tests/it/readme.rs` reads this file: the README's mutant table and its
 //! "caught by" columns must match [`Bug`] and the `caught!` list below.
 
 #![allow(clippy::unwrap_used)] // tests panic on purpose

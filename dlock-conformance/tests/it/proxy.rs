@@ -16,8 +16,8 @@ async fn ping(port: u16) -> redis::RedisResult<String> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pass_delay_stall_and_cut_act_on_real_traffic() {
-    // Judges time or loads the machine: no other test of this process beside it.
-    let _turn = dlock_conformance::support::alone();
+    // Judges time against a budget: one such test at a time.
+    let _turn = dlock_conformance::support::in_turn();
     let server = shared(Service::Redis).await;
     let proxy = FaultProxy::start(
         format!("127.0.0.1:{}", server.port().unwrap())
@@ -64,8 +64,8 @@ async fn pass_delay_stall_and_cut_act_on_real_traffic() {
 /// they send, while a new connection passes; `Pass` delivers what was held.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stalling_open_connections_lets_new_ones_pass() {
-    // Judges time or loads the machine: no other test of this process beside it.
-    let _turn = dlock_conformance::support::alone();
+    // Judges time against a budget: one such test at a time.
+    let _turn = dlock_conformance::support::in_turn();
     let server = shared(Service::Redis).await;
     let proxy = FaultProxy::start(
         format!("127.0.0.1:{}", server.port().unwrap())

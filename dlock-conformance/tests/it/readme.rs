@@ -1,6 +1,6 @@
 //! The README's tables cannot drift: its case names are exactly those of
 //! `suite()` and `fault_suite()`, its mutants exactly the `Bug`s of
-//! `tests/mutants.rs` (and its count of them right), and each case's
+//! `tests/it/mutants.rs` (and its count of them right), and each case's
 //! "catches" column exactly the mutants that file's `caught!` list says the
 //! case catches.
 
@@ -43,12 +43,12 @@ fn quoted(cell: &str) -> Vec<&str> {
     cell.split('`').skip(1).step_by(2).collect()
 }
 
-/// The variants of `enum Bug` in tests/mutants.rs.
+/// The variants of `enum Bug` in tests/it/mutants.rs.
 fn bugs() -> Vec<&'static str> {
     let body = MUTANTS
         .split_once("enum Bug {")
         .and_then(|(_, rest)| rest.split_once("\n}"))
-        .expect("tests/mutants.rs has an `enum Bug { … }`")
+        .expect("tests/it/mutants.rs has an `enum Bug { … }`")
         .0;
     body.lines()
         .map(str::trim)
@@ -57,7 +57,7 @@ fn bugs() -> Vec<&'static str> {
         .collect()
 }
 
-/// Each `caught!(test, Bug::X, [case, ...]);` of tests/mutants.rs: the bug
+/// Each `caught!(test, Bug::X, [case, ...]);` of tests/it/mutants.rs: the bug
 /// and the cases.
 fn caught() -> Vec<(String, Vec<String>)> {
     let mut out = Vec::new();
@@ -126,7 +126,7 @@ fn the_mutant_table_and_count_match_tests_mutants() {
     assert!(
         missing.is_empty() && unknown.is_empty(),
         "README.md's mutant table misses {missing:?} and lists mutants that are not in \
-         tests/mutants.rs's `enum Bug`: {unknown:?}"
+         tests/it/mutants.rs's `enum Bug`: {unknown:?}"
     );
     let count = format!("once with each of {} bugs", bugs.len());
     assert!(
@@ -163,11 +163,11 @@ fn each_case_names_the_mutants_it_catches() {
         let want = expected.remove(case).unwrap_or_default();
         assert_eq!(
             bugs, want,
-            "README.md's \"catches\" column for {case} differs from tests/mutants.rs"
+            "README.md's \"catches\" column for {case} differs from tests/it/mutants.rs"
         );
     }
     assert!(
         expected.is_empty(),
-        "tests/mutants.rs expects cases the README does not list to catch bugs: {expected:?}"
+        "tests/it/mutants.rs expects cases the README does not list to catch bugs: {expected:?}"
     );
 }

@@ -41,7 +41,7 @@ async fn leader(cluster: &Topology) -> usize {
 /// the next grant's token is higher.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn leader_killed_mid_hold_keeps_the_holder_and_tokens_increase() {
-    // Judges time or loads the machine: no other test of this process beside it.
+    // A topology of several containers, faulted: the machine is its own.
     let _turn = dlock_conformance::support::alone();
     let _one = ONE_AT_A_TIME.lock().await;
     let cluster = etcd_cluster(3).await;
@@ -107,7 +107,7 @@ async fn leader_killed_mid_hold_keeps_the_holder_and_tokens_increase() {
 /// before a client of the majority is granted the lock, and it is told.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_minority_partition_loses_its_leases_before_the_majority_grants() {
-    // Judges time or loads the machine: no other test of this process beside it.
+    // A topology of several containers, faulted: the machine is its own.
     let _turn = dlock_conformance::support::alone();
     let _one = ONE_AT_A_TIME.lock().await;
     let cluster = etcd_cluster(3).await;

@@ -287,8 +287,8 @@ async fn an_invalid_table_name_is_refused_before_connecting() {
 
 #[tokio::test]
 async fn configuration_errors_are_typed() {
-    // Judges time or loads the machine: no other test of this process beside it.
-    let _turn = dlock_conformance::support::alone();
+    // Judges time against a budget: one such test at a time.
+    let _turn = dlock_conformance::support::in_turn();
     let good = url().await;
     let wrong_password = good.replace("dlock:dlock@", "dlock:wrong@");
     match MySqlBackend::connect(&wrong_password).await {
@@ -357,8 +357,8 @@ async fn configuration_errors_are_typed() {
 
 #[tokio::test]
 async fn a_server_that_is_down_gives_errors_not_grants() {
-    // Judges time or loads the machine: no other test of this process beside it.
-    let _turn = dlock_conformance::support::alone();
+    // Judges time against a budget: one such test at a time.
+    let _turn = dlock_conformance::support::in_turn();
     let server = start(Service::MariaDb, ServerOptions::default()).await;
     let b = MySqlBackend::builder(server.url())
         .connect_timeout(Duration::from_secs(2))
@@ -728,8 +728,8 @@ async fn a_lost_anchor_is_replaced_and_wake_ups_go_on() {
 /// has. On a server of its own, so that its connections are the backend's.
 #[tokio::test]
 async fn an_undone_acquire_cannot_take_the_name_afterwards() {
-    // Judges time or loads the machine: no other test of this process beside it.
-    let _turn = dlock_conformance::support::alone();
+    // Judges time against a budget: one such test at a time.
+    let _turn = dlock_conformance::support::in_turn();
     use sqlx::Connection;
     let server = start(Service::MariaDb, ServerOptions::default()).await;
     let direct = format!("127.0.0.1:{}", server.port().unwrap());
@@ -808,8 +808,8 @@ async fn gone(admin: &mut sqlx::MySqlConnection, id: i64, within: Duration) -> b
 /// others hold, then for a reply that never comes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_call_returns_within_the_request_timeout_from_an_empty_pool() {
-    // Judges time or loads the machine: no other test of this process beside it.
-    let _turn = dlock_conformance::support::alone();
+    // Judges time against a budget: one such test at a time.
+    let _turn = dlock_conformance::support::in_turn();
     const TIMEOUT: Duration = Duration::from_secs(3);
     // What a loaded machine may add; under TIMEOUT, so that twice the
     // timeout cannot pass.
@@ -924,8 +924,8 @@ async fn every_call_returns_within_the_request_timeout_from_an_empty_pool() {
 /// such a call take nearly twice as long.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_call_that_waited_for_a_connection_has_only_the_rest_of_its_timeout() {
-    // Judges time or loads the machine: no other test of this process beside it.
-    let _turn = dlock_conformance::support::alone();
+    // Judges time against a budget: one such test at a time.
+    let _turn = dlock_conformance::support::in_turn();
     use sqlx::Connection;
     const TIMEOUT: Duration = Duration::from_secs(3);
     const SLACK: Duration = Duration::from_millis(1250);

@@ -64,7 +64,7 @@ async fn spublished(addr: &str) -> u64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_release_wakes_the_waiter_on_a_sharded_channel() {
-    // Judges time or loads the machine: no other test of this process beside it.
+    // A topology of several containers, faulted: the machine is its own.
     let _turn = dlock_conformance::support::alone();
     let _one = ONE_AT_A_TIME.lock().await;
     let cluster = redis_cluster().await;
@@ -141,7 +141,7 @@ async fn a_release_wakes_the_waiter_on_a_sharded_channel() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_thousand_names_spread_over_every_primary() {
-    // Judges time or loads the machine: no other test of this process beside it.
+    // A topology of several containers, faulted: the machine is its own.
     let _turn = dlock_conformance::support::alone();
     let _one = ONE_AT_A_TIME.lock().await;
     let cluster = redis_cluster().await;
@@ -178,7 +178,7 @@ async fn a_thousand_names_spread_over_every_primary() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn primary_killed_mid_hold_keeps_a_replicated_lock() {
-    // Judges time or loads the machine: no other test of this process beside it.
+    // A topology of several containers, faulted: the machine is its own.
     let _turn = dlock_conformance::support::alone();
     let _one = ONE_AT_A_TIME.lock().await;
     let cluster = redis_cluster().await;
@@ -287,7 +287,7 @@ async fn migrate_keys(from: &str, to: &str, slot: u16, which: impl Fn(&str) -> b
 /// second grant, and the holder keeps its lock.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn resharding_a_held_lock_keeps_it() {
-    // Judges time or loads the machine: no other test of this process beside it.
+    // A topology of several containers, faulted: the machine is its own.
     let _turn = dlock_conformance::support::alone();
     let _one = ONE_AT_A_TIME.lock().await;
     let cluster = redis_cluster().await;
@@ -460,7 +460,7 @@ async fn one_node_cluster_behind_a_proxy() -> (
 /// held", and the name is as the first run left it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replayed_release_reports_what_the_first_run_did() {
-    // Judges time or loads the machine: no other test of this process beside it.
+    // A topology of several containers, faulted: the machine is its own.
     let _turn = dlock_conformance::support::alone();
     use dlock_conformance::proxy::Fault;
     use dlock_core::Error;

@@ -90,7 +90,7 @@ async fn stored_fence(backend: &RedisBackend, name: &str) -> Option<u64> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_durable_grants_a_promoted_replica_grants_twice_but_fences_higher() {
-    // Judges time or loads the machine: no other test of this process beside it.
+    // A topology of several containers, faulted: the machine is its own.
     let _turn = dlock_conformance::support::alone();
     let sentinel = redis_sentinel().await;
     let first = client(&sentinel).await;
@@ -162,7 +162,7 @@ async fn without_durable_grants_a_promoted_replica_grants_twice_but_fences_highe
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_durable_grants_no_believed_grant_is_lost_in_a_failover() {
-    // Judges time or loads the machine: no other test of this process beside it.
+    // A topology of several containers, faulted: the machine is its own.
     let _turn = dlock_conformance::support::alone();
     let sentinel = redis_sentinel().await;
     let replica = sentinel.node(1).addr();
@@ -229,7 +229,7 @@ async fn with_durable_grants_no_believed_grant_is_lost_in_a_failover() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn durable_grants_without_replicas_grant_nothing() {
-    // Judges time or loads the machine: no other test of this process beside it.
+    // A topology of several containers, faulted: the machine is its own.
     let _turn = dlock_conformance::support::alone();
     let server =
         dlock_conformance::harness::shared(dlock_conformance::harness::Service::Redis).await;
@@ -257,7 +257,7 @@ async fn durable_grants_without_replicas_grant_nothing() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sentinel_urls_that_cannot_work_are_typed_errors() {
-    // Judges time or loads the machine: no other test of this process beside it.
+    // A topology of several containers, faulted: the machine is its own.
     let _turn = dlock_conformance::support::alone();
     for url in [
         "redis+sentinel://127.0.0.1:1/",

@@ -122,7 +122,7 @@ fn spawn_acquire(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dlock_and_curator_mutexes_exclude_each_other_in_one_fifo_queue() {
-    // Judges time or loads the machine: no other test of this process beside it.
+    // Runs a JVM beside the server: the machine is its own.
     let _turn = dlock_conformance::support::alone();
     let b = dlock().await;
     let name = unique_name("curator-mutex");
@@ -162,7 +162,7 @@ async fn dlock_and_curator_mutexes_exclude_each_other_in_one_fifo_queue() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dlock_and_curator_share_one_reader_writer_lock() {
-    // Judges time or loads the machine: no other test of this process beside it.
+    // Runs a JVM beside the server: the machine is its own.
     let _turn = dlock_conformance::support::alone();
     let b = dlock().await;
     let name = unique_name("curator-rw");
@@ -223,7 +223,7 @@ async fn dlock_and_curator_share_one_reader_writer_lock() {
 /// lock go, but when the downgrade's read hold ends.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_curator_writer_waits_for_a_dlock_downgrade() {
-    // Judges time or loads the machine: no other test of this process beside it.
+    // Runs a JVM beside the server: the machine is its own.
     let _turn = dlock_conformance::support::alone();
     let b = dlock().await;
     let name = unique_name("curator-downgrade");
@@ -251,7 +251,7 @@ async fn a_curator_writer_waits_for_a_dlock_downgrade() {
 /// share their permits: never more than N between them, and N reached.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dlock_and_curator_share_one_semaphore() {
-    // Judges time or loads the machine: no other test of this process beside it.
+    // Runs a JVM beside the server: the machine is its own.
     let _turn = dlock_conformance::support::alone();
     let b = dlock().await;
     let name = unique_name("curator-semaphore");
@@ -294,7 +294,7 @@ async fn dlock_and_curator_share_one_semaphore() {
 /// mutex under `locks/`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dlock_and_curator_semaphore_waiters_queue_in_arrival_order() {
-    // Judges time or loads the machine: no other test of this process beside it.
+    // Runs a JVM beside the server: the machine is its own.
     let _turn = dlock_conformance::support::alone();
     let b = dlock().await;
     let name = unique_name("curator-semaphore-fifo");
@@ -326,7 +326,7 @@ async fn dlock_and_curator_semaphore_waiters_queue_in_arrival_order() {
 /// deletes it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_permits_hold_keeps_curator_out_until_it_ends() {
-    // Judges time or loads the machine: no other test of this process beside it.
+    // Runs a JVM beside the server: the machine is its own.
     let _turn = dlock_conformance::support::alone();
     let b = dlock().await;
     let name = unique_name("curator-semaphore-hold");

@@ -87,7 +87,7 @@ async fn leader(ensemble: &Topology) -> usize {
 /// keeps it through the reconnect.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn leader_killed_mid_hold_never_grants_twice() {
-    // Judges time or loads the machine: no other test of this process beside it.
+    // A topology of several containers, faulted: the machine is its own.
     let _turn = dlock_conformance::support::alone();
     let _one = ONE_AT_A_TIME.lock().await;
     let ensemble = zookeeper_ensemble(3).await;
@@ -169,7 +169,7 @@ async fn leader_killed_mid_hold_never_grants_twice() {
 /// clients lock again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn quorum_loss_tells_holders_and_grants_nothing() {
-    // Judges time or loads the machine: no other test of this process beside it.
+    // A topology of several containers, faulted: the machine is its own.
     let _turn = dlock_conformance::support::alone();
     let _one = ONE_AT_A_TIME.lock().await;
     let ensemble = zookeeper_ensemble(3).await;
@@ -245,7 +245,7 @@ async fn quorum_loss_tells_holders_and_grants_nothing() {
 /// side is granted them, under either policy.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn partitioned_minority_loses_before_the_majority_is_granted() {
-    // Judges time or loads the machine: no other test of this process beside it.
+    // A topology of several containers, faulted: the machine is its own.
     let _turn = dlock_conformance::support::alone();
     let _one = ONE_AT_A_TIME.lock().await;
     let ensemble = zookeeper_ensemble(3).await;

@@ -147,7 +147,7 @@ async fn with_kazoo<T: Send + 'static>(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dlock_and_kazoo_respect_each_others_holders() {
-    // Judges time or loads the machine: no other test of this process beside it.
+    // Runs a Python client beside the server: the machine is its own.
     let _turn = dlock_conformance::support::alone();
     let hosts = shared(Service::ZooKeeper).await.url().to_owned();
     let dlock = ZkBackend::connect(&hosts).await.unwrap();
@@ -200,7 +200,7 @@ async fn dlock_and_kazoo_respect_each_others_holders() {
 /// lock, both ways.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dlock_and_kazoo_share_one_reader_writer_lock() {
-    // Judges time or loads the machine: no other test of this process beside it.
+    // Runs a Python client beside the server: the machine is its own.
     let _turn = dlock_conformance::support::alone();
     let hosts = shared(Service::ZooKeeper).await.url().to_owned();
     let dlock = ZkBackend::connect(&hosts).await.unwrap();
@@ -275,7 +275,7 @@ async fn dlock_and_kazoo_share_one_reader_writer_lock() {
 /// once kazoo is gone, never holds beside a reader.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_kazoo_node_at_the_front_lets_one_kind_in() {
-    // Judges time or loads the machine: no other test of this process beside it.
+    // Runs a Python client beside the server: the machine is its own.
     let _turn = dlock_conformance::support::alone();
     let hosts = shared(Service::ZooKeeper).await.url().to_owned();
     let dlock = ZkBackend::connect(&hosts).await.unwrap();

@@ -66,8 +66,8 @@ async fn nodes_follow_curators_layout() {
 
 #[tokio::test]
 async fn a_hung_server_fires_lost_and_expires_the_session() {
-    // Judges time or loads the machine: no other test of this process beside it.
-    let _turn = dlock_conformance::support::alone();
+    // Judges time against a budget: one such test at a time.
+    let _turn = dlock_conformance::support::in_turn();
     let server = start(Service::ZooKeeper, ServerOptions::default()).await;
     let url = server.url();
     let holder = ZkBackend::builder(url)
@@ -122,8 +122,8 @@ async fn a_hung_server_fires_lost_and_expires_the_session() {
 /// still held.
 #[tokio::test]
 async fn a_given_up_lease_frees_its_lock_when_the_session_lives_on() {
-    // Judges time or loads the machine: no other test of this process beside it.
-    let _turn = dlock_conformance::support::alone();
+    // Judges time against a budget: one such test at a time.
+    let _turn = dlock_conformance::support::in_turn();
     let server = start(Service::ZooKeeper, ServerOptions::default()).await;
     let url = server.url();
     let holder = ZkBackend::builder(url)
@@ -456,8 +456,8 @@ async fn a_permits_hold_counts_against_its_semaphore() {
 /// (its maker, gone, cannot), leaving the queue empty.
 #[tokio::test]
 async fn a_readers_hold_outlives_its_session_in_the_readers_place() {
-    // Judges time or loads the machine: no other test of this process beside it.
-    let _turn = dlock_conformance::support::alone();
+    // Judges time against a budget: one such test at a time.
+    let _turn = dlock_conformance::support::in_turn();
     let name = unique_name("read_hold");
     let dir = format!("/dlock/{name}");
     let hold = Duration::from_millis(1500);

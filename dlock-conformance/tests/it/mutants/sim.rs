@@ -189,7 +189,15 @@ impl Sim {
             self.call(|s| s.describe(owner, holder)).await?;
             match self.call(|s| s.check(name)).await? {
                 Some(left) => Err(left),
-                None => Ok(self.call(|s| s.set(name, owner, ttl)).await?),
+                None => {
+                    // Two requests are two round trips: over any network
+                    // the client waits between them, and others run. The
+                    // link here may pass at once, and without this the race
+                    // showed only when two worker threads ran the clients
+                    // at the same instant: never, on a busy machine.
+                    tokio::task::yield_now().await;
+                    Ok(self.call(|s| s.set(name, owner, ttl)).await?)
+                }
             }
         } else {
             // The kind check and the grant in one request, as a driver's
