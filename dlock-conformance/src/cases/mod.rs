@@ -123,3 +123,41 @@ fn foreign_lease(name: &str, opts: &LockOptions) -> Lease {
     let owner = OwnerToken::random().expect("the OS has randomness");
     Lease::with_ttl(name, owner, 1, opts, Instant::now())
 }
+
+/// How long a stress case's clients keep asking for more grants, once each
+/// has made a tenth of its count: a stress of 10,000 grants takes a few
+/// seconds on Redis or in memory, but a minute on a driver whose every
+/// grant is several statements or a consensus write (etcd, MySQL's shared
+/// kinds), and the suite runs it on every kind of lock of every driver.
+/// Every grant made is judged; the case says how many it made.
+pub const STRESS_TIME: Duration = Duration::from_secs(15);
+
+/// One stress client's budget: all `count` grants, or, once
+/// [`STRESS_TIME`] has passed since `started`, the tenth of them that a
+/// backend polling for its turn gets (the suite's floor for a backend
+/// without wake-ups).
+#[derive(Debug, Clone, Copy)]
+struct StressBudget {
+    started: Instant,
+    count: u64,
+}
+
+impl StressBudget {
+    fn new(count: u64) -> Self {
+        StressBudget {
+            started: Instant::now(),
+            count,
+        }
+    }
+
+    /// Whether a client that has made `done` grants asks for another.
+    fn more(&self, done: u64) -> bool {
+        done < self.count.div_ceil(10).max(1)
+            || (done < self.count && self.started.elapsed() < STRESS_TIME)
+    }
+
+    /// The fewest grants a client makes.
+    fn floor(&self) -> u64 {
+        self.count.div_ceil(10).max(1)
+    }
+}
