@@ -39,6 +39,8 @@ pub(crate) struct Statements {
     table: String,
     /// The table's own name, for its index.
     bare: String,
+    /// The schema, for the index's full name.
+    schema: String,
     /// `"schema"."table_holds"`: the holds and waiters of reader-writer
     /// locks and semaphores.
     holds: String,
@@ -67,6 +69,7 @@ impl Statements {
             table: format!("\"{schema}\".\"{table}\""),
             holds: format!("\"{schema}\".\"{table}_holds\""),
             bare: table.to_owned(),
+            schema: schema.to_owned(),
             channel: format!("dlock_{table}"),
             tomb: (limit * 8).max(Duration::from_secs(60)),
             // Read committed, whatever the role's default: a waiter that
@@ -88,7 +91,7 @@ impl Statements {
     /// Creates the tables and their expiry index, if missing: the locks,
     /// and the holds and waiters of reader-writer locks and semaphores.
     pub fn create(&self) -> String {
-        let (t, h, bare) = (&self.table, &self.holds, &self.bare);
+        let (t, h, index) = (&self.table, &self.holds, self.index());
         format!(
             "CREATE TABLE IF NOT EXISTS {t} (
                 name bytea PRIMARY KEY,
@@ -98,7 +101,7 @@ impl Statements {
                 acquired_at timestamptz NOT NULL,
                 holder text NOT NULL
             );
-            CREATE INDEX IF NOT EXISTS \"{bare}_expires_at\" ON {t} (expires_at);
+            {index}
             CREATE TABLE IF NOT EXISTS {h} (
                 name bytea NOT NULL,
                 owner text NOT NULL,
@@ -144,8 +147,33 @@ impl Statements {
         self.bounded(format!(
             "SELECT pg_advisory_xact_lock(hashtext({})); {} {upgrade}",
             text(&format!("dlock create {}", self.table)),
-            self.create()
+            self.create_if_missing()
         ))
+    }
+
+    /// [`Statements::create`], with the index created only when the
+    /// catalog lacks it: `CREATE INDEX IF NOT EXISTS` takes its SHARE lock
+    /// on the table before it looks for the index, so on a table in use it
+    /// waits for every write in flight, and every write after it waits for
+    /// it: each client's start stalled the lock table for every other.
+    fn create_if_missing(&self) -> String {
+        let index = format!("\"{}\".\"{}_expires_at\"", self.schema, self.bare);
+        let plain = self.index();
+        self.create().replace(
+            &plain,
+            &format!(
+                "DO $$ BEGIN IF to_regclass({}) IS NULL THEN {plain} END IF; END $$;",
+                text(&index)
+            ),
+        )
+    }
+
+    /// The expiry index's statement, as [`Statements::create`] has it.
+    fn index(&self) -> String {
+        format!(
+            "CREATE INDEX IF NOT EXISTS \"{}_expires_at\" ON {} (expires_at);",
+            self.bare, self.table
+        )
     }
 
     /// Reads nothing, but fails when a table is missing or not ours.

@@ -690,3 +690,34 @@ async fn a_listener_whose_connection_hangs_connects_again() {
     let (granted, _, waiter) = task.await.unwrap();
     waiter.release(&granted.unwrap()).await.unwrap();
 }
+
+/// A client that starts while another holds a write on the lock table open
+/// connects at once, and so does its `migrate`: neither waits for the
+/// write (`CREATE INDEX IF NOT EXISTS` would, and every write after it
+/// would wait for it in turn). The write stays open until both are done,
+/// so a start that waits for it can only time out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_starting_beside_an_open_write_does_not_wait_for_it() {
+    let holder = backend().await;
+    let name = unique_name("open_write");
+    let lease = must_acquire(&holder, &name, &long()).await;
+    let mut open = admin().await;
+    sqlx::raw_sql("BEGIN").execute(&mut open).await.unwrap();
+    let written = sqlx::query("UPDATE dlock_locks SET holder = holder WHERE name = $1")
+        .bind(name.as_bytes())
+        .execute(&mut open)
+        .await
+        .unwrap();
+    assert_eq!(written.rows_affected(), 1, "the open write holds the row");
+    let started = PgBackend::builder(url().await)
+        .request_timeout(Duration::from_secs(2))
+        .connect()
+        .await
+        .expect("a client starting beside an open write");
+    started
+        .migrate()
+        .await
+        .expect("a migrate beside an open write");
+    sqlx::raw_sql("ROLLBACK").execute(&mut open).await.unwrap();
+    holder.release(&lease).await.unwrap();
+}
