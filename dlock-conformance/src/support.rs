@@ -20,11 +20,11 @@ static TIMED: Mutex<()> = Mutex::new(());
 /// their body on it).
 #[must_use = "the turn ends when this is dropped"]
 pub struct Turn {
-    _guards: (
-        Option<MutexGuard<'static, ()>>,
-        Result<RwLockReadGuard<'static, ()>, RwLockWriteGuard<'static, ()>>,
-    ),
+    _guards: (Option<MutexGuard<'static, ()>>, Machine),
 }
+
+/// A test's share of the machine: beside others, or all of it.
+type Machine = Result<RwLockReadGuard<'static, ()>, RwLockWriteGuard<'static, ()>>;
 
 impl std::fmt::Debug for Turn {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
