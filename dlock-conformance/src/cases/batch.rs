@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use dlock_core::{Backend, LockOptions, Locker};
-use tokio::time::sleep;
+use tokio::time::{Instant, sleep, sleep_until};
 
 use super::{assert_held, foreign_lease, needs_ttl};
 use crate::support::{long, must_acquire, must_lock, unique_name};
@@ -28,19 +28,25 @@ pub async fn extend_many_acts_per_lease(backend: &Arc<dyn Backend>) {
     let [kept, taken, never, elsewhere] = names.as_slice() else {
         unreachable!("four names")
     };
-    let holder = must_acquire(backend.as_ref(), kept, &opts).await;
     let stale = must_acquire(backend.as_ref(), taken, &opts).await;
     backend.release(&stale).await.expect("release");
-    let current = must_acquire(backend.as_ref(), taken, &opts).await;
     let gone = must_acquire(backend.as_ref(), elsewhere, &opts).await;
     backend.release(&gone).await.expect("release");
     // Its new holder is not in the batch: only an owner check keeps the
     // batch from moving its expiry.
     let outsider = must_acquire(backend.as_ref(), elsewhere, &long()).await;
     let foreign = foreign_lease(never, &opts);
+    // The two leases to extend come last, so that the TTL's budget holds
+    // two acquires and the batch, not the setup's other round trips (on a
+    // loaded server a semaphore's acquire is several of them).
+    let asked = Instant::now();
+    let holder = must_acquire(backend.as_ref(), kept, &opts).await;
+    let current = must_acquire(backend.as_ref(), taken, &opts).await;
+    let granted = Instant::now();
     // Late in the first TTL, so that the leases outlive it only if extended.
-    sleep(ttl * 5 / 8).await;
+    sleep_until(asked + ttl * 5 / 8).await;
     let mut batch = vec![stale, holder, foreign, current, gone];
+    let extended = Instant::now();
     let held = backend.extend_many(&mut batch).await.expect("extend_many");
     assert_eq!(
         held,
@@ -58,7 +64,10 @@ pub async fn extend_many_acts_per_lease(backend: &Arc<dyn Backend>) {
         left.is_none_or(|left| left > Duration::from_secs(30)),
         "extend_many moved the expiry of a lock its lease no longer holds ({left:?} left)"
     );
-    sleep(ttl * 5 / 8).await;
+    // Past the first TTL of both (counted from their grants' replies, later
+    // than the server counts it), within the one the batch gave them
+    // (counted from before it was sent): halfway between the two.
+    sleep_until(granted + ttl + (extended - granted) / 2).await;
     for (lease, name) in [(&batch[1], kept), (&batch[3], taken)] {
         assert!(
             lease.is_valid(),
