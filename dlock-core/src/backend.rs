@@ -265,7 +265,10 @@ pub trait Backend: Send + Sync + Debug {
     /// expired), `None` if it is held.
     async fn try_acquire(&self, name: &str, opts: &LockOptions) -> Result<Option<Lease>>;
 
-    /// Waits for the lock up to the options' wait bound.
+    /// Waits for the lock up to the options' wait bound, and returns within
+    /// that bound plus one request timeout: the wait looks once more when
+    /// the bound comes, and that look gets its answer (see
+    /// [`Deadline::cut_off`](crate::wait::Deadline::cut_off)).
     ///
     /// # Errors
     /// [`Error::Timeout`](crate::Error::Timeout) when the bound passes first.
