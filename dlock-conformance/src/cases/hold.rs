@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use dlock_core::{Backend, Error, Lease};
-use tokio::time::{Instant, sleep};
+use tokio::time::{Instant, sleep_until};
 
 use super::{assert_held, assert_not_held, foreign_lease, needs, needs_delayed_release};
 use crate::support::{long, must_acquire, unique_name};
@@ -116,12 +116,16 @@ where
     if !needs_delayed_release(holder.as_ref(), case) {
         return;
     }
+    // Connected before the hold begins: a connect (a new session with a
+    // three-node ensemble, on a loaded machine) took longer than the half
+    // hold the check has, and the check then came after the hold's end.
+    let other = factory().await;
     let name = unique_name(case);
     let (first, since) = acquire_then_hold(holder.as_ref(), &name).await;
     drop(holder);
-    let other = factory().await;
-    // Long enough for a closed session's nodes to be gone.
-    sleep(HOLD / 2).await;
+    // Long enough for a closed session's nodes to be gone; the check has
+    // the hold's other half to reach the server.
+    sleep_until(since + HOLD / 2).await;
     assert_held(
         other.as_ref(),
         &name,
