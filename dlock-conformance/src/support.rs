@@ -37,8 +37,7 @@ impl std::fmt::Debug for Turn {
 }
 
 /// For a test that loads the whole machine or shares what others use (a
-/// topology of many containers, a JVM or Python client, the torture
-/// campaign): while it holds this, no other test of its process that took a
+/// topology of many containers, a JVM or Python client): while it holds this, no other test of its process that took a
 /// turn runs. It waits for those running to end, and tests that ask for a
 /// turn after it wait for it (a waiting writer keeps new readers out), so
 /// it is never starved.
