@@ -117,6 +117,36 @@ fn assert_not_held<T: std::fmt::Debug>(result: dlock_core::Result<T>, what: &str
     }
 }
 
+/// Whether a round of a case that judges within a TTL could judge, and
+/// if not, why.
+enum Judged {
+    Yes,
+    No(String),
+}
+
+/// Runs `round` with `ttl`, then with twice it, and so on for at most
+/// three rounds, until one could judge. A case whose every step must fit
+/// in a TTL cannot judge a round whose server answered too slowly for it
+/// (a loaded machine); a driver that fails the case fails every round.
+async fn judged_with_doubling_ttl<F, Fut>(case: &str, mut ttl: Duration, mut round: F)
+where
+    F: FnMut(Duration) -> Fut,
+    Fut: std::future::Future<Output = Judged>,
+{
+    let mut why = Vec::new();
+    for _ in 0..3 {
+        match round(ttl).await {
+            Judged::Yes => return,
+            Judged::No(reason) => {
+                println!("{case}: a round with a {ttl:?} TTL could not judge: {reason}");
+                why.push(format!("with a {ttl:?} TTL, {reason}"));
+            }
+        }
+        ttl *= 2;
+    }
+    panic!("{case}: no round could judge: {}", why.join("; "));
+}
+
 /// A lease for `name` that the server never granted: what a client that
 /// guessed or forged a lease holds.
 fn foreign_lease(name: &str, opts: &LockOptions) -> Lease {
