@@ -21,52 +21,21 @@ where
 /// workers (so background renewal and release run alongside), bounded
 /// so that a hung backend fails the test instead of hanging the run.
 /// It runs beside the other cases of its process that only wait
-/// ([`beside_others`](crate::support::beside_others)); the stress
-/// cases, which keep the client and the server busy for seconds to
-/// tens of seconds, also take one of [`STRESS_AT_ONCE`] places.
+/// ([`beside_others`](crate::support::beside_others)), except the stress
+/// cases, which run [`alone`](crate::support::alone): they keep the
+/// client and the server as busy as they can for seconds to tens of
+/// seconds, and beside them the cases that judge within a short TTL
+/// judged the machine (two cores saturated for a minute of PostgreSQL's
+/// run: renewals answered after their deadlines, grants after their
+/// leases ended).
 pub fn run(case: &str, fut: impl Future<Output = ()>) {
     let asked = std::time::Instant::now();
-    let _place = case.starts_with("stress_").then(StressPlace::take);
-    let _turn = crate::support::beside_others();
+    let _turn = if case.starts_with("stress_") {
+        crate::support::alone()
+    } else {
+        crate::support::beside_others()
+    };
     block_on(case, asked, fut);
-}
-
-/// How many stress cases of one process run at once. On a 2-core
-/// machine a stress case of a polling driver (MySQL: 10,000 grants in
-/// about 50 s) waits more than it computes, so two overlap well; three
-/// of a driver that computes (in memory, Redis) took over twice their
-/// time alone each.
-pub const STRESS_AT_ONCE: usize = 2;
-
-static STRESS_RUNNING: std::sync::Mutex<usize> = std::sync::Mutex::new(0);
-static STRESS_ENDED: std::sync::Condvar = std::sync::Condvar::new();
-
-/// One of the [`STRESS_AT_ONCE`] places, given back when dropped.
-struct StressPlace;
-
-impl StressPlace {
-    fn take() -> Self {
-        let mut running = STRESS_RUNNING
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        while *running >= STRESS_AT_ONCE {
-            running = STRESS_ENDED
-                .wait(running)
-                .unwrap_or_else(std::sync::PoisonError::into_inner);
-        }
-        *running += 1;
-        StressPlace
-    }
-}
-
-impl Drop for StressPlace {
-    fn drop(&mut self) {
-        let mut running = STRESS_RUNNING
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        *running -= 1;
-        STRESS_ENDED.notify_one();
-    }
 }
 
 /// [`run`] in its [turn](crate::support::in_turn) among the cases that

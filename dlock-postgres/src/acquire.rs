@@ -32,8 +32,8 @@ impl PgBackend {
         waiter: &str,
     ) -> Result<Attempt> {
         let owner = OwnerToken::random()?;
-        let sent = Instant::now();
-        let Some(row) = self.grant(name, owner, opts, waiter, sent).await? else {
+        let (row, sent) = self.grant(name, owner, opts, waiter).await?;
+        let Some(row) = row else {
             return Ok(Attempt::Held { expires_in: None });
         };
         let read = |e| Error::backend(NAME, "acquire", e);
@@ -58,15 +58,15 @@ impl PgBackend {
         }
     }
 
-    /// One acquire statement: its row (see [`Statements::acquire`](crate::sql::Statements::acquire)).
+    /// One acquire statement: its row (see [`Statements::acquire`](crate::sql::Statements::acquire)),
+    /// and when it was sent.
     async fn grant(
         &self,
         name: &str,
         owner: OwnerToken,
         opts: &LockOptions,
         waiter: &str,
-        sent: Instant,
-    ) -> Result<Option<PgRow>> {
+    ) -> Result<(Option<PgRow>, Instant)> {
         let ttl = opts.ttl_value();
         let owner_text = owner.to_string();
         let sql = self.inner.sql.acquire(
@@ -79,6 +79,10 @@ impl PgBackend {
         );
         let by = self.deadline();
         let mut lent = self.lend("acquire", by).await?;
+        // The lease is counted from here, not from before the wait for a
+        // connection: the server starts its TTL only when the statement
+        // runs, and a loaded pool would otherwise eat into every lease.
+        let sent = Instant::now();
         // Armed from the moment the statement may reach the server until
         // its reply is in: one that timed out, or whose future was dropped,
         // may still have taken the lock.
@@ -94,7 +98,10 @@ impl PgBackend {
         {
             undo.disarm();
         }
-        settle(lent, done, self.inner.request_timeout, "acquire")
+        Ok((
+            settle(lent, done, self.inner.request_timeout, "acquire")?,
+            sent,
+        ))
     }
 }
 

@@ -53,7 +53,6 @@ impl PgBackend {
     ) -> Result<Attempt> {
         let mode = opts.mode_value();
         let owner = OwnerToken::random()?;
-        let sent = Instant::now();
         let sql = self.inner.sql.acquire_shared(
             name.as_bytes(),
             &owner.to_string(),
@@ -65,8 +64,9 @@ impl PgBackend {
         );
         let by = self.deadline();
         let mut lent = self.lend("acquire", by).await?;
-        // As for the mutex (see `acquire.rs`): armed while the outcome is
-        // unknown.
+        // As for the mutex (see `acquire.rs`): counted from when the
+        // statement goes, and armed while the outcome is unknown.
+        let sent = Instant::now();
         let mut undo = {
             let (backend, lease) = (self.clone(), Lease::with_ttl(name, owner, 0, opts, sent));
             UndoOnDrop::new(async move { backend.undo_shared(&lease, sent).await })
