@@ -14,6 +14,7 @@ mod mutex_as;
 pub mod proxy;
 pub mod support;
 pub mod topology;
+mod turns;
 
 pub use mutex_as::{Fillers, MutexAs};
 

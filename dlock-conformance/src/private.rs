@@ -22,16 +22,15 @@ where
 /// so that a hung backend fails the test instead of hanging the run.
 /// It runs beside the other cases of its process that only wait
 /// ([`beside_others`](crate::support::beside_others)), except the stress
-/// cases, which run [`alone`](crate::support::alone): they keep the
-/// client and the server as busy as they can for seconds to tens of
-/// seconds, and beside them the cases that judge within a short TTL
-/// judged the machine (two cores saturated for a minute of PostgreSQL's
-/// run: renewals answered after their deadlines, grants after their
-/// leases ended).
+/// cases, which run only beside each other
+/// ([`stress`](crate::support::stress)): beside them two cores stayed
+/// saturated for a minute of PostgreSQL's run, and the cases judging
+/// within a short TTL judged the machine (renewals answered after their
+/// deadlines, grants after their leases ended).
 pub fn run(case: &str, fut: impl Future<Output = ()>) {
     let asked = std::time::Instant::now();
     let _turn = if case.starts_with("stress_") {
-        crate::support::alone()
+        crate::support::stress()
     } else {
         crate::support::beside_others()
     };

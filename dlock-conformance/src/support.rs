@@ -1,81 +1,12 @@
 //! Helpers for driver tests and the cases alike: fresh names, options,
 //! an acquire that must succeed, a waiter on a task of its own.
 
-use std::sync::{Mutex, MutexGuard, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::Duration;
 
 use dlock_core::{Backend, Guard, Lease, LockOptions, Locker};
 use tokio::time::Instant;
 
-/// Turns on the machine among the tests of one process: many run beside
-/// each other, one runs alone.
-static TURNS: RwLock<()> = RwLock::new(());
-
-/// The turn of the tests that judge time, among themselves.
-static TIMED: Mutex<()> = Mutex::new(());
-
-/// A test's turn on the machine, from [`alone`], [`in_turn`] or
-/// [`beside_others`]: held for the test's whole run, across its awaits (it
-/// is the test thread's own: `#[tokio::test]` and the suite's cases run
-/// their body on it).
-#[must_use = "the turn ends when this is dropped"]
-pub struct Turn {
-    _guards: (Option<MutexGuard<'static, ()>>, Machine),
-}
-
-/// A test's share of the machine: beside others, or all of it.
-type Machine = Result<RwLockReadGuard<'static, ()>, RwLockWriteGuard<'static, ()>>;
-
-impl std::fmt::Debug for Turn {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match &self._guards {
-            (_, Err(_)) => "Turn::Alone",
-            (Some(_), Ok(_)) => "Turn::InTurn",
-            (None, Ok(_)) => "Turn::BesideOthers",
-        })
-    }
-}
-
-/// For a test that loads the whole machine or shares what others use (a
-/// topology of many containers, a JVM or Python client): while it holds this, no other test of its process that took a
-/// turn runs. It waits for those running to end, and tests that ask for a
-/// turn after it wait for it (a waiting writer keeps new readers out), so
-/// it is never starved.
-pub fn alone() -> Turn {
-    Turn {
-        _guards: (
-            None,
-            Err(TURNS.write().unwrap_or_else(PoisonError::into_inner)),
-        ),
-    }
-}
-
-/// For a test that judges time against a budget (a fault case's bound, a
-/// hand-over time, a restart of its own server): one such test at a time
-/// in its process, beside tests that only wait, which take little of the
-/// machine; never beside one that runs [`alone`].
-pub fn in_turn() -> Turn {
-    let timed = TIMED.lock().unwrap_or_else(PoisonError::into_inner);
-    Turn {
-        _guards: (
-            Some(timed),
-            Ok(TURNS.read().unwrap_or_else(PoisonError::into_inner)),
-        ),
-    }
-}
-
-/// For a test that only waits (on TTLs, timeouts, other clients): it runs
-/// beside any number of others like it and one [`in_turn`], never beside
-/// one that runs [`alone`]. `cargo test` runs such tests many at a time
-/// (`RUST_TEST_THREADS` in the workspace's `.cargo/config.toml`).
-pub fn beside_others() -> Turn {
-    Turn {
-        _guards: (
-            None,
-            Ok(TURNS.read().unwrap_or_else(PoisonError::into_inner)),
-        ),
-    }
-}
+pub use crate::turns::{STRESS_AT_ONCE, Turn, alone, beside_others, in_turn, stress};
 
 /// A lock name no other test or run uses: `<case>-<random hex>`.
 pub fn unique_name(case: &str) -> String {
