@@ -16,7 +16,7 @@ enum Kind {
     Alone,
 }
 
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct State {
     /// Running beside others, [`in_turn`] ones included.
     beside: usize,
