@@ -69,7 +69,8 @@ impl PgBackend {
         let sent = Instant::now();
         let mut undo = {
             let (backend, lease) = (self.clone(), Lease::with_ttl(name, owner, 0, opts, sent));
-            UndoOnDrop::new(async move { backend.undo_shared(&lease, sent).await })
+            let waiter = waiter.to_owned();
+            UndoOnDrop::new(async move { backend.undo_shared(&lease, sent, &waiter).await })
         };
         let done = timeout_at(by, sqlx::raw_sql(sql).fetch_all(lent.conn())).await;
         if matches!(&done, Ok(Ok(_)))
@@ -136,12 +137,22 @@ impl PgBackend {
 
     /// Ends a shared hold.
     pub(crate) async fn release_shared(&self, lease: &Lease) -> Result<()> {
+        self.end_shared(lease, "").await
+    }
+
+    /// Ends a shared hold, giving the place it was granted from back to
+    /// `waiter` (`""`: to nobody) if it is that waiter's (see
+    /// [`Statements::release_shared`](crate::sql::Statements::release_shared)).
+    async fn end_shared(&self, lease: &Lease, waiter: &str) -> Result<()> {
         let notify = self.inner.listen.is_some();
         let owner = lease.owner().to_string();
-        let sql = self
-            .inner
-            .sql
-            .release_shared(lease.name().as_bytes(), &owner, notify);
+        let sql = self.inner.sql.release_shared(
+            lease.name().as_bytes(),
+            &owner,
+            waiter,
+            micros_up(self.place()),
+            notify,
+        );
         let rows = self.fetch(sql, "release", self.deadline()).await?;
         if count(&rows, "release")? != 1 {
             return Err(Error::NotHeld {
@@ -153,12 +164,16 @@ impl PgBackend {
     }
 
     /// Undoes a shared acquire of unknown outcome, sent at `sent` (see
-    /// [`PgBackend::undo`]).
-    async fn undo_shared(&self, lease: &Lease, sent: Instant) {
+    /// [`PgBackend::undo`]) by `waiter` (`""`: not queued), which gets
+    /// its place in the queue back if the acquire was granted from it: a
+    /// waiter that lost its place to a grant it never heard of would queue
+    /// anew behind later writers, and readers let in beside it would hold
+    /// those writers off while it waits behind them.
+    async fn undo_shared(&self, lease: &Lease, sent: Instant, waiter: &str) {
         let settled_by = sent + self.inner.request_timeout * 2;
         let ttl = lease.ttl().unwrap_or_default();
         let released = retry_for(ttl, || async {
-            match self.release_shared(lease).await {
+            match self.end_shared(lease, waiter).await {
                 Err(Error::NotHeld { .. }) if Instant::now() < settled_by => Err(timed_out(
                     "undo an acquire: nothing to release yet; it may still commit".to_owned(),
                 )),
@@ -167,6 +182,11 @@ impl PgBackend {
             }
         })
         .await;
+        if released == Some(true) && !waiter.is_empty() {
+            // Its place is back: the waiter may be first now, and the
+            // release announced the queue as it was before.
+            self.inner.queued_wakeups.wake(waiter);
+        }
         tracing::debug!(
             name = lease.name(),
             ?released,
@@ -217,7 +237,7 @@ impl PgBackend {
                 self.clone(),
                 Lease::with_ttl(write.name(), reader, 0, &opts, sent),
             );
-            UndoOnDrop::new(async move { backend.undo_shared(&lease, sent).await })
+            UndoOnDrop::new(async move { backend.undo_shared(&lease, sent, "").await })
         };
         let rows = self.fetch(sql, "downgrade", self.deadline()).await;
         if let Err(e) = &rows

@@ -5,7 +5,9 @@
 //! longest hold, so that a mutex's acquire finds it held, and its fence
 //! counts every grant of every kind. The holds and the waiters are rows of
 //! `<table>_holds` (mode `r`, `w` or `p`; a waiter's row expires when its
-//! place lapses, and `since` orders the queue). A mutex waiter's place
+//! place lapses or is granted, and `since` orders the queue; a granted
+//! place stays, marked with the grant's fence, until its hold ends, so that
+//! an undone grant can give it back). A mutex waiter's place
 //! (mode `x`) is there too, and these statements pass it by: a mutex's
 //! queue only decides whom its releases wake.
 //!
@@ -87,6 +89,14 @@ impl Statements {
     /// behind every waiter, and not queued) with a place of `place_us`.
     /// One row: the fencing token when granted, the kind the name is in
     /// use as when that is another, and the µs until the first hold ends.
+    ///
+    /// A grant from a live place does not delete it: the place lapses,
+    /// marked with the grant's fence, its `since` kept. If the reply is
+    /// lost, the undo's release puts the place back where it was
+    /// ([`Statements::release_shared`]), and so does the waiter's next look
+    /// if it comes first: a waiter sent to the back would queue behind a
+    /// writer that queued later, which waits for the readers let in beside
+    /// it, while they wait for this reader.
     #[allow(clippy::too_many_arguments)] // one statement's values
     pub fn acquire_shared(
         &self,
@@ -138,14 +148,19 @@ impl Statements {
              g AS (INSERT INTO {h} (name, owner, mode, kind, fence, expires_at, waiting, since, holder)
                    SELECT {n}, '{owner}', '{m}', '{k}', fence, {NOW} + {ttl}, false, 0, {who} FROM f),
              gone AS (DELETE FROM {h} WHERE name = {n} AND (
-                        (owner = '{me}' AND waiting AND since >= 0 AND EXISTS (SELECT 1 FROM f))
+                        (owner = '{me}' AND waiting AND since >= 0 AND EXISTS (SELECT 1 FROM f)
+                          AND NOT EXISTS (SELECT 1 FROM mine))
                         OR (owner <> '{me}' AND {swept}))),
+             kept AS (UPDATE {h} SET expires_at = {NOW}, fence = (SELECT fence FROM f)
+                   WHERE name = {n} AND owner = '{me}' AND waiting AND since >= 0
+                     AND EXISTS (SELECT 1 FROM mine) AND EXISTS (SELECT 1 FROM f)),
              queued AS (INSERT INTO {h} AS x (name, owner, mode, kind, fence, expires_at, waiting, since)
                    SELECT {n}, '{me}', '{m}', '{k}', 0, {NOW} + {place}, true, {CLOCK_US}
                    WHERE '{me}' <> '' AND NOT EXISTS (SELECT 1 FROM f)
                      AND (SELECT conflict IS NULL FROM v)
                    ON CONFLICT (name, owner) DO UPDATE SET expires_at = EXCLUDED.expires_at,
-                     since = CASE WHEN x.expires_at > {NOW} THEN x.since ELSE EXCLUDED.since END
+                     fence = 0, since = CASE WHEN x.expires_at > {NOW} OR x.fence > 0
+                       THEN x.since ELSE EXCLUDED.since END
                    WHERE x.since >= 0)
              SELECT (SELECT fence FROM f), (SELECT conflict FROM v),
                (SELECT (extract(epoch FROM min(expires_at) - {NOW}) * 1000000)::bigint FROM hs)"
@@ -155,15 +170,34 @@ impl Statements {
     /// Ends `owner`'s live hold of `name` and sets the marker's expiry to
     /// the longest hold left. One row: how many holds it ended (0 or 1),
     /// and the waiters to wake ([`Statements::wake_set`]).
-    pub fn release_shared(&self, name: &[u8], owner: &str, notify: bool) -> SqlStr {
+    ///
+    /// The place the hold was granted from (see
+    /// [`Statements::acquire_shared`]) goes with it, unless it is
+    /// `waiter`'s (`""`: nobody's): the undo of a grant whose reply was
+    /// lost, to a waiter still waiting, which gets its place back, live
+    /// for `place_us`, where it was. A waiter that gave up has left a
+    /// tombstone (`since` -1) instead, which stays.
+    pub fn release_shared(
+        &self,
+        name: &[u8],
+        owner: &str,
+        waiter: &str,
+        place_us: u64,
+        notify: bool,
+    ) -> SqlStr {
         let (t, h, n) = (&self.table, &self.holds, bytes(name));
         let until = self.marker_until(&n, owner, NOW);
         let (lock, say) = (self.lock_row(&n), self.announce_to(&n, notify));
         let wake = self.wake_set(&n, "");
+        let place = micros(place_us);
+        let from = "waiting AND since >= 0 AND fence > 0 AND fence IN (SELECT granted FROM gone)";
         self.bounded(format!(
             "{lock}
              WITH gone AS (DELETE FROM {h} WHERE name = {n} AND owner = '{owner}'
-                             AND NOT waiting AND expires_at > {NOW} RETURNING 1),
+                             AND NOT waiting AND expires_at > {NOW} RETURNING fence AS granted),
+             back AS (UPDATE {h} SET expires_at = {NOW} + {place}, fence = 0
+                      WHERE name = {n} AND owner = '{waiter}' AND {from}),
+             spent AS (DELETE FROM {h} WHERE name = {n} AND owner <> '{waiter}' AND {from}),
              m AS (UPDATE {t} SET expires_at = {until}
                    WHERE name = {n} AND owner LIKE '~%' AND EXISTS (SELECT 1 FROM gone)),
              {wake}
