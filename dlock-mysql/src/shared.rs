@@ -138,12 +138,13 @@ impl MySqlBackend {
         let mut undo = {
             let (backend, sent_on) = (self.clone(), in_flight.clone());
             let lease = Lease::with_ttl(name, owner, 0, opts, sent);
+            let waiter = waiter.to_owned();
             UndoOnDrop::new(async move {
                 let mark = sent_on
                     .lock()
                     .unwrap_or_else(PoisonError::into_inner)
                     .clone();
-                backend.undo_shared(&lease, mark).await;
+                backend.undo_shared(&lease, mark, &waiter).await;
             })
         };
         let rows = self
@@ -204,11 +205,21 @@ impl MySqlBackend {
 
     /// Ends a shared hold.
     pub(crate) async fn release_shared(&self, lease: &Lease) -> Result<()> {
+        self.end_shared(lease, "").await
+    }
+
+    /// Ends a shared hold, giving the place it was granted from back to
+    /// `waiter` (`""`: to nobody) if it is that waiter's (see
+    /// [`Statements::release_shared`](crate::sql::Statements::release_shared)).
+    async fn end_shared(&self, lease: &Lease, waiter: &str) -> Result<()> {
         let owner = lease.owner().to_string();
-        let sql =
-            self.inner
-                .sql
-                .release_shared(lease.name().as_bytes(), &owner, self.inner.wake_ups);
+        let sql = self.inner.sql.release_shared(
+            lease.name().as_bytes(),
+            &owner,
+            waiter,
+            micros_up(self.place()),
+            self.inner.wake_ups,
+        );
         if self.change_and_wake(sql, lease.name(), "release").await? != 1 {
             return Err(Error::NotHeld {
                 name: lease.name().to_owned(),
@@ -220,14 +231,19 @@ impl MySqlBackend {
     /// Undoes a queued or shared acquire of unknown outcome: ends the connection it
     /// went out on (`sent_on`, when known), so that it cannot grant after
     /// this, then releases by owner until the server answers or the TTL
-    /// has freed the hold anyway.
-    async fn undo_shared(&self, lease: &Lease, sent_on: Option<Mark>) {
+    /// has freed the hold anyway. `waiter` (`""`: not queued) gets its
+    /// place in the queue back if the acquire was granted from it: a
+    /// waiter that lost its place to a grant it never heard of would queue
+    /// anew behind later writers, and readers let in beside it would hold
+    /// those writers off while it waits behind them. The release's wake-ups
+    /// are read after its commit: they find the place back.
+    async fn undo_shared(&self, lease: &Lease, sent_on: Option<Mark>, waiter: &str) {
         let ttl = lease.ttl().unwrap_or_default();
         let released = retry_for(ttl, || async {
             if let Some(mark) = &sent_on {
                 self.end_connection(mark, self.deadline()).await?;
             }
-            match self.release_lease(lease).await {
+            match self.end_shared(lease, waiter).await {
                 Err(Error::NotHeld { .. }) => Ok(false),
                 other => other.map(|()| true),
             }
@@ -285,7 +301,7 @@ impl MySqlBackend {
                 self.clone(),
                 Lease::with_ttl(write.name(), reader, 0, &opts, sent),
             );
-            UndoOnDrop::new(async move { backend.undo_shared(&lease, None).await })
+            UndoOnDrop::new(async move { backend.undo_shared(&lease, None, "").await })
         };
         let rows = self.transact(sql, "downgrade", self.deadline(), drop).await;
         if let Err(e) = &rows

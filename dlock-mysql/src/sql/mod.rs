@@ -328,6 +328,57 @@ impl Statements {
             self.table, batch.names, batch.owned
         ))
     }
+
+    /// The holds table, made if missing.
+    pub fn create_holds(&self) -> SqlStr {
+        safe(format!(
+            "CREATE TABLE IF NOT EXISTS {} (
+                name VARBINARY(255) NOT NULL,
+                owner CHAR(32) CHARACTER SET ascii NOT NULL,
+                mode CHAR(1) CHARACTER SET ascii NOT NULL,
+                kind VARCHAR(16) CHARACTER SET ascii NOT NULL,
+                fence BIGINT UNSIGNED NOT NULL,
+                expires_at DATETIME(6) NOT NULL,
+                waiting BOOLEAN NOT NULL,
+                since BIGINT UNSIGNED NOT NULL,
+                holder VARBINARY(255) NOT NULL DEFAULT '',
+                PRIMARY KEY (name, owner)
+            ) ENGINE=InnoDB",
+            self.holds()
+        ))
+    }
+
+    /// The type of the `holder` column of each of the two tables that has
+    /// one: tables made by older releases have a `VARCHAR` in the lock
+    /// table (whose character set may not hold every description) and
+    /// none in the holds table.
+    pub fn holder_columns(&self) -> SqlStr {
+        safe(format!(
+            "SELECT CAST(table_name AS BINARY), CAST(data_type AS BINARY)
+             FROM information_schema.columns
+             WHERE table_schema = DATABASE() AND column_name = 'holder'
+               AND table_name IN ('{t}', '{t}_holds')",
+            t = self.table
+        ))
+    }
+
+    /// Brings the `holder` columns of older tables to this release's:
+    /// bytes, in both tables.
+    pub fn upgrade_holder(&self, in_holds: bool) -> SqlStr {
+        let (table, change) = if in_holds {
+            (self.holds(), "ADD COLUMN")
+        } else {
+            (format!("`{}`", self.table), "MODIFY COLUMN")
+        };
+        safe(format!(
+            "ALTER TABLE {table} {change} holder VARBINARY(255) NOT NULL DEFAULT ''"
+        ))
+    }
+
+    /// Reads nothing, but fails when the holds table is missing.
+    pub fn holds_exist(&self) -> SqlStr {
+        safe(format!("SELECT 1 FROM {} LIMIT 0", self.holds()))
+    }
 }
 
 #[cfg(test)]

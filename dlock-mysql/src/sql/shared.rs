@@ -5,8 +5,10 @@
 //! longest hold, so that a mutex's acquire finds it held and its version
 //! counts every grant of every kind. The holds and the waiters are rows of
 //! `<table>_holds` (mode `r`, `w` or `p`; a waiter's row expires when its
-//! place lapses, and `since` orders the queue), as in the PostgreSQL
-//! driver.
+//! place lapses or is granted, and `since` orders the queue; a granted
+//! place stays, marked with the grant's fence, until its hold ends, so that
+//! an undone grant can give it back), as in the PostgreSQL driver. A waiter
+//! that gives up deletes its row, a granted place with it.
 //!
 //! MySQL has no statement that changes two tables and returns rows, so
 //! each call is a short transaction of several statements sent as one
@@ -152,6 +154,14 @@ impl Statements {
     /// One row: the fencing token when granted, the kind the name is in
     /// use as when that is another (bytes), and the µs until the first
     /// hold ends.
+    ///
+    /// A grant from a live place does not delete it: the place lapses,
+    /// marked with the grant's fence, its `since` kept. If the reply is
+    /// lost, the undo's release puts the place back where it was
+    /// ([`Statements::release_shared`]), and so does the waiter's next look
+    /// if it comes first: a waiter sent to the back would queue behind a
+    /// writer that queued later, which waits for the readers let in beside
+    /// it, while they wait for this reader.
     #[allow(clippy::too_many_arguments)] // one statement's values
     pub fn acquire_shared(
         &self,
@@ -195,13 +205,16 @@ impl Statements {
              SET @dl_fence = IF(@dl_admit, (SELECT version FROM `{t}` WHERE name = {n}), NULL);
              INSERT INTO {h} (name, owner, mode, kind, fence, expires_at, waiting, since, holder)
                SELECT {n}, '{owner}', '{code}', '{k}', @dl_fence, {ttl}, FALSE, 0, {who} FROM DUAL WHERE @dl_admit;
+             UPDATE {h} SET expires_at = {NOW}, fence = @dl_fence
+             WHERE name = {n} AND owner = '{me}' AND waiting AND @dl_admit AND @dl_since IS NOT NULL;
              DELETE FROM {h} WHERE name = {n} AND (
-               (owner = '{me}' AND waiting AND @dl_admit)
+               (owner = '{me}' AND waiting AND @dl_admit AND @dl_since IS NULL)
                OR (owner <> '{me}' AND expires_at < {NOW} - INTERVAL 1 MINUTE));
              INSERT INTO {h} (name, owner, mode, kind, fence, expires_at, waiting, since)
                SELECT {n}, '{me}', '{code}', '{k}', 0, {place}, TRUE, {CLOCK} FROM DUAL
                WHERE '{me}' <> '' AND NOT @dl_admit AND @dl_conflict IS NULL
-               ON DUPLICATE KEY UPDATE since = IF(expires_at > {NOW}, since, {CLOCK}), expires_at = {place};
+               ON DUPLICATE KEY UPDATE since = IF(expires_at > {NOW} OR fence > 0, since, {CLOCK}),
+                 fence = 0, expires_at = {place};
              COMMIT;
              SELECT CAST(@dl_fence AS SIGNED), CAST(@dl_conflict AS BINARY),
                (SELECT CAST(TIMESTAMPDIFF(MICROSECOND, {NOW}, MIN(expires_at)) AS SIGNED) FROM {h}
@@ -262,17 +275,38 @@ impl Statements {
     /// Ends `owner`'s live hold of `name` and sets the marker's expiry to
     /// the longest hold left. Rows: the waiters to wake
     /// ([`Statements::wake_set`]), then how many holds it ended (0 or 1).
-    pub fn release_shared(&self, name: &[u8], owner: &str, wake: bool) -> SqlStr {
+    ///
+    /// The place the hold was granted from (see
+    /// [`Statements::acquire_shared`]) goes with it, unless it is
+    /// `waiter`'s (`""`: nobody's): the undo of a grant whose reply was
+    /// lost, to a waiter still waiting, which gets its place back, live
+    /// for `place_us`, where it was. A waiter that gave up has deleted its
+    /// place: nothing comes back. The hold's fence is read before the hold
+    /// goes; the place is found by a plain read and changed by its primary
+    /// key, so that a release does not lock the name's rows one by one.
+    pub fn release_shared(
+        &self,
+        name: &[u8],
+        owner: &str,
+        waiter: &str,
+        place_us: u64,
+        wake: bool,
+    ) -> SqlStr {
         let (t, h, n) = (&self.table, self.holds(), bytes(name));
         let begin = self.begin(&n);
         let wake = self.wake_set(&n, "@dl_n > 0", wake);
         let mine =
             format!("name = {n} AND owner = '{owner}' AND NOT waiting AND expires_at > {NOW}");
         let until = self.marker_until(&n, NOW);
+        let (place, from) = (after(place_us), "waiting AND fence = @dl_granted");
         safe(format!(
             "{begin}
-             SET @dl_n = (SELECT COUNT(*) FROM {h} WHERE {mine});
+             SELECT COUNT(*), MAX(fence) INTO @dl_n, @dl_granted FROM {h} WHERE {mine};
+             SET @dl_from = (SELECT owner FROM {h} WHERE name = {n} AND {from} LIMIT 1);
              DELETE FROM {h} WHERE {mine};
+             UPDATE {h} SET expires_at = {place}, fence = 0
+             WHERE name = {n} AND owner = '{waiter}' AND {from};
+             DELETE FROM {h} WHERE name = {n} AND owner = @dl_from AND owner <> '{waiter}' AND {from};
              UPDATE `{t}` SET expires_at = {until} WHERE name = {n} AND owner LIKE '~%' AND @dl_n > 0;
              COMMIT;
              {wake}
@@ -388,56 +422,5 @@ impl Statements {
              SELECT CONCAT(owner, name) FROM {h} WHERE {mine}"
         );
         safe(s)
-    }
-
-    /// The holds table, made if missing.
-    pub fn create_holds(&self) -> SqlStr {
-        safe(format!(
-            "CREATE TABLE IF NOT EXISTS {} (
-                name VARBINARY(255) NOT NULL,
-                owner CHAR(32) CHARACTER SET ascii NOT NULL,
-                mode CHAR(1) CHARACTER SET ascii NOT NULL,
-                kind VARCHAR(16) CHARACTER SET ascii NOT NULL,
-                fence BIGINT UNSIGNED NOT NULL,
-                expires_at DATETIME(6) NOT NULL,
-                waiting BOOLEAN NOT NULL,
-                since BIGINT UNSIGNED NOT NULL,
-                holder VARBINARY(255) NOT NULL DEFAULT '',
-                PRIMARY KEY (name, owner)
-            ) ENGINE=InnoDB",
-            self.holds()
-        ))
-    }
-
-    /// The type of the `holder` column of each of the two tables that has
-    /// one: tables made by older releases have a `VARCHAR` in the lock
-    /// table (whose character set may not hold every description) and
-    /// none in the holds table.
-    pub fn holder_columns(&self) -> SqlStr {
-        safe(format!(
-            "SELECT CAST(table_name AS BINARY), CAST(data_type AS BINARY)
-             FROM information_schema.columns
-             WHERE table_schema = DATABASE() AND column_name = 'holder'
-               AND table_name IN ('{t}', '{t}_holds')",
-            t = self.table
-        ))
-    }
-
-    /// Brings the `holder` columns of older tables to this release's:
-    /// bytes, in both tables.
-    pub fn upgrade_holder(&self, in_holds: bool) -> SqlStr {
-        let (table, change) = if in_holds {
-            (self.holds(), "ADD COLUMN")
-        } else {
-            (format!("`{}`", self.table), "MODIFY COLUMN")
-        };
-        safe(format!(
-            "ALTER TABLE {table} {change} holder VARBINARY(255) NOT NULL DEFAULT ''"
-        ))
-    }
-
-    /// Reads nothing, but fails when the holds table is missing.
-    pub fn holds_exist(&self) -> SqlStr {
-        safe(format!("SELECT 1 FROM {} LIMIT 0", self.holds()))
     }
 }
