@@ -152,16 +152,16 @@ impl MySqlBackend {
                 *in_flight.lock().unwrap_or_else(PoisonError::into_inner) = Some(mark);
             })
             .await;
-        // Answered, or failed: no longer on its way (only a look dropped
-        // mid-flight leaves its connection here).
-        in_flight
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .take();
-        // Any answer from the server settles the outcome; no answer (a
-        // timeout, a broken connection) leaves the undo armed, to run as
-        // this returns.
+        // Any answer from the server settles the outcome: the look is no
+        // longer on its way. No answer (a timeout, a broken connection)
+        // leaves the undo armed, to run as this returns, and the
+        // connection's mark in place for it: the transaction may still be
+        // running, and a release before its commit would find nothing.
         if !matches!(&rows, Err(e) if e.is_retryable()) {
+            in_flight
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .take();
             undo.disarm();
         }
         let rows = rows?;
