@@ -140,6 +140,7 @@ macro_rules! __fault_case_list {
                 delayed_grant_is_valid_only_until_the_server_frees_it,
                 calls_on_a_stalled_server_return_within_their_bound,
                 acquire_dropped_in_flight_frees_the_name_at_once,
+                a_lost_grant_keeps_the_waiters_place,
             ]
             server [
                 fencing_tokens_keep_increasing_across_a_server_restart,

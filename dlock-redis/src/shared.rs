@@ -45,9 +45,10 @@ impl RedisBackend {
                 name.to_owned(),
                 Lease::with_ttl(name, owner, 0, opts, sent),
             );
+            let waiter = waiter.to_owned();
             UndoOnDrop::new(async move {
                 let ttl = lease.ttl().unwrap_or_default();
-                let released = retry_for(ttl, || backend.release_shared(&lease)).await;
+                let released = retry_for(ttl, || backend.end_shared(&lease, &waiter)).await;
                 tracing::debug!(name, ?released, "undid an acquire of unknown outcome");
             })
         };
@@ -95,6 +96,16 @@ impl RedisBackend {
 
     /// Ends a shared hold and wakes whoever that lets in.
     pub(crate) async fn release_shared(&self, lease: &Lease) -> Result<()> {
+        self.end_shared(lease, "").await
+    }
+
+    /// Ends a shared hold, giving the queue place it was granted from back
+    /// to `waiter` (`""`: to nobody) if it is that waiter's: the undo of a
+    /// grant whose reply was lost. A waiter that lost its place to a grant
+    /// it never heard of would queue anew behind later writers, and the
+    /// readers let in beside it would hold those writers off while it
+    /// waits behind them.
+    async fn end_shared(&self, lease: &Lease, waiter: &str) -> Result<()> {
         let keys = self.keys(lease.name());
         let mode = lease.mode();
         let mut invocation = self.queue_scripts().shared.release.prepare_invoke();
@@ -102,7 +113,9 @@ impl RedisBackend {
         invocation
             .arg(member_of(lease))
             .arg(mode.marker())
-            .arg(mode.permits());
+            .arg(mode.permits())
+            .arg(waiter)
+            .arg(millis_up(self.place_lifetime()));
         self.mark_replays(&mut invocation, &keys)?;
         let (released, confirmed) = self.run::<i64>(&invocation, false, "release").await?;
         owner_checked(lease, released, confirmed, "release")

@@ -19,6 +19,7 @@
 //! | `takeover.rs` | the holder's link is cut or hangs |
 //! | `slow.rs` | replies are late |
 //! | `bounds.rs` | the server stalls; acquires are dropped in flight |
+//! | `lost_reply.rs` | a queued reader's grant is answered after its request timed out |
 //! | `server.rs` | the server restarts or freezes |
 //! | `proxied.rs` | (the factories for a real server) |
 
@@ -34,12 +35,14 @@ use crate::support::{long, must_acquire, unique_name};
 use crate::{BoxFuture, Factory};
 
 mod bounds;
+mod lost_reply;
 mod proxied;
 mod server;
 mod slow;
 mod takeover;
 
 pub use bounds::*;
+pub use lost_reply::*;
 pub use proxied::*;
 pub use server::*;
 pub use slow::*;

@@ -139,6 +139,11 @@ enum Bug {
     /// `extend_many` renews every lease of a batch as a mutex (a statement
     /// over the lock table alone): shared holds are reported lost.
     BatchIgnoresKinds,
+    /// A queued waiter's grant deletes its place in the queue, so the undo
+    /// of a grant whose reply was lost releases the hold but cannot give
+    /// the place back: the waiter asks again behind a writer that queued
+    /// after it (dlock-postgres and dlock-mysql before their fix).
+    UndoLosesPlace,
 }
 
 /// Runs every case of the suite, link fault cases included, against the
@@ -494,4 +499,9 @@ caught!(
     lifo_waiters_are_caught,
     Bug::LifoWaiters,
     [permit_waiters_are_served_in_order]
+);
+caught!(
+    an_undo_that_loses_the_waiters_place_is_caught,
+    Bug::UndoLosesPlace,
+    [a_lost_grant_keeps_the_waiters_place]
 );

@@ -13,7 +13,11 @@
 //! `<token>\x1f<description>`, a separator no description may hold;
 //! beside the set, not in its members, whose layout older clients'
 //! scripts read). Waiters share the
-//! mutex's queue, with their mode code and marker in the hash `P:{E}:qm`.
+//! mutex's queue, with their mode code and marker in the hash `P:{E}:qm`;
+//! a grant to a queued waiter leaves there, until the hold's release,
+//! `^<member>` (the waiter and its place's score) and `>` then the waiter
+//! (the member), so that the undo of a grant whose reply was lost gives
+//! the waiter its place back.
 //!
 //! Every script takes the same keys: lock, fence, holds, queue, queue
 //! expiry, queue modes, and on a cluster the release mark. Admission is
@@ -132,6 +136,35 @@ local function describe(holds, member, us, holder)
   redis.call('HSET', who(holds), member, fence .. '\031' .. holder)
   return fence
 end
+-- Forgets the queue place `member`'s grant came from (see ACQUIRE), or
+-- gives it back to `waiter` where it was, live for `place` ms: the undo
+-- of a grant whose reply was lost, to a waiter still waiting. Not when
+-- the waiter left or was granted again since (its `>` field then names
+-- no grant, or another).
+local function give_back(member, waiter, place, marker, ms)
+  local kept = redis.call('HGET', KEYS[6], '^' .. member)
+  if not kept then
+    return
+  end
+  redis.call('HDEL', KEYS[6], '^' .. member)
+  local to, since = string.match(kept, '^(%S+) (%S+)$')
+  if not to or redis.call('HGET', KEYS[6], '>' .. to) ~= member then
+    return
+  end
+  redis.call('HDEL', KEYS[6], '>' .. to)
+  if to ~= waiter then
+    return
+  end
+  local at = redis.call('ZSCORE', KEYS[4], to)
+  if not at or tonumber(at) > tonumber(since) then
+    redis.call('ZADD', KEYS[4], since, to)
+  end
+  redis.call('ZADD', KEYS[5], ms + tonumber(place), to)
+  redis.call('HSET', KEYS[6], to, string.sub(member, 33) .. marker)
+  keep(KEYS[4], place)
+  keep(KEYS[5], place)
+  keep(KEYS[6], place)
+end
 ";
 
 /// ARGV: member (owner token and mode code), mode code, marker, permits,
@@ -185,9 +218,21 @@ for _, w in ipairs(redis.call('ZRANGE', KEYS[4], 0, -1)) do
 end
 if admits(mode, permits, count, writer, ahead, ahead_writer) then
   if me ~= '' then
+    -- The grant remembers the place it came from, and the waiter which
+    -- grant: if its reply is lost, the undo's release gives the place
+    -- back (`give_back`). Sent to the back, the waiter would queue behind
+    -- a writer that came later, which waits for the readers let in
+    -- beside it, while they wait for this reader.
+    local since = redis.call('ZSCORE', KEYS[4], me)
+    if since then
+      redis.call('HSET', KEYS[6], '^' .. member, me .. ' ' .. since, '>' .. me, member)
+    end
     redis.call('ZREM', KEYS[4], me)
     redis.call('ZREM', KEYS[5], me)
     redis.call('HDEL', KEYS[6], me)
+    if since then
+      keep(KEYS[6], ARGV[8])
+    end
   end
   redis.call('ZADD', KEYS[3], us + ttl * 1000, member)
   local fence = describe(KEYS[3], member, us, ARGV[6])
@@ -213,9 +258,11 @@ local first = redis.call('ZRANGE', KEYS[3], 0, 0, 'WITHSCORES')[2]
 return {0, string.format('%.0f', math.ceil((tonumber(first) - us) / 1000))}
 ";
 
-/// ARGV: member (owner token and mode code), marker, permits, and on a
-/// cluster the request's id and how long to remember it in ms. Returns 1
-/// when released, 0 when the hold was not live.
+/// ARGV: member (owner token and mode code), marker, permits, the waiter
+/// to give the grant's place back to (`give_back`; empty: none) and its
+/// place lifetime in ms, and on a cluster the request's id and how long
+/// to remember it in ms. Returns 1 when released, 0 when the hold was not
+/// live.
 const RELEASE: &str = r"
 local us = now_us()
 local ms = math.floor(us / 1000)
@@ -223,15 +270,16 @@ local score = redis.call('ZSCORE', KEYS[3], ARGV[1])
 if score and tonumber(score) > us then
   redis.call('ZREM', KEYS[3], ARGV[1])
   redis.call('HDEL', who(KEYS[3]), ARGV[1])
+  give_back(ARGV[1], ARGV[4], ARGV[5], ARGV[2], ms)
   settle(KEYS[1], KEYS[3], ARGV[2], us)
   local count, writer = holders(us)
   wake_run(ARGV[2], tonumber(ARGV[3]), count, writer, ms)
-  if ARGV[4] then
-    redis.call('SET', KEYS[7], ARGV[4], 'PX', ARGV[5])
+  if ARGV[6] then
+    redis.call('SET', KEYS[7], ARGV[6], 'PX', ARGV[7])
   end
   return 1
 end
-if ARGV[4] and redis.call('GET', KEYS[7]) == ARGV[4] then
+if ARGV[6] and redis.call('GET', KEYS[7]) == ARGV[6] then
   return 1
 end
 return 0
@@ -285,6 +333,11 @@ return {1, fence}
 const ABANDON: &str = r"
 local us = now_us()
 local ms = math.floor(us / 1000)
+-- A grant of unknown outcome cannot give the place back after this.
+local granted = redis.call('HGET', KEYS[6], '>' .. ARGV[1])
+if granted then
+  redis.call('HDEL', KEYS[6], '^' .. granted, '>' .. ARGV[1])
+end
 redis.call('ZREM', KEYS[4], ARGV[1])
 redis.call('ZREM', KEYS[5], ARGV[1])
 redis.call('HDEL', KEYS[6], ARGV[1])

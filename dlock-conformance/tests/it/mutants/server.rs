@@ -32,6 +32,10 @@ struct Slot {
     holds: Vec<(OwnerToken, Mode, Instant)>,
     /// Their waiters in arrival order: (ticket, mode).
     queue: Vec<(u64, Mode)>,
+    /// The places of `queue` a grant was made from, with the grant's
+    /// owner: passed by as waiters, but kept where they are, so that the
+    /// undo of a grant whose reply was lost can give the place back.
+    granted: HashMap<u64, OwnerToken>,
     /// [`Bug::FencePerKind`]: a counter per kind of lock.
     versions: HashMap<String, u64>,
     /// [`Bug::TokenDrawnAtQueueing`]: the token each queued ticket drew.
@@ -323,7 +327,14 @@ impl Server {
                 _ => true,
             })
             .collect();
-        let waiters = slot.queue.iter().copied();
+        // A place granted from is a holder's: no waiter, but its own
+        // waiter's place still.
+        let granted = &slot.granted;
+        let waiters = slot
+            .queue
+            .iter()
+            .copied()
+            .filter(|(t, _)| Some(*t) == ticket || !granted.contains_key(t));
         let ahead: Vec<Mode> = if bug == Some(Bug::LifoWaiters) && ticket.is_some() {
             waiters
                 .rev()
@@ -365,14 +376,29 @@ impl Server {
         };
         match admission {
             Admission::Conflict(held) => Err(held),
-            Admission::Wait => Ok(Err(slot
-                .holds
-                .iter()
-                .filter(|h| h.2 > now)
-                .map(|h| h.2 - now)
-                .min())),
+            Admission::Wait => {
+                // The waiter asks from its place again: a grant made from
+                // it is gone, or never reached the waiter.
+                if let Some(t) = ticket {
+                    slot.granted.remove(&t);
+                }
+                Ok(Err(slot
+                    .holds
+                    .iter()
+                    .filter(|h| h.2 > now)
+                    .map(|h| h.2 - now)
+                    .min()))
+            }
             Admission::Grant => {
-                slot.queue.retain(|(t, _)| Some(*t) != ticket);
+                match ticket {
+                    Some(t)
+                        if bug != Some(Bug::UndoLosesPlace)
+                            && slot.queue.iter().any(|q| q.0 == t) =>
+                    {
+                        slot.granted.insert(t, owner);
+                    }
+                    _ => slot.queue.retain(|(t, _)| Some(*t) != ticket),
+                }
                 slot.holds.push((owner, mode, now + ttl));
                 let token = match ticket.and_then(|t| slot.drawn.remove(&t)) {
                     Some(token) => token,
@@ -412,6 +438,7 @@ impl Server {
         let mut slots = self.slots.lock().unwrap();
         if let Some(slot) = slots.get_mut(name) {
             slot.queue.retain(|(t, _)| *t != ticket);
+            slot.granted.remove(&ticket);
             slot.drawn.remove(&ticket);
         }
         self.wakeups.wake(name);
@@ -419,6 +446,17 @@ impl Server {
 
     /// Releases a shared hold: the owner's live one, or (owner `None`) any.
     pub(crate) fn release_shared(&self, name: &str, owner: Option<OwnerToken>) -> bool {
+        self.end_shared(name, owner, None)
+    }
+
+    /// Undoes a shared acquire of unknown outcome by `owner`: ends its
+    /// hold, and gives the place `ticket` it was granted from (if so) back
+    /// to its waiter, where it was.
+    pub(crate) fn undo_shared(&self, name: &str, owner: OwnerToken, ticket: Option<u64>) -> bool {
+        self.end_shared(name, Some(owner), ticket)
+    }
+
+    fn end_shared(&self, name: &str, owner: Option<OwnerToken>, give_back: Option<u64>) -> bool {
         let mut slots = self.slots.lock().unwrap();
         let now = Instant::now();
         let Some(slot) = slots.get_mut(name) else {
@@ -431,7 +469,12 @@ impl Server {
         else {
             return false;
         };
-        slot.holds.remove(i);
+        let (ended, ..) = slot.holds.remove(i);
+        if let Some(t) = give_back
+            && slot.granted.get(&t) == Some(&ended)
+        {
+            slot.granted.remove(&t);
+        }
         self.wakeups.wake(name);
         true
     }
