@@ -14,7 +14,7 @@
 //! beside the set, not in its members, whose layout older clients'
 //! scripts read). Waiters share the
 //! mutex's queue, with their mode code and marker in the hash `P:{E}:qm`;
-//! a grant to a queued waiter leaves there, until the hold's release,
+//! a grant to a queued waiter leaves there, until the hold ends,
 //! `^<member>` (the waiter and its place's score) and `>` then the waiter
 //! (the member), so that the undo of a grant whose reply was lost gives
 //! the waiter its place back.
@@ -35,12 +35,34 @@ const SHARED: &str = r"
 local function who(holds)
   return holds .. 'w'
 end
+-- Forgets the queue place `member`'s grant came from (see ACQUIRE);
+-- returns its waiter and the place's score, if the waiter's last grant
+-- was this one.
+local function forget(qm, member)
+  local kept = redis.call('HGET', qm, '^' .. member)
+  if not kept then
+    return nil
+  end
+  redis.call('HDEL', qm, '^' .. member)
+  local to, since = string.match(kept, '^(%S+) (%S+)$')
+  if to and redis.call('HGET', qm, '>' .. to) == member then
+    redis.call('HDEL', qm, '>' .. to)
+    return to, since
+  end
+  return nil
+end
 -- Drops the holds that ended, and the descriptions of up to 64 of them
--- (more, after a mass expiry, go with the hash when the name is idle).
-local function prune(holds, us)
+-- (more, after a mass expiry, go with the hash when the name is idle),
+-- and with `qm` the places their grants came from.
+local function prune(holds, us, qm)
   local gone = redis.call('ZRANGEBYSCORE', holds, '-inf', us, 'LIMIT', 0, 64)
   if #gone > 0 then
     redis.call('HDEL', who(holds), unpack(gone))
+    if qm then
+      for _, m in ipairs(gone) do
+        forget(qm, m)
+      end
+    end
   end
   redis.call('ZREMRANGEBYSCORE', holds, '-inf', us)
 end
@@ -56,7 +78,7 @@ end
 -- (a writer holds alone, or beside the one reader it downgraded to, so
 -- only a set of two or fewer needs looking into).
 local function holders(us)
-  prune(KEYS[3], us)
+  prune(KEYS[3], us, KEYS[6])
   local count, writer = redis.call('ZCARD', KEYS[3]), false
   if count <= 2 then
     for _, m in ipairs(redis.call('ZRANGE', KEYS[3], 0, -1)) do
@@ -76,9 +98,10 @@ local function stale(us)
   end
   return false
 end
--- The marker (and the holds) expire with the hold that lasts longest.
-local function settle(lock, holds, marker, us)
-  prune(holds, us)
+-- The marker (and the holds) expire with the hold that lasts longest;
+-- `qm` as for `prune`.
+local function settle(lock, holds, marker, us, qm)
+  prune(holds, us, qm)
   local cur = redis.call('GET', lock)
   if cur and cur ~= marker then
     return
@@ -142,17 +165,8 @@ end
 -- the waiter left or was granted again since (its `>` field then names
 -- no grant, or another).
 local function give_back(member, waiter, place, marker, ms)
-  local kept = redis.call('HGET', KEYS[6], '^' .. member)
-  if not kept then
-    return
-  end
-  redis.call('HDEL', KEYS[6], '^' .. member)
-  local to, since = string.match(kept, '^(%S+) (%S+)$')
-  if not to or redis.call('HGET', KEYS[6], '>' .. to) ~= member then
-    return
-  end
-  redis.call('HDEL', KEYS[6], '>' .. to)
-  if to ~= waiter then
+  local to, since = forget(KEYS[6], member)
+  if not to or to ~= waiter then
     return
   end
   local at = redis.call('ZSCORE', KEYS[4], to)
@@ -223,6 +237,12 @@ if admits(mode, permits, count, writer, ahead, ahead_writer) then
     -- back (`give_back`). Sent to the back, the waiter would queue behind
     -- a writer that came later, which waits for the readers let in
     -- beside it, while they wait for this reader.
+    -- A grant before this one (its reply lost, its undo still to come)
+    -- has no place to give back now.
+    local prev = redis.call('HGET', KEYS[6], '>' .. me)
+    if prev then
+      redis.call('HDEL', KEYS[6], '^' .. prev, '>' .. me)
+    end
     local since = redis.call('ZSCORE', KEYS[4], me)
     if since then
       redis.call('HSET', KEYS[6], '^' .. member, me .. ' ' .. since, '>' .. me, member)
@@ -236,7 +256,7 @@ if admits(mode, permits, count, writer, ahead, ahead_writer) then
   end
   redis.call('ZADD', KEYS[3], us + ttl * 1000, member)
   local fence = describe(KEYS[3], member, us, ARGV[6])
-  settle(KEYS[1], KEYS[3], marker, us)
+  settle(KEYS[1], KEYS[3], marker, us, KEYS[6])
   return {1, fence}
 end
 if me ~= '' then
@@ -271,7 +291,7 @@ if score and tonumber(score) > us then
   redis.call('ZREM', KEYS[3], ARGV[1])
   redis.call('HDEL', who(KEYS[3]), ARGV[1])
   give_back(ARGV[1], ARGV[4], ARGV[5], ARGV[2], ms)
-  settle(KEYS[1], KEYS[3], ARGV[2], us)
+  settle(KEYS[1], KEYS[3], ARGV[2], us, KEYS[6])
   local count, writer = holders(us)
   wake_run(ARGV[2], tonumber(ARGV[3]), count, writer, ms)
   if ARGV[6] then
@@ -293,6 +313,7 @@ local us = now_us()
 local score = redis.call('ZSCORE', KEYS[3], ARGV[1])
 if score and tonumber(score) > us then
   redis.call('ZREM', KEYS[3], ARGV[1])
+  forget(KEYS[6], ARGV[1])
   redis.call('ZADD', KEYS[3], us + tonumber(ARGV[3]) * 1000, ARGV[2])
   -- The hold keeps the token and description, for operators.
   local holder = redis.call('HGET', who(KEYS[3]), ARGV[1])
@@ -300,7 +321,7 @@ if score and tonumber(score) > us then
     redis.call('HDEL', who(KEYS[3]), ARGV[1])
     redis.call('HSET', who(KEYS[3]), ARGV[2], holder)
   end
-  settle(KEYS[1], KEYS[3], ARGV[4], us)
+  settle(KEYS[1], KEYS[3], ARGV[4], us, KEYS[6])
   if ARGV[5] then
     redis.call('SET', KEYS[7], ARGV[5], 'PX', ARGV[6])
   end
@@ -324,7 +345,7 @@ if not score or tonumber(score) <= us then
 end
 redis.call('ZADD', KEYS[3], us + tonumber(ARGV[3]) * 1000, ARGV[2])
 local fence = describe(KEYS[3], ARGV[2], us, ARGV[5])
-settle(KEYS[1], KEYS[3], ARGV[4], us)
+settle(KEYS[1], KEYS[3], ARGV[4], us, KEYS[6])
 return {1, fence}
 ";
 
@@ -356,6 +377,9 @@ end
 local us = now_us()
 local ms = math.floor(us / 1000)
 local count = holders(us)
+for _, m in ipairs(redis.call('ZRANGE', KEYS[3], 0, -1)) do
+  forget(KEYS[6], m)
+end
 redis.call('DEL', KEYS[3], who(KEYS[3]))
 if redis.call('GET', KEYS[1]) == ARGV[1] then
   redis.call('DEL', KEYS[1])
