@@ -8,7 +8,7 @@ use std::time::Duration;
 use dlock_conformance::Factory;
 use dlock_conformance::faults::{FaultyClient, FaultyFactory};
 use dlock_conformance::proxy::{Fault, Link};
-use dlock_core::undo::retry_for;
+use dlock_core::undo::{UndoOnDrop, retry_for};
 use dlock_core::wait::{Attempt, Backoff, Deadline, on_arrival, wait_for_lock};
 use dlock_core::{
     Backend, Capabilities, Error, Lease, LeaseKind, LockInfo, LockOptions, LockPage, Mode,
@@ -124,20 +124,30 @@ impl Sim {
         let sent = Instant::now();
         let (mode, ttl, bug) = (opts.mode_value(), opts.ttl_value(), self.bug);
         let holder = self.holder(opts);
-        let mut undo = SharedCleanup {
-            sim: (!self.has(Bug::NoCleanup)).then(|| self.clone()),
-            name: name.to_owned(),
-            owner,
-            ticket,
-            ttl,
+        // Armed until the reply is in, retrying until the server answers
+        // or the TTL has freed the hold anyway: a grant whose reply was
+        // lost would otherwise hold the name for its whole TTL, and keep
+        // its waiter's place in the queue as a holder's.
+        let mut undo = {
+            let (sim, name) = (self.clone(), name.to_owned());
+            UndoOnDrop::new(async move {
+                let name = name.as_str();
+                retry_for(ttl, || {
+                    sim.call(move |s| s.undo_shared(name, owner, ticket))
+                })
+                .await;
+            })
         };
+        if self.has(Bug::NoCleanup) {
+            undo.disarm();
+        }
         let granted = self
             .call(|s| {
                 s.describe(owner, holder);
                 s.acquire_shared(name, owner, mode, ttl, ticket, bug)
             })
             .await?;
-        undo.sim = None;
+        undo.disarm();
         match granted {
             Err(held) => Err(Error::ModeConflict {
                 name: name.to_owned(),
@@ -284,36 +294,6 @@ impl Drop for Cleanup {
         if let Some(sim) = self.sim.take() {
             let (name, owner) = (std::mem::take(&mut self.name), self.owner);
             tokio::spawn(async move { sim.call(|s| s.release(&name, Some(owner))).await });
-        }
-    }
-}
-
-/// Undoes a shared acquire whose outcome is unknown, retrying until the
-/// server answers or the TTL has freed the hold anyway: a grant whose
-/// reply was lost would otherwise hold the name for its whole TTL, and
-/// keep its waiter's place in the queue as a holder's.
-struct SharedCleanup {
-    sim: Option<Sim>,
-    name: String,
-    owner: OwnerToken,
-    /// The asking waiter's place, given back to it if the grant was made
-    /// from it.
-    ticket: Option<u64>,
-    ttl: Duration,
-}
-
-impl Drop for SharedCleanup {
-    fn drop(&mut self) {
-        if let Some(sim) = self.sim.take() {
-            let name = std::mem::take(&mut self.name);
-            let (owner, ticket, ttl) = (self.owner, self.ticket, self.ttl);
-            tokio::spawn(async move {
-                let name = name.as_str();
-                retry_for(ttl, || {
-                    sim.call(move |s| s.undo_shared(name, owner, ticket))
-                })
-                .await
-            });
         }
     }
 }
