@@ -4,46 +4,19 @@
 //! held, or a control that shows nothing fails the test; its output (the
 //! table and each failure) is printed then.
 //!
-//! The runs go at once: a run mostly waits (its faults, leases and heals),
+//! The runs go at once, as `cargo test` starts them (16 threads, in
+//! `.cargo/config.toml`): a run mostly waits (its faults, leases and heals),
 //! and takes a tenth of a core with its servers (36 s of CPU in 431 s, one
 //! at a time; three at a time left the machine 50-90 % idle); its bounds
 //! allow 5 s of load on top of each wait (`SLACK` in `src/target.rs`).
 
 use std::process::{Command, Stdio};
-use std::sync::{Condvar, Mutex, PoisonError};
 use std::time::{Duration, Instant};
-
-/// Runs going at once: all six.
-const AT_ONCE: usize = 6;
-static RUNNING: Mutex<usize> = Mutex::new(0);
-static ENDED: Condvar = Condvar::new();
-
-/// A run's place among the [`AT_ONCE`] that go at once, given back on drop.
-struct Turn;
-
-impl Turn {
-    fn take() -> Turn {
-        let mut running = RUNNING.lock().unwrap_or_else(PoisonError::into_inner);
-        while *running >= AT_ONCE {
-            running = ENDED.wait(running).unwrap_or_else(PoisonError::into_inner);
-        }
-        *running += 1;
-        Turn
-    }
-}
-
-impl Drop for Turn {
-    fn drop(&mut self) {
-        *RUNNING.lock().unwrap_or_else(PoisonError::into_inner) -= 1;
-        ENDED.notify_one();
-    }
-}
 
 /// Seconds per backend: about a minute, as the issue that built this asks.
 const SECONDS: &str = "60";
 
 fn campaign(args: &[&str]) {
-    let _turn = Turn::take();
     let out = std::env::temp_dir().join(format!(
         "dlock-torture-{}-{}",
         std::process::id(),
