@@ -2,7 +2,9 @@
 //! [`crate::support`], which re-exports them): which tests may run beside
 //! which, so that no test judges the machine instead of the lock.
 
+use std::io::Write;
 use std::sync::{Condvar, Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, Instant};
 
 /// How many stress cases of one process run at once: they run beside
 /// nothing else, and two of a driver that polls (MySQL) overlap well.
@@ -78,9 +80,12 @@ fn state() -> MutexGuard<'static, State> {
 #[derive(Debug)]
 pub struct Turn {
     kind: Kind,
+    asked: Instant,
+    waited: Duration,
 }
 
 fn take(kind: Kind) -> Turn {
+    let asked = Instant::now();
     let mut state = state();
     let exclusive = matches!(kind, Kind::Stress | Kind::Alone);
     if exclusive {
@@ -93,13 +98,52 @@ fn take(kind: Kind) -> Turn {
         state.waiting -= 1;
     }
     state.count(kind, true);
-    Turn { kind }
+    Turn {
+        kind,
+        asked,
+        waited: asked.elapsed(),
+    }
 }
 
 impl Drop for Turn {
     fn drop(&mut self) {
         state().count(self.kind, false);
         CHANGED.notify_all();
+        log(self);
+    }
+}
+
+/// With `DLOCK_TURN_LOG` set to a file, each turn appends a line to it:
+/// test binary, process, kind, test, seconds waited for the turn,
+/// seconds held. Which tests
+/// make a binary's critical path shows there (`cargo test` reports only
+/// the whole binary's time).
+fn log(turn: &Turn) {
+    let Some(path) = std::env::var_os("DLOCK_TURN_LOG") else {
+        return;
+    };
+    let thread = std::thread::current();
+    let exe = std::env::current_exe().ok();
+    let binary = exe
+        .as_deref()
+        .and_then(std::path::Path::file_name)
+        .map(|n| n.to_string_lossy().into_owned());
+    let line = format!(
+        "{}\t{}\t{:?}\t{}\t{:.2}\t{:.2}\n",
+        binary.as_deref().unwrap_or("?"),
+        std::process::id(),
+        turn.kind,
+        thread.name().unwrap_or("?"),
+        turn.waited.as_secs_f64(),
+        (turn.asked.elapsed() - turn.waited).as_secs_f64()
+    );
+    if let Ok(mut file) = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+    {
+        // One write per line: lines of concurrent tests do not interleave.
+        let _ = file.write_all(line.as_bytes());
     }
 }
 

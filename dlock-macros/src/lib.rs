@@ -315,12 +315,10 @@ fn expand(attr: TokenStream2, item: TokenStream2) -> syn::Result<TokenStream2> {
         ));
     }
     let Some(ret) = result_type(&f.sig.output) else {
+        // The fn's name alone: a span joined with its return type would
+        // depend on the toolchain (`Span::join` is new on stable).
         return Err(syn::Error::new(
-            f.sig
-                .output
-                .span()
-                .join(f.sig.ident.span())
-                .unwrap_or(f.sig.ident.span()),
+            f.sig.ident.span(),
             "#[locked] needs a fn returning `Result<T, E>` where `E: From<dlock::Error>`, so that a lock error can be returned",
         ));
     };

@@ -17,7 +17,7 @@ use crate::check::{Findings, Seen, check};
 use crate::client::{connect, lock_name};
 use crate::clients::{Clients, Workload};
 use crate::history::now_ns;
-use crate::nemesis::{self, Record, Servers};
+use crate::nemesis::{self, FaultRecord, Record, Servers};
 use crate::resource::Resource;
 use crate::target::{Expect, FaultKind, Target, Topo};
 
@@ -140,6 +140,7 @@ pub async fn run(target: &Target, settings: &Settings, seed: u64) -> Result<Outc
         dir: dir.clone(),
         long_holds: target.long_holds,
     };
+    let clock = crate::clock::Watcher::start().map_err(|e| format!("the clock watcher: {e}"))?;
     let processes = target.processes.unwrap_or(settings.processes);
     let clients = Arc::new(Clients::start(workload, processes).await?);
     let servers = match (&server, &cluster) {
@@ -161,7 +162,7 @@ pub async fn run(target: &Target, settings: &Settings, seed: u64) -> Result<Outc
         }),
         _ => None,
     };
-    let record = nemesis::run(
+    let mut record = nemesis::run(
         target.faults,
         clients.clone(),
         servers,
@@ -192,6 +193,18 @@ pub async fn run(target: &Target, settings: &Settings, seed: u64) -> Result<Outc
     } else {
         Vec::new()
     };
+    record
+        .faults
+        .extend(clock.stop().into_iter().map(|step| FaultRecord {
+            kind: FaultKind::ClockStep,
+            client: None,
+            node: None,
+            failed_over: false,
+            settled: None,
+            start: step.before,
+            end: step.after,
+            step_ns: Some(step.by),
+        }));
     let mut events = Vec::new();
     for (_, path) in clients.histories() {
         events.extend(crate::history::read(&path).map_err(|e| format!("a history: {e}"))?);

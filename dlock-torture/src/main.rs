@@ -13,6 +13,7 @@
 //! | `clients.rs` | the client processes, each behind its own fault proxy |
 //! | `client.rs` | the workload inside a client process |
 //! | `nemesis.rs` | the faults |
+//! | `clock.rs` | steps of the machine's wall clock, seen (not thrown) |
 //! | `resource.rs` | the fenced resource |
 //! | `history.rs` | what clients record, on `CLOCK_MONOTONIC` |
 //! | `check.rs` | the checker |
@@ -23,6 +24,7 @@ mod campaign;
 mod check;
 mod client;
 mod clients;
+mod clock;
 mod failover;
 mod history;
 mod mutant;
@@ -65,6 +67,11 @@ struct Args {
     /// Run the controls only.
     #[arg(long)]
     controls_only: bool,
+    /// Controls to run: control-redis-without-persistence-killed,
+    /// control-simulated-split-brain, control-simulated-stale-tokens
+    /// (default: all).
+    #[arg(long, value_delimiter = ',', conflicts_with = "no_controls")]
+    controls: Option<Vec<String>>,
     /// Seconds per control.
     #[arg(long, default_value_t = 30)]
     control_seconds: u64,
@@ -211,7 +218,7 @@ fn pick(args: &Args) -> Result<Vec<(Target, bool)>, String> {
         targets.extend(chosen(&TOPOLOGIES, topologies, all)?);
     }
     if !args.no_controls {
-        targets.extend(CONTROLS.iter().cloned());
+        targets.extend(chosen(&CONTROLS, args.controls.as_deref(), true)?);
     }
     let controls = CONTROLS.map(|c| c.label);
     Ok(targets
@@ -229,13 +236,18 @@ fn chosen(from: &[Target], names: Option<&[String]>, all: bool) -> Result<Vec<Ta
     let Some(names) = names else {
         return Ok(if all { from.to_vec() } else { Vec::new() });
     };
-    let known = || from.iter().map(|t| t.label).collect::<Vec<_>>().join(", ");
+    let known = || {
+        from.iter()
+            .map(|t| campaign::slug(t.label))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
     names
         .iter()
         .filter(|n| n.as_str() != "none")
         .map(|n| {
             from.iter()
-                .find(|t| t.label == n.as_str())
+                .find(|t| campaign::slug(t.label) == n.as_str())
                 .cloned()
                 .ok_or_else(|| format!("unknown name {n}; expected one of {}", known()))
         })

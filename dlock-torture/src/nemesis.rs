@@ -36,6 +36,10 @@ pub struct FaultRecord {
     pub start: u64,
     /// When it healed (ns): for a server kill, once the server answers again.
     pub end: u64,
+    /// For a step of the wall clock (seen, not thrown), how far it jumped
+    /// ahead (ns).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub step_ns: Option<u64>,
 }
 
 /// What the nemesis did.
@@ -241,6 +245,7 @@ async fn throw(
             sleep(stopped).await;
             clients.signal(slot, Signal::SIGCONT);
         }
+        FaultKind::ClockStep => return Err("a clock step is seen, never thrown".to_owned()),
         FaultKind::ClientKill => {
             let pause = Duration::from_millis(rng.u64(0..1000));
             if let Some((id, at)) = clients.kill_and_replace(slot, pause).await {
@@ -252,6 +257,7 @@ async fn throw(
                     settled: None,
                     start: at,
                     end: now_ns(),
+                    step_ns: None,
                 });
             }
         }
@@ -264,6 +270,7 @@ async fn throw(
         settled: None,
         start,
         end: now_ns(),
+        step_ns: None,
     })
 }
 
@@ -311,5 +318,6 @@ async fn node_fault(
         settled,
         start,
         end,
+        step_ns: None,
     })
 }

@@ -196,6 +196,7 @@ fn colour(kind: crate::target::FaultKind) -> &'static str {
         K::ClientKill => "#555555",
         K::NodePause => "#2a9d8f",
         K::NodePartition => "#e76f51",
+        K::ClockStep => "#000000",
     }
 }
 

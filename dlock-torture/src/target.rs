@@ -38,6 +38,10 @@ pub enum FaultKind {
     /// One member is cut off from its peers (blackhole routes both ways)
     /// while clients still reach it: a minority partition.
     NodePartition,
+    /// The machine's wall clock stepped ahead of `CLOCK_MONOTONIC` (a VM
+    /// paused and set right on resume). Never thrown: seen by
+    /// [`crate::clock`], and recorded when it happens.
+    ClockStep,
 }
 
 impl FaultKind {
@@ -63,7 +67,7 @@ impl FaultKind {
     ];
 
     /// Every fault, in the timeline's legend.
-    pub const ALL: [FaultKind; 9] = [
+    pub const ALL: [FaultKind; 10] = [
         FaultKind::LinkDelay,
         FaultKind::LinkStall,
         FaultKind::LinkCut,
@@ -73,6 +77,7 @@ impl FaultKind {
         FaultKind::NodePartition,
         FaultKind::ClientStop,
         FaultKind::ClientKill,
+        FaultKind::ClockStep,
     ];
 
     /// Whether it faults the servers rather than one client.
@@ -98,6 +103,7 @@ impl FaultKind {
             FaultKind::ClientKill => "client-kill",
             FaultKind::NodePause => "node-pause",
             FaultKind::NodePartition => "node-partition",
+            FaultKind::ClockStep => "clock-step",
         }
     }
 }
@@ -120,6 +126,12 @@ pub enum Hazard {
     /// after a fault that moved the primary, and believed after the fault
     /// began.
     FailoverForgets,
+    /// A server that ends leases on its wall clock (Redis, MySQL,
+    /// PostgreSQL) ends every one early by a forward step of that clock,
+    /// while holders count on `CLOCK_MONOTONIC` (exclusion): a hold granted
+    /// before a step ended and believed when it began, believed after the
+    /// other's grant for no longer than the step.
+    WallClockStep,
     /// The driver is a deliberately wrong one: every violation is expected.
     Mutant,
 }
@@ -239,21 +251,21 @@ pub const BACKENDS: [Target; 5] = [
             "--dir",
             "/tmp",
         ],
-        &[],
+        &[Hazard::WallClockStep],
     ),
     single(
         "mariadb",
         "mysql",
         Service::MariaDb,
         &["--innodb-flush-log-at-trx-commit=1"],
-        &[],
+        &[Hazard::WallClockStep],
     ),
     single(
         "postgres",
         "postgres",
         Service::Postgres,
         &["-c", "fsync=on", "-c", "synchronous_commit=on"],
-        &[],
+        &[Hazard::WallClockStep],
     ),
     single(
         "zookeeper",
@@ -326,7 +338,7 @@ const fn cluster(label: &'static str, topology: Topo, of: Target) -> Target {
 const fn redis_on(label: &'static str, topology: Topo) -> Target {
     Target {
         server_args: &[],
-        hazards: &[Hazard::FailoverForgets],
+        hazards: &[Hazard::FailoverForgets, Hazard::WallClockStep],
         ..cluster(label, topology, BACKENDS[0])
     }
 }
@@ -362,7 +374,7 @@ pub const CONTROLS: [Target; 3] = [
     Target {
         label: "control: redis without persistence, killed",
         faults: &[FaultKind::ServerKill],
-        hazards: &[Hazard::RestartForgets],
+        hazards: &[Hazard::RestartForgets, Hazard::WallClockStep],
         expect: Some(Expect::Exclusion),
         long_holds: true,
         // Holders believe well past the restart, whatever its length.

@@ -298,6 +298,15 @@ fn explain(h: &Hold, at: u64, seen: &Seen<'_>) -> Option<Hazard> {
                     && f.end > h.invoked
                     && f.end - f.start >= duration_ns(ZK_SESSION) / 2
             }),
+            // The server ended its lease early by the step; its holder's
+            // belief outlasts that end by at most the step.
+            Hazard::WallClockStep => seen.nemesis.faults.iter().any(|f| {
+                f.kind == FaultKind::ClockStep
+                    && h.granted < f.end
+                    && h.end > f.start
+                    && f.start < at
+                    && f.step_ns.is_some_and(|by| h.end <= at.saturating_add(by))
+            }),
         })
 }
 

@@ -133,6 +133,7 @@ fn a_long_stop_of_a_session_holder_explains_its_overlap_on_zookeeper() {
             settled: None,
             start: 2 * S,
             end: (2 + secs) * S,
+            step_ns: None,
         }],
         ..Record::default()
     };
@@ -178,6 +179,7 @@ fn a_failover_explains_an_overlap_on_sentinel_until_the_old_primary_was_demoted(
             settled: Some(settled * S),
             start: start * S,
             end: (start + 2) * S,
+            step_ns: None,
         }],
         ..Record::default()
     };
@@ -200,6 +202,40 @@ fn a_failover_explains_an_overlap_on_sentinel_until_the_old_primary_was_demoted(
         .find(|t| t.label == "zookeeper-ensemble")
         .unwrap();
     let f = judge(ensemble, events, &fault(true, 2, 5));
+    assert_eq!(f.exclusion[0].explained_by, None);
+}
+
+#[test]
+fn a_wall_clock_step_explains_an_overlap_no_longer_than_itself_on_wall_clock_servers() {
+    // Client 1 granted at 1 s, believed to 4 s; the wall clock stepped 1.7 s
+    // ahead at 2 s, and the server granted client 2 at 2.5 s.
+    let mut events = hold(1, Kind::Mutex, 10, [S, S + 1, 4 * S, 9 * S]);
+    events.extend(hold(2, Kind::Mutex, 11, [2 * S, 5 * S / 2, 9 * S, 8 * S]));
+    let step = |at: u64, by: u64| Record {
+        faults: vec![FaultRecord {
+            kind: FaultKind::ClockStep,
+            client: None,
+            node: None,
+            failed_over: false,
+            settled: None,
+            start: at,
+            end: at + 10_000_000,
+            step_ns: Some(by),
+        }],
+        ..Record::default()
+    };
+    let redis = &BACKENDS[0];
+    let f = judge(redis, events.clone(), &step(2 * S, 17 * S / 10));
+    assert_eq!(f.exclusion[0].explained_by, Some(Hazard::WallClockStep));
+    // A step shorter than the overlap (1.5 s) does not explain it.
+    let f = judge(redis, events.clone(), &step(2 * S, S));
+    assert_eq!(f.exclusion[0].explained_by, None);
+    // Nor does a step after the second grant.
+    let f = judge(redis, events.clone(), &step(3 * S, 17 * S / 10));
+    assert_eq!(f.exclusion[0].explained_by, None);
+    // Nor one on a server whose leases do not end on its wall clock.
+    let zookeeper = BACKENDS.iter().find(|t| t.label == "zookeeper").unwrap();
+    let f = judge(zookeeper, events, &step(2 * S, 17 * S / 10));
     assert_eq!(f.exclusion[0].explained_by, None);
 }
 
