@@ -6,7 +6,9 @@ use std::time::Duration;
 use dlock_core::{Backend, Guard, Lease, LockOptions, Locker};
 use tokio::time::Instant;
 
-pub use crate::turns::{STRESS_AT_ONCE, Turn, alone, beside_others, in_turn, stress};
+pub use crate::turns::{
+    IN_TURN_AT_ONCE, STRESS_AT_ONCE, Turn, alone, beside_others, in_turn, stress,
+};
 
 /// A lock name no other test or run uses: `<case>-<random hex>`.
 pub fn unique_name(case: &str) -> String {

@@ -10,6 +10,14 @@ use std::time::{Duration, Instant};
 /// nothing else, and two of a driver that polls (MySQL) overlap well.
 pub const STRESS_AT_ONCE: usize = 2;
 
+/// How many [`in_turn`] tests of one process run at once. Each judges
+/// its bounds in round trips of its own link and restarts or pauses only
+/// its own server, so a second one beside it is one more waiting test to
+/// the machine (a test that keeps the CPU busy runs [`alone`] or as a
+/// [`stress`] case instead); one at a time made them the longest path of
+/// every driver's binary.
+pub const IN_TURN_AT_ONCE: usize = 2;
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Kind {
     Beside,
@@ -22,7 +30,7 @@ enum Kind {
 struct State {
     /// Running beside others, [`in_turn`] ones included.
     beside: usize,
-    in_turn: bool,
+    in_turn: usize,
     stress: usize,
     alone: bool,
     /// Stress or alone tests waiting for the others to end: while any
@@ -35,7 +43,7 @@ impl State {
         let shared = !self.alone && self.stress == 0 && self.waiting == 0;
         match kind {
             Kind::Beside => shared,
-            Kind::InTurn => shared && !self.in_turn,
+            Kind::InTurn => shared && self.in_turn < IN_TURN_AT_ONCE,
             Kind::Stress => !self.alone && self.beside == 0 && self.stress < STRESS_AT_ONCE,
             Kind::Alone => !self.alone && self.beside == 0 && self.stress == 0,
         }
@@ -53,7 +61,7 @@ impl State {
             Kind::Beside => step(&mut self.beside),
             Kind::InTurn => {
                 step(&mut self.beside);
-                self.in_turn = entering;
+                step(&mut self.in_turn);
             }
             Kind::Stress => step(&mut self.stress),
             Kind::Alone => self.alone = entering,
@@ -63,7 +71,7 @@ impl State {
 
 static STATE: Mutex<State> = Mutex::new(State {
     beside: 0,
-    in_turn: false,
+    in_turn: 0,
     stress: 0,
     alone: false,
     waiting: 0,
@@ -80,6 +88,7 @@ fn state() -> MutexGuard<'static, State> {
 #[derive(Debug)]
 pub struct Turn {
     kind: Kind,
+    test: Option<String>,
     asked: Instant,
     waited: Duration,
 }
@@ -100,6 +109,7 @@ fn take(kind: Kind) -> Turn {
     state.count(kind, true);
     Turn {
         kind,
+        test: std::thread::current().name().map(str::to_owned),
         asked,
         waited: asked.elapsed(),
     }
@@ -122,7 +132,6 @@ fn log(turn: &Turn) {
     let Some(path) = std::env::var_os("DLOCK_TURN_LOG") else {
         return;
     };
-    let thread = std::thread::current();
     let exe = std::env::current_exe().ok();
     let binary = exe
         .as_deref()
@@ -133,7 +142,7 @@ fn log(turn: &Turn) {
         binary.as_deref().unwrap_or("?"),
         std::process::id(),
         turn.kind,
-        thread.name().unwrap_or("?"),
+        turn.test.as_deref().unwrap_or("?"),
         turn.waited.as_secs_f64(),
         (turn.asked.elapsed() - turn.waited).as_secs_f64()
     );
@@ -166,15 +175,16 @@ pub fn stress() -> Turn {
 }
 
 /// For a test that judges time against a budget (a fault case's bound, a
-/// hand-over time, a restart of its own server): one such test at a time
-/// in its process, beside tests that only wait, which take little of the
-/// machine; never beside one that runs [`alone`] or a [`stress`] case.
+/// hand-over time, a restart of its own server): at most
+/// [`IN_TURN_AT_ONCE`] such tests at a time in its process, beside tests
+/// that only wait, which take little of the machine; never beside one that
+/// runs [`alone`] or a [`stress`] case.
 pub fn in_turn() -> Turn {
     take(Kind::InTurn)
 }
 
 /// For a test that only waits (on TTLs, timeouts, other clients): it runs
-/// beside any number of others like it and one [`in_turn`], never beside
+/// beside any number of others like it and the [`in_turn`] ones, never beside
 /// one that runs [`alone`] or a [`stress`] case. `cargo test` runs such
 /// tests many at a time (`RUST_TEST_THREADS` in the workspace's
 /// `.cargo/config.toml`).

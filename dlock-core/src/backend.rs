@@ -74,6 +74,12 @@ pub struct Capabilities {
     /// the TTL asked for all the same, so the lock outlives it, never the
     /// reverse.
     pub ttl_resolution: Duration,
+    /// The server starts every lease's TTL again when its leader changes
+    /// (etcd: the new leader cannot know how long ago the last keep-alive
+    /// reached the old one). The lock of a holder that went silent is then
+    /// freed that much later than [`ttl_resolution`](Self::ttl_resolution)
+    /// says: later, never sooner.
+    pub ttl_restarts_on_leader_change: bool,
 }
 
 impl Capabilities {
@@ -92,6 +98,7 @@ impl Capabilities {
             rwlock: false,
             semaphore: false,
             ttl_resolution: Duration::from_millis(1),
+            ttl_restarts_on_leader_change: false,
         }
     }
 }

@@ -206,6 +206,7 @@ impl Backend for MemoryBackend {
             rwlock: true,
             semaphore: true,
             ttl_resolution: Duration::from_millis(1),
+            ttl_restarts_on_leader_change: false,
         }
     }
 

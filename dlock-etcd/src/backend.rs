@@ -89,6 +89,7 @@ impl Backend for EtcdBackend {
         caps.rwlock = true;
         caps.semaphore = true;
         caps.ttl_resolution = Duration::from_secs(1);
+        caps.ttl_restarts_on_leader_change = true;
         caps
     }
 

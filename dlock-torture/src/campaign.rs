@@ -195,7 +195,7 @@ pub async fn run(target: &Target, settings: &Settings, seed: u64) -> Result<Outc
     };
     record
         .faults
-        .extend(clock.stop().into_iter().map(|step| FaultRecord {
+        .extend(clock.stop()?.into_iter().map(|step| FaultRecord {
             kind: FaultKind::ClockStep,
             client: None,
             node: None,

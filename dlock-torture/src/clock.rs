@@ -28,22 +28,24 @@ const EVERY: Duration = Duration::from_millis(10);
 /// since the last look) is not recorded: a slewing clock or a late look.
 const FLOOR_NS: i64 = 2_000_000;
 
-/// One forward step of the wall clock against `CLOCK_MONOTONIC`.
+/// One step of the wall clock against `CLOCK_MONOTONIC`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Step {
     /// The last look before it (ns of `CLOCK_MONOTONIC`).
     pub before: u64,
     /// The first look after it.
     pub after: u64,
-    /// How far the wall clock jumped ahead (ns).
-    pub by: u64,
+    /// How far the wall clock jumped (ns): ahead, or back when negative,
+    /// which lengthens leases and so takes from the steps ahead around it.
+    pub by: i64,
 }
 
-/// Watches the clocks until [`Watcher::stop`].
+/// Watches the clocks until [`Watcher::stop`] (or until dropped, when a
+/// run ends early).
 #[derive(Debug)]
 pub struct Watcher {
     stop: Arc<AtomicBool>,
-    thread: JoinHandle<Vec<Step>>,
+    thread: Option<JoinHandle<Vec<Step>>>,
 }
 
 impl Watcher {
@@ -55,13 +57,27 @@ impl Watcher {
         let thread = std::thread::Builder::new()
             .name("clock-watcher".to_owned())
             .spawn(move || watch(&stopped))?;
-        Ok(Watcher { stop, thread })
+        Ok(Watcher {
+            stop,
+            thread: Some(thread),
+        })
     }
 
     /// The steps seen since the start.
-    pub fn stop(self) -> Vec<Step> {
+    pub fn stop(mut self) -> Result<Vec<Step>, String> {
         self.stop.store(true, Ordering::Relaxed);
-        self.thread.join().unwrap_or_default()
+        match self.thread.take() {
+            Some(thread) => thread
+                .join()
+                .map_err(|_| "the clock watcher panicked".to_owned()),
+            None => Ok(Vec::new()),
+        }
+    }
+}
+
+impl Drop for Watcher {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
     }
 }
 
@@ -76,12 +92,12 @@ fn watch(stop: &AtomicBool) -> Vec<Step> {
             continue;
         };
         let gained = o1 - o0;
-        let allowed = FLOOR_NS + i64::try_from((t1 - t0) / 100).unwrap_or(i64::MAX);
-        if gained > allowed {
+        let allowed = FLOOR_NS.saturating_add(i64::try_from((t1 - t0) / 100).unwrap_or(i64::MAX));
+        if gained.abs() > allowed {
             steps.push(Step {
                 before: t0,
                 after: t1,
-                by: gained.unsigned_abs(),
+                by: gained,
             });
         }
         last = now;

@@ -37,9 +37,9 @@ pub struct FaultRecord {
     /// When it healed (ns): for a server kill, once the server answers again.
     pub end: u64,
     /// For a step of the wall clock (seen, not thrown), how far it jumped
-    /// ahead (ns).
+    /// (ns; negative: back).
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub step_ns: Option<u64>,
+    pub step_ns: Option<i64>,
 }
 
 /// What the nemesis did.

@@ -70,8 +70,8 @@ async fn main() -> ExitCode {
     match report {
         Ok(report) => {
             println!(
-                "this node ran {}, skipped {}, failed {}",
-                report.ran, report.skipped, report.failed
+                "this node ran {}, skipped {} (taken) and {} (late), failed {}",
+                report.ran, report.skipped, report.late, report.failed
             );
             ExitCode::SUCCESS
         }

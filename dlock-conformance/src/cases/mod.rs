@@ -77,6 +77,31 @@ fn server_ttl(backend: &dyn Backend, ttl: Duration) -> Duration {
     step * u32::try_from(steps).unwrap_or(u32::MAX)
 }
 
+/// One `try_acquire` of `name`, whose last holder went silent long enough
+/// ago for the server to have freed it. On a backend that starts every
+/// lease's TTL again when its leader changes, a leader change meanwhile
+/// (an election on a loaded machine) keeps it later, never sooner: there
+/// it is asked again until it is granted, up to ten such TTLs.
+async fn acquire_after_expiry(
+    backend: &dyn Backend,
+    name: &str,
+    opts: &LockOptions,
+    ttl: Duration,
+) -> dlock_core::Result<Option<dlock_core::Lease>> {
+    let first = backend.try_acquire(name, opts).await;
+    if !backend.capabilities().ttl_restarts_on_leader_change || !matches!(first, Ok(None)) {
+        return first;
+    }
+    let until = tokio::time::Instant::now() + server_ttl(backend, ttl) * 10;
+    loop {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let again = backend.try_acquire(name, opts).await;
+        if !matches!(again, Ok(None)) || tokio::time::Instant::now() >= until {
+            return again;
+        }
+    }
+}
+
 /// Whether the backend `has` what `case` needs. A case that cannot apply
 /// says why on stderr and passes: an unsupported feature is a declared
 /// fact, not a silent pass.

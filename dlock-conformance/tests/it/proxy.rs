@@ -16,7 +16,7 @@ async fn ping(port: u16) -> redis::RedisResult<String> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pass_delay_stall_and_cut_act_on_real_traffic() {
-    // Judges time against a budget: one such test at a time.
+    // Judges time against a budget: in its turn (two such at once at most).
     let _turn = dlock_conformance::support::in_turn();
     let server = shared(Service::Redis).await;
     let proxy = FaultProxy::start(
@@ -64,7 +64,7 @@ async fn pass_delay_stall_and_cut_act_on_real_traffic() {
 /// they send, while a new connection passes; `Pass` delivers what was held.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stalling_open_connections_lets_new_ones_pass() {
-    // Judges time against a budget: one such test at a time.
+    // Judges time against a budget: in its turn (two such at once at most).
     let _turn = dlock_conformance::support::in_turn();
     let server = shared(Service::Redis).await;
     let proxy = FaultProxy::start(

@@ -54,6 +54,12 @@ pub struct RunReport {
     /// Occurrences that could not be locked, or whose run was cancelled
     /// because its lease was lost.
     pub failed: u64,
+    /// Occurrences not run because this node got to them (or was granted
+    /// their lock) more than [`JobOptions::at_least`] after they were due
+    /// (plus [`ScheduledJob::delay`]): another node may have run them by
+    /// then, and its hold have ended, so a free lock proves nothing. Never
+    /// counted with an `at_least` of zero.
+    pub late: u64,
 }
 
 /// A job run on a [`Schedule`] by every node that runs this code, each
@@ -157,7 +163,9 @@ impl ScheduledJob {
     /// Runs the job at each occurrence until `shutdown` is cancelled (or
     /// [`until`](Self::until) is reached). An occurrence that another node
     /// took is skipped; one that came due while this node was still
-    /// running the previous one is left to the other nodes. Shutdown is
+    /// running the previous one is left to the other nodes, and so is one
+    /// this node gets to more than `at_least` after it was due
+    /// ([`RunReport::late`]). Shutdown is
     /// graceful: a run in progress finishes, and its lock is released
     /// (keeping `at_least`), before this returns.
     ///
@@ -204,13 +212,37 @@ impl ScheduledJob {
         }
     }
 
-    async fn occurrence<F, Fut>(&self, due: SystemTime, job: &mut F, report: &mut RunReport)
-    where
+    pub(super) async fn occurrence<F, Fut>(
+        &self,
+        due: SystemTime,
+        job: &mut F,
+        report: &mut RunReport,
+    ) where
         F: FnMut(JobRun) -> Fut,
         Fut: Future<Output = ()>,
     {
         let lock = self.lock_name(due);
+        // A node on time holds the occurrence until `at_least` after its
+        // start; past that, a free lock may be one whose run is over.
+        let at_least = self.opts.at_least_value();
+        let late = || {
+            !at_least.is_zero()
+                && due
+                    .checked_add(self.delay.saturating_add(at_least))
+                    .is_some_and(|latest| SystemTime::now() > latest)
+        };
+        if late() {
+            tracing::warn!(lock, "occurrence reached after at_least: skipped");
+            report.late += 1;
+            return;
+        }
         let run = match JobLock::take(&self.locker, &lock, &self.opts).await {
+            Ok(Some(run)) if late() => {
+                tracing::warn!(lock, "occurrence granted after at_least: skipped");
+                report.late += 1;
+                run.finish().await;
+                return;
+            }
             Ok(Some(run)) => run,
             Ok(None) => {
                 tracing::debug!(lock, "occurrence taken by another node: skipped");

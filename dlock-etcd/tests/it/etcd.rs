@@ -90,7 +90,7 @@ async fn an_acquire_that_timed_out_leaves_no_key_behind() {
 /// join, so the delete is waiting in it.
 #[tokio::test]
 async fn a_release_between_joining_and_looking_wakes_the_waiter() {
-    // Judges time against a budget: one such test at a time.
+    // Judges time against a budget: in its turn (two such at once at most).
     let _turn = dlock_conformance::support::in_turn();
     let url = shared(Service::Etcd).await.url();
     let holder = backend().await;
@@ -231,7 +231,7 @@ async fn refused_credentials_are_typed_errors_that_hide_the_password() {
 /// granted to another client while the holder's lease is valid.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_server_restarted_mid_hold_never_grants_twice() {
-    // Judges time against a budget: one such test at a time.
+    // Judges time against a budget: in its turn (two such at once at most).
     let _turn = dlock_conformance::support::in_turn();
     let server = start(
         Service::Etcd,

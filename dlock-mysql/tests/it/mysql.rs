@@ -287,7 +287,7 @@ async fn an_invalid_table_name_is_refused_before_connecting() {
 
 #[tokio::test]
 async fn configuration_errors_are_typed() {
-    // Judges time against a budget: one such test at a time.
+    // Judges time against a budget: in its turn (two such at once at most).
     let _turn = dlock_conformance::support::in_turn();
     let good = url().await;
     let wrong_password = good.replace("dlock:dlock@", "dlock:wrong@");
@@ -357,7 +357,7 @@ async fn configuration_errors_are_typed() {
 
 #[tokio::test]
 async fn a_server_that_is_down_gives_errors_not_grants() {
-    // Judges time against a budget: one such test at a time.
+    // Judges time against a budget: in its turn (two such at once at most).
     let _turn = dlock_conformance::support::in_turn();
     let server = start(Service::MariaDb, ServerOptions::default()).await;
     let b = MySqlBackend::builder(server.url())
@@ -728,7 +728,7 @@ async fn a_lost_anchor_is_replaced_and_wake_ups_go_on() {
 /// has. On a server of its own, so that its connections are the backend's.
 #[tokio::test]
 async fn an_undone_acquire_cannot_take_the_name_afterwards() {
-    // Judges time against a budget: one such test at a time.
+    // Judges time against a budget: in its turn (two such at once at most).
     let _turn = dlock_conformance::support::in_turn();
     use sqlx::Connection;
     let server = start(Service::MariaDb, ServerOptions::default()).await;
@@ -808,7 +808,7 @@ async fn gone(admin: &mut sqlx::MySqlConnection, id: i64, within: Duration) -> b
 /// others hold, then for a reply that never comes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_call_returns_within_the_request_timeout_from_an_empty_pool() {
-    // Judges time against a budget: one such test at a time.
+    // Judges time against a budget: in its turn (two such at once at most).
     let _turn = dlock_conformance::support::in_turn();
     const TIMEOUT: Duration = Duration::from_secs(3);
     // What a loaded machine may add; under TIMEOUT, so that twice the
@@ -924,7 +924,7 @@ async fn every_call_returns_within_the_request_timeout_from_an_empty_pool() {
 /// such a call take nearly twice as long.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_call_that_waited_for_a_connection_has_only_the_rest_of_its_timeout() {
-    // Judges time against a budget: one such test at a time.
+    // Judges time against a budget: in its turn (two such at once at most).
     let _turn = dlock_conformance::support::in_turn();
     use sqlx::Connection;
     const TIMEOUT: Duration = Duration::from_secs(3);

@@ -298,7 +298,7 @@ async fn configuration_errors_are_typed() {
 
 #[tokio::test]
 async fn a_server_that_is_down_gives_errors_not_grants() {
-    // Judges time against a budget: one such test at a time.
+    // Judges time against a budget: in its turn (two such at once at most).
     let _turn = dlock_conformance::support::in_turn();
     let server = start(Service::Postgres, ServerOptions::default()).await;
     let b = PgBackend::builder(server.url())
@@ -631,7 +631,7 @@ async fn a_release_announces_only_the_first_queued_waiter() {
 /// until TCP gave up, and waiters would only poll.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_listener_whose_connection_hangs_connects_again() {
-    // Judges time against a budget: one such test at a time.
+    // Judges time against a budget: in its turn (two such at once at most).
     let _turn = dlock_conformance::support::in_turn();
     let table = own_table("hung");
     let direct = url().await;

@@ -129,7 +129,7 @@ async fn a_waiter_without_subscribe_gets_its_turn() {
 /// it. Decided on order: which waiter holds the lock.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_slow_head_keeps_its_place() {
-    // Judges time against a budget: one such test at a time.
+    // Judges time against a budget: in its turn (two such at once at most).
     let _turn = dlock_conformance::support::in_turn();
     let server = start(Service::Redis, ServerOptions::default()).await;
     let proxy = proxy_to(server.url()).await;

@@ -77,6 +77,7 @@ pub(super) fn holds(events: &[Event], seen: &Seen<'_>) -> Read {
                     invoked: sent,
                     granted: e.t,
                     end: u64::MAX,
+                    deadline: *valid_until,
                     token: *token,
                 };
                 grants.push(hold);
@@ -132,6 +133,10 @@ fn close(open: &mut Option<Open>, at: u64, holds: &mut Vec<Hold>) {
     let Some(o) = open.take() else { return };
     let end = at.min(o.valid_until.unwrap_or(u64::MAX));
     if end > o.hold.granted {
-        holds.push(Hold { end, ..o.hold });
+        holds.push(Hold {
+            end,
+            deadline: o.valid_until,
+            ..o.hold
+        });
     }
 }

@@ -34,6 +34,8 @@ pub struct Hold {
     pub granted: u64,
     /// When the holder stopped believing (ns).
     pub end: u64,
+    /// Its validity deadline as last renewed (ns), `None` for a session's.
+    pub deadline: Option<u64>,
     /// Its fencing token.
     pub token: u64,
 }
@@ -152,7 +154,7 @@ pub fn check(mut events: Vec<Event>, seen: &Seen<'_>) -> Findings {
     for grants in by_name(&grants).values() {
         fencing(grants, seen, &mut f.fencing);
     }
-    refused_in_belief(&holds, seen, &mut f.refused_in_belief);
+    refused_in_belief(&holds, &grants, seen, &mut f.refused_in_belief);
     f.refused = seen
         .writes
         .iter()
@@ -298,16 +300,31 @@ fn explain(h: &Hold, at: u64, seen: &Seen<'_>) -> Option<Hazard> {
                     && f.end > h.invoked
                     && f.end - f.start >= duration_ns(ZK_SESSION) / 2
             }),
-            // The server ended its lease early by the step; its holder's
-            // belief outlasts that end by at most the step.
-            Hazard::WallClockStep => seen.nemesis.faults.iter().any(|f| {
-                f.kind == FaultKind::ClockStep
-                    && h.granted < f.end
-                    && h.end > f.start
-                    && f.start < at
-                    && f.step_ns.is_some_and(|by| h.end <= at.saturating_add(by))
-            }),
+            Hazard::WallClockStep => clock_stepped(h, at, seen),
         })
+}
+
+/// Whether steps of the wall clock explain `h` being believed after
+/// another's grant at `at`: the server counted `h`'s lease (stamped by its
+/// last renewal, `deadline` less the TTL less the drift allowance) on its
+/// wall clock, so the steps between that stamp and `at` ended it early by
+/// their sum, and the holder's belief outlasts that end by no more. Only
+/// the earlier hold is explained so.
+fn clock_stepped(h: &Hold, at: u64, seen: &Seen<'_>) -> bool {
+    let Some(deadline) = h.deadline else {
+        return false;
+    };
+    let opts = dlock::LockOptions::new().ttl(seen.ttl);
+    let counted = seen.ttl.saturating_sub(opts.drift_value());
+    let stamped = deadline.saturating_sub(duration_ns(counted));
+    let stepped: i64 = seen
+        .nemesis
+        .faults
+        .iter()
+        .filter(|f| f.kind == FaultKind::ClockStep && f.end > stamped && f.start < at)
+        .filter_map(|f| f.step_ns)
+        .sum();
+    h.granted < at && stepped > 0 && h.end <= at.saturating_add(u64::try_from(stepped).unwrap_or(0))
 }
 
 /// How long after the server acted its answer may reach the history: the
@@ -355,7 +372,7 @@ fn fencing(holds: &[Hold], seen: &Seen<'_>, out: &mut Vec<StaleToken>) {
 /// late on purpose: another grant with a higher token came in while this
 /// one was believed, which the belief intervals alone can miss (a grant
 /// whose reply was still on its way).
-fn refused_in_belief(holds: &[Hold], seen: &Seen<'_>, out: &mut Vec<Overlap>) {
+fn refused_in_belief(holds: &[Hold], grants: &[Hold], seen: &Seen<'_>, out: &mut Vec<Overlap>) {
     let by_hold: HashMap<(u32, u32, u64), &Hold> = holds
         .iter()
         .map(|h| ((h.client, h.name, h.token), h))
@@ -365,12 +382,21 @@ fn refused_in_belief(holds: &[Hold], seen: &Seen<'_>, out: &mut Vec<Overlap>) {
             continue;
         };
         if w.t <= h.end {
+            // The other began to be believed at its grant: the first of a
+            // higher token on the name, if its history has it.
+            let other = grants
+                .iter()
+                .filter(|g| g.name == w.name && g.token > w.token)
+                .map(|g| g.granted)
+                .min()
+                .unwrap_or(w.t)
+                .min(w.t);
             out.push(Overlap {
                 name: w.name,
                 first: (w.client, w.token),
                 second: (w.client, w.token),
                 overlap_ms: 0.0,
-                explained_by: explain(h, w.t, seen),
+                explained_by: explain(h, other, seen),
             });
         }
     }

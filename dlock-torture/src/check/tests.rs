@@ -207,11 +207,20 @@ fn a_failover_explains_an_overlap_on_sentinel_until_the_old_primary_was_demoted(
 
 #[test]
 fn a_wall_clock_step_explains_an_overlap_no_longer_than_itself_on_wall_clock_servers() {
-    // Client 1 granted at 1 s, believed to 4 s; the wall clock stepped 1.7 s
-    // ahead at 2 s, and the server granted client 2 at 2.5 s.
-    let mut events = hold(1, Kind::Mutex, 10, [S, S + 1, 4 * S, 9 * S]);
-    events.extend(hold(2, Kind::Mutex, 11, [2 * S, 5 * S / 2, 9 * S, 8 * S]));
-    let step = |at: u64, by: u64| Record {
+    const MS: u64 = 1_000_000;
+    // The judge's TTL is 2 s, less 22 ms of drift: client 1's lease, asked
+    // at 1 s, is believed until 2.978 s. The wall clock steps at 1.5 s, and
+    // client 2 is granted at 1.6 s: believed beside it for 1.378 s.
+    let believed = 2 * S + 978 * MS;
+    let mut events = hold(1, Kind::Mutex, 10, [S, S + 1, believed, 9 * S]);
+    let second = hold(
+        2,
+        Kind::Mutex,
+        11,
+        [S + 550 * MS, S + 600 * MS, 9 * S, 8 * S],
+    );
+    events.extend(second.clone());
+    let step = |at: u64, by: i64| Record {
         faults: vec![FaultRecord {
             kind: FaultKind::ClockStep,
             client: None,
@@ -219,23 +228,51 @@ fn a_wall_clock_step_explains_an_overlap_no_longer_than_itself_on_wall_clock_ser
             failed_over: false,
             settled: None,
             start: at,
-            end: at + 10_000_000,
+            end: at + 10 * MS,
             step_ns: Some(by),
         }],
         ..Record::default()
     };
     let redis = &BACKENDS[0];
-    let f = judge(redis, events.clone(), &step(2 * S, 17 * S / 10));
+    let f = judge(
+        redis,
+        events.clone(),
+        &step(S + 500 * MS, 1_700 * MS as i64),
+    );
     assert_eq!(f.exclusion[0].explained_by, Some(Hazard::WallClockStep));
-    // A step shorter than the overlap (1.5 s) does not explain it.
-    let f = judge(redis, events.clone(), &step(2 * S, S));
+    // A step shorter than the overlap does not explain it.
+    let f = judge(
+        redis,
+        events.clone(),
+        &step(S + 500 * MS, 1_000 * MS as i64),
+    );
     assert_eq!(f.exclusion[0].explained_by, None);
-    // Nor does a step after the second grant.
-    let f = judge(redis, events.clone(), &step(3 * S, 17 * S / 10));
+    // Nor a step after the second grant.
+    let f = judge(
+        redis,
+        events.clone(),
+        &step(S + 700 * MS, 1_700 * MS as i64),
+    );
     assert_eq!(f.exclusion[0].explained_by, None);
-    // Nor one on a server whose leases do not end on its wall clock.
+    // Nor one before the lease behind the belief was stamped (a renewal
+    // after the step, counted on the stepped clock).
+    let mut renewed = hold(1, Kind::Mutex, 10, [S, S + 1, 4 * S + 500 * MS, 9 * S]);
+    renewed.extend(second.clone());
+    let f = judge(redis, renewed, &step(S + 500 * MS, 5_000 * MS as i64));
+    assert_eq!(f.exclusion[0].explained_by, None);
+    // Nor does it explain the later hold, however short its belief.
+    let mut session = hold(1, Kind::Mutex, 10, [S, S + 1, 0, 9 * S]);
+    session.extend(hold(
+        2,
+        Kind::Mutex,
+        11,
+        [S + 550 * MS, S + 600 * MS, 0, S + 700 * MS],
+    ));
+    let f = judge(redis, session, &step(S + 500 * MS, 1_700 * MS as i64));
+    assert_eq!(f.exclusion[0].explained_by, None);
+    // Nor on a server whose leases do not end on its wall clock.
     let zookeeper = BACKENDS.iter().find(|t| t.label == "zookeeper").unwrap();
-    let f = judge(zookeeper, events, &step(2 * S, 17 * S / 10));
+    let f = judge(zookeeper, events, &step(S + 500 * MS, 1_700 * MS as i64));
     assert_eq!(f.exclusion[0].explained_by, None);
 }
 

@@ -17,7 +17,7 @@ use tokio::time::sleep;
 
 #[tokio::test]
 async fn an_acquire_cut_off_by_a_frozen_server_is_retried_not_failed_for_good() {
-    // Judges time against a budget: one such test at a time.
+    // Judges time against a budget: in its turn (two such at once at most).
     let _turn = dlock_conformance::support::in_turn();
     let server = start(Service::ZooKeeper, ServerOptions::default()).await;
     let url = server.url();

@@ -66,7 +66,7 @@ async fn nodes_follow_curators_layout() {
 
 #[tokio::test]
 async fn a_hung_server_fires_lost_and_expires_the_session() {
-    // Judges time against a budget: one such test at a time.
+    // Judges time against a budget: in its turn (two such at once at most).
     let _turn = dlock_conformance::support::in_turn();
     let server = start(Service::ZooKeeper, ServerOptions::default()).await;
     let url = server.url();
@@ -122,7 +122,7 @@ async fn a_hung_server_fires_lost_and_expires_the_session() {
 /// still held.
 #[tokio::test]
 async fn a_given_up_lease_frees_its_lock_when_the_session_lives_on() {
-    // Judges time against a budget: one such test at a time.
+    // Judges time against a budget: in its turn (two such at once at most).
     let _turn = dlock_conformance::support::in_turn();
     let server = start(Service::ZooKeeper, ServerOptions::default()).await;
     let url = server.url();
@@ -456,7 +456,7 @@ async fn a_permits_hold_counts_against_its_semaphore() {
 /// (its maker, gone, cannot), leaving the queue empty.
 #[tokio::test]
 async fn a_readers_hold_outlives_its_session_in_the_readers_place() {
-    // Judges time against a budget: one such test at a time.
+    // Judges time against a budget: in its turn (two such at once at most).
     let _turn = dlock_conformance::support::in_turn();
     let name = unique_name("read_hold");
     let dir = format!("/dlock/{name}");

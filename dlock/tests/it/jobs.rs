@@ -88,7 +88,8 @@ impl Node {
         let work = self.work;
         job.run(CancellationToken::new(), move |run| async move {
             let due = millis(run.scheduled());
-            println!("DLOCK-START {due}");
+            // When it started too, shown with a failure: how late it was.
+            println!("DLOCK-START {due} {}", millis(SystemTime::now()));
             tokio::time::sleep(work).await;
             println!("DLOCK-DONE {due}");
         })
@@ -121,8 +122,8 @@ fn job_node() {
             .init();
         let report = rt().block_on(Node::from_env(url).run());
         println!(
-            "DLOCK-REPORT {} {} {}",
-            report.ran, report.skipped, report.failed
+            "DLOCK-REPORT {} {} {} {}",
+            report.ran, report.skipped, report.failed, report.late
         );
         return;
     }
@@ -216,17 +217,27 @@ async fn start(processes: &mut [Process]) -> u64 {
 /// Who started each occurrence: due ms → node indices.
 type Starts = BTreeMap<u64, Vec<usize>>;
 
-/// Waits for every process and gathers the occurrences each started.
-async fn collect(processes: Vec<Process>, within: Duration) -> Starts {
+/// Waits for every process and gathers the occurrences each started, and
+/// the fewest occurrences any node that finished got to late
+/// (`RunReport::late`).
+async fn collect(processes: Vec<Process>, within: Duration) -> (Starts, u64) {
     let mut starts = Starts::new();
+    let mut late = None::<u64>;
     for (i, mut p) in processes.into_iter().enumerate() {
         let status = timeout(within, p.child.wait())
             .await
             .expect("a node did not finish in time")
             .expect("wait");
         while let Ok(line) = p.lines.try_recv() {
-            if let Some(due) = line.strip_prefix("DLOCK-START ") {
+            // Shown with a failure.
+            eprintln!("node {i}: {line}");
+            if let Some(start) = line.strip_prefix("DLOCK-START ") {
+                let due = start.split(' ').next().unwrap_or_default();
                 starts.entry(due.parse().expect("ms")).or_default().push(i);
+            } else if let Some(report) = line.strip_prefix("DLOCK-REPORT ")
+                && let Some(n) = report.split(' ').nth(3).and_then(|n| n.parse().ok())
+            {
+                late = Some(late.map_or(n, |l: u64| l.min(n)));
             }
         }
         // A SIGKILLed node has no status code.
@@ -234,7 +245,15 @@ async fn collect(processes: Vec<Process>, within: Duration) -> Starts {
             assert_eq!(code, 0, "node {i} failed");
         }
     }
-    starts
+    (starts, late.unwrap_or(0))
+}
+
+/// Whether no occurrence ran twice, and every one not run is one that
+/// every node got to after `at_least` (and so skipped): `late` is the
+/// fewest any node skipped so.
+fn at_most_once_and_none_lost(counts: &[usize], late: u64) -> bool {
+    let missed = counts.iter().filter(|&&n| n == 0).count();
+    counts.iter().all(|&n| n <= 1) && u64::try_from(missed).unwrap_or(u64::MAX) <= late
 }
 
 async fn url(service: Service) -> String {
@@ -275,13 +294,16 @@ async fn exactly_once(service: Service) {
     );
     let mut processes: Vec<Process> = (0..3).map(|_| spawn(&node)).collect();
     node.start_ms = start(&mut processes).await;
-    let starts = collect(processes, Duration::from_secs(30)).await;
+    let (starts, late) = collect(processes, Duration::from_secs(30)).await;
     let counts: Vec<usize> = expected(&node)
         .iter()
         .map(|due| starts.get(due).map_or(0, Vec::len))
         .collect();
     eprintln!("{service:?}: runs per occurrence across 3 processes: {counts:?}");
-    assert_eq!(counts, vec![1; 5], "occurrences → runs: {starts:?}");
+    assert!(
+        at_most_once_and_none_lost(&counts, late),
+        "occurrences → runs: {starts:?}; every node late for {late}"
+    );
 }
 
 async fn sigkilled_mid_run(service: Service) {
@@ -300,7 +322,7 @@ async fn sigkilled_mid_run(service: Service) {
         loop {
             for (i, p) in processes.iter_mut().enumerate() {
                 if let Ok(line) = p.lines.try_recv()
-                    && line == format!("DLOCK-START {first}")
+                    && line.starts_with(&format!("DLOCK-START {first} "))
                 {
                     return i;
                 }
@@ -311,17 +333,20 @@ async fn sigkilled_mid_run(service: Service) {
     .await
     .expect("no node started the first occurrence");
     processes[victim].child.start_kill().expect("SIGKILL");
-    let mut starts = collect(processes, Duration::from_secs(30)).await;
+    let (mut starts, late) = collect(processes, Duration::from_secs(30)).await;
     starts.entry(first).or_default().push(victim);
     let counts: Vec<usize> = expected(&node)
         .iter()
         .map(|due| starts.get(due).map_or(0, Vec::len))
         .collect();
     eprintln!("{service:?}: node {victim} killed mid-run; runs per occurrence: {counts:?}");
-    assert_eq!(counts, vec![1; 4], "occurrences → runs: {starts:?}");
+    assert!(
+        at_most_once_and_none_lost(&counts, late),
+        "occurrences → runs: {starts:?}; every node late for {late}"
+    );
     for due in &expected(&node)[1..] {
         assert!(
-            !starts[due].contains(&victim),
+            !starts.get(due).is_some_and(|s| s.contains(&victim)),
             "the killed node ran {due} after it died"
         );
     }
@@ -359,8 +384,8 @@ async fn late_timer(service: Service) {
     held.start_ms = start_ms;
     bare.start_ms = start_ms;
     let bare_processes = processes.split_off(3);
-    let held_starts = collect(processes, Duration::from_secs(30)).await;
-    let bare_starts = collect(bare_processes, Duration::from_secs(30)).await;
+    let (held_starts, held_late) = collect(processes, Duration::from_secs(30)).await;
+    let (bare_starts, _) = collect(bare_processes, Duration::from_secs(30)).await;
     let count = |starts: &Starts, node: &Node| -> Vec<usize> {
         expected(node)
             .iter()
@@ -371,7 +396,10 @@ async fn late_timer(service: Service) {
     eprintln!(
         "{service:?}: one timer 200 ms late: runs per occurrence {held_counts:?} with at_least 600 ms, {bare_counts:?} without"
     );
-    assert_eq!(held_counts, vec![1; 4], "with at_least: {held_starts:?}");
+    assert!(
+        at_most_once_and_none_lost(&held_counts, held_late),
+        "with at_least: {held_starts:?}; every node late for {held_late}"
+    );
     assert!(
         bare_counts.iter().any(|&n| n > 1),
         "the control without at_least should show the late node running again: {bare_starts:?}"
