@@ -37,7 +37,7 @@ export DLOCK_TEST_IMAGE=${DLOCK_TEST_IMAGE:-$(testbed/build-image.sh)}
 # A proc-macro crate's test binary links the toolchain's libstd
 # dynamically; `cargo test` puts the sysroot's lib folder on the library
 # path for it, and so does this.
-export LD_LIBRARY_PATH="$(rustc --print sysroot)/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+export LD_LIBRARY_PATH="$(rustc --print target-libdir)${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 # As `cargo test` runs them (see .cargo/config.toml).
 export RUST_TEST_THREADS=${RUST_TEST_THREADS:-$(sed -n 's/^RUST_TEST_THREADS *= *"\([0-9]*\)".*/\1/p' .cargo/config.toml)}
 

@@ -76,9 +76,11 @@ pub struct Capabilities {
     pub ttl_resolution: Duration,
     /// The server starts every lease's TTL again when its leader changes
     /// (etcd: the new leader cannot know how long ago the last keep-alive
-    /// reached the old one). The lock of a holder that went silent is then
-    /// freed that much later than [`ttl_resolution`](Self::ttl_resolution)
-    /// says: later, never sooner.
+    /// reached the old one, and extends every lease to its TTL plus an
+    /// election timeout). The lock of a holder that went silent is then
+    /// freed up to that much later than
+    /// [`ttl_resolution`](Self::ttl_resolution) says, after each election:
+    /// later, never sooner.
     pub ttl_restarts_on_leader_change: bool,
 }
 

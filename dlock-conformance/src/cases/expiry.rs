@@ -151,8 +151,14 @@ where
     drop(holder);
     let other = factory().await;
     let started = Instant::now();
+    let mut wait = ttl + Duration::from_secs(1);
+    if other.capabilities().ttl_restarts_on_leader_change {
+        // An election meanwhile starts the TTL again (see
+        // `acquire_after_expiry`).
+        wait *= 10;
+    }
     let lease = other
-        .acquire(&name, &long().wait(ttl + Duration::from_secs(1)))
+        .acquire(&name, &long().wait(wait))
         .await
         .unwrap_or_else(|e| {
             panic!(

@@ -15,19 +15,23 @@ use crate::support::{long, must_acquire, unique_name};
 /// The hold the delayed-release cases ask for.
 const HOLD: Duration = Duration::from_secs(1);
 
-/// How much earlier than the hold a grant may come: the hold starts when
-/// the server handles `release_after`, before its reply is in.
-const HOLD_SLACK: Duration = Duration::from_millis(100);
+/// How much earlier than the hold a grant may come, counted from when
+/// `release_after` was sent (the server cannot start the hold before it
+/// has the request): what the server's clock may gain on the client's over
+/// the hold, the Safety model's drift allowance (1 % and 2 ms; servers
+/// count in whole milliseconds).
+const HOLD_SLACK: Duration = Duration::from_millis(HOLD.as_millis() as u64 / 100 + 2);
 
 /// Acquires `name` and gives it up with a `release_after` of [`HOLD`]: the
-/// lease, and when the hold began.
+/// lease, and when `release_after` was sent, which is before the hold began.
 async fn acquire_then_hold(backend: &dyn Backend, name: &str) -> (Lease, Instant) {
     let first = must_acquire(backend, name, &long()).await;
+    let sent = Instant::now();
     backend
         .release_after(&first, HOLD)
         .await
         .expect("release_after");
-    (first, Instant::now())
+    (first, sent)
 }
 
 /// After `release_after`, a waiter acquires the name once the hold has
@@ -147,6 +151,8 @@ pub async fn a_readers_hold_keeps_writers_out_not_readers(backend: &Arc<dyn Back
     }
     let name = unique_name(case);
     let reader = must_acquire(b, &name, &long().read()).await;
+    // Sent before the hold began (see `HOLD_SLACK`).
+    let since = Instant::now();
     match b.release_after(&reader, HOLD).await {
         Ok(()) => {}
         Err(Error::Unsupported { .. }) => {
@@ -156,7 +162,6 @@ pub async fn a_readers_hold_keeps_writers_out_not_readers(backend: &Arc<dyn Back
         }
         Err(e) => panic!("release_after of a reader: {e}"),
     }
-    let since = Instant::now();
     let writer = b.try_acquire(&name, &long().write()).await;
     assert!(
         matches!(writer, Ok(None)),

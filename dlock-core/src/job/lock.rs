@@ -67,8 +67,14 @@ impl JobLock {
 
     /// Releases the lock, keeping it until `at_least` after the start.
     pub(super) async fn finish(self) {
+        let keep = self.at_least;
+        self.finish_keeping(keep).await;
+    }
+
+    /// Releases the lock, keeping it until `keep` after the start.
+    pub(super) async fn finish_keeping(self, keep: Duration) {
         let name = self.guard.name().to_owned();
-        let hold = self.at_least.saturating_sub(self.started.elapsed());
+        let hold = keep.saturating_sub(self.started.elapsed());
         let done = if hold.is_zero() || !self.guard.is_valid() {
             self.guard.release().await
         } else if self.delayed_release {

@@ -12,11 +12,11 @@
 //! going then is cancelled. [`JobOptions::at_least`] keeps the lock held, by
 //! the server's clock, until that long after the run started, even when the
 //! run ends at once, so that a node whose timer fires a little later finds
-//! the occurrence taken instead of running it again. A node that gets to an
-//! occurrence later than that (a process stalled past `at_least`) skips it:
-//! the lock may be free because another node's run is over, so an
-//! occurrence runs at most once, and is missed only if every node is that
-//! late.
+//! the occurrence taken instead of running it again. A [`ScheduledJob`]
+//! keeps each occurrence's lock longer, until `at_most` after the start
+//! where the server can (its names are used once), and a node that gets to
+//! an occurrence later than that skips it: an occurrence runs at most once,
+//! and is missed only if every node is that late.
 //!
 //! [`Locker::run_job`] runs one occurrence; [`ScheduledJob`] runs a job on
 //! a [`Schedule`] (a fixed period, or a cron expression with the `cron`

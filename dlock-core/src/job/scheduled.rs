@@ -54,11 +54,12 @@ pub struct RunReport {
     /// Occurrences that could not be locked, or whose run was cancelled
     /// because its lease was lost.
     pub failed: u64,
-    /// Occurrences not run because this node got to them (or was granted
-    /// their lock) more than [`JobOptions::at_least`] after they were due
-    /// (plus [`ScheduledJob::delay`]): another node may have run them by
-    /// then, and its hold have ended, so a free lock proves nothing. Never
-    /// counted with an `at_least` of zero.
+    /// Occurrences this node did not get to in time, left to the others:
+    /// those that came due while it was still busy with an earlier one (or
+    /// stalled), and those it got to after their lock would have been
+    /// released by a node that ran them on time (see
+    /// [`ScheduledJob::run`]): a free lock then proves nothing. Never the
+    /// second kind with an `at_least` of zero.
     pub late: u64,
 }
 
@@ -132,7 +133,9 @@ impl ScheduledJob {
         self
     }
 
-    /// Starts each run this long after it is due (before the jitter).
+    /// Starts each run this long after it is due (before the jitter). Give
+    /// every node the same delay: a node counts from the due time plus its
+    /// own delay to tell whether it came too late ([`RunReport::late`]).
     pub fn delay(mut self, delay: Duration) -> Self {
         self.delay = delay;
         self
@@ -163,9 +166,19 @@ impl ScheduledJob {
     /// Runs the job at each occurrence until `shutdown` is cancelled (or
     /// [`until`](Self::until) is reached). An occurrence that another node
     /// took is skipped; one that came due while this node was still
-    /// running the previous one is left to the other nodes, and so is one
-    /// this node gets to more than `at_least` after it was due
-    /// ([`RunReport::late`]). Shutdown is
+    /// running the previous one is left to the other nodes.
+    ///
+    /// With a non-zero [`JobOptions::at_least`], each occurrence's lock is
+    /// kept after its run: until [`JobOptions::at_most`] after the start on
+    /// a backend that keeps a released lock itself (every bundled one:
+    /// the name is used once, so keeping it costs nothing but a key, row or
+    /// node until then), else for `at_least` by this node. A node whose
+    /// timer fires late, or whose acquire is slow, by less than that finds
+    /// the occurrence taken; one that gets to it later still skips it
+    /// ([`RunReport::late`]), since by then a free lock may be one whose run
+    /// is over. So an occurrence runs at most once, assuming the nodes'
+    /// clocks agree to within that time, and is missed only when every
+    /// node is that late. Give every node the same `delay`. Shutdown is
     /// graceful: a run in progress finishes, and its lock is released
     /// (keeping `at_least`), before this returns.
     ///
@@ -209,7 +222,40 @@ impl ScheduledJob {
             self.occurrence(due, &mut job, &mut report).await;
             // Occurrences that came due meanwhile are left to other nodes.
             cursor = due.max(SystemTime::now());
+            report.late += self.due_between(due, cursor);
         }
+    }
+
+    /// How long after its start an occurrence's lock is kept. Its name is
+    /// used once, so with a server that keeps a released lock
+    /// ([`Capabilities::delayed_release`](crate::Capabilities::delayed_release))
+    /// it is kept for `at_most`, the longest a run may take: a node whose
+    /// timer or acquire comes late by anything less finds it taken. Else
+    /// this node keeps it itself, for `at_least`. With an `at_least` of
+    /// zero, not at all.
+    fn keep(&self) -> Duration {
+        let at_least = self.opts.at_least_value();
+        if at_least.is_zero() || !self.locker.backend().capabilities().delayed_release {
+            return at_least;
+        }
+        self.opts.at_most_value().max(at_least)
+    }
+
+    /// Occurrences due after `from` up to `to`, counted up to a bound (a
+    /// stall of hours on a short period is still late, not a loop).
+    fn due_between(&self, from: SystemTime, to: SystemTime) -> u64 {
+        let mut count = 0;
+        let mut at = from;
+        while count < 10_000 {
+            match self.schedule.next_after(at) {
+                Some(next) if next <= to && self.until.is_none_or(|until| next < until) => {
+                    count += 1;
+                    at = next;
+                }
+                _ => break,
+            }
+        }
+        count
     }
 
     pub(super) async fn occurrence<F, Fut>(
@@ -222,27 +268,19 @@ impl ScheduledJob {
         Fut: Future<Output = ()>,
     {
         let lock = self.lock_name(due);
-        // A node on time holds the occurrence until `at_least` after its
+        // A node on time keeps the occurrence's lock until `keep` after its
         // start; past that, a free lock may be one whose run is over.
-        let at_least = self.opts.at_least_value();
-        let late = || {
-            !at_least.is_zero()
-                && due
-                    .checked_add(self.delay.saturating_add(at_least))
-                    .is_some_and(|latest| SystemTime::now() > latest)
-        };
-        if late() {
-            tracing::warn!(lock, "occurrence reached after at_least: skipped");
+        let keep = self.keep();
+        let late = !keep.is_zero()
+            && due
+                .checked_add(self.delay.saturating_add(keep))
+                .is_some_and(|latest| SystemTime::now() > latest);
+        if late {
+            tracing::warn!(lock, "occurrence got to after its lock's keep: skipped");
             report.late += 1;
             return;
         }
         let run = match JobLock::take(&self.locker, &lock, &self.opts).await {
-            Ok(Some(run)) if late() => {
-                tracing::warn!(lock, "occurrence granted after at_least: skipped");
-                report.late += 1;
-                run.finish().await;
-                return;
-            }
             Ok(Some(run)) => run,
             Ok(None) => {
                 tracing::debug!(lock, "occurrence taken by another node: skipped");
@@ -262,7 +300,7 @@ impl ScheduledJob {
             lost: run.guard.lost_token(),
         };
         let finished = run.guarded(job(info)).await.is_some();
-        run.finish().await;
+        run.finish_keeping(keep).await;
         if finished {
             tracing::info!(lock, "occurrence ran");
             report.ran += 1;

@@ -148,11 +148,16 @@ fn job_node() {
             })
         })
         .collect();
-    let ran: u64 = threads
+    let reports: Vec<dlock::RunReport> = threads
         .into_iter()
-        .map(|t| t.join().expect("node").ran)
-        .sum();
-    assert_eq!(ran, u64::from(count));
+        .map(|t| t.join().expect("node"))
+        .collect();
+    let ran: u64 = reports.iter().map(|r| r.ran).sum();
+    let late = reports.iter().map(|r| r.late).min().unwrap_or(0);
+    // Each occurrence once at most; one not run was one every node got to
+    // late (a stalled machine).
+    assert!(ran > 0 && ran <= u64::from(count), "{reports:?}");
+    assert!(u64::from(count) - ran <= late, "{reports:?}");
 }
 
 /// A node process and the runs it reported.
@@ -253,7 +258,10 @@ async fn collect(processes: Vec<Process>, within: Duration) -> (Starts, u64) {
 /// fewest any node skipped so.
 fn at_most_once_and_none_lost(counts: &[usize], late: u64) -> bool {
     let missed = counts.iter().filter(|&&n| n == 0).count();
-    counts.iter().all(|&n| n <= 1) && u64::try_from(missed).unwrap_or(u64::MAX) <= late
+    // Some ran: a node that thought itself always late would pass the rest.
+    missed < counts.len()
+        && counts.iter().all(|&n| n <= 1)
+        && u64::try_from(missed).unwrap_or(u64::MAX) <= late
 }
 
 async fn url(service: Service) -> String {
