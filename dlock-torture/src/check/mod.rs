@@ -382,15 +382,24 @@ fn refused_in_belief(holds: &[Hold], grants: &[Hold], seen: &Seen<'_>, out: &mut
             continue;
         };
         if w.t <= h.end {
-            // The other began to be believed at its grant: the first of a
-            // higher token on the name, if its history has it.
-            let other = grants
+            // The write that made the resource refuse this one (the first
+            // accepted before it that the refusal rule counts), whose hold
+            // began to be believed at its grant, if its history has it.
+            let other = seen
+                .writes
                 .iter()
-                .filter(|g| g.name == w.name && g.token > w.token)
-                .map(|g| g.granted)
-                .min()
-                .unwrap_or(w.t)
-                .min(w.t);
+                .filter(|o| o.accepted && o.name == w.name && o.t <= w.t)
+                .filter(|o| match w.exclusive {
+                    true => o.token >= w.token && (o.client, o.hold) != (w.client, w.hold),
+                    false => o.exclusive && o.token > w.token,
+                })
+                .min_by_key(|o| o.t)
+                .map_or(w.t, |o| {
+                    grants
+                        .iter()
+                        .find(|g| g.name == o.name && g.token == o.token)
+                        .map_or(o.t, |g| g.granted)
+                });
             out.push(Overlap {
                 name: w.name,
                 first: (w.client, w.token),
