@@ -180,7 +180,7 @@ impl ScheduledJob {
     /// clocks agree to within that time, and is missed only when every
     /// node is that late. Give every node the same `delay`. Shutdown is
     /// graceful: a run in progress finishes, and its lock is released
-    /// (keeping `at_least`), before this returns.
+    /// (kept as above), before this returns.
     ///
     /// # Errors
     /// Only for bad settings (name, options, schedule), before anything
