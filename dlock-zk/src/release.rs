@@ -124,14 +124,29 @@ impl ZkBackend {
                 .unwrap_or_else(PoisonError::into_inner),
         );
         let client = self.client();
+        // All at once: a session's requests are pipelined, so a pass costs
+        // the round trips of one search, not one search per pending create.
+        // One after another, the searches for many dropped acquires (each
+        // a sync, a listing and a look) left a found node in place for
+        // seconds over a slow link, holding its name.
+        let found = futures_util::future::join_all(pending.into_iter().map(|u| {
+            let client = &client;
+            async move {
+                let found = self.find_own(client, &u.dir, &u.prefix).await;
+                (u, found)
+            }
+        }))
+        .await;
         let mut left = Vec::new();
-        for u in pending {
-            match self.find_own(&client, &u.dir, &u.prefix).await {
-                Ok(Some((path, _))) => self.delete_node(path).await,
+        let mut deletes = Vec::new();
+        for (u, found) in found {
+            match found {
+                Ok(Some((path, _))) => deletes.push(self.delete_node(path)),
                 Ok(None) if u.since.elapsed() > self.inner.config.session_timeout * 2 => {}
                 Ok(None) | Err(_) => left.push(u),
             }
         }
+        futures_util::future::join_all(deletes).await;
         let any = !left.is_empty();
         self.inner
             .uncertain

@@ -298,11 +298,23 @@ pub async fn acquire_dropped_in_flight_frees_the_name_at_once(
             other.release(&holder).await.expect("release");
             match other.acquire(&name, &long().wait(undone)).await {
                 Ok(lease) => other.release(&lease).await.expect("release"),
-                Err(e) => panic!(
-                    "attempts on a held name, dropped midway, kept it locked after its \
-                     holder released it, for over {undone:?} ({UNDO_REQUESTS} requests of \
-                     {request:?} over the link): {e}"
-                ),
+                Err(e) => {
+                    // What keeps it, and whether it ever frees: shown with
+                    // the failure.
+                    let holders = other.holders(&name).await;
+                    let since = Instant::now();
+                    let later = other
+                        .acquire(&name, &long().wait(Duration::from_secs(20)))
+                        .await;
+                    panic!(
+                        "attempts on a held name, dropped midway, kept it locked after its \
+                         holder released it, for over {undone:?} ({UNDO_REQUESTS} requests of \
+                         {request:?} over the link): {e}; holders then: {holders:?}; \
+                         then {:?} later: {:?}",
+                        since.elapsed(),
+                        later.map(|l| l.fencing_token())
+                    )
+                }
             }
         },
     )
