@@ -81,7 +81,7 @@ fn server_ttl(backend: &dyn Backend, ttl: Duration) -> Duration {
 /// ago for the server to have freed it. On a backend that starts every
 /// lease's TTL again when its leader changes, a leader change meanwhile
 /// (an election on a loaded machine) keeps it later, never sooner: there
-/// it is asked again until it is granted, up to ten such TTLs.
+/// it is waited for, up to ten such TTLs.
 async fn acquire_after_expiry(
     backend: &dyn Backend,
     name: &str,
@@ -92,13 +92,11 @@ async fn acquire_after_expiry(
     if !backend.capabilities().ttl_restarts_on_leader_change || !matches!(first, Ok(None)) {
         return first;
     }
-    let until = tokio::time::Instant::now() + server_ttl(backend, ttl) * 10;
-    loop {
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        let again = backend.try_acquire(name, opts).await;
-        if !matches!(again, Ok(None)) || tokio::time::Instant::now() >= until {
-            return again;
-        }
+    let wait = opts.clone().wait(server_ttl(backend, ttl) * 10);
+    match backend.acquire(name, &wait).await {
+        Ok(lease) => Ok(Some(lease)),
+        Err(dlock_core::Error::Timeout { .. }) => Ok(None),
+        Err(e) => Err(e),
     }
 }
 
