@@ -1,7 +1,10 @@
 //! A lock driver of your own, checked with the conformance suite.
 //!
 //! `ToyBackend` keeps its locks in a map with TTLs on tokio's clock and
-//! polls while waiting: about the least a driver can be. `main` runs every
+//! polls while waiting: about the least a driver can be. It implements
+//! [`Driver`], the protocol alone: core checks names and options, bounds
+//! every call and refuses the kinds of lock it does not declare, before
+//! and after each call reaches it. `main` runs every
 //! case of the suite against it and prints the outcome:
 //!
 //! ```sh
@@ -17,10 +20,11 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use dlock_conformance::{Factory, suite};
+use dlock_core::driver::Driver;
 use dlock_core::wait::{Attempt, Backoff, Deadline, wait_for_lock};
 use dlock_core::{
     Backend, Capabilities, Error, Lease, LeaseKind, LockInfo, LockOptions, OwnerToken, Result,
-    async_trait, validate_name,
+    async_trait,
 };
 use tokio::time::Instant;
 
@@ -71,7 +75,7 @@ impl ToyBackend {
 }
 
 #[async_trait]
-impl Backend for ToyBackend {
+impl Driver for ToyBackend {
     fn capabilities(&self) -> Capabilities {
         let mut caps = Capabilities::new(LeaseKind::Ttl);
         caps.fencing = true;
@@ -81,16 +85,16 @@ impl Backend for ToyBackend {
         caps
     }
 
+    /// Nothing here waits on a server.
+    fn request_timeout(&self) -> Duration {
+        Duration::from_secs(1)
+    }
+
     async fn try_acquire(&self, name: &str, opts: &LockOptions) -> Result<Option<Lease>> {
-        validate_name(name)?;
-        opts.validate()?;
         Ok(self.attempt(name, opts)?.into_lease())
     }
 
-    async fn acquire(&self, name: &str, opts: &LockOptions) -> Result<Lease> {
-        validate_name(name)?;
-        opts.validate()?;
-        let deadline = Deadline::after(opts.wait_value());
+    async fn wait(&self, name: &str, opts: &LockOptions, deadline: Deadline) -> Result<Lease> {
         let backoff = Backoff::new(Duration::from_millis(5), Duration::from_millis(200));
         wait_for_lock(name, deadline, None, backoff, || async {
             self.attempt(name, opts)
@@ -112,14 +116,18 @@ impl Backend for ToyBackend {
         Ok(())
     }
 
-    async fn inspect(&self, name: &str) -> Result<Option<LockInfo>> {
-        validate_name(name)?;
+    async fn holders(&self, name: &str, _limit: usize) -> Result<Vec<LockInfo>> {
         let table = self.table.lock().unwrap_or_else(PoisonError::into_inner);
         let now = Instant::now();
-        Ok(table.get(name).and_then(|(version, holder, described)| {
-            let (owner, ends) = holder.filter(|&(_, ends)| ends > now)?;
-            Some(LockInfo::new(owner, *version, Some(ends - now)).with_holder(described.clone()))
-        }))
+        Ok(table
+            .get(name)
+            .and_then(|(version, holder, described)| {
+                let (owner, ends) = holder.filter(|&(_, ends)| ends > now)?;
+                let info = LockInfo::new(owner, *version, Some(ends - now));
+                Some(info.with_holder(described.clone()))
+            })
+            .into_iter()
+            .collect())
     }
 }
 

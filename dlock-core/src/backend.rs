@@ -193,8 +193,14 @@ pub const MAX_BATCH: usize = 1000;
 /// The most holds [`Backend::holders`] needs to report for one name.
 pub const MAX_HOLDERS: usize = 10_000;
 
-/// A lock service: what each driver implements. Users normally go through
+/// A lock service, as it is called. Users normally go through
 /// [`Locker`](crate::Locker), which adds guards, renewal and `with_lock`.
+///
+/// A driver does not implement `Backend`: it implements
+/// [`Driver`](crate::driver::Driver), the protocol alone, and core makes it
+/// a `Backend` that checks names and options and bounds every call the
+/// same way for every driver. Implement `Backend` directly only to wrap
+/// another backend (as [`Observed`](crate::Observed) does).
 ///
 /// # Contract
 ///
@@ -205,7 +211,7 @@ pub const MAX_HOLDERS: usize = 10_000;
 ///   is a distinct lock; the driver's mapping to keys, paths or rows is
 ///   injective. Anything else gives [`Error::InvalidName`](crate::Error::InvalidName)
 ///   before the server is contacted. Options are checked with
-///   [`LockOptions::validate`].
+///   [`LockOptions::validate`]. (Core does both for every driver.)
 /// - **Mutual exclusion**: at no instant are two unexpired leases of one name
 ///   granted. TTL backends assume client and server clocks run at the same
 ///   rate within the drift allowance ([`LockOptions::drift`]).

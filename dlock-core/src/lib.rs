@@ -4,6 +4,7 @@
 pub mod admin;
 mod backend;
 pub mod batch;
+pub mod driver;
 mod election;
 mod error;
 mod guard;

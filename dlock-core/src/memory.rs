@@ -6,11 +6,12 @@ use std::time::Duration;
 use async_trait::async_trait;
 use tokio::time::Instant;
 
+use crate::driver::Driver;
 use crate::options::deadline_after;
-use crate::wait::{Attempt, Backoff, Deadline, Wakeups, check_request, wait_for_lock};
+use crate::wait::{Attempt, Backoff, Deadline, Wakeups, wait_for_lock};
 use crate::{
-    Admission, Backend, Capabilities, Error, HeldLock, Lease, LeaseKind, LockInfo, LockOptions,
-    LockPage, Mode, OwnerToken, Result, validate_name,
+    Admission, Capabilities, Error, HeldLock, Lease, LeaseKind, LockInfo, LockOptions, LockPage,
+    Mode, OwnerToken, Result,
 };
 
 /// The in-memory reference driver: real TTLs on tokio's clock, fencing,
@@ -188,7 +189,7 @@ impl MemoryBackend {
 }
 
 #[async_trait]
-impl Backend for MemoryBackend {
+impl Driver for MemoryBackend {
     fn capabilities(&self) -> Capabilities {
         Capabilities {
             lease: LeaseKind::Ttl,
@@ -214,15 +215,18 @@ impl Backend for MemoryBackend {
         "memory"
     }
 
+    /// Nothing here waits on a server: a call takes as long as a lock of
+    /// a mutex in this process.
+    fn request_timeout(&self) -> Duration {
+        Duration::from_secs(1)
+    }
+
     async fn try_acquire(&self, name: &str, opts: &LockOptions) -> Result<Option<Lease>> {
-        check_request(name, opts)?;
         Ok(self.attempt(name, opts, None)?.into_lease())
     }
 
-    async fn acquire(&self, name: &str, opts: &LockOptions) -> Result<Lease> {
-        check_request(name, opts)?;
+    async fn wait(&self, name: &str, opts: &LockOptions, deadline: Deadline) -> Result<Lease> {
         let backoff = Backoff::new(Duration::from_millis(50), Duration::from_secs(1));
-        let deadline = Deadline::after(opts.wait_value());
         // A first attempt without a place: an acquire that is granted at
         // once never queues.
         if let Attempt::Acquired(lease) = self.attempt(name, opts, None)? {
@@ -256,9 +260,8 @@ impl Backend for MemoryBackend {
     }
 
     async fn release_after(&self, lease: &Lease, hold: Duration) -> Result<()> {
-        crate::check_hold(hold)?;
         if hold.is_zero() {
-            return self.release(lease).await;
+            return Driver::release(self, lease).await;
         }
         self.on_own_hold(lease, |slot, at, now| {
             slot.holds[at].owner = lease.owner().for_hold();
@@ -277,8 +280,6 @@ impl Backend for MemoryBackend {
     }
 
     async fn downgrade(&self, write: &Lease, opts: &LockOptions) -> Result<Lease> {
-        let opts = opts.clone().read();
-        opts.validate()?;
         let owner = OwnerToken::random()?;
         let sent = Instant::now();
         self.with_slots(|slots| {
@@ -293,14 +294,13 @@ impl Backend for MemoryBackend {
                 .ok_or_else(|| Error::NotHeld {
                     name: write.name().to_owned(),
                 })?;
-            let lease = Lease::with_ttl(write.name(), owner, slot.version + 1, &opts, sent);
+            let lease = Lease::with_ttl(write.name(), owner, slot.version + 1, opts, sent);
             slot.grant(&lease, deadline_after(now, opts.ttl_value()));
             Ok(lease)
         })
     }
 
     async fn force_release(&self, name: &str) -> Result<Option<LockInfo>> {
-        validate_name(name)?;
         // Every holder goes: several readers or permits included.
         let info = self.with_slots(|slots| {
             let slot = slots.get_mut(name)?;
@@ -313,7 +313,6 @@ impl Backend for MemoryBackend {
     }
 
     async fn list(&self, prefix: &str, cursor: Option<&str>, limit: usize) -> Result<LockPage> {
-        let limit = limit.max(1);
         Ok(self.with_slots(|slots| {
             let now = Instant::now();
             let mut held: Vec<HeldLock> = slots
@@ -329,13 +328,7 @@ impl Backend for MemoryBackend {
         }))
     }
 
-    async fn inspect(&self, name: &str) -> Result<Option<LockInfo>> {
-        validate_name(name)?;
-        Ok(self.with_slots(|slots| slots.get(name)?.info(Instant::now())))
-    }
-
-    async fn holders(&self, name: &str) -> Result<Vec<LockInfo>> {
-        validate_name(name)?;
+    async fn holders(&self, name: &str, limit: usize) -> Result<Vec<LockInfo>> {
         Ok(self.with_slots(|slots| {
             let now = Instant::now();
             let Some(slot) = slots.get(name) else {
@@ -343,7 +336,7 @@ impl Backend for MemoryBackend {
             };
             let mut live: Vec<&Hold> = slot.holds.iter().filter(|h| h.expires > now).collect();
             live.sort_by_key(|h| std::cmp::Reverse(h.expires));
-            live.into_iter().map(|h| h.info(now)).collect()
+            live.into_iter().take(limit).map(|h| h.info(now)).collect()
         }))
     }
 }

@@ -4,10 +4,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use dlock_core::wait::{bounded_acquire, check_request};
+use dlock_core::driver::Driver;
+use dlock_core::wait::Deadline;
 use dlock_core::{
-    Backend, Capabilities, Lease, LeaseKind, LockInfo, LockOptions, LockPage, Result, async_trait,
-    check_hold, validate_name,
+    Capabilities, Lease, LeaseKind, LockInfo, LockOptions, LockPage, Result, async_trait,
 };
 
 use crate::client::Client;
@@ -49,10 +49,6 @@ impl EtcdBackend {
         &self.inner.client
     }
 
-    pub(crate) fn request_timeout(&self) -> Duration {
-        self.inner.client.request_timeout
-    }
-
     /// How many keys `name` has in etcd: its holds and its waiters.
     #[cfg(feature = "_test-hooks")]
     #[doc(hidden)]
@@ -74,7 +70,7 @@ impl EtcdBackend {
 }
 
 #[async_trait]
-impl Backend for EtcdBackend {
+impl Driver for EtcdBackend {
     fn capabilities(&self) -> Capabilities {
         let mut caps = Capabilities::new(LeaseKind::Ttl);
         caps.fencing = true;
@@ -97,17 +93,16 @@ impl Backend for EtcdBackend {
         NAME
     }
 
-    async fn try_acquire(&self, name: &str, opts: &LockOptions) -> Result<Option<Lease>> {
-        check_request(name, opts)?;
-        self.bounded("try to acquire", self.attempt(name, opts))
-            .await
+    fn request_timeout(&self) -> Duration {
+        self.inner.client.request_timeout
     }
 
-    async fn acquire(&self, name: &str, opts: &LockOptions) -> Result<Lease> {
-        bounded_acquire(name, opts, self.request_timeout(), |deadline| {
-            self.wait(name, opts, deadline)
-        })
-        .await
+    async fn try_acquire(&self, name: &str, opts: &LockOptions) -> Result<Option<Lease>> {
+        self.attempt(name, opts).await
+    }
+
+    async fn wait(&self, name: &str, opts: &LockOptions, deadline: Deadline) -> Result<Lease> {
+        self.wait_for(name, opts, deadline).await
     }
 
     async fn release(&self, lease: &Lease) -> Result<()> {
@@ -115,7 +110,6 @@ impl Backend for EtcdBackend {
     }
 
     async fn release_after(&self, lease: &Lease, hold: Duration) -> Result<()> {
-        check_hold(hold)?;
         self.release_lease_after(lease, hold).await
     }
 
@@ -132,21 +126,14 @@ impl Backend for EtcdBackend {
     }
 
     async fn force_release(&self, name: &str) -> Result<Option<LockInfo>> {
-        validate_name(name)?;
         self.force_release_any(name).await
+    }
+
+    async fn holders(&self, name: &str, limit: usize) -> Result<Vec<LockInfo>> {
+        self.holders_of(name, limit).await
     }
 
     async fn list(&self, prefix: &str, cursor: Option<&str>, limit: usize) -> Result<LockPage> {
         self.list_locks(prefix, cursor, limit).await
-    }
-
-    async fn inspect(&self, name: &str) -> Result<Option<LockInfo>> {
-        validate_name(name)?;
-        Ok(self.holders_of(name, 1).await?.into_iter().next())
-    }
-
-    async fn holders(&self, name: &str) -> Result<Vec<LockInfo>> {
-        validate_name(name)?;
-        self.holders_of(name, dlock_core::MAX_HOLDERS).await
     }
 }

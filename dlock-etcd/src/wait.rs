@@ -21,7 +21,7 @@ enum Woken {
 
 impl EtcdBackend {
     /// The wait loop of `acquire`, until `deadline`.
-    pub(crate) async fn wait(
+    pub(crate) async fn wait_for(
         &self,
         name: &str,
         opts: &LockOptions,

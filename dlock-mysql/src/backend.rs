@@ -4,10 +4,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use dlock_core::wait::{Wakeups, bounded_acquire, check_request};
+use dlock_core::driver::Driver;
+use dlock_core::wait::{Deadline, Wakeups};
 use dlock_core::{
-    Backend, Capabilities, Lease, LeaseKind, LockInfo, LockOptions, LockPage, Result, async_trait,
-    check_hold, validate_name,
+    Capabilities, Lease, LeaseKind, LockInfo, LockOptions, LockPage, Result, async_trait,
 };
 
 use crate::pool::Pool;
@@ -69,7 +69,7 @@ impl MySqlBackend {
 }
 
 #[async_trait]
-impl Backend for MySqlBackend {
+impl Driver for MySqlBackend {
     fn capabilities(&self) -> Capabilities {
         let mut caps = Capabilities::new(LeaseKind::Ttl);
         caps.fencing = true;
@@ -89,17 +89,16 @@ impl Backend for MySqlBackend {
         NAME
     }
 
+    fn request_timeout(&self) -> Duration {
+        self.inner.request_timeout
+    }
+
     async fn try_acquire(&self, name: &str, opts: &LockOptions) -> Result<Option<Lease>> {
-        check_request(name, opts)?;
         Ok(self.attempt(name, opts).await?.into_lease())
     }
 
-    async fn acquire(&self, name: &str, opts: &LockOptions) -> Result<Lease> {
-        let request_timeout = self.inner.request_timeout;
-        bounded_acquire(name, opts, request_timeout, |deadline| {
-            self.wait(name, opts, deadline)
-        })
-        .await
+    async fn wait(&self, name: &str, opts: &LockOptions, deadline: Deadline) -> Result<Lease> {
+        self.wait_for(name, opts, deadline).await
     }
 
     async fn release(&self, lease: &Lease) -> Result<()> {
@@ -107,7 +106,6 @@ impl Backend for MySqlBackend {
     }
 
     async fn release_after(&self, lease: &Lease, hold: Duration) -> Result<()> {
-        check_hold(hold)?;
         self.release_lease_after(lease, hold).await
     }
 
@@ -124,21 +122,16 @@ impl Backend for MySqlBackend {
     }
 
     async fn force_release(&self, name: &str) -> Result<Option<LockInfo>> {
-        validate_name(name)?;
         self.force_release_any(name).await
+    }
+
+    async fn holders(&self, name: &str, limit: usize) -> Result<Vec<LockInfo>> {
+        let mut holders = self.holders_of(name).await?;
+        holders.truncate(limit);
+        Ok(holders)
     }
 
     async fn list(&self, prefix: &str, cursor: Option<&str>, limit: usize) -> Result<LockPage> {
         self.list_locks(prefix, cursor, limit).await
-    }
-
-    async fn inspect(&self, name: &str) -> Result<Option<LockInfo>> {
-        validate_name(name)?;
-        self.inspect_lock(name).await
-    }
-
-    async fn holders(&self, name: &str) -> Result<Vec<LockInfo>> {
-        validate_name(name)?;
-        self.holders_of(name).await
     }
 }

@@ -278,8 +278,6 @@ impl MySqlBackend {
 
     /// [`Backend::downgrade`](dlock_core::Backend::downgrade).
     pub(crate) async fn downgrade_lease(&self, write: &Lease, opts: &LockOptions) -> Result<Lease> {
-        let opts = opts.clone().read();
-        opts.validate()?;
         let not_held = || Error::NotHeld {
             name: write.name().to_owned(),
         };
@@ -299,7 +297,7 @@ impl MySqlBackend {
         let mut undo = {
             let (backend, lease) = (
                 self.clone(),
-                Lease::with_ttl(write.name(), reader, 0, &opts, sent),
+                Lease::with_ttl(write.name(), reader, 0, opts, sent),
             );
             UndoOnDrop::new(async move { backend.undo_shared(&lease, None, "").await })
         };
@@ -317,7 +315,7 @@ impl MySqlBackend {
         let fence = fence.ok_or_else(not_held)?;
         let fence = u64::try_from(fence)
             .map_err(|_| Error::malformed(NAME, "downgrade (the fencing token)", fence))?;
-        Ok(Lease::with_ttl(write.name(), reader, fence, &opts, sent))
+        Ok(Lease::with_ttl(write.name(), reader, fence, opts, sent))
     }
 
     /// Extends shared leases, one transaction per TTL; says which ones it

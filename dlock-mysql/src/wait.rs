@@ -49,7 +49,7 @@ impl MySqlBackend {
     /// not from a look made once the wait's time is up), and a place given
     /// up however the wait ends without a grant: before an error returns,
     /// and on a task of its own when the wait is dropped.
-    pub(crate) async fn wait(
+    pub(crate) async fn wait_for(
         &self,
         name: &str,
         opts: &LockOptions,

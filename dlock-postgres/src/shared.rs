@@ -214,8 +214,6 @@ impl PgBackend {
 
     /// [`Backend::downgrade`](dlock_core::Backend::downgrade).
     pub(crate) async fn downgrade_lease(&self, write: &Lease, opts: &LockOptions) -> Result<Lease> {
-        let opts = opts.clone().read();
-        opts.validate()?;
         let not_held = || Error::NotHeld {
             name: write.name().to_owned(),
         };
@@ -235,7 +233,7 @@ impl PgBackend {
         let mut undo = {
             let (backend, lease) = (
                 self.clone(),
-                Lease::with_ttl(write.name(), reader, 0, &opts, sent),
+                Lease::with_ttl(write.name(), reader, 0, opts, sent),
             );
             UndoOnDrop::new(async move { backend.undo_shared(&lease, sent, "").await })
         };
@@ -255,7 +253,7 @@ impl PgBackend {
             write.name(),
             reader,
             token(fence)?,
-            &opts,
+            opts,
             sent,
         ))
     }

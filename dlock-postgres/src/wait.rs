@@ -14,7 +14,7 @@ use crate::backend::PgBackend;
 
 impl PgBackend {
     /// Acquire's wait for `name` until `deadline`.
-    pub(crate) async fn wait(
+    pub(crate) async fn wait_for(
         &self,
         name: &str,
         opts: &LockOptions,

@@ -5,9 +5,10 @@ use std::fmt;
 use std::sync::{Arc, PoisonError, RwLock};
 use std::time::Duration;
 
-use dlock_core::wait::{bounded_acquire, check_request};
+use dlock_core::driver::Driver;
+use dlock_core::wait::Deadline;
 use dlock_core::{
-    Backend, Capabilities, Lease, LeaseKind, LockInfo, LockOptions, LockPage, Result, async_trait,
+    Capabilities, Lease, LeaseKind, LockInfo, LockOptions, LockPage, Result, async_trait,
 };
 
 use crate::builder::RedisBuilder;
@@ -121,7 +122,7 @@ impl RedisBackend {
 }
 
 #[async_trait]
-impl Backend for RedisBackend {
+impl Driver for RedisBackend {
     fn capabilities(&self) -> Capabilities {
         let mut caps = Capabilities::new(LeaseKind::Ttl);
         caps.fencing = true;
@@ -141,15 +142,17 @@ impl Backend for RedisBackend {
         NAME
     }
 
+    fn request_timeout(&self) -> Duration {
+        self.inner.request_timeout
+    }
+
     async fn try_acquire(&self, name: &str, opts: &LockOptions) -> Result<Option<Lease>> {
-        check_request(name, opts)?;
         let attempt = self.attempt(name, &self.keys(name), opts, "", None).await?;
         Ok(attempt.into_lease())
     }
 
-    async fn acquire(&self, name: &str, opts: &LockOptions) -> Result<Lease> {
-        let wait = |deadline| self.wait(name, opts, deadline);
-        bounded_acquire(name, opts, self.inner.request_timeout, wait).await
+    async fn wait(&self, name: &str, opts: &LockOptions, deadline: Deadline) -> Result<Lease> {
+        self.wait_for(name, opts, deadline).await
     }
 
     async fn release(&self, lease: &Lease) -> Result<()> {
@@ -176,15 +179,11 @@ impl Backend for RedisBackend {
         self.force_release_any(name).await
     }
 
+    async fn holders(&self, name: &str, limit: usize) -> Result<Vec<LockInfo>> {
+        self.holders_of(name, limit).await
+    }
+
     async fn list(&self, prefix: &str, cursor: Option<&str>, limit: usize) -> Result<LockPage> {
         self.list_locks(prefix, cursor, limit).await
-    }
-
-    async fn inspect(&self, name: &str) -> Result<Option<LockInfo>> {
-        self.inspect_lock(name).await
-    }
-
-    async fn holders(&self, name: &str) -> Result<Vec<LockInfo>> {
-        self.holders_of(name).await
     }
 }

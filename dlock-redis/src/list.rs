@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use dlock_core::{Error, HeldLock, LockInfo, LockPage, MAX_HOLDERS, Mode, Result, validate_name};
+use dlock_core::{Error, HeldLock, LockInfo, LockPage, Mode, Result};
 
 use crate::backend::{NAME, RedisBackend};
 use crate::keys::{holder_parts, lock_pattern, name_of};
@@ -149,26 +149,20 @@ impl RedisBackend {
         Ok(LockPage::new(locks, (scan != 0).then(|| scan.to_string())))
     }
 
-    /// The holder of `name`, if any.
-    pub(crate) async fn inspect_lock(&self, name: &str) -> Result<Option<LockInfo>> {
-        Ok(self.inspect_with_kind(name).await?.map(|(info, _)| info))
-    }
-
     /// The holder of `name`, if any, and its marker when it is held as a
     /// reader-writer lock or a semaphore (`""` for a mutex).
     pub(crate) async fn inspect_with_kind(&self, name: &str) -> Result<Option<(LockInfo, String)>> {
         Ok(self.holds(name, 1).await?.into_iter().next())
     }
 
-    /// Every hold of `name`, the longest first.
-    pub(crate) async fn holders_of(&self, name: &str) -> Result<Vec<LockInfo>> {
-        let holds = self.holds(name, MAX_HOLDERS).await?;
+    /// Up to `most` holds of `name`, the longest first.
+    pub(crate) async fn holders_of(&self, name: &str, most: usize) -> Result<Vec<LockInfo>> {
+        let holds = self.holds(name, most).await?;
         Ok(holds.into_iter().map(|(info, _)| info).collect())
     }
 
     /// Up to `most` holds of `name`, each with the name's marker.
     async fn holds(&self, name: &str, most: usize) -> Result<Vec<(LockInfo, String)>> {
-        validate_name(name)?;
         let keys = self.keys(name);
         let mut invocation = HOLDERS.prepare_invoke();
         invocation

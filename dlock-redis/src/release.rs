@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use dlock_core::undo::retry_for;
-use dlock_core::{Lease, Mode, OwnerToken, Result, check_hold};
+use dlock_core::{Lease, Mode, OwnerToken, Result};
 use redis::ScriptInvocation;
 
 use crate::backend::RedisBackend;
@@ -53,7 +53,6 @@ impl RedisBackend {
     /// Keeps the lock of `lease` held for `hold` more, by the server's
     /// clock, under an owner no client has.
     pub(crate) async fn release_with_hold(&self, lease: &Lease, hold: Duration) -> Result<()> {
-        check_hold(hold)?;
         // Rounded up: the hold is a minimum.
         let hold_ms = millis_up(hold);
         if hold_ms == 0 {

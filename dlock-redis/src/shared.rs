@@ -140,8 +140,6 @@ impl RedisBackend {
 
     /// A read hold for the live write lease `write`, waiters or not.
     pub(crate) async fn downgrade_lease(&self, write: &Lease, opts: &LockOptions) -> Result<Lease> {
-        let opts = opts.clone().read();
-        opts.validate()?;
         if write.mode() != Mode::Write {
             return Err(Error::NotHeld {
                 name: write.name().to_owned(),
@@ -163,7 +161,7 @@ impl RedisBackend {
         let mut undo = {
             let (backend, lease) = (
                 self.clone(),
-                Lease::with_ttl(write.name(), reader, 0, &opts, sent),
+                Lease::with_ttl(write.name(), reader, 0, opts, sent),
             );
             UndoOnDrop::new(async move {
                 let ttl = lease.ttl().unwrap_or_default();
@@ -180,7 +178,7 @@ impl RedisBackend {
                 let fence = fence
                     .parse()
                     .map_err(|_| Error::malformed(NAME, "downgrade", &fence))?;
-                Ok(Lease::with_ttl(write.name(), reader, fence, &opts, sent))
+                Ok(Lease::with_ttl(write.name(), reader, fence, opts, sent))
             }
             _ => {
                 undo.disarm();

@@ -37,7 +37,7 @@ impl RedisBackend {
 
     /// Acquire's wait: one attempt, then a place in the name's queue and
     /// wake-ups on this client's channel when the place comes first.
-    pub(crate) async fn wait(
+    pub(crate) async fn wait_for(
         &self,
         name: &str,
         opts: &LockOptions,

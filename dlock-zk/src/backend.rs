@@ -6,10 +6,10 @@ use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use dlock_core::wait::{bounded_acquire, check_request};
+use dlock_core::driver::Driver;
+use dlock_core::wait::Deadline;
 use dlock_core::{
-    Backend, Capabilities, Error, Lease, LeaseKind, LockInfo, LockOptions, LockPage, Result,
-    async_trait,
+    Capabilities, Error, Lease, LeaseKind, LockInfo, LockOptions, LockPage, Result, async_trait,
 };
 use zookeeper_client as zk;
 
@@ -74,13 +74,6 @@ impl fmt::Debug for ZkBackend {
 }
 
 impl ZkBackend {
-    /// The request timeout in force: as set, but never past the session
-    /// timeout.
-    pub(crate) fn request_timeout(&self) -> Duration {
-        let config = &self.inner.config;
-        config.request_timeout.min(config.session_timeout)
-    }
-
     /// Bounds a request by the request timeout: the client holds requests
     /// while it is disconnected, and one unanswered that long belongs to a
     /// session in doubt. Counts as a lost connection.
@@ -97,7 +90,7 @@ impl ZkBackend {
         &self,
         request: impl Future<Output = Result<T, zk::Error>>,
     ) -> Result<T, zk::Error> {
-        match tokio::time::timeout(self.request_timeout(), request).await {
+        match tokio::time::timeout(Driver::request_timeout(self), request).await {
             Ok(Err(
                 zk::Error::Custom(_)
                 | zk::Error::UnexpectedError(_)
@@ -105,20 +98,6 @@ impl ZkBackend {
             ))
             | Err(_) => Err(zk::Error::ConnectionLoss),
             Ok(done) => done,
-        }
-    }
-
-    /// Runs a whole call within the request timeout: its one bound,
-    /// however many requests it makes. A call cut off midway is dropped,
-    /// as a caller's timeout would drop it, so the same cleanup applies.
-    async fn within<T>(&self, doing: &str, call: impl Future<Output = Result<T>>) -> Result<T> {
-        let bound = self.request_timeout();
-        match tokio::time::timeout(bound, call).await {
-            Ok(done) => done,
-            Err(_) => Err(Error::timed_out(
-                NAME,
-                format!("{doing}: no reply within {bound:?}"),
-            )),
         }
     }
 
@@ -134,7 +113,7 @@ impl ZkBackend {
 }
 
 #[async_trait]
-impl Backend for ZkBackend {
+impl Driver for ZkBackend {
     fn driver(&self) -> &'static str {
         NAME
     }
@@ -161,43 +140,39 @@ impl Backend for ZkBackend {
         caps
     }
 
-    async fn try_acquire(&self, name: &str, opts: &LockOptions) -> Result<Option<Lease>> {
-        check_request(name, opts)?;
-        self.within(
-            "acquire",
-            self.contend(name, opts.mode_value(), opts.holder_value(), None),
-        )
-        .await
+    fn request_timeout(&self) -> Duration {
+        let config = &self.inner.config;
+        config.request_timeout.min(config.session_timeout)
     }
 
-    async fn acquire(&self, name: &str, opts: &LockOptions) -> Result<Lease> {
-        let request_timeout = self.request_timeout();
-        bounded_acquire(name, opts, request_timeout, |deadline| {
-            self.wait(name, opts.mode_value(), opts.holder_value(), deadline)
-        })
-        .await
+    async fn try_acquire(&self, name: &str, opts: &LockOptions) -> Result<Option<Lease>> {
+        self.contend(name, opts.mode_value(), opts.holder_value(), None)
+            .await
+    }
+
+    async fn wait(&self, name: &str, opts: &LockOptions, deadline: Deadline) -> Result<Lease> {
+        self.wait_for(name, opts.mode_value(), opts.holder_value(), deadline)
+            .await
     }
 
     async fn downgrade(&self, write: &Lease, opts: &LockOptions) -> Result<Lease> {
-        self.within("downgrade", self.downgrade_lease(write, opts))
-            .await
+        self.downgrade_lease(write, opts).await
     }
 
     async fn release(&self, lease: &Lease) -> Result<()> {
-        self.within("release", self.delete_lease(lease)).await
+        self.delete_lease(lease).await
     }
 
     async fn release_after(&self, lease: &Lease, hold: Duration) -> Result<()> {
-        self.within("release_after", self.release_holding(lease, hold))
-            .await
+        self.release_holding(lease, hold).await
     }
 
     async fn extend(&self, lease: &mut Lease) -> Result<()> {
-        self.within("extend", self.check_held(lease)).await
+        self.check_held(lease).await
     }
 
     async fn extend_many(&self, leases: &mut [Lease]) -> Result<Vec<bool>> {
-        // All at once on the session's connection, under one bound.
+        // All at once on the session's connection.
         let checks = leases.iter_mut().map(|lease| async move {
             match self.check_held(lease).await {
                 Ok(()) => Ok(true),
@@ -205,25 +180,23 @@ impl Backend for ZkBackend {
                 Err(e) => Err(e),
             }
         });
-        let checked = futures_util::future::join_all(checks);
-        self.within("extend", async { checked.await.into_iter().collect() })
+        futures_util::future::join_all(checks)
             .await
+            .into_iter()
+            .collect()
     }
 
     async fn list(&self, prefix: &str, cursor: Option<&str>, limit: usize) -> Result<LockPage> {
-        self.within("list", self.list_page(prefix, cursor, limit))
-            .await
+        self.list_page(prefix, cursor, limit).await
     }
 
     async fn force_release(&self, name: &str) -> Result<Option<LockInfo>> {
-        self.within("force_release", self.force_delete(name)).await
+        self.force_delete(name).await
     }
 
-    async fn inspect(&self, name: &str) -> Result<Option<LockInfo>> {
-        self.within("inspect", self.holder_of(name)).await
-    }
-
-    async fn holders(&self, name: &str) -> Result<Vec<LockInfo>> {
-        self.within("holders", self.holders_of(name)).await
+    async fn holders(&self, name: &str, limit: usize) -> Result<Vec<LockInfo>> {
+        let mut holders = self.holders_of(name).await?;
+        holders.truncate(limit);
+        Ok(holders)
     }
 }

@@ -24,7 +24,6 @@ use crate::path::{downgraded_node, protected_prefix};
 impl ZkBackend {
     /// [`Backend::downgrade`](dlock_core::Backend::downgrade).
     pub(crate) async fn downgrade_lease(&self, write: &Lease, opts: &LockOptions) -> Result<Lease> {
-        opts.clone().read().validate()?;
         if write.mode() != Mode::Write {
             return Err(not_held(write));
         }

@@ -174,7 +174,7 @@ impl ZkBackend {
         txn: &mut zk::MultiWriter<'_>,
     ) -> Result<Result<(), (zk::MultiWriteError, zk::Error)>, tokio::time::error::Elapsed> {
         let commit = txn.commit();
-        tokio::time::timeout(self.request_timeout(), async {
+        tokio::time::timeout(dlock_core::driver::Driver::request_timeout(self), async {
             match commit.await {
                 Ok(_) => Ok(()),
                 Err(e) => Err((e.clone(), zk::Error::from(e))),

@@ -1,9 +1,7 @@
 //! Admin reads and writes: the list of held locks, a lock's holder, and a
 //! forced release.
 
-use dlock_core::{
-    HeldLock, LockInfo, LockPage, MAX_HOLDERS, Mode, OwnerToken, Result, validate_name,
-};
+use dlock_core::{HeldLock, LockInfo, LockPage, MAX_HOLDERS, Mode, OwnerToken, Result};
 use zookeeper_client as zk;
 
 use crate::acquire::Queue;
@@ -53,17 +51,10 @@ impl ZkBackend {
         ))
     }
 
-    /// The holder of `name`.
-    pub(crate) async fn holder_of(&self, name: &str) -> Result<Option<LockInfo>> {
-        validate_name(name)?;
-        self.holder(&self.client(), &self.lock_dir(name)).await
-    }
-
     /// Every hold of `name`: a delayed release's hold, or the nodes of its
     /// queue that hold (see [`holding`]), or a semaphore's leases and
     /// permit holds.
     pub(crate) async fn holders_of(&self, name: &str) -> Result<Vec<LockInfo>> {
-        validate_name(name)?;
         self.each_hold(&self.client(), &self.lock_dir(name), false)
             .await
     }
@@ -72,7 +63,6 @@ impl ZkBackend {
     /// hold, or every node that holds: each reader, each permit); returns
     /// the first it deleted.
     pub(crate) async fn force_delete(&self, name: &str) -> Result<Option<LockInfo>> {
-        validate_name(name)?;
         let (client, dir) = (self.client(), self.lock_dir(name));
         let holds = self.each_hold(&client, &dir, true).await?;
         Ok(holds.into_iter().next())

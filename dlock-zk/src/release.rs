@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use dlock_core::undo::UndoOnDrop;
 use dlock_core::wait::Backoff;
-use dlock_core::{Error, Lease, Mode, Result, check_hold};
+use dlock_core::{Error, Lease, Mode, Result};
 use tokio::time::{Instant, sleep};
 use zookeeper_client as zk;
 
@@ -56,7 +56,6 @@ impl ZkBackend {
     /// Releases the lease so that its lock stays held for `hold` more
     /// (see [`crate::hold`]).
     pub(crate) async fn release_holding(&self, lease: &Lease, hold: Duration) -> Result<()> {
-        check_hold(hold)?;
         if hold.is_zero() {
             return self.delete_lease(lease).await;
         }

@@ -18,7 +18,7 @@ impl ZkBackend {
     /// connection: it costs that attempt its node (the server went, or the
     /// session moved to another server of the ensemble), not the caller its
     /// wait.
-    pub(crate) async fn wait(
+    pub(crate) async fn wait_for(
         &self,
         name: &str,
         mode: Mode,

@@ -21,6 +21,9 @@ mod sim;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Bug {
+    /// Names and options are not checked (a bare `Backend` that skips
+    /// what core does for every `Driver`).
+    NoValidation,
     /// Release deletes whoever holds the name (`DELETE … WHERE name = ?`).
     ReleaseWithoutOwnerCheck,
     /// The client counts the lease from a clock running ahead of the server's.
@@ -308,6 +311,11 @@ caught!(
         delayed_grant_is_valid_only_until_the_server_frees_it,
         grant_slower_than_its_lease_is_no_grant
     ]
+);
+caught!(
+    no_validation_is_caught,
+    Bug::NoValidation,
+    [invalid_names_are_rejected, invalid_options_are_rejected]
 );
 caught!(
     an_expired_on_arrival_grant_is_caught,

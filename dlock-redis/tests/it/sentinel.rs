@@ -128,7 +128,13 @@ async fn without_durable_grants_a_promoted_replica_grants_twice_but_fences_highe
     // The promoted replica never saw the grant nor its fencing token: a
     // plain counter would now go backwards.
     let counter = stored_fence(&second, &name).await;
-    assert_eq!(counter, Some(earlier.fencing_token()));
+    if counter != Some(earlier.fencing_token()) {
+        panic!(
+            "the promoted replica's fencing counter is {counter:?}, not the earlier grant's {}:{}",
+            earlier.fencing_token(),
+            sentinel.sentinel_report().await
+        );
+    }
     let (granted, after) =
         until_answered(started, async || second.try_acquire(&name, &long()).await).await;
     let granted = granted.expect("the hazard: the new primary grants the name again");

@@ -83,6 +83,23 @@ impl Sim {
         self.bug == Some(bug)
     }
 
+    /// What core does for a [`dlock_core::driver::Driver`]; this driver is
+    /// a bare `Backend`, as a mutant must be to get past core.
+    fn check_name(&self, name: &str) -> Result<()> {
+        if self.has(Bug::NoValidation) {
+            return Ok(());
+        }
+        validate_name(name)
+    }
+
+    fn check_request(&self, name: &str, opts: &LockOptions) -> Result<()> {
+        self.check_name(name)?;
+        if self.has(Bug::NoValidation) {
+            return Ok(());
+        }
+        opts.validate()
+    }
+
     /// One round trip: the request crosses the link, the server runs `op`,
     /// the reply crosses back; bounded by the request timeout.
     async fn call<T>(&self, op: impl FnOnce(&Server) -> T) -> Result<T> {
@@ -317,14 +334,12 @@ impl Backend for Sim {
     }
 
     async fn try_acquire(&self, name: &str, opts: &LockOptions) -> Result<Option<Lease>> {
-        validate_name(name)?;
-        opts.validate()?;
+        self.check_request(name, opts)?;
         Ok(self.attempt(name, opts).await?.into_lease())
     }
 
     async fn acquire(&self, name: &str, opts: &LockOptions) -> Result<Lease> {
-        validate_name(name)?;
-        opts.validate()?;
+        self.check_request(name, opts)?;
         let deadline = Deadline::after(opts.wait_value());
         if opts.mode_value() != Mode::Exclusive {
             let wait = self.wait_shared(name, opts, deadline);
@@ -486,7 +501,7 @@ impl Backend for Sim {
     }
 
     async fn inspect(&self, name: &str) -> Result<Option<LockInfo>> {
-        validate_name(name)?;
+        self.check_name(name)?;
         self.call(|s| s.inspect(name)).await
     }
 
@@ -494,7 +509,7 @@ impl Backend for Sim {
         if self.has(Bug::HoldersShowOne) {
             return Ok(self.inspect(name).await?.into_iter().collect());
         }
-        validate_name(name)?;
+        self.check_name(name)?;
         self.call(|s| s.holders(name)).await
     }
 

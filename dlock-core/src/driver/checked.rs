@@ -1,0 +1,300 @@
+//! What core does on every call to every driver: the checks before and the
+//! bounds after, once, in the one [`Backend`] implementation drivers get.
+
+use std::future::Future;
+use std::time::Duration;
+
+use async_trait::async_trait;
+
+use super::Driver;
+use crate::wait::{Deadline, on_arrival};
+use crate::{
+    Backend, Capabilities, Error, Lease, LockInfo, LockOptions, LockPage, MAX_BATCH, MAX_HOLDERS,
+    Mode, Result, check_hold, validate_name,
+};
+
+/// How much longer than its request timeout core lets a driver's call run
+/// before dropping it: enough for the driver's own bound, started a little
+/// later than core's, to answer first.
+pub const GRACE: Duration = Duration::from_millis(100);
+
+/// `op`, cut off at the driver's request timeout plus [`GRACE`].
+async fn bounded<D: Driver, T>(
+    driver: &D,
+    doing: &str,
+    op: impl Future<Output = Result<T>>,
+) -> Result<T> {
+    let within = driver.request_timeout().saturating_add(GRACE);
+    tokio::time::timeout(within, op).await.map_err(|_| {
+        Error::timed_out(
+            Driver::driver(driver),
+            format!("{doing}: no answer within {within:?}"),
+        )
+    })?
+}
+
+/// The checks of an acquire: the name, the options, and a kind of lock
+/// the driver declares.
+fn check_request(
+    caps: &Capabilities,
+    driver: &'static str,
+    name: &str,
+    opts: &LockOptions,
+) -> Result<()> {
+    validate_name(name)?;
+    opts.validate()?;
+    let (declared, kind) = match opts.mode_value() {
+        Mode::Exclusive => (true, ""),
+        Mode::Permit(_) => (caps.semaphore, "semaphore"),
+        _ => (caps.rwlock, "reader-writer lock"),
+    };
+    if declared {
+        Ok(())
+    } else {
+        Err(Error::Unsupported {
+            backend: driver,
+            operation: kind,
+        })
+    }
+}
+
+#[async_trait]
+impl<D: Driver> Backend for D {
+    fn capabilities(&self) -> Capabilities {
+        Driver::capabilities(self)
+    }
+
+    fn driver(&self) -> &'static str {
+        Driver::driver(self)
+    }
+
+    async fn try_acquire(&self, name: &str, opts: &LockOptions) -> Result<Option<Lease>> {
+        check_request(
+            &Driver::capabilities(self),
+            Driver::driver(self),
+            name,
+            opts,
+        )?;
+        let lease = bounded(
+            self,
+            "try to acquire",
+            Driver::try_acquire(self, name, opts),
+        )
+        .await?;
+        Ok(lease.and_then(|lease| on_arrival(self, lease).into_lease()))
+    }
+
+    async fn acquire(&self, name: &str, opts: &LockOptions) -> Result<Lease> {
+        check_request(
+            &Driver::capabilities(self),
+            Driver::driver(self),
+            name,
+            opts,
+        )?;
+        let deadline = Deadline::after(opts.wait_value());
+        let wait = async {
+            loop {
+                let lease = Driver::wait(self, name, opts, deadline).await?;
+                if let Some(lease) = on_arrival(self, lease).into_lease() {
+                    return Ok(lease);
+                }
+            }
+        };
+        deadline.bound(name, self.request_timeout(), wait).await
+    }
+
+    async fn release(&self, lease: &Lease) -> Result<()> {
+        bounded(self, "release", Driver::release(self, lease)).await
+    }
+
+    async fn release_after(&self, lease: &Lease, hold: Duration) -> Result<()> {
+        check_hold(hold)?;
+        let release = Driver::release_after(self, lease, hold);
+        bounded(self, "release after a hold", release).await
+    }
+
+    async fn extend(&self, lease: &mut Lease) -> Result<()> {
+        bounded(self, "extend", Driver::extend(self, lease)).await
+    }
+
+    async fn extend_many(&self, leases: &mut [Lease]) -> Result<Vec<bool>> {
+        let mut held = Vec::with_capacity(leases.len());
+        for batch in leases.chunks_mut(MAX_BATCH) {
+            let extended = bounded(self, "extend", Driver::extend_many(self, batch)).await?;
+            if extended.len() != batch.len() {
+                return Err(Error::Backend {
+                    backend: Driver::driver(self),
+                    message: format!(
+                        "extend_many answered for {} leases of {}",
+                        extended.len(),
+                        batch.len()
+                    ),
+                    source: None,
+                });
+            }
+            held.extend(extended);
+        }
+        Ok(held)
+    }
+
+    async fn downgrade(&self, write: &Lease, opts: &LockOptions) -> Result<Lease> {
+        if !Driver::capabilities(self).rwlock {
+            return Err(Error::Unsupported {
+                backend: Driver::driver(self),
+                operation: "downgrade",
+            });
+        }
+        let opts = opts.clone().read();
+        opts.validate()?;
+        bounded(self, "downgrade", Driver::downgrade(self, write, &opts)).await
+    }
+
+    async fn force_release(&self, name: &str) -> Result<Option<LockInfo>> {
+        validate_name(name)?;
+        // Up to five rounds of a look and a release (see
+        // `force_release_with`), each its own request.
+        let within = self.request_timeout().saturating_mul(10);
+        let release = Driver::force_release(self, name);
+        tokio::time::timeout(within, release).await.map_err(|_| {
+            Error::timed_out(
+                Driver::driver(self),
+                format!("force release: no answer within {within:?}"),
+            )
+        })?
+    }
+
+    async fn inspect(&self, name: &str) -> Result<Option<LockInfo>> {
+        validate_name(name)?;
+        let holders = bounded(self, "inspect", Driver::holders(self, name, 1)).await?;
+        Ok(holders.into_iter().next())
+    }
+
+    async fn holders(&self, name: &str) -> Result<Vec<LockInfo>> {
+        validate_name(name)?;
+        let holders = Driver::holders(self, name, MAX_HOLDERS);
+        let mut holders = bounded(self, "list the holders", holders).await?;
+        holders.truncate(MAX_HOLDERS);
+        Ok(holders)
+    }
+
+    async fn list(&self, prefix: &str, cursor: Option<&str>, limit: usize) -> Result<LockPage> {
+        let list = Driver::list(self, prefix, cursor, limit.max(1));
+        bounded(self, "list", list).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use async_trait::async_trait;
+    use tokio::time::Instant;
+
+    use super::*;
+    use crate::{Locker, MemoryBackend};
+
+    /// A mutex-only protocol that checks nothing and answers late: every
+    /// grant's validity ended before it was returned.
+    #[derive(Debug, Clone, Default)]
+    struct Careless(MemoryBackend);
+
+    #[async_trait]
+    impl Driver for Careless {
+        fn capabilities(&self) -> Capabilities {
+            let mut caps = Driver::capabilities(&self.0);
+            caps.rwlock = false;
+            caps.semaphore = false;
+            caps
+        }
+        fn request_timeout(&self) -> Duration {
+            Duration::from_secs(1)
+        }
+        async fn try_acquire(&self, name: &str, opts: &LockOptions) -> Result<Option<Lease>> {
+            let lease = Driver::try_acquire(&self.0, name, opts).await?;
+            Ok(lease.map(|lease| {
+                let long_ago = Instant::now() - opts.ttl_value() * 2;
+                Lease::with_ttl(name, lease.owner(), lease.fencing_token(), opts, long_ago)
+            }))
+        }
+        async fn wait(&self, name: &str, opts: &LockOptions, deadline: Deadline) -> Result<Lease> {
+            Driver::wait(&self.0, name, opts, deadline).await
+        }
+        async fn release(&self, lease: &Lease) -> Result<()> {
+            Driver::release(&self.0, lease).await
+        }
+        async fn extend(&self, lease: &mut Lease) -> Result<()> {
+            Driver::extend(&self.0, lease).await
+        }
+        async fn holders(&self, name: &str, limit: usize) -> Result<Vec<LockInfo>> {
+            Driver::holders(&self.0, name, limit).await
+        }
+    }
+
+    #[tokio::test]
+    async fn what_a_driver_does_not_check_core_refuses() {
+        let memory = MemoryBackend::new();
+        let (opts, bad_ttl) = (LockOptions::new(), LockOptions::new().ttl(Duration::ZERO));
+        // The protocol alone takes an empty name and a zero TTL...
+        assert!(matches!(
+            Driver::try_acquire(&memory, "", &opts).await,
+            Ok(Some(_))
+        ));
+        assert!(matches!(
+            Driver::try_acquire(&memory, "z", &bad_ttl).await,
+            Ok(Some(_))
+        ));
+        // ...and no call through core does.
+        let locker = Locker::new(memory.clone());
+        let r = locker.try_acquire("", &opts).await;
+        assert!(matches!(r, Err(Error::InvalidName { .. })), "{r:?}");
+        let r = locker.acquire("", &opts).await;
+        assert!(matches!(r, Err(Error::InvalidName { .. })), "{r:?}");
+        let r = Backend::inspect(&memory, "").await;
+        assert!(matches!(r, Err(Error::InvalidName { .. })), "{r:?}");
+        let r = Backend::force_release(&memory, "a\0b").await;
+        assert!(matches!(r, Err(Error::InvalidName { .. })), "{r:?}");
+        let r = locker.try_acquire("y", &bad_ttl).await;
+        assert!(matches!(r, Err(Error::InvalidOption { .. })), "{r:?}");
+        let lease = Backend::try_acquire(&memory, "x", &opts).await.unwrap();
+        let lease = lease.expect("free");
+        let r = Backend::release_after(&memory, &lease, Duration::MAX).await;
+        assert!(matches!(r, Err(Error::InvalidOption { .. })), "{r:?}");
+    }
+
+    #[tokio::test]
+    async fn kinds_a_driver_does_not_declare_are_unsupported() {
+        let careless = Careless::default();
+        for opts in [LockOptions::new().read(), LockOptions::new().permits(3)] {
+            let r = Backend::try_acquire(&careless, "kinds", &opts).await;
+            assert!(
+                matches!(r, Err(Error::Unsupported { .. })),
+                "{opts:?}: {r:?}"
+            );
+        }
+        assert!(
+            Backend::inspect(&careless, "kinds")
+                .await
+                .unwrap()
+                .is_none()
+        );
+    }
+
+    #[tokio::test]
+    async fn a_grant_past_its_deadline_is_no_grant_and_is_given_back() {
+        let careless = Careless::default();
+        let opts = LockOptions::new().ttl(Duration::from_secs(5));
+        let r = Backend::try_acquire(&careless, "late", &opts)
+            .await
+            .unwrap();
+        assert!(r.is_none(), "a late grant was returned: {r:?}");
+        // Released in the background: the name is free again.
+        let started = Instant::now();
+        while Backend::inspect(&careless, "late").await.unwrap().is_some() {
+            assert!(
+                started.elapsed() < Duration::from_secs(5),
+                "never given back"
+            );
+            tokio::task::yield_now().await;
+        }
+    }
+}

@@ -1,0 +1,164 @@
+//! For driver authors: the [`Driver`] trait, a lock service's protocol and
+//! nothing else, and the toolkit drivers share.
+//!
+//! A driver implements [`Driver`]; core makes every driver a [`Backend`]
+//! that checks and bounds each call the same way before and after the
+//! driver sees it, so a driver cannot forget a check and does not write
+//! one. Users (and [`Locker`](crate::Locker)) only ever see that
+//! [`Backend`](crate::Backend).
+
+use std::fmt::Debug;
+use std::time::Duration;
+
+use async_trait::async_trait;
+
+#[cfg(doc)]
+use crate::Backend;
+use crate::wait::Deadline;
+use crate::{Capabilities, Lease, LockInfo, LockOptions, LockPage, Result};
+
+mod checked;
+
+pub use checked::GRACE;
+
+/// A lock service's protocol: what a driver implements. Every `Driver` is
+/// a [`Backend`](crate::Backend), through core, and that is how everyone
+/// calls it.
+///
+/// # Contract
+///
+/// Core has done this before a call reaches the driver, so the driver does
+/// not repeat it:
+///
+/// - the name passed [`validate_name`](crate::validate_name) (for every
+///   call that takes a name) and the options [`LockOptions::validate`];
+/// - a [`Mode`](crate::Mode) other than a mutex reaches the driver only
+///   when its [`Capabilities`] declare it (`rwlock`, `semaphore`): the rest
+///   are [`Error::Unsupported`](crate::Error::Unsupported) in core;
+/// - [`release_after`](Driver::release_after)'s hold passed
+///   [`check_hold`](crate::check_hold);
+/// - [`downgrade`](Driver::downgrade)'s options ask for a read hold;
+/// - [`extend_many`](Driver::extend_many) gets at most
+///   [`MAX_BATCH`](crate::MAX_BATCH) leases, [`holders`](Driver::holders)
+///   is asked for at most [`MAX_HOLDERS`](crate::MAX_HOLDERS) and the
+///   answer is cut there.
+///
+/// And this after:
+///
+/// - every call but [`wait`](Driver::wait) is cut off at the
+///   [`request_timeout`](Driver::request_timeout) plus [`GRACE`], counted
+///   from the call's start: a driver bounds its own requests by that
+///   timeout, so that it fails with its own error, and cleans up its own
+///   way (closing a connection that still owes a reply), before core drops
+///   its future;
+/// - [`wait`](Driver::wait) is cut off as [`Deadline::bound`] says;
+/// - a lease that reaches core after its validity deadline is no grant:
+///   core releases it in the background and reports the name held.
+///
+/// Everything else in [`Backend`]'s contract is the driver's: exclusion,
+/// validity counted from before the request, fencing, ownership, undoing
+/// an acquire of unknown outcome, cancellation at any await point.
+///
+/// `dlock-conformance/examples/own_driver.rs` is a complete driver in
+/// about a hundred lines.
+#[async_trait]
+pub trait Driver: Clone + Debug + Send + Sync + 'static {
+    /// What this backend can do.
+    fn capabilities(&self) -> Capabilities;
+
+    /// The driver's name (`redis`, `mysql`, ...), as traces, metrics and
+    /// errors show it.
+    fn driver(&self) -> &'static str {
+        "custom"
+    }
+
+    /// The longest one request may take: what core cuts every call off at
+    /// (plus [`GRACE`]), and what a wait is given past its bound for its
+    /// last look.
+    fn request_timeout(&self) -> Duration;
+
+    /// One attempt, as [`Backend::try_acquire`].
+    async fn try_acquire(&self, name: &str, opts: &LockOptions) -> Result<Option<Lease>>;
+
+    /// Waits for the lock until `deadline` (the options' wait bound,
+    /// counted from the call's start), as [`Backend::acquire`]: the
+    /// driver's wait loop, usually [`wait_for_lock`](crate::wait::wait_for_lock)
+    /// around its attempt.
+    ///
+    /// # Errors
+    /// [`Error::Timeout`](crate::Error::Timeout) when the deadline passes
+    /// first.
+    async fn wait(&self, name: &str, opts: &LockOptions, deadline: Deadline) -> Result<Lease>;
+
+    /// As [`Backend::release`].
+    async fn release(&self, lease: &Lease) -> Result<()>;
+
+    /// As [`Backend::release_after`]; the default is
+    /// [`Error::Unsupported`](crate::Error::Unsupported).
+    async fn release_after(&self, lease: &Lease, hold: Duration) -> Result<()> {
+        let _ = (lease, hold);
+        Err(crate::Error::Unsupported {
+            backend: self.driver(),
+            operation: "release_after",
+        })
+    }
+
+    /// As [`Backend::extend`].
+    async fn extend(&self, lease: &mut Lease) -> Result<()>;
+
+    /// As [`Backend::extend_many`]; the default extends one lease after
+    /// another.
+    async fn extend_many(&self, leases: &mut [Lease]) -> Result<Vec<bool>> {
+        let mut held = Vec::with_capacity(leases.len());
+        for lease in leases {
+            match Driver::extend(self, lease).await {
+                Ok(()) => held.push(true),
+                Err(crate::Error::NotHeld { .. }) => held.push(false),
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(held)
+    }
+
+    /// As [`Backend::downgrade`]; `opts` ask for a read hold. The default
+    /// is [`Error::Unsupported`](crate::Error::Unsupported).
+    async fn downgrade(&self, write: &Lease, opts: &LockOptions) -> Result<Lease> {
+        let _ = (write, opts);
+        Err(crate::Error::Unsupported {
+            backend: self.driver(),
+            operation: "downgrade",
+        })
+    }
+
+    /// As [`Backend::force_release`]. The default reads the holder with
+    /// [`holders`](Driver::holders) and releases with its owner token
+    /// (see [`force_release_with`](crate::admin::force_release_with)), which
+    /// suits drivers whose release needs nothing else.
+    async fn force_release(&self, name: &str) -> Result<Option<LockInfo>> {
+        crate::admin::force_release_with(
+            self.driver(),
+            name,
+            || async { Ok(Driver::holders(self, name, 1).await?.into_iter().next()) },
+            || async { Ok(false) },
+            |lease| async move { Driver::release(self, &lease).await },
+        )
+        .await
+    }
+
+    /// The live holds of `name`, at most `limit` of them, the one that
+    /// lasts longest first where the driver knows: what
+    /// [`Backend::holders`] shows (with `limit`
+    /// [`MAX_HOLDERS`](crate::MAX_HOLDERS)) and [`Backend::inspect`] (the
+    /// first, asked with `limit` 1).
+    async fn holders(&self, name: &str, limit: usize) -> Result<Vec<LockInfo>>;
+
+    /// As [`Backend::list`]; the default is
+    /// [`Error::Unsupported`](crate::Error::Unsupported).
+    async fn list(&self, prefix: &str, cursor: Option<&str>, limit: usize) -> Result<LockPage> {
+        let _ = (prefix, cursor, limit);
+        Err(crate::Error::Unsupported {
+            backend: self.driver(),
+            operation: "list",
+        })
+    }
+}
