@@ -16,7 +16,7 @@ use crate::target::{Op, Result};
 
 pub(crate) struct RedisPing(pub(crate) redis::aio::MultiplexedConnection);
 
-#[dlock::async_trait]
+#[async_trait::async_trait]
 impl Op for RedisPing {
     async fn run(&self, _: &str) -> Result<()> {
         let _: String = redis::cmd("PING").query_async(&mut self.0.clone()).await?;
@@ -40,7 +40,7 @@ impl RedisRaw {
     }
 }
 
-#[dlock::async_trait]
+#[async_trait::async_trait]
 impl Op for RedisRaw {
     async fn run(&self, key: &str) -> Result<()> {
         let mut c = self.conn.clone();
@@ -67,7 +67,7 @@ impl Op for RedisRaw {
 
 pub(crate) struct MySqlPing(pub(crate) sqlx::MySqlPool);
 
-#[dlock::async_trait]
+#[async_trait::async_trait]
 impl Op for MySqlPing {
     async fn run(&self, _: &str) -> Result<()> {
         let _: i64 = sqlx::query_scalar("SELECT 1").fetch_one(&self.0).await?;
@@ -78,7 +78,7 @@ impl Op for MySqlPing {
 /// The driver's two statements, bare.
 pub(crate) struct MySqlRaw(pub(crate) sqlx::MySqlPool);
 
-#[dlock::async_trait]
+#[async_trait::async_trait]
 impl Op for MySqlRaw {
     async fn run(&self, key: &str) -> Result<()> {
         let owner = OwnerToken::random()?.to_string();
@@ -112,7 +112,7 @@ impl Op for MySqlRaw {
 
 pub(crate) struct PgPing(pub(crate) sqlx::PgPool);
 
-#[dlock::async_trait]
+#[async_trait::async_trait]
 impl Op for PgPing {
     async fn run(&self, _: &str) -> Result<()> {
         let _: i32 = sqlx::query_scalar("SELECT 1").fetch_one(&self.0).await?;
@@ -124,7 +124,7 @@ impl Op for PgPing {
 /// timeout.
 pub(crate) struct PgRaw(pub(crate) sqlx::PgPool);
 
-#[dlock::async_trait]
+#[async_trait::async_trait]
 impl Op for PgRaw {
     async fn run(&self, key: &str) -> Result<()> {
         let owner = OwnerToken::random()?.to_string();
@@ -156,7 +156,7 @@ impl Op for PgRaw {
 /// connection; what a PostgreSQL user would reach for first.
 pub(crate) struct PgAdvisory(pub(crate) sqlx::PgPool);
 
-#[dlock::async_trait]
+#[async_trait::async_trait]
 impl Op for PgAdvisory {
     async fn run(&self, key: &str) -> Result<()> {
         let mut conn = self.0.acquire().await?;
@@ -178,7 +178,7 @@ impl Op for PgAdvisory {
 /// The classic scheme: read the row, compare-and-set its version, release.
 pub(crate) struct MySqlCas(pub(crate) sqlx::MySqlPool);
 
-#[dlock::async_trait]
+#[async_trait::async_trait]
 impl Op for MySqlCas {
     async fn run(&self, key: &str) -> Result<()> {
         let owner = OwnerToken::random()?.to_string();
@@ -226,7 +226,7 @@ impl Op for MySqlCas {
 
 pub(crate) struct ZkPing(pub(crate) zk::Client);
 
-#[dlock::async_trait]
+#[async_trait::async_trait]
 impl Op for ZkPing {
     async fn run(&self, _: &str) -> Result<()> {
         self.0.check_stat("/").await?;
@@ -237,7 +237,7 @@ impl Op for ZkPing {
 /// Create an ephemeral sequential node, delete it.
 pub(crate) struct ZkRaw(pub(crate) zk::Client);
 
-#[dlock::async_trait]
+#[async_trait::async_trait]
 impl Op for ZkRaw {
     async fn run(&self, key: &str) -> Result<()> {
         let opts = zk::CreateMode::EphemeralSequential.with_acls(zk::Acls::anyone_all());
@@ -277,7 +277,7 @@ pub(crate) async fn etcd_channel(url: &str) -> Result<Channel> {
 /// through no consensus round, as ZooKeeper's `exists` is.
 pub(crate) struct EtcdPing(pub(crate) Channel);
 
-#[dlock::async_trait]
+#[async_trait::async_trait]
 impl Op for EtcdPing {
     async fn run(&self, key: &str) -> Result<()> {
         let read = RangeRequest {
@@ -294,7 +294,7 @@ impl Op for EtcdPing {
 /// lock without a lease, a queue or a token check.
 pub(crate) struct EtcdRaw(pub(crate) Channel);
 
-#[dlock::async_trait]
+#[async_trait::async_trait]
 impl Op for EtcdRaw {
     async fn run(&self, key: &str) -> Result<()> {
         let key = format!("bench-raw/{key}").into_bytes();

@@ -268,7 +268,7 @@ async fn mysql_pool(url: &str) -> Result<sqlx::MySqlPool> {
 }
 
 /// One measured operation; `key` is the client's own lock name.
-#[dlock::async_trait]
+#[async_trait::async_trait]
 pub trait Op: Send + Sync {
     async fn run(&self, key: &str) -> Result<()>;
 }
@@ -279,7 +279,7 @@ pub struct Cycle {
     pub opts: LockOptions,
 }
 
-#[dlock::async_trait]
+#[async_trait::async_trait]
 impl Op for Cycle {
     async fn run(&self, key: &str) -> Result<()> {
         let lease = self

@@ -49,7 +49,7 @@ pub(crate) async fn lead(args: LeadArgs) -> Result<u8, Failure> {
         ));
     };
     let opts = LockOptions::new().ttl(args.ttl);
-    let identity = args.holder.unwrap_or_else(dlock::host_and_pid);
+    let identity = args.holder.unwrap_or_else(dlock_core::driver::host_and_pid);
     // Bad options are refused before connecting.
     opts.clone().holder(identity.as_str()).validate()?;
     dlock::validate_name(&args.name)?;

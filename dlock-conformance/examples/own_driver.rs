@@ -21,10 +21,10 @@ use std::time::Duration;
 
 use dlock_conformance::{Factory, suite};
 use dlock_core::driver::Driver;
-use dlock_core::wait::{Attempt, Backoff, Deadline, wait_for_lock};
+use dlock_core::driver::async_trait;
+use dlock_core::driver::wait::{Attempt, Backoff, Deadline, wait_for_lock};
 use dlock_core::{
     Backend, Capabilities, Error, Lease, LeaseKind, LockInfo, LockOptions, OwnerToken, Result,
-    async_trait,
 };
 use tokio::time::Instant;
 

@@ -7,9 +7,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::{BoxFuture, Factory};
+use dlock_core::driver::async_trait;
 use dlock_core::{
     Backend, Capabilities, Error, Lease, LockInfo, LockOptions, LockPage, Mode, OwnerToken, Result,
-    async_trait,
 };
 
 /// A backend with every mutex acquire made an acquire in another mode;

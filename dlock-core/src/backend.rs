@@ -228,12 +228,12 @@ pub const MAX_HOLDERS: usize = 10_000;
 ///   untouched.
 /// - **A grant is valid when it reaches the caller**: a reply that arrives
 ///   after the lease's validity deadline is not a grant. The driver
-///   releases it (owner-checked, see [`wait::on_arrival`](crate::wait::on_arrival))
+///   releases it (owner-checked, see [`wait::on_arrival`](crate::driver::wait::on_arrival))
 ///   and the attempt counts as "held".
 /// - **Waiting**: [`try_acquire`](Backend::try_acquire) makes one attempt.
 ///   [`acquire`](Backend::acquire) returns within the wait bound, or within
 ///   the driver's request timeout when that is longer (one attempt always
-///   gets its round trip); see [`Deadline::bound`](crate::wait::Deadline::bound).
+///   gets its round trip); see [`Deadline::bound`](crate::driver::wait::Deadline::bound).
 ///   Waiters wake on release by notification where the backend has one,
 ///   and otherwise poll with jitter; never a busy loop.
 /// - **Every call is bounded**, by one bound counted from the call's start,
@@ -283,7 +283,7 @@ pub trait Backend: Send + Sync + Debug {
     /// Waits for the lock up to the options' wait bound, and returns within
     /// that bound plus one request timeout: the wait looks once more when
     /// the bound comes, and that look gets its answer (see
-    /// [`Deadline::cut_off`](crate::wait::Deadline::cut_off)).
+    /// [`Deadline::cut_off`](crate::driver::wait::Deadline::cut_off)).
     ///
     /// # Errors
     /// [`Error::Timeout`](crate::Error::Timeout) when the bound passes first.
@@ -388,7 +388,7 @@ pub trait Backend: Send + Sync + Debug {
     /// The driver's errors.
     async fn force_release(&self, name: &str) -> Result<Option<LockInfo>> {
         crate::validate_name(name)?;
-        crate::admin::force_release_with(
+        crate::driver::admin::force_release_with(
             self.driver(),
             name,
             || self.inspect(name),

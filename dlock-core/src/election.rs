@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use tokio::time::sleep;
 
-use crate::wait::Backoff;
+use crate::driver::wait::Backoff;
 use crate::{Error, Guard, LockInfo, LockOptions, Locker, Mode, Result};
 
 /// One leader at a time among the processes that campaign for `name`, on

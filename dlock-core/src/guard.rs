@@ -276,7 +276,7 @@ impl Drop for Guard {
             return;
         }
         self.lost.cancel();
-        crate::undo::release_in_background(self.backend.clone(), self.lease.clone());
+        crate::driver::undo::release_in_background(self.backend.clone(), self.lease.clone());
     }
 }
 

@@ -1,9 +1,7 @@
 #![doc = include_str!("../README.md")]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
-pub mod admin;
 mod backend;
-pub mod batch;
 pub mod driver;
 mod election;
 mod error;
@@ -18,10 +16,7 @@ mod observe;
 mod options;
 mod renew;
 mod shared;
-pub mod undo;
-pub mod wait;
 
-pub use async_trait::async_trait;
 pub use backend::{
     Backend, Capabilities, HeldLock, LeaseKind, LockInfo, LockPage, MAX_BATCH, MAX_HOLDERS,
 };
@@ -32,12 +27,9 @@ pub use job::{JobOptions, JobOutcome, JobRun, RunReport, Schedule, ScheduledJob}
 pub use lease::{Lease, OwnerToken};
 pub use memory::MemoryBackend;
 pub use mode::{Admission, Mode};
-pub use name::{MAX_NAME_LEN, host_and_pid, percent_decodes, redact_url, validate_name};
+pub use name::{MAX_NAME_LEN, validate_name};
 pub use observe::Observed;
-pub use options::{
-    LockOptions, MAX_HOLDER_LEN, MAX_SETTING, MAX_TTL, MIN_TTL, check_duration, check_hold,
-    check_holder, micros_up, millis_up,
-};
+pub use options::{LockOptions, MAX_HOLDER_LEN, MAX_TTL, MIN_TTL};
 pub use shared::Semaphore;
 pub use tokio_util::sync::CancellationToken;
 

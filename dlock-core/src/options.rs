@@ -24,7 +24,7 @@ pub const MAX_HOLDER_LEN: usize = 255;
 
 /// This process's `host:pid`, read once: the holder a grant stores when
 /// its options name none.
-static DEFAULT_HOLDER: LazyLock<Arc<str>> = LazyLock::new(|| crate::host_and_pid().into());
+static DEFAULT_HOLDER: LazyLock<Arc<str>> = LazyLock::new(|| crate::driver::host_and_pid().into());
 
 /// How a lock is acquired and held: lease time, wait bound, drift allowance,
 /// background renewal, and the kind of hold ([`Mode`]: a mutex unless
@@ -327,7 +327,10 @@ mod tests {
                 "{holder:?}"
             );
         }
-        assert_eq!(LockOptions::new().holder_value(), crate::host_and_pid());
+        assert_eq!(
+            LockOptions::new().holder_value(),
+            crate::driver::host_and_pid()
+        );
     }
 
     #[test]

@@ -4,8 +4,8 @@
 
 use std::time::Duration;
 
-use dlock_core::undo::{UndoOnDrop, retry_for};
-use dlock_core::wait::on_arrival;
+use dlock_core::driver::undo::{UndoOnDrop, retry_for};
+use dlock_core::driver::wait::on_arrival;
 use dlock_core::{Admission, Error, Lease, LockOptions, Mode, OwnerToken, Result};
 use tokio::time::Instant;
 

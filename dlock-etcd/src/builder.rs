@@ -3,7 +3,8 @@
 use std::fmt;
 use std::time::Duration;
 
-use dlock_core::{Error, MAX_SETTING, Result, check_duration};
+use dlock_core::driver::{MAX_SETTING, check_duration};
+use dlock_core::{Error, Result};
 use percent_encoding::percent_decode_str;
 #[cfg(feature = "tls")]
 use tonic::transport::{Certificate, ClientTlsConfig, Identity};
@@ -29,7 +30,7 @@ pub struct EtcdBuilder {
 impl fmt::Debug for EtcdBuilder {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("EtcdBuilder")
-            .field("url", &dlock_core::redact_url(&self.url))
+            .field("url", &dlock_core::driver::redact_url(&self.url))
             .field("prefix", &self.prefix)
             .field("connect_timeout", &self.connect_timeout)
             .field("request_timeout", &self.request_timeout)
@@ -259,7 +260,7 @@ fn parse_url(url: &str) -> Result<Target> {
             "url",
             format!(
                 "{why}; expected etcd[s]://[user:password@]host:port[,host:port...][/prefix], got {}",
-                dlock_core::redact_url(url)
+                dlock_core::driver::redact_url(url)
             ),
         )
     };

@@ -3,7 +3,7 @@
 //! release reaches the next in line as one message from the server and no
 //! read. Our own lease is kept alive meanwhile.
 
-use dlock_core::wait::{Attempt, Deadline, on_arrival};
+use dlock_core::driver::wait::{Attempt, Deadline, on_arrival};
 use dlock_core::{Admission, Error, Lease, LockOptions, Mode, Result};
 use tokio::time::Instant;
 

@@ -3,8 +3,8 @@
 //! the same round trip), undone by its owner token when its outcome is
 //! unknown.
 
-use dlock_core::undo::UndoOnDrop;
-use dlock_core::wait::{Attempt, on_arrival};
+use dlock_core::driver::undo::UndoOnDrop;
+use dlock_core::driver::wait::{Attempt, on_arrival};
 use dlock_core::{Error, Lease, LockOptions, Mode, OwnerToken, Result};
 use sqlx::Row;
 use sqlx::mysql::MySqlRow;
@@ -14,7 +14,7 @@ use crate::backend::MySqlBackend;
 use crate::error::RolledBack;
 use crate::pool::settle;
 use crate::sql::HELD_AS_ANOTHER_KIND;
-use dlock_core::micros_up;
+use dlock_core::driver::micros_up;
 
 impl MySqlBackend {
     /// One attempt to take `name`: the lease, or "held" (also for a grant

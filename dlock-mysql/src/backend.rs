@@ -5,10 +5,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use dlock_core::driver::Driver;
-use dlock_core::wait::{Deadline, Wakeups};
-use dlock_core::{
-    Capabilities, Lease, LeaseKind, LockInfo, LockOptions, LockPage, Result, async_trait,
-};
+use dlock_core::driver::async_trait;
+use dlock_core::driver::wait::{Deadline, Wakeups};
+use dlock_core::{Capabilities, Lease, LeaseKind, LockInfo, LockOptions, LockPage, Result};
 
 use crate::pool::Pool;
 use crate::sql::Statements;

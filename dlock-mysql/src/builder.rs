@@ -4,8 +4,9 @@ use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use dlock_core::wait::Wakeups;
-use dlock_core::{Error, MAX_SETTING, OwnerToken, Result, check_duration};
+use dlock_core::driver::wait::Wakeups;
+use dlock_core::driver::{MAX_SETTING, check_duration};
+use dlock_core::{Error, OwnerToken, Result};
 use sqlx::mysql::{MySqlConnectOptions, MySqlConnection};
 use tokio::time::{Instant, timeout_at};
 
@@ -31,7 +32,7 @@ pub struct MySqlBuilder {
 impl std::fmt::Debug for MySqlBuilder {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("MySqlBuilder")
-            .field("url", &dlock_core::redact_url(&self.url))
+            .field("url", &dlock_core::driver::redact_url(&self.url))
             .field("table", &self.table)
             .field("max_connections", &self.max_connections)
             .field("connect_timeout", &self.connect_timeout)
@@ -281,7 +282,7 @@ fn parse_url(url: &str) -> Result<MySqlConnectOptions> {
         ("password", parsed.password().unwrap_or_default()),
         ("database", parsed.path()),
     ] {
-        if !dlock_core::percent_decodes(text) {
+        if !dlock_core::driver::percent_decodes(text) {
             // The part itself is not shown: it may be a password.
             return Err(Error::invalid_option(
                 "url",

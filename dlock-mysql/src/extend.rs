@@ -4,8 +4,9 @@
 use std::collections::HashSet;
 use std::time::Duration;
 
-use dlock_core::batch::extend_by_kind;
-use dlock_core::{Error, Lease, Mode, Result, micros_up};
+use dlock_core::driver::batch::extend_by_kind;
+use dlock_core::driver::micros_up;
+use dlock_core::{Error, Lease, Mode, Result};
 use sqlx::mysql::{MySql, MySqlArguments, MySqlRow};
 use sqlx::query::Query;
 use tokio::time::{Instant, timeout_at};

@@ -4,12 +4,13 @@
 
 use std::time::Duration;
 
-use dlock_core::{Error, MAX_SETTING, Result, check_duration};
+use dlock_core::driver::{MAX_SETTING, check_duration};
+use dlock_core::{Error, Result};
 use tokio::time::{sleep, timeout_at};
 
 use crate::backend::MySqlBackend;
 use crate::pool::settle;
-use dlock_core::micros_up;
+use dlock_core::driver::micros_up;
 
 /// How long a row must have been expired before a purge may delete it:
 /// the database clock may step back by less than this without a purged
@@ -73,7 +74,7 @@ impl MySqlBackend {
         let backend = self.clone();
         let task = tokio::spawn(async move {
             loop {
-                sleep(dlock_core::wait::jitter(every)).await;
+                sleep(dlock_core::driver::wait::jitter(every)).await;
                 loop {
                     match backend.purge_expired(older_than, 1000).await {
                         Ok(1000) => continue,

@@ -3,14 +3,14 @@
 
 use std::time::Duration;
 
-use dlock_core::undo::retry_for;
+use dlock_core::driver::undo::retry_for;
 use dlock_core::{Error, Lease, Mode, OwnerToken, Result};
 use tokio::time::{Instant, timeout_at};
 
 use crate::backend::MySqlBackend;
 use crate::error::{ER_NO_SUCH_THREAD, RolledBack, server_error_number, timed_out};
 use crate::pool::{Lent, Mark, answer, settle};
-use dlock_core::micros_up;
+use dlock_core::driver::micros_up;
 
 impl MySqlBackend {
     /// [`Backend::release`](dlock_core::Backend::release).

@@ -4,9 +4,10 @@
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use dlock_core::undo::{UndoOnDrop, retry_for};
-use dlock_core::wait::{Attempt, on_arrival};
-use dlock_core::{Error, Lease, LockInfo, LockOptions, Mode, OwnerToken, Result, micros_up};
+use dlock_core::driver::micros_up;
+use dlock_core::driver::undo::{UndoOnDrop, retry_for};
+use dlock_core::driver::wait::{Attempt, on_arrival};
+use dlock_core::{Error, Lease, LockInfo, LockOptions, Mode, OwnerToken, Result};
 use sqlx::mysql::MySqlRow;
 use sqlx::{Row, SqlStr};
 use tokio::time::{Instant, timeout_at};
@@ -333,7 +334,7 @@ impl MySqlBackend {
     /// `force_release` of every kind: a mutex's holder by its token, a
     /// shared kind's holds all at once.
     pub(crate) async fn force_release_any(&self, name: &str) -> Result<Option<LockInfo>> {
-        dlock_core::admin::force_release_with(
+        dlock_core::driver::admin::force_release_with(
             NAME,
             name,
             || self.inspect_lock(name),

@@ -16,8 +16,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use dlock_core::undo::UndoOnDrop;
-use dlock_core::wait::{Backoff, Deadline, wait_for_lock_with_pause};
+use dlock_core::driver::undo::UndoOnDrop;
+use dlock_core::driver::wait::{Backoff, Deadline, wait_for_lock_with_pause};
 use dlock_core::{Lease, LockOptions, Mode, OwnerToken, Result};
 
 use crate::backend::MySqlBackend;

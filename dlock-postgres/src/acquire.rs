@@ -3,9 +3,10 @@
 
 use std::time::Duration;
 
-use dlock_core::undo::UndoOnDrop;
-use dlock_core::wait::{Attempt, on_arrival};
-use dlock_core::{Error, Lease, LockOptions, Mode, OwnerToken, Result, micros_up};
+use dlock_core::driver::micros_up;
+use dlock_core::driver::undo::UndoOnDrop;
+use dlock_core::driver::wait::{Attempt, on_arrival};
+use dlock_core::{Error, Lease, LockOptions, Mode, OwnerToken, Result};
 use sqlx::Row;
 use sqlx::postgres::PgRow;
 use tokio::time::{Instant, timeout_at};

@@ -4,8 +4,9 @@ use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use dlock_core::wait::Wakeups;
-use dlock_core::{Error, MAX_SETTING, Result, check_duration};
+use dlock_core::driver::wait::Wakeups;
+use dlock_core::driver::{MAX_SETTING, check_duration};
+use dlock_core::{Error, Result};
 use sqlx::postgres::PgConnectOptions;
 use tokio::time::{Instant, timeout_at};
 
@@ -32,7 +33,7 @@ pub struct PgBuilder {
 impl std::fmt::Debug for PgBuilder {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("PgBuilder")
-            .field("url", &dlock_core::redact_url(&self.url))
+            .field("url", &dlock_core::driver::redact_url(&self.url))
             .field("schema", &self.schema)
             .field("table", &self.table)
             .field("max_connections", &self.max_connections)
@@ -239,7 +240,7 @@ fn parse_url(url: &str) -> Result<PgConnectOptions> {
         ("password", parsed.password().unwrap_or_default()),
         ("database", parsed.path()),
     ] {
-        if !dlock_core::percent_decodes(text) {
+        if !dlock_core::driver::percent_decodes(text) {
             // The part itself is not shown: it may be a password.
             return Err(Error::invalid_option(
                 "url",

@@ -2,8 +2,9 @@
 
 use std::collections::HashSet;
 
-use dlock_core::batch::extend_by_kind;
-use dlock_core::{Error, Lease, Mode, Result, micros_up};
+use dlock_core::driver::batch::extend_by_kind;
+use dlock_core::driver::micros_up;
+use dlock_core::{Error, Lease, Mode, Result};
 use sqlx::Row;
 use sqlx::postgres::PgRow;
 use tokio::time::Instant;

@@ -4,7 +4,8 @@
 
 use std::time::Duration;
 
-use dlock_core::{Error, MAX_SETTING, Result, check_duration, micros_up};
+use dlock_core::driver::{MAX_SETTING, check_duration, micros_up};
+use dlock_core::{Error, Result};
 use tokio::time::sleep;
 
 use crate::backend::PgBackend;
@@ -64,7 +65,7 @@ impl PgBackend {
         let backend = self.clone();
         let task = tokio::spawn(async move {
             loop {
-                sleep(dlock_core::wait::jitter(every)).await;
+                sleep(dlock_core::driver::wait::jitter(every)).await;
                 loop {
                     match backend.purge_expired(older_than, 1000).await {
                         Ok(1000) => continue,

@@ -3,8 +3,9 @@
 
 use std::time::Duration;
 
-use dlock_core::undo::retry_for;
-use dlock_core::{Error, Lease, Mode, OwnerToken, Result, micros_up};
+use dlock_core::driver::micros_up;
+use dlock_core::driver::undo::retry_for;
+use dlock_core::{Error, Lease, Mode, OwnerToken, Result};
 use sqlx::Row;
 use tokio::time::Instant;
 

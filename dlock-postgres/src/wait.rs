@@ -6,8 +6,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use dlock_core::undo::{UndoOnDrop, retry_for};
-use dlock_core::wait::{Attempt, Backoff, Deadline, wait_for_lock, wait_for_lock_as};
+use dlock_core::driver::undo::{UndoOnDrop, retry_for};
+use dlock_core::driver::wait::{Attempt, Backoff, Deadline, wait_for_lock, wait_for_lock_as};
 use dlock_core::{Lease, LockOptions, Mode, OwnerToken, Result};
 
 use crate::backend::PgBackend;

@@ -5,7 +5,7 @@ use std::collections::VecDeque;
 use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
-use dlock_core::wait::{Attempt, on_arrival};
+use dlock_core::driver::wait::{Attempt, on_arrival};
 use dlock_core::{Error, Lease, LockOptions, Mode, OwnerToken, Result};
 use redis::Value;
 use tokio::time::Instant;
@@ -13,7 +13,7 @@ use tokio::time::Instant;
 use crate::backend::{NAME, RedisBackend};
 use crate::error::unconfirmed;
 use crate::keys::{Keys, value};
-use dlock_core::millis_up;
+use dlock_core::driver::millis_up;
 
 /// A mutex wait that takes hand-overs: a release gives the lock to the
 /// head of the queue in the same script, and the waiter learns of it from

@@ -6,10 +6,9 @@ use std::sync::{Arc, PoisonError, RwLock};
 use std::time::Duration;
 
 use dlock_core::driver::Driver;
-use dlock_core::wait::Deadline;
-use dlock_core::{
-    Capabilities, Lease, LeaseKind, LockInfo, LockOptions, LockPage, Result, async_trait,
-};
+use dlock_core::driver::async_trait;
+use dlock_core::driver::wait::Deadline;
+use dlock_core::{Capabilities, Lease, LeaseKind, LockInfo, LockOptions, LockPage, Result};
 
 use crate::builder::RedisBuilder;
 use crate::conn::Connection;

@@ -5,8 +5,9 @@ use std::fmt;
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
-use dlock_core::wait::MIN_BACKOFF;
-use dlock_core::{Error, MAX_SETTING, OwnerToken, Result, check_duration};
+use dlock_core::driver::wait::MIN_BACKOFF;
+use dlock_core::driver::{MAX_SETTING, check_duration};
+use dlock_core::{Error, OwnerToken, Result};
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{IntoConnectionInfo, ProtocolVersion};
 
@@ -34,7 +35,7 @@ pub struct RedisBuilder {
 impl fmt::Debug for RedisBuilder {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RedisBuilder")
-            .field("url", &dlock_core::redact_url(&self.url))
+            .field("url", &dlock_core::driver::redact_url(&self.url))
             .field("prefix", &self.prefix)
             .field("request_timeout", &self.request_timeout)
             .field("connect_timeout", &self.connect_timeout)

@@ -1,14 +1,14 @@
 //! Extending leases: one, or a whole batch in one script run (one per
 //! hash slot on a cluster).
 
-use dlock_core::batch::extend_by_kind;
+use dlock_core::driver::batch::extend_by_kind;
 use dlock_core::{Error, Lease, Mode, Result};
 use tokio::time::Instant;
 
 use crate::backend::{NAME, RedisBackend};
 use crate::error::{owner_checked, unconfirmed};
 use crate::keys::{keys, value_of};
-use dlock_core::millis_up;
+use dlock_core::driver::millis_up;
 
 use crate::scripts::{EXTEND, EXTEND_MANY, FENCE_RETENTION_MS};
 

@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::Duration;
 
 use dlock_core::OwnerToken;
-use dlock_core::wait::{Backoff, Wakeups};
+use dlock_core::driver::wait::{Backoff, Wakeups};
 use redis::aio::{AsyncPushSender, SendError};
 use redis::{PushInfo, PushKind, Value};
 use tokio::sync::{mpsc, oneshot};

@@ -3,14 +3,14 @@
 
 use std::time::Duration;
 
-use dlock_core::undo::retry_for;
+use dlock_core::driver::undo::retry_for;
 use dlock_core::{Lease, Mode, OwnerToken, Result};
 use redis::ScriptInvocation;
 
 use crate::backend::RedisBackend;
 use crate::error::owner_checked;
 use crate::keys::{Keys, value, value_of};
-use dlock_core::millis_up;
+use dlock_core::driver::millis_up;
 
 use crate::scripts::HOLD;
 

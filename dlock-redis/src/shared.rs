@@ -3,9 +3,10 @@
 
 use std::time::Duration;
 
-use dlock_core::undo::{UndoOnDrop, retry_for};
-use dlock_core::wait::{Attempt, on_arrival};
-use dlock_core::{Error, Lease, LockInfo, LockOptions, Mode, OwnerToken, Result, millis_up};
+use dlock_core::driver::millis_up;
+use dlock_core::driver::undo::{UndoOnDrop, retry_for};
+use dlock_core::driver::wait::{Attempt, on_arrival};
+use dlock_core::{Error, Lease, LockInfo, LockOptions, Mode, OwnerToken, Result};
 use redis::ScriptInvocation;
 use tokio::time::Instant;
 
@@ -280,7 +281,7 @@ impl RedisBackend {
                 .lock()
                 .unwrap_or_else(std::sync::PoisonError::into_inner)
         };
-        dlock_core::admin::force_release_with(
+        dlock_core::driver::admin::force_release_with(
             NAME,
             name,
             || async {

@@ -3,9 +3,8 @@
 
 use std::sync::{Mutex, PoisonError};
 
-use dlock::{
-    Backend, Capabilities, LockInfo, LockOptions, LockPage, MemoryBackend, Result, async_trait,
-};
+use async_trait::async_trait;
+use dlock::{Backend, Capabilities, LockInfo, LockOptions, LockPage, MemoryBackend, Result};
 use dlock::{Lease, Mode};
 
 /// Which promise the mutant breaks.

@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use dlock_core::undo::UndoOnDrop;
+use dlock_core::driver::undo::UndoOnDrop;
 use dlock_core::{Error, Lease, Mode, OwnerToken, Result};
 use zookeeper_client as zk;
 

@@ -7,10 +7,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use dlock_core::driver::Driver;
-use dlock_core::wait::Deadline;
-use dlock_core::{
-    Capabilities, Error, Lease, LeaseKind, LockInfo, LockOptions, LockPage, Result, async_trait,
-};
+use dlock_core::driver::async_trait;
+use dlock_core::driver::wait::Deadline;
+use dlock_core::{Capabilities, Error, Lease, LeaseKind, LockInfo, LockOptions, LockPage, Result};
 use zookeeper_client as zk;
 
 use crate::builder::ZkBuilder;

@@ -5,7 +5,8 @@ use std::future::Future;
 use std::pin::Pin;
 use std::time::Duration;
 
-use dlock_core::{Error, Result, check_duration};
+use dlock_core::driver::check_duration;
+use dlock_core::{Error, Result};
 use zookeeper_client as zk;
 
 use crate::backend::{NAME, ZkBackend};
@@ -13,7 +14,7 @@ use crate::error::zk_error;
 
 /// The bound of every duration setting: ZooKeeper counts in i32
 /// milliseconds, and an hour is far beyond any server's session bound
-/// anyway (so not `dlock_core::MAX_SETTING`'s day).
+/// anyway (so not `dlock_core::driver::MAX_SETTING`'s day).
 const MAX_SETTING: Duration = Duration::from_secs(3600);
 
 /// Settings for [`ZkBackend`]; start from [`ZkBackend::builder`].

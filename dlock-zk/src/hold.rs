@@ -188,7 +188,7 @@ impl ZkBackend {
         let dir = self.lock_dir(lease.name());
         let path = hold_path(&dir);
         // Rounded up: the hold is a minimum.
-        let hold_ms = dlock_core::millis_up(hold);
+        let hold_ms = dlock_core::driver::millis_up(hold);
         let data = format!("{} {hold_ms} {}", lease.owner(), lease.fencing_token());
         let client = self.client();
         let create = zk::CreateMode::Persistent.with_acls(self.acls());

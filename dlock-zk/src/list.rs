@@ -302,7 +302,7 @@ fn front_info(path: &str, stat: &zk::Stat, data: &[u8]) -> Result<LockInfo> {
         Some(Node::CuratorLease) | None => info,
     };
     Ok(match std::str::from_utf8(data) {
-        Ok(holder) if dlock_core::check_holder(holder).is_ok() => info.with_holder(holder),
+        Ok(holder) if dlock_core::driver::check_holder(holder).is_ok() => info.with_holder(holder),
         _ => info,
     })
 }

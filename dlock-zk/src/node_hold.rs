@@ -143,7 +143,7 @@ impl ZkBackend {
         let Some((folder, _)) = path.rsplit_once('/') else {
             return Err(not_held(lease));
         };
-        let hold_ms = dlock_core::millis_up(hold);
+        let hold_ms = dlock_core::driver::millis_up(hold);
         let data = format!("{} {hold_ms} {}", lease.owner(), lease.fencing_token());
         let client = self.client();
         let create = zk::CreateMode::Persistent.with_acls(self.acls());

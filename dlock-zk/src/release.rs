@@ -10,8 +10,8 @@
 use std::sync::PoisonError;
 use std::time::Duration;
 
-use dlock_core::undo::UndoOnDrop;
-use dlock_core::wait::Backoff;
+use dlock_core::driver::undo::UndoOnDrop;
+use dlock_core::driver::wait::Backoff;
 use dlock_core::{Error, Lease, Mode, Result};
 use tokio::time::{Instant, sleep};
 use zookeeper_client as zk;

@@ -24,7 +24,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use dlock_core::wait::Deadline;
+use dlock_core::driver::wait::Deadline;
 use dlock_core::{Error, Lease, Mode, Result};
 use tokio::time::sleep;
 use zookeeper_client as zk;

@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::Duration;
 
 use dlock_core::CancellationToken;
-use dlock_core::wait::Backoff;
+use dlock_core::driver::wait::Backoff;
 use tokio::time::{Instant, sleep, sleep_until};
 use zookeeper_client as zk;
 

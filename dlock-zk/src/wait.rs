@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use dlock_core::wait::{Backoff, Deadline};
+use dlock_core::driver::wait::{Backoff, Deadline};
 use dlock_core::{Admission, Error, Lease, Mode, Result};
 use tokio::time::sleep;
 use zookeeper_client as zk;

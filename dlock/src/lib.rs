@@ -5,7 +5,7 @@ pub use dlock_core::{
     Backend, CancellationToken, Capabilities, Election, Error, Guard, HeldLock, JobOptions,
     JobOutcome, JobRun, Leader, Leadership, Lease, LeaseKind, LockInfo, LockOptions, LockPage,
     Locker, MAX_HOLDER_LEN, MAX_HOLDERS, MemoryBackend, Mode, Observed, Observer, OwnerToken,
-    Result, RunReport, Schedule, ScheduledJob, Semaphore, async_trait, host_and_pid, validate_name,
+    Result, RunReport, Schedule, ScheduledJob, Semaphore, validate_name,
 };
 
 #[doc(hidden)]

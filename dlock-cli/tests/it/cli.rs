@@ -74,7 +74,7 @@ async fn inspect_and_force_release(service: Service) {
     let json = String::from_utf8_lossy(&inspected.stdout);
     assert!(json.contains("\"held\":true"), "{json}");
     // The child's host is ours, its process id its own.
-    let me = dlock::host_and_pid();
+    let me = dlock_core::driver::host_and_pid();
     let host = me.rsplit_once(':').map_or("", |(host, _)| host);
     let holder = format!("\"holder\":\"{host}:{}\"", child.id().unwrap_or_default());
     assert!(json.contains(&holder), "{json} shows no {holder}");

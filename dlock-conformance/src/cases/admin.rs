@@ -139,7 +139,7 @@ pub async fn holders_show_in_inspect_and_list(backend: &Arc<dyn Backend>) {
 
     let default = format!("{prefix}default");
     let by_default = must_acquire(backend.as_ref(), &default, &long()).await;
-    let expected = dlock_core::host_and_pid();
+    let expected = dlock_core::driver::host_and_pid();
     assert_eq!(
         holder_of(backend, &default).await,
         Some(expected.clone()),

@@ -7,10 +7,11 @@ use std::time::Duration;
 use async_trait::async_trait;
 
 use super::Driver;
-use crate::wait::{Deadline, on_arrival};
+use crate::driver::check_hold;
+use crate::driver::wait::{Deadline, on_arrival};
 use crate::{
     Backend, Capabilities, Error, Lease, LockInfo, LockOptions, LockPage, MAX_BATCH, MAX_HOLDERS,
-    Mode, Result, check_hold, validate_name,
+    Mode, Result, validate_name,
 };
 
 /// How much longer than its request timeout core lets a driver's call run

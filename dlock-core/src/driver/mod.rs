@@ -1,25 +1,36 @@
 //! For driver authors: the [`Driver`] trait, a lock service's protocol and
-//! nothing else, and the toolkit drivers share.
+//! nothing else, and the toolkit drivers share: the [`wait`] loops and
+//! their [`wait::Deadline`], [`undo`] for requests of unknown
+//! outcome, [`admin`] and [`batch`] for operators' calls and mixed renewal
+//! batches, and the checks and conversions of settings below.
 //!
 //! A driver implements [`Driver`]; core makes every driver a [`Backend`]
 //! that checks and bounds each call the same way before and after the
 //! driver sees it, so a driver cannot forget a check and does not write
 //! one. Users (and [`Locker`](crate::Locker)) only ever see that
-//! [`Backend`](crate::Backend).
+//! [`Backend`].
 
 use std::fmt::Debug;
 use std::time::Duration;
 
-use async_trait::async_trait;
-
 #[cfg(doc)]
 use crate::Backend;
-use crate::wait::Deadline;
+use crate::driver::wait::Deadline;
 use crate::{Capabilities, Lease, LockInfo, LockOptions, LockPage, Result};
 
+pub mod admin;
+pub mod batch;
 mod checked;
+pub mod undo;
+pub mod wait;
 
+pub use ::async_trait::async_trait;
 pub use checked::GRACE;
+
+pub use crate::name::{host_and_pid, percent_decodes, redact_url};
+pub use crate::options::{
+    MAX_SETTING, check_duration, check_hold, check_holder, micros_up, millis_up,
+};
 
 /// A lock service's protocol: what a driver implements. Every `Driver` is
 /// a [`Backend`](crate::Backend), through core, and that is how everyone
@@ -36,7 +47,7 @@ pub use checked::GRACE;
 ///   when its [`Capabilities`] declare it (`rwlock`, `semaphore`): the rest
 ///   are [`Error::Unsupported`](crate::Error::Unsupported) in core;
 /// - [`release_after`](Driver::release_after)'s hold passed
-///   [`check_hold`](crate::check_hold);
+///   [`check_hold`];
 /// - [`downgrade`](Driver::downgrade)'s options ask for a read hold;
 /// - [`extend_many`](Driver::extend_many) gets at most
 ///   [`MAX_BATCH`](crate::MAX_BATCH) leases, [`holders`](Driver::holders)
@@ -82,7 +93,7 @@ pub trait Driver: Clone + Debug + Send + Sync + 'static {
 
     /// Waits for the lock until `deadline` (the options' wait bound,
     /// counted from the call's start), as [`Backend::acquire`]: the
-    /// driver's wait loop, usually [`wait_for_lock`](crate::wait::wait_for_lock)
+    /// driver's wait loop, usually [`wait_for_lock`](crate::driver::wait::wait_for_lock)
     /// around its attempt.
     ///
     /// # Errors
@@ -132,10 +143,10 @@ pub trait Driver: Clone + Debug + Send + Sync + 'static {
 
     /// As [`Backend::force_release`]. The default reads the holder with
     /// [`holders`](Driver::holders) and releases with its owner token
-    /// (see [`force_release_with`](crate::admin::force_release_with)), which
+    /// (see [`force_release_with`](crate::driver::admin::force_release_with)), which
     /// suits drivers whose release needs nothing else.
     async fn force_release(&self, name: &str) -> Result<Option<LockInfo>> {
-        crate::admin::force_release_with(
+        crate::driver::admin::force_release_with(
             self.driver(),
             name,
             || async { Ok(Driver::holders(self, name, 1).await?.into_iter().next()) },

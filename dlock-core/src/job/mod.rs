@@ -27,7 +27,8 @@
 
 use std::time::Duration;
 
-use crate::{Error, Guard, LockOptions, Locker, MAX_TTL, MIN_TTL, Result, check_duration};
+use crate::driver::check_duration;
+use crate::{Error, Guard, LockOptions, Locker, MAX_TTL, MIN_TTL, Result};
 
 mod lock;
 mod schedule;

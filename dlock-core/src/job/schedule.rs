@@ -2,7 +2,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 #[cfg(feature = "cron")]
 use crate::Error;
-use crate::{Result, check_duration};
+use crate::Result;
+use crate::driver::check_duration;
 
 /// When a job's occurrences are due. All times are UTC wall-clock times,
 /// the same on every node whose clock is synchronised.

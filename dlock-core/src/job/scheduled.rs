@@ -5,7 +5,8 @@ use tokio::time::sleep;
 use tokio_util::sync::CancellationToken;
 
 use super::{JobLock, JobOptions, Schedule};
-use crate::{Locker, Result, check_duration};
+use crate::driver::check_duration;
+use crate::{Locker, Result};
 
 /// One run of a [`ScheduledJob`], as its job sees it.
 #[derive(Debug, Clone)]
@@ -169,7 +170,7 @@ impl ScheduledJob {
     /// running the previous one is left to the other nodes.
     ///
     /// With a non-zero [`JobOptions::at_least`], each occurrence's lock is
-    /// kept after its run: until [`JobOptions::at_most`] after the start on
+    /// kept after its run: until `at_most` ([`JobOptions::new`]) after the start on
     /// a backend that keeps a released lock itself (every bundled one:
     /// the name is used once, so keeping it costs nothing but a key, row or
     /// node until then), else for `at_least` by this node. A node whose

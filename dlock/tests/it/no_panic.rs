@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use dlock::{Lease, LockOptions, Locker, MemoryBackend, OwnerToken};
 use dlock_conformance::harness::unused_port;
-use dlock_core::wait::{Backoff, Deadline, jitter};
+use dlock_core::driver::wait::{Backoff, Deadline, jitter};
 use proptest::prelude::*;
 use proptest::sample::select;
 use tokio::time::Instant;

@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::Duration;
 
-use dlock_core::wait::Wakeups;
+use dlock_core::driver::wait::Wakeups;
 use dlock_core::{Admission, HeldLock, LockInfo, Mode, OwnerToken};
 
 use crate::mutants::Bug;

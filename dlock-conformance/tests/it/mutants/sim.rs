@@ -8,11 +8,12 @@ use std::time::Duration;
 use dlock_conformance::Factory;
 use dlock_conformance::faults::{FaultyClient, FaultyFactory};
 use dlock_conformance::proxy::{Fault, Link};
-use dlock_core::undo::{UndoOnDrop, retry_for};
-use dlock_core::wait::{Attempt, Backoff, Deadline, on_arrival, wait_for_lock};
+use dlock_core::driver::async_trait;
+use dlock_core::driver::undo::{UndoOnDrop, retry_for};
+use dlock_core::driver::wait::{Attempt, Backoff, Deadline, on_arrival, wait_for_lock};
 use dlock_core::{
     Backend, Capabilities, Error, Lease, LeaseKind, LockInfo, LockOptions, LockPage, Mode,
-    OwnerToken, Result, async_trait, validate_name,
+    OwnerToken, Result, validate_name,
 };
 use tokio::sync::watch;
 use tokio::time::{Instant, sleep, timeout};
@@ -125,7 +126,7 @@ impl Sim {
     fn holder(&self, opts: &LockOptions) -> Option<String> {
         match self.bug {
             Some(Bug::HolderNotStored) => None,
-            Some(Bug::HolderOfTheClient) => Some(dlock_core::host_and_pid()),
+            Some(Bug::HolderOfTheClient) => Some(dlock_core::driver::host_and_pid()),
             _ => Some(opts.holder_value().to_owned()),
         }
     }

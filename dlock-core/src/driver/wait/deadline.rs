@@ -87,7 +87,7 @@ impl Deadline {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::wait::Backoff;
+    use crate::driver::wait::Backoff;
 
     /// A wait whose lock frees after its last poll but before its deadline
     /// gets it: the look the loop makes at the deadline is answered, not
@@ -104,7 +104,7 @@ mod tests {
         let waited = deadline.bound(
             "job",
             round_trip * 3,
-            crate::wait::wait_for_lock_with_pause(
+            crate::driver::wait::wait_for_lock_with_pause(
                 "job",
                 deadline,
                 None,
@@ -116,11 +116,11 @@ mod tests {
                     if asked >= freed_at {
                         let opts = crate::LockOptions::new();
                         let owner = crate::OwnerToken::random()?;
-                        Ok(crate::wait::Attempt::Acquired(crate::Lease::with_ttl(
-                            "job", owner, 1, &opts, asked,
-                        )))
+                        Ok(crate::driver::wait::Attempt::Acquired(
+                            crate::Lease::with_ttl("job", owner, 1, &opts, asked),
+                        ))
                     } else {
-                        Ok(crate::wait::Attempt::Held { expires_in: None })
+                        Ok(crate::driver::wait::Attempt::Held { expires_in: None })
                     }
                 },
                 |_| async { false },

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use tokio::time::sleep;
 
-use crate::undo::release_in_background;
+use crate::driver::undo::release_in_background;
 use crate::{Backend, Error, Lease, LockOptions, Result, validate_name};
 
 mod backoff;

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use tokio::time::{Instant, sleep};
 
-use crate::wait::Backoff;
+use crate::driver::wait::Backoff;
 use crate::{Backend, Error, Lease, Result};
 use std::sync::Arc;
 
