@@ -4,6 +4,7 @@
 use std::time::Duration;
 
 use dlock_core::Error;
+use dlock_sql::error::Known;
 use sqlx::mysql::MySqlDatabaseError;
 use tokio::time::Instant;
 
@@ -71,44 +72,14 @@ impl RolledBack {
 
 /// `e`, met while `doing`, as a dlock error.
 pub(crate) fn sql_error(e: sqlx::Error, doing: &str) -> Error {
-    match server_error_number(&e) {
-        Some(ER_ACCESS_DENIED | ER_DBACCESS_DENIED) => {
-            return Error::backend(NAME, format!("{doing}: access denied"), e);
-        }
-        Some(ER_BAD_DB) => return Error::backend(NAME, format!("{doing}: unknown database"), e),
-        Some(ER_NO_SUCH_TABLE) => {
-            return Error::backend(
-                NAME,
-                format!("{doing}: the lock table is missing; call MySqlBackend::migrate() once"),
-                e,
-            );
-        }
-        Some(ER_BAD_FIELD_ERROR) => {
-            return Error::backend(
-                NAME,
-                format!(
-                    "{doing}: the lock table was made by an older release; call \
-                     MySqlBackend::migrate() once"
-                ),
-                e,
-            );
-        }
-        _ => {}
-    }
-    match e {
-        // Say what the network said ("connection refused"), not just that
-        // it failed.
-        sqlx::Error::Io(ref io) => Error::connection(NAME, format!("{doing}: {io}"), e),
-        sqlx::Error::PoolTimedOut => {
-            Error::connection(NAME, format!("{doing}: no free connection in the pool"), e)
-        }
-        sqlx::Error::Tls(_)
-        | sqlx::Error::PoolClosed
-        | sqlx::Error::WorkerCrashed
-        | sqlx::Error::Protocol(_) => Error::connection(NAME, doing, e),
-        sqlx::Error::Configuration(_) => Error::invalid_option("url", e.to_string()),
-        _ => Error::backend(NAME, doing, e),
-    }
+    let known = match server_error_number(&e) {
+        Some(ER_ACCESS_DENIED | ER_DBACCESS_DENIED) => Some(Known::Refused("access denied")),
+        Some(ER_BAD_DB) => Some(Known::UnknownDatabase),
+        Some(ER_NO_SUCH_TABLE) => Some(Known::MissingTable),
+        Some(ER_BAD_FIELD_ERROR) => Some(Known::OlderTable),
+        _ => None,
+    };
+    dlock_sql::error::sql_error(NAME, "MySqlBackend", known, e, doing)
 }
 
 /// A connection error for a request that got no answer in time.

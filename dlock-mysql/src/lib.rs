@@ -17,7 +17,7 @@ mod wake;
 
 pub use backend::MySqlBackend;
 pub use builder::MySqlBuilder;
-pub use purge::{MIN_PURGE_AGE, Purger};
+pub use dlock_sql::{MIN_PURGE_AGE, Purger};
 /// The sqlx crate this driver is built on, so that callers use the same
 /// version.
 pub use sqlx;

@@ -1,19 +1,17 @@
-//! The backend handle and its [`Backend`] implementation, which checks each
-//! request and hands it to the module of its concern.
+//! The backend handle, what its clones share, and its `Driver`
+//! implementation ([`dlock_sql::driver!`]), which hands each call to the
+//! module of its concern.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use dlock_core::driver::Driver;
-use dlock_core::driver::async_trait;
-use dlock_core::driver::wait::{Deadline, Wakeups};
-use dlock_core::{Capabilities, Lease, LeaseKind, LockInfo, LockOptions, LockPage, Result};
+use dlock_core::driver::wait::Wakeups;
 
 use crate::notify::Listener;
 use crate::pool::Pool;
 use crate::sql::Statements;
 
-/// The driver's name in errors and [`Backend::driver`].
+/// The driver's name in errors and [`Backend::driver`](dlock_core::Backend::driver).
 pub(crate) const NAME: &str = "postgres";
 
 /// A PostgreSQL lock backend over a lease table. Cheap to clone; clones
@@ -32,15 +30,6 @@ pub(crate) const NAME: &str = "postgres";
 #[derive(Clone)]
 pub struct PgBackend {
     pub(crate) inner: Arc<Inner>,
-}
-
-// By hand: the connect options inside hold the password.
-impl std::fmt::Debug for PgBackend {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("PgBackend")
-            .field("request_timeout", &self.inner.request_timeout)
-            .finish_non_exhaustive()
-    }
 }
 
 /// What the clones of one backend share.
@@ -71,71 +60,12 @@ impl PgBackend {
     }
 }
 
-#[async_trait]
-impl Driver for PgBackend {
-    fn capabilities(&self) -> Capabilities {
-        let mut caps = Capabilities::new(LeaseKind::Ttl);
-        caps.fencing = true;
-        // Tokens fold in the database clock (tested across a restart and
-        // a deleted row).
-        caps.fencing_survives_restart = true;
-        caps.distributed = true;
-        caps.cleanup = true;
-        caps.delayed_release = true;
-        caps.batch_extend = true;
-        caps.notify = self.inner.listen.is_some();
-        caps.rwlock = true;
-        caps.semaphore = true;
-        caps
-    }
-
-    fn driver(&self) -> &'static str {
-        NAME
-    }
-
-    fn request_timeout(&self) -> Duration {
-        self.inner.request_timeout
-    }
-
-    async fn try_acquire(&self, name: &str, opts: &LockOptions) -> Result<Option<Lease>> {
-        Ok(self.attempt(name, opts).await?.into_lease())
-    }
-
-    async fn wait(&self, name: &str, opts: &LockOptions, deadline: Deadline) -> Result<Lease> {
-        self.wait_for(name, opts, deadline).await
-    }
-
-    async fn release(&self, lease: &Lease) -> Result<()> {
-        self.release_lease(lease).await
-    }
-
-    async fn release_after(&self, lease: &Lease, hold: Duration) -> Result<()> {
-        self.release_lease_after(lease, hold).await
-    }
-
-    async fn extend(&self, lease: &mut Lease) -> Result<()> {
-        self.extend_lease(lease).await
-    }
-
-    async fn extend_many(&self, leases: &mut [Lease]) -> Result<Vec<bool>> {
-        self.extend_leases(leases).await
-    }
-
-    async fn downgrade(&self, write: &Lease, opts: &LockOptions) -> Result<Lease> {
-        self.downgrade_lease(write, opts).await
-    }
-
-    async fn force_release(&self, name: &str) -> Result<Option<LockInfo>> {
-        self.force_release_any(name).await
-    }
-
-    async fn holders(&self, name: &str, limit: usize) -> Result<Vec<LockInfo>> {
-        let mut holders = self.holders_of(name).await?;
-        holders.truncate(limit);
-        Ok(holders)
-    }
-
-    async fn list(&self, prefix: &str, cursor: Option<&str>, limit: usize) -> Result<LockPage> {
-        self.list_locks(prefix, cursor, limit).await
+impl PgBackend {
+    /// Wake-ups across processes: with a listener, waiters hear releases
+    /// by `NOTIFY`.
+    pub(crate) fn notifies(&self) -> bool {
+        self.inner.listen.is_some()
     }
 }
+
+dlock_sql::driver!(PgBackend, NAME);

@@ -2,6 +2,7 @@
 //! words an operator looks for.
 
 use dlock_core::Error;
+use dlock_sql::error::Known;
 
 use crate::backend::NAME;
 
@@ -46,47 +47,17 @@ fn ends_session(db: &dyn sqlx::error::DatabaseError) -> bool {
 
 /// `e`, met while `doing`, as a dlock error.
 pub(crate) fn sql_error(e: sqlx::Error, doing: &str) -> Error {
-    match sql_state(&e).as_deref() {
+    let known = match sql_state(&e).as_deref() {
         Some(INVALID_PASSWORD | INVALID_AUTHORIZATION) => {
-            return Error::backend(NAME, format!("{doing}: authentication failed"), e);
+            Some(Known::Refused("authentication failed"))
         }
-        Some(INVALID_CATALOG_NAME) => {
-            return Error::backend(NAME, format!("{doing}: unknown database"), e);
-        }
-        Some(UNDEFINED_TABLE) => {
-            return Error::backend(
-                NAME,
-                format!("{doing}: the lock table is missing; call PgBackend::migrate() once"),
-                e,
-            );
-        }
-        Some(UNDEFINED_COLUMN) => {
-            return Error::backend(
-                NAME,
-                format!(
-                    "{doing}: the lock table was made by an older release; call \
-                     PgBackend::migrate() once"
-                ),
-                e,
-            );
-        }
-        _ => {}
-    }
-    if e.as_database_error().is_some_and(ends_session) {
-        return Error::connection(NAME, format!("{doing}: the server ended the session"), e);
-    }
-    match e {
-        // Say what the network said ("connection refused"), not just that
-        // it failed.
-        sqlx::Error::Io(ref io) => Error::connection(NAME, format!("{doing}: {io}"), e),
-        sqlx::Error::Tls(_)
-        | sqlx::Error::PoolClosed
-        | sqlx::Error::PoolTimedOut
-        | sqlx::Error::WorkerCrashed
-        | sqlx::Error::Protocol(_) => Error::connection(NAME, doing, e),
-        sqlx::Error::Configuration(_) => Error::invalid_option("url", e.to_string()),
-        _ => Error::backend(NAME, doing, e),
-    }
+        Some(INVALID_CATALOG_NAME) => Some(Known::UnknownDatabase),
+        Some(UNDEFINED_TABLE) => Some(Known::MissingTable),
+        Some(UNDEFINED_COLUMN) => Some(Known::OlderTable),
+        _ if e.as_database_error().is_some_and(ends_session) => Some(Known::SessionEnded),
+        _ => None,
+    };
+    dlock_sql::error::sql_error(NAME, "PgBackend", known, e, doing)
 }
 
 /// A connection error for a request that got no answer in time.

@@ -4,31 +4,15 @@
 
 use std::time::Duration;
 
-use dlock_core::driver::{MAX_SETTING, check_duration, micros_up};
-use dlock_core::{Error, Result};
-use tokio::time::sleep;
+use dlock_core::Result;
+use dlock_core::driver::micros_up;
+use dlock_sql::{Purger, check_purge_age, spawn_purger};
 
 use crate::backend::PgBackend;
 
-/// How long a row must have been expired before a purge may delete it:
-/// the database clock may step back by less than this without a purged
-/// name's next token falling below its last.
-pub const MIN_PURGE_AGE: Duration = Duration::from_secs(60 * 60);
-
-/// The background purge task of [`PgBackend::spawn_purger`]; dropping it
-/// stops the task.
-#[derive(Debug)]
-pub struct Purger(tokio::task::AbortHandle);
-
-impl Drop for Purger {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
-}
-
 impl PgBackend {
     /// Deletes up to `limit` rows whose lease ended more than `older_than`
-    /// (at least [`MIN_PURGE_AGE`], an hour) ago, and returns how many it
+    /// (at least [`MIN_PURGE_AGE`](crate::MIN_PURGE_AGE), an hour) ago, and returns how many it
     /// deleted, in one statement, within the request timeout. Safe at any
     /// time: a held or recently released lock is never touched (rows
     /// another transaction has locked are skipped), and fencing tokens do
@@ -37,10 +21,10 @@ impl PgBackend {
     /// back by more than `older_than`.
     ///
     /// # Errors
-    /// [`Error::InvalidOption`] for an `older_than` under an hour; the
+    /// [`Error::InvalidOption`](dlock_core::Error::InvalidOption) for an `older_than` under an hour; the
     /// driver's errors.
     pub async fn purge_expired(&self, older_than: Duration, limit: u32) -> Result<u64> {
-        check_duration("older_than", older_than, MIN_PURGE_AGE, MAX_SETTING * 365)?;
+        check_purge_age(older_than)?;
         let sql = self.inner.sql.purge(micros_up(older_than), limit);
         Ok(self
             .execute(sql, "purge", self.deadline())
@@ -54,28 +38,12 @@ impl PgBackend {
     /// again at the next round. Needs a tokio runtime.
     ///
     /// # Errors
-    /// [`Error::InvalidOption`] when `every` is under a second.
+    /// [`Error::InvalidOption`](dlock_core::Error::InvalidOption) when `every` is under a second.
     pub fn spawn_purger(&self, every: Duration, older_than: Duration) -> Result<Purger> {
-        if every < Duration::from_secs(1) {
-            return Err(Error::invalid_option(
-                "every",
-                format!("must be at least 1s, got {every:?}"),
-            ));
-        }
         let backend = self.clone();
-        let task = tokio::spawn(async move {
-            loop {
-                sleep(dlock_core::driver::wait::jitter(every)).await;
-                loop {
-                    match backend.purge_expired(older_than, 1000).await {
-                        Ok(1000) => continue,
-                        Ok(n) => tracing::debug!(deleted = n, "purged expired lock rows"),
-                        Err(e) => tracing::warn!(error = %e, "purging expired lock rows failed"),
-                    }
-                    break;
-                }
-            }
-        });
-        Ok(Purger(task.abort_handle()))
+        spawn_purger(every, move |limit| {
+            let backend = backend.clone();
+            async move { backend.purge_expired(older_than, limit).await }
+        })
     }
 }

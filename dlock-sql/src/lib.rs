@@ -1,0 +1,147 @@
+#![doc = include_str!("../README.md")]
+
+use dlock_core::{Capabilities, LeaseKind};
+
+pub mod error;
+mod purge;
+
+pub use purge::{MIN_PURGE_AGE, Purger, check_purge_age, spawn_purger};
+
+/// What both SQL drivers can do: leases on the database clock, fencing
+/// tokens that fold in that clock (so they keep increasing across a
+/// restart or a deleted row), the undo of an acquire of unknown outcome,
+/// delayed releases, batch renewal, reader-writer locks and semaphores;
+/// wake-ups across processes where the driver has them (`notify`).
+pub fn capabilities(notify: bool) -> Capabilities {
+    let mut caps = Capabilities::new(LeaseKind::Ttl);
+    caps.fencing = true;
+    caps.fencing_survives_restart = true;
+    caps.distributed = true;
+    caps.cleanup = true;
+    caps.delayed_release = true;
+    caps.batch_extend = true;
+    caps.rwlock = true;
+    caps.semaphore = true;
+    caps.notify = notify;
+    caps
+}
+
+/// `driver!(Backend, NAME)`: a SQL backend's `Debug` (its request timeout
+/// only: the connect options inside hold the password) and its
+/// [`Driver`](dlock_core::driver::Driver) implementation, which hands each
+/// call to the inherent method of its concern. `Backend` has an `inner`
+/// with a `request_timeout`, and these methods:
+///
+/// ```text
+/// fn notifies(&self) -> bool  // wake-ups across processes
+/// async fn attempt(&self, name: &str, opts: &LockOptions) -> Result<Attempt>
+/// async fn wait_for(&self, name: &str, opts: &LockOptions, deadline: Deadline) -> Result<Lease>
+/// async fn release_lease(&self, lease: &Lease) -> Result<()>
+/// async fn release_lease_after(&self, lease: &Lease, hold: Duration) -> Result<()>
+/// async fn extend_lease(&self, lease: &mut Lease) -> Result<()>
+/// async fn extend_leases(&self, leases: &mut [Lease]) -> Result<Vec<bool>>
+/// async fn downgrade_lease(&self, write: &Lease, opts: &LockOptions) -> Result<Lease>
+/// async fn force_release_any(&self, name: &str) -> Result<Option<LockInfo>>
+/// async fn holders_of(&self, name: &str) -> Result<Vec<LockInfo>>
+/// async fn list_locks(&self, prefix: &str, cursor: Option<&str>, limit: usize) -> Result<LockPage>
+/// ```
+#[macro_export]
+macro_rules! driver {
+    ($backend:ident, $name:expr) => {
+        impl ::std::fmt::Debug for $backend {
+            fn fmt(&self, f: &mut ::std::fmt::Formatter<'_>) -> ::std::fmt::Result {
+                f.debug_struct(stringify!($backend))
+                    .field("request_timeout", &self.inner.request_timeout)
+                    .finish_non_exhaustive()
+            }
+        }
+
+        const _: () = {
+            use ::std::time::Duration;
+
+            use $crate::__private::dlock_core::driver::Driver;
+            use $crate::__private::dlock_core::driver::wait::Deadline;
+            use $crate::__private::dlock_core::{
+                Capabilities, Lease, LockInfo, LockOptions, LockPage, Result,
+            };
+
+            #[$crate::__private::async_trait]
+            impl Driver for $backend {
+                fn capabilities(&self) -> Capabilities {
+                    $crate::capabilities(self.notifies())
+                }
+
+                fn driver(&self) -> &'static str {
+                    $name
+                }
+
+                fn request_timeout(&self) -> Duration {
+                    self.inner.request_timeout
+                }
+
+                async fn try_acquire(
+                    &self,
+                    name: &str,
+                    opts: &LockOptions,
+                ) -> Result<Option<Lease>> {
+                    Ok(self.attempt(name, opts).await?.into_lease())
+                }
+
+                async fn wait(
+                    &self,
+                    name: &str,
+                    opts: &LockOptions,
+                    deadline: Deadline,
+                ) -> Result<Lease> {
+                    self.wait_for(name, opts, deadline).await
+                }
+
+                async fn release(&self, lease: &Lease) -> Result<()> {
+                    self.release_lease(lease).await
+                }
+
+                async fn release_after(&self, lease: &Lease, hold: Duration) -> Result<()> {
+                    self.release_lease_after(lease, hold).await
+                }
+
+                async fn extend(&self, lease: &mut Lease) -> Result<()> {
+                    self.extend_lease(lease).await
+                }
+
+                async fn extend_many(&self, leases: &mut [Lease]) -> Result<Vec<bool>> {
+                    self.extend_leases(leases).await
+                }
+
+                async fn downgrade(&self, write: &Lease, opts: &LockOptions) -> Result<Lease> {
+                    self.downgrade_lease(write, opts).await
+                }
+
+                async fn force_release(&self, name: &str) -> Result<Option<LockInfo>> {
+                    self.force_release_any(name).await
+                }
+
+                async fn holders(&self, name: &str, limit: usize) -> Result<Vec<LockInfo>> {
+                    let mut holders = self.holders_of(name).await?;
+                    holders.truncate(limit);
+                    Ok(holders)
+                }
+
+                async fn list(
+                    &self,
+                    prefix: &str,
+                    cursor: Option<&str>,
+                    limit: usize,
+                ) -> Result<LockPage> {
+                    self.list_locks(prefix, cursor, limit).await
+                }
+            }
+        };
+    };
+}
+
+/// What [`driver!`] expands to needs; not a public API.
+#[doc(hidden)]
+pub mod __private {
+    pub use async_trait::async_trait;
+    pub use dlock_core;
+}
