@@ -5,8 +5,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use dlock_core::driver::wait::Wakeups;
-use dlock_core::driver::{MAX_SETTING, check_duration};
 use dlock_core::{Error, OwnerToken, Result};
+use dlock_sql::{Settings, check_url};
 use sqlx::mysql::{MySqlConnectOptions, MySqlConnection};
 use tokio::time::{Instant, timeout_at};
 
@@ -19,48 +19,32 @@ use crate::wake::Sleepers;
 /// Settings for [`MySqlBackend`]; start from [`MySqlBackend::builder`].
 #[derive(Clone)]
 pub struct MySqlBuilder {
-    url: String,
-    table: String,
-    max_connections: u32,
-    connect_timeout: Duration,
-    request_timeout: Duration,
-    max_poll: Duration,
-    wake_ups: bool,
-    create_table: bool,
+    s: Settings,
 }
 
 impl std::fmt::Debug for MySqlBuilder {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("MySqlBuilder")
-            .field("url", &dlock_core::driver::redact_url(&self.url))
-            .field("table", &self.table)
-            .field("max_connections", &self.max_connections)
-            .field("connect_timeout", &self.connect_timeout)
-            .field("request_timeout", &self.request_timeout)
-            .field("max_poll", &self.max_poll)
-            .field("wake_ups", &self.wake_ups)
-            .field("create_table", &self.create_table)
-            .finish()
+        self.s.debug(f, "MySqlBuilder", &[])
     }
 }
 
 impl MySqlBuilder {
     /// The lock table (default `dlock_locks`): a plain identifier.
     pub fn table(mut self, table: impl Into<String>) -> Self {
-        self.table = table.into();
+        self.s.table = table.into();
         self
     }
 
     /// The most connections the pool opens (default 10). With
     /// [`wake_ups`](Self::wake_ups), up to 5 more serve waiters.
     pub fn max_connections(mut self, n: u32) -> Self {
-        self.max_connections = n;
+        self.s.max_connections = n;
         self
     }
 
     /// How long to wait for a new connection (default 5 s).
     pub fn connect_timeout(mut self, timeout: Duration) -> Self {
-        self.connect_timeout = timeout;
+        self.s.connect_timeout = timeout;
         self
     }
 
@@ -69,7 +53,7 @@ impl MySqlBuilder {
     /// that times out may still have run: its connection is discarded, and
     /// an acquire is undone by its owner token.
     pub fn request_timeout(mut self, timeout: Duration) -> Self {
-        self.request_timeout = timeout;
+        self.s.request_timeout = timeout;
         self
     }
 
@@ -79,7 +63,7 @@ impl MySqlBuilder {
     /// too; this bounds the others' sleeps and polls and covers a wake-up
     /// that could not be sent.
     pub fn max_poll_interval(mut self, interval: Duration) -> Self {
-        self.max_poll = interval;
+        self.s.max_poll = interval;
         self
     }
 
@@ -97,7 +81,7 @@ impl MySqlBuilder {
     /// setting. On MySQL, whose `GET_LOCK` cannot wait for a fraction of a
     /// second, waiters poll whatever this says.
     pub fn wake_ups(mut self, on: bool) -> Self {
-        self.wake_ups = on;
+        self.s.wake_ups = on;
         self
     }
 
@@ -106,25 +90,15 @@ impl MySqlBuilder {
     /// where the application's database user may not create tables; an
     /// administrator then runs [`MySqlBackend::table_ddl`] once.
     pub fn create_table(mut self, create: bool) -> Self {
-        self.create_table = create;
+        self.s.create_table = create;
         self
     }
 
     /// Checks the settings and the URL without connecting.
     fn validate(&self) -> Result<MySqlConnectOptions> {
-        validate_table(&self.table)?;
-        if self.max_connections == 0 {
-            return Err(Error::invalid_option(
-                "max_connections",
-                "must be at least 1",
-            ));
-        }
-        let ms = Duration::from_millis(1);
-        check_duration("connect_timeout", self.connect_timeout, ms, MAX_SETTING)?;
-        check_duration("request_timeout", self.request_timeout, ms, MAX_SETTING)?;
-        let min_poll = Duration::from_millis(10);
-        check_duration("max_poll_interval", self.max_poll, min_poll, MAX_SETTING)?;
-        parse_url(&self.url)
+        validate_table(&self.s.table)?;
+        self.s.check()?;
+        parse_url(&self.s.url)
     }
 
     /// Checks the settings, then opens one connection at once, to surface
@@ -139,22 +113,22 @@ impl MySqlBuilder {
     /// [`Error::Backend`] when it refuses us.
     pub async fn connect(self) -> Result<MySqlBackend> {
         let options = self.validate()?;
-        let pool = Pool::new(options, self.max_connections, self.connect_timeout)?;
+        let pool = Pool::new(options, self.s.max_connections, self.s.connect_timeout)?;
         // A first connection at once reports what went wrong ("connection
         // refused", "access denied") instead of a later statement.
-        let mut first = match pool.lend(Instant::now() + self.connect_timeout).await {
+        let mut first = match pool.lend(Instant::now() + self.s.connect_timeout).await {
             Ok(first) => first,
             Err(LendError::Connect(e)) => return Err(sql_error(e, "connect")),
             Err(LendError::TimedOut) => {
                 return Err(timed_out(format!(
                     "connect: no answer within {:?}",
-                    self.connect_timeout
+                    self.s.connect_timeout
                 )));
             }
         };
-        let sql = Statements::new(&self.table);
-        if self.create_table {
-            create_table(first.conn(), &sql, &self.table, self.request_timeout).await?;
+        let sql = Statements::new(&self.s.table);
+        if self.s.create_table {
+            create_table(first.conn(), &sql, &self.s.table, self.s.request_timeout).await?;
         }
         first.give_back();
         Ok(MySqlBackend {
@@ -164,9 +138,9 @@ impl MySqlBuilder {
                 wakeups: Wakeups::new(),
                 // Unique to this backend: no one else ever waits for it.
                 sleepers: Arc::new(Sleepers::new(format!("dlock-a:{}", OwnerToken::random()?))),
-                wake_ups: self.wake_ups,
-                max_poll: self.max_poll,
-                request_timeout: self.request_timeout,
+                wake_ups: self.s.wake_ups,
+                max_poll: self.s.max_poll,
+                request_timeout: self.s.request_timeout,
             }),
         })
     }
@@ -266,30 +240,11 @@ const ER_DUP_FIELDNAME: u16 = 1060;
 /// Parses a `mysql://` or `mariadb://` URL, refusing what sqlx would only
 /// notice when it connects (or would quietly replace by a default).
 fn parse_url(url: &str) -> Result<MySqlConnectOptions> {
-    let bad = |reason: &str| Error::invalid_option("url", reason.to_owned());
-    let parsed = url::Url::parse(url)
-        .map_err(|e| Error::invalid_option("url", format!("not a URL: {e}")))?;
-    if !matches!(parsed.scheme(), "mysql" | "mariadb") {
-        return Err(bad("expected mysql://user:password@host:port/database"));
-    }
-    if parsed.host_str().is_none_or(str::is_empty) {
-        return Err(bad(
-            "no host: expected mysql://user:password@host:port/database",
-        ));
-    }
-    for (part, text) in [
-        ("user name", parsed.username()),
-        ("password", parsed.password().unwrap_or_default()),
-        ("database", parsed.path()),
-    ] {
-        if !dlock_core::driver::percent_decodes(text) {
-            // The part itself is not shown: it may be a password.
-            return Err(Error::invalid_option(
-                "url",
-                format!("the {part} has a malformed %-escape or is not UTF-8"),
-            ));
-        }
-    }
+    check_url(
+        url,
+        ["mysql", "mariadb"],
+        "mysql://user:password@host:port/database",
+    )?;
     MySqlConnectOptions::from_str(url)
         .map_err(|e| Error::invalid_option("url", format!("not a MySQL URL: {e}")))
 }
@@ -304,14 +259,7 @@ impl MySqlBackend {
     /// Settings, starting from a URL.
     pub fn builder(url: impl Into<String>) -> MySqlBuilder {
         MySqlBuilder {
-            url: url.into(),
-            table: "dlock_locks".to_owned(),
-            max_connections: 10,
-            connect_timeout: Duration::from_secs(5),
-            request_timeout: Duration::from_secs(2),
-            max_poll: Duration::from_secs(1),
-            wake_ups: false,
-            create_table: true,
+            s: Settings::new(url.into()),
         }
     }
 
@@ -360,24 +308,10 @@ mod tests {
     use super::*;
 
     #[test]
-    fn urls_are_checked_before_connecting() {
-        for bad in [
-            "mysql://",
-            "mysql:///db",
-            "mysql://u:%zz@127.0.0.1/db",
-            "mysql://u:%E9@127.0.0.1/db",
-            "mysql://u:p@127.0.0.1/%",
-            "postgres://u@127.0.0.1/db",
-            "not a url",
-        ] {
-            assert!(
-                matches!(
-                    parse_url(bad),
-                    Err(Error::InvalidOption { option: "url", .. })
-                ),
-                "{bad}"
-            );
-        }
+    fn urls_of_this_database_are_taken() {
+        // The rest of the checks are dlock-sql's, tested there.
+        let r = parse_url("postgres://u@127.0.0.1/db");
+        assert!(matches!(r, Err(Error::InvalidOption { option: "url", .. })));
         assert!(parse_url("mysql://u:p%40ss@127.0.0.1:3306/db").is_ok());
         assert!(parse_url("mariadb://u@localhost/db").is_ok());
     }

@@ -5,8 +5,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use dlock_core::driver::wait::Wakeups;
-use dlock_core::driver::{MAX_SETTING, check_duration};
 use dlock_core::{Error, Result};
+use dlock_sql::{Settings, check_url};
 use sqlx::postgres::PgConnectOptions;
 use tokio::time::{Instant, timeout_at};
 
@@ -19,30 +19,13 @@ use crate::sql::{Statements, validate_identifier};
 /// Settings for [`PgBackend`]; start from [`PgBackend::builder`].
 #[derive(Clone)]
 pub struct PgBuilder {
-    url: String,
     schema: String,
-    table: String,
-    max_connections: u32,
-    connect_timeout: Duration,
-    request_timeout: Duration,
-    max_poll: Duration,
-    create_table: bool,
-    wake_ups: bool,
+    s: Settings,
 }
 
 impl std::fmt::Debug for PgBuilder {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("PgBuilder")
-            .field("url", &dlock_core::driver::redact_url(&self.url))
-            .field("schema", &self.schema)
-            .field("table", &self.table)
-            .field("max_connections", &self.max_connections)
-            .field("connect_timeout", &self.connect_timeout)
-            .field("request_timeout", &self.request_timeout)
-            .field("max_poll", &self.max_poll)
-            .field("create_table", &self.create_table)
-            .field("wake_ups", &self.wake_ups)
-            .finish()
+        self.s.debug(f, "PgBuilder", &[("schema", &self.schema)])
     }
 }
 
@@ -58,19 +41,19 @@ impl PgBuilder {
     /// The lock table (default `dlock_locks`): lower-case letters, digits
     /// and `_`, at most 52 of them.
     pub fn table(mut self, table: impl Into<String>) -> Self {
-        self.table = table.into();
+        self.s.table = table.into();
         self
     }
 
     /// The most connections the pool opens (default 10).
     pub fn max_connections(mut self, n: u32) -> Self {
-        self.max_connections = n;
+        self.s.max_connections = n;
         self
     }
 
     /// How long to wait for a new connection (default 5 s).
     pub fn connect_timeout(mut self, timeout: Duration) -> Self {
-        self.connect_timeout = timeout;
+        self.s.connect_timeout = timeout;
         self
     }
 
@@ -80,7 +63,7 @@ impl PgBuilder {
     /// times out may still have run: its connection is discarded, and an
     /// acquire is undone by its owner token.
     pub fn request_timeout(mut self, timeout: Duration) -> Self {
-        self.request_timeout = timeout;
+        self.s.request_timeout = timeout;
         self
     }
 
@@ -88,7 +71,7 @@ impl PgBuilder {
     /// (default 1 s). The holder's expiry and a release in this process
     /// wake it sooner.
     pub fn max_poll_interval(mut self, interval: Duration) -> Self {
-        self.max_poll = interval;
+        self.s.max_poll = interval;
         self
     }
 
@@ -97,7 +80,7 @@ impl PgBuilder {
     /// create tables; an administrator then runs [`PgBackend::table_ddl`]
     /// once.
     pub fn create_table(mut self, create: bool) -> Self {
-        self.create_table = create;
+        self.s.create_table = create;
         self
     }
 
@@ -115,26 +98,16 @@ impl PgBuilder {
     /// all of the database's notifying commits share, so very high
     /// release rates cost more with it on.
     pub fn wake_ups(mut self, on: bool) -> Self {
-        self.wake_ups = on;
+        self.s.wake_ups = on;
         self
     }
 
     /// Checks the settings and the URL without connecting.
     fn validate(&self) -> Result<PgConnectOptions> {
         validate_identifier("schema", &self.schema)?;
-        validate_identifier("table", &self.table)?;
-        if self.max_connections == 0 {
-            return Err(Error::invalid_option(
-                "max_connections",
-                "must be at least 1",
-            ));
-        }
-        let ms = Duration::from_millis(1);
-        check_duration("connect_timeout", self.connect_timeout, ms, MAX_SETTING)?;
-        check_duration("request_timeout", self.request_timeout, ms, MAX_SETTING)?;
-        let min_poll = Duration::from_millis(10);
-        check_duration("max_poll_interval", self.max_poll, min_poll, MAX_SETTING)?;
-        parse_url(&self.url)
+        validate_identifier("table", &self.s.table)?;
+        self.s.check()?;
+        parse_url(&self.s.url)
     }
 
     /// Checks the settings, then opens one connection at once, to surface
@@ -149,25 +122,25 @@ impl PgBuilder {
     /// [`Error::Backend`] when it refuses us.
     pub async fn connect(self) -> Result<PgBackend> {
         let options = self.validate()?;
-        let listen = self.wake_ups.then(|| options.clone());
-        let pool = Pool::new(options, self.max_connections, self.connect_timeout);
+        let listen = self.s.wake_ups.then(|| options.clone());
+        let pool = Pool::new(options, self.s.max_connections, self.s.connect_timeout);
         // A first connection at once reports what went wrong ("connection
         // refused", "password authentication failed") instead of a later
         // statement.
-        let mut first = match pool.lend(Instant::now() + self.connect_timeout).await {
+        let mut first = match pool.lend(Instant::now() + self.s.connect_timeout).await {
             Ok(first) => first,
             Err(LendError::Connect(e)) => return Err(sql_error(e, "connect")),
             Err(LendError::TimedOut) => {
                 return Err(timed_out(format!(
                     "connect: no answer within {:?}",
-                    self.connect_timeout
+                    self.s.connect_timeout
                 )));
             }
         };
-        let sql = Statements::new(&self.schema, &self.table, self.request_timeout);
-        if self.create_table {
-            let by = Instant::now() + self.request_timeout;
-            create_table(first.conn(), &sql, &self.table, by).await?;
+        let sql = Statements::new(&self.schema, &self.s.table, self.s.request_timeout);
+        if self.s.create_table {
+            let by = Instant::now() + self.s.request_timeout;
+            create_table(first.conn(), &sql, &self.s.table, by).await?;
         }
         first.give_back();
         Ok(PgBackend {
@@ -178,9 +151,9 @@ impl PgBuilder {
                 queued_wakeups: Wakeups::new(),
                 listen,
                 listener: Listener::default(),
-                max_poll: self.max_poll,
-                request_timeout: self.request_timeout,
-                connect_timeout: self.connect_timeout,
+                max_poll: self.s.max_poll,
+                request_timeout: self.s.request_timeout,
+                connect_timeout: self.s.connect_timeout,
             }),
         })
     }
@@ -224,30 +197,11 @@ async fn create_table(
 /// Parses a `postgres://` or `postgresql://` URL, refusing what sqlx would
 /// only notice when it connects (or would quietly replace by a default).
 fn parse_url(url: &str) -> Result<PgConnectOptions> {
-    let bad = |reason: &str| Error::invalid_option("url", reason.to_owned());
-    let parsed = url::Url::parse(url)
-        .map_err(|e| Error::invalid_option("url", format!("not a URL: {e}")))?;
-    if !matches!(parsed.scheme(), "postgres" | "postgresql") {
-        return Err(bad("expected postgres://user:password@host:port/database"));
-    }
-    if parsed.host_str().is_none_or(str::is_empty) {
-        return Err(bad(
-            "no host: expected postgres://user:password@host:port/database",
-        ));
-    }
-    for (part, text) in [
-        ("user name", parsed.username()),
-        ("password", parsed.password().unwrap_or_default()),
-        ("database", parsed.path()),
-    ] {
-        if !dlock_core::driver::percent_decodes(text) {
-            // The part itself is not shown: it may be a password.
-            return Err(Error::invalid_option(
-                "url",
-                format!("the {part} has a malformed %-escape or is not UTF-8"),
-            ));
-        }
-    }
+    check_url(
+        url,
+        ["postgres", "postgresql"],
+        "postgres://user:password@host:port/database",
+    )?;
     // No `extra_float_digits` at startup: a stock PgBouncer refuses a
     // startup parameter it does not know, and no statement here reads a
     // float.
@@ -266,15 +220,8 @@ impl PgBackend {
     /// Settings, starting from a URL.
     pub fn builder(url: impl Into<String>) -> PgBuilder {
         PgBuilder {
-            url: url.into(),
             schema: "public".to_owned(),
-            table: "dlock_locks".to_owned(),
-            max_connections: 10,
-            connect_timeout: Duration::from_secs(5),
-            request_timeout: Duration::from_secs(2),
-            max_poll: Duration::from_secs(1),
-            create_table: true,
-            wake_ups: false,
+            s: Settings::new(url.into()),
         }
     }
 
@@ -308,24 +255,10 @@ mod tests {
     use super::*;
 
     #[test]
-    fn urls_are_checked_before_connecting() {
-        for bad in [
-            "postgres://",
-            "postgres:///db",
-            "postgres://u:%zz@127.0.0.1/db",
-            "postgres://u:%E9@127.0.0.1/db",
-            "postgres://u:p@127.0.0.1/%",
-            "mysql://u@127.0.0.1/db",
-            "not a url",
-        ] {
-            assert!(
-                matches!(
-                    parse_url(bad),
-                    Err(Error::InvalidOption { option: "url", .. })
-                ),
-                "{bad}"
-            );
-        }
+    fn urls_of_this_database_are_taken() {
+        // The rest of the checks are dlock-sql's, tested there.
+        let r = parse_url("mysql://u@127.0.0.1/db");
+        assert!(matches!(r, Err(Error::InvalidOption { option: "url", .. })));
         assert!(parse_url("postgres://u:p%40ss@127.0.0.1:5432/db").is_ok());
         assert!(parse_url("postgresql://u@localhost/db").is_ok());
     }

@@ -4,8 +4,10 @@ use dlock_core::{Capabilities, LeaseKind};
 
 pub mod error;
 mod purge;
+mod settings;
 
 pub use purge::{MIN_PURGE_AGE, Purger, check_purge_age, spawn_purger};
+pub use settings::{Settings, check_url};
 
 /// What both SQL drivers can do: leases on the database clock, fencing
 /// tokens that fold in that clock (so they keep increasing across a

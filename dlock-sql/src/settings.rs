@@ -1,0 +1,160 @@
+//! The settings both SQL builders have, their defaults and checks, and the
+//! checks of a URL that sqlx would only make when it connects.
+
+use std::time::Duration;
+
+use dlock_core::driver::{MAX_SETTING, check_duration, percent_decodes, redact_url};
+use dlock_core::{Error, Result};
+
+/// What both builders set; each builder adds its own (a schema) and keeps
+/// its setters' docs.
+#[derive(Clone)]
+pub struct Settings {
+    /// The server's URL.
+    pub url: String,
+    /// The lock table.
+    pub table: String,
+    /// The most connections the pool opens.
+    pub max_connections: u32,
+    /// How long to wait for a new connection.
+    pub connect_timeout: Duration,
+    /// How long one call may take.
+    pub request_timeout: Duration,
+    /// The longest a waiter goes without looking again.
+    pub max_poll: Duration,
+    /// Whether waiters in other processes are woken.
+    pub wake_ups: bool,
+    /// Whether `connect` creates a missing lock table.
+    pub create_table: bool,
+}
+
+impl Settings {
+    /// The defaults, for `url`: table `dlock_locks`, 10 connections, a
+    /// 5 s connect timeout, a 2 s request timeout, polls 1 s apart at most,
+    /// no wake-ups, and the table created when missing.
+    pub fn new(url: String) -> Self {
+        Settings {
+            url,
+            table: "dlock_locks".to_owned(),
+            max_connections: 10,
+            connect_timeout: Duration::from_secs(5),
+            request_timeout: Duration::from_secs(2),
+            max_poll: Duration::from_secs(1),
+            wake_ups: false,
+            create_table: true,
+        }
+    }
+
+    /// Checks the numbers; the builder checks the names and the URL.
+    ///
+    /// # Errors
+    /// [`Error::InvalidOption`] naming the setting out of range.
+    pub fn check(&self) -> Result<()> {
+        if self.max_connections == 0 {
+            return Err(Error::invalid_option(
+                "max_connections",
+                "must be at least 1",
+            ));
+        }
+        let ms = Duration::from_millis(1);
+        check_duration("connect_timeout", self.connect_timeout, ms, MAX_SETTING)?;
+        check_duration("request_timeout", self.request_timeout, ms, MAX_SETTING)?;
+        let min_poll = Duration::from_millis(10);
+        check_duration("max_poll_interval", self.max_poll, min_poll, MAX_SETTING)
+    }
+
+    /// A builder's `Debug`: `builder` and its own fields, then these, the
+    /// URL without its password.
+    pub fn debug(
+        &self,
+        f: &mut std::fmt::Formatter<'_>,
+        builder: &str,
+        own: &[(&str, &dyn std::fmt::Debug)],
+    ) -> std::fmt::Result {
+        let mut d = f.debug_struct(builder);
+        d.field("url", &redact_url(&self.url));
+        for (name, value) in own {
+            d.field(name, value);
+        }
+        d.field("table", &self.table)
+            .field("max_connections", &self.max_connections)
+            .field("connect_timeout", &self.connect_timeout)
+            .field("request_timeout", &self.request_timeout)
+            .field("max_poll", &self.max_poll)
+            .field("wake_ups", &self.wake_ups)
+            .field("create_table", &self.create_table)
+            .finish()
+    }
+}
+
+/// Checks what sqlx would only notice when it connects (or would quietly
+/// replace by a default): one of `schemes`, a host, and %-escapes that
+/// decode to UTF-8 in the user name, password and database. `example` is
+/// the URL's form, as the errors show it.
+///
+/// # Errors
+/// [`Error::InvalidOption`] for `url`; a password is never shown.
+pub fn check_url(url: &str, schemes: [&str; 2], example: &str) -> Result<()> {
+    let bad = |reason: String| Error::invalid_option("url", reason);
+    let parsed = url::Url::parse(url).map_err(|e| bad(format!("not a URL: {e}")))?;
+    if !schemes.contains(&parsed.scheme()) {
+        return Err(bad(format!("expected {example}")));
+    }
+    if parsed.host_str().is_none_or(str::is_empty) {
+        return Err(bad(format!("no host: expected {example}")));
+    }
+    for (part, text) in [
+        ("user name", parsed.username()),
+        ("password", parsed.password().unwrap_or_default()),
+        ("database", parsed.path()),
+    ] {
+        if !percent_decodes(text) {
+            // The part itself is not shown: it may be a password.
+            return Err(bad(format!(
+                "the {part} has a malformed %-escape or is not UTF-8"
+            )));
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls_are_checked_before_connecting() {
+        let check = |url| check_url(url, ["db", "dbx"], "db://user:password@host/database");
+        for bad in [
+            "db://",
+            "db:///db",
+            "db://u:%zz@127.0.0.1/db",
+            "db://u:%E9@127.0.0.1/db",
+            "db://u:p@127.0.0.1/%",
+            "other://u@127.0.0.1/db",
+            "not a url",
+        ] {
+            let r = check(bad);
+            assert!(
+                matches!(r, Err(Error::InvalidOption { option: "url", .. })),
+                "{bad}: {r:?}"
+            );
+        }
+        assert!(check("db://u:p%40ss@127.0.0.1:3306/db").is_ok());
+        assert!(check("dbx://u@localhost/db").is_ok());
+    }
+
+    #[test]
+    fn a_password_is_never_shown() {
+        let r = check_url("db://u:%zzsecret@h/d", ["db", "db"], "db://…");
+        assert!(!format!("{r:?}").contains("secret"), "{r:?}");
+        let settings = Settings::new("db://u:secret@h/d".to_owned());
+        struct Shown<'a>(&'a Settings);
+        impl std::fmt::Debug for Shown<'_> {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                self.0.debug(f, "Builder", &[])
+            }
+        }
+        assert!(!format!("{:?}", Shown(&settings)).contains("secret"));
+    }
+}
