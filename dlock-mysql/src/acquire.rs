@@ -12,7 +12,6 @@ use tokio::time::{Instant, timeout_at};
 
 use crate::backend::MySqlBackend;
 use crate::error::RolledBack;
-use crate::pool::settle;
 use crate::sql::HELD_AS_ANOTHER_KIND;
 use dlock_core::driver::micros_up;
 
@@ -55,10 +54,10 @@ impl MySqlBackend {
     /// marker went meanwhile.
     async fn conflict(&self, name: &str) -> Result<Attempt> {
         let query = sqlx::query_scalar(self.inner.sql.kind.clone()).bind(name.as_bytes());
-        let (by, limit) = (self.deadline(), self.inner.request_timeout);
-        let mut lent = self.lend("acquire", by).await?;
+        let by = self.deadline();
+        let mut lent = self.inner.pool.lend("acquire", by).await?;
         let done = timeout_at(by, query.fetch_optional(lent.conn())).await;
-        let owner: Option<String> = settle(lent, done, limit, "acquire")?;
+        let owner: Option<String> = self.inner.pool.settle(lent, done, "acquire")?;
         match owner {
             Some(marker) if marker.starts_with('~') => Err(Error::ModeConflict {
                 name: name.to_owned(),
@@ -92,8 +91,7 @@ impl MySqlBackend {
         let mut rolled_back = RolledBack::default();
         let by = self.deadline();
         loop {
-            let limit = self.inner.request_timeout;
-            let mut lent = self.lend("acquire", by).await?;
+            let mut lent = self.inner.pool.lend("acquire", by).await?;
             // Armed from the moment the statement may reach the server until
             // its reply is in: one that timed out, or whose future was
             // dropped, may still have taken the lock, and may still be on
@@ -156,7 +154,7 @@ impl MySqlBackend {
                     rolled_back.pause(by).await;
                 }
                 done => {
-                    let version = settle(lent, done, limit, "acquire")?;
+                    let version = self.inner.pool.settle(lent, done, "acquire")?;
                     return Ok((version != 0).then_some(version));
                 }
             }

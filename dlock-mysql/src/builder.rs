@@ -12,9 +12,10 @@ use tokio::time::{Instant, timeout_at};
 
 use crate::backend::{Inner, MySqlBackend, NAME};
 use crate::error::{ER_TABLEACCESS_DENIED, server_error_number, sql_error, timed_out};
-use crate::pool::{LendError, Pool};
+use crate::pool::{My, Pool};
 use crate::sql::{Statements, validate_table};
 use crate::wake::Sleepers;
+use dlock_sql::LendError;
 
 /// Settings for [`MySqlBackend`]; start from [`MySqlBackend::builder`].
 #[derive(Clone)]
@@ -113,10 +114,15 @@ impl MySqlBuilder {
     /// [`Error::Backend`] when it refuses us.
     pub async fn connect(self) -> Result<MySqlBackend> {
         let options = self.validate()?;
-        let pool = Pool::new(options, self.s.max_connections, self.s.connect_timeout)?;
+        let pool = Pool::new(
+            My::new(options, self.s.connect_timeout)?,
+            self.s.max_connections,
+            self.s.connect_timeout,
+            self.s.request_timeout,
+        );
         // A first connection at once reports what went wrong ("connection
         // refused", "access denied") instead of a later statement.
-        let mut first = match pool.lend(Instant::now() + self.s.connect_timeout).await {
+        let mut first = match pool.checkout(Instant::now() + self.s.connect_timeout).await {
             Ok(first) => first,
             Err(LendError::Connect(e)) => return Err(sql_error(e, "connect")),
             Err(LendError::TimedOut) => {
@@ -293,7 +299,7 @@ impl MySqlBackend {
             .await?;
         self.execute(sqlx::query(sql.create_holds()), "migrate", by)
             .await?;
-        let mut lent = self.lend("migrate", by).await?;
+        let mut lent = self.inner.pool.lend("migrate", by).await?;
         let table = &self.inner.sql.table;
         let upgraded = upgrade_holder(lent.conn(), sql, table, by).await;
         if upgraded.is_ok() {

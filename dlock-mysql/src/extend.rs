@@ -12,7 +12,6 @@ use sqlx::query::Query;
 use tokio::time::{Instant, timeout_at};
 
 use crate::backend::MySqlBackend;
-use crate::pool::settle;
 use crate::sql::Batch;
 
 /// Which leases of a batch an extension extended.
@@ -91,12 +90,11 @@ impl MySqlBackend {
             // Some were lost: ask which rows are still ours, which are
             // exactly those the update extended.
             let select = sqlx::raw_sql(self.inner.sql.owned_of(&batch));
-            let limit = self.inner.request_timeout;
-            let mut lent = self.lend("extend", by).await?;
+            let mut lent = self.inner.pool.lend("extend", by).await?;
             let done = timeout_at(by, select.fetch_all(lent.conn())).await;
-            Ok(Extended::Owned(owned_keys(&settle(
-                lent, done, limit, "extend",
-            )?)))
+            Ok(Extended::Owned(owned_keys(
+                &self.inner.pool.settle(lent, done, "extend")?,
+            )))
         })
         .await
     }

@@ -6,7 +6,6 @@ use dlock_core::{Error, HeldLock, LockInfo, LockPage, Mode, Result};
 use tokio::time::timeout_at;
 
 use crate::backend::{MySqlBackend, NAME};
-use crate::pool::settle;
 
 /// A row `list` reads: name, owner, holder description, kind, version, µs
 /// left.
@@ -36,10 +35,10 @@ impl MySqlBackend {
             .bind(cursor.unwrap_or_default().as_bytes())
             .bind(pattern)
             .bind(u32::try_from(limit).unwrap_or(u32::MAX));
-        let (by, limit_time) = (self.deadline(), self.inner.request_timeout);
-        let mut lent = self.lend("list", by).await?;
+        let by = self.deadline();
+        let mut lent = self.inner.pool.lend("list", by).await?;
         let done = timeout_at(by, query.fetch_all(lent.conn())).await;
-        let rows: Vec<ListedRow> = settle(lent, done, limit_time, "list")?;
+        let rows: Vec<ListedRow> = self.inner.pool.settle(lent, done, "list")?;
         // The next page starts after the last row read, kept or not.
         let next = (rows.len() == limit)
             .then(|| {
@@ -64,10 +63,10 @@ impl MySqlBackend {
     /// checked already.
     pub(crate) async fn inspect_lock(&self, name: &str) -> Result<Option<LockInfo>> {
         let query = sqlx::query_as(self.inner.sql.inspect.clone()).bind(name.as_bytes());
-        let (by, limit) = (self.deadline(), self.inner.request_timeout);
-        let mut lent = self.lend("inspect", by).await?;
+        let by = self.deadline();
+        let mut lent = self.inner.pool.lend("inspect", by).await?;
         let done = timeout_at(by, query.fetch_optional(lent.conn())).await;
-        let row: Option<InspectedRow> = settle(lent, done, limit, "inspect")?;
+        let row: Option<InspectedRow> = self.inner.pool.settle(lent, done, "inspect")?;
         let Some((owner, holder, kind, version, left)) = row else {
             return Ok(None);
         };
@@ -86,10 +85,10 @@ impl MySqlBackend {
         let query = sqlx::query_as(self.inner.sql.holders.clone())
             .bind(name.as_bytes())
             .bind(name.as_bytes());
-        let (by, limit) = (self.deadline(), self.inner.request_timeout);
-        let mut lent = self.lend("holders", by).await?;
+        let by = self.deadline();
+        let mut lent = self.inner.pool.lend("holders", by).await?;
         let done = timeout_at(by, query.fetch_all(lent.conn())).await;
-        let rows: Vec<InspectedRow> = settle(lent, done, limit, "holders")?;
+        let rows: Vec<InspectedRow> = self.inner.pool.settle(lent, done, "holders")?;
         rows.into_iter()
             .map(|row| info_of(row, "holders"))
             .collect()

@@ -10,7 +10,6 @@ use dlock_sql::{Purger, check_purge_age, spawn_purger};
 use tokio::time::timeout_at;
 
 use crate::backend::MySqlBackend;
-use crate::pool::settle;
 
 impl MySqlBackend {
     /// Deletes up to `limit` rows whose lease ended more than `older_than`
@@ -29,10 +28,10 @@ impl MySqlBackend {
         let query = sqlx::query_scalar(self.inner.sql.purge_candidates.clone())
             .bind(age)
             .bind(limit);
-        let (by, limit_time) = (self.deadline(), self.inner.request_timeout);
-        let mut lent = self.lend("purge", by).await?;
+        let by = self.deadline();
+        let mut lent = self.inner.pool.lend("purge", by).await?;
         let done = timeout_at(by, query.fetch_all(lent.conn())).await;
-        let names: Vec<Vec<u8>> = settle(lent, done, limit_time, "purge")?;
+        let names: Vec<Vec<u8>> = self.inner.pool.settle(lent, done, "purge")?;
         if names.is_empty() {
             return Ok(0);
         }

@@ -9,7 +9,7 @@ use tokio::time::{Instant, timeout_at};
 
 use crate::backend::MySqlBackend;
 use crate::error::{ER_NO_SUCH_THREAD, RolledBack, server_error_number, timed_out};
-use crate::pool::{Lent, Mark, answer, settle};
+use crate::pool::{Lent, Mark};
 use dlock_core::driver::micros_up;
 
 impl MySqlBackend {
@@ -76,13 +76,16 @@ impl MySqlBackend {
     /// connections its own way: nothing is killed then.
     pub(crate) async fn end_connection(&self, mark: &Mark, by: Instant) -> Result<()> {
         const DOING: &str = "undo an acquire";
-        let limit = self.inner.request_timeout;
-        let mut lent = self.lend(DOING, by).await?;
+        let mut lent = self.inner.pool.lend(DOING, by).await?;
         let conn = lent.conn();
         let holder = sqlx::query_scalar::<_, Option<i64>>("SELECT CAST(IS_USED_LOCK(?) AS SIGNED)")
             .bind(&*mark.lock)
             .fetch_one(&mut *conn);
-        match answer(timeout_at(by, holder).await, limit, DOING)? {
+        match self
+            .inner
+            .pool
+            .answer(timeout_at(by, holder).await, DOING)?
+        {
             // Gone already.
             None => {}
             Some(id) if id != mark.id => {
@@ -98,7 +101,7 @@ impl MySqlBackend {
                 match timeout_at(by, sqlx::Executor::execute(&mut *conn, kill)).await {
                     Ok(Err(e)) if server_error_number(&e) == Some(ER_NO_SUCH_THREAD) => {}
                     done => {
-                        answer(done, limit, DOING)?;
+                        self.inner.pool.answer(done, DOING)?;
                     }
                 }
                 // The lock frees when the connection has ended: wait for it
@@ -111,7 +114,7 @@ impl MySqlBackend {
                 .bind(left.as_secs_f64())
                 .bind(&*mark.lock)
                 .fetch_one(&mut *conn);
-                if answer(timeout_at(by, ended).await, limit, DOING)? != Some(1) {
+                if self.inner.pool.answer(timeout_at(by, ended).await, DOING)? != Some(1) {
                     return Err(timed_out(format!(
                         "{DOING}: the connection it went out on has not ended yet"
                     )));
@@ -136,14 +139,13 @@ impl MySqlBackend {
         doing: &str,
         by: Instant,
     ) -> Result<u64> {
-        let limit = self.inner.request_timeout;
         let owner = owner.to_string();
         let mut rolled_back = RolledBack::default();
         let (done, lent) = loop {
             let query = sqlx::query(self.inner.sql.release.clone())
                 .bind(name.as_bytes())
                 .bind(owner.as_str());
-            let mut lent = self.lend(doing, by).await?;
+            let mut lent = self.inner.pool.lend(doing, by).await?;
             match timeout_at(by, query.execute(lent.conn())).await {
                 Ok(Err(e)) if rolled_back.again(&e) => {
                     lent.give_back();
@@ -159,7 +161,7 @@ impl MySqlBackend {
             _ => 0,
         };
         if sleeper == 0 {
-            let rows = settle(lent, done, limit, doing)?.rows_affected();
+            let rows = self.inner.pool.settle(lent, done, doing)?.rows_affected();
             if rows == 1 {
                 self.inner.wakeups.wake(name);
             }

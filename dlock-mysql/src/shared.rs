@@ -15,7 +15,7 @@ use tokio::time::{Instant, timeout_at};
 use crate::backend::{MySqlBackend, NAME};
 use crate::error::RolledBack;
 use crate::extend::{Extended, owned_keys};
-use crate::pool::{Lent, Mark, answer};
+use crate::pool::{Lent, Mark};
 
 /// The one row a shared call's transaction answers with.
 fn one_row<'r>(rows: &'r [MySqlRow], doing: &str) -> Result<&'r MySqlRow> {
@@ -65,14 +65,14 @@ impl MySqlBackend {
     ) -> Result<(Vec<MySqlRow>, Lent<'_>)> {
         let mut rolled_back = RolledBack::default();
         loop {
-            let mut lent = self.lend(doing, by).await?;
+            let mut lent = self.inner.pool.lend(doing, by).await?;
             mark(lent.mark());
             let done = timeout_at(by, sqlx::raw_sql(sql.clone()).fetch_all(lent.conn())).await;
             match done {
                 Ok(Ok(rows)) => return Ok((rows, lent)),
                 Ok(Err(e)) if rolled_back.again(&e) => rolled_back.pause(by).await,
                 done => {
-                    let rows = answer(done, self.inner.request_timeout, doing)?;
+                    let rows = self.inner.pool.answer(done, doing)?;
                     return Ok((rows, lent));
                 }
             }

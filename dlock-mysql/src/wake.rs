@@ -125,7 +125,7 @@ impl Opening {
         let sleepers = &self.0;
         let rest = || *sleepers.retry_at() = Some(Instant::now() + RETRY_OPEN_AFTER);
         if sleepers.anchor().is_none() {
-            let Ok(mut conn) = pool.open().await else {
+            let Ok(mut conn) = pool.dialect().open_unpooled().await else {
                 return rest();
             };
             let query = sqlx::query_as(sql.anchor.clone()).bind(&sleepers.anchor_name);
@@ -145,7 +145,7 @@ impl Opening {
         if !sleepers.idle().is_empty() {
             return;
         }
-        match pool.open().await {
+        match pool.dialect().open_unpooled().await {
             Ok(conn) => sleepers.idle().push(conn),
             Err(_) => rest(),
         }

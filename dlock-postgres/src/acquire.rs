@@ -12,7 +12,6 @@ use sqlx::postgres::PgRow;
 use tokio::time::{Instant, timeout_at};
 
 use crate::backend::{NAME, PgBackend};
-use crate::pool::settle;
 
 impl PgBackend {
     /// One attempt to take `name`: the lease, or "held" (also for a grant
@@ -79,7 +78,7 @@ impl PgBackend {
             micros_up(self.place()),
         );
         let by = self.deadline();
-        let mut lent = self.lend("acquire", by).await?;
+        let mut lent = self.inner.pool.lend("acquire", by).await?;
         // The lease is counted from here, not from before the wait for a
         // connection: the server starts its TTL only when the statement
         // runs, and a loaded pool would otherwise eat into every lease.
@@ -99,10 +98,7 @@ impl PgBackend {
         {
             undo.disarm();
         }
-        Ok((
-            settle(lent, done, self.inner.request_timeout, "acquire")?,
-            sent,
-        ))
+        Ok((self.inner.pool.settle(lent, done, "acquire")?, sent))
     }
 }
 

@@ -13,8 +13,9 @@ use tokio::time::{Instant, timeout_at};
 use crate::backend::{Inner, NAME, PgBackend};
 use crate::error::{INSUFFICIENT_PRIVILEGE, sql_error, sql_state, timed_out};
 use crate::notify::Listener;
-use crate::pool::{LendError, Pool};
+use crate::pool::{Pg, Pool};
 use crate::sql::{Statements, validate_identifier};
+use dlock_sql::LendError;
 
 /// Settings for [`PgBackend`]; start from [`PgBackend::builder`].
 #[derive(Clone)]
@@ -123,11 +124,16 @@ impl PgBuilder {
     pub async fn connect(self) -> Result<PgBackend> {
         let options = self.validate()?;
         let listen = self.s.wake_ups.then(|| options.clone());
-        let pool = Pool::new(options, self.s.max_connections, self.s.connect_timeout);
+        let pool = Pool::new(
+            Pg(options),
+            self.s.max_connections,
+            self.s.connect_timeout,
+            self.s.request_timeout,
+        );
         // A first connection at once reports what went wrong ("connection
         // refused", "password authentication failed") instead of a later
         // statement.
-        let mut first = match pool.lend(Instant::now() + self.s.connect_timeout).await {
+        let mut first = match pool.checkout(Instant::now() + self.s.connect_timeout).await {
             Ok(first) => first,
             Err(LendError::Connect(e)) => return Err(sql_error(e, "connect")),
             Err(LendError::TimedOut) => {

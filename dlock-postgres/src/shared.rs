@@ -14,7 +14,6 @@ use tokio::time::{Instant, timeout_at};
 use crate::acquire::token;
 use crate::backend::{NAME, PgBackend};
 use crate::error::timed_out;
-use crate::pool::settle;
 use crate::sql::SharedRenewal;
 
 /// The row of a statement's last part (the parts before it lock a row and
@@ -64,7 +63,7 @@ impl PgBackend {
             micros_up(self.place()),
         );
         let by = self.deadline();
-        let mut lent = self.lend("acquire", by).await?;
+        let mut lent = self.inner.pool.lend("acquire", by).await?;
         // As for the mutex (see `acquire.rs`): counted from when the
         // statement goes, and armed while the outcome is unknown.
         let sent = Instant::now();
@@ -79,7 +78,7 @@ impl PgBackend {
         {
             undo.disarm();
         }
-        let rows = settle(lent, done, self.inner.request_timeout, "acquire")?;
+        let rows = self.inner.pool.settle(lent, done, "acquire")?;
         let row = last(&rows).ok_or_else(|| Error::malformed(NAME, "acquire", "no row"))?;
         let read = |e| Error::backend(NAME, "acquire", e);
         let fence: Option<i64> = row.try_get(0).map_err(read)?;

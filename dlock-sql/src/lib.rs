@@ -3,9 +3,11 @@
 use dlock_core::{Capabilities, LeaseKind};
 
 pub mod error;
+mod pool;
 mod purge;
 mod settings;
 
+pub use pool::{Conn, Dialect, LendError, Lent, Pool};
 pub use purge::{MIN_PURGE_AGE, Purger, check_purge_age, spawn_purger};
 pub use settings::{Settings, check_url};
 

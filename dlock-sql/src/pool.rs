@@ -1,0 +1,288 @@
+//! The drivers' own connection pool.
+//!
+//! sqlx's pool pings every connection when it comes back, one more round
+//! trip per statement, during which the connection cannot be lent again,
+//! and it may return a connection whose statement was cut off. Every
+//! statement here is one round trip: a connection goes back to the pool
+//! only after its statement finished, is closed otherwise (a statement may
+//! still be in flight on it), and is checked with a ping only after it sat
+//! idle long enough that the server, or a proxy in between, may have
+//! dropped it. [`Pool::settle`] decides a lent connection's fate from its
+//! statement's outcome.
+
+use std::future::Future;
+use std::sync::{Mutex, PoisonError};
+use std::time::Duration;
+
+use dlock_core::{Error, Result};
+use sqlx::{Connection, Database, Execute, Executor};
+use tokio::sync::{Semaphore, SemaphorePermit};
+use tokio::time::error::Elapsed;
+use tokio::time::{Instant, timeout_at};
+
+/// Idle longer than this, a connection is pinged before it is lent.
+const CHECK_AFTER_IDLE: Duration = Duration::from_secs(30);
+
+/// What the pool needs of a database: how to open a connection, which
+/// failed statements leave it fit, and how its errors read.
+pub trait Dialect: Send + Sync + 'static {
+    /// sqlx's database.
+    type Db: Database;
+    /// What the driver keeps with each pooled connection (MySQL: how an
+    /// undo finds the connection on the server).
+    type Mark: Clone + Send + Sync + 'static;
+
+    /// Opens a connection for the pool; the pool bounds the call.
+    fn open(
+        &self,
+    ) -> impl Future<Output = std::result::Result<(Conn<Self>, Self::Mark), sqlx::Error>> + Send;
+
+    /// Whether a connection whose statement failed with `e` may serve the
+    /// next one: the server answered, and the session goes on.
+    fn reusable(e: &sqlx::Error) -> bool;
+
+    /// `e`, met while `doing`, as a dlock error.
+    fn error(e: sqlx::Error, doing: &str) -> Error;
+
+    /// A request that got no answer in time, as a dlock error.
+    fn timed_out(message: String) -> Error;
+}
+
+/// The connection type of a [`Dialect`].
+pub type Conn<D> = <<D as Dialect>::Db as Database>::Connection;
+
+/// An idle connection, its mark, and since when it is idle.
+type Idle<D> = (Conn<D>, <D as Dialect>::Mark, Instant);
+
+/// Why a connection could not be lent.
+#[derive(Debug)]
+pub enum LendError {
+    /// No connection was free or could be opened in time.
+    TimedOut,
+    /// Opening a connection failed.
+    Connect(sqlx::Error),
+}
+
+/// The pool: at most `max` connections lent at once, each call bounded by
+/// the request timeout.
+pub struct Pool<D: Dialect> {
+    dialect: D,
+    idle: Mutex<Vec<Idle<D>>>,
+    slots: Semaphore,
+    connect_timeout: Duration,
+    request_timeout: Duration,
+}
+
+impl<D: Dialect> std::fmt::Debug for Pool<D> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Pool")
+            .field("free", &self.slots.available_permits())
+            .field("connect_timeout", &self.connect_timeout)
+            .field("request_timeout", &self.request_timeout)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<D: Dialect> Pool<D> {
+    /// A pool of up to `max` connections opened by `dialect`.
+    pub fn new(dialect: D, max: u32, connect_timeout: Duration, request_timeout: Duration) -> Self {
+        Pool {
+            dialect,
+            idle: Mutex::new(Vec::new()),
+            slots: Semaphore::new(usize::try_from(max).unwrap_or(usize::MAX)),
+            connect_timeout,
+            request_timeout,
+        }
+    }
+
+    /// What opens the connections.
+    pub fn dialect(&self) -> &D {
+        &self.dialect
+    }
+
+    /// The bound of every call.
+    pub fn request_timeout(&self) -> Duration {
+        self.request_timeout
+    }
+
+    /// When a call starting now must have returned: every public call is
+    /// bounded by one request timeout, the wait for a connection included.
+    pub fn deadline(&self) -> Instant {
+        Instant::now() + self.request_timeout
+    }
+
+    fn idle(&self) -> std::sync::MutexGuard<'_, Vec<Idle<D>>> {
+        self.idle.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// A connection for one call, by `by`; a new one is opened within the
+    /// connect timeout too.
+    ///
+    /// # Errors
+    /// Why none could be lent.
+    pub async fn checkout(&self, by: Instant) -> std::result::Result<Lent<'_, D>, LendError> {
+        let permit = match timeout_at(by, self.slots.acquire()).await {
+            Ok(Ok(permit)) => permit,
+            Ok(Err(_)) | Err(_) => return Err(LendError::TimedOut),
+        };
+        loop {
+            // The newest idle connection first: the likeliest to be alive.
+            let idle = self.idle().pop();
+            let Some((mut conn, mark, since)) = idle else {
+                break;
+            };
+            if since.elapsed() < CHECK_AFTER_IDLE {
+                return Ok(Lent::new(self, conn, mark, permit));
+            }
+            if let Ok(Ok(())) = timeout_at(by, conn.ping()).await {
+                return Ok(Lent::new(self, conn, mark, permit));
+            }
+        }
+        let by = by.min(Instant::now() + self.connect_timeout);
+        match timeout_at(by, self.dialect.open()).await {
+            Ok(Ok((conn, mark))) => Ok(Lent::new(self, conn, mark, permit)),
+            Ok(Err(e)) => Err(LendError::Connect(e)),
+            Err(_) => Err(LendError::TimedOut),
+        }
+    }
+
+    /// A connection for a call doing `doing`, by its deadline `by`.
+    ///
+    /// # Errors
+    /// Why none could be lent, as a dlock error.
+    pub async fn lend(&self, doing: &str, by: Instant) -> Result<Lent<'_, D>> {
+        match self.checkout(by).await {
+            Ok(lent) => Ok(lent),
+            Err(LendError::Connect(e)) => Err(D::error(e, doing)),
+            Err(LendError::TimedOut) => Err(D::timed_out(format!(
+                "{doing}: no connection within {:?}",
+                self.request_timeout
+            ))),
+        }
+    }
+
+    /// A statement's reply, `done`, as the call's result.
+    ///
+    /// # Errors
+    /// The statement's error, or no reply in time.
+    pub fn answer<T>(
+        &self,
+        done: std::result::Result<std::result::Result<T, sqlx::Error>, Elapsed>,
+        doing: &str,
+    ) -> Result<T> {
+        match done {
+            Ok(Ok(value)) => Ok(value),
+            Ok(Err(e)) => Err(D::error(e, doing)),
+            Err(_) => Err(D::timed_out(format!(
+                "{doing}: no reply within {:?}",
+                self.request_timeout
+            ))),
+        }
+    }
+
+    /// A statement's outcome. A reply that leaves the connection fit (an
+    /// error answer included, see [`Dialect::reusable`]) gives it back to
+    /// the pool; no reply in time, or a broken connection, closes it.
+    ///
+    /// # Errors
+    /// As [`Pool::answer`].
+    pub fn settle<T>(
+        &self,
+        lent: Lent<'_, D>,
+        done: std::result::Result<std::result::Result<T, sqlx::Error>, Elapsed>,
+        doing: &str,
+    ) -> Result<T> {
+        let fit = match &done {
+            Ok(Ok(_)) => true,
+            Ok(Err(e)) => D::reusable(e),
+            Err(_) => false,
+        };
+        if fit {
+            lent.give_back();
+        }
+        self.answer(done, doing)
+    }
+
+    /// Runs one statement on a lent connection, by `by`: prepared, or
+    /// written out in full (`sqlx::raw_sql`), as the caller made it.
+    ///
+    /// # Errors
+    /// As [`Pool::lend`] and [`Pool::answer`].
+    pub async fn execute<'q, Q>(
+        &self,
+        query: Q,
+        doing: &str,
+        by: Instant,
+    ) -> Result<<D::Db as Database>::QueryResult>
+    where
+        Q: Execute<'q, D::Db> + 'q,
+        for<'c> &'c mut Conn<D>: Executor<'c, Database = D::Db>,
+    {
+        let mut lent = self.lend(doing, by).await?;
+        let done = timeout_at(by, lent.conn().execute(query)).await;
+        self.settle(lent, done, doing)
+    }
+
+    /// Runs one statement that returns rows, by `by`.
+    ///
+    /// # Errors
+    /// As [`Pool::execute`].
+    pub async fn fetch_all<'q, Q>(
+        &self,
+        query: Q,
+        doing: &str,
+        by: Instant,
+    ) -> Result<Vec<<D::Db as Database>::Row>>
+    where
+        Q: Execute<'q, D::Db> + 'q,
+        for<'c> &'c mut Conn<D>: Executor<'c, Database = D::Db>,
+    {
+        let mut lent = self.lend(doing, by).await?;
+        let done = timeout_at(by, lent.conn().fetch_all(query)).await;
+        self.settle(lent, done, doing)
+    }
+}
+
+/// A connection lent to one call. It goes back to the pool only through
+/// [`Lent::give_back`]; dropped otherwise (a timeout, a dropped future, a
+/// broken link), it is closed, because a statement may still be in flight
+/// on it.
+pub struct Lent<'a, D: Dialect> {
+    pool: &'a Pool<D>,
+    conn: Option<(Conn<D>, D::Mark)>,
+    _permit: SemaphorePermit<'a>,
+}
+
+impl<'a, D: Dialect> Lent<'a, D> {
+    fn new(pool: &'a Pool<D>, conn: Conn<D>, mark: D::Mark, permit: SemaphorePermit<'a>) -> Self {
+        Lent {
+            pool,
+            conn: Some((conn, mark)),
+            _permit: permit,
+        }
+    }
+
+    fn pooled(&mut self) -> &mut (Conn<D>, D::Mark) {
+        match &mut self.conn {
+            Some(pooled) => pooled,
+            None => unreachable!("a lent connection is present until given back"),
+        }
+    }
+
+    /// The connection.
+    pub fn conn(&mut self) -> &mut Conn<D> {
+        &mut self.pooled().0
+    }
+
+    /// What the driver keeps with the connection.
+    pub fn mark(&mut self) -> D::Mark {
+        self.pooled().1.clone()
+    }
+
+    /// The statement finished: the connection is fit for the next one.
+    pub fn give_back(mut self) {
+        if let Some((conn, mark)) = self.conn.take() {
+            self.pool.idle().push((conn, mark, Instant::now()));
+        }
+    }
+}
