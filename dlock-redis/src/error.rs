@@ -19,15 +19,26 @@ pub(crate) fn redis_error(e: RedisError, doing: &str) -> Error {
         return Error::backend(NAME, format!("{doing}: authentication failed"), e);
     }
     // The server is there but cannot serve this moment: loading its data,
-    // running a long script, a replica, or mid-failover. A pipeline's
-    // error carries its first failed command's code.
+    // running a long script, a replica, mid-failover, or (a redirect the
+    // cluster client gave up following while a slot moved and the
+    // primaries learned its new owner one by one) mid-resharding. A
+    // pipeline's error carries its first failed command's code.
     let code = e.code().map(str::to_owned).or_else(|| {
         let errors = e.clone().into_server_errors()?;
         errors.first().map(|(_, error)| error.code().to_owned())
     });
     if matches!(
         code.as_deref(),
-        Some("LOADING" | "BUSY" | "READONLY" | "MASTERDOWN" | "TRYAGAIN" | "CLUSTERDOWN")
+        Some(
+            "LOADING"
+                | "BUSY"
+                | "READONLY"
+                | "MASTERDOWN"
+                | "TRYAGAIN"
+                | "CLUSTERDOWN"
+                | "MOVED"
+                | "ASK"
+        )
     ) {
         return Error::unavailable(NAME, doing, e);
     }
@@ -97,6 +108,8 @@ mod tests {
             "MASTERDOWN",
             "TRYAGAIN",
             "CLUSTERDOWN",
+            "MOVED",
+            "ASK",
         ] {
             let e = redis::make_extension_error(code.to_owned(), Some("try later".to_owned()));
             let mapped = redis_error(e, "acquire");
