@@ -199,6 +199,13 @@ impl Error {
         }
     }
 
+    /// An [`Error::NotHeld`] for the lock `name`.
+    pub fn not_held(name: &str) -> Self {
+        Error::NotHeld {
+            name: name.to_owned(),
+        }
+    }
+
     /// An [`Error::InvalidOption`].
     pub fn invalid_option(option: &'static str, reason: impl Into<String>) -> Self {
         Error::InvalidOption {

@@ -106,15 +106,11 @@ impl Locker {
         // The lease may have run out between the grant and now (a slow
         // caller, a paused process): never run the body without the lock.
         if !guard.is_valid() {
-            return Err(Error::NotHeld {
-                name: name.to_owned(),
-            });
+            return Err(Error::not_held(name));
         }
         let value = f(&guard).await;
         if !guard.is_valid() {
-            return Err(Error::NotHeld {
-                name: name.to_owned(),
-            });
+            return Err(Error::not_held(name));
         }
         guard.release().await?;
         Ok(value)

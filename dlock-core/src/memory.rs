@@ -180,9 +180,7 @@ impl MemoryBackend {
                     f(slot, at, now);
                     Ok(())
                 }
-                None => Err(Error::NotHeld {
-                    name: lease.name().to_owned(),
-                }),
+                None => Err(Error::not_held(lease.name())),
             }
         })
     }
@@ -291,9 +289,7 @@ impl Driver for MemoryBackend {
                         h.owner == write.owner() && h.mode == Mode::Write && h.expires > now
                     })
                 })
-                .ok_or_else(|| Error::NotHeld {
-                    name: write.name().to_owned(),
-                })?;
+                .ok_or_else(|| Error::not_held(write.name()))?;
             let lease = Lease::with_ttl(write.name(), owner, slot.version + 1, opts, sent);
             slot.grant(&lease, deadline_after(now, opts.ttl_value()));
             Ok(lease)

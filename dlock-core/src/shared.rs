@@ -125,9 +125,7 @@ impl Locker {
     /// [`Error::Unsupported`] where the backend has no reader-writer locks.
     pub async fn downgrade(&self, write: &Guard, opts: &LockOptions) -> Result<Guard> {
         if write.mode() != Mode::Write {
-            return Err(Error::NotHeld {
-                name: write.name().to_owned(),
-            });
+            return Err(Error::not_held(write.name()));
         }
         self.check_mode(write.name(), &opts.clone().read())?;
         let lease = self.backend.downgrade(write.lease(), opts).await?;

@@ -83,9 +83,7 @@ pub(crate) fn parse_handle(lease: &Lease) -> Result<(i64, i64)> {
             let id = i64::from_str_radix(parts.next()?, 16).ok()?;
             Some((id, parts.next()?.parse().ok()?))
         })
-        .ok_or_else(|| Error::NotHeld {
-            name: lease.name().to_owned(),
-        })
+        .ok_or_else(|| Error::not_held(lease.name()))
 }
 
 /// A fresh lease id: etcd takes a client's choice, which lets a lease whose
@@ -371,9 +369,7 @@ impl EtcdBackend {
     /// A read hold of `write`'s name that takes the writer's place in the
     /// queue, made only while the writer's key stands.
     pub(crate) async fn downgrade_lease(&self, write: &Lease, opts: &LockOptions) -> Result<Lease> {
-        let not_held = || Error::NotHeld {
-            name: write.name().to_owned(),
-        };
+        let not_held = || Error::not_held(write.name());
         if write.mode() != Mode::Write || !write.is_valid() {
             return Err(not_held());
         }

@@ -19,9 +19,7 @@ impl EtcdBackend {
     pub(crate) async fn extend_lease(&self, lease: &mut Lease) -> Result<()> {
         let (id, _) = parse_handle(lease)?;
         let ttl = lease.ttl().unwrap_or_default();
-        let not_held = || Error::NotHeld {
-            name: lease.name().to_owned(),
-        };
+        let not_held = || Error::not_held(lease.name());
         if !lease.is_valid() {
             // Revoked now, so that the name is free when this returns.
             self.revoke_soon(id, ttl).await;

@@ -85,7 +85,5 @@ impl EtcdBackend {
 }
 
 fn not_held(lease: &Lease) -> Error {
-    Error::NotHeld {
-        name: lease.name().to_owned(),
-    }
+    Error::not_held(lease.name())
 }

@@ -7,8 +7,7 @@ use std::time::Duration;
 use dlock_core::driver::batch::extend_by_kind;
 use dlock_core::driver::micros_up;
 use dlock_core::{Error, Lease, Mode, Result};
-use sqlx::mysql::{MySql, MySqlArguments, MySqlRow};
-use sqlx::query::Query;
+use sqlx::mysql::MySqlRow;
 use tokio::time::{Instant, timeout_at};
 
 use crate::backend::MySqlBackend;
@@ -43,9 +42,7 @@ impl MySqlBackend {
         if lease.mode() != Mode::Exclusive {
             return match self.extend_shared(std::slice::from_mut(lease)).await?[..] {
                 [true] => Ok(()),
-                _ => Err(Error::NotHeld {
-                    name: lease.name().to_owned(),
-                }),
+                _ => Err(Error::not_held(lease.name())),
             };
         }
         let sent = Instant::now();
@@ -54,7 +51,7 @@ impl MySqlBackend {
             .bind(ttl)
             .bind(lease.name().as_bytes())
             .bind(lease.owner().to_string());
-        self.own_row(query, lease, "extend").await?;
+        self.inner.pool.own_row(query, lease, "extend").await?;
         lease.extended(sent);
         Ok(())
     }
@@ -136,28 +133,5 @@ impl MySqlBackend {
             }
         }
         Ok(held)
-    }
-
-    /// Runs a statement that changes the caller's own live row (an
-    /// extension, a hold); "not held" unless it matched one.
-    pub(crate) async fn own_row(
-        &self,
-        query: Query<'_, MySql, MySqlArguments>,
-        lease: &Lease,
-        doing: &str,
-    ) -> Result<()> {
-        // sqlx sets CLIENT_FOUND_ROWS: rows matched, not rows changed.
-        if self
-            .execute(query, doing, self.deadline())
-            .await?
-            .rows_affected()
-            == 1
-        {
-            Ok(())
-        } else {
-            Err(Error::NotHeld {
-                name: lease.name().to_owned(),
-            })
-        }
     }
 }

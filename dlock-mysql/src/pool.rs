@@ -90,6 +90,11 @@ impl Dialect for My {
     fn timed_out(message: String) -> Error {
         timed_out(message)
     }
+
+    /// sqlx sets CLIENT_FOUND_ROWS: rows matched, not rows changed.
+    fn rows_matched(done: &MySqlQueryResult) -> u64 {
+        done.rows_affected()
+    }
 }
 
 pub(crate) type Pool = dlock_sql::Pool<My>;

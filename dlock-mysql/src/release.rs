@@ -24,9 +24,7 @@ impl MySqlBackend {
             .await?
             != 1
         {
-            return Err(Error::NotHeld {
-                name: lease.name().to_owned(),
-            });
+            return Err(Error::not_held(lease.name()));
         }
         Ok(())
     }
@@ -46,7 +44,7 @@ impl MySqlBackend {
             .bind(micros_up(hold).max(1))
             .bind(lease.name().as_bytes())
             .bind(lease.owner().to_string());
-        self.own_row(query, lease, "release_after").await
+        self.inner.pool.own_row(query, lease, "release_after").await
     }
 
     /// Releases `name` if `owner` holds it, retrying while the database is

@@ -222,9 +222,7 @@ impl MySqlBackend {
             self.inner.wake_ups,
         );
         if self.change_and_wake(sql, lease.name(), "release").await? != 1 {
-            return Err(Error::NotHeld {
-                name: lease.name().to_owned(),
-            });
+            return Err(Error::not_held(lease.name()));
         }
         Ok(())
     }
@@ -270,18 +268,14 @@ impl MySqlBackend {
             .transact(sql, "release_after", self.deadline(), drop)
             .await?;
         if count(&rows, "release_after")? != 1 {
-            return Err(Error::NotHeld {
-                name: lease.name().to_owned(),
-            });
+            return Err(Error::not_held(lease.name()));
         }
         Ok(())
     }
 
     /// [`Backend::downgrade`](dlock_core::Backend::downgrade).
     pub(crate) async fn downgrade_lease(&self, write: &Lease, opts: &LockOptions) -> Result<Lease> {
-        let not_held = || Error::NotHeld {
-            name: write.name().to_owned(),
-        };
+        let not_held = || Error::not_held(write.name());
         if write.mode() != Mode::Write {
             return Err(not_held());
         }

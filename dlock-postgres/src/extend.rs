@@ -18,16 +18,17 @@ impl PgBackend {
         if lease.mode() != Mode::Exclusive {
             return match self.extend_shared(&mut [lease]).await?.as_slice() {
                 [true] => Ok(()),
-                _ => Err(Error::NotHeld {
-                    name: lease.name().to_owned(),
-                }),
+                _ => Err(Error::not_held(lease.name())),
             };
         }
         let sent = Instant::now();
         let ttl = micros_up(lease.ttl().unwrap_or_default());
         let owner = lease.owner().to_string();
         let sql = self.inner.sql.extend(lease.name().as_bytes(), &owner, ttl);
-        self.own_row(sql, lease, "extend").await?;
+        self.inner
+            .pool
+            .own_row(sqlx::raw_sql(sql), lease, "extend")
+            .await?;
         lease.extended(sent);
         Ok(())
     }
@@ -78,28 +79,6 @@ impl PgBackend {
             held.push(ours);
         }
         Ok(held)
-    }
-
-    /// Runs a statement that changes the caller's own live row (an
-    /// extension, a hold); "not held" unless it matched one.
-    pub(crate) async fn own_row(
-        &self,
-        sql: sqlx::SqlStr,
-        lease: &Lease,
-        doing: &str,
-    ) -> Result<()> {
-        if self
-            .execute(sql, doing, self.deadline())
-            .await?
-            .rows_affected()
-            == 1
-        {
-            Ok(())
-        } else {
-            Err(Error::NotHeld {
-                name: lease.name().to_owned(),
-            })
-        }
     }
 }
 

@@ -36,6 +36,10 @@ impl Dialect for Pg {
     fn timed_out(message: String) -> Error {
         timed_out(message)
     }
+
+    fn rows_matched(done: &PgQueryResult) -> u64 {
+        done.rows_affected()
+    }
 }
 
 pub(crate) type Pool = dlock_sql::Pool<Pg>;

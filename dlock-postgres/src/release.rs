@@ -20,9 +20,7 @@ impl PgBackend {
         }
         let owner = lease.owner().to_string();
         if !self.release_row(lease.name(), &owner, "release").await? {
-            return Err(Error::NotHeld {
-                name: lease.name().to_owned(),
-            });
+            return Err(Error::not_held(lease.name()));
         }
         Ok(())
     }
@@ -43,7 +41,10 @@ impl PgBackend {
             &hold_owner.to_string(),
             micros_up(hold).max(1),
         );
-        self.own_row(sql, lease, "release_after").await
+        self.inner
+            .pool
+            .own_row(sqlx::raw_sql(sql), lease, "release_after")
+            .await
     }
 
     /// Frees `name` if `owner` holds it, and wakes this process's waiter

@@ -155,9 +155,7 @@ impl PgBackend {
         );
         let rows = self.fetch(sql, "release", self.deadline()).await?;
         if count(&rows, "release")? != 1 {
-            return Err(Error::NotHeld {
-                name: lease.name().to_owned(),
-            });
+            return Err(Error::not_held(lease.name()));
         }
         self.wake_shared(&rows);
         Ok(())
@@ -205,18 +203,14 @@ impl PgBackend {
         );
         let rows = self.fetch(sql, "release_after", self.deadline()).await?;
         if count(&rows, "release_after")? != 1 {
-            return Err(Error::NotHeld {
-                name: lease.name().to_owned(),
-            });
+            return Err(Error::not_held(lease.name()));
         }
         Ok(())
     }
 
     /// [`Backend::downgrade`](dlock_core::Backend::downgrade).
     pub(crate) async fn downgrade_lease(&self, write: &Lease, opts: &LockOptions) -> Result<Lease> {
-        let not_held = || Error::NotHeld {
-            name: write.name().to_owned(),
-        };
+        let not_held = || Error::not_held(write.name());
         if write.mode() != Mode::Write {
             return Err(not_held());
         }

@@ -69,9 +69,7 @@ pub(crate) fn unconfirmed(doing: &str) -> Error {
 /// even though the primary took it: a promoted replica may not have it.
 pub(crate) fn owner_checked(lease: &Lease, reply: i64, confirmed: bool, doing: &str) -> Result<()> {
     if reply != 1 {
-        return Err(Error::NotHeld {
-            name: lease.name().to_owned(),
-        });
+        return Err(Error::not_held(lease.name()));
     }
     if !confirmed {
         return Err(unconfirmed(doing));

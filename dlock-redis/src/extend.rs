@@ -20,9 +20,7 @@ impl RedisBackend {
             let held = self.extend_shared(&mut [lease]).await?;
             return match held.as_slice() {
                 [true] => Ok(()),
-                _ => Err(Error::NotHeld {
-                    name: lease.name().to_owned(),
-                }),
+                _ => Err(Error::not_held(lease.name())),
             };
         }
         let keys = self.keys(lease.name());

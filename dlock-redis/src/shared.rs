@@ -142,9 +142,7 @@ impl RedisBackend {
     /// A read hold for the live write lease `write`, waiters or not.
     pub(crate) async fn downgrade_lease(&self, write: &Lease, opts: &LockOptions) -> Result<Lease> {
         if write.mode() != Mode::Write {
-            return Err(Error::NotHeld {
-                name: write.name().to_owned(),
-            });
+            return Err(Error::not_held(write.name()));
         }
         let keys = self.keys(write.name());
         let reader = OwnerToken::random()?;
@@ -183,9 +181,7 @@ impl RedisBackend {
             }
             _ => {
                 undo.disarm();
-                Err(Error::NotHeld {
-                    name: write.name().to_owned(),
-                })
+                Err(Error::not_held(write.name()))
             }
         }
     }

@@ -14,7 +14,7 @@ use std::future::Future;
 use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
-use dlock_core::{Error, Result};
+use dlock_core::{Error, Lease, Result};
 use sqlx::{Connection, Database, Execute, Executor};
 use tokio::sync::{Semaphore, SemaphorePermit};
 use tokio::time::error::Elapsed;
@@ -46,6 +46,9 @@ pub trait Dialect: Send + Sync + 'static {
 
     /// A request that got no answer in time, as a dlock error.
     fn timed_out(message: String) -> Error;
+
+    /// How many rows a statement matched (sqlx has no trait for it).
+    fn rows_matched(done: &<Self::Db as Database>::QueryResult) -> u64;
 }
 
 /// The connection type of a [`Dialect`].
@@ -221,6 +224,25 @@ impl<D: Dialect> Pool<D> {
         let mut lent = self.lend(doing, by).await?;
         let done = timeout_at(by, lent.conn().execute(query)).await;
         self.settle(lent, done, doing)
+    }
+
+    /// Runs a statement that changes the caller's own live row (an
+    /// extension, a hold), within the request timeout: "not held" unless
+    /// it matched one.
+    ///
+    /// # Errors
+    /// [`Error::NotHeld`], and as [`Pool::execute`].
+    pub async fn own_row<'q, Q>(&self, query: Q, lease: &Lease, doing: &str) -> Result<()>
+    where
+        Q: Execute<'q, D::Db> + 'q,
+        for<'c> &'c mut Conn<D>: Executor<'c, Database = D::Db>,
+    {
+        let done = self.execute(query, doing, self.deadline()).await?;
+        if D::rows_matched(&done) == 1 {
+            Ok(())
+        } else {
+            Err(Error::not_held(lease.name()))
+        }
     }
 
     /// Runs one statement that returns rows, by `by`.

@@ -22,9 +22,7 @@ pub(crate) fn zk_error(e: zk::Error, doing: &str) -> Error {
 
 /// The lease's node is gone, or was never ours.
 pub(crate) fn not_held(lease: &Lease) -> Error {
-    Error::NotHeld {
-        name: lease.name().to_owned(),
-    }
+    Error::not_held(lease.name())
 }
 
 /// Our queue node is gone while we wait or are granted: the session

@@ -165,9 +165,7 @@ impl Locker {
         run.finish().await;
         match value {
             Some(value) => Ok(JobOutcome::Ran(value)),
-            None => Err(Error::NotHeld {
-                name: name.to_owned(),
-            }),
+            None => Err(Error::not_held(name)),
         }
     }
 }
