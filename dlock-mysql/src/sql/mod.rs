@@ -108,14 +108,7 @@ impl Batch {
     }
 }
 
-fn hex(bytes: &[u8]) -> String {
-    use std::fmt::Write;
-    let mut out = String::with_capacity(bytes.len() * 2);
-    for b in bytes {
-        let _ = write!(out, "{b:02x}");
-    }
-    out
-}
+use hex::encode as hex;
 
 /// The owner, the holder description and the kind of hold (mode code,
 /// then the name's marker): three columns, the last two as bytes, that

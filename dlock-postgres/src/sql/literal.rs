@@ -2,8 +2,6 @@
 //! `standard_conforming_strings` or `bytea_output` say), text, intervals,
 //! and the identifiers that may be spliced into a statement.
 
-use std::fmt::Write;
-
 use dlock_core::{Error, Result};
 
 /// The longest table name: its index, `<table>_expires_at`, must fit
@@ -38,20 +36,15 @@ pub(crate) fn validate_identifier(option: &'static str, name: &str) -> Result<()
 pub(crate) fn bytes(bytes: &[u8]) -> String {
     let mut out = String::with_capacity(bytes.len() * 2 + 20);
     out.push_str("decode('");
-    for b in bytes {
-        let _ = write!(out, "{b:02x}");
-    }
+    out.push_str(&hex::encode(bytes));
     out.push_str("', 'hex')");
     out
 }
 
 /// The bytes of `hex` (what `encode(…, 'hex')` returns, so that no
 /// `bytea_output` setting changes what is read); `None` when it is not hex.
-pub(crate) fn unhex(hex: &str) -> Option<Vec<u8>> {
-    (0..hex.len())
-        .step_by(2)
-        .map(|i| u8::from_str_radix(hex.get(i..i + 2)?, 16).ok())
-        .collect()
+pub(crate) fn unhex(text: &str) -> Option<Vec<u8>> {
+    hex::decode(text).ok()
 }
 
 /// `text` as a `text` literal.
