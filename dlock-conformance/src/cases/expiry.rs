@@ -10,7 +10,7 @@ use dlock_core::{Backend, Lease, LockOptions};
 use tokio::time::{Instant, sleep, sleep_until};
 
 use super::{
-    Judged, SHORT_TTL, acquire_after_expiry, assert_held, assert_not_held,
+    Judged, SHORT_TTL, acquire_after_expiry, assert_held, assert_not_held, fresh_lease,
     judged_with_doubling_ttl, needs_ttl, server_ttl, short,
 };
 use crate::support::{long, must_acquire, unique_name};
@@ -21,28 +21,36 @@ pub async fn expiry_then_takeover(backend: &Arc<dyn Backend>) {
     if !needs_ttl(backend.as_ref(), "expiry_then_takeover") {
         return;
     }
-    let name = unique_name("expiry_then_takeover");
-    let first = must_acquire(backend.as_ref(), &name, &short()).await;
-    let deadline = first.valid_until().expect("TTL leases have a deadline");
-    assert!(
-        deadline <= Instant::now() + SHORT_TTL,
-        "validity is counted from before the request"
-    );
-    sleep(server_ttl(backend.as_ref(), SHORT_TTL) + Duration::from_millis(200)).await;
-    assert!(!first.is_valid(), "the lease is invalid after its TTL");
-    let second = match acquire_after_expiry(backend.as_ref(), &name, &long(), SHORT_TTL).await {
-        Ok(Some(lease)) => lease,
-        other => panic!("{name:?} was not free after its holder's TTL: {other:?}"),
-    };
-    if backend.capabilities().fencing {
+    let case = "expiry_then_takeover";
+    judged_with_doubling_ttl(case, SHORT_TTL, |ttl| async move {
+        let name = unique_name(case);
+        let first = match fresh_lease(backend.as_ref(), &name, &short().ttl(ttl)).await {
+            Ok(lease) => lease,
+            Err(late) => return late,
+        };
+        let deadline = first.valid_until().expect("TTL leases have a deadline");
         assert!(
-            second.fencing_token() > first.fencing_token(),
-            "takeover must carry a greater fencing token ({} then {})",
-            first.fencing_token(),
-            second.fencing_token()
+            deadline <= Instant::now() + ttl,
+            "validity is counted from before the request"
         );
-    }
-    backend.release(&second).await.expect("release");
+        sleep(server_ttl(backend.as_ref(), ttl) + Duration::from_millis(200)).await;
+        assert!(!first.is_valid(), "the lease is invalid after its TTL");
+        let second = match acquire_after_expiry(backend.as_ref(), &name, &long(), ttl).await {
+            Ok(Some(lease)) => lease,
+            other => panic!("{name:?} was not free after its holder's TTL: {other:?}"),
+        };
+        if backend.capabilities().fencing {
+            assert!(
+                second.fencing_token() > first.fencing_token(),
+                "takeover must carry a greater fencing token ({} then {})",
+                first.fencing_token(),
+                second.fencing_token()
+            );
+        }
+        backend.release(&second).await.expect("release");
+        Judged::Yes
+    })
+    .await;
 }
 
 /// After expiry and takeover, the first holder's release and extend are
@@ -51,24 +59,33 @@ pub async fn release_after_expiry_is_not_held(backend: &Arc<dyn Backend>) {
     if !needs_ttl(backend.as_ref(), "release_after_expiry_is_not_held") {
         return;
     }
-    let name = unique_name("release_after_expiry_is_not_held");
-    let mut first = must_acquire(backend.as_ref(), &name, &short()).await;
-    sleep(SHORT_TTL + Duration::from_millis(200)).await;
-    // Not taken over yet: the expired lease still must not come back to life.
-    assert_not_held(backend.extend(&mut first).await, "extend after expiry");
-    let second = must_acquire(backend.as_ref(), &name, &long()).await;
-    assert_not_held(backend.release(&first).await, "release after takeover");
-    assert_not_held(backend.extend(&mut first).await, "extend after takeover");
-    assert_held(
-        backend.as_ref(),
-        &name,
-        "the expired holder freed the new holder's lock",
-    )
+    let case = "release_after_expiry_is_not_held";
+    judged_with_doubling_ttl(case, SHORT_TTL, |ttl| async move {
+        let name = unique_name(case);
+        let mut first = match fresh_lease(backend.as_ref(), &name, &short().ttl(ttl)).await {
+            Ok(lease) => lease,
+            Err(late) => return late,
+        };
+        sleep(ttl + Duration::from_millis(200)).await;
+        // Not taken over yet: the expired lease still must not come back
+        // to life.
+        assert_not_held(backend.extend(&mut first).await, "extend after expiry");
+        let second = must_acquire(backend.as_ref(), &name, &long()).await;
+        assert_not_held(backend.release(&first).await, "release after takeover");
+        assert_not_held(backend.extend(&mut first).await, "extend after takeover");
+        assert_held(
+            backend.as_ref(),
+            &name,
+            "the expired holder freed the new holder's lock",
+        )
+        .await;
+        backend
+            .release(&second)
+            .await
+            .expect("the new holder releases");
+        Judged::Yes
+    })
     .await;
-    backend
-        .release(&second)
-        .await
-        .expect("the new holder releases");
 }
 
 /// Extending a lease keeps the lock past its original TTL and moves its
@@ -83,7 +100,10 @@ pub async fn extend_keeps_the_lock(backend: &Arc<dyn Backend>) {
     const CASE: &str = "extend_keeps_the_lock";
     judged_with_doubling_ttl(CASE, SHORT_TTL, |ttl| async move {
         let name = unique_name(CASE);
-        let mut lease = must_acquire(backend.as_ref(), &name, &short().ttl(ttl)).await;
+        let mut lease = match fresh_lease(backend.as_ref(), &name, &short().ttl(ttl)).await {
+            Ok(lease) => lease,
+            Err(late) => return late,
+        };
         let judged = extend_round(backend.as_ref(), &mut lease, ttl).await;
         let released = backend.release(&lease).await;
         if matches!(judged, Judged::Yes) {

@@ -8,7 +8,9 @@ use std::time::Duration;
 use dlock_core::{Backend, Guard, Locker};
 use tokio::time::{Instant, sleep};
 
-use super::{Judged, SHORT_TTL, assert_held, judged_with_doubling_ttl, needs_ttl, short};
+use super::{
+    Judged, SHORT_TTL, assert_held, fresh_guard, judged_with_doubling_ttl, needs_ttl, short,
+};
 use crate::support::{long, must_lock, unique_name};
 
 /// A guard renews its lease in the background, so it outlives its TTL.
@@ -23,7 +25,10 @@ pub async fn guard_renews_past_ttl(backend: &Arc<dyn Backend>) {
     judged_with_doubling_ttl(case, SHORT_TTL, |ttl| async move {
         let name = unique_name(case);
         let locker = Locker::from_arc(backend.clone());
-        let guard = must_lock(&locker, &name, &short().ttl(ttl)).await;
+        let guard = match fresh_guard(&locker, &name, &short().ttl(ttl)).await {
+            Ok(guard) => guard,
+            Err(late) => return late,
+        };
         sleep(ttl * 3).await;
         if !guard.is_valid() {
             return Judged::No("the guard was lost within 3 TTLs".to_owned());
@@ -40,32 +45,39 @@ pub async fn guard_lost_fires_at_expiry(backend: &Arc<dyn Backend>) {
     if !needs_ttl(backend.as_ref(), "guard_lost_fires_at_expiry") {
         return;
     }
-    let name = unique_name("guard_lost_fires_at_expiry");
-    let locker = Locker::from_arc(backend.clone());
-    let guard = must_lock(&locker, &name, &short().renew(false)).await;
-    // Judged on the deadline the guard keeps, not on when a timer woke
-    // this task: on loaded cores a timer fires late by any amount, while
-    // the deadline says exactly when the guard stops trusting its lease.
-    let arrived = Instant::now();
-    let deadline = guard
-        .valid_until()
-        .expect("a TTL lease has a validity deadline");
-    let opts = short();
-    assert!(
-        deadline <= arrived + (SHORT_TTL - opts.drift_value()),
-        "the guard trusts its lease until {:?} after the grant arrived, past the server's TTL",
-        deadline - arrived
-    );
-    // Liveness only: the verdict above does not rest on this bound.
-    tokio::time::timeout(Duration::from_secs(10), guard.lost())
-        .await
-        .expect("lost() resolves when the lease runs out");
-    assert!(
-        Instant::now() >= deadline,
-        "lost() fired while the lease was still good"
-    );
-    assert!(!guard.is_valid(), "a lost guard is invalid");
-    drop(guard);
+    let case = "guard_lost_fires_at_expiry";
+    judged_with_doubling_ttl(case, SHORT_TTL, |ttl| async move {
+        let name = unique_name(case);
+        let locker = Locker::from_arc(backend.clone());
+        let opts = short().ttl(ttl);
+        let guard = match fresh_guard(&locker, &name, &opts.clone().renew(false)).await {
+            Ok(guard) => guard,
+            Err(late) => return late,
+        };
+        // Judged on the deadline the guard keeps, not on when a timer woke
+        // this task: on loaded cores a timer fires late by any amount, while
+        // the deadline says exactly when the guard stops trusting its lease.
+        let arrived = Instant::now();
+        let deadline = guard
+            .valid_until()
+            .expect("a TTL lease has a validity deadline");
+        assert!(
+            deadline <= arrived + (ttl - opts.drift_value()),
+            "the guard trusts its lease until {:?} after the grant arrived, past the server's TTL",
+            deadline - arrived
+        );
+        // Liveness only: the verdict above does not rest on this bound.
+        tokio::time::timeout(Duration::from_secs(10), guard.lost())
+            .await
+            .expect("lost() resolves when the lease runs out");
+        assert!(
+            Instant::now() >= deadline,
+            "lost() fired while the lease was still good"
+        );
+        assert!(!guard.is_valid(), "a lost guard is invalid");
+        Judged::Yes
+    })
+    .await;
 }
 
 /// Dropping a guard releases the lock in the background, long before its TTL.

@@ -24,7 +24,7 @@
 
 use std::time::Duration;
 
-use dlock_core::{Backend, Error, Lease, LeaseKind, LockOptions, OwnerToken};
+use dlock_core::{Backend, Error, Guard, Lease, LeaseKind, LockOptions, Locker, OwnerToken};
 use tokio::time::Instant;
 
 use crate::support::long;
@@ -168,6 +168,39 @@ where
         ttl *= 2;
     }
     panic!("{case}: no round could judge: {}", why.join("; "));
+}
+
+/// Why a short lease on a fresh name could not be had: its grant came
+/// back after the lease had ended (a loaded machine), which the driver
+/// rightly calls no grant, so the name looks held. A fresh name is held
+/// by no one else; a driver that calls it held every round fails.
+fn late_grant(ttl: Duration) -> Judged {
+    Judged::No(format!(
+        "the grant of a fresh name came back after its {ttl:?} lease had ended"
+    ))
+}
+
+/// One `try_acquire` of the fresh name `name`, with a lease short enough
+/// that its grant may come back too late: see [`late_grant`].
+async fn fresh_lease(
+    backend: &dyn Backend,
+    name: &str,
+    opts: &LockOptions,
+) -> Result<Lease, Judged> {
+    match backend.try_acquire(name, opts).await {
+        Ok(Some(lease)) => Ok(lease),
+        Ok(None) => Err(late_grant(opts.ttl_value())),
+        Err(e) => panic!("try_acquire({name:?}) failed: {e}"),
+    }
+}
+
+/// [`fresh_lease`] through `locker`: its guard.
+async fn fresh_guard(locker: &Locker, name: &str, opts: &LockOptions) -> Result<Guard, Judged> {
+    match locker.try_acquire(name, opts).await {
+        Ok(Some(guard)) => Ok(guard),
+        Ok(None) => Err(late_grant(opts.ttl_value())),
+        Err(e) => panic!("try_acquire({name:?}) failed: {e}"),
+    }
 }
 
 /// A lease for `name` that the server never granted: what a client that
