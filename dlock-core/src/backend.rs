@@ -227,9 +227,9 @@ pub const MAX_HOLDERS: usize = 10_000;
 ///   [`Error::NotHeld`](crate::Error::NotHeld) and leave the current holder
 ///   untouched.
 /// - **A grant is valid when it reaches the caller**: a reply that arrives
-///   after the lease's validity deadline is not a grant. The driver
-///   releases it (owner-checked, see [`wait::on_arrival`](crate::driver::wait::on_arrival))
-///   and the attempt counts as "held".
+///   after the lease's validity deadline is not a grant. It is released
+///   (owner-checked, see [`wait::on_arrival`](crate::driver::wait::on_arrival);
+///   core does this for every driver) and the attempt counts as "held".
 /// - **Waiting**: [`try_acquire`](Backend::try_acquire) makes one attempt.
 ///   [`acquire`](Backend::acquire) returns within the wait bound, or within
 ///   the driver's request timeout when that is longer (one attempt always
@@ -242,7 +242,11 @@ pub const MAX_HOLDERS: usize = 10_000;
 ///   within the driver's request timeout, except
 ///   [`force_release`](Backend::force_release), whose default makes up to
 ///   five rounds of [`inspect`](Backend::inspect) and
-///   [`release`](Backend::release) (ten request timeouts). A request that
+///   [`release`](Backend::release) (ten request timeouts), and
+///   [`extend_many`](Backend::extend_many), one request timeout per
+///   [`MAX_BATCH`] leases. (Core cuts a [`Driver`](crate::driver::Driver)'s
+///   calls off [`GRACE`](crate::driver::GRACE) later, so that the driver's
+///   own bound answers first.) A request that
 ///   timed out has an unknown outcome, and a driver that declares
 ///   [`Capabilities::cleanup`] undoes such an acquire by owner token.
 /// - **Cancellation**: dropping any future of this trait at any await point

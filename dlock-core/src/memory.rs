@@ -330,6 +330,10 @@ impl Driver for MemoryBackend {
             let Some(slot) = slots.get(name) else {
                 return Vec::new();
             };
+            if limit == 1 {
+                // What `list` and `force_release` show: the newest grant.
+                return slot.info(now).into_iter().collect();
+            }
             let mut live: Vec<&Hold> = slot.holds.iter().filter(|h| h.expires > now).collect();
             live.sort_by_key(|h| std::cmp::Reverse(h.expires));
             live.into_iter().take(limit).map(|h| h.info(now)).collect()

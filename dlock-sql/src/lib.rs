@@ -46,6 +46,7 @@ pub fn capabilities(notify: bool) -> Capabilities {
 /// async fn extend_leases(&self, leases: &mut [Lease]) -> Result<Vec<bool>>
 /// async fn downgrade_lease(&self, write: &Lease, opts: &LockOptions) -> Result<Lease>
 /// async fn force_release_any(&self, name: &str) -> Result<Option<LockInfo>>
+/// async fn inspect_lock(&self, name: &str) -> Result<Option<LockInfo>>
 /// async fn holders_of(&self, name: &str) -> Result<Vec<LockInfo>>
 /// async fn list_locks(&self, prefix: &str, cursor: Option<&str>, limit: usize) -> Result<LockPage>
 /// ```
@@ -125,6 +126,11 @@ macro_rules! driver {
                 }
 
                 async fn holders(&self, name: &str, limit: usize) -> Result<Vec<LockInfo>> {
+                    if limit == 1 {
+                        // One cheap statement: the longest hold, with the
+                        // name's own fencing token, as `list` shows it.
+                        return Ok(self.inspect_lock(name).await?.into_iter().collect());
+                    }
                     let mut holders = self.holders_of(name).await?;
                     holders.truncate(limit);
                     Ok(holders)

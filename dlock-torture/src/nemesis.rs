@@ -98,6 +98,26 @@ async fn docker(args: &[&str]) -> Result<(), String> {
     }
 }
 
+/// `docker pause`, tried again when the kernel could not freeze the
+/// container's processes in runc's time ("unable to freeze": one busy in
+/// the kernel on a loaded machine). runc thaws the container back then, so
+/// nothing was paused and trying again is safe.
+async fn pause(container: &str) -> Result<(), String> {
+    let mut tries = 0;
+    loop {
+        match docker(&["pause", container]).await {
+            Err(e) if e.contains("unable to freeze") && tries < FREEZE_TRIES => {
+                tries += 1;
+                sleep(Duration::from_millis(50 * u64::from(tries))).await;
+            }
+            done => return done,
+        }
+    }
+}
+
+/// How many times a pause that could not freeze is tried again.
+const FREEZE_TRIES: u32 = 5;
+
 /// Adds (`add`) or removes (`del`) blackhole routes between member `i`
 /// and every other, both ways. Every route is tried, so a partial failure
 /// to add is healed in full; the first error is returned.
@@ -220,7 +240,7 @@ async fn throw(
                 return Err("no single server to fault".to_owned());
             };
             if kind == FaultKind::ServerPause {
-                docker(&["pause", container]).await?;
+                pause(container).await?;
                 sleep(lasting).await;
                 docker(&["unpause", container]).await?;
             } else {
@@ -291,7 +311,7 @@ async fn node_fault(
     let was_primary = tracked && failover::is_primary(addrs[i]).await.unwrap_or(true);
     let start = now_ns();
     if kind == FaultKind::NodePause {
-        docker(&["pause", &members[i].0]).await?;
+        pause(&members[i].0).await?;
         sleep(lasting).await;
         docker(&["unpause", &members[i].0]).await?;
     } else {

@@ -150,7 +150,7 @@ impl ZkBackend {
     }
 
     /// The holder of the lock in `dir`: the first node of its queue.
-    async fn holder(&self, client: &zk::Client, dir: &str) -> Result<Option<LockInfo>> {
+    pub(crate) async fn holder(&self, client: &zk::Client, dir: &str) -> Result<Option<LockInfo>> {
         for _ in 0..3 {
             let queue = self.queue(client, dir).await?;
             // During a hold, the node at the front only waits for it.

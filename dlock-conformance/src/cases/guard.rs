@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use dlock_core::{Backend, Guard, Locker};
+use dlock_core::{Backend, Error, Guard, Locker};
 use tokio::time::{Instant, sleep};
 
 use super::{
@@ -34,8 +34,17 @@ pub async fn guard_renews_past_ttl(backend: &Arc<dyn Backend>) {
             return Judged::No("the guard was lost within 3 TTLs".to_owned());
         }
         assert_held(backend.as_ref(), &name, "a renewed guard's lock expired").await;
-        guard.release().await.expect("release");
-        Judged::Yes
+        // A renewal that came late (a loaded machine) lets the lease run
+        // out on the server; the guard then stops trusting it, so a
+        // "not held" is wrong only while the guard still trusted its lease.
+        let trusted_until = guard.valid_until();
+        match guard.release().await {
+            Ok(()) => Judged::Yes,
+            Err(Error::NotHeld { .. }) if trusted_until.is_none_or(|t| t <= Instant::now()) => {
+                Judged::No("the lease ran out before the release reached the server".to_owned())
+            }
+            Err(e) => panic!("release of a guard that trusted its lease: {e}"),
+        }
     })
     .await;
 }

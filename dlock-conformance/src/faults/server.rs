@@ -135,11 +135,28 @@ async fn docker(server: &Server, verbs: &'static [&'static str]) {
         .to_owned();
     tokio::task::spawn_blocking(move || {
         for &verb in verbs {
-            let ok = std::process::Command::new("docker")
-                .args([verb, &id])
-                .output()
-                .is_ok_and(|o| o.status.success());
-            assert!(ok, "docker {verb} {id} failed");
+            // A pause the kernel could not freeze in runc's time ("unable
+            // to freeze": a process busy in the kernel on a loaded
+            // machine) left the container running: try again.
+            let mut tries = 0;
+            loop {
+                let out = std::process::Command::new("docker")
+                    .args([verb, &id])
+                    .output();
+                let said = out.as_ref().map_or_else(
+                    |e| e.to_string(),
+                    |o| String::from_utf8_lossy(&o.stderr).into_owned(),
+                );
+                if out.as_ref().is_ok_and(|o| o.status.success()) {
+                    break;
+                }
+                tries += 1;
+                assert!(
+                    said.contains("unable to freeze") && tries < 5,
+                    "docker {verb} {id} failed: {said}"
+                );
+                std::thread::sleep(std::time::Duration::from_millis(50 * tries));
+            }
         }
     })
     .await

@@ -8,7 +8,7 @@ use async_trait::async_trait;
 
 use super::Driver;
 use crate::driver::check_hold;
-use crate::driver::wait::{Deadline, on_arrival};
+use crate::driver::wait::{Backoff, Deadline, on_arrival};
 use crate::{
     Backend, Capabilities, Error, Lease, LockInfo, LockOptions, LockPage, MAX_BATCH, MAX_HOLDERS,
     Mode, Result, validate_name,
@@ -16,22 +16,32 @@ use crate::{
 
 /// How much longer than its request timeout core lets a driver's call run
 /// before dropping it: enough for the driver's own bound, started a little
-/// later than core's, to answer first.
+/// later than core's, to answer first. Not a setting: it may change.
 pub const GRACE: Duration = Duration::from_millis(100);
 
-/// `op`, cut off at the driver's request timeout plus [`GRACE`].
+/// `op`, cut off at `requests` request timeouts plus [`GRACE`]. The error
+/// names the timeout the user set, not the grace.
 async fn bounded<D: Driver, T>(
     driver: &D,
     doing: &str,
+    requests: u32,
     op: impl Future<Output = Result<T>>,
 ) -> Result<T> {
-    let within = driver.request_timeout().saturating_add(GRACE);
-    tokio::time::timeout(within, op).await.map_err(|_| {
-        Error::timed_out(
-            Driver::driver(driver),
-            format!("{doing}: no answer within {within:?}"),
-        )
-    })?
+    let limit = driver.request_timeout().saturating_mul(requests);
+    tokio::time::timeout(limit.saturating_add(GRACE), op)
+        .await
+        .map_err(|_| {
+            Error::timed_out(
+                Driver::driver(driver),
+                format!("{doing}: no answer within {limit:?}"),
+            )
+        })?
+}
+
+/// A late grant's pause before the wait looks again: long enough not to
+/// spin on a server that answers slower than the lease lasts.
+fn after_late_grant() -> Backoff {
+    Backoff::new(Duration::from_millis(10), Duration::from_secs(1))
 }
 
 /// The checks of an acquire: the name, the options, and a kind of lock
@@ -79,6 +89,7 @@ impl<D: Driver> Backend for D {
         let lease = bounded(
             self,
             "try to acquire",
+            1,
             Driver::try_acquire(self, name, opts),
         )
         .await?;
@@ -94,34 +105,51 @@ impl<D: Driver> Backend for D {
         )?;
         let deadline = Deadline::after(opts.wait_value());
         let wait = async {
+            let mut backoff = after_late_grant();
             loop {
                 let lease = Driver::wait(self, name, opts, deadline).await?;
                 if let Some(lease) = on_arrival(self, lease).into_lease() {
                     return Ok(lease);
                 }
+                // Given back in the background; a server slower than the
+                // lease lasts is asked again, not hammered.
+                if deadline.is_past() {
+                    return Err(deadline.timeout_error(name));
+                }
+                tokio::time::sleep(deadline.cap(backoff.next_delay())).await;
             }
         };
-        deadline.bound(name, self.request_timeout(), wait).await
+        let last_look = self.request_timeout().saturating_add(GRACE);
+        deadline.bound(name, last_look, wait).await
     }
 
     async fn release(&self, lease: &Lease) -> Result<()> {
-        bounded(self, "release", Driver::release(self, lease)).await
+        bounded(self, "release", 1, Driver::release(self, lease)).await
     }
 
     async fn release_after(&self, lease: &Lease, hold: Duration) -> Result<()> {
         check_hold(hold)?;
+        if hold.is_zero() {
+            return Backend::release(self, lease).await;
+        }
+        if !Driver::capabilities(self).delayed_release {
+            return Err(Error::Unsupported {
+                backend: Driver::driver(self),
+                operation: "release_after",
+            });
+        }
         let release = Driver::release_after(self, lease, hold);
-        bounded(self, "release after a hold", release).await
+        bounded(self, "release after a hold", 1, release).await
     }
 
     async fn extend(&self, lease: &mut Lease) -> Result<()> {
-        bounded(self, "extend", Driver::extend(self, lease)).await
+        bounded(self, "extend", 1, Driver::extend(self, lease)).await
     }
 
     async fn extend_many(&self, leases: &mut [Lease]) -> Result<Vec<bool>> {
         let mut held = Vec::with_capacity(leases.len());
         for batch in leases.chunks_mut(MAX_BATCH) {
-            let extended = bounded(self, "extend", Driver::extend_many(self, batch)).await?;
+            let extended = bounded(self, "extend", 1, Driver::extend_many(self, batch)).await?;
             if extended.len() != batch.len() {
                 return Err(Error::Backend {
                     backend: Driver::driver(self),
@@ -145,42 +173,38 @@ impl<D: Driver> Backend for D {
                 operation: "downgrade",
             });
         }
+        if write.mode() != Mode::Write {
+            return Err(Error::not_held(write.name()));
+        }
         let opts = opts.clone().read();
         opts.validate()?;
-        bounded(self, "downgrade", Driver::downgrade(self, write, &opts)).await
+        bounded(self, "downgrade", 1, Driver::downgrade(self, write, &opts)).await
     }
 
     async fn force_release(&self, name: &str) -> Result<Option<LockInfo>> {
         validate_name(name)?;
         // Up to five rounds of a look and a release (see
         // `force_release_with`), each its own request.
-        let within = self.request_timeout().saturating_mul(10);
-        let release = Driver::force_release(self, name);
-        tokio::time::timeout(within, release).await.map_err(|_| {
-            Error::timed_out(
-                Driver::driver(self),
-                format!("force release: no answer within {within:?}"),
-            )
-        })?
+        bounded(self, "force release", 10, Driver::force_release(self, name)).await
     }
 
     async fn inspect(&self, name: &str) -> Result<Option<LockInfo>> {
         validate_name(name)?;
-        let holders = bounded(self, "inspect", Driver::holders(self, name, 1)).await?;
+        let holders = bounded(self, "inspect", 1, Driver::holders(self, name, 1)).await?;
         Ok(holders.into_iter().next())
     }
 
     async fn holders(&self, name: &str) -> Result<Vec<LockInfo>> {
         validate_name(name)?;
         let holders = Driver::holders(self, name, MAX_HOLDERS);
-        let mut holders = bounded(self, "list the holders", holders).await?;
+        let mut holders = bounded(self, "list the holders", 1, holders).await?;
         holders.truncate(MAX_HOLDERS);
         Ok(holders)
     }
 
     async fn list(&self, prefix: &str, cursor: Option<&str>, limit: usize) -> Result<LockPage> {
         let list = Driver::list(self, prefix, cursor, limit.max(1));
-        bounded(self, "list", list).await
+        bounded(self, "list", 1, list).await
     }
 }
 

@@ -46,29 +46,57 @@ pub use crate::options::{
 /// - a [`Mode`](crate::Mode) other than a mutex reaches the driver only
 ///   when its [`Capabilities`] declare it (`rwlock`, `semaphore`): the rest
 ///   are [`Error::Unsupported`](crate::Error::Unsupported) in core;
-/// - [`release_after`](Driver::release_after)'s hold passed
-///   [`check_hold`];
-/// - [`downgrade`](Driver::downgrade)'s options ask for a read hold;
+/// - [`release_after`](Driver::release_after) is called only with a hold
+///   that passed [`check_hold`] and is not zero (core makes a zero hold a
+///   plain release), and only when the driver declares
+///   `delayed_release`;
+/// - [`downgrade`](Driver::downgrade) gets a write lease (anything else is
+///   [`Error::NotHeld`](crate::Error::NotHeld) in core) and options that ask
+///   for a read hold;
 /// - [`extend_many`](Driver::extend_many) gets at most
-///   [`MAX_BATCH`](crate::MAX_BATCH) leases, [`holders`](Driver::holders)
-///   is asked for at most [`MAX_HOLDERS`](crate::MAX_HOLDERS) and the
-///   answer is cut there.
+///   [`MAX_BATCH`](crate::MAX_BATCH) leases (a larger batch goes in
+///   several calls, and an error in one fails the whole batch: the leases
+///   whose deadline the driver moved stay extended, as ever);
+///   [`holders`](Driver::holders) is asked for at most
+///   [`MAX_HOLDERS`](crate::MAX_HOLDERS) and the answer is cut there.
 ///
 /// And this after:
 ///
 /// - every call but [`wait`](Driver::wait) is cut off at the
-///   [`request_timeout`](Driver::request_timeout) plus [`GRACE`], counted
-///   from the call's start: a driver bounds its own requests by that
-///   timeout, so that it fails with its own error, and cleans up its own
-///   way (closing a connection that still owes a reply), before core drops
-///   its future;
-/// - [`wait`](Driver::wait) is cut off as [`Deadline::bound`] says;
+///   [`request_timeout`](Driver::request_timeout) plus [`GRACE`]
+///   ([`force_release`](Driver::force_release): ten request timeouts, for
+///   the default's rounds), counted from the call's start. A driver bounds
+///   each whole call by one deadline taken when it starts, so that it fails
+///   with its own error, and cleans up its own way (closing a connection
+///   that still owes a reply), before core drops its future;
+/// - [`wait`](Driver::wait) is cut off as [`Deadline::bound`] says, its
+///   last look given the request timeout plus [`GRACE`];
 /// - a lease that reaches core after its validity deadline is no grant:
-///   core releases it in the background and reports the name held.
+///   core releases it in the background and reports the name held (a wait
+///   pauses, then looks again while its deadline allows). A wait loop
+///   does better to judge each attempt's grant itself, with
+///   [`on_arrival`](wait::on_arrival), and keep its place.
 ///
-/// Everything else in [`Backend`]'s contract is the driver's: exclusion,
-/// validity counted from before the request, fencing, ownership, undoing
-/// an acquire of unknown outcome, cancellation at any await point.
+/// What remains the driver's, besides everything in [`Backend`]'s
+/// contract about the server (exclusion, validity counted from before the
+/// request, fencing, ownership, undoing an acquire of unknown outcome,
+/// cancellation at any await point, waking waiters on release):
+///
+/// - `capabilities` and `request_timeout` stay the same for the driver's
+///   life, and the timeout is above zero;
+/// - `holders` honours `limit`, the hold that lasts longest first where it
+///   knows: `inspect` asks for one, and should cost one cheap request;
+/// - a driver that declares `rwlock` or `semaphore` overrides
+///   `force_release`: the default ends one hold;
+/// - [`Lease::extended`] only on a confirmed extension;
+/// - `Clone` is cheap (an `Arc` inside): core clones the driver to give a
+///   late grant back.
+///
+/// The methods share their names with [`Backend`]'s: with only `Driver` in
+/// scope (a glob import of this module, a function generic over `D:
+/// Driver`), `driver.try_acquire(…)` calls the protocol itself, unchecked
+/// and unbounded. Call through [`Backend`] (or a [`Locker`](crate::Locker)),
+/// as users do.
 ///
 /// `dlock-conformance/examples/own_driver.rs` is a complete driver in
 /// about a hundred lines.
@@ -83,9 +111,9 @@ pub trait Driver: Clone + Debug + Send + Sync + 'static {
         "custom"
     }
 
-    /// The longest one request may take: what core cuts every call off at
+    /// The longest one call may take: what core cuts every call off at
     /// (plus [`GRACE`]), and what a wait is given past its bound for its
-    /// last look.
+    /// last look. Above zero, and the same for the driver's life.
     fn request_timeout(&self) -> Duration;
 
     /// One attempt, as [`Backend::try_acquire`].
@@ -104,7 +132,8 @@ pub trait Driver: Clone + Debug + Send + Sync + 'static {
     /// As [`Backend::release`].
     async fn release(&self, lease: &Lease) -> Result<()>;
 
-    /// As [`Backend::release_after`]; the default is
+    /// As [`Backend::release_after`], with a hold above zero; called only
+    /// when the driver declares `delayed_release`. The default is
     /// [`Error::Unsupported`](crate::Error::Unsupported).
     async fn release_after(&self, lease: &Lease, hold: Duration) -> Result<()> {
         let _ = (lease, hold);
@@ -131,8 +160,9 @@ pub trait Driver: Clone + Debug + Send + Sync + 'static {
         Ok(held)
     }
 
-    /// As [`Backend::downgrade`]; `opts` ask for a read hold. The default
-    /// is [`Error::Unsupported`](crate::Error::Unsupported).
+    /// As [`Backend::downgrade`], of a write lease; `opts` ask for a read
+    /// hold. The default is
+    /// [`Error::Unsupported`](crate::Error::Unsupported).
     async fn downgrade(&self, write: &Lease, opts: &LockOptions) -> Result<Lease> {
         let _ = (write, opts);
         Err(crate::Error::Unsupported {

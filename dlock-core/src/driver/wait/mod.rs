@@ -9,7 +9,7 @@ use std::time::Duration;
 use tokio::time::sleep;
 
 use crate::driver::undo::release_in_background;
-use crate::{Backend, Error, Lease, LockOptions, Result, validate_name};
+use crate::{Backend, Lease, Result};
 
 mod backoff;
 mod deadline;
@@ -197,46 +197,4 @@ where
             () = woken => backoff.reset(),
         }
     }
-}
-
-/// The checks every driver's `try_acquire` and `acquire` make before any
-/// request: a valid name and valid options.
-pub fn check_request(name: &str, opts: &LockOptions) -> Result<()> {
-    validate_name(name)?;
-    opts.validate()
-}
-
-/// For a driver with mutexes only: [`Error::Unsupported`] for the shared
-/// kinds of lock ([`Mode::Read`](crate::Mode::Read), `Write`, `Permit`),
-/// which such a driver would otherwise grant as a mutex.
-pub fn mutex_only(driver: &'static str, opts: &LockOptions) -> Result<()> {
-    match opts.mode_value() {
-        crate::Mode::Exclusive => Ok(()),
-        crate::Mode::Permit(_) => Err(Error::Unsupported {
-            backend: driver,
-            operation: "semaphore",
-        }),
-        _ => Err(Error::Unsupported {
-            backend: driver,
-            operation: "reader-writer lock",
-        }),
-    }
-}
-
-/// A driver's whole [`Backend::acquire`]: the request checks, then
-/// `wait` (the driver's wait loop, given the caller's [`Deadline`]) cut off
-/// by [`Deadline::bound`] with `request_timeout`.
-pub async fn bounded_acquire<F, Fut>(
-    name: &str,
-    opts: &LockOptions,
-    request_timeout: Duration,
-    wait: F,
-) -> Result<Lease>
-where
-    F: FnOnce(Deadline) -> Fut,
-    Fut: Future<Output = Result<Lease>>,
-{
-    check_request(name, opts)?;
-    let deadline = Deadline::after(opts.wait_value());
-    deadline.bound(name, request_timeout, wait(deadline)).await
 }
