@@ -46,14 +46,10 @@ fn after_late_grant() -> Backoff {
 
 /// The checks of an acquire: the name, the options, and a kind of lock
 /// the driver declares.
-fn check_request(
-    caps: &Capabilities,
-    driver: &'static str,
-    name: &str,
-    opts: &LockOptions,
-) -> Result<()> {
+fn check_request<D: Driver>(driver: &D, name: &str, opts: &LockOptions) -> Result<()> {
     validate_name(name)?;
     opts.validate()?;
+    let caps = Driver::capabilities(driver);
     let (declared, kind) = match opts.mode_value() {
         Mode::Exclusive => (true, ""),
         Mode::Permit(_) => (caps.semaphore, "semaphore"),
@@ -63,7 +59,7 @@ fn check_request(
         Ok(())
     } else {
         Err(Error::Unsupported {
-            backend: driver,
+            backend: Driver::driver(driver),
             operation: kind,
         })
     }
@@ -80,29 +76,14 @@ impl<D: Driver> Backend for D {
     }
 
     async fn try_acquire(&self, name: &str, opts: &LockOptions) -> Result<Option<Lease>> {
-        check_request(
-            &Driver::capabilities(self),
-            Driver::driver(self),
-            name,
-            opts,
-        )?;
-        let lease = bounded(
-            self,
-            "try to acquire",
-            1,
-            Driver::try_acquire(self, name, opts),
-        )
-        .await?;
+        check_request(self, name, opts)?;
+        let attempt = Driver::try_acquire(self, name, opts);
+        let lease = bounded(self, "try to acquire", 1, attempt).await?;
         Ok(lease.and_then(|lease| on_arrival(self, lease).into_lease()))
     }
 
     async fn acquire(&self, name: &str, opts: &LockOptions) -> Result<Lease> {
-        check_request(
-            &Driver::capabilities(self),
-            Driver::driver(self),
-            name,
-            opts,
-        )?;
+        check_request(self, name, opts)?;
         let deadline = Deadline::after(opts.wait_value());
         let wait = async {
             let mut backoff = after_late_grant();
