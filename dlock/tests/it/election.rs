@@ -127,10 +127,20 @@ async fn one_leader_at_a_time(service: Service) {
         let seen = seen.clone();
         tokio::spawn(async move {
             let mut observer = watcher.observe();
-            while let Ok(leader) = observer.changed().await {
-                if let Some(leader) = leader {
-                    let mut seen = seen.lock().expect("the observer's list");
-                    seen.push((leader.fencing_token, leader.identity));
+            loop {
+                match observer.changed().await {
+                    Ok(Some(leader)) => {
+                        let mut seen = seen.lock().expect("the observer's list");
+                        seen.push((leader.fencing_token, leader.identity));
+                    }
+                    Ok(None) => {}
+                    // A read that failed (no answer in time on a loaded
+                    // machine): the next call reads again, as a user's
+                    // observer would.
+                    Err(e) if e.is_retryable() => {
+                        eprintln!("the observer's read failed, reading again: {e}");
+                    }
+                    Err(e) => panic!("the observer: {e}"),
                 }
             }
         })
