@@ -10,12 +10,11 @@ use dlock_sql::{Settings, check_url};
 use sqlx::mysql::{MySqlConnectOptions, MySqlConnection};
 use tokio::time::{Instant, timeout_at};
 
-use crate::backend::{Inner, MySqlBackend, NAME};
-use crate::error::{ER_TABLEACCESS_DENIED, server_error_number, sql_error, timed_out};
+use crate::backend::{Inner, MySqlBackend};
+use crate::error::{server_error_number, sql_error, timed_out};
 use crate::pool::{My, Pool};
 use crate::sql::{Statements, validate_table};
 use crate::wake::Sleepers;
-use dlock_sql::LendError;
 
 /// Settings for [`MySqlBackend`]; start from [`MySqlBackend::builder`].
 #[derive(Clone)]
@@ -120,21 +119,25 @@ impl MySqlBuilder {
             self.s.connect_timeout,
             self.s.request_timeout,
         );
-        // A first connection at once reports what went wrong ("connection
-        // refused", "access denied") instead of a later statement.
-        let mut first = match pool.checkout(Instant::now() + self.s.connect_timeout).await {
-            Ok(first) => first,
-            Err(LendError::Connect(e)) => return Err(sql_error(e, "connect")),
-            Err(LendError::TimedOut) => {
-                return Err(timed_out(format!(
-                    "connect: no answer within {:?}",
-                    self.s.connect_timeout
-                )));
-            }
-        };
+        let mut first = pool.first().await?;
         let sql = Statements::new(&self.s.table);
         if self.s.create_table {
-            create_table(first.conn(), &sql, &self.s.table, self.s.request_timeout).await?;
+            let by = Instant::now() + self.s.request_timeout;
+            let missing = || {
+                let t = &self.s.table;
+                format!(
+                    "the lock table `{t}` or `{t}_holds` is missing and this user may not \
+                     create it; have an administrator run:\n{}",
+                    sql.ddl()
+                )
+            };
+            for (create, exists) in [
+                (sql.create.clone(), sql.exists.clone()),
+                (sql.create_holds(), sql.holds_exist()),
+            ] {
+                let pair = (sqlx::query(create), sqlx::query(exists));
+                first.create_unless_there(pair, by, missing).await?;
+            }
         }
         first.give_back();
         Ok(MySqlBackend {
@@ -150,50 +153,6 @@ impl MySqlBuilder {
             }),
         })
     }
-}
-
-/// Creates the lock table and the holds table (of reader-writer locks and
-/// semaphores) unless they exist. A user without the CREATE privilege is
-/// fine when the tables are there already; otherwise the error says what
-/// to run, and as whom.
-async fn create_table(
-    conn: &mut MySqlConnection,
-    sql: &Statements,
-    table: &str,
-    limit: Duration,
-) -> Result<()> {
-    let by = Instant::now() + limit;
-    let tables = [
-        (sql.create.clone(), sql.exists.clone()),
-        (sql.create_holds(), sql.holds_exist()),
-    ];
-    for (create, exists) in tables {
-        let created = timeout_at(by, sqlx::query(create).execute(&mut *conn)).await;
-        let denied = match created {
-            Ok(Ok(_)) => continue,
-            Ok(Err(e)) if server_error_number(&e) == Some(ER_TABLEACCESS_DENIED) => e,
-            Ok(Err(e)) => return Err(sql_error(e, "create the lock table")),
-            Err(_) => {
-                return Err(timed_out(format!(
-                    "create the lock table: no reply within {limit:?}"
-                )));
-            }
-        };
-        if let Ok(Ok(_)) = timeout_at(by, sqlx::query(exists).execute(&mut *conn)).await {
-            continue;
-        }
-        return Err(Error::backend(
-            NAME,
-            format!(
-                "the lock table `{table}` or `{table}_holds` is missing and this user may not \
-                 create it; have an administrator run:\n{};\n{};",
-                sql.create.as_str(),
-                sql.create_holds().as_str()
-            ),
-            denied,
-        ));
-    }
-    Ok(())
 }
 
 /// Brings the `holder` columns of tables made by older releases to this
@@ -279,12 +238,7 @@ impl MySqlBackend {
     /// at most 58 characters.
     pub fn table_ddl(table: &str) -> Result<String> {
         validate_table(table)?;
-        let sql = Statements::new(table);
-        Ok(format!(
-            "{};\n{};",
-            sql.create.as_str(),
-            sql.create_holds().as_str()
-        ))
+        Ok(Statements::new(table).ddl())
     }
 
     /// Creates the lock table and its holds table if they do not exist, as

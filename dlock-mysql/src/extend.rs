@@ -4,9 +4,8 @@
 use std::collections::HashSet;
 use std::time::Duration;
 
-use dlock_core::driver::batch::extend_by_kind;
 use dlock_core::driver::micros_up;
-use dlock_core::{Error, Lease, Mode, Result};
+use dlock_core::{Lease, Result};
 use sqlx::mysql::MySqlRow;
 use tokio::time::{Instant, timeout_at};
 
@@ -37,14 +36,8 @@ pub(crate) fn owned_keys(rows: &[MySqlRow]) -> HashSet<Vec<u8>> {
 }
 
 impl MySqlBackend {
-    /// [`Backend::extend`](dlock_core::Backend::extend).
-    pub(crate) async fn extend_lease(&self, lease: &mut Lease) -> Result<()> {
-        if lease.mode() != Mode::Exclusive {
-            return match self.extend_shared(std::slice::from_mut(lease)).await?[..] {
-                [true] => Ok(()),
-                _ => Err(Error::not_held(lease.name())),
-            };
-        }
+    /// [`Driver::extend`](dlock_core::driver::Driver::extend) of a mutex.
+    pub(crate) async fn extend_mutex(&self, lease: &mut Lease) -> Result<()> {
         let sent = Instant::now();
         let ttl = micros_up(lease.ttl().unwrap_or_default());
         let query = sqlx::query(self.inner.sql.extend.clone())
@@ -56,27 +49,8 @@ impl MySqlBackend {
         Ok(())
     }
 
-    /// [`Backend::extend_many`](dlock_core::Backend::extend_many).
-    pub(crate) async fn extend_leases(&self, leases: &mut [Lease]) -> Result<Vec<bool>> {
-        if leases.iter().any(|l| l.mode() != Mode::Exclusive) {
-            return extend_by_kind(
-                leases,
-                |mut mutexes| async move {
-                    let held = self.extend_mutexes(&mut mutexes).await;
-                    (mutexes, held)
-                },
-                |mut shared| async move {
-                    let held = self.extend_shared(&mut shared).await;
-                    (shared, held)
-                },
-            )
-            .await;
-        }
-        self.extend_mutexes(leases).await
-    }
-
     /// Extends mutex leases, one statement per TTL.
-    async fn extend_mutexes(&self, leases: &mut [Lease]) -> Result<Vec<bool>> {
+    pub(crate) async fn extend_mutexes(&self, leases: &mut [Lease]) -> Result<Vec<bool>> {
         let by = self.deadline();
         self.extend_per_ttl(leases, |batch, ttl| async move {
             let update = sqlx::raw_sql(self.inner.sql.extend_many(&batch, micros_up(ttl)));

@@ -12,7 +12,7 @@ use sqlx::mysql::{MySql, MySqlConnectOptions, MySqlConnection, MySqlQueryResult}
 use tokio::time::{Instant, timeout_at};
 
 use crate::backend::MySqlBackend;
-use crate::error::{sql_error, timed_out};
+use crate::error::{ER_TABLEACCESS_DENIED, server_error_number, sql_error, timed_out};
 
 /// How an undo finds the server's side of a pooled connection: a named
 /// lock the connection takes when it opens and holds for its whole life,
@@ -94,6 +94,10 @@ impl Dialect for My {
     /// sqlx sets CLIENT_FOUND_ROWS: rows matched, not rows changed.
     fn rows_matched(done: &MySqlQueryResult) -> u64 {
         done.rows_affected()
+    }
+
+    fn may_not_create(e: &sqlx::Error) -> bool {
+        server_error_number(e) == Some(ER_TABLEACCESS_DENIED)
     }
 }
 

@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use dlock_core::driver::undo::retry_for;
-use dlock_core::{Error, Lease, Mode, OwnerToken, Result};
+use dlock_core::{Error, Lease, OwnerToken, Result};
 use tokio::time::{Instant, timeout_at};
 
 use crate::backend::MySqlBackend;
@@ -13,11 +13,8 @@ use crate::pool::{Lent, Mark};
 use dlock_core::driver::micros_up;
 
 impl MySqlBackend {
-    /// [`Backend::release`](dlock_core::Backend::release).
-    pub(crate) async fn release_lease(&self, lease: &Lease) -> Result<()> {
-        if lease.mode() != Mode::Exclusive {
-            return self.release_shared(lease).await;
-        }
+    /// [`Driver::release`](dlock_core::driver::Driver::release) of a mutex.
+    pub(crate) async fn release_mutex(&self, lease: &Lease) -> Result<()> {
         let by = self.deadline();
         if self
             .release_row(lease.name(), lease.owner(), "release", by)
@@ -29,15 +26,9 @@ impl MySqlBackend {
         Ok(())
     }
 
-    /// [`Backend::release_after`](dlock_core::Backend::release_after), with
-    /// `hold` checked already.
-    pub(crate) async fn release_lease_after(&self, lease: &Lease, hold: Duration) -> Result<()> {
-        if hold.is_zero() {
-            return self.release_lease(lease).await;
-        }
-        if lease.mode() != Mode::Exclusive {
-            return self.hold_shared(lease, hold).await;
-        }
+    /// [`Driver::release_after`](dlock_core::driver::Driver::release_after)
+    /// of a mutex.
+    pub(crate) async fn hold_mutex(&self, lease: &Lease, hold: Duration) -> Result<()> {
         // The row expires on the database clock.
         let query = sqlx::query(self.inner.sql.hold.clone())
             .bind(lease.owner().for_hold().to_string())

@@ -4,10 +4,12 @@
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
+use dlock_core::driver::async_trait;
 use dlock_core::driver::micros_up;
 use dlock_core::driver::undo::{UndoOnDrop, retry_for};
-use dlock_core::driver::wait::{Attempt, on_arrival};
-use dlock_core::{Error, Lease, LockInfo, LockOptions, Mode, OwnerToken, Result};
+use dlock_core::driver::wait::Attempt;
+use dlock_core::{Error, Lease, LockOptions, Mode, OwnerToken, Result};
+use dlock_sql::{SharedKinds, SharedStatements};
 use sqlx::mysql::MySqlRow;
 use sqlx::{Row, SqlStr};
 use tokio::time::{Instant, timeout_at};
@@ -23,21 +25,14 @@ fn one_row<'r>(rows: &'r [MySqlRow], doing: &str) -> Result<&'r MySqlRow> {
         .ok_or_else(|| Error::malformed(NAME, doing, "no row"))
 }
 
-/// The count a shared call's transaction answers with.
-fn count(rows: &[MySqlRow], doing: &str) -> Result<i64> {
-    let n: Option<i64> = one_row(rows, doing)?
+/// The value a shared call's transaction answers with.
+fn value(rows: &[MySqlRow], doing: &str) -> Result<Option<i64>> {
+    one_row(rows, doing)?
         .try_get(0)
-        .map_err(|e| Error::backend(NAME, doing, e))?;
-    Ok(n.unwrap_or(0))
+        .map_err(|e| Error::backend(NAME, doing, e))
 }
 
 impl MySqlBackend {
-    /// How long a queued waiter keeps its place without asking again: a
-    /// few of its longest sleeps, plus the round trips of its asking.
-    fn place(&self) -> Duration {
-        self.inner.max_poll * 3 + self.inner.request_timeout * 2
-    }
-
     /// Runs one shared call's transaction, by `by`, with `mark` told the
     /// connection it goes out on (for an undo). A connection goes back to
     /// the pool only after a whole answer: a transaction that failed
@@ -77,31 +72,6 @@ impl MySqlBackend {
                 }
             }
         }
-    }
-
-    /// Runs a change of `name`'s holds or queue (`sql`, whose rows are the
-    /// waiters to wake, then a count) and wakes the waiters it may have
-    /// let in: those of this process, and those sleeping in the server
-    /// ([`crate::wait::waiter_key`]). Returns the count.
-    async fn change_and_wake(&self, sql: SqlStr, name: &str, doing: &str) -> Result<i64> {
-        let by = self.deadline();
-        let (rows, lent) = self.transact_on(sql, doing, by, drop).await?;
-        let changed = count(&rows, doing)?;
-        if changed == 0 {
-            lent.give_back();
-            return Ok(0);
-        }
-        let mut sleepers = Vec::new();
-        for row in &rows[..rows.len() - 1] {
-            if let Ok(Some(id)) = row.try_get::<Option<i64>, _>(0)
-                && let Ok(id @ 1..) = u64::try_from(id)
-            {
-                sleepers.push(id);
-            }
-        }
-        self.wake_sleepers(lent, sleepers, name, by).await;
-        self.inner.wakeups.wake(name);
-        Ok(changed)
     }
 
     /// One acquire of a shared kind, not queued.
@@ -168,26 +138,13 @@ impl MySqlBackend {
         let rows = rows?;
         let row = one_row(&rows, "acquire")?;
         let read = |e| Error::backend(NAME, "acquire", e);
-        let fence: Option<i64> = row.try_get(0).map_err(read)?;
         let conflict: Option<Vec<u8>> = row.try_get(1).map_err(read)?;
-        let left: Option<i64> = row.try_get(2).map_err(read)?;
-        if let Some(fence) = fence {
-            let fence = u64::try_from(fence)
-                .map_err(|_| Error::malformed(NAME, "acquire (the fencing token)", fence))?;
-            let lease = Lease::with_ttl(name, owner, fence, opts, sent);
-            return Ok(on_arrival(self, lease));
-        }
-        if let Some(kind) = conflict {
-            return Err(Error::ModeConflict {
-                name: name.to_owned(),
-                held: Mode::of_marker(&String::from_utf8_lossy(&kind)),
-                asked: mode,
-            });
-        }
-        let left = left.and_then(|us| u64::try_from(us).ok());
-        Ok(Attempt::Held {
-            expires_in: left.map(Duration::from_micros),
-        })
+        let answer = (
+            row.try_get(0).map_err(read)?,
+            conflict.map(|kind| String::from_utf8_lossy(&kind).into_owned()),
+            row.try_get(2).map_err(read)?,
+        );
+        self.shared_outcome(name, opts, (owner, sent), answer)
     }
 
     /// Gives a waiter's place up (a writer that leaves may let readers in).
@@ -197,34 +154,11 @@ impl MySqlBackend {
                 .inner
                 .sql
                 .abandon(name.as_bytes(), waiter, self.inner.wake_ups);
-            self.change_and_wake(sql, name, "leave the queue").await
+            self.change(sql, name, "leave the queue").await
         })
         .await;
         self.inner.wakeups.wake(name);
         tracing::debug!(name, left = left.is_some(), "left the queue");
-    }
-
-    /// Ends a shared hold.
-    pub(crate) async fn release_shared(&self, lease: &Lease) -> Result<()> {
-        self.end_shared(lease, "").await
-    }
-
-    /// Ends a shared hold, giving the place it was granted from back to
-    /// `waiter` (`""`: to nobody) if it is that waiter's (see
-    /// [`Statements::release_shared`](crate::sql::Statements::release_shared)).
-    async fn end_shared(&self, lease: &Lease, waiter: &str) -> Result<()> {
-        let owner = lease.owner().to_string();
-        let sql = self.inner.sql.release_shared(
-            lease.name().as_bytes(),
-            &owner,
-            waiter,
-            micros_up(self.place()),
-            self.inner.wake_ups,
-        );
-        if self.change_and_wake(sql, lease.name(), "release").await? != 1 {
-            return Err(Error::not_held(lease.name()));
-        }
-        Ok(())
     }
 
     /// Undoes a queued or shared acquire of unknown outcome: ends the connection it
@@ -255,64 +189,6 @@ impl MySqlBackend {
         );
     }
 
-    /// `release_after` of a shared hold.
-    pub(crate) async fn hold_shared(&self, lease: &Lease, hold: Duration) -> Result<()> {
-        let (owner, hold_owner) = (lease.owner().to_string(), lease.owner().for_hold());
-        let sql = self.inner.sql.hold_shared(
-            lease.name().as_bytes(),
-            &owner,
-            &hold_owner.to_string(),
-            micros_up(hold).max(1),
-        );
-        let rows = self
-            .transact(sql, "release_after", self.deadline(), drop)
-            .await?;
-        if count(&rows, "release_after")? != 1 {
-            return Err(Error::not_held(lease.name()));
-        }
-        Ok(())
-    }
-
-    /// [`Backend::downgrade`](dlock_core::Backend::downgrade).
-    pub(crate) async fn downgrade_lease(&self, write: &Lease, opts: &LockOptions) -> Result<Lease> {
-        let not_held = || Error::not_held(write.name());
-        if write.mode() != Mode::Write {
-            return Err(not_held());
-        }
-        let reader = OwnerToken::random()?;
-        let sent = Instant::now();
-        let sql = self.inner.sql.downgrade(
-            write.name().as_bytes(),
-            &write.owner().to_string(),
-            &reader.to_string(),
-            micros_up(opts.ttl_value()),
-            opts.holder_value(),
-        );
-        // A read hold of unknown outcome is released, as an acquire's is.
-        let mut undo = {
-            let (backend, lease) = (
-                self.clone(),
-                Lease::with_ttl(write.name(), reader, 0, opts, sent),
-            );
-            UndoOnDrop::new(async move { backend.undo_shared(&lease, None, "").await })
-        };
-        let rows = self.transact(sql, "downgrade", self.deadline(), drop).await;
-        if let Err(e) = &rows
-            && !e.is_retryable()
-        {
-            undo.disarm();
-        }
-        let rows = rows?;
-        undo.disarm();
-        let fence: Option<i64> = one_row(&rows, "downgrade")?
-            .try_get(0)
-            .map_err(|e| Error::backend(NAME, "downgrade", e))?;
-        let fence = fence.ok_or_else(not_held)?;
-        let fence = u64::try_from(fence)
-            .map_err(|_| Error::malformed(NAME, "downgrade (the fencing token)", fence))?;
-        Ok(Lease::with_ttl(write.name(), reader, fence, opts, sent))
-    }
-
     /// Extends shared leases, one transaction per TTL; says which ones it
     /// did.
     pub(crate) async fn extend_shared(&self, leases: &mut [Lease]) -> Result<Vec<bool>> {
@@ -324,23 +200,57 @@ impl MySqlBackend {
         })
         .await
     }
+}
 
-    /// `force_release` of every kind: a mutex's holder by its token, a
-    /// shared kind's holds all at once.
-    pub(crate) async fn force_release_any(&self, name: &str) -> Result<Option<LockInfo>> {
-        dlock_core::driver::admin::force_release_with(
-            NAME,
-            name,
-            || self.inspect_lock(name),
-            || async {
-                let sql = self
-                    .inner
-                    .sql
-                    .clear_shared(name.as_bytes(), self.inner.wake_ups);
-                Ok(self.change_and_wake(sql, name, "force_release").await? > 0)
-            },
-            |lease| async move { self.release_lease(&lease).await },
-        )
-        .await
+#[async_trait]
+impl SharedKinds for MySqlBackend {
+    fn statements(&self) -> &dyn SharedStatements {
+        &self.inner.sql
+    }
+
+    fn wakes_others(&self) -> bool {
+        self.inner.wake_ups
+    }
+
+    fn max_poll(&self) -> Duration {
+        self.inner.max_poll
+    }
+
+    fn token(&self, fence: i64, doing: &str) -> Result<u64> {
+        u64::try_from(fence)
+            .map_err(|_| Error::malformed(NAME, &format!("{doing} (the fencing token)"), fence))
+    }
+
+    /// The rows of a change are the waiters to wake, then the count; the
+    /// waiters it may have let in are those of this process and those
+    /// sleeping in the server ([`crate::wait::waiter_key`]).
+    async fn change(&self, sql: SqlStr, name: &str, doing: &str) -> Result<i64> {
+        let by = self.deadline();
+        let (rows, lent) = self.transact_on(sql, doing, by, drop).await?;
+        let changed = value(&rows, doing)?.unwrap_or(0);
+        if changed == 0 {
+            lent.give_back();
+            return Ok(0);
+        }
+        let mut sleepers = Vec::new();
+        for row in &rows[..rows.len() - 1] {
+            if let Ok(Some(id)) = row.try_get::<Option<i64>, _>(0)
+                && let Ok(id @ 1..) = u64::try_from(id)
+            {
+                sleepers.push(id);
+            }
+        }
+        self.wake_sleepers(lent, sleepers, name, by).await;
+        self.inner.wakeups.wake(name);
+        Ok(changed)
+    }
+
+    async fn value(&self, sql: SqlStr, doing: &str) -> Result<Option<i64>> {
+        let rows = self.transact(sql, doing, self.deadline(), drop).await?;
+        value(&rows, doing)
+    }
+
+    async fn undo_downgrade(&self, lease: Lease, _sent: Instant) {
+        self.undo_shared(&lease, None, "").await;
     }
 }

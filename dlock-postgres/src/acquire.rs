@@ -7,6 +7,7 @@ use dlock_core::driver::micros_up;
 use dlock_core::driver::undo::UndoOnDrop;
 use dlock_core::driver::wait::{Attempt, on_arrival};
 use dlock_core::{Error, Lease, LockOptions, Mode, OwnerToken, Result};
+use dlock_sql::SharedKinds;
 use sqlx::Row;
 use sqlx::postgres::PgRow;
 use tokio::time::{Instant, timeout_at};
@@ -38,7 +39,7 @@ impl PgBackend {
         };
         let read = |e| Error::backend(NAME, "acquire", e);
         if let Some(fence) = row.try_get::<Option<i64>, _>(0).map_err(read)? {
-            let lease = Lease::with_ttl(name, owner, token(fence)?, opts, sent);
+            let lease = Lease::with_ttl(name, owner, token(fence, "acquire")?, opts, sent);
             return Ok(on_arrival(self, lease));
         }
         let holder: Option<String> = row.try_get(1).map_err(read)?;
@@ -103,9 +104,9 @@ impl PgBackend {
 }
 
 /// A fencing token as read from the database: positive.
-pub(crate) fn token(fence: i64) -> Result<u64> {
+pub(crate) fn token(fence: i64, doing: &str) -> Result<u64> {
     u64::try_from(fence)
         .ok()
         .filter(|&f| f > 0)
-        .ok_or_else(|| Error::malformed(NAME, "acquire (the fencing token)", fence))
+        .ok_or_else(|| Error::malformed(NAME, &format!("{doing} (the fencing token)"), fence))
 }

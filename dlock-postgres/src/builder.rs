@@ -8,14 +8,12 @@ use dlock_core::driver::wait::Wakeups;
 use dlock_core::{Error, Result};
 use dlock_sql::{Settings, check_url};
 use sqlx::postgres::PgConnectOptions;
-use tokio::time::{Instant, timeout_at};
+use tokio::time::Instant;
 
-use crate::backend::{Inner, NAME, PgBackend};
-use crate::error::{INSUFFICIENT_PRIVILEGE, sql_error, sql_state, timed_out};
+use crate::backend::{Inner, PgBackend};
 use crate::notify::Listener;
 use crate::pool::{Pg, Pool};
 use crate::sql::{Statements, validate_identifier};
-use dlock_sql::LendError;
 
 /// Settings for [`PgBackend`]; start from [`PgBackend::builder`].
 #[derive(Clone)]
@@ -130,23 +128,23 @@ impl PgBuilder {
             self.s.connect_timeout,
             self.s.request_timeout,
         );
-        // A first connection at once reports what went wrong ("connection
-        // refused", "password authentication failed") instead of a later
-        // statement.
-        let mut first = match pool.checkout(Instant::now() + self.s.connect_timeout).await {
-            Ok(first) => first,
-            Err(LendError::Connect(e)) => return Err(sql_error(e, "connect")),
-            Err(LendError::TimedOut) => {
-                return Err(timed_out(format!(
-                    "connect: no answer within {:?}",
-                    self.s.connect_timeout
-                )));
-            }
-        };
+        let mut first = pool.first().await?;
         let sql = Statements::new(&self.schema, &self.s.table, self.s.request_timeout);
         if self.s.create_table {
             let by = Instant::now() + self.s.request_timeout;
-            create_table(first.conn(), &sql, &self.s.table, by).await?;
+            let pair = (
+                sqlx::raw_sql(sql.create_sql(false)),
+                sqlx::raw_sql(sql.exists()),
+            );
+            let missing = || {
+                format!(
+                    "the lock table `{}` is missing and this role may not create it; \
+                     have an administrator run:\n{}",
+                    self.s.table,
+                    sql.create()
+                )
+            };
+            first.create_unless_there(pair, by, missing).await?;
         }
         first.give_back();
         Ok(PgBackend {
@@ -163,41 +161,6 @@ impl PgBuilder {
             }),
         })
     }
-}
-
-/// Creates the lock table unless it exists, by `by`. A role without the
-/// right to create it is fine when the table is there already; otherwise
-/// the error says what to run.
-async fn create_table(
-    conn: &mut sqlx::PgConnection,
-    sql: &Statements,
-    table: &str,
-    by: Instant,
-) -> Result<()> {
-    let created = timeout_at(by, sqlx::raw_sql(sql.create_sql(false)).execute(&mut *conn)).await;
-    let denied = match created {
-        Ok(Ok(_)) => return Ok(()),
-        Ok(Err(e)) if sql_state(&e).as_deref() == Some(INSUFFICIENT_PRIVILEGE) => e,
-        Ok(Err(e)) => return Err(sql_error(e, "create the lock table")),
-        Err(_) => {
-            return Err(timed_out(
-                "create the lock table: no reply in time".to_owned(),
-            ));
-        }
-    };
-    let exists = timeout_at(by, sqlx::raw_sql(sql.exists()).execute(&mut *conn)).await;
-    if let Ok(Ok(_)) = exists {
-        return Ok(());
-    }
-    Err(Error::backend(
-        NAME,
-        format!(
-            "the lock table `{table}` is missing and this role may not create it; \
-             have an administrator run:\n{}",
-            sql.create()
-        ),
-        denied,
-    ))
 }
 
 /// Parses a `postgres://` or `postgresql://` URL, refusing what sqlx would

@@ -2,9 +2,8 @@
 
 use std::collections::HashSet;
 
-use dlock_core::driver::batch::extend_by_kind;
 use dlock_core::driver::micros_up;
-use dlock_core::{Error, Lease, Mode, Result};
+use dlock_core::{Error, Lease, Result};
 use sqlx::Row;
 use sqlx::postgres::PgRow;
 use tokio::time::Instant;
@@ -13,14 +12,8 @@ use crate::backend::{NAME, PgBackend};
 use crate::sql::{Renewal, unhex};
 
 impl PgBackend {
-    /// [`Backend::extend`](dlock_core::Backend::extend).
-    pub(crate) async fn extend_lease(&self, lease: &mut Lease) -> Result<()> {
-        if lease.mode() != Mode::Exclusive {
-            return match self.extend_shared(&mut [lease]).await?.as_slice() {
-                [true] => Ok(()),
-                _ => Err(Error::not_held(lease.name())),
-            };
-        }
+    /// [`Driver::extend`](dlock_core::driver::Driver::extend) of a mutex.
+    pub(crate) async fn extend_mutex(&self, lease: &mut Lease) -> Result<()> {
         let sent = Instant::now();
         let ttl = micros_up(lease.ttl().unwrap_or_default());
         let owner = lease.owner().to_string();
@@ -33,28 +26,12 @@ impl PgBackend {
         Ok(())
     }
 
-    /// [`Backend::extend_many`](dlock_core::Backend::extend_many): one
-    /// statement, whose reply names the rows it extended.
-    pub(crate) async fn extend_leases(&self, leases: &mut [Lease]) -> Result<Vec<bool>> {
+    /// Extends mutex leases in one statement, whose reply names the rows
+    /// it extended.
+    pub(crate) async fn extend_mutexes(&self, leases: &mut [Lease]) -> Result<Vec<bool>> {
         if leases.is_empty() {
+            // An empty `VALUES` is no statement.
             return Ok(Vec::new());
-        }
-        if leases.iter().any(|l| l.mode() != Mode::Exclusive) {
-            return extend_by_kind(
-                leases,
-                |mut mutexes| async move {
-                    let held = Box::pin(self.extend_leases(&mut mutexes)).await;
-                    (mutexes, held)
-                },
-                |mut shared| async move {
-                    let held = {
-                        let mut refs: Vec<&mut Lease> = shared.iter_mut().collect();
-                        self.extend_shared(&mut refs).await
-                    };
-                    (shared, held)
-                },
-            )
-            .await;
         }
         let owners: Vec<String> = leases.iter().map(|l| l.owner().to_string()).collect();
         let batch: Vec<Renewal<'_>> = leases

@@ -11,7 +11,7 @@ use sqlx::postgres::{PgConnectOptions, PgConnection, PgQueryResult, PgRow, Postg
 use tokio::time::Instant;
 
 use crate::backend::PgBackend;
-use crate::error::{answered, sql_error, timed_out};
+use crate::error::{INSUFFICIENT_PRIVILEGE, answered, sql_error, sql_state, timed_out};
 
 /// Where the pool connects.
 #[derive(Debug)]
@@ -39,6 +39,10 @@ impl Dialect for Pg {
 
     fn rows_matched(done: &PgQueryResult) -> u64 {
         done.rows_affected()
+    }
+
+    fn may_not_create(e: &sqlx::Error) -> bool {
+        sql_state(e).as_deref() == Some(INSUFFICIENT_PRIVILEGE)
     }
 }
 

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use dlock_core::driver::micros_up;
 use dlock_core::driver::undo::retry_for;
-use dlock_core::{Error, Lease, Mode, OwnerToken, Result};
+use dlock_core::{Error, Lease, OwnerToken, Result};
 use sqlx::Row;
 use tokio::time::Instant;
 
@@ -13,11 +13,8 @@ use crate::backend::PgBackend;
 use crate::error::timed_out;
 
 impl PgBackend {
-    /// [`Backend::release`](dlock_core::Backend::release).
-    pub(crate) async fn release_lease(&self, lease: &Lease) -> Result<()> {
-        if lease.mode() != Mode::Exclusive {
-            return self.release_shared(lease).await;
-        }
+    /// [`Driver::release`](dlock_core::driver::Driver::release) of a mutex.
+    pub(crate) async fn release_mutex(&self, lease: &Lease) -> Result<()> {
         let owner = lease.owner().to_string();
         if !self.release_row(lease.name(), &owner, "release").await? {
             return Err(Error::not_held(lease.name()));
@@ -25,15 +22,9 @@ impl PgBackend {
         Ok(())
     }
 
-    /// [`Backend::release_after`](dlock_core::Backend::release_after), with
-    /// `hold` checked already.
-    pub(crate) async fn release_lease_after(&self, lease: &Lease, hold: Duration) -> Result<()> {
-        if hold.is_zero() {
-            return self.release_lease(lease).await;
-        }
-        if lease.mode() != Mode::Exclusive {
-            return self.hold_shared(lease, hold).await;
-        }
+    /// [`Driver::release_after`](dlock_core::driver::Driver::release_after)
+    /// of a mutex.
+    pub(crate) async fn hold_mutex(&self, lease: &Lease, hold: Duration) -> Result<()> {
         let (owner, hold_owner) = (lease.owner().to_string(), lease.owner().for_hold());
         let sql = self.inner.sql.hold(
             lease.name().as_bytes(),

@@ -3,12 +3,14 @@
 
 use std::time::Duration;
 
+use dlock_core::driver::async_trait;
 use dlock_core::driver::micros_up;
 use dlock_core::driver::undo::{UndoOnDrop, retry_for};
-use dlock_core::driver::wait::{Attempt, Backoff, Deadline, on_arrival};
-use dlock_core::{Error, Lease, LockInfo, LockOptions, Mode, OwnerToken, Result};
-use sqlx::Row;
+use dlock_core::driver::wait::{Attempt, Backoff, Deadline};
+use dlock_core::{Error, Lease, LockOptions, OwnerToken, Result};
+use dlock_sql::{SharedKinds, SharedStatements};
 use sqlx::postgres::PgRow;
+use sqlx::{Row, SqlStr};
 use tokio::time::{Instant, timeout_at};
 
 use crate::acquire::token;
@@ -38,12 +40,6 @@ impl PgBackend {
         }
     }
 
-    /// How long a queued waiter keeps its place without asking again: a
-    /// few of its longest sleeps, plus the round trips of its asking.
-    pub(crate) fn place(&self) -> Duration {
-        self.inner.max_poll * 3 + self.inner.request_timeout * 2
-    }
-
     /// One acquire of a shared kind, queued as `waiter` (`""`: not queued).
     pub(crate) async fn attempt_shared(
         &self,
@@ -51,12 +47,11 @@ impl PgBackend {
         opts: &LockOptions,
         waiter: &str,
     ) -> Result<Attempt> {
-        let mode = opts.mode_value();
         let owner = OwnerToken::random()?;
         let sql = self.inner.sql.acquire_shared(
             name.as_bytes(),
             &owner.to_string(),
-            mode,
+            opts.mode_value(),
             micros_up(opts.ttl_value()),
             opts.holder_value(),
             waiter,
@@ -81,24 +76,12 @@ impl PgBackend {
         let rows = self.inner.pool.settle(lent, done, "acquire")?;
         let row = last(&rows).ok_or_else(|| Error::malformed(NAME, "acquire", "no row"))?;
         let read = |e| Error::backend(NAME, "acquire", e);
-        let fence: Option<i64> = row.try_get(0).map_err(read)?;
-        let conflict: Option<String> = row.try_get(1).map_err(read)?;
-        let left: Option<i64> = row.try_get(2).map_err(read)?;
-        if let Some(fence) = fence {
-            let lease = Lease::with_ttl(name, owner, token(fence)?, opts, sent);
-            return Ok(on_arrival(self, lease));
-        }
-        if let Some(kind) = conflict {
-            return Err(Error::ModeConflict {
-                name: name.to_owned(),
-                held: Mode::of_marker(&kind),
-                asked: mode,
-            });
-        }
-        let left = left.and_then(|us| u64::try_from(us).ok());
-        Ok(Attempt::Held {
-            expires_in: left.map(Duration::from_micros),
-        })
+        let answer = (
+            row.try_get(0).map_err(read)?,
+            row.try_get(1).map_err(read)?,
+            row.try_get(2).map_err(read)?,
+        );
+        self.shared_outcome(name, opts, (owner, sent), answer)
     }
 
     /// Acquire's wait for a shared kind: a place in the name's queue, given
@@ -135,32 +118,6 @@ impl PgBackend {
         tracing::debug!(name, left = left.is_some(), "left the queue");
     }
 
-    /// Ends a shared hold.
-    pub(crate) async fn release_shared(&self, lease: &Lease) -> Result<()> {
-        self.end_shared(lease, "").await
-    }
-
-    /// Ends a shared hold, giving the place it was granted from back to
-    /// `waiter` (`""`: to nobody) if it is that waiter's (see
-    /// [`Statements::release_shared`](crate::sql::Statements::release_shared)).
-    async fn end_shared(&self, lease: &Lease, waiter: &str) -> Result<()> {
-        let notify = self.inner.listen.is_some();
-        let owner = lease.owner().to_string();
-        let sql = self.inner.sql.release_shared(
-            lease.name().as_bytes(),
-            &owner,
-            waiter,
-            micros_up(self.place()),
-            notify,
-        );
-        let rows = self.fetch(sql, "release", self.deadline()).await?;
-        if count(&rows, "release")? != 1 {
-            return Err(Error::not_held(lease.name()));
-        }
-        self.wake_shared(&rows);
-        Ok(())
-    }
-
     /// Undoes a shared acquire of unknown outcome, sent at `sent` (see
     /// [`PgBackend::undo`]) by `waiter` (`""`: not queued), which gets
     /// its place in the queue back if the acquire was granted from it: a
@@ -192,68 +149,8 @@ impl PgBackend {
         );
     }
 
-    /// `release_after` of a shared hold.
-    pub(crate) async fn hold_shared(&self, lease: &Lease, hold: Duration) -> Result<()> {
-        let (owner, hold_owner) = (lease.owner().to_string(), lease.owner().for_hold());
-        let sql = self.inner.sql.hold_shared(
-            lease.name().as_bytes(),
-            &owner,
-            &hold_owner.to_string(),
-            micros_up(hold).max(1),
-        );
-        let rows = self.fetch(sql, "release_after", self.deadline()).await?;
-        if count(&rows, "release_after")? != 1 {
-            return Err(Error::not_held(lease.name()));
-        }
-        Ok(())
-    }
-
-    /// [`Backend::downgrade`](dlock_core::Backend::downgrade).
-    pub(crate) async fn downgrade_lease(&self, write: &Lease, opts: &LockOptions) -> Result<Lease> {
-        let not_held = || Error::not_held(write.name());
-        if write.mode() != Mode::Write {
-            return Err(not_held());
-        }
-        let reader = OwnerToken::random()?;
-        let sent = Instant::now();
-        let sql = self.inner.sql.downgrade(
-            write.name().as_bytes(),
-            &write.owner().to_string(),
-            &reader.to_string(),
-            micros_up(opts.ttl_value()),
-            opts.holder_value(),
-        );
-        // A read hold of unknown outcome is released, as an acquire's is.
-        let mut undo = {
-            let (backend, lease) = (
-                self.clone(),
-                Lease::with_ttl(write.name(), reader, 0, opts, sent),
-            );
-            UndoOnDrop::new(async move { backend.undo_shared(&lease, sent, "").await })
-        };
-        let rows = self.fetch(sql, "downgrade", self.deadline()).await;
-        if let Err(e) = &rows
-            && !e.is_retryable()
-        {
-            undo.disarm();
-        }
-        let rows = rows?;
-        undo.disarm();
-        let fence: i64 = last(&rows)
-            .ok_or_else(not_held)?
-            .try_get(0)
-            .map_err(|e| Error::backend(NAME, "downgrade", e))?;
-        Ok(Lease::with_ttl(
-            write.name(),
-            reader,
-            token(fence)?,
-            opts,
-            sent,
-        ))
-    }
-
     /// Extends shared leases in one statement; says which ones it did.
-    pub(crate) async fn extend_shared(&self, leases: &mut [&mut Lease]) -> Result<Vec<bool>> {
+    pub(crate) async fn extend_shared(&self, leases: &mut [Lease]) -> Result<Vec<bool>> {
         let owners: Vec<String> = leases.iter().map(|l| l.owner().to_string()).collect();
         let markers: Vec<String> = leases.iter().map(|l| l.mode().marker()).collect();
         let batch: Vec<SharedRenewal<'_>> = leases
@@ -283,27 +180,47 @@ impl PgBackend {
             })
             .collect())
     }
+}
 
-    /// `force_release` of every kind: a mutex's holder by its token, a
-    /// shared kind's holds all at once.
-    pub(crate) async fn force_release_any(&self, name: &str) -> Result<Option<LockInfo>> {
-        dlock_core::driver::admin::force_release_with(
-            NAME,
-            name,
-            || self.inspect_lock(name),
-            || async {
-                let notify = self.inner.listen.is_some();
-                let sql = self.inner.sql.clear_shared(name.as_bytes(), notify);
-                let rows = self.fetch(sql, "force_release", self.deadline()).await?;
-                let cleared = count(&rows, "force_release")? > 0;
-                if cleared {
-                    self.inner.wakeups.wake(name);
-                    self.wake_shared(&rows);
-                }
-                Ok(cleared)
-            },
-            |lease| async move { self.release_lease(&lease).await },
-        )
-        .await
+#[async_trait]
+impl SharedKinds for PgBackend {
+    fn statements(&self) -> &dyn SharedStatements {
+        &self.inner.sql
+    }
+
+    fn wakes_others(&self) -> bool {
+        self.inner.listen.is_some()
+    }
+
+    fn max_poll(&self) -> Duration {
+        self.inner.max_poll
+    }
+
+    fn token(&self, fence: i64, doing: &str) -> Result<u64> {
+        token(fence, doing)
+    }
+
+    /// A change's last row holds the count, then the waiters of this
+    /// process to wake.
+    async fn change(&self, sql: SqlStr, name: &str, doing: &str) -> Result<i64> {
+        let rows = self.fetch(sql, doing, self.deadline()).await?;
+        let changed = count(&rows, doing)?;
+        if changed > 0 {
+            self.inner.wakeups.wake(name);
+            self.wake_shared(&rows);
+        }
+        Ok(changed)
+    }
+
+    async fn value(&self, sql: SqlStr, doing: &str) -> Result<Option<i64>> {
+        let rows = self.fetch(sql, doing, self.deadline()).await?;
+        let Some(row) = last(&rows) else {
+            return Ok(None);
+        };
+        row.try_get(0).map_err(|e| Error::backend(NAME, doing, e))
+    }
+
+    async fn undo_downgrade(&self, lease: Lease, sent: Instant) {
+        self.undo_shared(&lease, sent, "").await;
     }
 }

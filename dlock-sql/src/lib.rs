@@ -6,10 +6,12 @@ pub mod error;
 mod pool;
 mod purge;
 mod settings;
+mod shared;
 
 pub use pool::{Conn, Dialect, LendError, Lent, Pool};
 pub use purge::{MIN_PURGE_AGE, Purger, check_purge_age, spawn_purger};
 pub use settings::{Settings, check_url};
+pub use shared::{SharedKinds, SharedStatements};
 
 /// What both SQL drivers can do: leases on the database clock, fencing
 /// tokens that fold in that clock (so they keep increasing across a
@@ -32,20 +34,20 @@ pub fn capabilities(notify: bool) -> Capabilities {
 
 /// `driver!(Backend, NAME)`: a SQL backend's `Debug` (its request timeout
 /// only: the connect options inside hold the password) and its
-/// [`Driver`](dlock_core::driver::Driver) implementation, which hands each
-/// call to the inherent method of its concern. `Backend` has an `inner`
+/// [`Driver`](dlock_core::driver::Driver) implementation, which sends each
+/// call to the mutex's method or to the shared kinds' ([`SharedKinds`]) by
+/// the lease's mode. `Backend` implements [`SharedKinds`], has an `inner`
 /// with a `request_timeout`, and these methods:
 ///
 /// ```text
 /// fn notifies(&self) -> bool  // wake-ups across processes
 /// async fn attempt(&self, name: &str, opts: &LockOptions) -> Result<Attempt>
 /// async fn wait_for(&self, name: &str, opts: &LockOptions, deadline: Deadline) -> Result<Lease>
-/// async fn release_lease(&self, lease: &Lease) -> Result<()>
-/// async fn release_lease_after(&self, lease: &Lease, hold: Duration) -> Result<()>
-/// async fn extend_lease(&self, lease: &mut Lease) -> Result<()>
-/// async fn extend_leases(&self, leases: &mut [Lease]) -> Result<Vec<bool>>
-/// async fn downgrade_lease(&self, write: &Lease, opts: &LockOptions) -> Result<Lease>
-/// async fn force_release_any(&self, name: &str) -> Result<Option<LockInfo>>
+/// async fn release_mutex(&self, lease: &Lease) -> Result<()>
+/// async fn hold_mutex(&self, lease: &Lease, hold: Duration) -> Result<()>
+/// async fn extend_mutex(&self, lease: &mut Lease) -> Result<()>
+/// async fn extend_mutexes(&self, leases: &mut [Lease]) -> Result<Vec<bool>>
+/// async fn extend_shared(&self, leases: &mut [Lease]) -> Result<Vec<bool>>
 /// async fn inspect_lock(&self, name: &str) -> Result<Option<LockInfo>>
 /// async fn holders_of(&self, name: &str) -> Result<Vec<LockInfo>>
 /// async fn list_locks(&self, prefix: &str, cursor: Option<&str>, limit: usize) -> Result<LockPage>
@@ -65,10 +67,12 @@ macro_rules! driver {
             use ::std::time::Duration;
 
             use $crate::__private::dlock_core::driver::Driver;
+            use $crate::__private::dlock_core::driver::batch::extend_by_kind;
             use $crate::__private::dlock_core::driver::wait::Deadline;
             use $crate::__private::dlock_core::{
-                Capabilities, Lease, LockInfo, LockOptions, LockPage, Result,
+                Capabilities, Error, Lease, LockInfo, LockOptions, LockPage, Mode, Result,
             };
+            use $crate::SharedKinds;
 
             #[$crate::__private::async_trait]
             impl Driver for $backend {
@@ -102,19 +106,45 @@ macro_rules! driver {
                 }
 
                 async fn release(&self, lease: &Lease) -> Result<()> {
-                    self.release_lease(lease).await
+                    match lease.mode() {
+                        Mode::Exclusive => self.release_mutex(lease).await,
+                        _ => self.release_shared(lease).await,
+                    }
                 }
 
                 async fn release_after(&self, lease: &Lease, hold: Duration) -> Result<()> {
-                    self.release_lease_after(lease, hold).await
+                    match lease.mode() {
+                        Mode::Exclusive => self.hold_mutex(lease, hold).await,
+                        _ => self.hold_shared(lease, hold).await,
+                    }
                 }
 
                 async fn extend(&self, lease: &mut Lease) -> Result<()> {
-                    self.extend_lease(lease).await
+                    if lease.mode() == Mode::Exclusive {
+                        return self.extend_mutex(lease).await;
+                    }
+                    match self.extend_shared(::std::slice::from_mut(lease)).await?[..] {
+                        [true] => Ok(()),
+                        _ => Err(Error::not_held(lease.name())),
+                    }
                 }
 
                 async fn extend_many(&self, leases: &mut [Lease]) -> Result<Vec<bool>> {
-                    self.extend_leases(leases).await
+                    if leases.iter().all(|l| l.mode() == Mode::Exclusive) {
+                        return self.extend_mutexes(leases).await;
+                    }
+                    extend_by_kind(
+                        leases,
+                        |mut mutexes| async move {
+                            let held = self.extend_mutexes(&mut mutexes).await;
+                            (mutexes, held)
+                        },
+                        |mut shared| async move {
+                            let held = self.extend_shared(&mut shared).await;
+                            (shared, held)
+                        },
+                    )
+                    .await
                 }
 
                 async fn downgrade(&self, write: &Lease, opts: &LockOptions) -> Result<Lease> {

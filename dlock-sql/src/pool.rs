@@ -49,6 +49,9 @@ pub trait Dialect: Send + Sync + 'static {
 
     /// How many rows a statement matched (sqlx has no trait for it).
     fn rows_matched(done: &<Self::Db as Database>::QueryResult) -> u64;
+
+    /// Whether a `CREATE` failed with `e` for want of the right to create.
+    fn may_not_create(e: &sqlx::Error) -> bool;
 }
 
 /// The connection type of a [`Dialect`].
@@ -146,6 +149,23 @@ impl<D: Dialect> Pool<D> {
             Ok(Ok((conn, mark))) => Ok(Lent::new(self, conn, mark, permit)),
             Ok(Err(e)) => Err(LendError::Connect(e)),
             Err(_) => Err(LendError::TimedOut),
+        }
+    }
+
+    /// The first connection, opened as a backend is built, within the
+    /// connect timeout: what is wrong ("connection refused", bad
+    /// credentials) is reported then, not by a later statement.
+    ///
+    /// # Errors
+    /// Why none could be opened, as a dlock error.
+    pub async fn first(&self) -> Result<Lent<'_, D>> {
+        match self.checkout(Instant::now() + self.connect_timeout).await {
+            Ok(lent) => Ok(lent),
+            Err(LendError::Connect(e)) => Err(D::error(e, "connect")),
+            Err(LendError::TimedOut) => Err(D::timed_out(format!(
+                "connect: no answer within {:?}",
+                self.connect_timeout
+            ))),
         }
     }
 
@@ -299,6 +319,34 @@ impl<'a, D: Dialect> Lent<'a, D> {
     /// What the driver keeps with the connection.
     pub fn mark(&mut self) -> D::Mark {
         self.pooled().1.clone()
+    }
+
+    /// Runs `create` (a `CREATE … IF NOT EXISTS`) by `by`. A user without
+    /// the right to create is fine when `exists` finds the table there
+    /// already; otherwise the error says what to run (`missing`).
+    ///
+    /// # Errors
+    /// As [`Pool::answer`]; a backend error naming `missing` when the
+    /// table is missing and may not be created.
+    pub async fn create_unless_there<'q, Q>(
+        &mut self,
+        (create, exists): (Q, Q),
+        by: Instant,
+        missing: impl FnOnce() -> String,
+    ) -> Result<()>
+    where
+        Q: Execute<'q, D::Db> + 'q,
+        for<'c> &'c mut Conn<D>: Executor<'c, Database = D::Db>,
+    {
+        const DOING: &str = "create the lock table";
+        let denied = match timeout_at(by, self.conn().execute(create)).await {
+            Ok(Err(e)) if D::may_not_create(&e) => e,
+            done => return self.pool.answer(done, DOING).map(drop),
+        };
+        if let Ok(Ok(_)) = timeout_at(by, self.conn().execute(exists)).await {
+            return Ok(());
+        }
+        Err(D::error(denied, &missing()))
     }
 
     /// The statement finished: the connection is fit for the next one.

@@ -322,6 +322,16 @@ impl Statements {
         ))
     }
 
+    /// What creates the lock table and its holds table, for an
+    /// administrator to run.
+    pub fn ddl(&self) -> String {
+        format!(
+            "{};\n{};",
+            self.create.as_str(),
+            self.create_holds().as_str()
+        )
+    }
+
     /// The holds table, made if missing.
     pub fn create_holds(&self) -> SqlStr {
         safe(format!(

@@ -23,6 +23,7 @@
 use std::fmt::Write;
 
 use dlock_core::Mode;
+use dlock_sql::SharedStatements;
 use sqlx::SqlStr;
 
 use super::{Batch, CLOCK, NOW, Statements, hex, safe};
@@ -158,7 +159,7 @@ impl Statements {
     /// A grant from a live place does not delete it: the place lapses,
     /// marked with the grant's fence, its `since` kept. If the reply is
     /// lost, the undo's release puts the place back where it was
-    /// ([`Statements::release_shared`]), and so does the waiter's next look
+    /// ([`SharedStatements::release_shared`]), and so does the waiter's next look
     /// if it comes first: a waiter sent to the back would queue behind a
     /// writer that queued later, which waits for the readers let in beside
     /// it, while they wait for this reader.
@@ -272,94 +273,6 @@ impl Statements {
         ))
     }
 
-    /// Ends `owner`'s live hold of `name` and sets the marker's expiry to
-    /// the longest hold left. Rows: the waiters to wake
-    /// ([`Statements::wake_set`]), then how many holds it ended (0 or 1).
-    ///
-    /// The place the hold was granted from (see
-    /// [`Statements::acquire_shared`]) goes with it, unless it is
-    /// `waiter`'s (`""`: nobody's): the undo of a grant whose reply was
-    /// lost, to a waiter still waiting, which gets its place back, live
-    /// for `place_us`, where it was. A waiter that gave up has deleted its
-    /// place: nothing comes back. The hold's fence is read before the hold
-    /// goes; the place is found by a plain read and changed by its primary
-    /// key, so that a release does not lock the name's rows one by one.
-    pub fn release_shared(
-        &self,
-        name: &[u8],
-        owner: &str,
-        waiter: &str,
-        place_us: u64,
-        wake: bool,
-    ) -> SqlStr {
-        let (t, h, n) = (&self.table, self.holds(), bytes(name));
-        let begin = self.begin(&n);
-        let wake = self.wake_set(&n, "@dl_n > 0", wake);
-        let mine =
-            format!("name = {n} AND owner = '{owner}' AND NOT waiting AND expires_at > {NOW}");
-        let until = self.marker_until(&n, NOW);
-        let (place, from) = (after(place_us), "waiting AND fence = @dl_granted");
-        safe(format!(
-            "{begin}
-             SELECT COUNT(*), MAX(fence) INTO @dl_n, @dl_granted FROM {h} WHERE {mine};
-             SET @dl_from = (SELECT owner FROM {h} WHERE name = {n} AND {from} LIMIT 1);
-             DELETE FROM {h} WHERE {mine};
-             UPDATE {h} SET expires_at = {place}, fence = 0
-             WHERE name = {n} AND owner = '{waiter}' AND {from};
-             DELETE FROM {h} WHERE name = {n} AND owner = @dl_from AND owner <> '{waiter}' AND {from};
-             UPDATE `{t}` SET expires_at = {until} WHERE name = {n} AND owner LIKE '~%' AND @dl_n > 0;
-             COMMIT;
-             {wake}
-             SELECT CAST(@dl_n AS SIGNED)"
-        ))
-    }
-
-    /// `release_after` of a shared hold: it stays under `hold_owner` until
-    /// `hold_us` from now. One row: 1 when set, 0 when not held.
-    pub fn hold_shared(&self, name: &[u8], owner: &str, hold_owner: &str, hold_us: u64) -> SqlStr {
-        let (t, h, n, hold) = (&self.table, self.holds(), bytes(name), after(hold_us));
-        let begin = self.begin(&n);
-        let mine =
-            format!("name = {n} AND owner = '{owner}' AND NOT waiting AND expires_at > {NOW}");
-        let until = self.marker_until(&n, &hold);
-        safe(format!(
-            "{begin}
-             SET @dl_n = (SELECT COUNT(*) FROM {h} WHERE {mine});
-             UPDATE {h} SET owner = '{hold_owner}', expires_at = {hold} WHERE {mine};
-             UPDATE `{t}` SET expires_at = {until} WHERE name = {n} AND owner LIKE '~%' AND @dl_n > 0;
-             COMMIT;
-             SELECT CAST(@dl_n AS SIGNED)"
-        ))
-    }
-
-    /// A read hold for `reader` beside the live write hold of `writer`,
-    /// waiters or not. One row: the fencing token, NULL when not granted.
-    pub fn downgrade(
-        &self,
-        name: &[u8],
-        writer: &str,
-        reader: &str,
-        ttl_us: u64,
-        holder: &str,
-    ) -> SqlStr {
-        let (t, h, n, ttl) = (&self.table, self.holds(), bytes(name), after(ttl_us));
-        let who = bytes(holder.as_bytes());
-        let begin = self.begin(&n);
-        safe(format!(
-            "{begin}
-             SET @dl_w = EXISTS (SELECT 1 FROM {h} WHERE name = {n} AND owner = '{writer}'
-               AND mode = 'w' AND NOT waiting AND expires_at > {NOW})
-               AND EXISTS (SELECT 1 FROM `{t}` WHERE name = {n} AND owner = '~rw');
-             UPDATE `{t}` SET expires_at = GREATEST(expires_at, {ttl}),
-               version = GREATEST(version + 1, {CLOCK}) WHERE name = {n} AND @dl_w;
-             SET @dl_fence = IF(@dl_w, (SELECT version FROM `{t}` WHERE name = {n}), NULL);
-             INSERT INTO {h} (name, owner, mode, kind, fence, expires_at, waiting, since, holder)
-               SELECT {n}, '{reader}', 'r', '~rw', @dl_fence, {ttl}, FALSE, 0, {who} FROM DUAL WHERE @dl_w;
-             COMMIT;
-             SELECT CAST(@dl_fence AS SIGNED)"
-        ))
-    }
-
     /// Gives a waiter's place up, and sweeps the name's places that lapsed
     /// over a minute ago. Rows: the waiters to wake (a writer that leaves
     /// may let readers in), then how many places it gave up.
@@ -374,24 +287,6 @@ impl Statements {
              DELETE FROM {h} WHERE name = {n} AND owner = '{waiter}' AND waiting;
              SET @dl_n = ROW_COUNT();
              DELETE FROM {h} WHERE name = {n} AND waiting AND expires_at < {NOW} - INTERVAL 1 MINUTE;
-             COMMIT;
-             {wake}
-             SELECT CAST(@dl_n AS SIGNED)"
-        ))
-    }
-
-    /// Ends every hold of a name held as a reader-writer lock or a
-    /// semaphore (an operator's force release). Rows: the waiters to wake,
-    /// then 1 when it did.
-    pub fn clear_shared(&self, name: &[u8], wake: bool) -> SqlStr {
-        let (t, h, n) = (&self.table, self.holds(), bytes(name));
-        let begin = self.begin(&n);
-        let wake = self.wake_set(&n, "@dl_n > 0", wake);
-        safe(format!(
-            "{begin}
-             DELETE FROM {h} WHERE name = {n} AND NOT waiting;
-             UPDATE `{t}` SET expires_at = {NOW} WHERE name = {n} AND owner LIKE '~%' AND expires_at > {NOW};
-             SET @dl_n = ROW_COUNT();
              COMMIT;
              {wake}
              SELECT CAST(@dl_n AS SIGNED)"
@@ -422,5 +317,102 @@ impl Statements {
              SELECT CONCAT(owner, name) FROM {h} WHERE {mine}"
         );
         safe(s)
+    }
+}
+
+/// One row (after the waiters to wake, for a change): the count or value.
+impl SharedStatements for Statements {
+    /// Also sets the marker's expiry to the longest hold left. Rows: the
+    /// waiters to wake ([`Statements::wake_set`]), then the count. A
+    /// waiter that gave up has deleted its place: nothing comes back. The
+    /// hold's fence is read before the hold goes; the place is found by a
+    /// plain read and changed by its primary key, so that a release does
+    /// not lock the name's rows one by one.
+    fn release_shared(
+        &self,
+        name: &[u8],
+        owner: &str,
+        waiter: &str,
+        place_us: u64,
+        wake: bool,
+    ) -> SqlStr {
+        let (t, h, n) = (&self.table, self.holds(), bytes(name));
+        let begin = self.begin(&n);
+        let wake = self.wake_set(&n, "@dl_n > 0", wake);
+        let mine =
+            format!("name = {n} AND owner = '{owner}' AND NOT waiting AND expires_at > {NOW}");
+        let until = self.marker_until(&n, NOW);
+        let (place, from) = (after(place_us), "waiting AND fence = @dl_granted");
+        safe(format!(
+            "{begin}
+             SELECT COUNT(*), MAX(fence) INTO @dl_n, @dl_granted FROM {h} WHERE {mine};
+             SET @dl_from = (SELECT owner FROM {h} WHERE name = {n} AND {from} LIMIT 1);
+             DELETE FROM {h} WHERE {mine};
+             UPDATE {h} SET expires_at = {place}, fence = 0
+             WHERE name = {n} AND owner = '{waiter}' AND {from};
+             DELETE FROM {h} WHERE name = {n} AND owner = @dl_from AND owner <> '{waiter}' AND {from};
+             UPDATE `{t}` SET expires_at = {until} WHERE name = {n} AND owner LIKE '~%' AND @dl_n > 0;
+             COMMIT;
+             {wake}
+             SELECT CAST(@dl_n AS SIGNED)"
+        ))
+    }
+
+    fn hold_shared(&self, name: &[u8], owner: &str, hold_owner: &str, hold_us: u64) -> SqlStr {
+        let (t, h, n, hold) = (&self.table, self.holds(), bytes(name), after(hold_us));
+        let begin = self.begin(&n);
+        let mine =
+            format!("name = {n} AND owner = '{owner}' AND NOT waiting AND expires_at > {NOW}");
+        let until = self.marker_until(&n, &hold);
+        safe(format!(
+            "{begin}
+             SET @dl_n = (SELECT COUNT(*) FROM {h} WHERE {mine});
+             UPDATE {h} SET owner = '{hold_owner}', expires_at = {hold} WHERE {mine};
+             UPDATE `{t}` SET expires_at = {until} WHERE name = {n} AND owner LIKE '~%' AND @dl_n > 0;
+             COMMIT;
+             SELECT CAST(@dl_n AS SIGNED)"
+        ))
+    }
+
+    fn downgrade(
+        &self,
+        name: &[u8],
+        writer: &str,
+        reader: &str,
+        ttl_us: u64,
+        holder: &str,
+    ) -> SqlStr {
+        let (t, h, n, ttl) = (&self.table, self.holds(), bytes(name), after(ttl_us));
+        let who = bytes(holder.as_bytes());
+        let begin = self.begin(&n);
+        safe(format!(
+            "{begin}
+             SET @dl_w = EXISTS (SELECT 1 FROM {h} WHERE name = {n} AND owner = '{writer}'
+               AND mode = 'w' AND NOT waiting AND expires_at > {NOW})
+               AND EXISTS (SELECT 1 FROM `{t}` WHERE name = {n} AND owner = '~rw');
+             UPDATE `{t}` SET expires_at = GREATEST(expires_at, {ttl}),
+               version = GREATEST(version + 1, {CLOCK}) WHERE name = {n} AND @dl_w;
+             SET @dl_fence = IF(@dl_w, (SELECT version FROM `{t}` WHERE name = {n}), NULL);
+             INSERT INTO {h} (name, owner, mode, kind, fence, expires_at, waiting, since, holder)
+               SELECT {n}, '{reader}', 'r', '~rw', @dl_fence, {ttl}, FALSE, 0, {who} FROM DUAL WHERE @dl_w;
+             COMMIT;
+             SELECT CAST(@dl_fence AS SIGNED)"
+        ))
+    }
+
+    /// Rows: the waiters to wake, then the count.
+    fn clear_shared(&self, name: &[u8], wake: bool) -> SqlStr {
+        let (t, h, n) = (&self.table, self.holds(), bytes(name));
+        let begin = self.begin(&n);
+        let wake = self.wake_set(&n, "@dl_n > 0", wake);
+        safe(format!(
+            "{begin}
+             DELETE FROM {h} WHERE name = {n} AND NOT waiting;
+             UPDATE `{t}` SET expires_at = {NOW} WHERE name = {n} AND owner LIKE '~%' AND expires_at > {NOW};
+             SET @dl_n = ROW_COUNT();
+             COMMIT;
+             {wake}
+             SELECT CAST(@dl_n AS SIGNED)"
+        ))
     }
 }

@@ -21,6 +21,7 @@
 use std::fmt::Write;
 
 use dlock_core::Mode;
+use dlock_sql::SharedStatements;
 use sqlx::SqlStr;
 
 use super::{CLOCK_US, NOW, Statements, bytes, micros, text};
@@ -93,7 +94,7 @@ impl Statements {
     /// A grant from a live place does not delete it: the place lapses,
     /// marked with the grant's fence, its `since` kept. If the reply is
     /// lost, the undo's release puts the place back where it was
-    /// ([`Statements::release_shared`]), and so does the waiter's next look
+    /// ([`SharedStatements::release_shared`]), and so does the waiter's next look
     /// if it comes first: a waiter sent to the back would queue behind a
     /// writer that queued later, which waits for the readers let in beside
     /// it, while they wait for this reader.
@@ -167,88 +168,6 @@ impl Statements {
         ))
     }
 
-    /// Ends `owner`'s live hold of `name` and sets the marker's expiry to
-    /// the longest hold left. One row: how many holds it ended (0 or 1),
-    /// and the waiters to wake ([`Statements::wake_set`]).
-    ///
-    /// The place the hold was granted from (see
-    /// [`Statements::acquire_shared`]) goes with it, unless it is
-    /// `waiter`'s (`""`: nobody's): the undo of a grant whose reply was
-    /// lost, to a waiter still waiting, which gets its place back, live
-    /// for `place_us`, where it was. A waiter that gave up has left a
-    /// tombstone (`since` -1) instead, which stays.
-    pub fn release_shared(
-        &self,
-        name: &[u8],
-        owner: &str,
-        waiter: &str,
-        place_us: u64,
-        notify: bool,
-    ) -> SqlStr {
-        let (t, h, n) = (&self.table, &self.holds, bytes(name));
-        let until = self.marker_until(&n, owner, NOW);
-        let (lock, say) = (self.lock_row(&n), self.announce_to(&n, notify));
-        let wake = self.wake_set(&n, "");
-        let place = micros(place_us);
-        let from = "waiting AND since >= 0 AND fence > 0 AND fence IN (SELECT granted FROM gone)";
-        self.bounded(format!(
-            "{lock}
-             WITH gone AS (DELETE FROM {h} WHERE name = {n} AND owner = '{owner}'
-                             AND NOT waiting AND expires_at > {NOW} RETURNING fence AS granted),
-             back AS (UPDATE {h} SET expires_at = {NOW} + {place}, fence = 0
-                      WHERE name = {n} AND owner = '{waiter}' AND {from}),
-             spent AS (DELETE FROM {h} WHERE name = {n} AND owner <> '{waiter}' AND {from}),
-             m AS (UPDATE {t} SET expires_at = {until}
-                   WHERE name = {n} AND owner LIKE '~%' AND EXISTS (SELECT 1 FROM gone)),
-             {wake}
-             SELECT (SELECT count(*) FROM gone), (SELECT who FROM wake WHERE EXISTS (SELECT 1 FROM gone)),
-               (SELECT count(*) FROM (SELECT {say} FROM wake WHERE EXISTS (SELECT 1 FROM gone)) AS z)"
-        ))
-    }
-
-    /// `release_after` of a shared hold: it stays under `hold_owner` until
-    /// `hold_us` from now. One row: 1 when set, 0 when not held.
-    pub fn hold_shared(&self, name: &[u8], owner: &str, hold_owner: &str, hold_us: u64) -> SqlStr {
-        let (t, h, n, hold) = (&self.table, &self.holds, bytes(name), micros(hold_us));
-        let until = self.marker_until(&n, owner, &format!("{NOW} + {hold}"));
-        let lock = self.lock_row(&n);
-        self.bounded(format!(
-            "{lock}
-             WITH x AS (UPDATE {h} SET owner = '{hold_owner}', expires_at = {NOW} + {hold}
-                        WHERE name = {n} AND owner = '{owner}' AND NOT waiting
-                          AND expires_at > {NOW} RETURNING 1),
-             m AS (UPDATE {t} SET expires_at = {until}
-                   WHERE name = {n} AND owner LIKE '~%' AND EXISTS (SELECT 1 FROM x))
-             SELECT count(*) FROM x"
-        ))
-    }
-
-    /// A read hold for `reader` beside the live write hold of `writer`,
-    /// waiters or not. One row, the fencing token, when granted.
-    pub fn downgrade(
-        &self,
-        name: &[u8],
-        writer: &str,
-        reader: &str,
-        ttl_us: u64,
-        holder: &str,
-    ) -> SqlStr {
-        let (t, h, n, ttl) = (&self.table, &self.holds, bytes(name), micros(ttl_us));
-        let who = text(holder);
-        let lock = self.lock_row(&n);
-        self.bounded(format!(
-            "{lock}
-             WITH w AS (SELECT 1 FROM {h} WHERE name = {n} AND owner = '{writer}' AND mode = 'w'
-                        AND NOT waiting AND expires_at > {NOW}),
-             f AS (UPDATE {t} SET fence = GREATEST(fence + 1, {CLOCK_US}),
-                     expires_at = GREATEST(expires_at, {NOW} + {ttl})
-                   WHERE name = {n} AND owner = '~rw' AND EXISTS (SELECT 1 FROM w) RETURNING fence),
-             g AS (INSERT INTO {h} (name, owner, mode, kind, fence, expires_at, waiting, since, holder)
-                   SELECT {n}, '{reader}', 'r', '~rw', fence, {NOW} + {ttl}, false, 0, {who} FROM f)
-             SELECT fence FROM f"
-        ))
-    }
-
     /// Gives a waiter's place up, announcing it to the waiters it may let
     /// in (a writer that leaves may let readers in). One row: how many
     /// places it gave up, and the waiters to wake.
@@ -263,23 +182,6 @@ impl Statements {
              {wake}
              SELECT (SELECT count(*) FROM d), (SELECT who FROM wake WHERE EXISTS (SELECT 1 FROM d)),
                (SELECT count(*) FROM (SELECT {say} FROM wake WHERE EXISTS (SELECT 1 FROM d)) AS z)"
-        ))
-    }
-
-    /// Ends every hold of a name held as a reader-writer lock or a
-    /// semaphore (an operator's force release). One row: 1 when it did.
-    pub fn clear_shared(&self, name: &[u8], notify: bool) -> SqlStr {
-        let (t, h, n) = (&self.table, &self.holds, bytes(name));
-        let (lock, say) = (self.lock_row(&n), self.announce_to(&n, notify));
-        let wake = self.wake_set(&n, "");
-        self.bounded(format!(
-            "{lock}
-             WITH d AS (DELETE FROM {h} WHERE name = {n} AND NOT waiting),
-             m AS (UPDATE {t} SET expires_at = {NOW}
-                   WHERE name = {n} AND owner LIKE '~%' AND expires_at > {NOW} RETURNING 1),
-             {wake}
-             SELECT (SELECT count(*) FROM m), (SELECT who FROM wake WHERE EXISTS (SELECT 1 FROM m)),
-               (SELECT count(*) FROM (SELECT {say} FROM wake WHERE EXISTS (SELECT 1 FROM m)) AS z)"
         ))
     }
 
@@ -317,6 +219,97 @@ impl Statements {
                    FROM (SELECT name, kind, max(expires_at) AS until FROM e GROUP BY name, kind) AS u
                    WHERE l.name = u.name AND l.owner = u.kind)
              SELECT encode(name, 'hex'), owner FROM e"
+        ))
+    }
+}
+
+impl SharedStatements for Statements {
+    /// Also sets the marker's expiry to the longest hold left. One row:
+    /// the count, and the waiters to wake ([`Statements::wake_set`]). A
+    /// waiter that gave up has left a tombstone (`since` -1) instead of
+    /// its place, which stays.
+    fn release_shared(
+        &self,
+        name: &[u8],
+        owner: &str,
+        waiter: &str,
+        place_us: u64,
+        wake: bool,
+    ) -> SqlStr {
+        let (t, h, n) = (&self.table, &self.holds, bytes(name));
+        let until = self.marker_until(&n, owner, NOW);
+        let (lock, say) = (self.lock_row(&n), self.announce_to(&n, wake));
+        let wake = self.wake_set(&n, "");
+        let place = micros(place_us);
+        let from = "waiting AND since >= 0 AND fence > 0 AND fence IN (SELECT granted FROM gone)";
+        self.bounded(format!(
+            "{lock}
+             WITH gone AS (DELETE FROM {h} WHERE name = {n} AND owner = '{owner}'
+                             AND NOT waiting AND expires_at > {NOW} RETURNING fence AS granted),
+             back AS (UPDATE {h} SET expires_at = {NOW} + {place}, fence = 0
+                      WHERE name = {n} AND owner = '{waiter}' AND {from}),
+             spent AS (DELETE FROM {h} WHERE name = {n} AND owner <> '{waiter}' AND {from}),
+             m AS (UPDATE {t} SET expires_at = {until}
+                   WHERE name = {n} AND owner LIKE '~%' AND EXISTS (SELECT 1 FROM gone)),
+             {wake}
+             SELECT (SELECT count(*) FROM gone), (SELECT who FROM wake WHERE EXISTS (SELECT 1 FROM gone)),
+               (SELECT count(*) FROM (SELECT {say} FROM wake WHERE EXISTS (SELECT 1 FROM gone)) AS z)"
+        ))
+    }
+
+    fn hold_shared(&self, name: &[u8], owner: &str, hold_owner: &str, hold_us: u64) -> SqlStr {
+        let (t, h, n, hold) = (&self.table, &self.holds, bytes(name), micros(hold_us));
+        let until = self.marker_until(&n, owner, &format!("{NOW} + {hold}"));
+        let lock = self.lock_row(&n);
+        self.bounded(format!(
+            "{lock}
+             WITH x AS (UPDATE {h} SET owner = '{hold_owner}', expires_at = {NOW} + {hold}
+                        WHERE name = {n} AND owner = '{owner}' AND NOT waiting
+                          AND expires_at > {NOW} RETURNING 1),
+             m AS (UPDATE {t} SET expires_at = {until}
+                   WHERE name = {n} AND owner LIKE '~%' AND EXISTS (SELECT 1 FROM x))
+             SELECT count(*) FROM x"
+        ))
+    }
+
+    /// No row when not granted.
+    fn downgrade(
+        &self,
+        name: &[u8],
+        writer: &str,
+        reader: &str,
+        ttl_us: u64,
+        holder: &str,
+    ) -> SqlStr {
+        let (t, h, n, ttl) = (&self.table, &self.holds, bytes(name), micros(ttl_us));
+        let who = text(holder);
+        let lock = self.lock_row(&n);
+        self.bounded(format!(
+            "{lock}
+             WITH w AS (SELECT 1 FROM {h} WHERE name = {n} AND owner = '{writer}' AND mode = 'w'
+                        AND NOT waiting AND expires_at > {NOW}),
+             f AS (UPDATE {t} SET fence = GREATEST(fence + 1, {CLOCK_US}),
+                     expires_at = GREATEST(expires_at, {NOW} + {ttl})
+                   WHERE name = {n} AND owner = '~rw' AND EXISTS (SELECT 1 FROM w) RETURNING fence),
+             g AS (INSERT INTO {h} (name, owner, mode, kind, fence, expires_at, waiting, since, holder)
+                   SELECT {n}, '{reader}', 'r', '~rw', fence, {NOW} + {ttl}, false, 0, {who} FROM f)
+             SELECT fence FROM f"
+        ))
+    }
+
+    /// One row: the count, and the waiters to wake.
+    fn clear_shared(&self, name: &[u8], wake: bool) -> SqlStr {
+        let (t, h, n) = (&self.table, &self.holds, bytes(name));
+        let (lock, say) = (self.lock_row(&n), self.announce_to(&n, wake));
+        let wake = self.wake_set(&n, "");
+        self.bounded(format!(
+            "{lock}
+             WITH d AS (DELETE FROM {h} WHERE name = {n} AND NOT waiting),
+             m AS (UPDATE {t} SET expires_at = {NOW}
+                   WHERE name = {n} AND owner LIKE '~%' AND expires_at > {NOW} RETURNING 1),
+             {wake}
+             SELECT (SELECT count(*) FROM m), (SELECT who FROM wake WHERE EXISTS (SELECT 1 FROM m)),
+               (SELECT count(*) FROM (SELECT {say} FROM wake WHERE EXISTS (SELECT 1 FROM m)) AS z)"
         ))
     }
 }
