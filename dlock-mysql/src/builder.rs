@@ -28,32 +28,12 @@ impl std::fmt::Debug for MySqlBuilder {
     }
 }
 
+dlock_sql::common_setters!(MySqlBuilder);
+
 impl MySqlBuilder {
     /// The lock table (default `dlock_locks`): a plain identifier.
     pub fn table(mut self, table: impl Into<String>) -> Self {
         self.s.table = table.into();
-        self
-    }
-
-    /// The most connections the pool opens (default 10). With
-    /// [`wake_ups`](Self::wake_ups), up to 5 more serve waiters.
-    pub fn max_connections(mut self, n: u32) -> Self {
-        self.s.max_connections = n;
-        self
-    }
-
-    /// How long to wait for a new connection (default 5 s).
-    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
-        self.s.connect_timeout = timeout;
-        self
-    }
-
-    /// How long one statement may take, the wait for a pooled connection
-    /// included, before it counts as failed (default 2 s). A statement
-    /// that times out may still have run: its connection is discarded, and
-    /// an acquire is undone by its owner token.
-    pub fn request_timeout(mut self, timeout: Duration) -> Self {
-        self.s.request_timeout = timeout;
         self
     }
 
@@ -79,7 +59,8 @@ impl MySqlBuilder {
     /// release kills may name another client's connection, and a release
     /// wakes the first queued waiter whatever the releasing client's own
     /// setting. On MySQL, whose `GET_LOCK` cannot wait for a fraction of a
-    /// second, waiters poll whatever this says.
+    /// second, waiters poll whatever this says. Those connections come
+    /// on top of [`max_connections`](Self::max_connections).
     pub fn wake_ups(mut self, on: bool) -> Self {
         self.s.wake_ups = on;
         self

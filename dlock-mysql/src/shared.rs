@@ -223,7 +223,7 @@ impl SharedKinds for MySqlBackend {
 
     /// The rows of a change are the waiters to wake, then the count; the
     /// waiters it may have let in are those of this process and those
-    /// sleeping in the server ([`crate::wait::waiter_key`]).
+    /// sleeping in the server (by `wait::waiter_key`).
     async fn change(&self, sql: SqlStr, name: &str, doing: &str) -> Result<i64> {
         let by = self.deadline();
         let (rows, lent) = self.transact_on(sql, doing, by, drop).await?;

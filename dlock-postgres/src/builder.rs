@@ -28,6 +28,8 @@ impl std::fmt::Debug for PgBuilder {
     }
 }
 
+dlock_sql::common_setters!(PgBuilder);
+
 impl PgBuilder {
     /// The schema of the lock table (default `public`). Every statement
     /// names it, so that no `search_path` (a role's, or one a session left
@@ -41,28 +43,6 @@ impl PgBuilder {
     /// and `_`, at most 52 of them.
     pub fn table(mut self, table: impl Into<String>) -> Self {
         self.s.table = table.into();
-        self
-    }
-
-    /// The most connections the pool opens (default 10).
-    pub fn max_connections(mut self, n: u32) -> Self {
-        self.s.max_connections = n;
-        self
-    }
-
-    /// How long to wait for a new connection (default 5 s).
-    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
-        self.s.connect_timeout = timeout;
-        self
-    }
-
-    /// How long a call may take, the wait for a pooled connection included,
-    /// before it counts as failed (default 2 s); the server cuts each
-    /// statement off after as long (`statement_timeout`). A statement that
-    /// times out may still have run: its connection is discarded, and an
-    /// acquire is undone by its owner token.
-    pub fn request_timeout(mut self, timeout: Duration) -> Self {
-        self.s.request_timeout = timeout;
         self
     }
 

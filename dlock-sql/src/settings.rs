@@ -87,6 +87,36 @@ impl Settings {
     }
 }
 
+/// `common_setters!(Builder)`: the setters both SQL builders document
+/// alike, on a `Builder` whose field `s` holds its [`Settings`].
+#[macro_export]
+macro_rules! common_setters {
+    ($builder:ident) => {
+        impl $builder {
+            /// The most connections the pool opens (default 10).
+            pub fn max_connections(mut self, n: u32) -> Self {
+                self.s.max_connections = n;
+                self
+            }
+
+            /// How long to wait for a new connection (default 5 s).
+            pub fn connect_timeout(mut self, timeout: ::std::time::Duration) -> Self {
+                self.s.connect_timeout = timeout;
+                self
+            }
+
+            /// How long a call may take, the wait for a pooled connection
+            /// included, before it counts as failed (default 2 s). A
+            /// statement that times out may still have run: its connection
+            /// is discarded, and an acquire is undone by its owner token.
+            pub fn request_timeout(mut self, timeout: ::std::time::Duration) -> Self {
+                self.s.request_timeout = timeout;
+                self
+            }
+        }
+    };
+}
+
 /// Checks what sqlx would only notice when it connects (or would quietly
 /// replace by a default): one of `schemes`, a host, and %-escapes that
 /// decode to UTF-8 in the user name, password and database. `example` is
