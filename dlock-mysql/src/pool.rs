@@ -105,11 +105,6 @@ pub(crate) type Pool = dlock_sql::Pool<My>;
 pub(crate) type Lent<'a> = dlock_sql::Lent<'a, My>;
 
 impl MySqlBackend {
-    /// When a call starting now must have returned.
-    pub(crate) fn deadline(&self) -> Instant {
-        self.inner.pool.deadline()
-    }
-
     /// Runs one statement, prepared or written out in full (see
     /// [`Batch`](crate::sql::Batch)), on a lent connection, by `by`.
     pub(crate) async fn execute<'q>(

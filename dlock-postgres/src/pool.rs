@@ -49,11 +49,6 @@ impl Dialect for Pg {
 pub(crate) type Pool = dlock_sql::Pool<Pg>;
 
 impl PgBackend {
-    /// When a call starting now must have returned.
-    pub(crate) fn deadline(&self) -> Instant {
-        self.inner.pool.deadline()
-    }
-
     /// Runs one statement that changes rows, by `by`.
     pub(crate) async fn execute(
         &self,

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use dlock_core::Result;
 use dlock_core::driver::micros_up;
-use dlock_sql::{Purger, check_purge_age, spawn_purger};
+use dlock_sql::check_purge_age;
 
 use crate::backend::PgBackend;
 
@@ -30,20 +30,5 @@ impl PgBackend {
             .execute(sql, "purge", self.deadline())
             .await?
             .rows_affected())
-    }
-
-    /// Starts a background task that purges rows expired for longer than
-    /// `older_than`, every `every` (jittered), in batches of 1,000. It runs
-    /// until the returned handle is dropped; failures are logged and tried
-    /// again at the next round. Needs a tokio runtime.
-    ///
-    /// # Errors
-    /// [`Error::InvalidOption`](dlock_core::Error::InvalidOption) when `every` is under a second.
-    pub fn spawn_purger(&self, every: Duration, older_than: Duration) -> Result<Purger> {
-        let backend = self.clone();
-        spawn_purger(every, move |limit| {
-            let backend = backend.clone();
-            async move { backend.purge_expired(older_than, limit).await }
-        })
     }
 }

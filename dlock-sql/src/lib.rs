@@ -33,13 +33,15 @@ pub fn capabilities(notify: bool) -> Capabilities {
 }
 
 /// `driver!(Backend, NAME)`: a SQL backend's `Debug` (its request timeout
-/// only: the connect options inside hold the password) and its
+/// only: the connect options inside hold the password), its
+/// `spawn_purger` over its `purge_expired`, its `deadline`, and its
 /// [`Driver`](dlock_core::driver::Driver) implementation, which sends each
 /// call to the mutex's method or to the shared kinds' ([`SharedKinds`]) by
 /// the lease's mode. `Backend` implements [`SharedKinds`], has an `inner`
-/// with a `request_timeout`, and these methods:
+/// with a `request_timeout` and a `pool`, and these methods:
 ///
 /// ```text
+/// async fn purge_expired(&self, older_than: Duration, limit: u32) -> Result<u64>
 /// fn notifies(&self) -> bool  // wake-ups across processes
 /// async fn attempt(&self, name: &str, opts: &LockOptions) -> Result<Attempt>
 /// async fn wait_for(&self, name: &str, opts: &LockOptions, deadline: Deadline) -> Result<Lease>
@@ -60,6 +62,34 @@ macro_rules! driver {
                 f.debug_struct(stringify!($backend))
                     .field("request_timeout", &self.inner.request_timeout)
                     .finish_non_exhaustive()
+            }
+        }
+
+        impl $backend {
+            /// When a call starting now must have returned.
+            pub(crate) fn deadline(&self) -> $crate::__private::Instant {
+                self.inner.pool.deadline()
+            }
+
+            /// Starts a background task that purges rows expired for longer
+            /// than `older_than`, every `every` (jittered), in batches of
+            /// 1,000. It runs until the returned handle is dropped; failures
+            /// are logged and tried again at the next round. Needs a tokio
+            /// runtime.
+            ///
+            /// # Errors
+            /// [`Error::InvalidOption`](dlock_core::Error::InvalidOption)
+            /// when `every` is under a second.
+            pub fn spawn_purger(
+                &self,
+                every: ::std::time::Duration,
+                older_than: ::std::time::Duration,
+            ) -> $crate::__private::dlock_core::Result<$crate::Purger> {
+                let backend = self.clone();
+                $crate::spawn_purger(every, move |limit| {
+                    let backend = backend.clone();
+                    async move { backend.purge_expired(older_than, limit).await }
+                })
             }
         }
 
@@ -184,4 +214,5 @@ macro_rules! driver {
 pub mod __private {
     pub use async_trait::async_trait;
     pub use dlock_core;
+    pub use tokio::time::Instant;
 }
