@@ -63,6 +63,7 @@ impl From<LockInfo> for Leader {
 /// A term as leader: the election's lock, renewed in the background until
 /// it is resigned, dropped, or lost.
 #[derive(Debug)]
+#[must_use = "leadership ends when dropped: bind it for the whole term"]
 pub struct Leadership {
     guard: Guard,
 }
@@ -157,6 +158,7 @@ impl Election {
     ///
     /// # Errors
     /// As [`Election::campaign`].
+    #[must_use = "a guard releases its lock when dropped"]
     pub async fn try_campaign(&self) -> Result<Option<Leadership>> {
         let guard = self.locker.try_acquire(&self.name, &self.opts).await?;
         Ok(guard.map(|guard| Leadership { guard }))

@@ -75,6 +75,7 @@ impl Locker {
     ///
     /// # Errors
     /// As [`Locker::acquire`].
+    #[must_use = "a guard releases its lock when dropped"]
     pub async fn try_acquire(&self, name: &str, opts: &LockOptions) -> Result<Option<Guard>> {
         self.check_mode(name, opts)?;
         let lease = self.backend.try_acquire(name, opts).await?;
@@ -140,7 +141,26 @@ impl Locker {
 /// and releases the lock when dropped (in the background; the TTL or
 /// session is the final backstop). Prefer the explicit, awaited
 /// [`Guard::release`], which reports whether the lock was still held.
+///
+/// Bind it for as long as the lock must be held: a guard dropped at once
+/// (`locker.acquire(…).await?;` as a statement) releases at once, and the
+/// compiler warns about it.
+///
+/// ```compile_fail
+/// #![deny(unused_must_use)]
+/// # async fn f(locker: dlock_core::Locker) -> dlock_core::Result<()> {
+/// locker.acquire("report", &dlock_core::LockOptions::new()).await?;
+/// # Ok(()) }
+/// ```
+///
+/// ```
+/// #![deny(unused_must_use)]
+/// # async fn f(locker: dlock_core::Locker) -> dlock_core::Result<()> {
+/// let _guard = locker.acquire("report", &dlock_core::LockOptions::new()).await?;
+/// # Ok(()) }
+/// ```
 #[derive(Debug)]
+#[must_use = "a guard releases its lock when dropped: bind it for as long as the lock must be held"]
 pub struct Guard {
     backend: Arc<dyn Backend>,
     lease: Lease,

@@ -83,6 +83,7 @@ impl FromStr for OwnerToken {
 /// it and to release it on drop; use a bare lease only when you manage its
 /// life yourself.
 #[derive(Debug, Clone)]
+#[must_use = "a lease holds its lock until it is released or its TTL ends: keep it to release or extend it"]
 pub struct Lease {
     name: String,
     owner: OwnerToken,

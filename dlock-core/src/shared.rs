@@ -103,6 +103,7 @@ impl Locker {
     ///
     /// # Errors
     /// As [`Locker::acquire`].
+    #[must_use = "a guard releases its lock when dropped"]
     pub async fn try_read(&self, name: &str, opts: &LockOptions) -> Result<Option<Guard>> {
         self.try_acquire(name, &opts.clone().read()).await
     }
@@ -111,6 +112,7 @@ impl Locker {
     ///
     /// # Errors
     /// As [`Locker::write`].
+    #[must_use = "a guard releases its lock when dropped"]
     pub async fn try_write(&self, name: &str, opts: &LockOptions) -> Result<Option<Guard>> {
         self.try_acquire(name, &opts.clone().write()).await
     }
@@ -188,6 +190,7 @@ impl Semaphore {
     ///
     /// # Errors
     /// As [`Semaphore::acquire`].
+    #[must_use = "a guard releases its lock when dropped"]
     pub async fn try_acquire(&self, opts: &LockOptions) -> Result<Option<Guard>> {
         self.locker.try_acquire(&self.name, &self.opts(opts)).await
     }

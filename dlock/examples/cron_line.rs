@@ -19,7 +19,7 @@
 //!
 //! ```sh
 //! cargo build -p dlock-cli
-//! cargo run -p dlock --example cron_line -- redis://127.0.0.1:6379 target/debug/dlock
+//! cargo run -p dlock-rs --example cron_line -- redis://127.0.0.1:6379 target/debug/dlock
 //! ```
 
 use std::process::ExitCode;

@@ -4,8 +4,8 @@
 //! metrics of the `metrics` feature.
 //!
 //! ```sh
-//! cargo run -p dlock --example observability              # in-memory locks
-//! cargo run -p dlock --example observability redis://127.0.0.1:6379
+//! cargo run -p dlock-rs --example observability              # in-memory locks
+//! cargo run -p dlock-rs --example observability redis://127.0.0.1:6379
 //! ```
 
 use std::process::ExitCode;

@@ -3,8 +3,8 @@
 //! lock service), calls for different orders run side by side.
 //!
 //! ```sh
-//! cargo run -p dlock --example order_method                       # in-memory
-//! cargo run -p dlock --example order_method -- redis://127.0.0.1:6379
+//! cargo run -p dlock-rs --example order_method                       # in-memory
+//! cargo run -p dlock-rs --example order_method -- redis://127.0.0.1:6379
 //! ```
 
 use std::process::ExitCode;

@@ -3,8 +3,8 @@
 //! each occurrence run once:
 //!
 //! ```sh
-//! cargo run -p dlock --example scheduled_job -- redis://127.0.0.1:6379
-//! cargo run -p dlock --example scheduled_job -- "zk://127.0.0.1:2181" "*/15 * * * * *"
+//! cargo run -p dlock-rs --example scheduled_job -- redis://127.0.0.1:6379
+//! cargo run -p dlock-rs --example scheduled_job -- "zk://127.0.0.1:2181" "*/15 * * * * *"
 //! ```
 //!
 //! The first argument is the lock service (default `memory://`), the

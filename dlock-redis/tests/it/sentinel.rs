@@ -205,7 +205,7 @@ async fn with_durable_grants_no_believed_grant_is_lost_in_a_failover() {
     let holder = second.inspect(&kept).await.unwrap().unwrap();
     assert_eq!(holder.owner, held.owner());
     // Nobody believed they held the refused name: granting it is fine.
-    must_acquire(&second, &refused, &long()).await;
+    let _granted = must_acquire(&second, &refused, &long()).await;
 
     // The durable client follows the failover too (its scripts are loaded
     // again on the new primary), and with no replica left it grants
