@@ -3,7 +3,7 @@
 use std::fmt;
 use std::time::Duration;
 
-use dlock_core::driver::{MAX_SETTING, check_duration};
+use dlock_core::driver::{MAX_SETTING, UrlParams, check_duration};
 use dlock_core::{Error, Result};
 use percent_encoding::percent_decode_str;
 #[cfg(feature = "tls")]
@@ -16,7 +16,8 @@ use crate::client::Client;
 /// Settings for [`EtcdBackend`]; start from [`EtcdBackend::builder`].
 #[derive(Clone)]
 pub struct EtcdBuilder {
-    url: String,
+    /// The URL, its settings not taken yet (an error at connect).
+    params: UrlParams,
     prefix: Option<String>,
     connect_timeout: Duration,
     request_timeout: Duration,
@@ -30,7 +31,7 @@ pub struct EtcdBuilder {
 impl fmt::Debug for EtcdBuilder {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("EtcdBuilder")
-            .field("url", &dlock_core::driver::redact_url(&self.url))
+            .field("url", &dlock_core::driver::redact_url(self.params.base()))
             .field("prefix", &self.prefix)
             .field("connect_timeout", &self.connect_timeout)
             .field("request_timeout", &self.request_timeout)
@@ -58,17 +59,22 @@ impl EtcdBackend {
         Self::builder(url).connect().await
     }
 
-    /// Settings, starting from a URL as [`EtcdBackend::connect`] takes it.
+    /// Settings, starting from a URL as [`EtcdBackend::connect`] takes it,
+    /// whose query may give them under their setters' names
+    /// (`?prefix=app/&request_timeout=500ms`; a setter called later wins);
+    /// any other parameter is refused at connect.
     pub fn builder(url: impl Into<String>) -> EtcdBuilder {
+        let mut p = UrlParams::parse(&url.into());
+        let or = |d: Option<Duration>, ms| d.unwrap_or(Duration::from_millis(ms));
         EtcdBuilder {
-            url: url.into(),
-            prefix: None,
-            connect_timeout: Duration::from_secs(5),
-            request_timeout: Duration::from_secs(2),
+            prefix: p.text("prefix"),
+            connect_timeout: or(p.duration("connect_timeout"), 5_000),
+            request_timeout: or(p.duration("request_timeout"), 2_000),
             tls_ca: None,
             tls_identity: None,
             #[cfg(feature = "_test-hooks")]
             pause_after_join: None,
+            params: p,
         }
     }
 }
@@ -135,7 +141,7 @@ impl EtcdBuilder {
         let ms = Duration::from_millis(1);
         check_duration("connect_timeout", self.connect_timeout, ms, MAX_SETTING)?;
         check_duration("request_timeout", self.request_timeout, ms, MAX_SETTING)?;
-        let target = parse_url(&self.url)?;
+        let target = parse_url(&self.params.finish(&[])?)?;
         let tls = self.tls(&target)?;
         let prefix = self
             .prefix

@@ -79,7 +79,7 @@ impl MySqlBuilder {
     fn validate(&self) -> Result<MySqlConnectOptions> {
         validate_table(&self.s.table)?;
         self.s.check()?;
-        parse_url(&self.s.url)
+        parse_url(&self.s.url(SQLX_PARAMS)?)
     }
 
     /// Checks the settings, then opens one connection at once, to surface
@@ -183,6 +183,24 @@ async fn upgrade_holder(
 /// The column exists already.
 const ER_DUP_FIELDNAME: u16 = 1060;
 
+/// The URL parameters sqlx's MySQL driver takes (see the README).
+const SQLX_PARAMS: &[&str] = &[
+    "sslmode",
+    "ssl-mode",
+    "sslca",
+    "ssl-ca",
+    "sslcert",
+    "ssl-cert",
+    "sslkey",
+    "ssl-key",
+    "charset",
+    "collation",
+    "statement-cache-capacity",
+    "socket",
+    "timezone",
+    "time-zone",
+];
+
 /// Parses a `mysql://` or `mariadb://` URL, refusing what sqlx would only
 /// notice when it connects (or would quietly replace by a default).
 fn parse_url(url: &str) -> Result<MySqlConnectOptions> {
@@ -202,10 +220,14 @@ impl MySqlBackend {
         Self::builder(url).connect().await
     }
 
-    /// Settings, starting from a URL.
+    /// Settings, starting from a URL, whose query may give any of them
+    /// under its setter's name (`?table=locks&request_timeout=500ms&wake_ups=true`;
+    /// a setter called later wins); sqlx's own parameters (`ssl-mode`, …)
+    /// pass through, and any other is refused at connect. See the README's
+    /// table.
     pub fn builder(url: impl Into<String>) -> MySqlBuilder {
         MySqlBuilder {
-            s: Settings::new(url.into()),
+            s: Settings::new(&url.into()),
         }
     }
 

@@ -86,7 +86,7 @@ impl PgBuilder {
         validate_identifier("schema", &self.schema)?;
         validate_identifier("table", &self.s.table)?;
         self.s.check()?;
-        parse_url(&self.s.url)
+        parse_url(&self.s.url(SQLX_PARAMS)?)
     }
 
     /// Checks the settings, then opens one connection at once, to surface
@@ -143,6 +143,28 @@ impl PgBuilder {
     }
 }
 
+/// The URL parameters sqlx's PostgreSQL driver takes (see the README).
+const SQLX_PARAMS: &[&str] = &[
+    "sslmode",
+    "ssl-mode",
+    "sslrootcert",
+    "ssl-root-cert",
+    "ssl-ca",
+    "sslcert",
+    "ssl-cert",
+    "sslkey",
+    "ssl-key",
+    "statement-cache-capacity",
+    "host",
+    "hostaddr",
+    "port",
+    "dbname",
+    "user",
+    "password",
+    "application_name",
+    "options",
+];
+
 /// Parses a `postgres://` or `postgresql://` URL, refusing what sqlx would
 /// only notice when it connects (or would quietly replace by a default).
 fn parse_url(url: &str) -> Result<PgConnectOptions> {
@@ -166,11 +188,17 @@ impl PgBackend {
         Self::builder(url).connect().await
     }
 
-    /// Settings, starting from a URL.
+    /// Settings, starting from a URL, whose query may give any of them
+    /// under its setter's name (`?schema=app&request_timeout=500ms&wake_ups=true`;
+    /// a setter called later wins); sqlx's own parameters (`sslmode`, …)
+    /// pass through, and any other is refused at connect. See the README's
+    /// table.
     pub fn builder(url: impl Into<String>) -> PgBuilder {
+        let mut s = Settings::new(&url.into());
+        let schema = s.params.text("schema");
         PgBuilder {
-            schema: "public".to_owned(),
-            s: Settings::new(url.into()),
+            schema: schema.unwrap_or_else(|| "public".to_owned()),
+            s,
         }
     }
 

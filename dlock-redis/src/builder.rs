@@ -6,7 +6,7 @@ use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use dlock_core::driver::wait::MIN_BACKOFF;
-use dlock_core::driver::{MAX_SETTING, check_duration};
+use dlock_core::driver::{MAX_SETTING, UrlParams, check_duration};
 use dlock_core::{Error, OwnerToken, Result};
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{IntoConnectionInfo, ProtocolVersion};
@@ -22,6 +22,8 @@ use crate::sentinel::{Sentinel, parse_url};
 /// Settings for [`RedisBackend`]; start from [`RedisBackend::builder`].
 #[derive(Clone)]
 pub struct RedisBuilder {
+    params: UrlParams,
+    /// The URL for the redis crate, once `connect` has taken the settings.
     url: String,
     prefix: String,
     request_timeout: Duration,
@@ -35,7 +37,7 @@ pub struct RedisBuilder {
 impl fmt::Debug for RedisBuilder {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RedisBuilder")
-            .field("url", &dlock_core::driver::redact_url(&self.url))
+            .field("url", &dlock_core::driver::redact_url(self.params.base()))
             .field("prefix", &self.prefix)
             .field("request_timeout", &self.request_timeout)
             .field("connect_timeout", &self.connect_timeout)
@@ -130,7 +132,8 @@ impl RedisBuilder {
     /// [`Error::Backend`] when it refuses us (wrong password, say),
     /// [`Error::UnsafeServer`] when it may evict lock keys (see
     /// [`accept_eviction_risk`](Self::accept_eviction_risk)).
-    pub async fn connect(self) -> Result<RedisBackend> {
+    pub async fn connect(mut self) -> Result<RedisBackend> {
+        self.url = self.params.finish(REDIS_PARAMS)?;
         validate_prefix(&self.prefix)?;
         let ms = Duration::from_millis(1);
         check_duration("max_poll_interval", self.max_poll, MIN_BACKOFF, MAX_SETTING)?;
@@ -324,6 +327,9 @@ impl RedisBuilder {
     }
 }
 
+/// The URL parameters the redis crate takes.
+const REDIS_PARAMS: &[&str] = &["protocol", "db", "user", "pass"];
+
 impl RedisBackend {
     /// Connects with default settings.
     ///
@@ -333,17 +339,31 @@ impl RedisBackend {
         Self::builder(url).connect().await
     }
 
-    /// Settings, starting from a URL.
+    /// Settings, starting from a URL, whose query may give them under
+    /// their setters' names (`?accept_eviction_risk=true&request_timeout=500ms`,
+    /// `durable_grants=1,250ms`, `prefix=app`; a setter called later
+    /// wins); the redis crate's own (`protocol`, `db`, `user`, `pass`)
+    /// pass through, and any other is refused at connect. See the README's
+    /// table.
     pub fn builder(url: impl Into<String>) -> RedisBuilder {
+        let mut p = UrlParams::parse(&url.into());
+        let or = |d: Option<Duration>, ms| d.unwrap_or(Duration::from_millis(ms));
         RedisBuilder {
-            url: url.into(),
-            prefix: "dlock".to_owned(),
-            request_timeout: Duration::from_secs(1),
-            connect_timeout: Duration::from_secs(2),
-            max_poll: Duration::from_secs(1),
+            prefix: p.text("prefix").unwrap_or_else(|| "dlock".to_owned()),
+            request_timeout: or(p.duration("request_timeout"), 1_000),
+            connect_timeout: or(p.duration("connect_timeout"), 2_000),
+            max_poll: or(p.duration("max_poll_interval"), 1_000),
             tls_ca: None,
-            durable: None,
-            accept_eviction: false,
+            durable: p.parsed("durable_grants", "replicas,timeout (e.g. 1,250ms)", |v| {
+                let (replicas, timeout) = v.split_once(',')?;
+                Some((
+                    replicas.parse().ok()?,
+                    humantime::parse_duration(timeout).ok()?,
+                ))
+            }),
+            accept_eviction: p.flag("accept_eviction_risk").unwrap_or(false),
+            url: String::new(),
+            params: p,
         }
     }
 }

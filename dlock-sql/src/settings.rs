@@ -3,15 +3,15 @@
 
 use std::time::Duration;
 
-use dlock_core::driver::{MAX_SETTING, check_duration, percent_decodes, redact_url};
+use dlock_core::driver::{MAX_SETTING, UrlParams, check_duration, percent_decodes, redact_url};
 use dlock_core::{Error, Result};
 
 /// What both builders set; each builder adds its own (a schema) and keeps
 /// its setters' docs.
 #[derive(Clone)]
 pub struct Settings {
-    /// The server's URL.
-    pub url: String,
+    /// The server's URL, its query's settings not taken yet.
+    pub params: UrlParams,
     /// The lock table.
     pub table: String,
     /// The most connections the pool opens.
@@ -29,20 +29,36 @@ pub struct Settings {
 }
 
 impl Settings {
-    /// The defaults, for `url`: table `dlock_locks`, 10 connections, a
+    /// The settings `url` gives in its query (`?table=locks&wake_ups=true`:
+    /// each setting under its setter's name, durations as `2s` or
+    /// `500ms`), else the defaults: table `dlock_locks`, 10 connections, a
     /// 5 s connect timeout, a 2 s request timeout, polls 1 s apart at most,
     /// no wake-ups, and the table created when missing.
-    pub fn new(url: String) -> Self {
+    pub fn new(url: &str) -> Self {
+        let mut params = UrlParams::parse(url);
+        let d = |d: Option<Duration>, default: u64| d.unwrap_or(Duration::from_millis(default));
         Settings {
-            url,
-            table: "dlock_locks".to_owned(),
-            max_connections: 10,
-            connect_timeout: Duration::from_secs(5),
-            request_timeout: Duration::from_secs(2),
-            max_poll: Duration::from_secs(1),
-            wake_ups: false,
-            create_table: true,
+            table: params
+                .text("table")
+                .unwrap_or_else(|| "dlock_locks".to_owned()),
+            max_connections: params.number("max_connections").unwrap_or(10),
+            connect_timeout: d(params.duration("connect_timeout"), 5_000),
+            request_timeout: d(params.duration("request_timeout"), 2_000),
+            max_poll: d(params.duration("max_poll_interval"), 1_000),
+            wake_ups: params.flag("wake_ups").unwrap_or(false),
+            create_table: params.flag("create_table").unwrap_or(true),
+            params,
         }
+    }
+
+    /// The URL for sqlx: without the settings taken from it, with the
+    /// parameters sqlx knows (`library`).
+    ///
+    /// # Errors
+    /// [`Error::InvalidOption`] for a malformed setting in the URL, or a
+    /// parameter neither takes.
+    pub fn url(&self, library: &[&str]) -> Result<String> {
+        self.params.finish(library)
     }
 
     /// Checks the numbers; the builder checks the names and the URL.
@@ -72,7 +88,7 @@ impl Settings {
         own: &[(&str, &dyn std::fmt::Debug)],
     ) -> std::fmt::Result {
         let mut d = f.debug_struct(builder);
-        d.field("url", &redact_url(&self.url));
+        d.field("url", &redact_url(self.params.base()));
         for (name, value) in own {
             d.field(name, value);
         }
@@ -178,7 +194,7 @@ mod tests {
     fn a_password_is_never_shown() {
         let r = check_url("db://u:%zzsecret@h/d", ["db", "db"], "db://…");
         assert!(!format!("{r:?}").contains("secret"), "{r:?}");
-        let settings = Settings::new("db://u:secret@h/d".to_owned());
+        let settings = Settings::new("db://u:secret@h/d");
         struct Shown<'a>(&'a Settings);
         impl std::fmt::Debug for Shown<'_> {
             fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {

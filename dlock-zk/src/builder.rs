@@ -5,7 +5,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::time::Duration;
 
-use dlock_core::driver::check_duration;
+use dlock_core::driver::{UrlParams, check_duration};
 use dlock_core::{Error, Result};
 use zookeeper_client as zk;
 
@@ -20,7 +20,10 @@ const MAX_SETTING: Duration = Duration::from_secs(3600);
 /// Settings for [`ZkBackend`]; start from [`ZkBackend::builder`].
 #[derive(Clone)]
 pub struct ZkBuilder {
+    /// The connect string: the URL without its query.
     connect: String,
+    /// The URL's settings not taken (an error at connect).
+    params: UrlParams,
     root: String,
     pub(crate) session_timeout: Duration,
     connect_timeout: Duration,
@@ -55,16 +58,24 @@ impl ZkBackend {
     }
 
     /// Settings, starting from a connect string (`zk://` prefix optional).
+    ///
+    /// The URL's query may give the settings under their setters' names
+    /// (`?root=/app&session_timeout=6s&keep_leases_while_reconnecting=true`;
+    /// a setter called later wins); any other parameter is refused at
+    /// connect.
     pub fn builder(url: impl Into<String>) -> ZkBuilder {
+        let mut p = UrlParams::parse(&url.into());
+        let or = |d: Option<Duration>, ms| d.unwrap_or(Duration::from_millis(ms));
         ZkBuilder {
-            connect: url.into(),
-            root: "/dlock".to_owned(),
-            session_timeout: Duration::from_secs(10),
-            connect_timeout: Duration::from_secs(5),
-            request_timeout: Duration::from_secs(2),
+            connect: p.base().to_owned(),
+            root: p.text("root").unwrap_or_else(|| "/dlock".to_owned()),
+            session_timeout: or(p.duration("session_timeout"), 10_000),
+            connect_timeout: or(p.duration("connect_timeout"), 5_000),
+            request_timeout: or(p.duration("request_timeout"), 2_000),
             auth: None,
             tls_ca: None,
-            keep_while_reconnecting: false,
+            keep_while_reconnecting: p.flag("keep_leases_while_reconnecting").unwrap_or(false),
+            params: p,
             #[cfg(feature = "_test-hooks")]
             grace_override: None,
             #[cfg(feature = "_test-hooks")]
@@ -225,6 +236,7 @@ impl ZkBuilder {
     /// Checks the settings the connect string aside (the client library
     /// judges that); returns the root without trailing slashes.
     fn validate(&self) -> Result<String> {
+        self.params.finish(&[])?;
         let root = self.root.trim_end_matches('/').to_owned();
         if !root.starts_with('/') || root.contains("//") {
             return Err(Error::invalid_option(

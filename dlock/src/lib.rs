@@ -65,10 +65,15 @@ pub use dlock_etcd as etcd;
 /// # }
 /// ```
 ///
+/// Settings go in the URL's query under the builder setters' names
+/// (`?request_timeout=500ms&accept_eviction_risk=true`), beside the client
+/// library's own parameters (`sslmode=…`); each driver's README lists them.
+///
 /// # Errors
 /// [`Error::InvalidOption`] for an unknown scheme, or one whose driver's
-/// feature is off (the message names the feature); otherwise whatever the
-/// driver's connect gives.
+/// feature is off (the message names the feature), or a URL parameter
+/// neither dlock nor the client library knows (named); otherwise whatever
+/// the driver's connect gives.
 pub async fn connect(url: &str) -> Result<Locker> {
     let Some((scheme, _)) = url.split_once("://") else {
         return Err(Error::invalid_option(
@@ -153,7 +158,8 @@ fn feature_off(scheme: &str, feature: &str) -> Error {
     Error::invalid_option(
         "url",
         format!(
-            "`{scheme}://` needs the `{feature}` feature of dlock: dlock = {{ features = [\"{feature}\"] }}"
+            "`{scheme}://` needs the `{feature}` feature of dlock (the package `dlock-rs`): \
+             features = [\"{feature}\"]"
         ),
     )
 }

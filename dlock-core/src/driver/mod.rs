@@ -21,11 +21,13 @@ use crate::{Capabilities, Lease, LockInfo, LockOptions, LockPage, Result};
 pub mod admin;
 pub mod batch;
 mod checked;
+mod params;
 pub mod undo;
 pub mod wait;
 
 pub use ::async_trait::async_trait;
 pub use checked::GRACE;
+pub use params::UrlParams;
 
 pub use crate::name::{host_and_pid, percent_decodes, redact_url};
 pub use crate::options::{

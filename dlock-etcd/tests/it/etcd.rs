@@ -289,3 +289,31 @@ async fn a_server_restarted_mid_hold_never_grants_twice() {
     eprintln!("restart mid-hold: the lease came back and the holder kept the lock");
     guard.release().await.unwrap();
 }
+
+/// Every builder setting can come in the URL: the prefix named there is
+/// the one a backend built with the setter uses (not the default one), and
+/// an unknown parameter is refused by its name.
+#[tokio::test]
+async fn settings_in_the_url_take_effect_and_unknown_ones_are_refused() {
+    let url = shared(Service::Etcd).await.url();
+    let by_url = EtcdBackend::connect(&format!("{url}?prefix=by-url/&request_timeout=1500ms"))
+        .await
+        .unwrap();
+    let by_setter = EtcdBackend::builder(url)
+        .prefix("by-url/")
+        .connect()
+        .await
+        .unwrap();
+    let name = unique_name("url");
+    let lease = must_acquire(&by_url, &name, &long()).await;
+    let seen = by_setter.inspect(&name).await.unwrap();
+    assert_eq!(seen.map(|h| h.owner), Some(lease.owner()));
+    assert!(backend().await.inspect(&name).await.unwrap().is_none());
+    by_url.release(&lease).await.unwrap();
+
+    let refused = EtcdBackend::connect(&format!("{url}?prefx=x/")).await;
+    assert!(
+        matches!(&refused, Err(Error::InvalidOption { option: "url", reason }) if reason.contains("`prefx`")),
+        "{refused:?}"
+    );
+}

@@ -1038,3 +1038,44 @@ async fn shared_releases_wake_the_waiter_of_another_client() {
         holder.release(&lease).await.unwrap();
     }
 }
+
+/// Every builder setting can come in the URL: the table named there is the
+/// one a backend built with the setter uses (not the default one), and a
+/// parameter neither the driver nor sqlx knows is refused by its name,
+/// its value unshown.
+#[tokio::test]
+async fn settings_in_the_url_take_effect_and_unknown_ones_are_refused() {
+    let url = url().await;
+    let by_url = MySqlBackend::connect(&format!("{url}?table=dlock_by_url&request_timeout=1500ms"))
+        .await
+        .unwrap();
+    let by_setter = MySqlBackend::builder(url)
+        .table("dlock_by_url")
+        .connect()
+        .await
+        .unwrap();
+    let name = unique_name("url");
+    let lease = must_acquire(&by_url, &name, &long()).await;
+    let seen = by_setter.inspect(&name).await.unwrap();
+    assert_eq!(seen.map(|h| h.owner), Some(lease.owner()));
+    assert!(backend().await.inspect(&name).await.unwrap().is_none());
+    by_url.release(&lease).await.unwrap();
+
+    let refused = MySqlBackend::connect(&format!("{url}?ssl-mode=disabled&tabel=s3cret")).await;
+    assert!(
+        matches!(&refused, Err(Error::InvalidOption { option: "url", reason })
+            if reason.contains("`tabel`") && !reason.contains("s3cret")),
+        "{refused:?}"
+    );
+    let malformed = MySqlBackend::connect(&format!("{url}?request_timeout=soon")).await;
+    assert!(
+        matches!(
+            &malformed,
+            Err(Error::InvalidOption {
+                option: "request_timeout",
+                ..
+            })
+        ),
+        "{malformed:?}"
+    );
+}

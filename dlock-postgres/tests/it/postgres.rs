@@ -721,3 +721,33 @@ async fn a_client_starting_beside_an_open_write_does_not_wait_for_it() {
     sqlx::raw_sql("ROLLBACK").execute(&mut open).await.unwrap();
     holder.release(&lease).await.unwrap();
 }
+
+/// Every builder setting can come in the URL: the table named there is the
+/// one a backend built with the setter uses (not the default one), and a
+/// parameter neither the driver nor sqlx knows is refused by its name,
+/// its value unshown.
+#[tokio::test]
+async fn settings_in_the_url_take_effect_and_unknown_ones_are_refused() {
+    let url = url().await;
+    let by_url = PgBackend::connect(&format!("{url}?table=dlock_by_url&sslmode=disable"))
+        .await
+        .unwrap();
+    let by_setter = PgBackend::builder(url)
+        .table("dlock_by_url")
+        .connect()
+        .await
+        .unwrap();
+    let name = unique_name("url");
+    let lease = must_acquire(&by_url, &name, &long()).await;
+    let seen = by_setter.inspect(&name).await.unwrap();
+    assert_eq!(seen.map(|h| h.owner), Some(lease.owner()));
+    assert!(backend().await.inspect(&name).await.unwrap().is_none());
+    by_url.release(&lease).await.unwrap();
+
+    let refused = PgBackend::connect(&format!("{url}?tabel=s3cret")).await;
+    assert!(
+        matches!(&refused, Err(Error::InvalidOption { option: "url", reason })
+            if reason.contains("`tabel`") && !reason.contains("s3cret")),
+        "{refused:?}"
+    );
+}

@@ -561,12 +561,20 @@ async fn a_server_that_may_evict_locks_is_refused() {
         "{refused:?}"
     );
 
-    let risky = || {
-        RedisBackend::builder(server.url())
-            .accept_eviction_risk(true)
-            .connect()
-    };
-    let (first, second) = (risky().await.unwrap(), risky().await.unwrap());
+    // The risk accepted by the setter, and in the URL.
+    let first = RedisBackend::builder(server.url())
+        .accept_eviction_risk(true)
+        .connect()
+        .await
+        .unwrap();
+    let risky_url = format!("{}?accept_eviction_risk=true", server.url());
+    let second = RedisBackend::connect(&risky_url).await.unwrap();
+    let unknown = format!("{}?accept_eviction_risc=true", server.url());
+    let refused = RedisBackend::connect(&unknown).await;
+    assert!(
+        matches!(&refused, Err(Error::InvalidOption { option: "url", reason }) if reason.contains("`accept_eviction_risc`")),
+        "{refused:?}"
+    );
     let name = unique_name("evicted");
     let held = must_acquire(&first, &name, &long()).await;
     // Longer-lived filler than the lock: volatile-ttl evicts the lock first.

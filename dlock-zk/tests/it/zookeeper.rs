@@ -524,3 +524,31 @@ async fn an_ended_readers_hold_goes_with_the_next_acquirer_of_any_kind() {
     let permit = must_acquire(&b, &name, &LockOptions::new().permits(2)).await;
     b.release(&permit).await.unwrap();
 }
+
+/// Every builder setting can come in the URL: the root named there is the
+/// one a backend built with the setter uses (not the default one), and an
+/// unknown parameter is refused by its name.
+#[tokio::test]
+async fn settings_in_the_url_take_effect_and_unknown_ones_are_refused() {
+    let url = url().await;
+    let by_url = ZkBackend::connect(&format!("{url}?root=/dlock-by-url&request_timeout=1500ms"))
+        .await
+        .unwrap();
+    let by_setter = ZkBackend::builder(url)
+        .root("/dlock-by-url")
+        .connect()
+        .await
+        .unwrap();
+    let name = unique_name("url");
+    let lease = must_acquire(&by_url, &name, &LockOptions::new()).await;
+    let seen = by_setter.inspect(&name).await.unwrap();
+    assert_eq!(seen.map(|h| h.owner), Some(lease.owner()));
+    assert!(backend().await.inspect(&name).await.unwrap().is_none());
+    by_url.release(&lease).await.unwrap();
+
+    let refused = ZkBackend::connect(&format!("{url}?rot=/x")).await;
+    assert!(
+        matches!(&refused, Err(Error::InvalidOption { option: "url", reason }) if reason.contains("`rot`")),
+        "{refused:?}"
+    );
+}
