@@ -134,7 +134,8 @@ impl From<Error> for Failure {
             Error::InvalidName { .. }
             | Error::InvalidOption { .. }
             | Error::ModeConflict { .. }
-            | Error::Upgrade { .. } => status::USAGE,
+            | Error::Upgrade { .. }
+            | Error::Reentrant { .. } => status::USAGE,
             Error::Timeout { .. } => status::HELD,
             Error::NotHeld { .. } => status::LOST,
             _ => status::UNAVAILABLE,

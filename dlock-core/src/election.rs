@@ -294,7 +294,9 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_resigned_leaders_successor_leads_at_once() {
         let locker = Locker::new(MemoryBackend::new());
-        let (a, b) = (election(&locker, "a"), election(&locker, "b"));
+        // Two nodes: a task asking for what its own locker holds is refused.
+        let other = Locker::from_arc(locker.backend().clone());
+        let (a, b) = (election(&locker, "a"), election(&other, "b"));
         let term = a.campaign().await.unwrap();
         assert!(b.try_campaign().await.unwrap().is_none());
         let waiting = tokio::spawn(async move {

@@ -128,6 +128,18 @@ pub enum Error {
         name: String,
     },
 
+    /// A lock asked for by a task that holds the same name as a mutex or a
+    /// write lock (through the same [`Locker`](crate::Locker)): waiting
+    /// would wait for itself, so it fails at once. dlock's locks are not
+    /// reentrant: pass the guard down instead of locking again. Futures
+    /// joined in one task (`join!`, `select!`) count as that task: spawn
+    /// one to have them wait for each other.
+    #[error("lock `{name}`: this task holds it already and would wait for itself")]
+    Reentrant {
+        /// The lock name.
+        name: String,
+    },
+
     /// The backend does not support this operation.
     #[error("{operation} is not supported by the {backend} backend")]
     Unsupported {
@@ -231,6 +243,7 @@ impl Error {
             Error::Unsupported { .. } => "unsupported",
             Error::ModeConflict { .. } => "mode_conflict",
             Error::Upgrade { .. } => "upgrade",
+            Error::Reentrant { .. } => "reentrant",
         }
     }
 

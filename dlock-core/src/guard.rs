@@ -5,7 +5,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::renew::{Registration, Renewer};
-use crate::shared::{ReadMark, Readers};
+use crate::shared::{HoldMark, Holds};
 use crate::{Backend, Error, Lease, LockInfo, LockOptions, LockPage, Observed, OwnerToken, Result};
 
 /// The handle users lock with: a shared backend plus guards, renewal and
@@ -33,7 +33,7 @@ use crate::{Backend, Error, Lease, LockInfo, LockOptions, LockPage, Observed, Ow
 pub struct Locker {
     pub(crate) backend: Arc<dyn Backend>,
     pub(crate) renewer: Renewer,
-    pub(crate) readers: Readers,
+    pub(crate) holds: Holds,
 }
 
 impl Locker {
@@ -49,7 +49,7 @@ impl Locker {
         Locker {
             renewer: Renewer::new(backend.clone()),
             backend,
-            readers: Readers::default(),
+            holds: Holds::default(),
         }
     }
 
@@ -64,9 +64,11 @@ impl Locker {
     /// # Errors
     /// Those of [`Backend::acquire`]; [`Error::Unsupported`] for a mode the
     /// backend lacks; [`Error::Upgrade`] for a write lock of a name this
-    /// locker holds for reading.
+    /// task holds for reading, [`Error::Reentrant`] for a name this task
+    /// holds as a mutex or a write lock (through this locker or a clone):
+    /// both would wait for themselves.
     pub async fn acquire(&self, name: &str, opts: &LockOptions) -> Result<Guard> {
-        self.check_mode(name, opts)?;
+        self.check_mode(name, opts, true)?;
         let lease = self.backend.acquire(name, opts).await?;
         Ok(self.guard(lease, opts.renew_value()))
     }
@@ -77,14 +79,14 @@ impl Locker {
     /// As [`Locker::acquire`].
     #[must_use = "a guard releases its lock when dropped"]
     pub async fn try_acquire(&self, name: &str, opts: &LockOptions) -> Result<Option<Guard>> {
-        self.check_mode(name, opts)?;
+        self.check_mode(name, opts, false)?;
         let lease = self.backend.try_acquire(name, opts).await?;
         Ok(lease.map(|l| self.guard(l, opts.renew_value())))
     }
 
     pub(crate) fn guard(&self, lease: Lease, renew: bool) -> Guard {
         let mut guard = Guard::watched(&self.renewer, self.backend.clone(), lease, renew);
-        guard.read_mark = self.readers.mark(&guard.lease);
+        guard.hold_mark = self.holds.mark(&guard.lease);
         guard
     }
 
@@ -168,8 +170,8 @@ pub struct Guard {
     // Stops the renewal when the guard goes away, however it goes.
     _registration: Option<Registration>,
     released: bool,
-    // A read hold's place in its locker's count of read holds.
-    read_mark: Option<ReadMark>,
+    // Its place in its locker's count of holds per task.
+    hold_mark: Option<HoldMark>,
 }
 
 impl Guard {
@@ -190,7 +192,7 @@ impl Guard {
             lost,
             _registration: registration,
             released: false,
-            read_mark: None,
+            hold_mark: None,
         }
     }
 

@@ -1,59 +1,65 @@
 //! Reader-writer locks and semaphores on a [`Locker`]: the handles, the
-//! capability check, and the refusal of a read → write upgrade.
+//! capability check, and the refusal of what would wait for itself (a read
+//! → write upgrade, a task locking a name it holds).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use crate::{Error, Guard, Lease, LockOptions, Locker, Mode, Result};
 
-/// The task a read hold was taken in (`None` outside any task, as in a
-/// runtime's `block_on`), and its name.
-type ReadKey = (Option<tokio::task::Id>, String);
+/// The task a hold was taken in (`None` outside any task, as in a
+/// runtime's `block_on`), its name, and whether it excludes every other
+/// hold (a mutex, a write lock) or is a read hold.
+type HoldKey = (Option<tokio::task::Id>, String, bool);
 
-/// How many read holds the tasks of a locker (and its clones) took per
-/// name, so that a task's write acquire of a name it reads fails at once
-/// instead of waiting for itself; other tasks' reads make it wait as usual.
+/// How many holds the tasks of a locker (and its clones) took per name,
+/// so that a task asking for a name it holds in a way that would make it
+/// wait for itself fails at once; other tasks' holds make it wait as usual.
 #[derive(Debug, Clone, Default)]
-pub(crate) struct Readers(Arc<Mutex<HashMap<ReadKey, usize>>>);
+pub(crate) struct Holds(Arc<Mutex<HashMap<HoldKey, usize>>>);
 
-/// One read hold counted in [`Readers`], uncounted when dropped.
+/// One hold counted in [`Holds`], uncounted when dropped.
 #[derive(Debug)]
-pub(crate) struct ReadMark {
-    readers: Readers,
-    key: ReadKey,
+pub(crate) struct HoldMark {
+    holds: Holds,
+    key: HoldKey,
 }
 
-impl Readers {
-    fn with<T>(&self, f: impl FnOnce(&mut HashMap<ReadKey, usize>) -> T) -> T {
+impl Holds {
+    fn with<T>(&self, f: impl FnOnce(&mut HashMap<HoldKey, usize>) -> T) -> T {
         f(&mut self.0.lock().unwrap_or_else(PoisonError::into_inner))
     }
 
-    pub(crate) fn mark(&self, lease: &Lease) -> Option<ReadMark> {
-        if lease.mode() != Mode::Read {
-            return None;
-        }
-        let key = (tokio::task::try_id(), lease.name().to_owned());
-        self.with(|names| *names.entry(key.clone()).or_default() += 1);
-        Some(ReadMark {
-            readers: self.clone(),
+    /// Counts `lease` for the current task; semaphore permits are not
+    /// counted (another permit may well be free).
+    pub(crate) fn mark(&self, lease: &Lease) -> Option<HoldMark> {
+        let exclusive = match lease.mode() {
+            Mode::Exclusive | Mode::Write => true,
+            Mode::Read => false,
+            Mode::Permit(_) => return None,
+        };
+        let key = (tokio::task::try_id(), lease.name().to_owned(), exclusive);
+        self.with(|holds| *holds.entry(key.clone()).or_default() += 1);
+        Some(HoldMark {
+            holds: self.clone(),
             key,
         })
     }
 
-    /// Whether the current task holds `name` for reading.
-    fn reads(&self, name: &str) -> bool {
-        let key = (tokio::task::try_id(), name.to_owned());
-        self.with(|names| names.contains_key(&key))
+    /// Whether the current task holds `name` exclusively, or for reading.
+    fn holds(&self, name: &str, exclusive: bool) -> bool {
+        let key = (tokio::task::try_id(), name.to_owned(), exclusive);
+        self.with(|holds| holds.contains_key(&key))
     }
 }
 
-impl Drop for ReadMark {
+impl Drop for HoldMark {
     fn drop(&mut self) {
-        self.readers.with(|names| {
-            if let Some(count) = names.get_mut(&self.key) {
+        self.holds.with(|holds| {
+            if let Some(count) = holds.get_mut(&self.key) {
                 *count -= 1;
                 if *count == 0 {
-                    names.remove(&self.key);
+                    holds.remove(&self.key);
                 }
             }
         });
@@ -61,19 +67,34 @@ impl Drop for ReadMark {
 }
 
 impl Locker {
-    /// Refuses what the backend cannot do and what would wait for itself.
-    pub(crate) fn check_mode(&self, name: &str, opts: &LockOptions) -> Result<()> {
+    /// Refuses what the backend cannot do and, for an acquire that `waits`,
+    /// what would wait for itself. (A single attempt at a name the task
+    /// holds exclusively finds it held.)
+    pub(crate) fn check_mode(&self, name: &str, opts: &LockOptions, waits: bool) -> Result<()> {
+        self.check_supported(opts.mode_value())?;
+        match opts.mode_value() {
+            Mode::Exclusive | Mode::Read | Mode::Write if waits && self.holds.holds(name, true) => {
+                Err(Error::Reentrant {
+                    name: name.to_owned(),
+                })
+            }
+            Mode::Write if self.holds.holds(name, false) => Err(Error::Upgrade {
+                name: name.to_owned(),
+            }),
+            _ => Ok(()),
+        }
+    }
+
+    /// Refuses a kind of lock the backend lacks.
+    fn check_supported(&self, mode: Mode) -> Result<()> {
         let caps = self.backend.capabilities();
         let unsupported = |operation| Error::Unsupported {
             backend: self.backend.driver(),
             operation,
         };
-        match opts.mode_value() {
+        match mode {
             Mode::Read | Mode::Write if !caps.rwlock => Err(unsupported("reader-writer lock")),
             Mode::Permit(_) if !caps.semaphore => Err(unsupported("semaphore")),
-            Mode::Write if self.readers.reads(name) => Err(Error::Upgrade {
-                name: name.to_owned(),
-            }),
             _ => Ok(()),
         }
     }
@@ -129,7 +150,8 @@ impl Locker {
         if write.mode() != Mode::Write {
             return Err(Error::not_held(write.name()));
         }
-        self.check_mode(write.name(), &opts.clone().read())?;
+        // Its own write hold is what a downgrade starts from.
+        self.check_supported(Mode::Read)?;
         let lease = self.backend.downgrade(write.lease(), opts).await?;
         Ok(self.guard(lease, opts.renew_value()))
     }

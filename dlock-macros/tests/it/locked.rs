@@ -155,9 +155,18 @@ async fn permits_and_modes_take_the_shared_kinds() {
         .write("config", &dlock::LockOptions::new())
         .await
         .unwrap();
+    let elsewhere = tokio::spawn({
+        let locker = locker.clone();
+        async move { read_config(&locker).await }
+    });
+    assert!(matches!(
+        elsewhere.await.unwrap(),
+        Err(Error::Timeout { .. })
+    ));
+    // The writer's own task would wait for itself: refused at once.
     assert!(matches!(
         read_config(&locker).await,
-        Err(Error::Timeout { .. })
+        Err(Error::Reentrant { .. })
     ));
     writer.release().await.unwrap();
 }

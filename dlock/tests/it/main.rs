@@ -4,5 +4,6 @@ mod connect;
 mod election;
 mod jobs;
 mod no_panic;
+mod reentrant;
 mod secrets;
 mod tls;
