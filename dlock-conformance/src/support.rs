@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use dlock_core::{Backend, Guard, Lease, LockOptions, Locker};
+use dlock_core::{Backend, Error, Guard, Lease, LockOptions, Locker, Result};
 use tokio::time::Instant;
 
 pub use crate::turns::{
@@ -131,4 +131,48 @@ pub async fn older_tables_work_until_migrated<M, Fut>(
     migrate().await.expect("a second migrate");
     backend.release(&mutex).await.expect("release");
     backend.release(&reader).await.expect("release");
+}
+
+/// A setting given in a URL's query takes effect: a lock taken through
+/// `by_url` (connected with the setting in its URL) is seen by
+/// `by_setter` (the same setting given to the builder's setter), and not
+/// by `default` (neither).
+///
+/// # Panics
+/// When the lock is not where the setting says, or a call fails.
+pub async fn url_setting_takes_effect(
+    by_url: &dyn Backend,
+    by_setter: &dyn Backend,
+    default: &dyn Backend,
+    opts: &LockOptions,
+) {
+    let name = unique_name("url-setting");
+    let lease = must_acquire(by_url, &name, opts).await;
+    let seen = by_setter.inspect(&name).await.expect("inspect");
+    assert_eq!(
+        seen.map(|holder| holder.owner),
+        Some(lease.owner()),
+        "the backend built with the setter sees the lock taken through the URL"
+    );
+    let elsewhere = default.inspect(&name).await.expect("inspect");
+    assert!(
+        elsewhere.is_none(),
+        "the default setting's backend: {elsewhere:?}"
+    );
+    by_url.release(&lease).await.expect("release");
+}
+
+/// A URL parameter neither the driver nor its client library knows is
+/// refused at connect by its name (`param`), its value (`value`) unshown.
+///
+/// # Panics
+/// When `connected` is anything else.
+pub fn refused_by_name<T: std::fmt::Debug>(connected: Result<T>, param: &str, value: &str) {
+    let shown = format!("{connected:?}");
+    assert!(
+        matches!(&connected, Err(Error::InvalidOption { option: "url", reason })
+            if reason.contains(&format!("`{param}`"))),
+        "{shown}"
+    );
+    assert!(!shown.contains(value), "the value is shown: {shown}");
 }

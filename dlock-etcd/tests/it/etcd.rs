@@ -6,7 +6,9 @@
 use std::time::Duration;
 
 use dlock_conformance::harness::{Server, ServerOptions, Service, shared, start};
-use dlock_conformance::support::{must_acquire, unique_name};
+use dlock_conformance::support::{
+    must_acquire, refused_by_name, unique_name, url_setting_takes_effect,
+};
 use dlock_core::{Backend, Error, LockOptions, Locker};
 use dlock_etcd::EtcdBackend;
 use tokio::time::{Instant, sleep, timeout};
@@ -291,12 +293,13 @@ async fn a_server_restarted_mid_hold_never_grants_twice() {
 }
 
 /// Every builder setting can come in the URL: the prefix named there is
-/// the one a backend built with the setter uses (not the default one), and
-/// an unknown parameter is refused by its name.
+/// the one a backend built with the setter uses, and an unknown parameter
+/// is refused by its name.
 #[tokio::test]
 async fn settings_in_the_url_take_effect_and_unknown_ones_are_refused() {
     let url = shared(Service::Etcd).await.url();
-    let by_url = EtcdBackend::connect(&format!("{url}?prefix=by-url/&request_timeout=1500ms"))
+    let with = |query: &str| format!("{url}?{query}");
+    let by_url = EtcdBackend::connect(&with("prefix=by-url/&request_timeout=1500ms"))
         .await
         .unwrap();
     let by_setter = EtcdBackend::builder(url)
@@ -304,16 +307,10 @@ async fn settings_in_the_url_take_effect_and_unknown_ones_are_refused() {
         .connect()
         .await
         .unwrap();
-    let name = unique_name("url");
-    let lease = must_acquire(&by_url, &name, &long()).await;
-    let seen = by_setter.inspect(&name).await.unwrap();
-    assert_eq!(seen.map(|h| h.owner), Some(lease.owner()));
-    assert!(backend().await.inspect(&name).await.unwrap().is_none());
-    by_url.release(&lease).await.unwrap();
-
-    let refused = EtcdBackend::connect(&format!("{url}?prefx=x/")).await;
-    assert!(
-        matches!(&refused, Err(Error::InvalidOption { option: "url", reason }) if reason.contains("`prefx`")),
-        "{refused:?}"
+    url_setting_takes_effect(&by_url, &by_setter, &backend().await, &long()).await;
+    refused_by_name(
+        EtcdBackend::connect(&with("prefx=s3cret")).await,
+        "prefx",
+        "s3cret",
     );
 }

@@ -8,7 +8,8 @@ use std::time::Duration;
 use dlock_conformance::harness::{ServerOptions, Service, shared, start, unused_port};
 use dlock_conformance::proxy::{Fault, FaultProxy};
 use dlock_conformance::support::{
-    Waited, long, must_acquire, release_wakes, unique_name, wait_on_task,
+    Waited, long, must_acquire, refused_by_name, release_wakes, unique_name,
+    url_setting_takes_effect, wait_on_task,
 };
 use dlock_core::{Backend, Error, LockOptions};
 use dlock_mysql::MySqlBackend;
@@ -1040,13 +1041,13 @@ async fn shared_releases_wake_the_waiter_of_another_client() {
 }
 
 /// Every builder setting can come in the URL: the table named there is the
-/// one a backend built with the setter uses (not the default one), and a
-/// parameter neither the driver nor sqlx knows is refused by its name,
-/// its value unshown.
+/// one a backend built with the setter uses; sqlx's own parameters pass,
+/// and one neither knows is refused by its name.
 #[tokio::test]
 async fn settings_in_the_url_take_effect_and_unknown_ones_are_refused() {
     let url = url().await;
-    let by_url = MySqlBackend::connect(&format!("{url}?table=dlock_by_url&request_timeout=1500ms"))
+    let with = |query: &str| format!("{url}?{query}");
+    let by_url = MySqlBackend::connect(&with("table=dlock_by_url&ssl-mode=disabled"))
         .await
         .unwrap();
     let by_setter = MySqlBackend::builder(url)
@@ -1054,20 +1055,13 @@ async fn settings_in_the_url_take_effect_and_unknown_ones_are_refused() {
         .connect()
         .await
         .unwrap();
-    let name = unique_name("url");
-    let lease = must_acquire(&by_url, &name, &long()).await;
-    let seen = by_setter.inspect(&name).await.unwrap();
-    assert_eq!(seen.map(|h| h.owner), Some(lease.owner()));
-    assert!(backend().await.inspect(&name).await.unwrap().is_none());
-    by_url.release(&lease).await.unwrap();
-
-    let refused = MySqlBackend::connect(&format!("{url}?ssl-mode=disabled&tabel=s3cret")).await;
-    assert!(
-        matches!(&refused, Err(Error::InvalidOption { option: "url", reason })
-            if reason.contains("`tabel`") && !reason.contains("s3cret")),
-        "{refused:?}"
+    url_setting_takes_effect(&by_url, &by_setter, &backend().await, &long()).await;
+    refused_by_name(
+        MySqlBackend::connect(&with("tabel=s3cret")).await,
+        "tabel",
+        "s3cret",
     );
-    let malformed = MySqlBackend::connect(&format!("{url}?request_timeout=soon")).await;
+    let malformed = MySqlBackend::connect(&with("request_timeout=soon")).await;
     assert!(
         matches!(
             &malformed,

@@ -8,7 +8,9 @@ use std::time::Duration;
 
 use dlock_conformance::harness::{ServerOptions, Service, shared, start, unused_port};
 use dlock_conformance::proxy::{Fault, FaultProxy};
-use dlock_conformance::support::{long, must_acquire, unique_name};
+use dlock_conformance::support::{
+    long, must_acquire, refused_by_name, unique_name, url_setting_takes_effect,
+};
 use dlock_core::{Backend, Error, LockOptions};
 use dlock_postgres::PgBackend;
 use sqlx::Connection;
@@ -723,13 +725,13 @@ async fn a_client_starting_beside_an_open_write_does_not_wait_for_it() {
 }
 
 /// Every builder setting can come in the URL: the table named there is the
-/// one a backend built with the setter uses (not the default one), and a
-/// parameter neither the driver nor sqlx knows is refused by its name,
-/// its value unshown.
+/// one a backend built with the setter uses; sqlx's own parameters pass,
+/// and one neither knows is refused by its name.
 #[tokio::test]
 async fn settings_in_the_url_take_effect_and_unknown_ones_are_refused() {
     let url = url().await;
-    let by_url = PgBackend::connect(&format!("{url}?table=dlock_by_url&sslmode=disable"))
+    let with = |query: &str| format!("{url}?{query}");
+    let by_url = PgBackend::connect(&with("table=dlock_by_url&sslmode=disable"))
         .await
         .unwrap();
     let by_setter = PgBackend::builder(url)
@@ -737,17 +739,10 @@ async fn settings_in_the_url_take_effect_and_unknown_ones_are_refused() {
         .connect()
         .await
         .unwrap();
-    let name = unique_name("url");
-    let lease = must_acquire(&by_url, &name, &long()).await;
-    let seen = by_setter.inspect(&name).await.unwrap();
-    assert_eq!(seen.map(|h| h.owner), Some(lease.owner()));
-    assert!(backend().await.inspect(&name).await.unwrap().is_none());
-    by_url.release(&lease).await.unwrap();
-
-    let refused = PgBackend::connect(&format!("{url}?tabel=s3cret")).await;
-    assert!(
-        matches!(&refused, Err(Error::InvalidOption { option: "url", reason })
-            if reason.contains("`tabel`") && !reason.contains("s3cret")),
-        "{refused:?}"
+    url_setting_takes_effect(&by_url, &by_setter, &backend().await, &long()).await;
+    refused_by_name(
+        PgBackend::connect(&with("tabel=s3cret")).await,
+        "tabel",
+        "s3cret",
     );
 }

@@ -6,7 +6,9 @@
 use std::time::Duration;
 
 use dlock_conformance::harness::{ServerOptions, Service, shared, start, unused_port};
-use dlock_conformance::support::{must_acquire, unique_name};
+use dlock_conformance::support::{
+    must_acquire, refused_by_name, unique_name, url_setting_takes_effect,
+};
 use dlock_core::{Backend, Error, LockOptions, Locker};
 use dlock_zk::ZkBackend;
 use dlock_zk::zookeeper_client as zk;
@@ -526,12 +528,13 @@ async fn an_ended_readers_hold_goes_with_the_next_acquirer_of_any_kind() {
 }
 
 /// Every builder setting can come in the URL: the root named there is the
-/// one a backend built with the setter uses (not the default one), and an
-/// unknown parameter is refused by its name.
+/// one a backend built with the setter uses, and an unknown parameter is
+/// refused by its name.
 #[tokio::test]
 async fn settings_in_the_url_take_effect_and_unknown_ones_are_refused() {
     let url = url().await;
-    let by_url = ZkBackend::connect(&format!("{url}?root=/dlock-by-url&request_timeout=1500ms"))
+    let with = |query: &str| format!("{url}?{query}");
+    let by_url = ZkBackend::connect(&with("root=/dlock-by-url&session_timeout=8s"))
         .await
         .unwrap();
     let by_setter = ZkBackend::builder(url)
@@ -539,16 +542,11 @@ async fn settings_in_the_url_take_effect_and_unknown_ones_are_refused() {
         .connect()
         .await
         .unwrap();
-    let name = unique_name("url");
-    let lease = must_acquire(&by_url, &name, &LockOptions::new()).await;
-    let seen = by_setter.inspect(&name).await.unwrap();
-    assert_eq!(seen.map(|h| h.owner), Some(lease.owner()));
-    assert!(backend().await.inspect(&name).await.unwrap().is_none());
-    by_url.release(&lease).await.unwrap();
-
-    let refused = ZkBackend::connect(&format!("{url}?rot=/x")).await;
-    assert!(
-        matches!(&refused, Err(Error::InvalidOption { option: "url", reason }) if reason.contains("`rot`")),
-        "{refused:?}"
+    let opts = LockOptions::new();
+    url_setting_takes_effect(&by_url, &by_setter, &backend().await, &opts).await;
+    refused_by_name(
+        ZkBackend::connect(&with("rot=s3cret")).await,
+        "rot",
+        "s3cret",
     );
 }
