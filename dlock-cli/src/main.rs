@@ -108,9 +108,10 @@ struct MigrateArgs {
     /// The MySQL/MariaDB or PostgreSQL URL (or DLOCK_URL).
     #[arg(env = "DLOCK_URL", hide_env_values = true)]
     url: String,
-    /// The lock table.
-    #[arg(long, default_value = "dlock_locks")]
-    table: String,
+    /// The lock table (default: the URL's `table` parameter, else
+    /// `dlock_locks`).
+    #[arg(long)]
+    table: Option<String>,
 }
 
 /// A failure, with the exit status it maps to.
@@ -300,16 +301,22 @@ async fn release(args: ReleaseArgs) -> Result<u8, Failure> {
 async fn migrate(args: MigrateArgs) -> Result<u8, Failure> {
     let lower = args.url.to_ascii_lowercase();
     if lower.starts_with("postgres://") || lower.starts_with("postgresql://") {
-        dlock::postgres::PgBackend::builder(args.url.as_str())
-            .table(args.table.as_str())
+        let mut builder = dlock::postgres::PgBackend::builder(args.url.as_str());
+        if let Some(table) = &args.table {
+            builder = builder.table(table.as_str());
+        }
+        builder
             .create_table(false)
             .connect()
             .await?
             .migrate()
             .await?;
     } else if lower.starts_with("mysql://") || lower.starts_with("mariadb://") {
-        dlock::mysql::MySqlBackend::builder(args.url.as_str())
-            .table(args.table.as_str())
+        let mut builder = dlock::mysql::MySqlBackend::builder(args.url.as_str());
+        if let Some(table) = &args.table {
+            builder = builder.table(table.as_str());
+        }
+        builder
             .create_table(false)
             .connect()
             .await?
@@ -322,6 +329,9 @@ async fn migrate(args: MigrateArgs) -> Result<u8, Failure> {
              no schema",
         ));
     }
-    eprintln!("dlock: table {} is ready", args.table);
+    match &args.table {
+        Some(table) => eprintln!("dlock: table {table} is ready"),
+        None => eprintln!("dlock: the lock table is ready"),
+    }
     Ok(0)
 }

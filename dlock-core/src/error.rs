@@ -133,7 +133,10 @@ pub enum Error {
     /// would wait for itself, so it fails at once. dlock's locks are not
     /// reentrant: pass the guard down instead of locking again. Futures
     /// joined in one task (`join!`, `select!`) count as that task: spawn
-    /// one to have them wait for each other.
+    /// one to have them wait for each other. A hold counts for the task
+    /// that acquired it, even once its guard has moved to another task: to
+    /// wait for a guard given away, acquire from another task, or through
+    /// another `Locker` (`Locker::from_arc(locker.backend().clone())`).
     #[error("lock `{name}`: this task holds it already and would wait for itself")]
     Reentrant {
         /// The lock name.

@@ -163,6 +163,7 @@ const SQLX_PARAMS: &[&str] = &[
     "password",
     "application_name",
     "options",
+    "options[",
 ];
 
 /// Parses a `postgres://` or `postgresql://` URL, refusing what sqlx would

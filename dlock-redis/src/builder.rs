@@ -133,7 +133,7 @@ impl RedisBuilder {
     /// [`Error::UnsafeServer`] when it may evict lock keys (see
     /// [`accept_eviction_risk`](Self::accept_eviction_risk)).
     pub async fn connect(mut self) -> Result<RedisBackend> {
-        self.url = self.params.finish(REDIS_PARAMS)?;
+        self.url = self.params.finish(redis_params(self.params.base()))?;
         validate_prefix(&self.prefix)?;
         let ms = Duration::from_millis(1);
         check_duration("max_poll_interval", self.max_poll, MIN_BACKOFF, MAX_SETTING)?;
@@ -327,8 +327,16 @@ impl RedisBuilder {
     }
 }
 
-/// The URL parameters the redis crate takes.
-const REDIS_PARAMS: &[&str] = &["protocol", "db", "user", "pass"];
+/// The URL parameters the redis crate reads in a URL like `url`: `protocol`
+/// over TCP, and `db`, `user` and `pass` too over a Unix socket; none in a
+/// Sentinel or Cluster URL, which this driver reads itself.
+fn redis_params(url: &str) -> &'static [&'static str] {
+    match url.split_once("://").map(|(scheme, _)| scheme) {
+        Some("redis+unix" | "unix") => &["protocol", "db", "user", "pass"],
+        Some("redis" | "rediss") => &["protocol"],
+        _ => &[],
+    }
+}
 
 impl RedisBackend {
     /// Connects with default settings.
@@ -342,9 +350,9 @@ impl RedisBackend {
     /// Settings, starting from a URL, whose query may give them under
     /// their setters' names (`?accept_eviction_risk=true&request_timeout=500ms`,
     /// `durable_grants=1,250ms`, `prefix=app`; a setter called later
-    /// wins); the redis crate's own (`protocol`, `db`, `user`, `pass`)
-    /// pass through, and any other is refused at connect. See the README's
-    /// table.
+    /// wins); the redis crate's own (`protocol`; over a Unix socket also
+    /// `db`, `user`, `pass`) pass through, and any other is refused at
+    /// connect. See the README's table.
     pub fn builder(url: impl Into<String>) -> RedisBuilder {
         let mut p = UrlParams::parse(&url.into());
         let or = |d: Option<Duration>, ms| d.unwrap_or(Duration::from_millis(ms));

@@ -79,7 +79,8 @@ pub trait SharedKinds: Driver + Clone + 'static {
     async fn change(&self, sql: SqlStr, name: &str, doing: &str) -> Result<i64>;
 
     /// Runs a statement of one value (`doing`): the first column of its
-    /// answer's last row, `None` when that is NULL or missing.
+    /// answer's last row, `None` when NULL (and, where the dialect's
+    /// statement answers no row for "nothing", when missing).
     async fn value(&self, sql: SqlStr, doing: &str) -> Result<Option<i64>>;
 
     /// Releases `lease`, a read hold that a downgrade sent at `sent` may

@@ -14,9 +14,10 @@ use crate::{Error, Result};
 /// knows them.
 ///
 /// A malformed value is kept as the first error, which [`UrlParams::finish`]
-/// reports: a builder is made from a URL without failing, and its
-/// `connect` says what was wrong.
-#[derive(Debug, Clone)]
+/// reports (a setter called later does not clear it: the URL is wrong): a
+/// builder is made from a URL without failing, and its `connect` says what
+/// was wrong, before any request.
+#[derive(Clone)]
 pub struct UrlParams {
     base: String,
     fragment: Option<String>,
@@ -24,20 +25,46 @@ pub struct UrlParams {
     error: Option<(&'static str, String)>,
 }
 
+// By hand: the URL may hold a password, and so may the query (`password=`).
+impl std::fmt::Debug for UrlParams {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("UrlParams")
+            .field("base", &crate::driver::redact_url(&self.base))
+            .field("keys", &self.keys().collect::<Vec<_>>())
+            .finish_non_exhaustive()
+    }
+}
+
 impl UrlParams {
     /// Splits `url` into the URL without its query and the query's
-    /// `key=value` pairs (`&`-separated, %-escaped as in a form).
+    /// `key=value` pairs (`&`-separated, %-escaped as in a form). The
+    /// query starts after the authority: a raw `?` or `#` in a password
+    /// stays in the password.
     pub fn parse(url: &str) -> Self {
-        let (rest, fragment) = match url.split_once('#') {
-            Some((rest, fragment)) => (rest, Some(fragment.to_owned())),
-            None => (url, None),
+        // As `redact_url` reads the user info: it ends at the last `@`
+        // before the first `/`, `?` or `#` after the first `@`.
+        let start = url.find("://").map_or(0, |i| i + 3);
+        let rest = &url[start..];
+        let host = match rest.find('@') {
+            None => start,
+            Some(first_at) => {
+                let end = rest[first_at..]
+                    .find(['/', '?', '#'])
+                    .map_or(rest.len(), |i| first_at + i);
+                start + rest[..end].rfind('@').map_or(0, |at| at + 1)
+            }
         };
-        let (base, query) = rest.split_once('?').unwrap_or((rest, ""));
+        let (head, tail) = url.split_at(host);
+        let (tail, fragment) = match tail.split_once('#') {
+            Some((tail, fragment)) => (tail, Some(fragment.to_owned())),
+            None => (tail, None),
+        };
+        let (rest, query) = tail.split_once('?').unwrap_or((tail, ""));
         let pairs = form_urlencoded::parse(query.as_bytes())
             .map(|(k, v)| (k.into_owned(), v.into_owned()))
             .collect();
         UrlParams {
-            base: base.to_owned(),
+            base: format!("{head}{rest}"),
             fragment,
             pairs,
             error: None,
@@ -116,7 +143,8 @@ impl UrlParams {
     }
 
     /// The URL for the client library: the base, with the parameters it
-    /// knows (`library`) and the fragment.
+    /// knows (`library`; an entry ending in `[`, such as sqlx's `options[`,
+    /// stands for every key it starts) and the fragment.
     ///
     /// # Errors
     /// [`Error::InvalidOption`]: the first malformed value taken, or
@@ -126,7 +154,12 @@ impl UrlParams {
         if let Some((key, reason)) = &self.error {
             return Err(Error::invalid_option(key, reason.clone()));
         }
-        if let Some((unknown, _)) = self.pairs.iter().find(|(k, _)| !library.contains(&&**k)) {
+        let known = |key: &str| {
+            library
+                .iter()
+                .any(|&l| l == key || (l.ends_with('[') && key.starts_with(l)))
+        };
+        if let Some((unknown, _)) = self.pairs.iter().find(|(k, _)| !known(k)) {
             return Err(Error::invalid_option(
                 "url",
                 format!("unknown parameter `{unknown}` (the driver's README lists them)"),
@@ -188,6 +221,12 @@ mod tests {
             shown.contains("`pasword`") && !shown.contains("secret"),
             "{shown}"
         );
+        let p = UrlParams::parse("db://u:pa?ss#w@h:1?options[x]=y");
+        assert_eq!(
+            p.finish(&["options["]).unwrap(),
+            "db://u:pa?ss#w@h:1?options%5Bx%5D=y"
+        );
+        assert!(!format!("{p:?}").contains("pa?ss"), "{p:?}");
         let mut p = UrlParams::parse("db://h/d?wake_ups=true&wake_ups=false");
         let _ = p.flag("wake_ups");
         assert!(matches!(
