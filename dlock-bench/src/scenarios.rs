@@ -1,5 +1,5 @@
 //! The measurements. Each returns figures only; judging them is the
-//! reader's job (the README says how).
+//! reader's job (docs/benchmark.md says how).
 
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;

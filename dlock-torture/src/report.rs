@@ -1,4 +1,4 @@
-//! The campaign's table (Markdown, for the terminal and the README), its
+//! The campaign's table (Markdown, for the terminal and docs/torture.md), its
 //! JSON, and a timeline SVG per run.
 
 use std::fmt::Write as _;

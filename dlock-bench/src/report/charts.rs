@@ -204,7 +204,7 @@ fn latency(r: &Report) -> String {
     plot::lines(&titles, &x_axis, ("ms (log scale)", Scale::Log), &series)
 }
 
-/// The chart files, in the order the README shows them.
+/// The chart files, in the order docs/benchmark.md shows them.
 pub const FILES: [&str; 4] = ["overhead.svg", "handoff.svg", "scaling.svg", "latency.svg"];
 
 /// Draws every chart of `r` into `dir` (see [`FILES`]).

@@ -6,7 +6,7 @@ use super::palette;
 use super::svg::{Anchor, Font, INK, Key, MUTED, Svg, linear_ticks, log_ticks, number, text_width};
 
 /// Every chart's width in px: room for the labels, and narrow enough for a
-/// README's column without much shrinking.
+/// documentation's column without much shrinking.
 const WIDTH: f64 = 800.0;
 /// Space around the whole chart.
 const MARGIN: f64 = 20.0;
