@@ -65,11 +65,10 @@ impl EtcdBackend {
     /// any other parameter is refused at connect.
     pub fn builder(url: impl Into<String>) -> EtcdBuilder {
         let mut p = UrlParams::parse(&url.into());
-        let or = |d: Option<Duration>, ms| d.unwrap_or(Duration::from_millis(ms));
         EtcdBuilder {
             prefix: p.text("prefix"),
-            connect_timeout: or(p.duration("connect_timeout"), 5_000),
-            request_timeout: or(p.duration("request_timeout"), 2_000),
+            connect_timeout: p.duration_or("connect_timeout", Duration::from_secs(5)),
+            request_timeout: p.duration_or("request_timeout", Duration::from_secs(2)),
             tls_ca: None,
             tls_identity: None,
             #[cfg(feature = "_test-hooks")]

@@ -106,7 +106,7 @@ impl PgBackend {
 
     /// Gives a waiter's place up.
     async fn abandon(&self, name: &str, waiter: &str) {
-        let notify = self.inner.listen.is_some();
+        let notify = self.wakes_others();
         let left = retry_for(self.inner.request_timeout * 2, || async {
             let sql = self.inner.sql.abandon(name.as_bytes(), waiter, notify);
             self.fetch(sql, "leave the queue", self.deadline()).await

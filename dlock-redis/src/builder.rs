@@ -355,12 +355,11 @@ impl RedisBackend {
     /// connect. See the README's table.
     pub fn builder(url: impl Into<String>) -> RedisBuilder {
         let mut p = UrlParams::parse(&url.into());
-        let or = |d: Option<Duration>, ms| d.unwrap_or(Duration::from_millis(ms));
         RedisBuilder {
             prefix: p.text("prefix").unwrap_or_else(|| "dlock".to_owned()),
-            request_timeout: or(p.duration("request_timeout"), 1_000),
-            connect_timeout: or(p.duration("connect_timeout"), 2_000),
-            max_poll: or(p.duration("max_poll_interval"), 1_000),
+            request_timeout: p.duration_or("request_timeout", Duration::from_secs(1)),
+            connect_timeout: p.duration_or("connect_timeout", Duration::from_secs(2)),
+            max_poll: p.duration_or("max_poll_interval", Duration::from_secs(1)),
             tls_ca: None,
             durable: p.parsed("durable_grants", "replicas,timeout (e.g. 1,250ms)", |v| {
                 let (replicas, timeout) = v.split_once(',')?;

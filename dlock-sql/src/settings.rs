@@ -36,15 +36,14 @@ impl Settings {
     /// no wake-ups, and the table created when missing.
     pub fn new(url: &str) -> Self {
         let mut params = UrlParams::parse(url);
-        let d = |d: Option<Duration>, default: u64| d.unwrap_or(Duration::from_millis(default));
         Settings {
             table: params
                 .text("table")
                 .unwrap_or_else(|| "dlock_locks".to_owned()),
             max_connections: params.number("max_connections").unwrap_or(10),
-            connect_timeout: d(params.duration("connect_timeout"), 5_000),
-            request_timeout: d(params.duration("request_timeout"), 2_000),
-            max_poll: d(params.duration("max_poll_interval"), 1_000),
+            connect_timeout: params.duration_or("connect_timeout", Duration::from_secs(5)),
+            request_timeout: params.duration_or("request_timeout", Duration::from_secs(2)),
+            max_poll: params.duration_or("max_poll_interval", Duration::from_secs(1)),
             wake_ups: params.flag("wake_ups").unwrap_or(false),
             create_table: params.flag("create_table").unwrap_or(true),
             params,

@@ -65,13 +65,12 @@ impl ZkBackend {
     /// connect.
     pub fn builder(url: impl Into<String>) -> ZkBuilder {
         let mut p = UrlParams::parse(&url.into());
-        let or = |d: Option<Duration>, ms| d.unwrap_or(Duration::from_millis(ms));
         ZkBuilder {
             connect: p.base().to_owned(),
             root: p.text("root").unwrap_or_else(|| "/dlock".to_owned()),
-            session_timeout: or(p.duration("session_timeout"), 10_000),
-            connect_timeout: or(p.duration("connect_timeout"), 5_000),
-            request_timeout: or(p.duration("request_timeout"), 2_000),
+            session_timeout: p.duration_or("session_timeout", Duration::from_secs(10)),
+            connect_timeout: p.duration_or("connect_timeout", Duration::from_secs(5)),
+            request_timeout: p.duration_or("request_timeout", Duration::from_secs(2)),
             auth: None,
             tls_ca: None,
             keep_while_reconnecting: p.flag("keep_leases_while_reconnecting").unwrap_or(false),

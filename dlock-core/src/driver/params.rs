@@ -124,6 +124,11 @@ impl UrlParams {
         })
     }
 
+    /// Takes `key` as a duration, `default` when the URL has none.
+    pub fn duration_or(&mut self, key: &'static str, default: Duration) -> Duration {
+        self.duration(key).unwrap_or(default)
+    }
+
     /// Takes `key` as `true` or `false`.
     pub fn flag(&mut self, key: &'static str) -> Option<bool> {
         self.parsed(key, "true or false", |v| match v {
