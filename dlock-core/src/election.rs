@@ -6,7 +6,7 @@ use std::time::Duration;
 use tokio::time::sleep;
 
 use crate::driver::wait::Backoff;
-use crate::{Error, Guard, LockInfo, LockOptions, Locker, Mode, Result};
+use crate::{Error, Finished, Guard, LockInfo, LockOptions, Locker, Mode, Result};
 
 /// One leader at a time among the processes that campaign for `name`, on
 /// any backend: the leader holds the election's lock (a mutex, renewed by
@@ -183,22 +183,24 @@ impl Election {
     }
 
     /// Runs `work` whenever we lead, until it returns: campaigns, then runs
-    /// `work` for the term; if the term is lost first, `work` is cancelled
-    /// (dropped) at once and we campaign again (with `rejoin`; without, the
-    /// loss is an error). When `work` returns, we resign and return its
-    /// value. A campaign that fails on a lock service out of reach is
-    /// tried again after a pause, and so is one after a lost term (a term
-    /// lost at once, again and again, does not make a busy loop).
+    /// `work` for the term, cancelled (dropped) the moment the term is lost
+    /// (the rule of every body under a lock: see [`Finished`]); after a
+    /// lost term, [`OnLost`] says whether to campaign again. When `work`
+    /// returns, we resign, and its value comes back beside the
+    /// resignation's outcome. A campaign that fails on a lock service out
+    /// of reach is tried again after a pause, and so is one after a lost
+    /// term (a term lost at once, again and again, does not make a busy
+    /// loop).
     ///
     /// # Errors
-    /// [`Error::NotHeld`] when the term was lost and `rejoin` is off;
+    /// [`Error::NotHeld`] when the term was lost with [`OnLost::Fail`];
     /// [`Error::Timeout`] when the options' wait bound passed; the
     /// campaign's errors that trying again cannot mend.
     pub async fn lead<T>(
         &self,
-        rejoin: bool,
+        on_lost: OnLost,
         mut work: impl AsyncFnMut(&Leadership) -> T,
-    ) -> Result<T> {
+    ) -> Result<Finished<T>> {
         // The pause before campaigning again.
         let pause = || Backoff::new(Duration::from_millis(100), Duration::from_secs(5));
         let mut backoff = pause();
@@ -213,18 +215,11 @@ impl Election {
                 Err(e) => return Err(e),
             };
             let began = tokio::time::Instant::now();
-            tokio::select! {
-                value = work(&term) => {
-                    if let Err(e) = term.resign().await {
-                        tracing::debug!(election = self.name, error = %e, "could not resign");
-                    }
-                    return Ok(value);
-                }
-                () = term.lost() => {
-                    tracing::warn!(election = self.name, "leadership lost");
-                    if !rejoin {
-                        return Err(Error::NotHeld { name: self.name.clone() });
-                    }
+            match term.guard.while_held(work(&term)).await {
+                Ok(value) => return Ok(term.guard.finish(value).await),
+                Err(e) if on_lost == OnLost::Fail => return Err(e),
+                Err(_) => {
+                    tracing::warn!(election = self.name, "leadership lost: campaigning again");
                     // The pause grows while terms are lost as soon as
                     // they begin, and starts over after one that lasted.
                     if began.elapsed() >= self.opts.ttl_value() {
@@ -235,6 +230,16 @@ impl Election {
             }
         }
     }
+}
+
+/// What [`Election::lead`] does when a term is lost before its work
+/// returns (the work has been cancelled by then).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OnLost {
+    /// Campaign again, and run the work anew in the next term.
+    Rejoin,
+    /// Return [`Error::NotHeld`].
+    Fail,
 }
 
 /// Follows the leader of an election (see [`Election::observe`]).
@@ -323,7 +328,7 @@ mod tests {
         let a = election(&locker, "a").options(opts);
         let (started, finished) = (AtomicU32::new(0), AtomicU32::new(0));
         let value = a
-            .lead(true, async |term| {
+            .lead(OnLost::Rejoin, async |term| {
                 if started.fetch_add(1, Ordering::SeqCst) < 2 {
                     // Outlives the term: cancelled when it is lost.
                     sleep(Duration::from_secs(60)).await;
@@ -332,6 +337,8 @@ mod tests {
                 term.fencing_token()
             })
             .await
+            .unwrap()
+            .into_result()
             .unwrap();
         assert_eq!(started.load(Ordering::SeqCst), 3);
         assert_eq!(
@@ -344,7 +351,7 @@ mod tests {
             a.leader().await.unwrap().is_none(),
             "the last term resigned"
         );
-        let lost = a.lead(false, async |_| sleep(Duration::from_secs(60)).await);
+        let lost = a.lead(OnLost::Fail, async |_| sleep(Duration::from_secs(60)).await);
         assert!(matches!(lost.await, Err(Error::NotHeld { .. })));
     }
 

@@ -6,7 +6,9 @@ use tokio_util::sync::CancellationToken;
 
 use crate::renew::{Registration, Renewer};
 use crate::shared::{HoldMark, Holds};
-use crate::{Backend, Error, Lease, LockInfo, LockOptions, LockPage, Observed, OwnerToken, Result};
+use crate::{
+    Backend, Error, Finished, Lease, LockInfo, LockOptions, LockPage, Observed, OwnerToken, Result,
+};
 
 /// The handle users lock with: a shared backend plus guards, renewal and
 /// [`with_lock`](Locker::with_lock). Cheap to clone.
@@ -91,32 +93,26 @@ impl Locker {
     }
 
     /// Runs `f` while holding `name`, then releases it: the "lock this method
-    /// body by a key" pattern. `f` does not run unless the lease is valid
-    /// when it would start.
+    /// body by a key" pattern. The guard is renewed while `f` runs; `f`
+    /// starts only under a valid lease and is cancelled (dropped at its
+    /// next `.await`) the moment the lease is lost (see [`Finished`] for
+    /// the rule every body under a lock follows).
     ///
-    /// The guard is renewed while `f` runs and `f` may watch
-    /// [`Guard::lost`] to stop early. If the lease was lost before `f`
-    /// finished, the result is [`Error::NotHeld`]: another client may have
-    /// run the same work at the same time, so writes should be fenced with
-    /// [`Guard::fencing_token`].
+    /// # Errors
+    /// Those of [`Locker::acquire`]; [`Error::NotHeld`] when the lease was
+    /// lost before `f` finished: `f` may have been cut short, and another
+    /// client may have run the same work meanwhile, so writes should be
+    /// fenced with [`Guard::fencing_token`]. A failed release is not an
+    /// error here: it comes back beside the value ([`Finished::release`]).
     pub async fn with_lock<T>(
         &self,
         name: &str,
         opts: &LockOptions,
         f: impl AsyncFnOnce(&Guard) -> T,
-    ) -> Result<T> {
+    ) -> Result<Finished<T>> {
         let guard = self.acquire(name, opts).await?;
-        // The lease may have run out between the grant and now (a slow
-        // caller, a paused process): never run the body without the lock.
-        if !guard.is_valid() {
-            return Err(Error::not_held(name));
-        }
-        let value = f(&guard).await;
-        if !guard.is_valid() {
-            return Err(Error::not_held(name));
-        }
-        guard.release().await?;
-        Ok(value)
+        let value = guard.while_held(f(&guard)).await?;
+        Ok(guard.finish(value).await)
     }
 
     /// Who holds `name` now, if anyone.

@@ -5,6 +5,7 @@ mod backend;
 pub mod driver;
 mod election;
 mod error;
+mod finished;
 mod guard;
 mod job;
 mod lease;
@@ -20,10 +21,11 @@ mod shared;
 pub use backend::{
     Backend, Capabilities, HeldLock, LeaseKind, LockInfo, LockPage, MAX_BATCH, MAX_HOLDERS,
 };
-pub use election::{Election, Leader, Leadership, Observer};
+pub use election::{Election, Leader, Leadership, Observer, OnLost};
 pub use error::{BoxError, Error, Result};
+pub use finished::Finished;
 pub use guard::{Guard, Locker};
-pub use job::{JobOptions, JobOutcome, JobRun, RunReport, Schedule, ScheduledJob};
+pub use job::{JobOptions, JobOutcome, JobRun, RunReport, RunResult, Schedule, ScheduledJob};
 pub use lease::{Lease, OwnerToken};
 pub use memory::MemoryBackend;
 pub use mode::{Admission, Mode};

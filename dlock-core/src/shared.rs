@@ -226,7 +226,7 @@ impl Semaphore {
         &self,
         opts: &LockOptions,
         f: impl AsyncFnOnce(&Guard) -> T,
-    ) -> Result<T> {
+    ) -> Result<crate::Finished<T>> {
         self.locker.with_lock(&self.name, &self.opts(opts), f).await
     }
 
@@ -320,7 +320,7 @@ mod tests {
             })
             .await
             .unwrap();
-        assert_eq!(ran, 7);
+        assert_eq!(ran.into_result().unwrap(), 7);
         let held = [
             pool.acquire(&quick()).await.unwrap(),
             pool.acquire(&quick()).await.unwrap(),

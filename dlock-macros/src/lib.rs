@@ -33,9 +33,11 @@ use syn::{Expr, FnArg, Ident, ItemFn, LitStr, Meta, Pat, ReturnType, Token, Type
 /// The fn must return `Result<T, E>` with `E: From<dlock::Error>`. The body
 /// runs only under a valid lease; an error to lock returns
 /// `Err(dlock::Error)` converted to `E` (`Timeout` when the wait passed). If
-/// the lease was lost before the body finished, the result is
+/// the lease is lost before the body finishes, the body is cancelled (dropped
+/// at its next `.await`, as with `Locker::with_lock`) and the result is
 /// `Err(dlock::Error::NotHeld)` converted: another node may have run the same
-/// work meanwhile, which is why writes should carry the fencing token.
+/// work meanwhile, which is why writes should carry the fencing token. A
+/// failed release after the body is logged, and the body's result returned.
 #[proc_macro_attribute]
 pub fn locked(attr: TokenStream, item: TokenStream) -> TokenStream {
     let item = TokenStream2::from(item);
@@ -355,23 +357,20 @@ fn expand(attr: TokenStream2, item: TokenStream2) -> syn::Result<TokenStream2> {
                 return ::std::result::Result::Err(::std::convert::From::from(__dlock_error));
             }
         };
-        // `acquire` returns a valid lease, but the caller may have been
-        // slow since: never run the body without the lock.
-        if !__dlock_guard.is_valid() {
-            return ::std::result::Result::Err(::std::convert::From::from(
-                ::dlock::Error::NotHeld { name: __dlock_name },
-            ));
-        }
-        let __dlock_result: #ret = async {
-            #guard_binding
-            #body
-        }
-        .await;
-        if !__dlock_guard.is_valid() {
-            return ::std::result::Result::Err(::std::convert::From::from(
-                ::dlock::Error::NotHeld { name: __dlock_name },
-            ));
-        }
+        // The rule of every body under a lock: it starts only under a
+        // valid lease and is cancelled the moment the lease is lost.
+        let __dlock_result: #ret = match __dlock_guard
+            .while_held(async {
+                #guard_binding
+                #body
+            })
+            .await
+        {
+            ::std::result::Result::Ok(__dlock_value) => __dlock_value,
+            ::std::result::Result::Err(__dlock_error) => {
+                return ::std::result::Result::Err(::std::convert::From::from(__dlock_error));
+            }
+        };
         match __dlock_guard.release().await {
             // Released, or already ended after the body finished.
             ::std::result::Result::Ok(()) | ::std::result::Result::Err(::dlock::Error::NotHeld { .. }) => {}

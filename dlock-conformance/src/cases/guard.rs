@@ -118,7 +118,9 @@ pub async fn with_lock_runs_under_the_lock(backend: &Arc<dyn Backend>) {
             backend.try_acquire(&name, &long()).await
         })
         .await
-        .expect("with_lock");
+        .expect("with_lock")
+        .into_result()
+        .expect("with_lock's release");
     assert!(
         matches!(value, Ok(None)),
         "the lock must be held inside with_lock, got {value:?}"

@@ -14,8 +14,7 @@ pub(super) struct JobLock {
     /// When `at_most` ends the run: the lease's validity, or on session
     /// backends the start plus `at_most`.
     deadline: Instant,
-    at_least: Duration,
-    cancel_on_lost: bool,
+    pub(super) at_least: Duration,
     delayed_release: bool,
 }
 
@@ -38,41 +37,26 @@ impl JobLock {
             started,
             deadline,
             at_least: opts.at_least,
-            cancel_on_lost: opts.cancel_on_lost,
             delayed_release: locker.backend().capabilities().delayed_release,
         }))
     }
 
-    /// Runs `job` while the lock holds: `None` if it was cancelled because
-    /// the lease was lost or `at_most` passed.
-    pub(super) async fn guarded<F: Future>(&self, job: F) -> Option<F::Output> {
-        if !self.guard.is_valid() {
-            return None;
-        }
-        if !self.cancel_on_lost {
-            return Some(job.await);
-        }
+    /// Runs `job` while the lock holds, cancelled when the lease is lost
+    /// or `at_most` passes (as [`Guard::while_held`]).
+    pub(super) async fn guarded<F: Future>(&self, job: F) -> Result<F::Output> {
         tokio::select! {
-            value = job => Some(value),
-            () = self.guard.lost() => {
-                tracing::warn!(lock = self.guard.name(), "lease lost: run cancelled");
-                None
-            }
+            done = self.guard.while_held(job) => done,
             () = sleep_until(self.deadline) => {
                 tracing::warn!(lock = self.guard.name(), "at_most passed: run cancelled");
-                None
+                Err(Error::not_held(self.guard.name()))
             }
         }
     }
 
-    /// Releases the lock, keeping it until `at_least` after the start.
-    pub(super) async fn finish(self) {
-        let keep = self.at_least;
-        self.finish_keeping(keep).await;
-    }
-
-    /// Releases the lock, keeping it until `keep` after the start.
-    pub(super) async fn finish_keeping(self, keep: Duration) {
+    /// Releases the lock, keeping it until `keep` after the start; a
+    /// failure is logged (the job ran; the lock ends with its TTL or
+    /// session) and returned.
+    pub(super) async fn finish(self, keep: Duration) -> Result<()> {
         let name = self.guard.name().to_owned();
         let hold = keep.saturating_sub(self.started.elapsed());
         let done = if hold.is_zero() || !self.guard.is_valid() {
@@ -86,10 +70,9 @@ impl JobLock {
             sleep_until(until).await;
             self.guard.release().await
         };
-        match done {
-            Ok(()) | Err(Error::NotHeld { .. }) => {}
-            // The job ran; the lock ends with its TTL or session.
-            Err(e) => tracing::warn!(lock = name, error = %e, "could not release a job's lock"),
+        if let Err(e) = &done {
+            tracing::warn!(lock = name, error = %e, "could not release a job's lock");
         }
+        done
     }
 }

@@ -28,7 +28,7 @@
 use std::time::Duration;
 
 use crate::driver::check_duration;
-use crate::{Error, Guard, LockOptions, Locker, MAX_TTL, MIN_TTL, Result};
+use crate::{Finished, Guard, LockOptions, Locker, MAX_TTL, MIN_TTL, Result};
 
 mod lock;
 mod schedule;
@@ -38,7 +38,7 @@ mod tests;
 
 use lock::JobLock;
 pub use schedule::Schedule;
-pub use scheduled::{JobRun, RunReport, ScheduledJob};
+pub use scheduled::{JobRun, RunReport, RunResult, ScheduledJob};
 
 /// How a job's runs are locked.
 ///
@@ -52,7 +52,6 @@ pub use scheduled::{JobRun, RunReport, ScheduledJob};
 pub struct JobOptions {
     at_most: Duration,
     at_least: Duration,
-    cancel_on_lost: bool,
 }
 
 impl JobOptions {
@@ -64,7 +63,6 @@ impl JobOptions {
         JobOptions {
             at_most,
             at_least: Duration::ZERO,
-            cancel_on_lost: true,
         }
     }
 
@@ -77,14 +75,6 @@ impl JobOptions {
     /// lock itself.
     pub fn at_least(mut self, at_least: Duration) -> Self {
         self.at_least = at_least;
-        self
-    }
-
-    /// Whether a run is cancelled (its future dropped) the moment its lease
-    /// is lost (default `true`). With `false` the run goes on and should
-    /// watch [`Guard::lost`] (or [`JobRun::lost`]) itself.
-    pub fn cancel_on_lost(mut self, cancel: bool) -> Self {
-        self.cancel_on_lost = cancel;
         self
     }
 
@@ -101,7 +91,7 @@ impl JobOptions {
     /// Checks the options.
     ///
     /// # Errors
-    /// [`Error::InvalidOption`] when `at_most` is not a valid TTL or
+    /// [`Error::InvalidOption`](crate::Error::InvalidOption) when `at_most` is not a valid TTL or
     /// `at_least` exceeds it.
     pub fn validate(&self) -> Result<()> {
         check_duration("at_most", self.at_most, MIN_TTL, MAX_TTL)?;
@@ -118,11 +108,11 @@ impl JobOptions {
 }
 
 /// What became of one occurrence of a job on this node.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug)]
 #[non_exhaustive]
 pub enum JobOutcome<T> {
-    /// This node ran it; the job's value.
-    Ran(T),
+    /// This node ran it: the job's value, beside the release's outcome.
+    Ran(Finished<T>),
     /// Another node holds (or held, within `at_least`) the occurrence's
     /// lock: skipped, not queued.
     Skipped,
@@ -140,18 +130,19 @@ impl Locker {
     /// let locker = Locker::new(MemoryBackend::new());
     /// let opts = JobOptions::new(Duration::from_secs(60)).at_least(Duration::from_secs(5));
     /// let first = locker.run_job("invoices@2026-11-22", &opts, async |_guard| 42).await?;
-    /// assert_eq!(first, JobOutcome::Ran(42));
+    /// assert!(matches!(first, JobOutcome::Ran(ran) if ran.value == 42));
     /// // Within `at_least`, the occurrence counts as taken.
     /// let again = locker.run_job("invoices@2026-11-22", &opts, async |_guard| 43).await?;
-    /// assert_eq!(again, JobOutcome::Skipped);
+    /// assert!(matches!(again, JobOutcome::Skipped));
     /// # Ok(())
     /// # }
     /// ```
     ///
     /// # Errors
     /// Invalid options or name; the lock service's errors (the job did not
-    /// run); [`Error::NotHeld`] when the run was cancelled because its lease
-    /// was lost or `at_most` passed.
+    /// run); [`Error::NotHeld`](crate::Error::NotHeld) when the run was cancelled because its lease
+    /// was lost or `at_most` passed (the rule of every body under a lock:
+    /// see [`Finished`]).
     pub async fn run_job<T>(
         &self,
         name: &str,
@@ -162,10 +153,11 @@ impl Locker {
             return Ok(JobOutcome::Skipped);
         };
         let value = run.guarded(job(&run.guard)).await;
-        run.finish().await;
-        match value {
-            Some(value) => Ok(JobOutcome::Ran(value)),
-            None => Err(Error::not_held(name)),
-        }
+        let keep = run.at_least;
+        let release = run.finish(keep).await;
+        Ok(JobOutcome::Ran(Finished {
+            value: value?,
+            release,
+        }))
     }
 }

@@ -44,6 +44,38 @@ impl JobRun {
     }
 }
 
+/// What a [`ScheduledJob`]'s run returns: `()`, or a `Result` whose `Err`
+/// counts the run as failed ([`RunReport::failed`]) and is logged.
+///
+/// ```
+/// # async fn f(job: dlock_core::ScheduledJob) -> dlock_core::Result<()> {
+/// let shutdown = dlock_core::CancellationToken::new();
+/// job.run(shutdown, |run| async move {
+///     if run.fencing_token() == 0 {
+///         return Err("no token");
+///     }
+///     Ok(())
+/// })
+/// .await?;
+/// # Ok(()) }
+/// ```
+pub trait RunResult {
+    /// Why the run failed, if it did.
+    fn failure(self) -> Option<String>;
+}
+
+impl RunResult for () {
+    fn failure(self) -> Option<String> {
+        None
+    }
+}
+
+impl<T, E: std::fmt::Display> RunResult for std::result::Result<T, E> {
+    fn failure(self) -> Option<String> {
+        self.err().map(|e| e.to_string())
+    }
+}
+
 /// What [`ScheduledJob::run`] did on this node.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 #[non_exhaustive]
@@ -52,8 +84,9 @@ pub struct RunReport {
     pub ran: u64,
     /// Occurrences another node had taken.
     pub skipped: u64,
-    /// Occurrences that could not be locked, or whose run was cancelled
-    /// because its lease was lost.
+    /// Occurrences that could not be locked, whose run was cancelled
+    /// because its lease was lost, or whose run returned an error
+    /// ([`RunResult`]).
     pub failed: u64,
     /// Occurrences this node did not get to in time, left to the others:
     /// those that came due while it was still busy with an earlier one (or
@@ -185,12 +218,12 @@ impl ScheduledJob {
     ///
     /// # Errors
     /// Only for bad settings (name, options, schedule), before anything
-    /// runs. Failures of single occurrences are logged and counted in the
-    /// report.
+    /// runs. Failures of single occurrences (a run that returns an error
+    /// included: see [`RunResult`]) are logged and counted in the report.
     pub async fn run<F, Fut>(&self, shutdown: CancellationToken, mut job: F) -> Result<RunReport>
     where
         F: FnMut(JobRun) -> Fut,
-        Fut: Future<Output = ()>,
+        Fut: Future<Output: RunResult>,
     {
         self.opts.validate()?;
         self.schedule.validate()?;
@@ -266,7 +299,7 @@ impl ScheduledJob {
         report: &mut RunReport,
     ) where
         F: FnMut(JobRun) -> Fut,
-        Fut: Future<Output = ()>,
+        Fut: Future<Output: RunResult>,
     {
         let lock = self.lock_name(due);
         // A node on time keeps the occurrence's lock until `keep` after its
@@ -300,13 +333,19 @@ impl ScheduledJob {
             fencing_token: run.guard.fencing_token(),
             lost: run.guard.lost_token(),
         };
-        let finished = run.guarded(job(info)).await.is_some();
-        run.finish_keeping(keep).await;
-        if finished {
-            tracing::info!(lock, "occurrence ran");
-            report.ran += 1;
-        } else {
-            report.failed += 1;
+        let done = run.guarded(job(info)).await;
+        // A failed release is logged there; the run stands.
+        let _ = run.finish(keep).await;
+        match done.map(RunResult::failure) {
+            Ok(None) => {
+                tracing::info!(lock, "occurrence ran");
+                report.ran += 1;
+            }
+            Ok(Some(error)) => {
+                tracing::warn!(lock, error, "occurrence failed");
+                report.failed += 1;
+            }
+            Err(_) => report.failed += 1,
         }
     }
 }

@@ -6,7 +6,7 @@ use tokio::time::sleep;
 use tokio_util::sync::CancellationToken;
 
 use super::*;
-use crate::MemoryBackend;
+use crate::{Error, MemoryBackend};
 
 fn at(ms: u64) -> SystemTime {
     UNIX_EPOCH + Duration::from_millis(ms)
@@ -69,13 +69,25 @@ async fn at_least_keeps_an_early_finish_locked() {
     let locker = Locker::new(MemoryBackend::new());
     let opts = JobOptions::new(Duration::from_secs(60)).at_least(Duration::from_secs(5));
     let ran = locker.run_job("j", &opts, async |_| ()).await.unwrap();
-    assert_eq!(ran, JobOutcome::Ran(()));
+    assert!(matches!(
+        ran,
+        JobOutcome::Ran(Finished {
+            release: Ok(()),
+            ..
+        })
+    ));
     tokio::time::advance(Duration::from_secs(4)).await;
     let again = locker.run_job("j", &opts, async |_| ()).await.unwrap();
-    assert_eq!(again, JobOutcome::Skipped);
+    assert!(matches!(again, JobOutcome::Skipped));
     tokio::time::advance(Duration::from_secs(2)).await;
     let later = locker.run_job("j", &opts, async |_| ()).await.unwrap();
-    assert_eq!(later, JobOutcome::Ran(()));
+    assert!(matches!(
+        later,
+        JobOutcome::Ran(Finished {
+            release: Ok(()),
+            ..
+        })
+    ));
 }
 
 #[tokio::test(start_paused = true)]
@@ -88,7 +100,13 @@ async fn a_run_past_at_most_is_cancelled() {
     assert!(matches!(r, Err(Error::NotHeld { .. })), "{r:?}");
     // Cancelled and released: the next run need not wait.
     let next = locker.run_job("slow", &opts, async |_| ()).await.unwrap();
-    assert_eq!(next, JobOutcome::Ran(()));
+    assert!(matches!(
+        next,
+        JobOutcome::Ran(Finished {
+            release: Ok(()),
+            ..
+        })
+    ));
 }
 
 #[tokio::test]
@@ -176,4 +194,22 @@ async fn an_occurrence_got_to_after_at_least_is_skipped_not_run() {
     );
     eager.occurrence(due, &mut job_fn, &mut report).await;
     assert_eq!((*ran.lock().unwrap(), report.late), (2, 1));
+}
+
+#[tokio::test]
+async fn a_run_that_returns_an_error_counts_as_failed() {
+    let job = ScheduledJob::new(
+        Locker::new(MemoryBackend::new()),
+        "fails",
+        Schedule::every(Duration::from_secs(1)),
+        JobOptions::new(Duration::from_secs(5)),
+    );
+    let mut report = RunReport::default();
+    let soon = SystemTime::now() + Duration::from_secs(3600);
+    let mut failing = |_| async { Err::<(), _>("disk full") };
+    job.occurrence(soon, &mut failing, &mut report).await;
+    let mut fine = |_| async { Ok::<_, String>(()) };
+    job.occurrence(soon + Duration::from_secs(1), &mut fine, &mut report)
+        .await;
+    assert_eq!((report.ran, report.failed), (1, 1), "{report:?}");
 }

@@ -50,13 +50,14 @@ fn election_node() {
         println!("DLOCK-READY");
         for _ in 0..TERMS {
             election
-                .lead(true, async |term| {
+                .lead(dlock::OnLost::Rejoin, async |term| {
                     println!("DLOCK-LEAD {} {}", term.fencing_token(), now_us());
                     sleep(Duration::from_millis(500)).await;
                     println!("DLOCK-RESIGN {} {}", term.fencing_token(), now_us());
                 })
                 .await
-                .expect("lead");
+                .expect("lead")
+                .into_value();
         }
     });
 }
