@@ -170,3 +170,29 @@ async fn permits_and_modes_take_the_shared_kinds() {
     ));
     writer.release().await.unwrap();
 }
+
+#[dlock::locked(locker = locker, name = "report", ttl = "1s")]
+async fn report(locker: &Locker, started: &tokio::sync::Notify) -> Result<(), Error> {
+    started.notify_one();
+    tokio::time::sleep(Duration::from_secs(600)).await;
+    panic!("the body ran on after its lease was lost");
+}
+
+#[tokio::test]
+async fn a_lost_lease_cancels_the_body() {
+    let locker = Locker::new(MemoryBackend::new());
+    let started = tokio::sync::Notify::new();
+    let call = report(&locker, &started);
+    let take_away = async {
+        started.notified().await;
+        // As an operator's `dlock release` would: the next renewal finds
+        // the lease gone.
+        let freed = locker.backend().force_release("report").await;
+        assert!(matches!(freed, Ok(Some(_))), "{freed:?}");
+    };
+    let bound = Duration::from_secs(60);
+    let (r, ()) = tokio::time::timeout(bound, async { tokio::join!(call, take_away) })
+        .await
+        .expect("the body was not cancelled");
+    assert!(matches!(r, Err(Error::NotHeld { .. })), "{r:?}");
+}
