@@ -195,7 +195,7 @@ async fn acquire(
     opts: &LockOptions,
 ) -> Result<dlock::Guard, Failure> {
     let held = || Failure::new(status::HELD, format!("{name} is held by another"));
-    if opts.wait_value().is_some_and(|w| w.is_zero()) {
+    if opts.get_wait().is_some_and(|w| w.is_zero()) {
         return locker.try_acquire(name, opts).await?.ok_or_else(held);
     }
     match locker.acquire(name, opts).await {

@@ -49,8 +49,8 @@ impl ToyBackend {
             });
         }
         *version += 1;
-        *holder = Some((owner, sent + opts.ttl_value()));
-        *described = opts.holder_value().to_owned();
+        *holder = Some((owner, sent + opts.get_ttl()));
+        *described = opts.get_holder().to_owned();
         Ok(Attempt::Acquired(Lease::with_ttl(
             name, owner, *version, opts, sent,
         )))

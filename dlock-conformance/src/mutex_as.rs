@@ -139,7 +139,7 @@ impl MutexAs {
 
     /// Fills the name's semaphore before a mutex acquire, if asked to.
     async fn prepare(&self, name: &str, opts: &LockOptions) -> Result<LockOptions> {
-        if let (Some(fillers), Mode::Exclusive) = (&self.fillers, opts.mode_value()) {
+        if let (Some(fillers), Mode::Exclusive) = (&self.fillers, opts.get_mode()) {
             // A name refused by the driver is refused to the caller, with
             // no filling.
             dlock_core::validate_name(name)?;
@@ -150,7 +150,7 @@ impl MutexAs {
     }
 
     fn opts(&self, opts: &LockOptions) -> LockOptions {
-        match opts.mode_value() {
+        match opts.get_mode() {
             Mode::Exclusive => opts.clone().mode(self.mode),
             _ => opts.clone(),
         }

@@ -140,7 +140,7 @@ impl Election {
 
     /// The identity we campaign as.
     pub fn identity(&self) -> &str {
-        self.opts.holder_value()
+        self.opts.get_holder()
     }
 
     /// Waits until we lead (up to the options' wait bound; none by
@@ -222,7 +222,7 @@ impl Election {
                     tracing::warn!(election = self.name, "leadership lost: campaigning again");
                     // The pause grows while terms are lost as soon as
                     // they begin, and starts over after one that lasted.
-                    if began.elapsed() >= self.opts.ttl_value() {
+                    if began.elapsed() >= self.opts.get_ttl() {
                         backoff = pause();
                     }
                     sleep(backoff.next_delay()).await;

@@ -229,24 +229,23 @@ impl Error {
         }
     }
 
-    /// A short name of the variant (`invalid_name`, `invalid_option`,
-    /// `not_held`, `timeout`, `connection`, `unavailable`, `backend`,
-    /// `unsafe_server`, `unsupported`, `mode_conflict`, `upgrade`), for
-    /// metrics labels and logs.
-    pub fn kind(&self) -> &'static str {
+    /// Which variant this is, without its details: for matching on the
+    /// kind of failure, and (with [`ErrorKind::as_str`]) for metrics labels
+    /// and logs.
+    pub fn kind(&self) -> ErrorKind {
         match self {
-            Error::InvalidName { .. } => "invalid_name",
-            Error::InvalidOption { .. } => "invalid_option",
-            Error::NotHeld { .. } => "not_held",
-            Error::Timeout { .. } => "timeout",
-            Error::Connection { .. } => "connection",
-            Error::Unavailable { .. } => "unavailable",
-            Error::Backend { .. } => "backend",
-            Error::UnsafeServer { .. } => "unsafe_server",
-            Error::Unsupported { .. } => "unsupported",
-            Error::ModeConflict { .. } => "mode_conflict",
-            Error::Upgrade { .. } => "upgrade",
-            Error::Reentrant { .. } => "reentrant",
+            Error::InvalidName { .. } => ErrorKind::InvalidName,
+            Error::InvalidOption { .. } => ErrorKind::InvalidOption,
+            Error::NotHeld { .. } => ErrorKind::NotHeld,
+            Error::Timeout { .. } => ErrorKind::Timeout,
+            Error::Connection { .. } => ErrorKind::Connection,
+            Error::Unavailable { .. } => ErrorKind::Unavailable,
+            Error::Backend { .. } => ErrorKind::Backend,
+            Error::UnsafeServer { .. } => ErrorKind::UnsafeServer,
+            Error::Unsupported { .. } => ErrorKind::Unsupported,
+            Error::ModeConflict { .. } => ErrorKind::ModeConflict,
+            Error::Upgrade { .. } => ErrorKind::Upgrade,
+            Error::Reentrant { .. } => ErrorKind::Reentrant,
         }
     }
 
@@ -259,5 +258,62 @@ impl Error {
             self,
             Error::Timeout { .. } | Error::Connection { .. } | Error::Unavailable { .. }
         )
+    }
+}
+
+/// The kind of an [`Error`], one per variant ([`Error::kind`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum ErrorKind {
+    /// [`Error::InvalidName`].
+    InvalidName,
+    /// [`Error::InvalidOption`].
+    InvalidOption,
+    /// [`Error::NotHeld`].
+    NotHeld,
+    /// [`Error::Timeout`].
+    Timeout,
+    /// [`Error::Connection`].
+    Connection,
+    /// [`Error::Unavailable`].
+    Unavailable,
+    /// [`Error::Backend`].
+    Backend,
+    /// [`Error::UnsafeServer`].
+    UnsafeServer,
+    /// [`Error::Unsupported`].
+    Unsupported,
+    /// [`Error::ModeConflict`].
+    ModeConflict,
+    /// [`Error::Upgrade`].
+    Upgrade,
+    /// [`Error::Reentrant`].
+    Reentrant,
+}
+
+impl ErrorKind {
+    /// The kind in snake case (`not_held`, `timeout`, …): a stable
+    /// metrics label.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ErrorKind::InvalidName => "invalid_name",
+            ErrorKind::InvalidOption => "invalid_option",
+            ErrorKind::NotHeld => "not_held",
+            ErrorKind::Timeout => "timeout",
+            ErrorKind::Connection => "connection",
+            ErrorKind::Unavailable => "unavailable",
+            ErrorKind::Backend => "backend",
+            ErrorKind::UnsafeServer => "unsafe_server",
+            ErrorKind::Unsupported => "unsupported",
+            ErrorKind::ModeConflict => "mode_conflict",
+            ErrorKind::Upgrade => "upgrade",
+            ErrorKind::Reentrant => "reentrant",
+        }
+    }
+}
+
+impl std::fmt::Display for ErrorKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
     }
 }

@@ -72,7 +72,7 @@ impl Locker {
     pub async fn acquire(&self, name: &str, opts: &LockOptions) -> Result<Guard> {
         self.check_mode(name, opts, true)?;
         let lease = self.backend.acquire(name, opts).await?;
-        Ok(self.guard(lease, opts.renew_value()))
+        Ok(self.guard(lease, opts.get_renew()))
     }
 
     /// One attempt: a guard if `name` was free, `None` if it is held.
@@ -83,7 +83,7 @@ impl Locker {
     pub async fn try_acquire(&self, name: &str, opts: &LockOptions) -> Result<Option<Guard>> {
         self.check_mode(name, opts, false)?;
         let lease = self.backend.try_acquire(name, opts).await?;
-        Ok(lease.map(|l| self.guard(l, opts.renew_value())))
+        Ok(lease.map(|l| self.guard(l, opts.get_renew())))
     }
 
     pub(crate) fn guard(&self, lease: Lease, renew: bool) -> Guard {
@@ -316,7 +316,7 @@ mod tests {
         }
         async fn try_acquire(&self, name: &str, opts: &LockOptions) -> Result<Option<Lease>> {
             Ok(self.0.try_acquire(name, opts).await?.map(|lease| {
-                let long_ago = Instant::now() - opts.ttl_value() * 2;
+                let long_ago = Instant::now() - opts.get_ttl() * 2;
                 Lease::with_ttl(name, lease.owner(), lease.fencing_token(), opts, long_ago)
             }))
         }

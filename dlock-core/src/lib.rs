@@ -22,7 +22,7 @@ pub use backend::{
     Backend, Capabilities, HeldLock, LeaseKind, LockInfo, LockPage, MAX_BATCH, MAX_HOLDERS,
 };
 pub use election::{Election, Leader, Leadership, Observer, OnLost};
-pub use error::{BoxError, Error, Result};
+pub use error::{BoxError, Error, ErrorKind, Result};
 pub use finished::Finished;
 pub use guard::{Guard, Locker};
 pub use job::{JobOptions, JobOutcome, JobRun, RunReport, RunResult, Schedule, ScheduledJob};

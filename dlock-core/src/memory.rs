@@ -139,7 +139,7 @@ impl MemoryBackend {
     fn attempt(&self, name: &str, opts: &LockOptions, ticket: Option<u64>) -> Result<Attempt> {
         let owner = OwnerToken::random()?;
         let sent = Instant::now();
-        let mode = opts.mode_value();
+        let mode = opts.get_mode();
         self.with_slots(|slots| {
             let slot = slots.entry(name.to_owned()).or_default();
             let now = Instant::now();
@@ -155,7 +155,7 @@ impl MemoryBackend {
                 Admission::Grant => {
                     slot.queue.retain(|(t, _)| Some(*t) != ticket);
                     let lease = Lease::with_ttl(name, owner, slot.version + 1, opts, sent);
-                    slot.grant(&lease, deadline_after(now, opts.ttl_value()));
+                    slot.grant(&lease, deadline_after(now, opts.get_ttl()));
                     Ok(Attempt::Acquired(lease))
                 }
                 Admission::Wait => Ok(Attempt::Held {
@@ -237,7 +237,7 @@ impl Driver for MemoryBackend {
         };
         self.with_slots(|slots| {
             let slot = slots.entry(name.to_owned()).or_default();
-            slot.queue.push((place.ticket, opts.mode_value()));
+            slot.queue.push((place.ticket, opts.get_mode()));
         });
         wait_for_lock(
             name,
@@ -291,7 +291,7 @@ impl Driver for MemoryBackend {
                 })
                 .ok_or_else(|| Error::not_held(write.name()))?;
             let lease = Lease::with_ttl(write.name(), owner, slot.version + 1, opts, sent);
-            slot.grant(&lease, deadline_after(now, opts.ttl_value()));
+            slot.grant(&lease, deadline_after(now, opts.get_ttl()));
             Ok(lease)
         })
     }

@@ -78,7 +78,7 @@ fn finish(
 }
 
 fn error_outcome(backend: &'static str, e: &Error) -> &'static str {
-    metric::count_error(backend, e.kind());
+    metric::count_error(backend, e.kind().as_str());
     match e {
         Error::Timeout { .. } => "timeout",
         Error::NotHeld { .. } => "not_held",

@@ -31,12 +31,16 @@ static DEFAULT_HOLDER: LazyLock<Arc<str>> = LazyLock::new(|| crate::driver::host
 /// [`read`](LockOptions::read), [`write`](LockOptions::write) or
 /// [`permits`](LockOptions::permits) says otherwise).
 ///
+/// Each setter takes its option's name and the getter adds `get_`, as
+/// sqlx's `PoolOptions` does: `ttl(…)` sets, `get_ttl()` reads.
+///
 /// ```
 /// use std::time::Duration;
 /// let opts = dlock_core::LockOptions::new()
 ///     .ttl(Duration::from_secs(10))
 ///     .wait(Duration::from_secs(2));
 /// assert!(opts.validate().is_ok());
+/// assert_eq!(opts.get_ttl(), Duration::from_secs(10));
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LockOptions {
@@ -103,17 +107,17 @@ impl LockOptions {
     }
 
     /// The lease time.
-    pub fn ttl_value(&self) -> Duration {
+    pub fn get_ttl(&self) -> Duration {
         self.ttl
     }
 
     /// The wait bound, `None` for no bound.
-    pub fn wait_value(&self) -> Option<Duration> {
+    pub fn get_wait(&self) -> Option<Duration> {
         self.wait
     }
 
     /// The drift allowance in effect.
-    pub fn drift_value(&self) -> Duration {
+    pub fn get_drift(&self) -> Duration {
         self.drift
             .unwrap_or_else(|| (self.ttl / 100).saturating_add(Duration::from_millis(2)))
     }
@@ -146,12 +150,12 @@ impl LockOptions {
     }
 
     /// The kind of hold asked for.
-    pub fn mode_value(&self) -> Mode {
+    pub fn get_mode(&self) -> Mode {
         self.mode
     }
 
     /// Whether guards renew the lease.
-    pub fn renew_value(&self) -> bool {
+    pub fn get_renew(&self) -> bool {
         self.renew
     }
 
@@ -168,11 +172,11 @@ impl LockOptions {
     }
 
     /// The holder description grants made with these options store.
-    pub fn holder_value(&self) -> &str {
+    pub fn get_holder(&self) -> &str {
         self.holder.as_deref().unwrap_or(&DEFAULT_HOLDER)
     }
 
-    /// [`LockOptions::holder_value`], shared, for the lease to keep.
+    /// [`LockOptions::get_holder`], shared, for the lease to keep.
     pub(crate) fn holder_shared(&self) -> Arc<str> {
         self.holder
             .clone()
@@ -183,20 +187,20 @@ impl LockOptions {
     /// server.
     pub fn validate(&self) -> Result<()> {
         check_duration("ttl", self.ttl, MIN_TTL, MAX_TTL)?;
-        check_holder(self.holder_value())?;
+        check_holder(self.get_holder())?;
         if self.mode == Mode::Permit(0) {
             return Err(Error::invalid_option(
                 "permits",
                 "a semaphore needs at least one permit",
             ));
         }
-        if self.drift_value() >= self.ttl / 2 {
+        if self.get_drift() >= self.ttl / 2 {
             return Err(Error::invalid_option(
                 "drift",
                 format!(
                     "must be less than half the TTL ({:?}), got {:?}",
                     self.ttl / 2,
-                    self.drift_value()
+                    self.get_drift()
                 ),
             ));
         }
@@ -209,7 +213,7 @@ impl LockOptions {
     pub fn valid_until(&self, sent: Instant) -> Instant {
         // Saturating: options that were never validated give a lease that
         // is invalid at once, not a panic.
-        deadline_after(sent, self.ttl.saturating_sub(self.drift_value()))
+        deadline_after(sent, self.ttl.saturating_sub(self.get_drift()))
     }
 }
 
@@ -328,7 +332,7 @@ mod tests {
             );
         }
         assert_eq!(
-            LockOptions::new().holder_value(),
+            LockOptions::new().get_holder(),
             crate::driver::host_and_pid()
         );
     }

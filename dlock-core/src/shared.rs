@@ -71,8 +71,8 @@ impl Locker {
     /// what would wait for itself. (A single attempt at a name the task
     /// holds exclusively finds it held.)
     pub(crate) fn check_mode(&self, name: &str, opts: &LockOptions, waits: bool) -> Result<()> {
-        self.check_supported(opts.mode_value())?;
-        match opts.mode_value() {
+        self.check_supported(opts.get_mode())?;
+        match opts.get_mode() {
             Mode::Exclusive | Mode::Read | Mode::Write if waits && self.holds.holds(name, true) => {
                 Err(Error::Reentrant {
                     name: name.to_owned(),
@@ -153,7 +153,7 @@ impl Locker {
         // Its own write hold is what a downgrade starts from.
         self.check_supported(Mode::Read)?;
         let lease = self.backend.downgrade(write.lease(), opts).await?;
-        Ok(self.guard(lease, opts.renew_value()))
+        Ok(self.guard(lease, opts.get_renew()))
     }
 
     /// The semaphore of `permits` named `name`: at most `permits` holders

@@ -218,7 +218,7 @@ impl EtcdBackend {
     pub(crate) async fn new_lease(&self, opts: &LockOptions) -> Result<(i64, UndoOnDrop, Instant)> {
         let (lease, undo, sent) = self.reserve_lease(opts);
         self.client()
-            .grant(lease, ttl_seconds(opts.ttl_value()))
+            .grant(lease, ttl_seconds(opts.get_ttl()))
             .await?;
         Ok((lease, undo, sent))
     }
@@ -228,7 +228,7 @@ impl EtcdBackend {
     /// is sent.
     fn reserve_lease(&self, opts: &LockOptions) -> (i64, UndoOnDrop, Instant) {
         let lease = lease_id();
-        let undo = self.undo_lease(lease, opts.ttl_value());
+        let undo = self.undo_lease(lease, opts.get_ttl());
         (lease, undo, Instant::now())
     }
 
@@ -246,7 +246,7 @@ impl EtcdBackend {
     ) -> Result<(Place, Vec<Entry>, i64)> {
         let owner = OwnerToken::random()?;
         let (lease, undo, renewed) = self.reserve_lease(opts);
-        let grant = self.client().grant(lease, ttl_seconds(opts.ttl_value()));
+        let grant = self.client().grant(lease, ttl_seconds(opts.get_ttl()));
         let (granted, created) = tokio::join!(grant, self.create_key(name, opts, lease, owner));
         granted?;
         let reply = match created {
@@ -281,7 +281,7 @@ impl EtcdBackend {
         let prefix = &self.inner.prefix;
         let key = hold_key(prefix, name, lease);
         let (start, end) = name_range(prefix, name);
-        let value = record(opts.mode_value(), 0, owner, opts.holder_value());
+        let value = record(opts.get_mode(), 0, owner, opts.get_holder());
         let txn = TxnRequest {
             compare: vec![created_at(key.clone(), 0)],
             success: vec![put_op(key.clone(), value, lease), range_op(start, end)],
@@ -306,10 +306,10 @@ impl EtcdBackend {
     /// keys' order.
     pub(crate) async fn confirm(&self, place: &Place) -> Result<Option<u64>> {
         let value = record(
-            place.opts.mode_value(),
+            place.opts.get_mode(),
             0,
             place.owner,
-            place.opts.holder_value(),
+            place.opts.get_holder(),
         );
         let txn = TxnRequest {
             compare: vec![created_at(place.key.clone(), place.create_revision)],
@@ -340,7 +340,7 @@ impl EtcdBackend {
                 Err(Error::ModeConflict {
                     name: name.to_owned(),
                     held,
-                    asked: opts.mode_value(),
+                    asked: opts.get_mode(),
                 })
             }
             Some(Admission::Wait) | None => {
@@ -353,7 +353,7 @@ impl EtcdBackend {
     /// Leaves the queue now (revokes the place's lease), or in the
     /// background if that fails.
     pub(crate) async fn leave(&self, mut place: Place) {
-        self.revoke_soon(place.lease, place.opts.ttl_value()).await;
+        self.revoke_soon(place.lease, place.opts.get_ttl()).await;
         place.disarm();
     }
 
@@ -381,7 +381,7 @@ impl EtcdBackend {
             let prefix = &self.inner.prefix;
             let key = hold_key(prefix, write.name(), lease);
             let writer_key = hold_key(prefix, write.name(), writer);
-            let value = record(Mode::Read, created, owner, opts.holder_value());
+            let value = record(Mode::Read, created, owner, opts.get_holder());
             let txn = TxnRequest {
                 compare: vec![
                     created_at(writer_key.clone(), created),

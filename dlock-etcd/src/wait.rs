@@ -54,7 +54,7 @@ impl EtcdBackend {
                     // A mutex's grants follow its keys' order, so its key's
                     // create revision is a token that increases; shared
                     // kinds draw theirs when granted (see `confirm`).
-                    let token = if confirmed || place.opts.mode_value() == Mode::Exclusive {
+                    let token = if confirmed || place.opts.get_mode() == Mode::Exclusive {
                         token(place.create_revision)?
                     } else {
                         match self.confirm(&place).await? {
@@ -82,7 +82,7 @@ impl EtcdBackend {
                     return Err(Error::ModeConflict {
                         name: name.to_owned(),
                         held,
-                        asked: opts.mode_value(),
+                        asked: opts.get_mode(),
                     });
                 }
                 Admission::Wait => {}
@@ -91,7 +91,7 @@ impl EtcdBackend {
                 self.leave(place).await;
                 return Err(deadline.timeout_error(name));
             }
-            let renew_at = place.renewed + place.opts.ttl_value() / 3;
+            let renew_at = place.renewed + place.opts.get_ttl() / 3;
             let until =
                 Instant::now() + deadline.cap(renew_at.saturating_duration_since(Instant::now()));
             let woken = tokio::select! {

@@ -19,7 +19,7 @@ impl MySqlBackend {
     /// One attempt to take `name`: the lease, or "held" (also for a grant
     /// whose reply came after its validity deadline; see [`on_arrival`]).
     pub(crate) async fn attempt(&self, name: &str, opts: &LockOptions) -> Result<Attempt> {
-        if opts.mode_value() != Mode::Exclusive {
+        if opts.get_mode() != Mode::Exclusive {
             return self.attempt_shared(name, opts).await;
         }
         self.attempt_mutex(name, opts, "").await
@@ -77,7 +77,7 @@ impl MySqlBackend {
         opts: &LockOptions,
         waiter: &str,
     ) -> Result<Option<u64>> {
-        let (lease_ttl, holder) = (opts.ttl_value(), opts.holder_value());
+        let (lease_ttl, holder) = (opts.get_ttl(), opts.get_holder());
         let owner_text = owner_token.to_string();
         let (owner, ttl) = (owner_text.as_str(), micros_up(lease_ttl));
         let queued = (!waiter.is_empty()).then(|| {

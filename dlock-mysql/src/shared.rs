@@ -89,7 +89,7 @@ impl MySqlBackend {
         waiter: &str,
         in_flight: &Arc<Mutex<Option<Mark>>>,
     ) -> Result<Attempt> {
-        let mode = opts.mode_value();
+        let mode = opts.get_mode();
         if mode == Mode::Exclusive {
             return self.attempt_mutex(name, opts, waiter).await;
         }
@@ -99,8 +99,8 @@ impl MySqlBackend {
             name.as_bytes(),
             &owner.to_string(),
             mode,
-            micros_up(opts.ttl_value()),
-            opts.holder_value(),
+            micros_up(opts.get_ttl()),
+            opts.get_holder(),
             waiter,
             micros_up(self.place()),
         );

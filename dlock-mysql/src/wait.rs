@@ -57,7 +57,7 @@ impl MySqlBackend {
     ) -> Result<Lease> {
         let max_poll = self.inner.max_poll;
         let backoff = Backoff::new(Duration::from_millis(50).min(max_poll), max_poll);
-        let mutex = opts.mode_value() == Mode::Exclusive;
+        let mutex = opts.get_mode() == Mode::Exclusive;
         let waiter = OwnerToken::random()?.to_string();
         let in_flight: Arc<Mutex<Option<Mark>>> = Arc::default();
         let queued = Arc::new(AtomicBool::new(false));

@@ -18,7 +18,7 @@ impl PgBackend {
     /// One attempt to take `name`: the lease, or "held" (also for a grant
     /// whose reply came after its validity deadline; see [`on_arrival`]).
     pub(crate) async fn attempt(&self, name: &str, opts: &LockOptions) -> Result<Attempt> {
-        if opts.mode_value() != Mode::Exclusive {
+        if opts.get_mode() != Mode::Exclusive {
             return self.attempt_shared(name, opts, "").await;
         }
         self.attempt_as(name, opts, "").await
@@ -68,13 +68,13 @@ impl PgBackend {
         opts: &LockOptions,
         waiter: &str,
     ) -> Result<(Option<PgRow>, Instant)> {
-        let ttl = opts.ttl_value();
+        let ttl = opts.get_ttl();
         let owner_text = owner.to_string();
         let sql = self.inner.sql.acquire(
             name.as_bytes(),
             &owner_text,
             micros_up(ttl),
-            opts.holder_value(),
+            opts.get_holder(),
             waiter,
             micros_up(self.place()),
         );

@@ -51,9 +51,9 @@ impl PgBackend {
         let sql = self.inner.sql.acquire_shared(
             name.as_bytes(),
             &owner.to_string(),
-            opts.mode_value(),
-            micros_up(opts.ttl_value()),
-            opts.holder_value(),
+            opts.get_mode(),
+            micros_up(opts.get_ttl()),
+            opts.get_holder(),
             waiter,
             micros_up(self.place()),
         );

@@ -25,7 +25,7 @@ impl PgBackend {
         }
         let max_poll = self.inner.max_poll;
         let backoff = Backoff::new(Duration::from_millis(50).min(max_poll), max_poll);
-        if opts.mode_value() != Mode::Exclusive {
+        if opts.get_mode() != Mode::Exclusive {
             return self.wait_shared(name, opts, deadline, backoff).await;
         }
         if self.inner.listen.is_none() {

@@ -75,7 +75,7 @@ impl RedisBackend {
         waiter: &str,
         pending: Option<&Pending>,
     ) -> Result<Attempt> {
-        if opts.mode_value() != Mode::Exclusive {
+        if opts.get_mode() != Mode::Exclusive {
             return self.attempt_shared(name, keys, opts, waiter).await;
         }
         let (owner, number, sent) = match pending {
@@ -94,7 +94,7 @@ impl RedisBackend {
                         }
                         // Handed over to the value this wait gave up: free it.
                         _ if grant.owner != state.owner => {
-                            let old = value(grant.owner, opts.holder_value());
+                            let old = value(grant.owner, opts.get_holder());
                             self.undo_in_background(name, old, opts);
                         }
                         // Counted from an attempt no longer known: the
@@ -112,7 +112,7 @@ impl RedisBackend {
                 (state.owner, number, sent)
             }
         };
-        let value = value(owner, opts.holder_value());
+        let value = value(owner, opts.get_holder());
         // Armed until the reply is in: if the request fails or this future is
         // dropped mid-flight, the script may still run and take the lock for
         // a caller who never hears of it, so release it by its value. A
@@ -135,7 +135,7 @@ impl RedisBackend {
                 .key(keys.queue_expiry())
                 .key(keys.queue_values());
         }
-        invocation.arg(&value).arg(millis_up(opts.ttl_value()));
+        invocation.arg(&value).arg(millis_up(opts.get_ttl()));
         if !waiter.is_empty() {
             invocation.arg(waiter).arg(millis_up(self.place_lifetime()));
             if pending.is_some() {
@@ -172,7 +172,7 @@ impl RedisBackend {
                     .and_then(count)
                     .map(Duration::from_millis)
                     .ok_or_else(malformed)?;
-                match sent.checked_sub(opts.ttl_value().saturating_sub(left)) {
+                match sent.checked_sub(opts.get_ttl().saturating_sub(left)) {
                     Some(from) => {
                         self.arrived(Lease::with_ttl(name, owner, fence, opts, from), pending)?
                     }
@@ -218,7 +218,7 @@ impl RedisBackend {
         opts: &LockOptions,
         pending: Option<&Pending>,
     ) -> Result<Attempt> {
-        self.undo_in_background(name, value(owner, opts.holder_value()), opts);
+        self.undo_in_background(name, value(owner, opts.get_holder()), opts);
         if let Some(pending) = pending {
             pending.state().owner = OwnerToken::random()?;
         }
@@ -232,7 +232,7 @@ impl RedisBackend {
         let Ok(rt) = tokio::runtime::Handle::try_current() else {
             return;
         };
-        let (backend, name, ttl) = (self.clone(), name.to_owned(), opts.ttl_value());
+        let (backend, name, ttl) = (self.clone(), name.to_owned(), opts.get_ttl());
         rt.spawn(async move { backend.undo(&name, &value, ttl).await });
     }
 }

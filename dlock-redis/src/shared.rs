@@ -36,7 +36,7 @@ impl RedisBackend {
         opts: &LockOptions,
         waiter: &str,
     ) -> Result<Attempt> {
-        let mode = opts.mode_value();
+        let mode = opts.get_mode();
         let owner = OwnerToken::random()?;
         let sent = Instant::now();
         // Armed until the reply is in, as for the mutex (see `acquire.rs`).
@@ -60,8 +60,8 @@ impl RedisBackend {
             .arg(mode.code())
             .arg(mode.marker())
             .arg(mode.permits())
-            .arg(millis_up(opts.ttl_value()))
-            .arg(opts.holder_value());
+            .arg(millis_up(opts.get_ttl()))
+            .arg(opts.get_holder());
         if !waiter.is_empty() {
             invocation.arg(waiter).arg(millis_up(self.place_lifetime()));
         }
@@ -152,9 +152,9 @@ impl RedisBackend {
         invocation
             .arg(member_of(write))
             .arg(member(reader, Mode::Read))
-            .arg(millis_up(opts.ttl_value()))
+            .arg(millis_up(opts.get_ttl()))
             .arg(Mode::Read.marker())
-            .arg(opts.holder_value());
+            .arg(opts.get_holder());
         // A read hold of unknown outcome (no reply in time, a dropped
         // future, an unconfirmed reply) is released, as an acquire's is.
         let mut undo = {

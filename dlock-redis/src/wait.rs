@@ -92,7 +92,7 @@ impl RedisBackend {
         // or it would not hear of it (it would learn at its next poll, and
         // hold the lock for nothing until then).
         let takes_hand_overs = subscribed
-            && opts.mode_value() == Mode::Exclusive
+            && opts.get_mode() == Mode::Exclusive
             && self.inner.builder.durable.is_none();
         let pending = takes_hand_overs
             .then(Pending::new)
@@ -105,8 +105,8 @@ impl RedisBackend {
         // took it out of the queue already.
         let mut leave = {
             let (backend, name, waiter) = (self.clone(), name.to_owned(), waiter.clone());
-            let (mode, pending) = (opts.mode_value(), pending.clone());
-            let holder = opts.holder_value().to_owned();
+            let (mode, pending) = (opts.get_mode(), pending.clone());
+            let holder = opts.get_holder().to_owned();
             UndoOnDrop::new(async move {
                 if mode == Mode::Exclusive {
                     let held = pending.map(|p| value(p.owner(), &holder));

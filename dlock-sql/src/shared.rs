@@ -115,7 +115,7 @@ pub trait SharedKinds: Driver + Clone + 'static {
             return Err(Error::ModeConflict {
                 name: name.to_owned(),
                 held: Mode::of_marker(&kind),
-                asked: opts.mode_value(),
+                asked: opts.get_mode(),
             });
         }
         let left = left.and_then(|us| u64::try_from(us).ok());
@@ -170,8 +170,8 @@ pub trait SharedKinds: Driver + Clone + 'static {
             write.name().as_bytes(),
             &write.owner().to_string(),
             &reader.to_string(),
-            micros_up(opts.ttl_value()),
-            opts.holder_value(),
+            micros_up(opts.get_ttl()),
+            opts.get_holder(),
         );
         let mut undo = {
             let backend = self.clone();

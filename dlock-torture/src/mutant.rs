@@ -50,7 +50,7 @@ impl Mutant {
 
     fn doctor(&self, lease: Lease, opts: &LockOptions) -> Lease {
         if self.broken != Broken::StaleToken
-            || opts.mode_value() != Mode::Exclusive
+            || opts.get_mode() != Mode::Exclusive
             || lease.fencing_token() < 2
             || !self.one_in(10)
         {
@@ -60,7 +60,7 @@ impl Mutant {
             return lease;
         };
         // The lease as granted, with its deadline, and one token lower.
-        let ttl = opts.ttl_value().saturating_sub(opts.drift_value());
+        let ttl = opts.get_ttl().saturating_sub(opts.get_drift());
         let sent = valid_until.checked_sub(ttl).unwrap_or(valid_until);
         Lease::with_ttl(
             lease.name(),

@@ -145,12 +145,12 @@ impl Driver for ZkBackend {
     }
 
     async fn try_acquire(&self, name: &str, opts: &LockOptions) -> Result<Option<Lease>> {
-        self.contend(name, opts.mode_value(), opts.holder_value(), None)
+        self.contend(name, opts.get_mode(), opts.get_holder(), None)
             .await
     }
 
     async fn wait(&self, name: &str, opts: &LockOptions, deadline: Deadline) -> Result<Lease> {
-        self.wait_for(name, opts.mode_value(), opts.holder_value(), deadline)
+        self.wait_for(name, opts.get_mode(), opts.get_holder(), deadline)
             .await
     }
 

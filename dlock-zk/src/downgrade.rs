@@ -38,7 +38,7 @@ impl ZkBackend {
         // looked for by its prefix and deleted.
         let mut undo = self.undo_create(&dir, &prefix);
         let node_opts = zk::CreateMode::Ephemeral.with_acls(self.acls());
-        let holder = opts.holder_value();
+        let holder = opts.get_holder();
         let created = self
             .bounded(client.create(&path, holder.as_bytes(), &node_opts))
             .await;

@@ -2,10 +2,11 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 pub use dlock_core::{
-    Backend, CancellationToken, Capabilities, Election, Error, Finished, Guard, HeldLock,
-    JobOptions, JobOutcome, JobRun, Leader, Leadership, Lease, LeaseKind, LockInfo, LockOptions,
-    LockPage, Locker, MAX_HOLDER_LEN, MAX_HOLDERS, MemoryBackend, Mode, Observed, Observer, OnLost,
-    OwnerToken, Result, RunReport, RunResult, Schedule, ScheduledJob, Semaphore, validate_name,
+    Backend, CancellationToken, Capabilities, Election, Error, ErrorKind, Finished, Guard,
+    HeldLock, JobOptions, JobOutcome, JobRun, Leader, Leadership, Lease, LeaseKind, LockInfo,
+    LockOptions, LockPage, Locker, MAX_HOLDER_LEN, MAX_HOLDERS, MemoryBackend, Mode, Observed,
+    Observer, OnLost, OwnerToken, Result, RunReport, RunResult, Schedule, ScheduledJob, Semaphore,
+    validate_name,
 };
 
 #[doc(hidden)]

@@ -234,20 +234,20 @@ pub async fn holders_show_in_inspect_and_list(backend: &Arc<dyn Backend>) {
             continue;
         }
         let name = unique_name(case);
-        let opts = opts.ttl(long().ttl_value()).holder(holder);
+        let opts = opts.ttl(long().get_ttl()).holder(holder);
         let lease = must_acquire(backend.as_ref(), &name, &opts).await;
         assert_eq!(
             holder_of(backend, &name).await.as_deref(),
             Some(holder),
             "a {:?} hold's holder",
-            opts.mode_value()
+            opts.get_mode()
         );
         let info = backend.inspect(&name).await.expect("inspect");
         let mode = info.and_then(|info| info.mode);
         assert!(
-            mode.is_none_or(|m| m == opts.mode_value()),
+            mode.is_none_or(|m| m == opts.get_mode()),
             "inspect reports a {:?} hold as {mode:?}",
-            opts.mode_value()
+            opts.get_mode()
         );
         backend.release(&lease).await.expect("release");
     }
@@ -302,7 +302,7 @@ pub async fn holders_list_every_hold(backend: &Arc<dyn Backend>) {
         let name = unique_name(case);
         let longest = opts.clone().ttl(Duration::from_secs(120)).holder(kind);
         let first = must_acquire(backend.as_ref(), &name, &longest).await;
-        let others = long().mode(opts.mode_value());
+        let others = long().mode(opts.get_mode());
         let second = must_acquire(backend.as_ref(), &name, &others).await;
         let third = must_acquire(backend.as_ref(), &name, &others.holder("")).await;
         let holds = assert_holds(backend, &name, &[&first, &second, &third]).await;

@@ -99,7 +99,7 @@ async fn extend_many_round(backend: &dyn Backend, case: &str, ttl: Duration) -> 
         );
         for lease in [&batch[1], &batch[3]] {
             assert!(
-                deadline(lease) >= extended + ttl - opts.drift_value(),
+                deadline(lease) >= extended + ttl - opts.get_drift(),
                 "an extended lease's deadline did not move to a TTL after the batch"
             );
         }

@@ -71,7 +71,7 @@ pub async fn guard_lost_fires_at_expiry(backend: &Arc<dyn Backend>) {
             .valid_until()
             .expect("a TTL lease has a validity deadline");
         assert!(
-            deadline <= arrived + (ttl - opts.drift_value()),
+            deadline <= arrived + (ttl - opts.get_drift()),
             "the guard trusts its lease until {:?} after the grant arrived, past the server's TTL",
             deadline - arrived
         );

@@ -189,7 +189,7 @@ async fn fresh_lease(
 ) -> Result<Lease, Judged> {
     match backend.try_acquire(name, opts).await {
         Ok(Some(lease)) => Ok(lease),
-        Ok(None) => Err(late_grant(opts.ttl_value())),
+        Ok(None) => Err(late_grant(opts.get_ttl())),
         Err(e) => panic!("try_acquire({name:?}) failed: {e}"),
     }
 }
@@ -198,7 +198,7 @@ async fn fresh_lease(
 async fn fresh_guard(locker: &Locker, name: &str, opts: &LockOptions) -> Result<Guard, Judged> {
     match locker.try_acquire(name, opts).await {
         Ok(Some(guard)) => Ok(guard),
-        Ok(None) => Err(late_grant(opts.ttl_value())),
+        Ok(None) => Err(late_grant(opts.get_ttl())),
         Err(e) => panic!("try_acquire({name:?}) failed: {e}"),
     }
 }

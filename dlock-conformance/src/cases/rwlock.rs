@@ -25,7 +25,7 @@ async fn try_in(backend: &dyn Backend, name: &str, opts: &LockOptions) -> Option
     backend
         .try_acquire(name, opts)
         .await
-        .unwrap_or_else(|e| panic!("try_acquire({name:?}, {}): {e}", opts.mode_value()))
+        .unwrap_or_else(|e| panic!("try_acquire({name:?}, {}): {e}", opts.get_mode()))
 }
 
 /// Starts a waiting acquire and gives it time to queue.
@@ -245,13 +245,13 @@ pub async fn one_name_is_one_kind_of_lock(backend: &Arc<dyn Backend>) {
                 b.release(&lease).await.ok();
                 panic!(
                     "a {} was granted on a name held as a {}",
-                    opts.mode_value(),
+                    opts.get_mode(),
                     held[0].mode()
                 );
             }
             other => panic!(
                 "a {} on a name held as a {}: expected ModeConflict, got {other:?}",
-                opts.mode_value(),
+                opts.get_mode(),
                 held[0].mode()
             ),
         }
@@ -312,14 +312,14 @@ pub async fn fencing_increases_across_kinds(backend: &Arc<dyn Backend>) {
     ] {
         let first = must_acquire(b, &name, &opts).await;
         let mut leases = vec![first];
-        if opts.mode_value().is_shared() {
+        if opts.get_mode().is_shared() {
             leases.push(must_acquire(b, &name, &opts).await);
         }
         for lease in &leases {
             assert!(
                 lease.fencing_token() > last,
                 "a {} got token {} after an earlier grant's {last}",
-                opts.mode_value(),
+                opts.get_mode(),
                 lease.fencing_token()
             );
             last = lease.fencing_token();

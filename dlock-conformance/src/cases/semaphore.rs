@@ -32,7 +32,7 @@ async fn take(
             other => panic!(
                 "permit {} of a {} was not granted: {other:?}",
                 i + 1,
-                opts.mode_value()
+                opts.get_mode()
             ),
         }
     }
@@ -44,7 +44,7 @@ async fn assert_full(backend: &dyn Backend, name: &str, opts: &LockOptions, why:
         Ok(None) => {}
         Ok(Some(lease)) => {
             backend.release(&lease).await.ok();
-            panic!("a permit beyond a {} was granted: {why}", opts.mode_value());
+            panic!("a permit beyond a {} was granted: {why}", opts.get_mode());
         }
         Err(e) => panic!("try_acquire({name:?}): {e}"),
     }
@@ -97,7 +97,7 @@ pub async fn an_expired_permit_frees_its_place_for_good(backend: &Arc<dyn Backen
             other => panic!(
                 "permit {} of a {} was not granted after the expired ones' TTL: {other:?}",
                 i + 1,
-                opts.mode_value()
+                opts.get_mode()
             ),
         }
     }

@@ -50,7 +50,7 @@ fn check_request<D: Driver>(driver: &D, name: &str, opts: &LockOptions) -> Resul
     validate_name(name)?;
     opts.validate()?;
     let caps = Driver::capabilities(driver);
-    let (declared, kind) = match opts.mode_value() {
+    let (declared, kind) = match opts.get_mode() {
         Mode::Exclusive => (true, ""),
         Mode::Permit(_) => (caps.semaphore, "semaphore"),
         _ => (caps.rwlock, "reader-writer lock"),
@@ -84,7 +84,7 @@ impl<D: Driver> Backend for D {
 
     async fn acquire(&self, name: &str, opts: &LockOptions) -> Result<Lease> {
         check_request(self, name, opts)?;
-        let deadline = Deadline::after(opts.wait_value());
+        let deadline = Deadline::after(opts.get_wait());
         let wait = async {
             let mut backoff = after_late_grant();
             loop {
@@ -218,7 +218,7 @@ mod tests {
         async fn try_acquire(&self, name: &str, opts: &LockOptions) -> Result<Option<Lease>> {
             let lease = Driver::try_acquire(&self.0, name, opts).await?;
             Ok(lease.map(|lease| {
-                let long_ago = Instant::now() - opts.ttl_value() * 2;
+                let long_ago = Instant::now() - opts.get_ttl() * 2;
                 Lease::with_ttl(name, lease.owner(), lease.fencing_token(), opts, long_ago)
             }))
         }

@@ -79,12 +79,12 @@ impl JobOptions {
     }
 
     /// The longest a run holds its lock.
-    pub fn at_most_value(&self) -> Duration {
+    pub fn get_at_most(&self) -> Duration {
         self.at_most
     }
 
     /// The shortest time a run's lock is held.
-    pub fn at_least_value(&self) -> Duration {
+    pub fn get_at_least(&self) -> Duration {
         self.at_least
     }
 

@@ -268,11 +268,11 @@ impl ScheduledJob {
     /// this node keeps it itself, for `at_least`. With an `at_least` of
     /// zero, not at all.
     fn keep(&self) -> Duration {
-        let at_least = self.opts.at_least_value();
+        let at_least = self.opts.get_at_least();
         if at_least.is_zero() || !self.locker.backend().capabilities().delayed_release {
             return at_least;
         }
-        self.opts.at_most_value().max(at_least)
+        self.opts.get_at_most().max(at_least)
     }
 
     /// Occurrences due after `from` up to `to`, counted up to a bound (a

@@ -1033,7 +1033,7 @@ async fn shared_releases_wake_the_waiter_of_another_client() {
             lease = task
                 .await
                 .unwrap()
-                .unwrap_or_else(|e| panic!("hand-off {i} of {:?}: {e}", opts.mode_value()));
+                .unwrap_or_else(|e| panic!("hand-off {i} of {:?}: {e}", opts.get_mode()));
             std::mem::swap(&mut holder, &mut waiter);
         }
         holder.release(&lease).await.unwrap();

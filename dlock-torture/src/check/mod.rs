@@ -315,7 +315,7 @@ fn clock_stepped(h: &Hold, at: u64, seen: &Seen<'_>) -> bool {
         return false;
     };
     let opts = dlock::LockOptions::new().ttl(seen.ttl);
-    let counted = seen.ttl.saturating_sub(opts.drift_value());
+    let counted = seen.ttl.saturating_sub(opts.get_drift());
     let stamped = deadline.saturating_sub(duration_ns(counted));
     let stepped: i64 = seen
         .nemesis

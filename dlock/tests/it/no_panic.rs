@@ -76,7 +76,7 @@ proptest! {
         let mut opts = LockOptions::new().ttl(ttl).drift(drift).renew(renew);
         opts = if forever { opts.wait_forever() } else { opts.wait(wait) };
         let _ = opts.validate();
-        let _ = opts.drift_value();
+        let _ = opts.get_drift();
         let now = Instant::now();
         let _ = opts.valid_until(now);
         let mut lease = Lease::with_ttl(name.clone(), OwnerToken::from_u128(7), 1, &opts, now);

@@ -127,7 +127,7 @@ impl Sim {
         match self.bug {
             Some(Bug::HolderNotStored) => None,
             Some(Bug::HolderOfTheClient) => Some(dlock_core::driver::host_and_pid()),
-            _ => Some(opts.holder_value().to_owned()),
+            _ => Some(opts.get_holder().to_owned()),
         }
     }
 
@@ -140,7 +140,7 @@ impl Sim {
     ) -> Result<Attempt> {
         let owner = OwnerToken::random()?;
         let sent = Instant::now();
-        let (mode, ttl, bug) = (opts.mode_value(), opts.ttl_value(), self.bug);
+        let (mode, ttl, bug) = (opts.get_mode(), opts.get_ttl(), self.bug);
         let holder = self.holder(opts);
         // Armed until the reply is in, retrying until the server answers
         // or the TTL has freed the hold anyway: a grant whose reply was
@@ -196,7 +196,7 @@ impl Sim {
             ticket: fastrand::u64(..),
         };
         self.server
-            .enqueue(name, place.ticket, opts.mode_value(), self.bug);
+            .enqueue(name, place.ticket, opts.get_mode(), self.bug);
         let backoff = Backoff::new(Duration::from_millis(20), Duration::from_millis(200));
         wait_for_lock(name, deadline, Some(&self.server.wakeups), backoff, || {
             self.attempt_shared(name, opts, Some(place.ticket))
@@ -205,12 +205,12 @@ impl Sim {
     }
 
     async fn attempt(&self, name: &str, opts: &LockOptions) -> Result<Attempt> {
-        if opts.mode_value() != Mode::Exclusive {
+        if opts.get_mode() != Mode::Exclusive {
             return self.attempt_shared(name, opts, None).await;
         }
         let owner = OwnerToken::random()?;
         let sent = Instant::now();
-        let ttl = opts.ttl_value();
+        let ttl = opts.get_ttl();
         let ttl = if self.has(Bug::TruncatedTtl) {
             Duration::from_millis(u64::try_from(ttl.as_millis()).unwrap())
         } else {
@@ -341,8 +341,8 @@ impl Backend for Sim {
 
     async fn acquire(&self, name: &str, opts: &LockOptions) -> Result<Lease> {
         self.check_request(name, opts)?;
-        let deadline = Deadline::after(opts.wait_value());
-        if opts.mode_value() != Mode::Exclusive {
+        let deadline = Deadline::after(opts.get_wait());
+        if opts.get_mode() != Mode::Exclusive {
             let wait = self.wait_shared(name, opts, deadline);
             return deadline.bound(name, REQUEST_TIMEOUT, wait).await;
         }
@@ -493,7 +493,7 @@ impl Backend for Sim {
                 .ok_or_else(not_held);
         }
         let (reader, sent, bug) = (OwnerToken::random()?, Instant::now(), self.bug);
-        let (name, owner, ttl) = (write.name(), write.owner(), opts.ttl_value());
+        let (name, owner, ttl) = (write.name(), write.owner(), opts.get_ttl());
         let token = self
             .call(|s| s.downgrade(name, owner, reader, ttl, bug))
             .await?

@@ -71,7 +71,7 @@ pub const RETRIES: u32 = 3;
 ///
 /// The wake-up future is created before each attempt, so a release that
 /// lands between a failed attempt and the sleep is not missed. The deadline
-/// is the caller's, usually `Deadline::after(opts.wait_value())` taken
+/// is the caller's, usually `Deadline::after(opts.get_wait())` taken
 /// before any request of the acquire. A retryable error (a dropped
 /// connection the client library is re-opening, a server that is loading)
 /// is tried again after a backoff step, a few times in a row at most and
