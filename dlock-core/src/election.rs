@@ -1,9 +1,11 @@
 //! Leader election on any backend: one lock per election, held by the
 //! leader, whose holder description is the leader's identity.
 
+use std::future::Future;
 use std::time::Duration;
 
 use tokio::time::sleep;
+use tokio_util::sync::CancellationToken;
 
 use crate::driver::wait::Backoff;
 use crate::{Error, Finished, Guard, LockInfo, LockOptions, Locker, Mode, Result};
@@ -179,6 +181,7 @@ impl Election {
             election: self,
             seen: None,
             highest: 0,
+            failing: None,
         }
     }
 
@@ -196,11 +199,14 @@ impl Election {
     /// [`Error::NotHeld`] when the term was lost with [`OnLost::Fail`];
     /// [`Error::Timeout`] when the options' wait bound passed; the
     /// campaign's errors that trying again cannot mend.
-    pub async fn lead<T>(
-        &self,
-        on_lost: OnLost,
-        mut work: impl AsyncFnMut(&Leadership) -> T,
-    ) -> Result<Finished<T>> {
+    ///
+    /// `work` gets a [`Term`] it owns, so that `lead` can run in a spawned
+    /// task: `election.lead(OnLost::Rejoin, |term| async move { … })`.
+    pub async fn lead<F, Fut>(&self, on_lost: OnLost, mut work: F) -> Result<Finished<Fut::Output>>
+    where
+        F: FnMut(Term) -> Fut,
+        Fut: Future,
+    {
         // The pause before campaigning again.
         let pause = || Backoff::new(Duration::from_millis(100), Duration::from_secs(5));
         let mut backoff = pause();
@@ -215,7 +221,11 @@ impl Election {
                 Err(e) => return Err(e),
             };
             let began = tokio::time::Instant::now();
-            match term.guard.while_held(work(&term)).await {
+            let view = Term {
+                fencing_token: term.fencing_token(),
+                lost: term.guard.lost_token(),
+            };
+            match term.guard.while_held(work(view)).await {
                 Ok(value) => return Ok(term.guard.finish(value).await),
                 Err(e) if on_lost == OnLost::Fail => return Err(e),
                 Err(_) => {
@@ -229,6 +239,33 @@ impl Election {
                 }
             }
         }
+    }
+}
+
+/// A term as [`Election::lead`]'s work sees it: owned, so that the work's
+/// future may be sent to another thread.
+#[derive(Debug, Clone)]
+pub struct Term {
+    fencing_token: u64,
+    lost: CancellationToken,
+}
+
+impl Term {
+    /// The term's fencing token: pass it with every write the leader
+    /// makes.
+    pub fn fencing_token(&self) -> u64 {
+        self.fencing_token
+    }
+
+    /// Resolves when the term is lost (the work is cancelled then anyway;
+    /// this is for a task the work spawned).
+    pub async fn lost(&self) {
+        self.lost.cancelled().await
+    }
+
+    /// Whether the term has been lost.
+    pub fn is_lost(&self) -> bool {
+        self.lost.is_cancelled()
     }
 }
 
@@ -250,6 +287,9 @@ pub struct Observer<'a> {
     seen: Option<Option<Leader>>,
     /// The greatest fencing token seen.
     highest: u64,
+    /// After a failed read: the pause before the next, growing while they
+    /// fail.
+    failing: Option<Backoff>,
 }
 
 impl Observer<'_> {
@@ -262,10 +302,26 @@ impl Observer<'_> {
     /// between two reads.
     ///
     /// # Errors
-    /// The lock service's errors; the next call reads again.
+    /// The lock service's errors; the next call reads again, after a pause
+    /// (from the poll interval, doubling up to 5 s while reads fail), so
+    /// that a loop calling again on an error does not spin on a service
+    /// that fails at once.
     pub async fn changed(&mut self) -> Result<Option<Leader>> {
+        if let Some(backoff) = &mut self.failing {
+            sleep(backoff.next_delay()).await;
+        }
         loop {
-            let now = self.election.leader().await?;
+            let now = match self.election.leader().await {
+                Ok(now) => now,
+                Err(e) => {
+                    let poll = self.election.poll;
+                    self.failing.get_or_insert_with(|| {
+                        Backoff::new(poll, Duration::from_secs(5).max(poll))
+                    });
+                    return Err(e);
+                }
+            };
+            self.failing = None;
             let changed = match (&self.seen, &now) {
                 (None, _) | (Some(None), Some(_)) | (Some(Some(_)), None) => true,
                 (Some(None), None) => false,
@@ -327,8 +383,9 @@ mod tests {
         let opts = LockOptions::new().ttl(Duration::from_secs(1)).renew(false);
         let a = election(&locker, "a").options(opts);
         let (started, finished) = (AtomicU32::new(0), AtomicU32::new(0));
+        let (started, finished) = (&started, &finished);
         let value = a
-            .lead(OnLost::Rejoin, async |term| {
+            .lead(OnLost::Rejoin, |term| async move {
                 if started.fetch_add(1, Ordering::SeqCst) < 2 {
                     // Outlives the term: cancelled when it is lost.
                     sleep(Duration::from_secs(60)).await;
@@ -351,7 +408,7 @@ mod tests {
             a.leader().await.unwrap().is_none(),
             "the last term resigned"
         );
-        let lost = a.lead(OnLost::Fail, async |_| sleep(Duration::from_secs(60)).await);
+        let lost = a.lead(OnLost::Fail, |_| sleep(Duration::from_secs(60)));
         assert!(matches!(lost.await, Err(Error::NotHeld { .. })));
     }
 
@@ -373,5 +430,55 @@ mod tests {
             assert_eq!(observer.changed().await.unwrap(), None);
         }
         assert_eq!(seen, ["a", "b", "a"]);
+    }
+
+    /// A lock service that refuses every call at once, as one whose port
+    /// is closed does.
+    #[derive(Debug)]
+    struct Down;
+
+    #[async_trait::async_trait]
+    impl crate::Backend for Down {
+        fn capabilities(&self) -> crate::Capabilities {
+            MemoryBackend::new().capabilities()
+        }
+        async fn try_acquire(&self, _: &str, _: &LockOptions) -> Result<Option<crate::Lease>> {
+            Err(refused())
+        }
+        async fn acquire(&self, _: &str, _: &LockOptions) -> Result<crate::Lease> {
+            Err(refused())
+        }
+        async fn release(&self, _: &crate::Lease) -> Result<()> {
+            Err(refused())
+        }
+        async fn extend(&self, _: &mut crate::Lease) -> Result<()> {
+            Err(refused())
+        }
+        async fn inspect(&self, _: &str) -> Result<Option<LockInfo>> {
+            Err(refused())
+        }
+    }
+
+    fn refused() -> Error {
+        Error::Connection {
+            backend: "down",
+            message: "connection refused".into(),
+            source: None,
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_observer_pauses_between_failed_reads() {
+        let poll = Duration::from_millis(250);
+        let election = Election::new(Locker::new(Down), "e", "me").poll_interval(poll);
+        let mut observer = election.observe();
+        let start = tokio::time::Instant::now();
+        for _ in 0..4 {
+            let read = observer.changed().await;
+            assert!(read.as_ref().is_err_and(Error::is_retryable), "{read:?}");
+        }
+        // Three pauses (the first read is at once): a loop that reads
+        // again on an error does not spin.
+        assert!(start.elapsed() >= poll * 3 / 2, "{:?}", start.elapsed());
     }
 }

@@ -167,7 +167,7 @@ mod tests {
         assert_eq!(done.value, 42);
         assert!(matches!(done.release, Err(Error::Connection { .. })));
         let election = Election::new(locker.clone(), "e", "a");
-        let led = election.lead(OnLost::Fail, async |_| 7).await.unwrap();
+        let led = election.lead(OnLost::Fail, |_| async { 7 }).await.unwrap();
         assert_eq!(led.value, 7);
         assert!(matches!(led.release, Err(Error::Connection { .. })));
         let opts = JobOptions::new(Duration::from_secs(10));
@@ -194,7 +194,7 @@ mod tests {
         let started = Instant::now();
         let with_lock = locker.with_lock("a", &opts, async |_| body().await).await;
         let election = Election::new(locker.clone(), "b", "me").options(opts.clone());
-        let lead = election.lead(OnLost::Fail, async |_| body().await).await;
+        let lead = election.lead(OnLost::Fail, |_| body()).await;
         let job = JobOptions::new(ttl);
         let run_job = locker.run_job("c", &job, async |_| body().await).await;
         for (call, r) in [

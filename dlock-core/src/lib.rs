@@ -21,7 +21,7 @@ mod shared;
 pub use backend::{
     Backend, Capabilities, HeldLock, LeaseKind, LockInfo, LockPage, MAX_BATCH, MAX_HOLDERS,
 };
-pub use election::{Election, Leader, Leadership, Observer, OnLost};
+pub use election::{Election, Leader, Leadership, Observer, OnLost, Term};
 pub use error::{BoxError, Error, ErrorKind, Result};
 pub use finished::Finished;
 pub use guard::{Guard, Locker};

@@ -42,12 +42,15 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
     let opts = LockOptions::new()
         .ttl(Duration::from_millis(600))
         .wait(Duration::from_millis(200));
-
     let guard = locker.acquire("report:nightly", &opts).await?;
-    // Another caller finds it held, then waits in vain.
-    assert!(locker.try_acquire("report:nightly", &opts).await?.is_none());
-    let timed_out = locker.acquire("report:nightly", &opts).await;
-    assert!(timed_out.is_err());
+
+    // Another task finds it held, then waits in vain.
+    let other = locker.clone();
+    let waited = tokio::spawn(async move {
+        assert!(other.try_acquire("report:nightly", &opts).await?.is_none());
+        other.acquire("report:nightly", &opts).await.map(drop)
+    });
+    assert!(waited.await?.is_err());
     // Long enough for the guard to renew its lease twice.
     tokio::time::sleep(Duration::from_millis(500)).await;
     guard.release().await?;

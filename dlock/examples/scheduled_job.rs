@@ -9,10 +9,11 @@
 //!
 //! The first argument is the lock service (default `memory://`), the
 //! optional second a cron expression (seconds first) instead of the
-//! 10-second period. Ctrl-C stops it after the run in progress.
+//! 10-second period, the optional third how many seconds to run. Ctrl-C
+//! stops it after the run in progress.
 
 use std::process::ExitCode;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use dlock::{CancellationToken, JobOptions, Schedule, ScheduledJob};
 
@@ -20,7 +21,7 @@ use dlock::{CancellationToken, JobOptions, Schedule, ScheduledJob};
 async fn main() -> ExitCode {
     let mut args = std::env::args().skip(1);
     let url = args.next().unwrap_or_else(|| "memory://".to_owned());
-    let schedule = match args.next() {
+    let schedule = match args.next().filter(|e| e != "-") {
         Some(expression) => match Schedule::cron(&expression) {
             Ok(schedule) => schedule,
             Err(e) => {
@@ -46,6 +47,14 @@ async fn main() -> ExitCode {
         JobOptions::new(Duration::from_secs(60)).at_least(Duration::from_secs(5)),
     )
     .jitter(Duration::from_millis(500));
+    let job = match args.next().map(|s| s.parse::<u64>()) {
+        Some(Ok(secs)) => job.until(SystemTime::now() + Duration::from_secs(secs)),
+        Some(Err(e)) => {
+            eprintln!("scheduled_job: how many seconds to run: {e}");
+            return ExitCode::FAILURE;
+        }
+        None => job,
+    };
     let shutdown = CancellationToken::new();
     let on_ctrl_c = shutdown.clone();
     tokio::spawn(async move {
@@ -59,12 +68,9 @@ async fn main() -> ExitCode {
                 run.lock_name(),
                 run.fencing_token()
             );
-            tokio::select! {
-                () = tokio::time::sleep(Duration::from_secs(1)) => println!("done"),
-                // Cancelled anyway when the lease is lost; this is how a
-                // job would stop cleanly.
-                () = run.lost() => println!("lease lost: stopping"),
-            }
+            // Cancelled (dropped) at once if the lease is lost.
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            println!("done");
         })
         .await;
     match report {

@@ -50,7 +50,7 @@ fn election_node() {
         println!("DLOCK-READY");
         for _ in 0..TERMS {
             election
-                .lead(dlock::OnLost::Rejoin, async |term| {
+                .lead(dlock::OnLost::Rejoin, |term| async move {
                     println!("DLOCK-LEAD {} {}", term.fencing_token(), now_us());
                     sleep(Duration::from_millis(500)).await;
                     println!("DLOCK-RESIGN {} {}", term.fencing_token(), now_us());

@@ -2,6 +2,7 @@
 
 mod connect;
 mod election;
+mod examples;
 mod jobs;
 mod no_panic;
 mod reentrant;
