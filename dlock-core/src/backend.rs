@@ -3,7 +3,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
-use crate::{Lease, LockOptions, OwnerToken, Result};
+use crate::{Lease, LockInfo, LockOptions, LockPage, NameWatch, Result};
 
 /// How a backend's leases end when their holder goes away.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -102,86 +102,6 @@ impl Capabilities {
             ttl_resolution: Duration::from_millis(1),
             ttl_restarts_on_leader_change: false,
         }
-    }
-}
-
-/// Who holds a lock, as [`Backend::inspect`] reports it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct LockInfo {
-    /// The holder's owner token.
-    pub owner: OwnerToken,
-    /// The holder's fencing token.
-    pub fencing_token: u64,
-    /// How long the server will keep the lock without an extension; `None`
-    /// for session leases.
-    pub expires_in: Option<Duration>,
-    /// Who the grant is for ([`LockOptions::holder`]), as stored with it;
-    /// `None` when the grant stored none (an empty description, or a grant
-    /// made by an older client or by another library).
-    pub holder: Option<String>,
-    /// The kind of hold (for a reader-writer lock or a semaphore, that of
-    /// the hold shown); `None` where the driver cannot tell.
-    pub mode: Option<crate::Mode>,
-}
-
-impl LockInfo {
-    /// A holder's description, for drivers.
-    pub fn new(owner: OwnerToken, fencing_token: u64, expires_in: Option<Duration>) -> Self {
-        LockInfo {
-            owner,
-            fencing_token,
-            expires_in,
-            holder: None,
-            mode: None,
-        }
-    }
-
-    /// Sets the kind of hold.
-    pub fn with_mode(mut self, mode: crate::Mode) -> Self {
-        self.mode = Some(mode);
-        self
-    }
-
-    /// Sets the holder description; an empty one is none.
-    pub fn with_holder(mut self, holder: impl Into<String>) -> Self {
-        let holder = holder.into();
-        self.holder = (!holder.is_empty()).then_some(holder);
-        self
-    }
-}
-
-/// One held lock, as [`Backend::list`] reports it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct HeldLock {
-    /// The lock name.
-    pub name: String,
-    /// Its holder.
-    pub info: LockInfo,
-}
-
-impl HeldLock {
-    /// A listed lock, for drivers.
-    pub fn new(name: String, info: LockInfo) -> Self {
-        HeldLock { name, info }
-    }
-}
-
-/// One page of [`Backend::list`].
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct LockPage {
-    /// Held locks of this page.
-    pub locks: Vec<HeldLock>,
-    /// The cursor of the next page; `None` on the last page.
-    pub next: Option<String>,
-}
-
-impl LockPage {
-    /// A page, for drivers.
-    pub fn new(locks: Vec<HeldLock>, next: Option<String>) -> Self {
-        LockPage { locks, next }
     }
 }
 
@@ -441,5 +361,17 @@ pub trait Backend: Send + Sync + Debug {
             backend: self.driver(),
             operation: "list",
         })
+    }
+
+    /// A watch on `name`'s holds where the lock service can tell of their
+    /// changes (etcd, ZooKeeper): [`Observer`](crate::Observer) reads
+    /// again when it fires, instead of only on its timer. `None` (the
+    /// default) where it cannot: callers read on a timer.
+    ///
+    /// # Errors
+    /// The driver's errors; callers read on a timer meanwhile.
+    async fn watch(&self, name: &str) -> Result<Option<Box<dyn NameWatch>>> {
+        let _ = name;
+        Ok(None)
     }
 }

@@ -4,11 +4,12 @@
 use std::future::Future;
 use std::time::Duration;
 
+use futures_util::Stream;
 use tokio::time::sleep;
 use tokio_util::sync::CancellationToken;
 
 use crate::driver::wait::Backoff;
-use crate::{Error, Finished, Guard, LockInfo, LockOptions, Locker, Mode, Result};
+use crate::{Error, Finished, Guard, LockInfo, LockOptions, Locker, Mode, NameWatch, Result};
 
 /// One leader at a time among the processes that campaign for `name`, on
 /// any backend: the leader holds the election's lock (a mutex, renewed by
@@ -129,7 +130,10 @@ impl Election {
         self
     }
 
-    /// How often [`Observer::changed`] reads who leads (default 250 ms).
+    /// How often [`Observer::changed`] reads who leads on a backend that
+    /// cannot tell of changes (default 250 ms); where it can (etcd,
+    /// ZooKeeper), a change wakes the observer and this only bounds a
+    /// missed notification, four times over.
     pub fn poll_interval(mut self, every: Duration) -> Self {
         self.poll = every;
         self
@@ -182,6 +186,8 @@ impl Election {
             seen: None,
             highest: 0,
             failing: None,
+            watch: None,
+            watchable: true,
         }
     }
 
@@ -281,6 +287,7 @@ pub enum OnLost {
 
 /// Follows the leader of an election (see [`Election::observe`]).
 #[derive(Debug)]
+#[must_use = "an observer does nothing until `changed()` is awaited"]
 pub struct Observer<'a> {
     election: &'a Election,
     /// The last leader returned (`Some(None)`: nobody led).
@@ -290,16 +297,24 @@ pub struct Observer<'a> {
     /// After a failed read: the pause before the next, growing while they
     /// fail.
     failing: Option<Backoff>,
+    /// The backend's watch on the election's lock, where it has one.
+    watch: Option<Box<dyn NameWatch>>,
+    /// Whether the backend can watch (until it says it cannot).
+    watchable: bool,
 }
 
-impl Observer<'_> {
+impl<'a> Observer<'a> {
     /// Waits for the next change of leader and returns the new one (`None`
     /// when nobody leads); the first call returns the leader as it is.
     /// Changes come in order: a term replaces another only with a greater
     /// fencing token (the backend must declare
-    /// [`fencing`](crate::Capabilities::fencing)). A term is seen when it
-    /// lasts longer than the poll interval; a shorter one may pass unseen
-    /// between two reads.
+    /// [`fencing`](crate::Capabilities::fencing)). Where the backend
+    /// watches ([`Backend::watch`](crate::Backend::watch): etcd,
+    /// ZooKeeper), a change wakes the observer, which reads at once, so
+    /// that a term is seen when it lasts longer than a read; the poll
+    /// interval then only bounds a missed notification (four of them).
+    /// Elsewhere the observer reads every poll interval, and a shorter
+    /// term may pass unseen between two reads.
     ///
     /// # Errors
     /// The lock service's errors; the next call reads again, after a pause
@@ -311,6 +326,8 @@ impl Observer<'_> {
             sleep(backoff.next_delay()).await;
         }
         loop {
+            // Watch first, then read: a change after the read wakes it.
+            self.start_watch().await;
             let now = match self.election.leader().await {
                 Ok(now) => now,
                 Err(e) => {
@@ -336,7 +353,55 @@ impl Observer<'_> {
                 self.seen = Some(now.clone());
                 return Ok(now);
             }
-            sleep(self.election.poll).await;
+            self.next_change().await;
+        }
+    }
+
+    /// The changes of leader as a stream: each item is what
+    /// [`changed`](Self::changed) returns, for ever (an error is an item,
+    /// and the next read follows after a pause).
+    pub fn into_stream(self) -> impl Stream<Item = Result<Option<Leader>>> + Send + use<'a> {
+        futures_util::stream::unfold(self, |mut observer| async move {
+            let next = observer.changed().await;
+            Some((next, observer))
+        })
+    }
+
+    async fn start_watch(&mut self) {
+        if self.watch.is_some() || !self.watchable {
+            return;
+        }
+        match self
+            .election
+            .locker
+            .backend()
+            .watch(&self.election.name)
+            .await
+        {
+            Ok(Some(watch)) => self.watch = Some(watch),
+            Ok(None) => self.watchable = false,
+            Err(e) => {
+                tracing::debug!(election = self.election.name, error = %e, "not watching; reading on a timer")
+            }
+        }
+    }
+
+    /// Until the lock may have changed: its watch fires, or the timer
+    /// (the poll interval; four of them while a watch stands in).
+    async fn next_change(&mut self) {
+        let poll = self.election.poll;
+        let Some(watch) = &mut self.watch else {
+            return sleep(poll).await;
+        };
+        tokio::select! {
+            fired = watch.changed() => if let Err(e) = fired {
+                tracing::debug!(election = self.election.name, error = %e, "the watch broke");
+                self.watch = None;
+                // Not at once: a watch that breaks as soon as it starts
+                // would make a busy loop.
+                sleep(poll).await;
+            },
+            () = sleep(poll.saturating_mul(4)) => {}
         }
     }
 }
@@ -480,5 +545,19 @@ mod tests {
         // Three pauses (the first read is at once): a loop that reads
         // again on an error does not spin.
         assert!(start.elapsed() >= poll * 3 / 2, "{:?}", start.elapsed());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_observer_is_a_stream_of_changes() {
+        use futures_util::StreamExt;
+
+        let locker = Locker::new(MemoryBackend::new());
+        let (a, b) = (election(&locker, "a"), election(&locker, "b"));
+        let mut changes = std::pin::pin!(a.observe().into_stream());
+        assert_eq!(changes.next().await.unwrap().unwrap(), None);
+        let term = b.campaign().await.unwrap();
+        let leader = changes.next().await.unwrap().unwrap().unwrap();
+        assert_eq!(leader.fencing_token, term.fencing_token());
+        term.resign().await.unwrap();
     }
 }

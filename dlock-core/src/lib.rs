@@ -7,6 +7,7 @@ mod election;
 mod error;
 mod finished;
 mod guard;
+mod info;
 mod job;
 mod lease;
 mod memory;
@@ -17,14 +18,14 @@ mod observe;
 mod options;
 mod renew;
 mod shared;
+mod watch;
 
-pub use backend::{
-    Backend, Capabilities, HeldLock, LeaseKind, LockInfo, LockPage, MAX_BATCH, MAX_HOLDERS,
-};
+pub use backend::{Backend, Capabilities, LeaseKind, MAX_BATCH, MAX_HOLDERS};
 pub use election::{Election, Leader, Leadership, Observer, OnLost, Term};
 pub use error::{BoxError, Error, ErrorKind, Result};
 pub use finished::Finished;
 pub use guard::{Guard, Locker};
+pub use info::{HeldLock, LockInfo, LockPage};
 pub use job::{JobOptions, JobOutcome, JobRun, RunReport, RunResult, Schedule, ScheduledJob};
 pub use lease::{Lease, OwnerToken};
 pub use memory::MemoryBackend;
@@ -34,6 +35,7 @@ pub use observe::Observed;
 pub use options::{LockOptions, MAX_HOLDER_LEN, MAX_TTL, MIN_TTL};
 pub use shared::Semaphore;
 pub use tokio_util::sync::CancellationToken;
+pub use watch::NameWatch;
 
 /// Support for dlock's macros; not a public API.
 #[doc(hidden)]

@@ -287,6 +287,10 @@ impl Backend for Observed {
         result
     }
 
+    async fn watch(&self, name: &str) -> Result<Option<Box<dyn crate::NameWatch>>> {
+        self.inner.watch(name).await
+    }
+
     async fn list(&self, prefix: &str, cursor: Option<&str>, limit: usize) -> Result<LockPage> {
         let (span, backend, started) = (self.span("list", prefix), self.driver(), Instant::now());
         let result = self

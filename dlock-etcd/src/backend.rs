@@ -132,6 +132,10 @@ impl Driver for EtcdBackend {
         self.holders_of(name, limit).await
     }
 
+    async fn watch(&self, name: &str) -> Result<Option<Box<dyn dlock_core::NameWatch>>> {
+        self.watch_name(name).await.map(Some)
+    }
+
     async fn list(&self, prefix: &str, cursor: Option<&str>, limit: usize) -> Result<LockPage> {
         self.list_locks(prefix, cursor, limit).await
     }

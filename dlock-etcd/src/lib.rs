@@ -22,6 +22,7 @@ mod list;
 pub mod proto;
 mod release;
 mod wait;
+mod watch;
 
 pub use backend::EtcdBackend;
 pub use builder::EtcdBuilder;

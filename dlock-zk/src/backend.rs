@@ -185,6 +185,10 @@ impl Driver for ZkBackend {
             .collect()
     }
 
+    async fn watch(&self, name: &str) -> Result<Option<Box<dyn dlock_core::NameWatch>>> {
+        self.watch_name(name).await.map(Some)
+    }
+
     async fn list(&self, prefix: &str, cursor: Option<&str>, limit: usize) -> Result<LockPage> {
         self.list_page(prefix, cursor, limit).await
     }

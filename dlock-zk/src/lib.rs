@@ -15,6 +15,7 @@ mod release;
 mod semaphore;
 mod session;
 mod wait;
+mod watch;
 
 pub use backend::ZkBackend;
 pub use builder::ZkBuilder;

@@ -187,6 +187,11 @@ impl<D: Driver> Backend for D {
         let list = Driver::list(self, prefix, cursor, limit.max(1));
         bounded(self, "list", 1, list).await
     }
+
+    async fn watch(&self, name: &str) -> Result<Option<Box<dyn crate::NameWatch>>> {
+        validate_name(name)?;
+        bounded(self, "watch", 1, Driver::watch(self, name)).await
+    }
 }
 
 #[cfg(test)]

@@ -204,4 +204,12 @@ pub trait Driver: Clone + Debug + Send + Sync + 'static {
             operation: "list",
         })
     }
+
+    /// As [`Backend::watch`]; the default is `None` (callers poll). Its
+    /// setting up is bounded by core; the watch's `changed` is not (it
+    /// waits for a change).
+    async fn watch(&self, name: &str) -> Result<Option<Box<dyn crate::NameWatch>>> {
+        let _ = name;
+        Ok(None)
+    }
 }

@@ -5,6 +5,7 @@ mod election;
 mod examples;
 mod jobs;
 mod no_panic;
+mod observer;
 mod reentrant;
 mod secrets;
 mod tls;
