@@ -23,6 +23,8 @@ pub struct EtcdBuilder {
     request_timeout: Duration,
     tls_ca: Option<String>,
     tls_identity: Option<(String, String)>,
+    /// A channel the application made, used instead of the URL's hosts.
+    channel: Option<Channel>,
     #[cfg(feature = "_test-hooks")]
     pause_after_join: Option<Duration>,
 }
@@ -37,6 +39,7 @@ impl fmt::Debug for EtcdBuilder {
             .field("request_timeout", &self.request_timeout)
             .field("tls_ca", &self.tls_ca.is_some())
             .field("tls_identity", &self.tls_identity.is_some())
+            .field("channel", &self.channel.is_some())
             .finish()
     }
 }
@@ -71,6 +74,7 @@ impl EtcdBackend {
             request_timeout: p.duration_or("request_timeout", Duration::from_secs(2)),
             tls_ca: None,
             tls_identity: None,
+            channel: None,
             #[cfg(feature = "_test-hooks")]
             pause_after_join: None,
             params: p,
@@ -120,6 +124,17 @@ impl EtcdBuilder {
         self
     }
 
+    /// Talks to etcd over `channel`, one the application made already
+    /// (its endpoints, TLS, load balancing and keep-alive are then the
+    /// channel's), instead of connecting to the URL's hosts; the URL still
+    /// gives the credentials and the prefix. Keep HTTP/2 keep-alive pings
+    /// at least 5 s apart: etcd answers more frequent ones with a GOAWAY
+    /// that ends every watch.
+    pub fn channel(mut self, channel: Channel) -> Self {
+        self.channel = Some(channel);
+        self
+    }
+
     /// A pause between a waiter's joining the queue and its first look at
     /// it: only for tests of a release that lands in that gap.
     #[cfg(feature = "_test-hooks")]
@@ -141,7 +156,16 @@ impl EtcdBuilder {
         check_duration("connect_timeout", self.connect_timeout, ms, MAX_SETTING)?;
         check_duration("request_timeout", self.request_timeout, ms, MAX_SETTING)?;
         let target = parse_url(&self.params.finish(&[])?)?;
-        let tls = self.tls(&target)?;
+        let channel = match self.channel.clone() {
+            Some(_) if self.tls_ca.is_some() || self.tls_identity.is_some() => {
+                return Err(Error::invalid_option(
+                    "channel",
+                    "TLS settings belong to the channel given, not to the builder",
+                ));
+            }
+            Some(channel) => channel,
+            None => self.balanced(&target)?,
+        };
         let prefix = self
             .prefix
             .or(target.prefix)
@@ -149,6 +173,29 @@ impl EtcdBuilder {
         if prefix.contains('\0') {
             return Err(Error::invalid_option("prefix", "must not contain NUL"));
         }
+        let client = Client::new(channel, target.credentials, self.request_timeout);
+        let ready = async {
+            client.authenticate().await?;
+            client.status().await
+        };
+        tokio::time::timeout(self.connect_timeout + self.request_timeout, ready)
+            .await
+            .map_err(|_| crate::error::timed_out("connect"))??;
+        Ok(EtcdBackend {
+            inner: std::sync::Arc::new(Inner {
+                client,
+                prefix,
+                #[cfg(feature = "_test-hooks")]
+                pause_after_join: self.pause_after_join,
+            }),
+        })
+    }
+}
+
+impl EtcdBuilder {
+    /// A channel balanced over the URL's hosts, with the builder's TLS.
+    fn balanced(&self, target: &Target) -> Result<Channel> {
+        let tls = self.tls(target)?;
         let scheme = if target.tls { "https" } else { "http" };
         let endpoints = target
             .endpoints
@@ -173,27 +220,9 @@ impl EtcdBuilder {
                 }
             })
             .collect::<Result<Vec<_>>>()?;
-        let channel = Channel::balance_list(endpoints.into_iter());
-        let client = Client::new(channel, target.credentials, self.request_timeout);
-        let ready = async {
-            client.authenticate().await?;
-            client.status().await
-        };
-        tokio::time::timeout(self.connect_timeout + self.request_timeout, ready)
-            .await
-            .map_err(|_| crate::error::timed_out("connect"))??;
-        Ok(EtcdBackend {
-            inner: std::sync::Arc::new(Inner {
-                client,
-                prefix,
-                #[cfg(feature = "_test-hooks")]
-                pause_after_join: self.pause_after_join,
-            }),
-        })
+        Ok(Channel::balance_list(endpoints.into_iter()))
     }
-}
 
-impl EtcdBuilder {
     /// The TLS settings of an `etcds://` URL; `None` for `etcd://`.
     #[cfg(feature = "tls")]
     fn tls(&self, target: &Target) -> Result<Option<Tls>> {

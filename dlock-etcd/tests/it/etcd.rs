@@ -314,3 +314,48 @@ async fn settings_in_the_url_take_effect_and_unknown_ones_are_refused() {
         "s3cret",
     );
 }
+
+/// A channel the application made carries every request: the URL's own
+/// host (where nothing listens) is never dialled, and a lock taken over
+/// the channel is the one the URL's backend sees.
+#[tokio::test]
+async fn a_channel_the_application_made_carries_the_requests() {
+    let url = shared(Service::Etcd).await.url();
+    let host = url.trim_start_matches("etcd://");
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{host}"))
+        .unwrap()
+        .connect_lazy();
+    // Port 1 of this machine: nobody answers there.
+    let over_channel = EtcdBackend::builder("etcd://127.0.0.1:1")
+        .channel(channel.clone())
+        .connect_timeout(Duration::from_secs(1))
+        .connect()
+        .await
+        .unwrap();
+    let name = dlock_conformance::support::unique_name("channel");
+    let lease = over_channel.try_acquire(&name, &long()).await.unwrap();
+    let lease = lease.expect("a fresh name is free");
+    let seen = backend().await.inspect(&name).await.unwrap();
+    assert_eq!(seen.map(|i| i.owner), Some(lease.owner()));
+    over_channel.release(&lease).await.unwrap();
+    // TLS is the channel's: the builder's TLS settings are refused beside
+    // it, by name.
+    #[cfg(feature = "tls")]
+    {
+        let both = EtcdBackend::builder("etcds://127.0.0.1:1")
+            .channel(channel)
+            .tls_ca_certificates("-----BEGIN CERTIFICATE-----")
+            .connect()
+            .await;
+        assert!(
+            matches!(
+                both,
+                Err(Error::InvalidOption {
+                    option: "channel",
+                    ..
+                })
+            ),
+            "{both:?}"
+        );
+    }
+}
