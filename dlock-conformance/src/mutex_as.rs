@@ -238,6 +238,11 @@ impl Backend for MutexAs {
         }
     }
 
+    async fn watch(&self, name: &str) -> Result<Option<Box<dyn dlock_core::NameWatch>>> {
+        // The same name's holds, whichever kind stands in for the mutex.
+        self.backend.watch(name).await
+    }
+
     async fn list(&self, prefix: &str, cursor: Option<&str>, limit: usize) -> Result<LockPage> {
         let mut page = self.backend.list(prefix, cursor, limit).await?;
         if self.fillers.is_some() {

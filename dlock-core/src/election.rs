@@ -263,13 +263,14 @@ impl Term {
         self.fencing_token
     }
 
-    /// Resolves when the term is lost (the work is cancelled then anyway;
-    /// this is for a task the work spawned).
+    /// Resolves when the term ends: lost (the work is cancelled then
+    /// anyway; this is for a task the work spawned), or resigned after the
+    /// work returned.
     pub async fn lost(&self) {
         self.lost.cancelled().await
     }
 
-    /// Whether the term has been lost.
+    /// Whether the term has ended (see [`Term::lost`]).
     pub fn is_lost(&self) -> bool {
         self.lost.is_cancelled()
     }
@@ -278,12 +279,16 @@ impl Term {
 /// What [`Election::lead`] does when a term is lost before its work
 /// returns (the work has been cancelled by then).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum OnLost {
     /// Campaign again, and run the work anew in the next term.
     Rejoin,
     /// Return [`Error::NotHeld`].
     Fail,
 }
+
+/// The least time between an observer's reads when a watch wakes it.
+const MIN_READ_GAP: Duration = Duration::from_millis(10);
 
 /// Follows the leader of an election (see [`Election::observe`]).
 #[derive(Debug)]
@@ -360,6 +365,7 @@ impl<'a> Observer<'a> {
     /// The changes of leader as a stream: each item is what
     /// [`changed`](Self::changed) returns, for ever (an error is an item,
     /// and the next read follows after a pause).
+    #[must_use = "a stream does nothing unless polled"]
     pub fn into_stream(self) -> impl Stream<Item = Result<Option<Leader>>> + Send + use<'a> {
         futures_util::stream::unfold(self, |mut observer| async move {
             let next = observer.changed().await;
@@ -394,12 +400,17 @@ impl<'a> Observer<'a> {
             return sleep(poll).await;
         };
         tokio::select! {
-            fired = watch.changed() => if let Err(e) = fired {
-                tracing::debug!(election = self.election.name, error = %e, "the watch broke");
-                self.watch = None;
-                // Not at once: a watch that breaks as soon as it starts
-                // would make a busy loop.
-                sleep(poll).await;
+            fired = watch.changed() => match fired {
+                // A burst of changes (a busy queue) makes one read per
+                // few milliseconds, not one per change.
+                Ok(()) => sleep(MIN_READ_GAP).await,
+                Err(e) => {
+                    tracing::debug!(election = self.election.name, error = %e, "the watch broke");
+                    self.watch = None;
+                    // Not at once: a watch that breaks as soon as it
+                    // starts would make a busy loop.
+                    sleep(poll).await;
+                }
             },
             () = sleep(poll.saturating_mul(4)) => {}
         }

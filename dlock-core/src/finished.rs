@@ -60,9 +60,13 @@ impl<T> Finished<T> {
 }
 
 impl Guard {
-    /// Runs `work` while the lease holds: its value, or [`Error::NotHeld`]
-    /// when the lease was lost first (`work` is then dropped at once) or
-    /// before it could start (`work` never runs).
+    /// Runs `work` while the lease holds: its value when it finished
+    /// before the lease was lost, or [`Error::NotHeld`] when the lease was
+    /// lost first (`work` is then dropped at once) or before it could
+    /// start (`work` never runs). A value that came as the lease ended is
+    /// still the value: whether the lock was held to the end is
+    /// [`Guard::is_valid`]'s to say (and [`Finished::release`]'s, for the
+    /// calls that release after the body).
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
@@ -85,27 +89,32 @@ impl Guard {
             return Err(Error::not_held(self.name()));
         }
         tokio::select! {
-            // A body that finished as the lease ended counts as lost: it
-            // may have written after another holder began.
+            // Lost first when both are ready: the body may be cut short.
             biased;
-            () = self.lost() => Err(self.lost_error()),
-            value = work => match self.is_valid() {
-                true => Ok(value),
-                false => Err(self.lost_error()),
-            },
+            () = self.lost() => {
+                tracing::warn!(lock = self.name(), "lease lost: body cancelled");
+                Err(Error::not_held(self.name()))
+            }
+            value = work => Ok(value),
         }
     }
 
-    fn lost_error(&self) -> Error {
-        tracing::warn!(lock = self.name(), "lease lost: body cancelled");
-        Error::not_held(self.name())
-    }
-
-    /// Releases after a body that finished under the lease, logging a
-    /// failure (the lock then ends with its TTL or session).
+    /// Releases after a body that finished, logging a failure (the lock
+    /// then ends with its TTL or session). A lease that ended as the body
+    /// finished is [`Error::NotHeld`] beside the value: the body may have
+    /// written after another holder began, so its writes must have been
+    /// fenced.
     pub(crate) async fn finish<T>(self, value: T) -> Finished<T> {
         let name = self.name().to_owned();
-        let release = self.release().await;
+        let release = match self.is_valid() {
+            true => self.release().await,
+            false => {
+                // Dropped: released in the background, in case the server
+                // still has it.
+                drop(self);
+                Err(Error::not_held(&name))
+            }
+        };
         if let Err(e) = &release {
             tracing::warn!(lock = name, error = %e, "could not release after the body ran");
         }

@@ -3,6 +3,7 @@
 
 use dlock_core::driver::async_trait;
 use dlock_core::{NameWatch, Result};
+use futures_util::FutureExt;
 
 use crate::backend::EtcdBackend;
 use crate::client::Watch;
@@ -22,7 +23,12 @@ impl NameWatch for KeysWatch {
     async fn changed(&mut self) -> Result<()> {
         // The stream stays open between calls: a change made while the
         // caller read is the next reply.
-        self.0.changes().await.map(drop)
+        self.0.changes().await?;
+        // Replies queued already are covered by the read that follows.
+        while let Some(more) = self.0.changes().now_or_never() {
+            more?;
+        }
+        Ok(())
     }
 }
 

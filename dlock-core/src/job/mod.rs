@@ -110,6 +110,7 @@ impl JobOptions {
 /// What became of one occurrence of a job on this node.
 #[derive(Debug)]
 #[non_exhaustive]
+#[must_use = "holds the job's value, and the release's error if it failed"]
 pub enum JobOutcome<T> {
     /// This node ran it: the job's value, beside the release's outcome.
     Ran(Finished<T>),
