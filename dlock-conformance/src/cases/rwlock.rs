@@ -127,8 +127,14 @@ pub async fn a_waiting_writer_keeps_new_readers_out(backend: &Arc<dyn Backend>) 
     b.release(&writer).await.expect("release the writer");
 }
 
-/// Readers queued behind a writer all enter when it releases, together,
-/// before a writer that queued after them.
+/// Readers queued behind a writer all enter when it releases, together;
+/// a writer that comes while they hold waits for both.
+///
+/// The later writer asks only once both readers hold: asked earlier, it
+/// could reach the server's queue before the second reader (whose first
+/// look a loaded machine can delay by any time), and would then rightly
+/// wait for the first reader, which this case holds until the second
+/// enters.
 pub async fn queued_readers_enter_together(backend: &Arc<dyn Backend>) {
     let case = "queued_readers_enter_together";
     if !needs_rwlock(backend.as_ref(), case) {
@@ -139,19 +145,23 @@ pub async fn queued_readers_enter_together(backend: &Arc<dyn Backend>) {
     let writer = must_acquire(b, &name, &long().write()).await;
     let first = waiting(backend, &name, long().read()).await;
     let second = waiting(backend, &name, long().read()).await;
-    let next_writer = waiting(backend, &name, long().write()).await;
     b.release(&writer).await.expect("release the writer");
     // Neither reader releases before both hold: readers admitted one at
     // a time would leave the second waiting here for ever.
     let first = granted(first, "the first queued reader").await;
     let second = granted(second, "the second queued reader").await;
+    let next_writer = waiting(backend, &name, long().write()).await;
     assert!(
         !next_writer.is_finished(),
-        "a writer queued after the readers was granted beside them"
+        "a writer was granted beside two readers"
     );
     b.release(&first).await.expect("release a reader");
+    assert!(
+        !next_writer.is_finished(),
+        "a writer was granted beside a reader"
+    );
     b.release(&second).await.expect("release a reader");
-    let next_writer = granted(next_writer, "the writer queued after the readers").await;
+    let next_writer = granted(next_writer, "the writer that came after the readers").await;
     b.release(&next_writer).await.expect("release the writer");
 }
 
