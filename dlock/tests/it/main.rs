@@ -9,3 +9,15 @@ mod observer;
 mod reentrant;
 mod secrets;
 mod tls;
+
+/// A locker on the shared test server of `service`, through `connect(url)`.
+async fn locker(service: dlock_conformance::harness::Service) -> dlock::Locker {
+    use dlock_conformance::harness::{Service, shared};
+    let server = shared(service).await;
+    let url = match service {
+        Service::ZooKeeper => format!("zk://{}", server.url()),
+        _ => server.url().to_owned(),
+    };
+    #[allow(clippy::unwrap_used)] // tests panic on purpose
+    dlock::connect(&url).await.unwrap()
+}

@@ -8,19 +8,12 @@
 
 use std::time::Duration;
 
-use dlock::{Election, Leader, LockOptions, Locker};
-use dlock_conformance::harness::{Service, shared};
+use dlock::{Election, Leader, LockOptions};
+use dlock_conformance::harness::Service;
 use tokio::sync::mpsc;
 use tokio::time::timeout;
 
-async fn locker(service: Service) -> Locker {
-    let server = shared(service).await;
-    let url = match service {
-        Service::ZooKeeper => format!("zk://{}", server.url()),
-        _ => server.url().to_owned(),
-    };
-    dlock::connect(&url).await.unwrap()
-}
+use crate::locker;
 
 /// The next report, within a bound that only a hang reaches (the
 /// observer's own timer is an hour).

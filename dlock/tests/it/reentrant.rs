@@ -9,17 +9,10 @@
 use std::time::Duration;
 
 use dlock::{Error, LockOptions, Locker, MemoryBackend};
-use dlock_conformance::harness::{Service, shared};
+use dlock_conformance::harness::Service;
 use tokio::time::timeout;
 
-async fn locker(service: Service) -> Locker {
-    let server = shared(service).await;
-    let url = match service {
-        Service::ZooKeeper => format!("zk://{}", server.url()),
-        _ => server.url().to_owned(),
-    };
-    dlock::connect(&url).await.unwrap()
-}
+use crate::locker;
 
 async fn a_task_locking_what_it_holds_is_answered_at_once(locker: Locker) {
     let name = dlock_conformance::support::unique_name("reentrant");
