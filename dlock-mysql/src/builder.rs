@@ -20,11 +20,14 @@ use crate::wake::Sleepers;
 #[derive(Clone)]
 pub struct MySqlBuilder {
     s: Settings,
+    /// Where to connect, when it comes from a sqlx pool rather than a URL.
+    options: Option<MySqlConnectOptions>,
 }
 
 impl std::fmt::Debug for MySqlBuilder {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        self.s.debug(f, "MySqlBuilder", &[])
+        self.s
+            .debug(f, "MySqlBuilder", &[("from_pool", &self.options.is_some())])
     }
 }
 
@@ -79,7 +82,10 @@ impl MySqlBuilder {
     fn validate(&self) -> Result<MySqlConnectOptions> {
         validate_table(&self.s.table)?;
         self.s.check()?;
-        parse_url(&self.s.url(SQLX_PARAMS)?)
+        match &self.options {
+            Some(options) => Ok(options.clone()),
+            None => parse_url(&self.s.url(SQLX_PARAMS)?),
+        }
     }
 
     /// Checks the settings, then opens one connection at once, to surface
@@ -228,6 +234,38 @@ impl MySqlBackend {
     pub fn builder(url: impl Into<String>) -> MySqlBuilder {
         MySqlBuilder {
             s: Settings::new(&url.into()),
+            options: None,
+        }
+    }
+
+    /// Settings for the server an application's sqlx pool connects to:
+    /// its host, credentials, database and TLS come from
+    /// [`Pool::connect_options`](sqlx::Pool::connect_options), the rest
+    /// are the defaults, changed by the setters.
+    ///
+    /// The backend opens connections of its own with those options rather
+    /// than borrowing the pool's: a renewal must not wait for a connection
+    /// behind the application's queries (a busy pool would cost leases),
+    /// and each of its connections holds a named lock for its whole life
+    /// (how an acquire that timed out is undone), which a connection the
+    /// application also uses must not. Size the server's connection limit
+    /// for both pools ([`max_connections`](MySqlBuilder::max_connections),
+    /// 10 by default).
+    ///
+    /// ```no_run
+    /// # async fn f() -> dlock_core::Result<()> {
+    /// use dlock_mysql::{MySqlBackend, sqlx::MySqlPool};
+    /// let app_pool = MySqlPool::connect_lazy("mysql://app:secret@db/app").expect("a URL");
+    /// let backend = MySqlBackend::builder_from_pool(&app_pool)
+    ///     .max_connections(4)
+    ///     .connect()
+    ///     .await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn builder_from_pool(pool: &sqlx::MySqlPool) -> MySqlBuilder {
+        MySqlBuilder {
+            options: Some(pool.connect_options().as_ref().clone()),
+            ..Self::builder("")
         }
     }
 

@@ -20,11 +20,18 @@ use crate::sql::{Statements, validate_identifier};
 pub struct PgBuilder {
     schema: String,
     s: Settings,
+    /// Where to connect, when it comes from a sqlx pool rather than a URL.
+    options: Option<PgConnectOptions>,
 }
 
 impl std::fmt::Debug for PgBuilder {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        self.s.debug(f, "PgBuilder", &[("schema", &self.schema)])
+        let from_pool = self.options.is_some();
+        self.s.debug(
+            f,
+            "PgBuilder",
+            &[("schema", &self.schema), ("from_pool", &from_pool)],
+        )
     }
 }
 
@@ -86,7 +93,10 @@ impl PgBuilder {
         validate_identifier("schema", &self.schema)?;
         validate_identifier("table", &self.s.table)?;
         self.s.check()?;
-        parse_url(&self.s.url(SQLX_PARAMS)?)
+        match &self.options {
+            Some(options) => Ok(no_startup_extras(options.clone())),
+            None => parse_url(&self.s.url(SQLX_PARAMS)?),
+        }
     }
 
     /// Checks the settings, then opens one connection at once, to surface
@@ -174,12 +184,15 @@ fn parse_url(url: &str) -> Result<PgConnectOptions> {
         ["postgres", "postgresql"],
         "postgres://user:password@host:port/database",
     )?;
-    // No `extra_float_digits` at startup: a stock PgBouncer refuses a
-    // startup parameter it does not know, and no statement here reads a
-    // float.
     PgConnectOptions::from_str(url)
-        .map(|options| options.extra_float_digits(None))
+        .map(no_startup_extras)
         .map_err(|e| Error::invalid_option("url", format!("not a PostgreSQL URL: {e}")))
+}
+
+/// No `extra_float_digits` at startup: a stock PgBouncer refuses a startup
+/// parameter it does not know, and no statement here reads a float.
+fn no_startup_extras(options: PgConnectOptions) -> PgConnectOptions {
+    options.extra_float_digits(None)
 }
 
 impl PgBackend {
@@ -200,6 +213,37 @@ impl PgBackend {
         PgBuilder {
             schema: schema.unwrap_or_else(|| "public".to_owned()),
             s,
+            options: None,
+        }
+    }
+
+    /// Settings for the server an application's sqlx pool connects to:
+    /// its host, credentials, database and TLS come from
+    /// [`Pool::connect_options`](sqlx::Pool::connect_options), the rest
+    /// are the defaults, changed by the setters.
+    ///
+    /// The backend opens connections of its own with those options rather
+    /// than borrowing the pool's: a renewal must not wait for a connection
+    /// behind the application's queries (a busy pool would cost leases),
+    /// and the lock statements' session settings must not reach the
+    /// application's connections. Size the server's connection limit for
+    /// both pools ([`max_connections`](PgBuilder::max_connections), 10 by
+    /// default).
+    ///
+    /// ```no_run
+    /// # async fn f() -> dlock_core::Result<()> {
+    /// use dlock_postgres::{PgBackend, sqlx::PgPool};
+    /// let app_pool = PgPool::connect_lazy("postgres://app:secret@db/app").expect("a URL");
+    /// let backend = PgBackend::builder_from_pool(&app_pool)
+    ///     .max_connections(4)
+    ///     .connect()
+    ///     .await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn builder_from_pool(pool: &sqlx::PgPool) -> PgBuilder {
+        PgBuilder {
+            options: Some(pool.connect_options().as_ref().clone()),
+            ..Self::builder("")
         }
     }
 

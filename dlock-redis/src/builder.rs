@@ -32,6 +32,8 @@ pub struct RedisBuilder {
     tls_ca: Option<Vec<u8>>,
     pub(crate) durable: Option<(u32, Duration)>,
     accept_eviction: bool,
+    /// Where to connect, when it comes from a client rather than a URL.
+    info: Option<redis::ConnectionInfo>,
 }
 
 impl fmt::Debug for RedisBuilder {
@@ -44,6 +46,7 @@ impl fmt::Debug for RedisBuilder {
             .field("max_poll", &self.max_poll)
             .field("durable", &self.durable)
             .field("accept_eviction", &self.accept_eviction)
+            .field("from_client", &self.info.is_some())
             .finish()
     }
 }
@@ -172,9 +175,10 @@ impl RedisBuilder {
         let sentinel = parse_url(&self.url)?
             .map(|url| Sentinel::new(&url, self.connect_timeout))
             .transpose()?;
-        let info = match &sentinel {
-            Some(sentinel) => sentinel.lookup().await?.get_connection_info().clone(),
-            None => self
+        let info = match (&sentinel, &self.info) {
+            (Some(sentinel), _) => sentinel.lookup().await?.get_connection_info().clone(),
+            (None, Some(info)) => info.clone(),
+            (None, None) => self
                 .url
                 .as_str()
                 .into_connection_info()
@@ -371,6 +375,35 @@ impl RedisBackend {
             accept_eviction: p.flag("accept_eviction_risk").unwrap_or(false),
             url: String::new(),
             params: p,
+            info: None,
+        }
+    }
+
+    /// Settings for the server an application's redis client connects to:
+    /// its address, credentials, database, protocol and TLS come from
+    /// [`Client::get_connection_info`](redis::Client::get_connection_info),
+    /// the rest are the defaults, changed by the setters. One server only:
+    /// Sentinel and Cluster take a URL.
+    ///
+    /// The backend opens connections of its own from it, as it does from
+    /// a URL: one for commands, with its own response timeout, so that a
+    /// renewal never queues behind the application's slow commands, and
+    /// one for release messages, which must speak RESP3.
+    ///
+    /// ```no_run
+    /// # async fn f() -> dlock_core::Result<()> {
+    /// use dlock_redis::{RedisBackend, redis};
+    /// let client = redis::Client::open("redis://127.0.0.1/").expect("a URL");
+    /// let backend = RedisBackend::builder_from_client(&client)
+    ///     .prefix("app")
+    ///     .connect()
+    ///     .await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn builder_from_client(client: &redis::Client) -> RedisBuilder {
+        RedisBuilder {
+            info: Some(client.get_connection_info().clone()),
+            ..Self::builder("")
         }
     }
 }

@@ -690,3 +690,22 @@ async fn a_release_whose_reply_is_lost_is_an_error_not_a_not_held() {
     proxy.set(Fault::Pass);
     assert_eq!(b.inspect(&name).await.unwrap(), None, "the release ran");
 }
+
+/// A backend built from an application's redis client connects where the
+/// client does: its database (here 3) is the one locks are taken in.
+#[tokio::test]
+async fn a_redis_client_gives_where_to_connect() {
+    let url = shared(Service::Redis).await.url().trim_end_matches('/');
+    let client = redis::Client::open(format!("{url}/3")).unwrap();
+    let from_client = RedisBackend::builder_from_client(&client)
+        .connect()
+        .await
+        .unwrap();
+    let name = unique_name("from-client");
+    let lease = must_acquire(&from_client, &name, &long()).await;
+    let db3 = RedisBackend::connect(&format!("{url}/3")).await.unwrap();
+    let seen = db3.inspect(&name).await.unwrap();
+    assert_eq!(seen.map(|i| i.owner), Some(lease.owner()));
+    assert_eq!(backend().await.inspect(&name).await.unwrap(), None);
+    from_client.release(&lease).await.unwrap();
+}
