@@ -33,6 +33,11 @@ pub(crate) struct LeadArgs {
     /// ZooKeeper, the session timeout).
     #[arg(long, default_value = "15s", value_parser = humantime::parse_duration)]
     ttl: Duration,
+    /// End a term once it has lasted this long (renewal stops; the term
+    /// ends with its lease, within this plus --ttl), so that leadership
+    /// moves on from a leader that hangs.
+    #[arg(long, value_parser = humantime::parse_duration)]
+    max_hold: Option<Duration>,
     /// How long CMD has to exit after SIGTERM before SIGKILL.
     #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
     grace: Duration,
@@ -48,7 +53,10 @@ pub(crate) async fn lead(args: LeadArgs) -> Result<u8, Failure> {
             "no lock service: give --url or DLOCK_URL",
         ));
     };
-    let opts = LockOptions::new().ttl(args.ttl);
+    let mut opts = LockOptions::new().ttl(args.ttl);
+    if let Some(max_hold) = args.max_hold {
+        opts = opts.max_hold(max_hold);
+    }
     let identity = args.holder.unwrap_or_else(dlock_core::driver::host_and_pid);
     // Bad options are refused before connecting.
     opts.clone().holder(identity.as_str()).validate()?;

@@ -47,6 +47,11 @@ pub(crate) struct RunArgs {
     /// ZooKeeper, the session timeout).
     #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
     ttl: Duration,
+    /// Stop renewing the lease once the lock has been held this long: a
+    /// CMD that hangs loses the lock (and gets SIGTERM) within this plus
+    /// --ttl, instead of holding it for as long as it runs.
+    #[arg(long, value_parser = humantime::parse_duration)]
+    max_hold: Option<Duration>,
     /// How long to wait for a held lock; 0s makes one attempt.
     #[arg(long, default_value = "0s", value_parser = humantime::parse_duration)]
     wait: Duration,
@@ -90,6 +95,9 @@ pub(crate) async fn run(args: RunArgs) -> Result<u8, Failure> {
     }
     if let Some(holder) = &args.holder {
         opts = opts.holder(holder.as_str());
+    }
+    if let Some(max_hold) = args.max_hold {
+        opts = opts.max_hold(max_hold);
     }
     opts.validate()?;
     let mut signals = catch_signals()?;

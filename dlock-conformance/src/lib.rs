@@ -67,6 +67,7 @@ macro_rules! __case_list {
                 extend_many_acts_per_lease,
                 batch_renewal_loses_only_the_taken_over_guard,
                 guard_lost_fires_at_expiry,
+                max_hold_ends_the_hold,
                 guard_drop_releases,
                 with_lock_runs_under_the_lock,
                 dropped_acquire_leaves_no_lock,

@@ -4,7 +4,8 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::renew::{Registration, Renewer};
+use crate::options::deadline_after;
+use crate::renew::{Registration, Renewal, Renewer};
 use crate::shared::{HoldMark, Holds};
 use crate::{
     Backend, Error, Finished, Lease, LockInfo, LockOptions, LockPage, Observed, OwnerToken, Result,
@@ -72,7 +73,7 @@ impl Locker {
     pub async fn acquire(&self, name: &str, opts: &LockOptions) -> Result<Guard> {
         self.check_mode(name, opts, true)?;
         let lease = self.backend.acquire(name, opts).await?;
-        Ok(self.guard(lease, opts.get_renew()))
+        Ok(self.guard(lease, opts))
     }
 
     /// One attempt: a guard if `name` was free, `None` if it is held.
@@ -83,10 +84,16 @@ impl Locker {
     pub async fn try_acquire(&self, name: &str, opts: &LockOptions) -> Result<Option<Guard>> {
         self.check_mode(name, opts, false)?;
         let lease = self.backend.try_acquire(name, opts).await?;
-        Ok(lease.map(|l| self.guard(l, opts.get_renew())))
+        Ok(lease.map(|l| self.guard(l, opts)))
     }
 
-    pub(crate) fn guard(&self, lease: Lease, renew: bool) -> Guard {
+    pub(crate) fn guard(&self, lease: Lease, opts: &LockOptions) -> Guard {
+        let renew = Renewal {
+            on: opts.get_renew(),
+            until: opts
+                .get_max_hold()
+                .map(|max| deadline_after(Instant::now(), max)),
+        };
         let mut guard = Guard::watched(&self.renewer, self.backend.clone(), lease, renew);
         guard.hold_mark = self.holds.mark(&guard.lease);
         guard
@@ -176,10 +183,14 @@ impl Guard {
     /// share its renewal scheduler, which renews many leases per request;
     /// this one gets a scheduler of its own.
     pub fn new(backend: Arc<dyn Backend>, lease: Lease, renew: bool) -> Self {
+        let renew = Renewal {
+            on: renew,
+            until: None,
+        };
         Self::watched(&Renewer::new(backend.clone()), backend, lease, renew)
     }
 
-    fn watched(renewer: &Renewer, backend: Arc<dyn Backend>, lease: Lease, renew: bool) -> Self {
+    fn watched(renewer: &Renewer, backend: Arc<dyn Backend>, lease: Lease, renew: Renewal) -> Self {
         let lost = lease.lost_token().child_token();
         let registration = renewer.register(&lease, renew, lost.clone());
         Guard {

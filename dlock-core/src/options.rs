@@ -18,6 +18,10 @@ pub const MAX_TTL: Duration = Duration::from_secs(24 * 60 * 60);
 /// libraries' arithmetic.
 pub const MAX_SETTING: Duration = Duration::from_secs(24 * 60 * 60);
 
+/// The longest [`LockOptions::max_hold`] accepted: a year. Longer is no
+/// bound.
+const MAX_HOLD: Duration = Duration::from_secs(365 * 24 * 60 * 60);
+
 /// The longest holder description ([`LockOptions::holder`]) accepted, in
 /// bytes: what every backend stores as it is.
 pub const MAX_HOLDER_LEN: usize = 255;
@@ -48,6 +52,7 @@ pub struct LockOptions {
     wait: Option<Duration>,
     drift: Option<Duration>,
     renew: bool,
+    max_hold: Option<Duration>,
     mode: Mode,
     holder: Option<Arc<str>>,
 }
@@ -59,6 +64,7 @@ impl Default for LockOptions {
             wait: None,
             drift: None,
             renew: true,
+            max_hold: None,
             mode: Mode::Exclusive,
             holder: None,
         }
@@ -104,6 +110,27 @@ impl LockOptions {
     pub fn renew(mut self, renew: bool) -> Self {
         self.renew = renew;
         self
+    }
+
+    /// Bounds how long a guard renews (default: unbounded). Once the hold
+    /// has lasted `max_hold`, renewal stops and the lease ends at its TTL:
+    /// the guard's [`lost`](crate::Guard::lost) fires then, and
+    /// [`with_lock`](crate::Locker::with_lock), a scheduled run or a
+    /// leader's term ([`Election::lead`](crate::Election::lead)) end as
+    /// for any lost lease. So a holder stuck on a dead socket or a hung
+    /// task frees the name within `max_hold` plus one TTL, instead of
+    /// renewing it for as long as its process lives. Without renewal
+    /// ([`renew(false)`](LockOptions::renew)) it changes nothing. Session
+    /// backends (ZooKeeper), whose leases live with the session, refuse it
+    /// with [`Error::Unsupported`]: nothing would end their leases.
+    pub fn max_hold(mut self, max_hold: Duration) -> Self {
+        self.max_hold = Some(max_hold);
+        self
+    }
+
+    /// The bound on renewal, `None` for none.
+    pub fn get_max_hold(&self) -> Option<Duration> {
+        self.max_hold
     }
 
     /// The lease time.
@@ -188,6 +215,9 @@ impl LockOptions {
     pub fn validate(&self) -> Result<()> {
         check_duration("ttl", self.ttl, MIN_TTL, MAX_TTL)?;
         check_holder(self.get_holder())?;
+        if let Some(max_hold) = self.max_hold {
+            check_duration("max_hold", max_hold, Duration::from_millis(1), MAX_HOLD)?;
+        }
         if self.mode == Mode::Permit(0) {
             return Err(Error::invalid_option(
                 "permits",

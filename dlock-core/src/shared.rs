@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 
-use crate::{Error, Guard, Lease, LockOptions, Locker, Mode, Result};
+use crate::{Error, Guard, Lease, LeaseKind, LockOptions, Locker, Mode, Result};
 
 /// The task a hold was taken in (`None` outside any task, as in a
 /// runtime's `block_on`), its name, and whether it excludes every other
@@ -71,7 +71,7 @@ impl Locker {
     /// what would wait for itself. (A single attempt at a name the task
     /// holds exclusively finds it held.)
     pub(crate) fn check_mode(&self, name: &str, opts: &LockOptions, waits: bool) -> Result<()> {
-        self.check_supported(opts.get_mode())?;
+        self.check_supported(opts.get_mode(), opts)?;
         match opts.get_mode() {
             Mode::Exclusive | Mode::Read | Mode::Write if waits && self.holds.holds(name, true) => {
                 Err(Error::Reentrant {
@@ -85,13 +85,17 @@ impl Locker {
         }
     }
 
-    /// Refuses a kind of lock the backend lacks.
-    fn check_supported(&self, mode: Mode) -> Result<()> {
+    /// Refuses a kind of lock the backend lacks, and a bound on renewal
+    /// where leases live with a session: nothing would end them.
+    fn check_supported(&self, mode: Mode, opts: &LockOptions) -> Result<()> {
         let caps = self.backend.capabilities();
         let unsupported = |operation| Error::Unsupported {
             backend: self.backend.driver(),
             operation,
         };
+        if opts.get_max_hold().is_some() && caps.lease == LeaseKind::Session {
+            return Err(unsupported("max_hold"));
+        }
         match mode {
             Mode::Read | Mode::Write if !caps.rwlock => Err(unsupported("reader-writer lock")),
             Mode::Permit(_) if !caps.semaphore => Err(unsupported("semaphore")),
@@ -151,9 +155,9 @@ impl Locker {
             return Err(Error::not_held(write.name()));
         }
         // Its own write hold is what a downgrade starts from.
-        self.check_supported(Mode::Read)?;
+        self.check_supported(Mode::Read, opts)?;
         let lease = self.backend.downgrade(write.lease(), opts).await?;
-        Ok(self.guard(lease, opts.get_renew()))
+        Ok(self.guard(lease, opts))
     }
 
     /// The semaphore of `permits` named `name`: at most `permits` holders

@@ -5,11 +5,12 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use dlock_core::{Backend, Error, Guard, Locker};
+use dlock_core::{Backend, Error, Guard, LeaseKind, Locker};
 use tokio::time::{Instant, sleep};
 
 use super::{
-    Judged, SHORT_TTL, assert_held, fresh_guard, judged_with_doubling_ttl, needs_ttl, short,
+    Judged, SHORT_TTL, assert_held, fresh_guard, judged_with_doubling_ttl, needs_ttl, server_ttl,
+    short,
 };
 use crate::support::{long, must_lock, unique_name};
 
@@ -85,6 +86,63 @@ pub async fn guard_lost_fires_at_expiry(backend: &Arc<dyn Backend>) {
         );
         assert!(!guard.is_valid(), "a lost guard is invalid");
         Judged::Yes
+    })
+    .await;
+}
+
+/// `max_hold` bounds renewal: a guard renewed until it has been held that
+/// long is lost at its lease's end after it, and the server frees the name
+/// by then (the lease it was last renewed to, in the server's TTL steps),
+/// so another client takes it within that TTL. A session backend, whose
+/// leases nothing would end, refuses the option.
+pub async fn max_hold_ends_the_hold(backend: &Arc<dyn Backend>) {
+    let case = "max_hold_ends_the_hold";
+    if backend.capabilities().lease == LeaseKind::Session {
+        let locker = Locker::from_arc(backend.clone());
+        let opts = long().max_hold(Duration::from_secs(1));
+        let r = locker.try_acquire(&unique_name(case), &opts).await;
+        assert!(
+            matches!(
+                r,
+                Err(Error::Unsupported {
+                    operation: "max_hold",
+                    ..
+                })
+            ),
+            "max_hold on session leases: {r:?}"
+        );
+        return;
+    }
+    judged_with_doubling_ttl(case, SHORT_TTL, |ttl| async move {
+        let name = unique_name(case);
+        let locker = Locker::from_arc(backend.clone());
+        let opts = short().ttl(ttl).max_hold(ttl);
+        let guard = match fresh_guard(&locker, &name, &opts).await {
+            Ok(guard) => guard,
+            Err(late) => return late,
+        };
+        let granted_until = guard.valid_until();
+        // Liveness only: renewal stops after a TTL, the lease ends a TTL on.
+        tokio::time::timeout(ttl * 4 + Duration::from_secs(10), guard.lost())
+            .await
+            .expect("renewed past max_hold");
+        if guard.valid_until() == granted_until {
+            // Lost before its first renewal (a loaded machine): nothing
+            // was extended whose end could be judged.
+            return Judged::No("the guard was never renewed".to_owned());
+        }
+        let other = Locker::from_arc(backend.clone());
+        let wait = long().wait(server_ttl(backend.as_ref(), ttl));
+        match other.acquire(&name, &wait).await {
+            Ok(next) => {
+                next.release().await.expect("release");
+                Judged::Yes
+            }
+            Err(Error::Timeout { .. }) => {
+                Judged::No("the name was still held a TTL after the guard was lost".to_owned())
+            }
+            Err(e) => panic!("acquire after the bounded hold: {e}"),
+        }
     })
     .await;
 }

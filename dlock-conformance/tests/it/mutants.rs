@@ -32,6 +32,10 @@ enum Bug {
     ResettingFence,
     /// Extend reports success and does nothing.
     ExtendDoesNothing,
+    /// Extend gives the server the TTL in seconds where it counts
+    /// milliseconds (`EXPIRE` for `PEXPIRE`): an extended lock outlives
+    /// its lease a thousandfold.
+    ExtendInSeconds,
     /// The server treats an expired holder as alive.
     TryIgnoresExpiry,
     /// Waiters are not woken on release: they look again only when the
@@ -288,6 +292,11 @@ caught!(
     an_extend_that_does_nothing_is_caught,
     Bug::ExtendDoesNothing,
     [extend_keeps_the_lock, guard_renews_past_ttl]
+);
+caught!(
+    an_extend_in_the_wrong_unit_is_caught,
+    Bug::ExtendInSeconds,
+    [max_hold_ends_the_hold]
 );
 caught!(
     a_try_acquire_that_ignores_expiry_is_caught,

@@ -52,8 +52,10 @@ impl<'a> Observer<'a> {
     /// ZooKeeper), a change wakes the observer, which reads at once, so
     /// that a term is seen when it lasts longer than a read; the poll
     /// interval then only bounds a missed notification (four of them).
-    /// Elsewhere the observer reads every poll interval, and a shorter
-    /// term may pass unseen between two reads.
+    /// Elsewhere (Redis, MySQL, PostgreSQL) the observer reads every poll
+    /// interval, and a shorter term may pass unseen between two reads: a
+    /// Redis release messages the next waiter's client only, not whoever
+    /// reads the name.
     ///
     /// # Errors
     /// The lock service's errors; the next call reads again, after a pause

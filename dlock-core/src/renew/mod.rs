@@ -64,9 +64,18 @@ struct State {
     max_slack: Duration,
 }
 
+/// Whether a lease is renewed, and until when at most.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Renewal {
+    pub on: bool,
+    /// No renewal is sent from then on ([`crate::LockOptions::max_hold`]).
+    pub until: Option<Instant>,
+}
+
 struct Entry {
     lease: Lease,
     renew: bool,
+    renew_until: Option<Instant>,
     lost: CancellationToken,
     timer: Instant,
     in_flight: bool,
@@ -143,9 +152,13 @@ impl Renewer {
     pub(crate) fn register(
         &self,
         lease: &Lease,
-        renew: bool,
+        renew: Renewal,
         lost: CancellationToken,
     ) -> Option<Registration> {
+        let Renewal {
+            on: renew,
+            until: renew_until,
+        } = renew;
         let (ttl, deadline) = (lease.ttl()?, lease.valid_until()?);
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             tracing::warn!(name = lease.name(), "no tokio runtime: lease not renewed");
@@ -167,6 +180,7 @@ impl Renewer {
             Entry {
                 lease: lease.clone(),
                 renew,
+                renew_until,
                 lost,
                 timer,
                 in_flight: false,
@@ -349,12 +363,31 @@ impl State {
                 continue;
             }
             if now >= deadline {
-                tracing::warn!(
-                    lock = entry.lease.name(),
-                    backend = driver,
-                    "lease expired before it could be renewed"
-                );
+                if entry.renew {
+                    tracing::warn!(
+                        lock = entry.lease.name(),
+                        backend = driver,
+                        "lease expired before it could be renewed"
+                    );
+                } else {
+                    tracing::info!(
+                        lock = entry.lease.name(),
+                        "lease ended at its TTL, not renewed"
+                    );
+                }
                 self.lose(id, driver);
+                continue;
+            }
+            if entry.renew && entry.renew_until.is_some_and(|until| now >= until) {
+                // Held as long as allowed: the lease runs out at its deadline.
+                tracing::info!(
+                    lock = entry.lease.name(),
+                    "held for max_hold: renewal stops"
+                );
+                entry.renew = false;
+                entry.timer = deadline;
+                self.timers.remove(&(at, id));
+                self.timers.insert((deadline, id));
                 continue;
             }
             let ttl = entry.lease.ttl().unwrap_or_default();

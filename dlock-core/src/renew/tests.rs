@@ -122,3 +122,53 @@ async fn the_scheduler_ends_with_its_last_lease() {
     tokio::time::sleep(Duration::from_millis(1)).await;
     assert!(!locker.renewer.shared.lock().running);
 }
+
+/// Renewal stops once the hold has lasted `max_hold`: the guard is renewed
+/// until then, lost at the lease's end after it, and the name is free on
+/// the server from then on; without `max_hold` it is still held.
+#[tokio::test(start_paused = true)]
+async fn max_hold_stops_renewal_and_the_lease_ends_at_its_ttl() {
+    let locker = crate::Locker::new(crate::MemoryBackend::new());
+    let ttl = Duration::from_secs(3);
+    let bounded = LockOptions::new()
+        .ttl(ttl)
+        .max_hold(Duration::from_secs(10));
+    let start = tokio::time::Instant::now();
+    let guard = locker.acquire("bounded", &bounded).await.unwrap();
+    let unbounded = locker
+        .acquire("unbounded", &LockOptions::new().ttl(ttl))
+        .await
+        .unwrap();
+    tokio::time::timeout(Duration::from_secs(60), guard.lost())
+        .await
+        .expect("renewed past max_hold");
+    let held = start.elapsed();
+    // Renewed past the bound (each lease lasts one TTL), never a TTL more.
+    assert!(
+        held >= Duration::from_secs(10) && held <= Duration::from_secs(13),
+        "{held:?}"
+    );
+    assert!(unbounded.is_valid());
+    // The guard gives its lease up a drift allowance before the server.
+    tokio::time::sleep(bounded.get_drift() + Duration::from_millis(1)).await;
+    let other = crate::Locker::from_arc(locker.backend().clone());
+    let next = other
+        .try_acquire("bounded", &LockOptions::new())
+        .await
+        .unwrap();
+    assert!(next.is_some(), "the bounded name is still held");
+    assert!(
+        other
+            .try_acquire("unbounded", &LockOptions::new())
+            .await
+            .unwrap()
+            .is_none()
+    );
+    assert!(matches!(
+        LockOptions::new().max_hold(Duration::ZERO).validate(),
+        Err(Error::InvalidOption {
+            option: "max_hold",
+            ..
+        })
+    ));
+}

@@ -84,6 +84,15 @@ impl Sim {
         self.bug == Some(bug)
     }
 
+    /// The TTL an extend gives the server for a lease of `ttl`.
+    fn extended_ttl(&self, ttl: Duration) -> Duration {
+        if self.has(Bug::ExtendInSeconds) {
+            ttl * 1000
+        } else {
+            ttl
+        }
+    }
+
     /// What core does for a [`dlock_core::driver::Driver`]; this driver is
     /// a bare `Backend`, as a mutant must be to get past core.
     fn check_name(&self, name: &str) -> Result<()> {
@@ -424,7 +433,7 @@ impl Backend for Sim {
         let sent = Instant::now();
         if !self.has(Bug::ExtendDoesNothing) {
             let (name, owner) = (lease.name(), lease.owner());
-            let ttl = lease.ttl().unwrap_or_default();
+            let ttl = self.extended_ttl(lease.ttl().unwrap_or_default());
             let (mode, bug) = (lease.mode(), self.bug);
             let extended = if mode == Mode::Exclusive {
                 self.call(|s| s.extend(name, owner, ttl)).await?
@@ -446,7 +455,10 @@ impl Backend for Sim {
         let sent = Instant::now();
         let batch: Vec<_> = leases
             .iter()
-            .map(|l| (l.name().to_owned(), l.owner(), l.ttl().unwrap_or_default()))
+            .map(|l| {
+                let ttl = self.extended_ttl(l.ttl().unwrap_or_default());
+                (l.name().to_owned(), l.owner(), ttl)
+            })
             .collect();
         let by_name = self.has(Bug::BatchOwnerByName);
         let mut held = if self.has(Bug::ExtendDoesNothing) {
