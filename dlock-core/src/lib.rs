@@ -13,6 +13,7 @@ mod lease;
 mod memory;
 mod metrics;
 mod mode;
+mod multi;
 mod name;
 mod observe;
 mod options;
@@ -30,6 +31,7 @@ pub use job::{JobOptions, JobOutcome, JobRun, RunReport, RunResult, Schedule, Sc
 pub use lease::{Lease, OwnerToken};
 pub use memory::MemoryBackend;
 pub use mode::{Admission, Mode};
+pub use multi::MultiGuard;
 pub use name::{MAX_NAME_LEN, validate_name};
 pub use observe::Observed;
 pub use options::{LockOptions, MAX_HOLDER_LEN, MAX_TTL, MIN_TTL};

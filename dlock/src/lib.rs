@@ -4,9 +4,9 @@
 pub use dlock_core::{
     Backend, CancellationToken, Capabilities, Election, Error, ErrorKind, Finished, Guard,
     HeldLock, JobOptions, JobOutcome, JobRun, Leader, Leadership, Lease, LeaseKind, LockInfo,
-    LockOptions, LockPage, Locker, MAX_HOLDER_LEN, MAX_HOLDERS, MemoryBackend, Mode, Observed,
-    Observer, OnLost, OwnerToken, Result, RunReport, RunResult, Schedule, ScheduledJob, Semaphore,
-    Term, validate_name,
+    LockOptions, LockPage, Locker, MAX_HOLDER_LEN, MAX_HOLDERS, MemoryBackend, Mode, MultiGuard,
+    Observed, Observer, OnLost, OwnerToken, Result, RunReport, RunResult, Schedule, ScheduledJob,
+    Semaphore, Term, validate_name,
 };
 
 #[doc(hidden)]
