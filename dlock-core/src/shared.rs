@@ -7,10 +7,25 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use crate::{Error, Guard, Lease, LeaseKind, LockOptions, Locker, Mode, Result};
 
-/// The task a hold was taken in (`None` outside any task, as in a
-/// runtime's `block_on`), its name, and whether it excludes every other
-/// hold (a mutex, a write lock) or is a read hold.
-type HoldKey = (Option<tokio::task::Id>, String, bool);
+/// Who took a hold, its name, and whether it excludes every other hold (a
+/// mutex, a write lock) or is a read hold.
+type HoldKey = (Taker, String, bool);
+
+/// A tokio task, or, for code outside any task (a runtime's `block_on`,
+/// `#[tokio::main]`'s body), the thread it runs on: two threads' `block_on`
+/// sharing a locker are two takers, each waiting for the other as usual.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+enum Taker {
+    Task(tokio::task::Id),
+    Thread(std::thread::ThreadId),
+}
+
+impl Taker {
+    fn current() -> Self {
+        tokio::task::try_id()
+            .map_or_else(|| Taker::Thread(std::thread::current().id()), Taker::Task)
+    }
+}
 
 /// How many holds the tasks of a locker (and its clones) took per name,
 /// so that a task asking for a name it holds in a way that would make it
@@ -38,7 +53,7 @@ impl Holds {
             Mode::Read => false,
             Mode::Permit(_) => return None,
         };
-        let key = (tokio::task::try_id(), lease.name().to_owned(), exclusive);
+        let key = (Taker::current(), lease.name().to_owned(), exclusive);
         self.with(|holds| *holds.entry(key.clone()).or_default() += 1);
         Some(HoldMark {
             holds: self.clone(),
@@ -48,7 +63,7 @@ impl Holds {
 
     /// Whether the current task holds `name` exclusively, or for reading.
     fn holds(&self, name: &str, exclusive: bool) -> bool {
-        let key = (tokio::task::try_id(), name.to_owned(), exclusive);
+        let key = (Taker::current(), name.to_owned(), exclusive);
         self.with(|holds| holds.contains_key(&key))
     }
 }
@@ -254,6 +269,39 @@ mod tests {
 
     fn quick() -> LockOptions {
         LockOptions::new().wait(Duration::from_secs(30))
+    }
+
+    /// Code outside any tokio task (each thread's `block_on`) is told apart
+    /// by its thread: a second thread waits for the first one's hold.
+    #[test]
+    fn block_on_in_two_threads_are_two_takers() {
+        let locker = Locker::new(MemoryBackend::new());
+        let rt = || {
+            tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap()
+        };
+        let held = rt().block_on(locker.acquire("x", &quick())).unwrap();
+        let other = locker.clone();
+        let waiter = std::thread::spawn(move || {
+            rt().block_on(async {
+                let guard = other.acquire("x", &quick()).await?;
+                guard.release().await
+            })
+        });
+        // The waiter cannot get it while this thread holds it.
+        std::thread::sleep(Duration::from_millis(50));
+        assert!(!waiter.is_finished(), "{:?}", waiter.join());
+        rt().block_on(held.release()).unwrap();
+        assert!(waiter.join().unwrap().is_ok());
+        let again = rt().block_on(locker.acquire("x", &quick())).unwrap();
+        let same_thread = rt().block_on(locker.acquire("x", &quick()));
+        assert!(
+            matches!(same_thread, Err(Error::Reentrant { .. })),
+            "{same_thread:?}"
+        );
+        drop(again);
     }
 
     #[tokio::test]

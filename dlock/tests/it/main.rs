@@ -4,6 +4,7 @@ mod connect;
 mod election;
 mod examples;
 mod jobs;
+mod multi;
 mod no_panic;
 mod observer;
 mod reentrant;
