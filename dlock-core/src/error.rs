@@ -143,6 +143,20 @@ pub enum Error {
         name: String,
     },
 
+    /// A fenced write was refused: the resource has seen a greater fencing
+    /// token than the writer's, so a later holder of the lock wrote to it
+    /// and the writer's lease has ended. Nothing was written; the writer
+    /// must not retry with the same token (see [`Fence`](crate::Fence)).
+    #[error("resource `{resource}`: fencing token {token} is stale, {highest} was seen")]
+    Fenced {
+        /// The resource written to.
+        resource: String,
+        /// The writer's token.
+        token: u64,
+        /// The greatest token the resource has seen.
+        highest: u64,
+    },
+
     /// The backend does not support this operation.
     #[error("{operation} is not supported by the {backend} backend")]
     Unsupported {
@@ -246,6 +260,7 @@ impl Error {
             Error::ModeConflict { .. } => ErrorKind::ModeConflict,
             Error::Upgrade { .. } => ErrorKind::Upgrade,
             Error::Reentrant { .. } => ErrorKind::Reentrant,
+            Error::Fenced { .. } => ErrorKind::Fenced,
         }
     }
 
@@ -289,6 +304,8 @@ pub enum ErrorKind {
     Upgrade,
     /// [`Error::Reentrant`].
     Reentrant,
+    /// [`Error::Fenced`].
+    Fenced,
 }
 
 impl ErrorKind {
@@ -308,6 +325,7 @@ impl ErrorKind {
             ErrorKind::ModeConflict => "mode_conflict",
             ErrorKind::Upgrade => "upgrade",
             ErrorKind::Reentrant => "reentrant",
+            ErrorKind::Fenced => "fenced",
         }
     }
 }

@@ -6,6 +6,7 @@ mod backend;
 mod builder;
 mod error;
 mod extend;
+pub mod fence;
 mod list;
 mod notify;
 mod pool;

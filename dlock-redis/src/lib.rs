@@ -8,6 +8,7 @@ mod conn;
 mod error;
 mod eviction;
 mod extend;
+pub mod fence;
 mod keys;
 mod list;
 mod notify;

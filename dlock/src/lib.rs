@@ -2,7 +2,7 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 pub use dlock_core::{
-    Backend, CancellationToken, Capabilities, Election, Error, ErrorKind, Finished, Guard,
+    Backend, CancellationToken, Capabilities, Election, Error, ErrorKind, Fence, Finished, Guard,
     HeldLock, JobOptions, JobOutcome, JobRun, Leader, Leadership, Lease, LeaseKind, LockInfo,
     LockOptions, LockPage, Locker, MAX_HOLDER_LEN, MAX_HOLDERS, MemoryBackend, Mode, MultiGuard,
     Observed, Observer, OnLost, OwnerToken, Result, RunReport, RunResult, Schedule, ScheduledJob,

@@ -3,6 +3,7 @@
 mod connect;
 mod election;
 mod examples;
+mod fence;
 mod jobs;
 mod multi;
 mod no_panic;
