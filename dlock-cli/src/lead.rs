@@ -34,8 +34,9 @@ pub(crate) struct LeadArgs {
     #[arg(long, default_value = "15s", value_parser = humantime::parse_duration)]
     ttl: Duration,
     /// End a term once it has lasted this long (renewal stops; the term
-    /// ends with its lease, within this plus --ttl), so that leadership
-    /// moves on from a leader that hangs.
+    /// ends with its lease, within this plus --ttl): CMD is stopped as for
+    /// a lost term and dlock campaigns again, so a hung CMD is restarted,
+    /// here or wherever another candidate wins.
     #[arg(long, value_parser = humantime::parse_duration)]
     max_hold: Option<Duration>,
     /// How long CMD has to exit after SIGTERM before SIGKILL.

@@ -68,6 +68,7 @@ macro_rules! __case_list {
                 batch_renewal_loses_only_the_taken_over_guard,
                 guard_lost_fires_at_expiry,
                 max_hold_ends_the_hold,
+                lock_delay_keeps_an_unreleased_name,
                 guard_drop_releases,
                 with_lock_runs_under_the_lock,
                 dropped_acquire_leaves_no_lock,

@@ -34,6 +34,10 @@ pub fn check_fence(resource: &str, token: u64, highest: Option<u64>) -> Result<(
 /// run under the admission, so that no older token slips in between the
 /// check and the write.
 ///
+/// Fence a resource with the tokens of one lock name only, and of a mutex
+/// or a write lock: readers and permits hold together, and a lower token
+/// of one of them would be refused.
+///
 /// For a store that others write to, the check must happen in the store,
 /// in the same step as the write: for S3-style object stores, keep the
 /// token in the object's metadata, read it with the object's ETag, apply

@@ -90,6 +90,8 @@ pub struct Lease {
     fencing_token: u64,
     mode: Mode,
     ttl: Option<Duration>,
+    /// The part of `ttl` that is a lock-delay, not trusted.
+    delay: Duration,
     drift: Duration,
     valid_until: Option<Instant>,
     handle: Option<String>,
@@ -115,6 +117,7 @@ impl Lease {
             fencing_token,
             mode: opts.get_mode(),
             ttl: Some(opts.get_ttl()),
+            delay: opts.delay_in_ttl(),
             drift: opts.get_drift(),
             valid_until: Some(opts.valid_until(sent)),
             handle: None,
@@ -138,6 +141,7 @@ impl Lease {
             fencing_token,
             mode: Mode::Exclusive,
             ttl: None,
+            delay: Duration::ZERO,
             drift: Duration::ZERO,
             valid_until: None,
             handle: None,
@@ -195,9 +199,20 @@ impl Lease {
         self.fencing_token
     }
 
-    /// The lease time, `None` for session leases.
+    /// The lease time the server keeps the lock for after each grant or
+    /// extension, `None` for session leases. With a
+    /// [`lock_delay`](LockOptions::lock_delay) it is the TTL asked for plus
+    /// the delay; the client trusts the lease for the TTL asked for
+    /// ([`trusted_ttl`](Self::trusted_ttl)).
     pub fn ttl(&self) -> Option<Duration> {
         self.ttl
+    }
+
+    /// How long after each grant or extension the client trusts the lease
+    /// (before the drift allowance): the TTL asked for, without a
+    /// lock-delay; `None` for session leases.
+    pub fn trusted_ttl(&self) -> Option<Duration> {
+        self.ttl.map(|ttl| ttl.saturating_sub(self.delay))
     }
 
     /// Until when the client may trust the lease, on the monotonic clock;
@@ -225,7 +240,7 @@ impl Lease {
 
     /// Records a successful extension whose request was sent at `sent`.
     pub fn extended(&mut self, sent: Instant) {
-        if let Some(ttl) = self.ttl {
+        if let Some(ttl) = self.trusted_ttl() {
             self.valid_until = Some(deadline_after(sent, ttl.saturating_sub(self.drift)));
         }
     }

@@ -13,9 +13,9 @@ use crate::{Error, Guard, LockOptions, Locker, Result};
 impl Locker {
     /// Acquires every name of `names`, whatever order they come in, in the
     /// order of their bytes, each in the options' mode: the whole set
-    /// within the options' wait bound, or none of it. Any two callers that
-    /// lock names only this way (or one at a time) cannot deadlock, however
-    /// their sets overlap. A name already held by this task through this
+    /// within the options' wait bound, or none of it. Callers that lock
+    /// these names only this way (or one at a time, never holding one while
+    /// waiting for another) cannot deadlock, however their sets overlap. A name already held by this task through this
     /// locker is [`Error::Reentrant`] as for [`Locker::acquire`], so lock a
     /// set in one call rather than adding to names held.
     ///
@@ -45,7 +45,7 @@ impl Locker {
         names: &[S],
         opts: &LockOptions,
     ) -> Result<MultiGuard> {
-        let names = in_lock_order(names)?;
+        let names = self.checked_set(names, opts, true)?;
         let started = Instant::now();
         let mut guards = Vec::with_capacity(names.len());
         for name in names {
@@ -82,7 +82,7 @@ impl Locker {
         names: &[S],
         opts: &LockOptions,
     ) -> Result<Option<MultiGuard>> {
-        let names = in_lock_order(names)?;
+        let names = self.checked_set(names, opts, false)?;
         let mut guards = Vec::with_capacity(names.len());
         for name in names {
             match self.try_acquire(name, opts).await {
@@ -98,6 +98,27 @@ impl Locker {
             }
         }
         Ok(Some(MultiGuard { guards }))
+    }
+}
+
+impl Locker {
+    /// `names` in lock order, each checked before anything is locked (a
+    /// bad name or a reentrant one found only after the names before it
+    /// were taken would have held them, and made the caller wait, for
+    /// nothing).
+    fn checked_set<'a, S: AsRef<str>>(
+        &self,
+        names: &'a [S],
+        opts: &LockOptions,
+        waits: bool,
+    ) -> Result<Vec<&'a str>> {
+        opts.validate()?;
+        let names = in_lock_order(names)?;
+        for name in &names {
+            crate::validate_name(name)?;
+            self.check_mode(name, opts, waits)?;
+        }
+        Ok(names)
     }
 }
 

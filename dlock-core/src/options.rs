@@ -53,6 +53,10 @@ pub struct LockOptions {
     drift: Option<Duration>,
     renew: bool,
     max_hold: Option<Duration>,
+    lock_delay: Option<Duration>,
+    /// How much of `ttl` is a lock-delay the client does not trust: set
+    /// only on the options a driver gets ([`LockOptions::for_server`]).
+    delay_in_ttl: Duration,
     mode: Mode,
     holder: Option<Arc<str>>,
 }
@@ -65,6 +69,8 @@ impl Default for LockOptions {
             drift: None,
             renew: true,
             max_hold: None,
+            lock_delay: None,
+            delay_in_ttl: Duration::ZERO,
             mode: Mode::Exclusive,
             holder: None,
         }
@@ -131,6 +137,51 @@ impl LockOptions {
     /// The bound on renewal, `None` for none.
     pub fn get_max_hold(&self) -> Option<Duration> {
         self.max_hold
+    }
+
+    /// Lock-delay (off by default), as Chubby and Consul have it: when a
+    /// lease ends without a release (its holder stopped renewing: paused,
+    /// cut off, dead), the name is granted to nobody for `delay` more,
+    /// judged by the server's clock, so that a holder that was paused or
+    /// cut off has that long to notice ([`Guard::lost`](crate::Guard::lost)
+    /// fires at the lease's end as before) before anyone else acts. A
+    /// released name is not delayed. The server keeps each grant `delay`
+    /// longer than its holder trusts it (a TTL of `ttl + delay`), so a
+    /// crashed holder's name is free after `ttl + delay`. Session backends
+    /// (ZooKeeper), whose server frees a lost session's locks at once,
+    /// refuse it with [`Error::Unsupported`].
+    pub fn lock_delay(mut self, delay: Duration) -> Self {
+        self.lock_delay = Some(delay);
+        self
+    }
+
+    /// The lock-delay, `None` for none.
+    pub fn get_lock_delay(&self) -> Option<Duration> {
+        self.lock_delay
+    }
+
+    /// The options a driver gets (core makes them for every
+    /// [`Driver`](crate::driver::Driver); a [`Backend`](crate::Backend)
+    /// written without one makes them itself): with a lock-delay, a TTL
+    /// that much longer for the server, and validity counted from the TTL
+    /// asked for ([`valid_until`](Self::valid_until)); else these.
+    pub fn for_server(&self) -> std::borrow::Cow<'_, LockOptions> {
+        match self.lock_delay {
+            Some(delay) => std::borrow::Cow::Owned(LockOptions {
+                ttl: self.ttl.saturating_add(delay),
+                drift: Some(self.get_drift()),
+                lock_delay: None,
+                delay_in_ttl: self.delay_in_ttl.saturating_add(delay),
+                ..self.clone()
+            }),
+            None => std::borrow::Cow::Borrowed(self),
+        }
+    }
+
+    /// The part of the TTL given to a lock-delay, which the client does not
+    /// trust (zero but on the options a driver gets).
+    pub(crate) fn delay_in_ttl(&self) -> Duration {
+        self.delay_in_ttl
     }
 
     /// The lease time.
@@ -218,6 +269,10 @@ impl LockOptions {
         if let Some(max_hold) = self.max_hold {
             check_duration("max_hold", max_hold, Duration::from_millis(1), MAX_HOLD)?;
         }
+        if let Some(delay) = self.lock_delay {
+            let room = MAX_TTL.saturating_sub(self.ttl);
+            check_duration("lock_delay", delay, Duration::from_millis(1), room)?;
+        }
         if self.mode == Mode::Permit(0) {
             return Err(Error::invalid_option(
                 "permits",
@@ -243,7 +298,8 @@ impl LockOptions {
     pub fn valid_until(&self, sent: Instant) -> Instant {
         // Saturating: options that were never validated give a lease that
         // is invalid at once, not a panic.
-        deadline_after(sent, self.ttl.saturating_sub(self.get_drift()))
+        let trusted = self.ttl.saturating_sub(self.delay_in_ttl);
+        deadline_after(sent, trusted.saturating_sub(self.get_drift()))
     }
 }
 

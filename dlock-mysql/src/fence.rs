@@ -11,12 +11,12 @@
 use std::time::Duration;
 
 use dlock_core::{Error, Result, check_fence};
-use sqlx::MySqlConnection;
+use sqlx::{MySql, MySqlConnection, Transaction};
 
 use crate::error::{sql_error, timed_out};
 use crate::sql::validate_table;
 
-/// Fencing through the table `table` (`dlock_fences` by default).
+/// Fencing through a table of the greatest token per resource.
 ///
 /// ```no_run
 /// # async fn f(pool: sqlx::MySqlPool, guard: dlock_core::Guard) -> dlock_core::Result<()> {
@@ -79,10 +79,13 @@ impl MySqlFence {
         Ok(())
     }
 
-    /// Admits a write to `resource` (at most 255 bytes) with `token`, on
-    /// the connection of the write's transaction: raises the resource's
-    /// token to `token`, or refuses when it is greater. Write only if this
-    /// returns `Ok`, before the transaction ends.
+    /// Admits a write to `resource` (at most 255 bytes) with `token`, in
+    /// the write's transaction: raises the resource's token to `token`, or
+    /// refuses when it is greater, and keeps the resource's row locked
+    /// until the transaction ends. Write only if this returns `Ok`, in the
+    /// same transaction. Fence a resource with the tokens of one lock name
+    /// only, and of a mutex or a write lock: readers and permits hold
+    /// together, and a lower token of one of them would be refused.
     ///
     /// # Errors
     /// [`Error::Fenced`] for a stale token (roll the transaction back:
@@ -91,10 +94,11 @@ impl MySqlFence {
     /// server's.
     pub async fn admit(
         &self,
-        conn: &mut MySqlConnection,
+        tx: &mut Transaction<'_, MySql>,
         resource: &str,
         token: u64,
     ) -> Result<()> {
+        let conn: &mut MySqlConnection = tx;
         if resource.is_empty() || resource.len() > 255 {
             return Err(Error::invalid_option(
                 "resource",
@@ -108,7 +112,13 @@ impl MySqlFence {
              ON DUPLICATE KEY UPDATE token = GREATEST(token, VALUES(token))",
             self.table
         );
-        let read = format!("SELECT token FROM `{}` WHERE resource = ?", self.table);
+        // A locking read: the latest committed token, whatever snapshot
+        // the transaction read from before (REPEATABLE READ's plain read
+        // would show the token as it was then).
+        let read = format!(
+            "SELECT token FROM `{}` WHERE resource = ? FOR UPDATE",
+            self.table
+        );
         let run = async {
             sqlx::query(sqlx::AssertSqlSafe(raise))
                 .persistent(false)

@@ -11,12 +11,12 @@
 use std::time::Duration;
 
 use dlock_core::{Error, Result, check_fence};
-use sqlx::PgConnection;
+use sqlx::{PgConnection, Postgres, Transaction};
 
 use crate::error::{sql_error, timed_out};
 use crate::sql::validate_identifier;
 
-/// Fencing through the table `table` (`dlock_fences` by default).
+/// Fencing through a table of the greatest token per resource.
 ///
 /// ```no_run
 /// # async fn f(pool: sqlx::PgPool, guard: dlock_core::Guard) -> dlock_core::Result<()> {
@@ -88,16 +88,29 @@ impl PgFence {
         Ok(())
     }
 
-    /// Admits a write to `resource` with `token`, on the connection of the
-    /// write's transaction: raises the resource's token to `token`, or
-    /// refuses when it is greater. Write only if this returns `Ok`, before
-    /// the transaction ends.
+    /// Admits a write to `resource` with `token`, in the write's
+    /// transaction: raises the resource's token to `token`, or refuses when
+    /// it is greater, and keeps the resource's row locked until the
+    /// transaction ends. Write only if this returns `Ok`, in the same
+    /// transaction. Under `REPEATABLE READ` or `SERIALIZABLE`, a newer
+    /// holder's token committed after the transaction's snapshot fails the
+    /// statement with a serialization failure (a backend error) rather
+    /// than [`Error::Fenced`]: either way, nothing is written. Fence a
+    /// resource with the tokens of one lock name only, and of a mutex or a
+    /// write lock: readers and permits hold together, and a lower token of
+    /// one of them would be refused.
     ///
     /// # Errors
     /// [`Error::Fenced`] for a stale token (roll the transaction back:
     /// another holder has written since this lease ended);
     /// [`Error::InvalidOption`] for a token above `i64::MAX`; the server's.
-    pub async fn admit(&self, conn: &mut PgConnection, resource: &str, token: u64) -> Result<()> {
+    pub async fn admit(
+        &self,
+        tx: &mut Transaction<'_, Postgres>,
+        resource: &str,
+        token: u64,
+    ) -> Result<()> {
+        let conn: &mut PgConnection = tx;
         let mine = i64::try_from(token)
             .map_err(|_| Error::invalid_option("token", "above what a BIGINT holds"))?;
         let sql = format!(

@@ -4,9 +4,12 @@
 //! seen, kept beside it, and writes only when the writer's is not lower:
 //! check and write are one step, so no older holder slips in between.
 //!
-//! The token is kept in `<key>:fence`, in the key's hash slot (`{<key>}:fence`
-//! for a key without braces), with no expiry: dropping it would let an
-//! older holder write again.
+//! The token is kept beside the key, in its hash slot: `<key>:fence` for a
+//! key with a hash tag, `{<key>}:untagged-fence` for one without. It has no
+//! expiry, and must not be evicted either: dropping it would let an older
+//! holder write again. Keep fenced data on a server whose
+//! `maxmemory-policy` is `noeviction`, or `volatile-*` with no expiry on
+//! these keys.
 
 use std::sync::LazyLock;
 use std::time::Duration;
@@ -30,12 +33,14 @@ local mine = ARGV[1]
 if highest and (#highest > #mine or (#highest == #mine and highest > mine)) then
   return {0, highest}
 end
-redis.call('SET', KEYS[2], mine)
+-- The data first: a write that fails (a key of another type) must leave
+-- the fence as it was, since a script's earlier writes stay.
 if ARGV[3] then
   redis.call('HSET', KEYS[1], ARGV[3], ARGV[2])
 else
   redis.call('SET', KEYS[1], ARGV[2])
 end
+redis.call('SET', KEYS[2], mine)
 return {1, mine}
 ",
     )
@@ -145,9 +150,10 @@ impl RedisFence {
 
 /// Where `key`'s token is kept: in its hash slot, so that a cluster runs
 /// the script on the node that holds both. A key with a hash tag keeps it
-/// in `<key>:fence`; one without, in `{<key>}:fence`, whose tag is the key.
-/// (A key with a `}` but no tag cannot be matched so: its fence may land in
-/// another slot, which only a cluster refuses.)
+/// in `<key>:fence`; one without, in `{<key>}:untagged-fence`, whose tag is
+/// the key (a name no tagged key's fence can have). A key with a `}` but
+/// no tag cannot be matched so: its fence may land in another slot, which
+/// only a cluster refuses.
 fn fence_key(key: &str) -> String {
     let tagged = key
         .split_once('{')
@@ -156,7 +162,7 @@ fn fence_key(key: &str) -> String {
     if tagged || key.contains('}') {
         format!("{key}:fence")
     } else {
-        format!("{{{key}}}:fence")
+        format!("{{{key}}}:untagged-fence")
     }
 }
 
@@ -166,7 +172,8 @@ mod tests {
 
     #[test]
     fn the_fence_shares_the_keys_slot() {
-        assert_eq!(fence_key("report"), "{report}:fence");
+        assert_eq!(fence_key("report"), "{report}:untagged-fence");
+        assert_eq!(fence_key("{report}"), "{report}:fence");
         assert_eq!(fence_key("user:{7}:cart"), "user:{7}:cart:fence");
         // An empty tag is no tag, and no fence name shares the whole
         // key's slot: its own (see above).

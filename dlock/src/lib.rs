@@ -6,7 +6,7 @@ pub use dlock_core::{
     HeldLock, JobOptions, JobOutcome, JobRun, Leader, Leadership, Lease, LeaseKind, LockInfo,
     LockOptions, LockPage, Locker, MAX_HOLDER_LEN, MAX_HOLDERS, MemoryBackend, Mode, MultiGuard,
     Observed, Observer, OnLost, OwnerToken, Result, RunReport, RunResult, Schedule, ScheduledJob,
-    Semaphore, Term, validate_name,
+    Semaphore, Term, check_fence, validate_name,
 };
 
 #[doc(hidden)]

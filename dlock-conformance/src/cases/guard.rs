@@ -188,3 +188,81 @@ pub async fn with_lock_runs_under_the_lock(backend: &Arc<dyn Backend>) {
         "with_lock releases when the closure ends"
     );
 }
+
+/// A lock-delay keeps a name whose lease ended without a release from
+/// everyone for the delay more: asked before the trusted deadline plus the
+/// delay (the server keeps it at least the drift allowance longer), the
+/// name is held; it is free once the delay has passed; a released name is
+/// free at once. A session backend, whose server frees a lost session's
+/// locks at once, refuses the option.
+pub async fn lock_delay_keeps_an_unreleased_name(backend: &Arc<dyn Backend>) {
+    let case = "lock_delay_keeps_an_unreleased_name";
+    if backend.capabilities().lease == LeaseKind::Session {
+        let locker = Locker::from_arc(backend.clone());
+        let opts = long().lock_delay(Duration::from_secs(1));
+        let r = locker.try_acquire(&unique_name(case), &opts).await;
+        assert!(
+            matches!(
+                r,
+                Err(Error::Unsupported {
+                    operation: "lock_delay",
+                    ..
+                })
+            ),
+            "lock_delay on session leases: {r:?}"
+        );
+        return;
+    }
+    judged_with_doubling_ttl(case, SHORT_TTL, |ttl| async move {
+        let (name, delay) = (unique_name(case), ttl * 2);
+        let (locker, other) = (
+            Locker::from_arc(backend.clone()),
+            Locker::from_arc(backend.clone()),
+        );
+        let paused = short().ttl(ttl).lock_delay(delay).renew(false);
+        let guard = match fresh_guard(&locker, &name, &paused).await {
+            Ok(guard) => guard,
+            Err(late) => return late,
+        };
+        let trusted = guard.valid_until().expect("a TTL lease has a deadline");
+        // Liveness only: the lease runs out at its TTL.
+        tokio::time::timeout(ttl * 4 + Duration::from_secs(10), guard.lost())
+            .await
+            .expect("lost() at the lease's end");
+        let during = other.try_acquire(&name, &long()).await;
+        // A grant whose answer is in before the trusted deadline plus the
+        // delay was made before it: the server keeps the name at least
+        // that long (and a drift allowance more). A later answer may come
+        // from a server that ran the request after it: no verdict.
+        let answered = Instant::now();
+        match during {
+            Ok(None) => {}
+            Ok(Some(_)) if answered >= trusted + delay => {
+                return Judged::No("the answer came once the delay had passed".to_owned());
+            }
+            Ok(Some(_)) => panic!(
+                "granted {:?} after the lease's end, within its lock-delay of {delay:?}",
+                answered.saturating_duration_since(trusted)
+            ),
+            Err(e) => panic!("try_acquire during the lock-delay: {e}"),
+        }
+        let wait = long().wait(server_ttl(backend.as_ref(), ttl + delay) * 2);
+        match other.acquire(&name, &wait).await {
+            Ok(next) => next.release().await.expect("release"),
+            Err(Error::Timeout { .. }) => {
+                return Judged::No("still held well after the TTL and the delay".to_owned());
+            }
+            Err(e) => panic!("acquire after the lock-delay: {e}"),
+        }
+        let released = unique_name(case);
+        let done = must_lock(&locker, &released, &paused).await;
+        done.release().await.expect("release");
+        let next = other.try_acquire(&released, &long()).await;
+        assert!(
+            matches!(next, Ok(Some(_))),
+            "a released name was delayed: {next:?}"
+        );
+        Judged::Yes
+    })
+    .await;
+}

@@ -32,6 +32,10 @@ enum Bug {
     ResettingFence,
     /// Extend reports success and does nothing.
     ExtendDoesNothing,
+    /// The server keeps a grant for as long as its client trusts it (the
+    /// TTL less the drift allowance and any lock-delay), not for the TTL
+    /// it was sent: a lock-delay is lost.
+    ServerTtlFromValidity,
     /// Extend gives the server the TTL in seconds where it counts
     /// milliseconds (`EXPIRE` for `PEXPIRE`): an extended lock outlives
     /// its lease a thousandfold.
@@ -292,6 +296,11 @@ caught!(
     an_extend_that_does_nothing_is_caught,
     Bug::ExtendDoesNothing,
     [extend_keeps_the_lock, guard_renews_past_ttl]
+);
+caught!(
+    a_server_ttl_from_the_validity_is_caught,
+    Bug::ServerTtlFromValidity,
+    [lock_delay_keeps_an_unreleased_name]
 );
 caught!(
     an_extend_in_the_wrong_unit_is_caught,

@@ -10,8 +10,8 @@ use super::Driver;
 use crate::driver::check_hold;
 use crate::driver::wait::{Backoff, Deadline, on_arrival};
 use crate::{
-    Backend, Capabilities, Error, Lease, LockInfo, LockOptions, LockPage, MAX_BATCH, MAX_HOLDERS,
-    Mode, Result, validate_name,
+    Backend, Capabilities, Error, Lease, LeaseKind, LockInfo, LockOptions, LockPage, MAX_BATCH,
+    MAX_HOLDERS, Mode, Result, validate_name,
 };
 
 /// How much longer than its request timeout core lets a driver's call run
@@ -46,9 +46,22 @@ fn after_late_grant() -> Backoff {
 
 /// The checks of an acquire: the name, the options, and a kind of lock
 /// the driver declares.
+/// Refuses a lock-delay where leases live with a session: the server
+/// frees a lost session's locks at once.
+fn check_lease_kind<D: Driver>(driver: &D, opts: &LockOptions) -> Result<()> {
+    if opts.get_lock_delay().is_some() && Driver::capabilities(driver).lease == LeaseKind::Session {
+        return Err(Error::Unsupported {
+            backend: Driver::driver(driver),
+            operation: "lock_delay",
+        });
+    }
+    Ok(())
+}
+
 fn check_request<D: Driver>(driver: &D, name: &str, opts: &LockOptions) -> Result<()> {
     validate_name(name)?;
     opts.validate()?;
+    check_lease_kind(driver, opts)?;
     let caps = Driver::capabilities(driver);
     let (declared, kind) = match opts.get_mode() {
         Mode::Exclusive => (true, ""),
@@ -77,6 +90,7 @@ impl<D: Driver> Backend for D {
 
     async fn try_acquire(&self, name: &str, opts: &LockOptions) -> Result<Option<Lease>> {
         check_request(self, name, opts)?;
+        let opts = &*opts.for_server();
         let attempt = Driver::try_acquire(self, name, opts);
         let lease = bounded(self, "try to acquire", 1, attempt).await?;
         Ok(lease.and_then(|lease| on_arrival(self, lease).into_lease()))
@@ -84,6 +98,7 @@ impl<D: Driver> Backend for D {
 
     async fn acquire(&self, name: &str, opts: &LockOptions) -> Result<Lease> {
         check_request(self, name, opts)?;
+        let opts = &*opts.for_server();
         let deadline = Deadline::after(opts.get_wait());
         let wait = async {
             let mut backoff = after_late_grant();
@@ -159,6 +174,8 @@ impl<D: Driver> Backend for D {
         }
         let opts = opts.clone().read();
         opts.validate()?;
+        check_lease_kind(self, &opts)?;
+        let opts = opts.for_server();
         bounded(self, "downgrade", 1, Driver::downgrade(self, write, &opts)).await
     }
 

@@ -89,14 +89,32 @@ async fn dropped_lost_tokens_and_bad_sets() {
         .await;
     assert!(a.is_ok(), "the dropped acquire kept a: {a:?}");
     drop((a, b));
-    let short = LockOptions::new().ttl(Duration::from_secs(1)).renew(false);
-    let set = mine.acquire_all(&["x", "y"], &short).await.unwrap();
+    let set = mine
+        .acquire_all(&["y", "x"], &LockOptions::new())
+        .await
+        .unwrap();
     let names: Vec<&str> = set.guards().iter().map(Guard::name).collect();
     assert_eq!(names, ["x", "y"]);
     assert!(set.fencing_token("x").is_some() && set.fencing_token("z").is_none());
+    set.release().await.unwrap();
+    // `x` runs out after a second, `y` after a minute: `lost()` is the
+    // first loss, not the last.
+    let ttl = |secs| {
+        LockOptions::new()
+            .ttl(Duration::from_secs(secs))
+            .renew(false)
+    };
+    let set = MultiGuard {
+        guards: vec![
+            mine.acquire("x", &ttl(1)).await.unwrap(),
+            mine.acquire("y", &ttl(60)).await.unwrap(),
+        ],
+    };
+    let started = tokio::time::Instant::now();
     tokio::time::timeout(Duration::from_secs(5), set.lost())
         .await
-        .expect("lost() fires when a lease ends");
+        .expect("lost() fires when the first lease ends");
+    assert!(started.elapsed() <= Duration::from_secs(1));
     assert!(!set.is_valid());
     let twice = mine.acquire_all(&["x", "x"], &LockOptions::new()).await;
     assert!(matches!(twice, Err(Error::InvalidName { .. })), "{twice:?}");

@@ -159,7 +159,7 @@ impl Renewer {
             on: renew,
             until: renew_until,
         } = renew;
-        let (ttl, deadline) = (lease.ttl()?, lease.valid_until()?);
+        let (ttl, deadline) = (lease.trusted_ttl()?, lease.valid_until()?);
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             tracing::warn!(name = lease.name(), "no tokio runtime: lease not renewed");
             return None;
@@ -303,7 +303,7 @@ impl Shared {
             }
             entry.in_flight = false;
             entry.retry = false;
-            let ttl = lease.ttl().unwrap_or_default();
+            let ttl = lease.trusted_ttl().unwrap_or_default();
             let next = match &outcome {
                 Ok(held) if held[i] => {
                     metric::count(metric::RENEWALS, driver);
@@ -378,19 +378,25 @@ impl State {
                 self.lose(id, driver);
                 continue;
             }
-            if entry.renew && entry.renew_until.is_some_and(|until| now >= until) {
+            let held_long_enough = entry.renew_until.is_some_and(|until| now >= until);
+            if entry.renew && held_long_enough && !entry.in_flight {
                 // Held as long as allowed: the lease runs out at its deadline.
                 tracing::info!(
                     lock = entry.lease.name(),
                     "held for max_hold: renewal stops"
                 );
                 entry.renew = false;
+            }
+            if !entry.renew && at < deadline {
+                // Not renewed: nothing to do before its deadline (a timer
+                // left earlier, by a renewal that came back after renewal
+                // stopped, would fire again and again until then).
                 entry.timer = deadline;
                 self.timers.remove(&(at, id));
                 self.timers.insert((deadline, id));
                 continue;
             }
-            let ttl = entry.lease.ttl().unwrap_or_default();
+            let ttl = entry.lease.trusted_ttl().unwrap_or_default();
             let early = if entry.retry {
                 Duration::ZERO
             } else {

@@ -172,3 +172,43 @@ async fn max_hold_stops_renewal_and_the_lease_ends_at_its_ttl() {
         })
     ));
 }
+
+/// With a lock-delay, a lease that ends without a release (its holder
+/// stopped renewing) keeps the name from everyone for the delay more, by
+/// the server's clock, while its guard is lost at the TTL as before; a
+/// released name is free at once.
+#[tokio::test(start_paused = true)]
+async fn a_lock_delay_keeps_an_unreleased_name_and_not_a_released_one() {
+    let backend = Arc::new(MemoryBackend::new());
+    let (mine, other) = (Locker::from_arc(backend.clone()), Locker::from_arc(backend));
+    let ttl = Duration::from_secs(1);
+    let delayed = LockOptions::new()
+        .ttl(ttl)
+        .lock_delay(Duration::from_secs(2))
+        .renew(false);
+    let start = tokio::time::Instant::now();
+    let guard = mine.acquire("paused", &delayed).await.unwrap();
+    assert!(guard.valid_until().unwrap() <= start + ttl);
+    guard.lost().await;
+    assert!(start.elapsed() <= ttl, "trusted for the TTL asked for");
+    tokio::time::sleep_until(start + Duration::from_millis(2900)).await;
+    let during = other
+        .try_acquire("paused", &LockOptions::new())
+        .await
+        .unwrap();
+    assert!(during.is_none(), "granted within the lock-delay");
+    tokio::time::sleep_until(start + Duration::from_millis(3100)).await;
+    let after = other
+        .try_acquire("paused", &LockOptions::new())
+        .await
+        .unwrap();
+    assert!(after.is_some(), "still held after TTL plus lock-delay");
+    let released = mine.acquire("released", &delayed).await.unwrap();
+    released.release().await.unwrap();
+    let next = other
+        .try_acquire("released", &LockOptions::new())
+        .await
+        .unwrap();
+    assert!(next.is_some(), "a released name was delayed");
+    drop(guard);
+}

@@ -79,9 +79,25 @@ async fn postgres_refuses_a_stale_holders_write() {
             .expect("read")
     };
     let (old, new, _a, _b) = stale_and_next(Service::Postgres, &format!("fence-pg-{tag}")).await;
+    write("first", Some(old.fencing_token()))
+        .await
+        .expect("the first holder's write");
+    // The stale holder's transaction reads before the next holder writes.
+    let mut stale = pool.begin().await.expect("begin");
+    let seen: String = sqlx::query_scalar(sqlx::AssertSqlSafe(read.clone()))
+        .fetch_one(&mut *stale)
+        .await
+        .expect("read");
+    assert_eq!(seen, "first");
     write("new", Some(new.fencing_token()))
         .await
         .expect("the holder's write");
+    refused(
+        fence.admit(&mut stale, "row:1", old.fencing_token()).await,
+        &old,
+        &new,
+    );
+    drop(stale);
     refused(write("old", Some(old.fencing_token())).await, &old, &new);
     assert_eq!(value().await, "new");
     // The control: the same write without the fence loses the update.
@@ -131,9 +147,26 @@ async fn mariadb_refuses_a_stale_holders_write() {
             .expect("read")
     };
     let (old, new, _a, _b) = stale_and_next(Service::MariaDb, &format!("fence-my-{tag}")).await;
+    write("first", Some(old.fencing_token()))
+        .await
+        .expect("the first holder's write");
+    // The stale holder's transaction reads (REPEATABLE READ takes its
+    // snapshot then) before the next holder writes.
+    let mut stale = pool.begin().await.expect("begin");
+    let seen: String = sqlx::query_scalar(sqlx::AssertSqlSafe(read.clone()))
+        .fetch_one(&mut *stale)
+        .await
+        .expect("read");
+    assert_eq!(seen, "first");
     write("new", Some(new.fencing_token()))
         .await
         .expect("the holder's write");
+    refused(
+        fence.admit(&mut stale, "row:1", old.fencing_token()).await,
+        &old,
+        &new,
+    );
+    drop(stale);
     refused(write("old", Some(old.fencing_token())).await, &old, &new);
     assert_eq!(value().await, "new");
     write("old", None).await.expect("an unfenced write");

@@ -448,15 +448,22 @@ async fn stop(p: &mut Process) {
     let pid = p.child.id().expect("a running node");
     signal(pid, Signal::SIGSTOP);
     // The signal is taken on the node's next return to user space; /proc
-    // says when it has been.
-    while !std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .expect("the node's state")
-        .rsplit(')')
-        .next()
-        .is_some_and(|rest| rest.trim_start().starts_with('T'))
-    {
-        tokio::time::sleep(Duration::from_millis(1)).await;
-    }
+    // says when it has been (`T`; `t` under a tracer).
+    let stopped = || {
+        std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .expect("the node's state")
+            .rsplit(')')
+            .next()
+            .is_some_and(|rest| rest.trim_start().starts_with(['T', 't']))
+    };
+    // Liveness only.
+    timeout(Duration::from_secs(30), async {
+        while !stopped() {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    })
+    .await
+    .expect("the node did not stop");
 }
 
 fn resume(p: &Process) {

@@ -7,7 +7,7 @@
 
 use std::collections::BTreeMap;
 use std::process::Stdio;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use dlock::{LockOptions, Locker};
 use dlock_conformance::harness::{Service, shared};
@@ -20,7 +20,8 @@ const NODE_URL: &str = "DLOCK_MULTI_NODE_URL";
 const ROUNDS: usize = 1000;
 
 /// One hold of the set: each name's token, and when the hold began and
-/// ended (ns since the epoch: the two processes share this machine's clock).
+/// ended (ns of the machine's monotonic clock, which the two processes
+/// share).
 #[derive(Debug, Clone)]
 struct Hold {
     tokens: [(String, u64); 2],
@@ -29,10 +30,8 @@ struct Hold {
 }
 
 fn now_ns() -> u128 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap_or_default()
-        .as_nanos()
+    let now = nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC).expect("the clock");
+    Duration::from(now).as_nanos()
 }
 
 /// Locks `names` [`ROUNDS`] times and prints each hold as `DLOCK-HOLD
@@ -44,8 +43,9 @@ async fn rounds(locker: Locker, names: [String; 2]) {
             .await
             .expect("acquire_all");
         let start = now_ns();
-        // A hold that lasts: the other process asks meanwhile.
-        tokio::task::yield_now().await;
+        // A hold that lasts: the other process asks meanwhile, and a
+        // grant to it now would overlap.
+        tokio::time::sleep(Duration::from_millis(1)).await;
         let line: Vec<String> = set
             .guards()
             .iter()

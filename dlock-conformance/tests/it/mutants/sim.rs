@@ -222,6 +222,8 @@ impl Sim {
         let ttl = opts.get_ttl();
         let ttl = if self.has(Bug::TruncatedTtl) {
             Duration::from_millis(u64::try_from(ttl.as_millis()).unwrap())
+        } else if self.has(Bug::ServerTtlFromValidity) {
+            opts.valid_until(sent) - sent
         } else {
             ttl
         };
@@ -345,11 +347,13 @@ impl Backend for Sim {
 
     async fn try_acquire(&self, name: &str, opts: &LockOptions) -> Result<Option<Lease>> {
         self.check_request(name, opts)?;
+        let opts = &*opts.for_server();
         Ok(self.attempt(name, opts).await?.into_lease())
     }
 
     async fn acquire(&self, name: &str, opts: &LockOptions) -> Result<Lease> {
         self.check_request(name, opts)?;
+        let opts = &*opts.for_server();
         let deadline = Deadline::after(opts.get_wait());
         if opts.get_mode() != Mode::Exclusive {
             let wait = self.wait_shared(name, opts, deadline);
