@@ -69,6 +69,7 @@ macro_rules! __case_list {
                 guard_lost_fires_at_expiry,
                 max_hold_ends_the_hold,
                 lock_delay_keeps_an_unreleased_name,
+                acquire_all_takes_all_or_none,
                 guard_drop_releases,
                 with_lock_runs_under_the_lock,
                 dropped_acquire_leaves_no_lock,

@@ -250,12 +250,19 @@ impl Guard {
         &self.lease
     }
 
-    /// Releases the lock now.
+    /// Releases the lock now. A lease with a
+    /// [`lock_delay`](LockOptions::lock_delay) that is no longer trusted
+    /// is not released (nor when the guard is dropped): the server keeps
+    /// the name from everyone until the delay is over.
     ///
     /// # Errors
     /// [`Error::NotHeld`] if the lease had already ended; connection errors
     /// leave the lock to expire with its TTL or session.
     pub async fn release(mut self) -> Result<()> {
+        if self.keeps_its_delay() {
+            self.released = true;
+            return Err(Error::not_held(self.name()));
+        }
         self.lost.cancel();
         let done = self.backend.release(&self.lease).await;
         // Only now: if this future is dropped midway, `Drop` releases in
@@ -295,9 +302,19 @@ impl Guard {
     }
 }
 
+impl Guard {
+    /// Whether the lease has a lock-delay and is no longer trusted: it is
+    /// then left to the server, which grants the name to nobody until the
+    /// delay is over. Released now, it would be free at once, while work
+    /// cancelled when it was lost may still have writes in flight.
+    fn keeps_its_delay(&self) -> bool {
+        !self.lease.lock_delay().is_zero() && !self.is_valid()
+    }
+}
+
 impl Drop for Guard {
     fn drop(&mut self) {
-        if self.released {
+        if self.released || self.keeps_its_delay() {
             return;
         }
         self.lost.cancel();

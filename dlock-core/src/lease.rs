@@ -208,6 +208,12 @@ impl Lease {
         self.ttl
     }
 
+    /// The lock-delay the server keeps beyond the trusted TTL
+    /// ([`LockOptions::lock_delay`]); zero without one.
+    pub fn lock_delay(&self) -> Duration {
+        self.delay
+    }
+
     /// How long after each grant or extension the client trusts the lease
     /// (before the drift allowance): the TTL asked for, without a
     /// lock-delay; `None` for session leases.

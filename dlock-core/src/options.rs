@@ -150,6 +150,7 @@ impl LockOptions {
     /// crashed holder's name is free after `ttl + delay`. Session backends
     /// (ZooKeeper), whose server frees a lost session's locks at once,
     /// refuse it with [`Error::Unsupported`].
+    /// `Duration::ZERO` turns it off.
     pub fn lock_delay(mut self, delay: Duration) -> Self {
         self.lock_delay = Some(delay);
         self
@@ -166,7 +167,7 @@ impl LockOptions {
     /// that much longer for the server, and validity counted from the TTL
     /// asked for ([`valid_until`](Self::valid_until)); else these.
     pub fn for_server(&self) -> std::borrow::Cow<'_, LockOptions> {
-        match self.lock_delay {
+        match self.lock_delay.filter(|delay| !delay.is_zero()) {
             Some(delay) => std::borrow::Cow::Owned(LockOptions {
                 ttl: self.ttl.saturating_add(delay),
                 drift: Some(self.get_drift()),
@@ -182,6 +183,16 @@ impl LockOptions {
     /// trust (zero but on the options a driver gets).
     pub(crate) fn delay_in_ttl(&self) -> Duration {
         self.delay_in_ttl
+    }
+
+    /// How long after a grant or an extension its holder trusts the lease,
+    /// before the drift allowance: the TTL, less the lock-delay on the
+    /// options a driver gets ([`for_server`](Self::for_server)). Drivers
+    /// time what must happen within a lease (a waiter's renewals, a
+    /// hand-over's freshness) by this, and what the server keeps by
+    /// [`get_ttl`](Self::get_ttl).
+    pub fn trusted_ttl(&self) -> Duration {
+        self.ttl.saturating_sub(self.delay_in_ttl)
     }
 
     /// The lease time.
@@ -271,7 +282,7 @@ impl LockOptions {
         }
         if let Some(delay) = self.lock_delay {
             let room = MAX_TTL.saturating_sub(self.ttl);
-            check_duration("lock_delay", delay, Duration::from_millis(1), room)?;
+            check_duration("lock_delay", delay, Duration::ZERO, room)?;
         }
         if self.mode == Mode::Permit(0) {
             return Err(Error::invalid_option(
@@ -298,8 +309,7 @@ impl LockOptions {
     pub fn valid_until(&self, sent: Instant) -> Instant {
         // Saturating: options that were never validated give a lease that
         // is invalid at once, not a panic.
-        let trusted = self.ttl.saturating_sub(self.delay_in_ttl);
-        deadline_after(sent, trusted.saturating_sub(self.get_drift()))
+        deadline_after(sent, self.trusted_ttl().saturating_sub(self.get_drift()))
     }
 }
 

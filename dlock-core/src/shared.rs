@@ -100,16 +100,22 @@ impl Locker {
         }
     }
 
-    /// Refuses a kind of lock the backend lacks, and a bound on renewal
-    /// where leases live with a session: nothing would end them.
+    /// Refuses a kind of lock the backend lacks, and a bound on renewal or
+    /// a lock-delay where leases live with a session: nothing would end
+    /// them, and the server frees a lost session's locks at once.
     fn check_supported(&self, mode: Mode, opts: &LockOptions) -> Result<()> {
         let caps = self.backend.capabilities();
         let unsupported = |operation| Error::Unsupported {
             backend: self.backend.driver(),
             operation,
         };
-        if opts.get_max_hold().is_some() && caps.lease == LeaseKind::Session {
-            return Err(unsupported("max_hold"));
+        if caps.lease == LeaseKind::Session {
+            if opts.get_max_hold().is_some() {
+                return Err(unsupported("max_hold"));
+            }
+            if opts.get_lock_delay().is_some_and(|d| !d.is_zero()) {
+                return Err(unsupported("lock_delay"));
+            }
         }
         match mode {
             Mode::Read | Mode::Write if !caps.rwlock => Err(unsupported("reader-writer lock")),

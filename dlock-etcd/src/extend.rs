@@ -15,14 +15,18 @@ impl EtcdBackend {
     /// Nor is a lease past its validity deadline: the server may keep the
     /// key a little longer (its TTL is whole seconds), but its holder
     /// stopped trusting it, and a renewal must not bring it back. Its
-    /// etcd lease is revoked, so the name is free at once.
+    /// etcd lease is revoked, so the name is free at once (unless the
+    /// lease has a lock-delay).
     pub(crate) async fn extend_lease(&self, lease: &mut Lease) -> Result<()> {
         let (id, _) = parse_handle(lease)?;
         let ttl = lease.ttl().unwrap_or_default();
         let not_held = || Error::not_held(lease.name());
         if !lease.is_valid() {
-            // Revoked now, so that the name is free when this returns.
-            self.revoke_soon(id, ttl).await;
+            // Revoked now, so that the name is free when this returns;
+            // unless a lock-delay keeps it from everyone until its TTL.
+            if lease.lock_delay().is_zero() {
+                self.revoke_soon(id, ttl).await;
+            }
             return Err(not_held());
         }
         let sent = Instant::now();
@@ -37,7 +41,9 @@ impl EtcdBackend {
                 Ok(())
             }
             [KeptAlive::Renewed] => {
-                self.revoke_soon(id, ttl).await;
+                if lease.lock_delay().is_zero() {
+                    self.revoke_soon(id, ttl).await;
+                }
                 Err(not_held())
             }
             _ => Err(not_held()),
@@ -88,8 +94,12 @@ impl EtcdBackend {
         Ok(held)
     }
 
-    /// Revokes `lease`'s etcd lease `id` on a spawned task.
+    /// Revokes `lease`'s etcd lease `id` on a spawned task, unless a
+    /// lock-delay keeps the name from everyone until its TTL.
     fn revoke_in_background(&self, id: i64, lease: &Lease) {
+        if !lease.lock_delay().is_zero() {
+            return;
+        }
         // Dropped armed: the undo runs.
         drop(self.undo_lease(id, lease.ttl().unwrap_or_default()));
     }

@@ -91,7 +91,9 @@ impl EtcdBackend {
                 self.leave(place).await;
                 return Err(deadline.timeout_error(name));
             }
-            let renew_at = place.renewed + place.opts.get_ttl() / 3;
+            // A third of the time the place is trusted (a lock-delay adds to
+            // the TTL the server keeps, not to that).
+            let renew_at = place.renewed + place.opts.trusted_ttl() / 3;
             let until =
                 Instant::now() + deadline.cap(renew_at.saturating_duration_since(Instant::now()));
             let woken = tokio::select! {

@@ -13,7 +13,7 @@ use std::time::Duration;
 use dlock_core::{Error, Result, check_fence};
 use sqlx::{MySql, MySqlConnection, Transaction};
 
-use crate::error::{sql_error, timed_out};
+use crate::pool::My;
 use crate::sql::validate_table;
 
 /// Fencing through a table of the greatest token per resource.
@@ -75,7 +75,7 @@ impl MySqlFence {
     /// administrator run [`table_ddl`](Self::table_ddl)).
     pub async fn create_table(&self, conn: &mut MySqlConnection) -> Result<()> {
         let run = sqlx::raw_sql(sqlx::AssertSqlSafe(self.table_ddl())).execute(conn);
-        self.bounded(run, "create the fence table").await?;
+        dlock_sql::bounded::<My, _>(self.timeout, run, "create the fence table").await?;
         Ok(())
     }
 
@@ -132,21 +132,8 @@ impl MySqlFence {
                 .fetch_one(&mut *conn)
                 .await
         };
-        let highest = self.bounded(run, "admit a fenced write").await?;
+        let highest =
+            dlock_sql::bounded::<My, _>(self.timeout, run, "admit a fenced write").await?;
         check_fence(resource, token, Some(highest))
-    }
-
-    async fn bounded<T>(
-        &self,
-        run: impl Future<Output = sqlx::Result<T>>,
-        doing: &str,
-    ) -> Result<T> {
-        match tokio::time::timeout(self.timeout, run).await {
-            Ok(done) => done.map_err(|e| sql_error(e, doing)),
-            Err(_) => Err(timed_out(format!(
-                "{doing}: no answer within {:?}",
-                self.timeout
-            ))),
-        }
     }
 }

@@ -13,7 +13,7 @@ use std::time::Duration;
 use dlock_core::{Error, Result, check_fence};
 use sqlx::{PgConnection, Postgres, Transaction};
 
-use crate::error::{sql_error, timed_out};
+use crate::pool::Pg;
 use crate::sql::validate_identifier;
 
 /// Fencing through a table of the greatest token per resource.
@@ -84,7 +84,7 @@ impl PgFence {
     pub async fn create_table(&self, conn: &mut PgConnection) -> Result<()> {
         let ddl = self.table_ddl();
         let run = sqlx::raw_sql(sqlx::AssertSqlSafe(ddl)).execute(conn);
-        self.bounded(run, "create the fence table").await?;
+        dlock_sql::bounded::<Pg, _>(self.timeout, run, "create the fence table").await?;
         Ok(())
     }
 
@@ -125,21 +125,8 @@ impl PgFence {
             .bind(resource)
             .bind(mine)
             .fetch_one(conn);
-        let highest = self.bounded(run, "admit a fenced write").await?;
+        let highest =
+            dlock_sql::bounded::<Pg, _>(self.timeout, run, "admit a fenced write").await?;
         check_fence(resource, token, u64::try_from(highest).ok())
-    }
-
-    async fn bounded<T>(
-        &self,
-        run: impl Future<Output = sqlx::Result<T>>,
-        doing: &str,
-    ) -> Result<T> {
-        match tokio::time::timeout(self.timeout, run).await {
-            Ok(done) => done.map_err(|e| sql_error(e, doing)),
-            Err(_) => Err(timed_out(format!(
-                "{doing}: no answer within {:?}",
-                self.timeout
-            ))),
-        }
     }
 }

@@ -91,9 +91,12 @@ impl RedisBackend {
         // every grant must be confirmed by replicas (a hand-over is not),
         // or it would not hear of it (it would learn at its next poll, and
         // hold the lock for nothing until then).
+        // Nor with a lock-delay: a hand-over's freshness is judged on the
+        // TTL the server keeps, longer than the one the waiter trusts.
         let takes_hand_overs = subscribed
             && opts.get_mode() == Mode::Exclusive
-            && self.inner.builder.durable.is_none();
+            && self.inner.builder.durable.is_none()
+            && opts.trusted_ttl() == opts.get_ttl();
         let pending = takes_hand_overs
             .then(Pending::new)
             .transpose()?

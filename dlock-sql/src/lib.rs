@@ -13,6 +13,25 @@ pub use purge::{MIN_PURGE_AGE, Purger, check_purge_age, spawn_purger};
 pub use settings::{Settings, check_url};
 pub use shared::{SharedKinds, SharedStatements};
 
+/// Runs statements of `D` on a connection the application lent (a fenced
+/// write's transaction, say) within `timeout`: an answer after it is no
+/// answer, and the connection's state is then unknown.
+///
+/// # Errors
+/// The driver's error for what `run` failed with, or its timeout error.
+pub async fn bounded<D: Dialect, T>(
+    timeout: std::time::Duration,
+    run: impl Future<Output = sqlx::Result<T>>,
+    doing: &str,
+) -> dlock_core::Result<T> {
+    match tokio::time::timeout(timeout, run).await {
+        Ok(done) => done.map_err(|e| D::error(e, doing)),
+        Err(_) => Err(D::timed_out(format!(
+            "{doing}: no answer within {timeout:?}"
+        ))),
+    }
+}
+
 /// What both SQL drivers can do: leases on the database clock, fencing
 /// tokens that fold in that clock (so they keep increasing across a
 /// restart or a deleted row), the undo of an acquire of unknown outcome,

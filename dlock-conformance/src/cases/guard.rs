@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use dlock_core::{Backend, Error, Guard, LeaseKind, Locker};
-use tokio::time::{Instant, sleep};
+use tokio::time::{Instant, sleep, sleep_until};
 
 use super::{
     Judged, SHORT_TTL, assert_held, fresh_guard, judged_with_doubling_ttl, needs_ttl, server_ttl,
@@ -229,6 +229,14 @@ pub async fn lock_delay_keeps_an_unreleased_name(backend: &Arc<dyn Backend>) {
         tokio::time::timeout(ttl * 4 + Duration::from_secs(10), guard.lost())
             .await
             .expect("lost() at the lease's end");
+        // Dropped lost: a guard with a lock-delay leaves its name to the
+        // server (released, it would be free at once).
+        drop(guard);
+        // Halfway through the delay: a server that kept the grant only as
+        // long as its holder trusted it has let it go by now, however late
+        // the grant's request reached it (its answer came before the
+        // deadline).
+        sleep_until(trusted + delay / 2).await;
         let during = other.try_acquire(&name, &long()).await;
         // A grant whose answer is in before the trusted deadline plus the
         // delay was made before it: the server keeps the name at least
@@ -255,7 +263,7 @@ pub async fn lock_delay_keeps_an_unreleased_name(backend: &Arc<dyn Backend>) {
             Err(e) => panic!("acquire after the lock-delay: {e}"),
         }
         let released = unique_name(case);
-        let done = must_lock(&locker, &released, &paused).await;
+        let done = must_lock(&locker, &released, &long().lock_delay(delay)).await;
         done.release().await.expect("release");
         let next = other.try_acquire(&released, &long()).await;
         assert!(
@@ -265,4 +273,47 @@ pub async fn lock_delay_keeps_an_unreleased_name(backend: &Arc<dyn Backend>) {
         Judged::Yes
     })
     .await;
+}
+
+/// Several names at once: with one name of the set held elsewhere,
+/// `acquire_all` gives up at its wait bound naming it, and `try_acquire_all`
+/// at once, each leaving the other names free; once it is free, the whole
+/// set is taken, each name with its own lease and token.
+pub async fn acquire_all_takes_all_or_none(backend: &Arc<dyn Backend>) {
+    let case = "acquire_all_takes_all_or_none";
+    let (a, b) = (unique_name(case), unique_name(case));
+    let (locker, other) = (
+        Locker::from_arc(backend.clone()),
+        Locker::from_arc(backend.clone()),
+    );
+    let held = must_lock(&other, &b, &long()).await;
+    let set = [a.as_str(), b.as_str()];
+    let wait = long().wait(Duration::from_millis(300));
+    match locker.acquire_all(&set, &wait).await {
+        Err(Error::Timeout { name, .. }) => assert_eq!(name, b, "the name waited for"),
+        other => panic!("acquire_all with {b:?} held: {other:?}"),
+    }
+    let left = backend.inspect(&a).await.expect("inspect");
+    assert!(left.is_none(), "a failed acquire_all kept {a:?}: {left:?}");
+    let tried = locker.try_acquire_all(&set, &long()).await.expect("try");
+    assert!(tried.is_none(), "try_acquire_all took a held name");
+    let left = backend.inspect(&a).await.expect("inspect");
+    assert!(
+        left.is_none(),
+        "a failed try_acquire_all kept {a:?}: {left:?}"
+    );
+    held.release().await.expect("release");
+    let both = locker
+        .acquire_all(&set, &long().wait(Duration::from_secs(10)))
+        .await
+        .expect("the whole set, once free");
+    for name in set {
+        let seen = backend.inspect(name).await.expect("inspect");
+        let token = both.fencing_token(name).expect("a token per name");
+        assert!(
+            seen.is_some_and(|info| !backend.capabilities().fencing || info.fencing_token == token),
+            "{name:?} not held with its own token"
+        );
+    }
+    both.release().await.expect("release");
 }

@@ -26,6 +26,9 @@ enum Bug {
     NoValidation,
     /// Release deletes whoever holds the name (`DELETE … WHERE name = ?`).
     ReleaseWithoutOwnerCheck,
+    /// Release reports success and deletes nothing (a statement keyed on
+    /// the wrong column): the name stays held until its TTL.
+    ReleaseDoesNothing,
     /// The client counts the lease from a clock running ahead of the server's.
     SkewedClock,
     /// The fencing counter starts over (Redis restarted without persistence).
@@ -296,6 +299,11 @@ caught!(
     an_extend_that_does_nothing_is_caught,
     Bug::ExtendDoesNothing,
     [extend_keeps_the_lock, guard_renews_past_ttl]
+);
+caught!(
+    a_release_that_does_nothing_is_caught,
+    Bug::ReleaseDoesNothing,
+    [acquire_then_release, acquire_all_takes_all_or_none]
 );
 caught!(
     a_server_ttl_from_the_validity_is_caught,

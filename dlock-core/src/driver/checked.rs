@@ -49,7 +49,8 @@ fn after_late_grant() -> Backoff {
 /// Refuses a lock-delay where leases live with a session: the server
 /// frees a lost session's locks at once.
 fn check_lease_kind<D: Driver>(driver: &D, opts: &LockOptions) -> Result<()> {
-    if opts.get_lock_delay().is_some() && Driver::capabilities(driver).lease == LeaseKind::Session {
+    let delayed = opts.get_lock_delay().is_some_and(|d| !d.is_zero());
+    if delayed && Driver::capabilities(driver).lease == LeaseKind::Session {
         return Err(Error::Unsupported {
             backend: Driver::driver(driver),
             operation: "lock_delay",

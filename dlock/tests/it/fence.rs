@@ -37,141 +37,95 @@ fn refused<T: std::fmt::Debug>(r: dlock::Result<T>, old: &Guard, new: &Guard) {
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn postgres_refuses_a_stale_holders_write() {
-    let url = shared(Service::Postgres).await.url();
-    let pool = sqlx::PgPool::connect(url).await.expect("connect");
-    let tag = format!("{:08x}", fastrand::u32(..));
-    let data = format!("fence_data_{tag}");
-    let fence = PgFence::new(&format!("fence_{tag}")).expect("a table name");
-    fence
-        .create_table(&mut pool.acquire().await.expect("conn"))
-        .await
-        .expect("create the fence table");
-    let create = format!("CREATE TABLE {data} (id INT PRIMARY KEY, value TEXT NOT NULL)");
-    sqlx::raw_sql(sqlx::AssertSqlSafe(create))
-        .execute(&pool)
-        .await
-        .expect("create");
-    let set =
-        format!("INSERT INTO {data} VALUES (1, $1) ON CONFLICT (id) DO UPDATE SET value = $1");
-    let read = format!("SELECT value FROM {data} WHERE id = 1");
-    let write = |who: &'static str, token: Option<u64>| {
-        let (pool, fence, set) = (pool.clone(), fence.clone(), set.clone());
-        async move {
-            let mut tx = pool.begin().await.expect("begin");
-            if let Some(token) = token {
-                fence.admit(&mut tx, "row:1", token).await?;
-            }
-            sqlx::query(sqlx::AssertSqlSafe(set))
-                .bind(who)
-                .execute(&mut *tx)
+/// `sql_fence_test!(test, Service, Pool, Fence, upsert)`: the case on a SQL
+/// store, its data written by `upsert` (`$data` for the table, one
+/// parameter for the value). The stale holder's transaction reads before
+/// the next holder writes (under REPEATABLE READ its snapshot dates from
+/// then), and is refused all the same.
+macro_rules! sql_fence_test {
+    ($test:ident, $service:expr, $pool:ty, $fence:ty, $upsert:literal) => {
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn $test() {
+            let url = shared($service).await.url();
+            let pool = <$pool>::connect(url).await.expect("connect");
+            let tag = format!("{:08x}", fastrand::u32(..));
+            let data = format!("fence_data_{tag}");
+            let fence = <$fence>::new(&format!("fence_{tag}")).expect("a table name");
+            fence
+                .create_table(&mut pool.acquire().await.expect("conn"))
                 .await
-                .expect("write");
-            tx.commit().await.expect("commit");
-            Ok::<_, Error>(())
+                .expect("create the fence table");
+            let create = format!("CREATE TABLE {data} (id INT PRIMARY KEY, value TEXT NOT NULL)");
+            sqlx::raw_sql(sqlx::AssertSqlSafe(create))
+                .execute(&pool)
+                .await
+                .expect("create");
+            let set = $upsert.replace("$data", &data);
+            let read = format!("SELECT value FROM {data} WHERE id = 1");
+            let write = |who: &'static str, token: Option<u64>| {
+                let (pool, fence, set) = (pool.clone(), fence.clone(), set.clone());
+                async move {
+                    let mut tx = pool.begin().await.expect("begin");
+                    if let Some(token) = token {
+                        fence.admit(&mut tx, "row:1", token).await?;
+                    }
+                    sqlx::query(sqlx::AssertSqlSafe(set))
+                        .bind(who)
+                        .execute(&mut *tx)
+                        .await
+                        .expect("write");
+                    tx.commit().await.expect("commit");
+                    Ok::<_, Error>(())
+                }
+            };
+            let value = || async {
+                sqlx::query_scalar::<_, String>(sqlx::AssertSqlSafe(read.clone()))
+                    .fetch_one(&pool)
+                    .await
+                    .expect("read")
+            };
+            let (old, new, _a, _b) = stale_and_next($service, &format!("fence-{tag}")).await;
+            write("first", Some(old.fencing_token()))
+                .await
+                .expect("the first holder's write");
+            let mut stale = pool.begin().await.expect("begin");
+            let seen: String = sqlx::query_scalar(sqlx::AssertSqlSafe(read.clone()))
+                .fetch_one(&mut *stale)
+                .await
+                .expect("read");
+            assert_eq!(seen, "first");
+            write("new", Some(new.fencing_token()))
+                .await
+                .expect("the holder's write");
+            refused(
+                fence.admit(&mut stale, "row:1", old.fencing_token()).await,
+                &old,
+                &new,
+            );
+            drop(stale);
+            refused(write("old", Some(old.fencing_token())).await, &old, &new);
+            assert_eq!(value().await, "new");
+            // The control: the same write without the fence loses the update.
+            write("old", None).await.expect("an unfenced write");
+            assert_eq!(value().await, "old");
         }
     };
-    let value = || async {
-        sqlx::query_scalar::<_, String>(sqlx::AssertSqlSafe(read.clone()))
-            .fetch_one(&pool)
-            .await
-            .expect("read")
-    };
-    let (old, new, _a, _b) = stale_and_next(Service::Postgres, &format!("fence-pg-{tag}")).await;
-    write("first", Some(old.fencing_token()))
-        .await
-        .expect("the first holder's write");
-    // The stale holder's transaction reads before the next holder writes.
-    let mut stale = pool.begin().await.expect("begin");
-    let seen: String = sqlx::query_scalar(sqlx::AssertSqlSafe(read.clone()))
-        .fetch_one(&mut *stale)
-        .await
-        .expect("read");
-    assert_eq!(seen, "first");
-    write("new", Some(new.fencing_token()))
-        .await
-        .expect("the holder's write");
-    refused(
-        fence.admit(&mut stale, "row:1", old.fencing_token()).await,
-        &old,
-        &new,
-    );
-    drop(stale);
-    refused(write("old", Some(old.fencing_token())).await, &old, &new);
-    assert_eq!(value().await, "new");
-    // The control: the same write without the fence loses the update.
-    write("old", None).await.expect("an unfenced write");
-    assert_eq!(value().await, "old");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn mariadb_refuses_a_stale_holders_write() {
-    use dlock::mysql::fence::MySqlFence;
-    let url = shared(Service::MariaDb).await.url();
-    let pool = sqlx::MySqlPool::connect(url).await.expect("connect");
-    let tag = format!("{:08x}", fastrand::u32(..));
-    let data = format!("fence_data_{tag}");
-    let fence = MySqlFence::new(&format!("fence_{tag}")).expect("a table name");
-    fence
-        .create_table(&mut pool.acquire().await.expect("conn"))
-        .await
-        .expect("create the fence table");
-    let create = format!("CREATE TABLE {data} (id INT PRIMARY KEY, value TEXT NOT NULL)");
-    sqlx::raw_sql(sqlx::AssertSqlSafe(create))
-        .execute(&pool)
-        .await
-        .expect("create");
-    let set = format!("REPLACE INTO {data} VALUES (1, ?)");
-    let read = format!("SELECT value FROM {data} WHERE id = 1");
-    let write = |who: &'static str, token: Option<u64>| {
-        let (pool, fence, set) = (pool.clone(), fence.clone(), set.clone());
-        async move {
-            let mut tx = pool.begin().await.expect("begin");
-            if let Some(token) = token {
-                fence.admit(&mut tx, "row:1", token).await?;
-            }
-            sqlx::query(sqlx::AssertSqlSafe(set))
-                .bind(who)
-                .execute(&mut *tx)
-                .await
-                .expect("write");
-            tx.commit().await.expect("commit");
-            Ok::<_, Error>(())
-        }
-    };
-    let value = || async {
-        sqlx::query_scalar::<_, String>(sqlx::AssertSqlSafe(read.clone()))
-            .fetch_one(&pool)
-            .await
-            .expect("read")
-    };
-    let (old, new, _a, _b) = stale_and_next(Service::MariaDb, &format!("fence-my-{tag}")).await;
-    write("first", Some(old.fencing_token()))
-        .await
-        .expect("the first holder's write");
-    // The stale holder's transaction reads (REPEATABLE READ takes its
-    // snapshot then) before the next holder writes.
-    let mut stale = pool.begin().await.expect("begin");
-    let seen: String = sqlx::query_scalar(sqlx::AssertSqlSafe(read.clone()))
-        .fetch_one(&mut *stale)
-        .await
-        .expect("read");
-    assert_eq!(seen, "first");
-    write("new", Some(new.fencing_token()))
-        .await
-        .expect("the holder's write");
-    refused(
-        fence.admit(&mut stale, "row:1", old.fencing_token()).await,
-        &old,
-        &new,
-    );
-    drop(stale);
-    refused(write("old", Some(old.fencing_token())).await, &old, &new);
-    assert_eq!(value().await, "new");
-    write("old", None).await.expect("an unfenced write");
-    assert_eq!(value().await, "old");
-}
+sql_fence_test!(
+    postgres_refuses_a_stale_holders_write,
+    Service::Postgres,
+    sqlx::PgPool,
+    PgFence,
+    "INSERT INTO $data VALUES (1, $1) ON CONFLICT (id) DO UPDATE SET value = $1"
+);
+sql_fence_test!(
+    mariadb_refuses_a_stale_holders_write,
+    Service::MariaDb,
+    sqlx::MySqlPool,
+    dlock::mysql::fence::MySqlFence,
+    "REPLACE INTO $data VALUES (1, ?)"
+);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_refuses_a_stale_holders_write() {

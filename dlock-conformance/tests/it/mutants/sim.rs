@@ -380,6 +380,9 @@ impl Backend for Sim {
     }
 
     async fn release(&self, lease: &Lease) -> Result<()> {
+        if self.has(Bug::ReleaseDoesNothing) {
+            return Ok(());
+        }
         let owner = (!self.has(Bug::ReleaseWithoutOwnerCheck)).then_some(lease.owner());
         let name = lease.name();
         let released = if lease.mode() == Mode::Exclusive {
@@ -497,7 +500,7 @@ impl Backend for Sim {
     }
 
     async fn downgrade(&self, write: &Lease, opts: &LockOptions) -> Result<Lease> {
-        let opts = opts.clone().read();
+        let opts = opts.for_server().into_owned().read();
         let not_held = || Error::NotHeld {
             name: write.name().to_owned(),
         };
