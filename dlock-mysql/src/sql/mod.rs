@@ -227,10 +227,14 @@ impl Statements {
                 "SELECT name FROM `{table}` WHERE expires_at < {NOW} - INTERVAL ? MICROSECOND LIMIT ?"
             )),
             // A range of the primary key: from the cursor, within the
-            // prefix (`!` escapes LIKE's wildcards).
+            // prefix (`!` escapes LIKE's wildcards). A released row has no
+            // owner: `{NOW}` is the statement's start, and a release that
+            // commits after it, before the row is read, leaves an
+            // `expires_at` (its own start) later than that.
             list: safe(format!(
                 "SELECT name, {owner}, version, TIMESTAMPDIFF(MICROSECOND, {NOW}, expires_at)
-                 FROM `{table}` AS l WHERE name > ? AND name LIKE ? ESCAPE '!' AND expires_at > {NOW}
+                 FROM `{table}` AS l
+                 WHERE name > ? AND name LIKE ? ESCAPE '!' AND expires_at > {NOW} AND owner <> ''
                  ORDER BY name LIMIT ?",
                 owner = shown_owner(table)
             )),
@@ -262,7 +266,7 @@ impl Statements {
             anchor: safe("SELECT GET_LOCK(?, 0), VERSION() LIKE '%MariaDB%'".to_owned()),
             inspect: safe(format!(
                 "SELECT {owner}, version, TIMESTAMPDIFF(MICROSECOND, {NOW}, expires_at)
-                 FROM `{table}` AS l WHERE name = ? AND expires_at > {NOW}",
+                 FROM `{table}` AS l WHERE name = ? AND expires_at > {NOW} AND owner <> ''",
                 owner = shown_owner(table)
             )),
             // A mutex's holder, or each hold of a shared kind (its row's
@@ -270,7 +274,8 @@ impl Statements {
             holders: safe(format!(
                 "SELECT owner, CAST(holder AS BINARY), CAST('x' AS BINARY), version,
                         TIMESTAMPDIFF(MICROSECOND, {NOW}, expires_at) AS left_us
-                 FROM `{table}` WHERE name = ? AND owner NOT LIKE '~%' AND expires_at > {NOW}
+                 FROM `{table}`
+                 WHERE name = ? AND owner NOT LIKE '~%' AND owner <> '' AND expires_at > {NOW}
                  UNION ALL
                  SELECT owner, holder, CAST(CONCAT(mode, kind) AS BINARY), fence,
                         TIMESTAMPDIFF(MICROSECOND, {NOW}, expires_at)

@@ -1107,3 +1107,26 @@ async fn a_sqlx_pool_gives_where_to_connect_not_its_connections() {
         other => panic!("the pool's wrong password: {other:?}"),
     }
 }
+
+/// A released row (no owner) whose `expires_at` is still ahead of a read's
+/// clock, as a release that committed after a read's statement began but
+/// before it read the row leaves it: `inspect`, `holders` and `list` show
+/// the name free (they answered a malformed-owner error before).
+#[tokio::test]
+async fn a_row_released_as_a_read_began_shows_free() {
+    let b = backend().await;
+    let name = unique_name("released-row");
+    let lease = must_acquire(&b, &name, &long()).await;
+    b.release(&lease).await.unwrap();
+    sqlx::query(
+        "UPDATE dlock_locks SET expires_at = UTC_TIMESTAMP(6) + INTERVAL 1 HOUR WHERE name = ?",
+    )
+    .bind(name.as_bytes())
+    .execute(&raw().await)
+    .await
+    .unwrap();
+    assert_eq!(b.inspect(&name).await.unwrap(), None);
+    assert_eq!(b.holders(&name).await.unwrap(), Vec::new());
+    let page = b.list(&name, None, 10).await.unwrap();
+    assert!(page.locks.is_empty(), "{page:?}");
+}
