@@ -34,8 +34,18 @@ pub struct Settings {
     pub names: u32,
     /// Lease TTL.
     pub ttl: Duration,
+    /// Lock-delay on the TTL backends (zero: none).
+    pub lock_delay: Duration,
     /// Where histories, the JSON and the timelines go.
     pub out: PathBuf,
+}
+
+impl Settings {
+    /// How long the server keeps a lease its holder stopped renewing: the
+    /// TTL, and the lock-delay after it.
+    pub fn server_ttl(&self) -> Duration {
+        self.ttl + self.lock_delay
+    }
 }
 
 /// A run's result.
@@ -61,6 +71,8 @@ pub struct Outcome {
     pub crashed: Vec<String>,
     /// The lease TTL it ran with (ms).
     pub ttl_ms: u64,
+    /// The lock-delay it ran with (ms; 0: none).
+    pub lock_delay_ms: u64,
     /// Violations the Safety model does not predict (or call bounds and
     /// liveness missed, or leftovers).
     pub unpredicted: usize,
@@ -118,7 +130,7 @@ pub async fn run(target: &Target, settings: &Settings, seed: u64) -> Result<Outc
     // other. A control is judged by the violations it must show, not by
     // its recovery: its faults come as often as they can.
     let (judged_quiet, quiet) = if target.expect.is_none() {
-        let judged_quiet = target.liveness_bound(settings.ttl) + Duration::from_secs(1);
+        let judged_quiet = target.liveness_bound(settings.server_ttl()) + Duration::from_secs(1);
         let tail = (settings.duration / 5).clamp(
             judged_quiet + Duration::from_secs(6),
             Duration::from_secs(60),
@@ -135,6 +147,7 @@ pub async fn run(target: &Target, settings: &Settings, seed: u64) -> Result<Outc
         tasks: settings.tasks,
         names: settings.names,
         ttl: settings.ttl,
+        lock_delay: settings.lock_delay,
         until_ns,
         seed,
         dir: dir.clone(),
@@ -188,7 +201,7 @@ pub async fn run(target: &Target, settings: &Settings, seed: u64) -> Result<Outc
     let leftovers = if target.service.is_some() || target.topology.is_some() {
         // Every lease ends within its bound; a ZooKeeper session's nodes go
         // at the server's next tick after it; a loaded machine adds more.
-        let settle = target.lease_bound(settings.ttl) + Duration::from_secs(8);
+        let settle = target.lease_bound(settings.server_ttl()) + Duration::from_secs(8);
         leftovers(target.driver, &url, settings.names, settle).await?
     } else {
         Vec::new()
@@ -220,6 +233,7 @@ pub async fn run(target: &Target, settings: &Settings, seed: u64) -> Result<Outc
         &Seen {
             target,
             ttl: settings.ttl,
+            lock_delay: settings.lock_delay,
             nemesis: &record,
             kills: &kills,
             writes: &writes,
@@ -252,6 +266,7 @@ pub async fn run(target: &Target, settings: &Settings, seed: u64) -> Result<Outc
         leftovers,
         crashed,
         ttl_ms: settings.ttl.as_millis() as u64,
+        lock_delay_ms: settings.lock_delay.as_millis() as u64,
         unpredicted,
         control_showed,
         grant_times,

@@ -38,6 +38,9 @@ pub struct ClientArgs {
     /// Lease TTL, milliseconds.
     #[arg(long)]
     pub ttl_ms: u64,
+    /// Lock-delay, milliseconds (0: none; not on session backends).
+    #[arg(long, default_value_t = 0)]
+    pub lock_delay_ms: u64,
     /// Stop starting holds at this `CLOCK_MONOTONIC` time (ns).
     #[arg(long)]
     pub until_ns: u64,
@@ -219,10 +222,15 @@ impl Worker {
             _ => End::Abandon,
         };
         let ttl = Duration::from_millis(self.args.ttl_ms);
-        let opts = LockOptions::new()
+        let mut opts = LockOptions::new()
             .ttl(ttl)
             .wait(WAIT)
             .renew(end != End::Abandon);
+        if self.args.lock_delay_ms > 0
+            && self.locker.backend().capabilities().lease == dlock::LeaseKind::Ttl
+        {
+            opts = opts.lock_delay(Duration::from_millis(self.args.lock_delay_ms));
+        }
         let opts = match kind {
             Kind::Mutex => opts,
             Kind::Read => opts.read(),

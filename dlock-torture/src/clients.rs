@@ -33,6 +33,8 @@ pub struct Workload {
     pub names: u32,
     /// Lease TTL.
     pub ttl: Duration,
+    /// Lock-delay (zero: none).
+    pub lock_delay: Duration,
     /// When clients stop starting holds (ns).
     pub until_ns: u64,
     /// The run's seed.
@@ -117,6 +119,7 @@ impl Clients {
             .args(["--client", &id.to_string(), "--tasks", &w.tasks.to_string()])
             .args(["--names", &w.names.to_string()])
             .args(["--ttl-ms", &w.ttl.as_millis().to_string()])
+            .args(["--lock-delay-ms", &w.lock_delay.as_millis().to_string()])
             .args(["--until-ns", &w.until_ns.to_string()])
             .args(["--seed", &w.seed.to_string()])
             .arg("--history")

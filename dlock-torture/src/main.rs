@@ -90,6 +90,11 @@ struct Args {
     /// Lease TTL in milliseconds.
     #[arg(long, default_value_t = 2000)]
     ttl_ms: u64,
+    /// Lock-delay in milliseconds (`LockOptions::lock_delay`; 0: none) on
+    /// the TTL backends: a name whose lease ended without a release is
+    /// granted to nobody for this long more.
+    #[arg(long, default_value_t = 0)]
+    lock_delay_ms: u64,
     /// Where histories, `report.json` and the timelines go.
     #[arg(long, default_value = "target/dlock-torture")]
     out: PathBuf,
@@ -148,6 +153,7 @@ async fn campaign(args: Args) -> Result<bool, String> {
         tasks: args.tasks.max(1),
         names: args.names.max(1),
         ttl: Duration::from_millis(args.ttl_ms.max(100)),
+        lock_delay: Duration::from_millis(args.lock_delay_ms),
         out: args.out.clone(),
     };
     println!(

@@ -84,7 +84,7 @@ pub fn failures(o: &Outcome) -> Vec<String> {
     }
     let bound = o
         .target
-        .liveness_bound(std::time::Duration::from_millis(o.ttl_ms));
+        .liveness_bound(std::time::Duration::from_millis(o.ttl_ms + o.lock_delay_ms));
     for gap in &f.unavailable {
         lines.push(format!(
             "liveness: a name not granted for {:.2} s after a heal (bound {:.0} s)",

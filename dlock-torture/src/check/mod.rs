@@ -109,6 +109,9 @@ pub struct Seen<'a> {
     pub target: &'a Target,
     /// Lease TTL.
     pub ttl: Duration,
+    /// Lock-delay (zero: none): a lease its holder stopped renewing keeps
+    /// its name this long after the TTL.
+    pub lock_delay: Duration,
     /// The nemesis's faults.
     pub nemesis: &'a Record,
     /// Processes killed, and when: by the nemesis and at the end.

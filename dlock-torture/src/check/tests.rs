@@ -53,6 +53,7 @@ fn judge_with_writes(
         &Seen {
             target,
             ttl: Duration::from_secs(2),
+            lock_delay: Duration::ZERO,
             nemesis,
             kills: &[],
             writes,

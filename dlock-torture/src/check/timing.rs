@@ -9,7 +9,7 @@ use crate::target::FaultKind;
 /// After each batch of faults heals, every name is granted again within
 /// the target's bound (a lease of a holder lost in the fault ends first).
 pub(super) fn liveness(holds: &[Hold], seen: &Seen<'_>, f: &mut Findings) {
-    let bound = duration_ns(seen.target.liveness_bound(seen.ttl));
+    let bound = duration_ns(seen.target.liveness_bound(seen.ttl + seen.lock_delay));
     let mut by_name: BTreeMap<u32, Vec<u64>> = BTreeMap::new();
     for h in holds {
         by_name.entry(h.name).or_default().push(h.granted);
