@@ -746,37 +746,3 @@ async fn settings_in_the_url_take_effect_and_unknown_ones_are_refused() {
         "s3cret",
     );
 }
-
-/// A backend built from an application's sqlx pool connects where the
-/// pool does, with its credentials (a wrong password in the pool's options
-/// is refused), on connections of its own: the lazy pool never opens one.
-#[tokio::test]
-async fn a_sqlx_pool_gives_where_to_connect_not_its_connections() {
-    let app_pool = sqlx::PgPool::connect_lazy(url().await).unwrap();
-    let from_pool = PgBackend::builder_from_pool(&app_pool)
-        .connect()
-        .await
-        .unwrap();
-    let name = unique_name("from-pool");
-    let lease = must_acquire(&from_pool, &name, &long()).await;
-    let seen = backend().await.inspect(&name).await.unwrap();
-    assert_eq!(seen.map(|i| i.owner), Some(lease.owner()));
-    from_pool.release(&lease).await.unwrap();
-    assert_eq!(
-        app_pool.size(),
-        0,
-        "the backend borrowed the pool's connections"
-    );
-    let options = app_pool
-        .connect_options()
-        .as_ref()
-        .clone()
-        .password("wrong");
-    let wrong = sqlx::PgPool::connect_lazy_with(options);
-    match PgBackend::builder_from_pool(&wrong).connect().await {
-        Err(e @ Error::Backend { .. }) => {
-            assert!(e.to_string().contains("authentication failed"), "{e}");
-        }
-        other => panic!("the pool's wrong password: {other:?}"),
-    }
-}

@@ -117,12 +117,7 @@ fn millis(t: SystemTime) -> u64 {
 /// must also give every occurrence once.
 #[test]
 fn job_node() {
-    let rt = || {
-        tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .expect("runtime")
-    };
+    let rt = crate::current_thread;
     if let Ok(url) = std::env::var(NODE_URL) {
         // The node's warnings (occurrences that failed) show in the test's
         // output.

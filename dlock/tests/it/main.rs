@@ -23,3 +23,12 @@ async fn locker(service: dlock_conformance::harness::Service) -> dlock::Locker {
     #[allow(clippy::unwrap_used)] // tests panic on purpose
     dlock::connect(&url).await.unwrap()
 }
+
+/// A runtime of one thread, as each node process (or in-memory node
+/// thread) of the multi-process tests runs.
+fn current_thread() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime")
+}

@@ -61,12 +61,7 @@ async fn rounds(locker: Locker, names: [String; 2]) {
 /// two of it share one in-memory lock space on two runtimes.
 #[test]
 fn multi_node() {
-    let rt = || {
-        tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .expect("runtime")
-    };
+    let rt = crate::current_thread;
     if let Ok(url) = std::env::var(NODE_URL) {
         let names = std::env::var("DLOCK_MULTI_NAMES").expect("DLOCK_MULTI_NAMES");
         let (a, b) = names.split_once(',').expect("two names");
