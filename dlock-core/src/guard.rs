@@ -4,8 +4,8 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::options::deadline_after;
 use crate::renew::{Registration, Renewal, Renewer};
+use crate::settings::deadline_after;
 use crate::shared::{HoldMark, Holds};
 use crate::{
     Backend, Error, Finished, Lease, LockInfo, LockOptions, LockPage, Observed, OwnerToken, Result,

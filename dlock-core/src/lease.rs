@@ -6,7 +6,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::options::deadline_after;
+use crate::settings::deadline_after;
 use crate::{Error, LockOptions, Mode, Result};
 
 /// A random 128-bit value that identifies one grant of a lock. Release and

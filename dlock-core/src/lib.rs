@@ -19,6 +19,7 @@ mod name;
 mod observe;
 mod options;
 mod renew;
+mod settings;
 mod shared;
 mod watch;
 

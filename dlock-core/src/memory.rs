@@ -8,7 +8,7 @@ use tokio::time::Instant;
 
 use crate::driver::Driver;
 use crate::driver::wait::{Attempt, Backoff, Deadline, Wakeups, wait_for_lock};
-use crate::options::deadline_after;
+use crate::settings::deadline_after;
 use crate::{
     Admission, Capabilities, Error, HeldLock, Lease, LeaseKind, LockInfo, LockOptions, LockPage,
     Mode, OwnerToken, Result,

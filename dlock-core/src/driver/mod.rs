@@ -30,7 +30,7 @@ pub use checked::GRACE;
 pub use params::UrlParams;
 
 pub use crate::name::{host_and_pid, percent_decodes, redact_url};
-pub use crate::options::{
+pub use crate::settings::{
     MAX_SETTING, check_duration, check_hold, check_holder, micros_up, millis_up,
 };
 

@@ -4,7 +4,7 @@ use std::time::Duration;
 use tokio::time::{Instant, sleep_until};
 
 use super::JobOptions;
-use crate::options::deadline_after;
+use crate::settings::deadline_after;
 use crate::{Error, Guard, Locker, Result};
 
 /// A run's lock, from the grant to the (possibly delayed) release.

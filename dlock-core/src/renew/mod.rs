@@ -19,7 +19,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::backend::MAX_BATCH;
 use crate::metrics as metric;
-use crate::options::deadline_after;
+use crate::settings::deadline_after;
 use crate::{Backend, Error, Lease};
 
 /// Renews the leases registered with it. Cheap to clone; clones share the

@@ -3,7 +3,7 @@ use std::time::Duration;
 
 use tokio::time::{Instant, timeout_at};
 
-use crate::options::deadline_after;
+use crate::settings::deadline_after;
 use crate::{Error, Result};
 
 /// The end of a wait bound.
