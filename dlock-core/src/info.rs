@@ -15,7 +15,7 @@ pub struct LockInfo {
     /// How long the server will keep the lock without an extension; `None`
     /// for session leases.
     pub expires_in: Option<Duration>,
-    /// Who the grant is for ([`LockOptions::holder`]), as stored with it;
+    /// Who the grant is for ([`LockOptions::holder`](crate::LockOptions::holder)), as stored with it;
     /// `None` when the grant stored none (an empty description, or a grant
     /// made by an older client or by another library).
     pub holder: Option<String>,

@@ -4,7 +4,7 @@
 //! A table keeps the greatest fencing token written per resource. In the
 //! write's own transaction, [`MySqlFence::admit`] raises the resource's
 //! token to the writer's, or finds a greater one and refuses with
-//! [`Error::Fenced`](dlock_core::Error::Fenced); the row stays locked until
+//! [`Error::Fenced`]; the row stays locked until
 //! the transaction ends, so an older holder cannot slip in between the
 //! check and the write.
 

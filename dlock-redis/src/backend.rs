@@ -38,7 +38,7 @@ pub(crate) const NAME: &str = "redis";
 /// each lock's keys share one hash slot, scripts go to the slot's node,
 /// `MOVED` and `ASK` redirections are followed, and wake-ups travel on
 /// sharded channels (`SPUBLISH`), so a release message stays on the node
-/// that holds the lock. [`Backend::list`] is not supported there.
+/// that holds the lock. [`Backend::list`](dlock_core::Backend::list) is not supported there.
 #[derive(Clone)]
 pub struct RedisBackend {
     pub(crate) inner: Arc<Inner>,
