@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use dlock_core::{Backend, Error, Guard, LeaseKind, Locker};
+use dlock_core::{Backend, Error, Guard, LeaseKind, LockOptions, Locker};
 use tokio::time::{Instant, sleep, sleep_until};
 
 use super::{
@@ -90,6 +90,22 @@ pub async fn guard_lost_fires_at_expiry(backend: &Arc<dyn Backend>) {
     .await;
 }
 
+/// On a session backend, `opts` (with an option that needs TTL leases) is
+/// refused as `Unsupported` naming `operation`, and nothing is locked.
+async fn refused_on_sessions(
+    backend: &Arc<dyn Backend>,
+    case: &str,
+    opts: &LockOptions,
+    operation: &str,
+) {
+    let locker = Locker::from_arc(backend.clone());
+    let r = locker.try_acquire(&unique_name(case), opts).await;
+    assert!(
+        matches!(&r, Err(Error::Unsupported { operation: o, .. }) if *o == operation),
+        "{operation} on session leases: {r:?}"
+    );
+}
+
 /// `max_hold` bounds renewal: a guard renewed until it has been held that
 /// long is lost at its lease's end after it, and the server frees the name
 /// by then (the lease it was last renewed to, in the server's TTL steps),
@@ -98,20 +114,8 @@ pub async fn guard_lost_fires_at_expiry(backend: &Arc<dyn Backend>) {
 pub async fn max_hold_ends_the_hold(backend: &Arc<dyn Backend>) {
     let case = "max_hold_ends_the_hold";
     if backend.capabilities().lease == LeaseKind::Session {
-        let locker = Locker::from_arc(backend.clone());
         let opts = long().max_hold(Duration::from_secs(1));
-        let r = locker.try_acquire(&unique_name(case), &opts).await;
-        assert!(
-            matches!(
-                r,
-                Err(Error::Unsupported {
-                    operation: "max_hold",
-                    ..
-                })
-            ),
-            "max_hold on session leases: {r:?}"
-        );
-        return;
+        return refused_on_sessions(backend, case, &opts, "max_hold").await;
     }
     judged_with_doubling_ttl(case, SHORT_TTL, |ttl| async move {
         let name = unique_name(case);
@@ -198,20 +202,8 @@ pub async fn with_lock_runs_under_the_lock(backend: &Arc<dyn Backend>) {
 pub async fn lock_delay_keeps_an_unreleased_name(backend: &Arc<dyn Backend>) {
     let case = "lock_delay_keeps_an_unreleased_name";
     if backend.capabilities().lease == LeaseKind::Session {
-        let locker = Locker::from_arc(backend.clone());
         let opts = long().lock_delay(Duration::from_secs(1));
-        let r = locker.try_acquire(&unique_name(case), &opts).await;
-        assert!(
-            matches!(
-                r,
-                Err(Error::Unsupported {
-                    operation: "lock_delay",
-                    ..
-                })
-            ),
-            "lock_delay on session leases: {r:?}"
-        );
-        return;
+        return refused_on_sessions(backend, case, &opts, "lock_delay").await;
     }
     judged_with_doubling_ttl(case, SHORT_TTL, |ttl| async move {
         let (name, delay) = (unique_name(case), ttl * 2);
