@@ -39,6 +39,7 @@ impl std::fmt::Debug for EtcdBackend {
 pub(crate) struct Inner {
     pub(crate) client: Client,
     pub(crate) prefix: String,
+    pub(crate) sessions: crate::session::Sessions,
     #[cfg(feature = "_test-hooks")]
     pub(crate) pause_after_join: Option<Duration>,
 }
@@ -46,6 +47,10 @@ pub(crate) struct Inner {
 impl EtcdBackend {
     pub(crate) fn client(&self) -> &Client {
         &self.inner.client
+    }
+
+    pub(crate) fn sessions(&self) -> &crate::session::Sessions {
+        &self.inner.sessions
     }
 
     /// How many keys `name` has in etcd: its holds and its waiters.

@@ -185,6 +185,7 @@ impl EtcdBuilder {
             inner: std::sync::Arc::new(Inner {
                 client,
                 prefix,
+                sessions: crate::session::Sessions::default(),
                 #[cfg(feature = "_test-hooks")]
                 pause_after_join: self.pause_after_join,
             }),

@@ -215,6 +215,24 @@ impl Client {
         Ok((reply.ttl >= 0).then_some(reply.ttl))
     }
 
+    /// The keys attached to lease `id`, and the revision the server was at;
+    /// `None` if the lease is gone. A session's keys may be many (100,000
+    /// are some 5 MB): the reply's bound is raised above tonic's 4 MB.
+    pub(crate) async fn lease_keys(&self, id: i64) -> Result<Option<(i64, Vec<Vec<u8>>)>> {
+        const MOST: usize = 256 * 1024 * 1024;
+        let request = LeaseTimeToLiveRequest { id, keys: true };
+        let reply = self
+            .unary("read a lease's keys", request, |ch, r| async move {
+                LeaseClient::new(ch)
+                    .max_decoding_message_size(MOST)
+                    .lease_time_to_live(r)
+                    .await
+            })
+            .await?;
+        let revision = reply.header.as_ref().map_or(0, |h| h.revision);
+        Ok((reply.ttl >= 0).then_some((revision, reply.keys)))
+    }
+
     /// Whether some member answers, for `connect`.
     pub(crate) async fn status(&self) -> Result<()> {
         self.unary(

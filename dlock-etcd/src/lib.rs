@@ -7,8 +7,10 @@ mod builder;
 mod client;
 mod error;
 mod extend;
+mod join;
 mod key;
 mod list;
+mod ops;
 /// The part of etcd's v3 gRPC API this driver speaks, generated from
 /// `proto/etcd.proto` (field numbers as etcd's): messages and clients for
 /// requests of one's own beside the driver, on a [`tonic`] channel.
@@ -21,6 +23,7 @@ mod list;
 )]
 pub mod proto;
 mod release;
+mod session;
 mod wait;
 mod watch;
 

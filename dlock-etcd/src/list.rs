@@ -7,7 +7,7 @@ use dlock_core::{HeldLock, LockInfo, LockPage, Result};
 use futures_util::future::join_all;
 
 use crate::backend::EtcdBackend;
-use crate::key::{Entry, holds, prefix_end, queue};
+use crate::key::{Entry, holds, is_lease_hex, name_ranges, prefix_end};
 use crate::proto::{RangeRequest, range_request};
 
 impl EtcdBackend {
@@ -39,9 +39,12 @@ impl EtcdBackend {
         Ok(Some(describe(entry, Some(expires_in))))
     }
 
-    /// The held names under `prefix`, from `cursor` (the last name of the
-    /// page before) on. A page reads a bounded number of keys; a name whose
-    /// keys run past the page's end starts the next page.
+    /// The held names under `prefix`, a page of keys at a time from
+    /// `cursor` (the last key of the page before) on.
+    ///
+    /// A name's keys sort as its shared kinds' (`name\0…`), then keys of
+    /// other names (`name-1…`), then its mutex's (`name/…`): a name is
+    /// listed on the page of its first key, and read whole there.
     pub(crate) async fn list_locks(
         &self,
         prefix: &str,
@@ -50,52 +53,54 @@ impl EtcdBackend {
     ) -> Result<LockPage> {
         let base = &self.inner.prefix;
         let start = match cursor {
-            // Past every key of the cursor's name (`name\0...`).
-            Some(last) => format!("{base}{last}\x01").into_bytes(),
+            // Right after the cursor's key.
+            Some(last) => format!("{base}{last}\0").into_bytes(),
             None => format!("{base}{prefix}").into_bytes(),
         };
         let end = prefix_end(format!("{base}{prefix}").as_bytes());
-        // Waiters' keys share the range with holds: read more than asked.
-        let keys = i64::try_from(limit.clamp(1, 1000).saturating_mul(4)).unwrap_or(4000);
+        let keys = i64::try_from(limit.clamp(1, 1000)).unwrap_or(1000);
         self.bounded("list locks", async {
             let reply = self
                 .client()
                 .range(
                     "list locks",
                     RangeRequest {
-                        key: start,
+                        key: start.clone(),
                         range_end: end,
                         limit: keys,
                         sort_order: range_request::SortOrder::Ascend as i32,
                         sort_target: range_request::SortTarget::Key as i32,
+                        keys_only: true,
                         ..RangeRequest::default()
                     },
                 )
                 .await?;
-            let entries = queue(base, &reply.kvs)?;
-            let mut names: Vec<&str> = entries.iter().map(|e| e.name.as_str()).collect();
-            names.sort_unstable();
-            names.dedup();
-            // The last name may have more keys past the page: it waits for
-            // the next page, or, alone on this one, is read whole (keys are
-            // paged in key order, not queue order, so a part of its queue
-            // could show a waiter as the holder).
-            let truncated = reply.more && names.len() == 1;
-            if reply.more && names.len() > 1 {
-                names.pop();
+            // A page that stops inside a name's keys stops before them (the
+            // next page starts there), unless they are all it has.
+            let mut page = reply.kvs.as_slice();
+            if reply.more
+                && let Some(last) = page.last().map(|kv| name_of(base, &kv.key))
+                && let Some(i) = page.iter().rposition(|kv| name_of(base, &kv.key) != last)
+            {
+                page = &page[..=i];
             }
+            let mut names: Vec<&str> = Vec::new();
+            let mut firsts = Vec::new();
+            for kv in page {
+                if let Some(name) = name_of(base, &kv.key)
+                    && !names.contains(&name)
+                {
+                    names.push(name);
+                    firsts.push(self.listed_here(base, name, &start));
+                }
+            }
+            let firsts = join_all(firsts).await;
             let mut held = Vec::new();
-            for name in &names {
-                let of_name: Vec<Entry> = if truncated {
-                    self.read_queue(name).await?.0
-                } else {
-                    entries
-                        .iter()
-                        .filter(|e| e.name == *name)
-                        .cloned()
-                        .collect()
-                };
-                held.extend(holds(&of_name).next().cloned());
+            for (name, first) in names.iter().zip(firsts) {
+                if first? {
+                    let (queue, _) = self.read_queue(name).await?;
+                    held.extend(holds(&queue).next().cloned());
+                }
             }
             // Each with its lease's remaining TTL, asked for all at once; a
             // hold whose lease ended since the read is left out.
@@ -108,11 +113,58 @@ impl EtcdBackend {
             }
             let next = reply
                 .more
-                .then(|| names.last().map(|n| (*n).to_owned()))
-                .flatten();
+                .then(|| page.last())
+                .flatten()
+                .and_then(|kv| kv.key.strip_prefix(base.as_bytes()))
+                .map(|last| String::from_utf8_lossy(last).into_owned());
             Ok(LockPage::new(locks, next))
         })
         .await
+    }
+
+    /// Whether `name`, which has a key on the page that starts at `start`,
+    /// is listed on it: whether none of its keys is before `start`.
+    async fn listed_here(&self, base: &str, name: &str, start: &[u8]) -> Result<bool> {
+        let [(shared, shared_end), (mutex, _)] = name_ranges(base, name);
+        if start <= shared.as_slice() {
+            return Ok(true);
+        }
+        let before = |key, range_end, count_only| RangeRequest {
+            key,
+            range_end,
+            count_only,
+            keys_only: true,
+            ..RangeRequest::default()
+        };
+        let client = self.client();
+        let shared = client.range("list locks", before(shared, shared_end, true));
+        if shared.await?.count > 0 {
+            return Ok(false);
+        }
+        if start <= mutex.as_slice() {
+            return Ok(true);
+        }
+        // Between its mutex keys' start and the page's: other names' keys
+        // (`name/sub/…`), or its own.
+        let reply = client
+            .range("list locks", before(mutex, start.to_vec(), false))
+            .await?;
+        Ok(!reply
+            .kvs
+            .iter()
+            .any(|kv| name_of(base, &kv.key) == Some(name)))
+    }
+}
+
+/// The name a key under `base` belongs to, if it is a lock key.
+fn name_of<'a>(base: &str, key: &'a [u8]) -> Option<&'a str> {
+    let rest = std::str::from_utf8(key.strip_prefix(base.as_bytes())?).ok()?;
+    match rest.split_once('\0') {
+        Some((name, _)) => Some(name),
+        None => rest
+            .rsplit_once('/')
+            .filter(|(_, lease)| is_lease_hex(lease))
+            .map(|(name, _)| name),
     }
 }
 

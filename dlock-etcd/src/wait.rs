@@ -7,11 +7,12 @@ use dlock_core::driver::wait::{Attempt, Deadline, on_arrival};
 use dlock_core::{Admission, Error, Lease, LockOptions, Mode, Result};
 use tokio::time::Instant;
 
-use crate::acquire::{Place, header_revision, token};
+use crate::acquire::Place;
 use crate::backend::EtcdBackend;
 use crate::client::KeptAlive;
-use crate::key::{Entry, apply_changes, judge, name_range, queue};
-use crate::proto::RangeRequest;
+use crate::key::{Entry, apply_changes, judge, name_ranges, name_span, queue};
+use crate::ops::{range_op, ranged, revision, token};
+use crate::proto::TxnRequest;
 
 /// What woke a waiter.
 enum Woken {
@@ -27,7 +28,7 @@ impl EtcdBackend {
         opts: &LockOptions,
         deadline: Deadline,
     ) -> Result<Lease> {
-        let range = name_range(&self.inner.prefix, name);
+        let range = name_span(&self.inner.prefix, name);
         // The watch starts before our key is made, so that the queue read
         // with it and the changes after it miss nothing.
         let mut watch = self.client().watch(range.clone()).await?;
@@ -102,7 +103,7 @@ impl EtcdBackend {
             };
             match woken {
                 Woken::Changes(Ok(events)) => {
-                    revision = apply_changes(&self.inner.prefix, &mut queue, &events, revision)?;
+                    apply_changes(&self.inner.prefix, name, &mut queue, &events, revision)?;
                 }
                 // The watch broke or the server cancelled it: watch anew,
                 // then read the queue as it is now.
@@ -129,27 +130,33 @@ impl EtcdBackend {
         let sent = Instant::now();
         let valid_until = place.opts.valid_until(place.renewed);
         match self.client().keep_alive(&[place.lease]).await?.as_slice() {
-            [KeptAlive::Renewed] if Instant::now() < valid_until => place.renewed = sent,
-            _ => queue.retain(|e| e.key != place.key),
+            [KeptAlive::Renewed] if Instant::now() < valid_until => {
+                place.renewed = sent;
+                if place.shared {
+                    self.sessions().renewed(place.lease, sent, None);
+                }
+            }
+            kept => {
+                if place.shared && kept == [KeptAlive::Gone] {
+                    self.sessions().ended(place.lease);
+                }
+                queue.retain(|e| e.key != place.key);
+            }
         }
         Ok(())
     }
 
-    /// `name`'s queue now, and the revision it was read at.
+    /// `name`'s queue now, and the revision it was read at: its two ranges
+    /// read in one transaction.
     pub(crate) async fn read_queue(&self, name: &str) -> Result<(Vec<Entry>, i64)> {
-        let (key, range_end) = name_range(&self.inner.prefix, name);
-        let reply = self
-            .client()
-            .range(
-                "read the lock's queue",
-                RangeRequest {
-                    key,
-                    range_end,
-                    ..RangeRequest::default()
-                },
-            )
-            .await?;
-        let revision = header_revision(reply.header.as_ref(), "a range (its header)", &reply)?;
-        Ok((queue(&self.inner.prefix, &reply.kvs)?, revision))
+        let [(shared, shared_end), (mutex, mutex_end)] = name_ranges(&self.inner.prefix, name);
+        let txn = TxnRequest {
+            compare: Vec::new(),
+            success: vec![range_op(shared, shared_end), range_op(mutex, mutex_end)],
+            failure: Vec::new(),
+        };
+        let reply = self.client().txn("read the lock's queue", txn).await?;
+        let revision = revision(&reply)?;
+        Ok((queue(&self.inner.prefix, name, ranged(&reply)?)?, revision))
     }
 }

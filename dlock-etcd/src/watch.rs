@@ -7,7 +7,7 @@ use futures_util::FutureExt;
 
 use crate::backend::EtcdBackend;
 use crate::client::Watch;
-use crate::key::name_range;
+use crate::key::name_span;
 
 /// A watch on one name's keys, open until dropped.
 pub(crate) struct KeysWatch(Watch);
@@ -34,9 +34,11 @@ impl NameWatch for KeysWatch {
 
 impl EtcdBackend {
     /// [`Driver::watch`](dlock_core::driver::Driver::watch): a watch on
-    /// `name`'s key range, from now on.
+    /// `name`'s key ranges, from now on. It may also fire for names that
+    /// continue `name` with a byte below `/` (see `name_span`): the caller
+    /// reads again, and finds nothing new.
     pub(crate) async fn watch_name(&self, name: &str) -> Result<Box<dyn NameWatch>> {
-        let range = name_range(&self.inner.prefix, name);
+        let range = name_span(&self.inner.prefix, name);
         Ok(Box::new(KeysWatch(self.client().watch(range).await?)))
     }
 }
