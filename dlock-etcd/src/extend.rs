@@ -6,6 +6,7 @@
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
+use dlock_core::driver::undo::UndoOnDrop;
 use dlock_core::{Error, Lease, Result};
 use futures_util::future::join_all;
 use tokio::time::Instant;
@@ -32,8 +33,18 @@ impl Renewal {
 }
 
 impl EtcdBackend {
-    /// Renews one lease (see `extend_leases`).
+    /// Renews one lease (see `extend_leases`). One past its validity is
+    /// let go before this returns, so that the name is free when it does
+    /// (unless a lock-delay keeps it).
     pub(crate) async fn extend_lease(&self, lease: &mut Lease) -> Result<()> {
+        if !lease.is_valid() {
+            parse_handle(lease)?;
+            if lease.lock_delay().is_zero() {
+                // Tried again in the background if it fails.
+                let _ = self.release_lease(lease).await;
+            }
+            return Err(Error::not_held(lease.name()));
+        }
         match self.extend_leases(std::slice::from_mut(lease)).await?[..] {
             [true] => Ok(()),
             _ => Err(Error::not_held(lease.name())),
@@ -57,7 +68,7 @@ impl EtcdBackend {
                 if lease.is_valid() {
                     Some(handle)
                 } else {
-                    self.let_go(handle, lease);
+                    drop(self.let_go(handle, lease));
                     None
                 }
             })
@@ -92,7 +103,7 @@ impl EtcdBackend {
                     held.push(true);
                 }
                 Some(_) => {
-                    self.let_go(handle, lease);
+                    drop(self.let_go(handle, lease));
                     held.push(false);
                 }
                 None => held.push(false),
@@ -162,20 +173,20 @@ impl EtcdBackend {
     }
 
     /// A hold past its validity: its key is deleted (a session's) or its
-    /// lease revoked (its own) on a spawned task, unless a lock-delay keeps
-    /// the name from everyone until its TTL.
-    fn let_go(&self, handle: Handle, lease: &Lease) {
+    /// lease revoked (its own) by the undo returned, which runs on a
+    /// spawned task if dropped armed; `None` when a lock-delay keeps the
+    /// name from everyone until its TTL.
+    fn let_go(&self, handle: Handle, lease: &Lease) -> Option<UndoOnDrop> {
         if !lease.lock_delay().is_zero() {
-            return;
+            return None;
         }
         let ttl = lease.ttl().unwrap_or_default();
-        // Dropped armed: the undo runs.
-        if handle.shared {
+        Some(if handle.shared {
             let key = key_of(&self.inner.prefix, lease, handle.id);
             let ttl = secs(ttl_seconds(ttl));
-            drop(self.delete_soon(key, Which::MadeAt(handle.created), ttl));
+            self.delete_soon(key, Which::MadeAt(handle.created), ttl)
         } else {
-            drop(self.undo_lease(handle.id, ttl));
-        }
+            self.undo_lease(handle.id, ttl)
+        })
     }
 }
