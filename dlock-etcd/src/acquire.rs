@@ -7,6 +7,7 @@ use dlock_core::{Admission, Error, Lease, LockOptions, Mode, OwnerToken, Result}
 use tokio::time::Instant;
 
 use crate::backend::EtcdBackend;
+use crate::error::is_lease_not_found;
 use crate::key::{hold_key, judge, mutex_owner, record};
 use crate::ops::{created_at, put_op, revision, token, under_lease};
 use crate::proto::TxnRequest;
@@ -130,7 +131,11 @@ impl EtcdBackend {
             success: vec![put_op(place.key.clone(), value, place.lease)],
             failure: Vec::new(),
         };
-        let reply = self.client().txn("confirm the grant", txn).await?;
+        let reply = match self.client().txn("confirm the grant", txn).await {
+            // The lease ended while it waited, and its key with it.
+            Err(e) if is_lease_not_found(&e) => return Ok(None),
+            other => other?,
+        };
         if reply.succeeded {
             Ok(Some(token(revision(&reply)?)?))
         } else {

@@ -29,6 +29,22 @@ pub(crate) fn ttl_seconds(ttl: Duration) -> i64 {
     i64::try_from(secs.max(1)).unwrap_or(i64::MAX)
 }
 
+/// A write refused because its lease was gone: the lease's TTL ended
+/// before the write arrived (a link slower than the TTL), which is a grant
+/// that could not be made in time, not the server's fault.
+pub(crate) fn lease_ended(error: Error, opts: &LockOptions) -> Error {
+    if !is_lease_not_found(&error) {
+        return error;
+    }
+    Error::timed_out(
+        NAME,
+        format!(
+            "join the lock's queue: its lease ({} s) ended before its key was written",
+            ttl_seconds(opts.get_ttl())
+        ),
+    )
+}
+
 /// Whole seconds as a duration.
 pub(crate) fn secs(secs: i64) -> Duration {
     Duration::from_secs(u64::try_from(secs).unwrap_or(0))
@@ -168,9 +184,10 @@ impl EtcdBackend {
         let (granted, created) = tokio::join!(grant, create);
         granted?;
         let reply = match created {
-            Err(e) if is_lease_not_found(&e) => {
-                self.create_key(name, key.clone(), value, lease).await?
-            }
+            Err(e) if is_lease_not_found(&e) => self
+                .create_key(name, key.clone(), value, lease)
+                .await
+                .map_err(|e| lease_ended(e, opts))?,
             other => other?,
         };
         if !reply.succeeded {

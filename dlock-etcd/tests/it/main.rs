@@ -5,3 +5,4 @@ mod cluster_conformance;
 mod conformance;
 mod etcd;
 mod faults;
+mod interop;
