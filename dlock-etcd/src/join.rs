@@ -63,46 +63,59 @@ pub(crate) type Joined = (Place, Vec<Entry>, i64);
 
 impl EtcdBackend {
     /// Takes a place at the back of `name`'s queue: a key under the session
-    /// of the TTL asked for, started by this join if there is none (or it
-    /// ended), or under a lease of its own (see [`crate::session`]).
+    /// of the TTL asked for (started first if there is none, or it ended),
+    /// or under a lease of its own (see [`crate::session`]).
     pub(crate) async fn join(&self, name: &str, opts: &LockOptions) -> Result<Joined> {
         if needs_own_lease(opts) {
             return self.join_own(name, opts).await;
         }
         let ttl = ttl_seconds(opts.get_ttl());
-        if let Some(session) = self.live_session(ttl).await? {
+        let mut retried = false;
+        loop {
+            let session = match self.live_session(ttl).await? {
+                Some(session) => session,
+                None => self.start_session(ttl).await?,
+            };
             let key = hold_key(&self.inner.prefix, name, opts.get_mode(), session.id);
-            if self.sessions().claim(&key) {
-                match self.join_session(name, opts, &session, key).await {
-                    Ok(Some(joined)) => return Ok(joined),
-                    // The key stood already: a leftover of ours, still
-                    // being deleted. A lease of its own, then.
-                    Ok(None) => return self.join_own(name, opts).await,
-                    Err(e) if is_lease_not_found(&e) => self.sessions().ended(session.id),
-                    Err(e) => return Err(e),
-                }
-            } else {
+            if !self.sessions().claim(&key) {
                 return self.join_own(name, opts).await;
             }
+            match self.join_session(name, opts, &session, key).await {
+                Ok(Some(joined)) => return Ok(joined),
+                // The key stood already: a leftover of ours, still being
+                // deleted. A lease of its own, then.
+                Ok(None) => return self.join_own(name, opts).await,
+                // The session ended before our key was written: once more
+                // with a new one.
+                Err(e) if is_lease_not_found(&e) && !retried => {
+                    self.sessions().ended(session.id);
+                    retried = true;
+                }
+                Err(e) => return Err(lease_ended(e, opts)),
+            }
         }
-        // No session (or it ended): this join's own lease becomes it.
-        let (mut place, queue, revision) = self.join_own(name, opts).await?;
+    }
+
+    /// Starts the session of TTL `ttl`, unless a join that came first just
+    /// did: the first acquires of a TTL, coming together, share one.
+    async fn start_session(&self, ttl: i64) -> Result<Session> {
+        let _one = self.sessions().starting.lock().await;
+        if let Some(session) = self.live_session(ttl).await? {
+            return Ok(session);
+        }
+        let id = lease_id();
+        let mut undo = self.undo_lease(id, secs(ttl));
+        let renewed = Instant::now();
+        self.client().grant(id, ttl).await?;
+        undo.disarm();
         let session = Session {
-            id: place.lease,
+            id,
             ttl,
-            renewed: place.renewed,
+            renewed,
             keys: None,
         };
-        if self.sessions().offer(session) && self.sessions().claim(&place.key) {
-            self.sessions().made(&place.key, revision);
-            // From now on other holds share the lease: an undo deletes the
-            // key, and no longer revokes the lease.
-            let undo = self.undo_key(place.key.clone(), place.lease, secs(ttl));
-            place.disarm();
-            place.undo = std::sync::Mutex::new(undo);
-            place.shared = true;
-        }
-        Ok((place, queue, revision))
+        self.sessions().offer(session.clone());
+        Ok(session)
     }
 
     /// The session of TTL `ttl`, renewed first if a third of its TTL has

@@ -45,6 +45,8 @@ pub(crate) struct Sessions {
     /// One renewal of sessions at a time: the renewer's batches of one
     /// session that come together share the first one's answer.
     pub(crate) renewing: tokio::sync::Mutex<()>,
+    /// One start of a session at a time.
+    pub(crate) starting: tokio::sync::Mutex<()>,
 }
 
 #[derive(Default)]
