@@ -40,6 +40,7 @@ pub(crate) struct Inner {
     pub(crate) client: Client,
     pub(crate) prefix: String,
     pub(crate) sessions: crate::session::Sessions,
+    pub(crate) watches: crate::watches::Watches,
     #[cfg(feature = "_test-hooks")]
     pub(crate) pause_after_join: Option<Duration>,
 }

@@ -186,6 +186,7 @@ impl EtcdBuilder {
                 client,
                 prefix,
                 sessions: crate::session::Sessions::default(),
+                watches: crate::watches::Watches::default(),
                 #[cfg(feature = "_test-hooks")]
                 pause_after_join: self.pause_after_join,
             }),

@@ -26,6 +26,7 @@ mod release;
 mod session;
 mod wait;
 mod watch;
+mod watches;
 
 pub use backend::EtcdBackend;
 pub use builder::EtcdBuilder;

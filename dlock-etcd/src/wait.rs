@@ -10,13 +10,13 @@ use tokio::time::Instant;
 use crate::acquire::Place;
 use crate::backend::EtcdBackend;
 use crate::client::KeptAlive;
-use crate::key::{Entry, apply_changes, judge, name_ranges, name_span, queue};
+use crate::key::{Entry, apply_changes, judge, name_ranges, queue};
 use crate::ops::{range_op, ranged, revision, token};
 use crate::proto::TxnRequest;
 
 /// What woke a waiter.
 enum Woken {
-    Changes(Result<Vec<crate::proto::Event>>),
+    Changes(Result<std::sync::Arc<Vec<crate::proto::Event>>>),
     Timer,
 }
 
@@ -28,10 +28,9 @@ impl EtcdBackend {
         opts: &LockOptions,
         deadline: Deadline,
     ) -> Result<Lease> {
-        let range = name_span(&self.inner.prefix, name);
         // The watch starts before our key is made, so that the queue read
         // with it and the changes after it miss nothing.
-        let mut watch = self.client().watch(range.clone()).await?;
+        let mut watch = self.subscribe(name).await?;
         let (mut place, mut queue, mut revision) = self.join(name, opts).await?;
         #[cfg(feature = "_test-hooks")]
         if let Some(pause) = self.inner.pause_after_join {
@@ -109,7 +108,7 @@ impl EtcdBackend {
                 // then read the queue as it is now.
                 Woken::Changes(Err(e)) => {
                     tracing::debug!(error = %e, "the lock's watch ended; watching again");
-                    watch = self.client().watch(range.clone()).await?;
+                    watch = self.subscribe(name).await?;
                     (queue, revision) = self.read_queue(name).await?;
                 }
                 Woken::Timer if Instant::now() >= renew_at => {
