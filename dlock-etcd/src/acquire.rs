@@ -143,6 +143,18 @@ impl EtcdBackend {
         }
     }
 
+    /// Notes a hold granted on a session: its validity, so that the
+    /// session's renewals sweep its key once that ran out unrenewed.
+    pub(crate) fn note_grant(&self, lease: &Lease) {
+        if let Ok(handle) = parse_handle(lease)
+            && handle.shared
+        {
+            let key = key_of(&self.inner.prefix, lease, handle.id);
+            self.sessions()
+                .valid(&key, handle.created, lease.valid_until());
+        }
+    }
+
     /// One attempt: join the queue and stay if it admits us at once,
     /// otherwise leave it.
     pub(crate) async fn attempt(&self, name: &str, opts: &LockOptions) -> Result<Option<Lease>> {
@@ -152,7 +164,11 @@ impl EtcdBackend {
             Some(Admission::Grant) => {
                 let token = token(place.create_revision)?;
                 // A grant whose reply came after its validity is none.
-                Ok(on_arrival(self, place.into_lease(token)).into_lease())
+                let lease = on_arrival(self, place.into_lease(token)).into_lease();
+                if let Some(lease) = &lease {
+                    self.note_grant(lease);
+                }
+                Ok(lease)
             }
             Some(Admission::Conflict(held)) => {
                 self.leave(place).await;

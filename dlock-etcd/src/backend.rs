@@ -16,10 +16,12 @@ pub(crate) const NAME: &str = "etcd";
 
 /// An etcd lock backend. Cheap to clone; clones share the connection.
 ///
-/// Each hold, and each waiter, is one key with an etcd lease of its own
-/// (see the crate docs): the cluster deletes the key when the lease
-/// expires, grants in the order of create revisions, and a hold's fencing
-/// token is the revision at which its grant was confirmed.
+/// Each hold, and each waiter, is one key under the backend's session
+/// lease of its TTL (see the crate docs): the cluster deletes the key when
+/// the session ends, grants in the order of create revisions, and a hold's
+/// fencing token is the revision at which its grant was confirmed. A
+/// mutex's keys are those of etcd's own `concurrency.Mutex`, so `etcdctl
+/// lock` and Go services share locks with it.
 #[derive(Clone)]
 pub struct EtcdBackend {
     pub(crate) inner: Arc<Inner>,

@@ -1,7 +1,7 @@
 //! Renewal: one keep-alive per etcd lease however many holds share it (a
 //! session's), all on one stream, with one read of each lease's keys, so
 //! that a hold whose key was deleted (an operator's forced release) is
-//! found not held.
+//! found not held, and a session's keys that no hold keeps are swept.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -15,20 +15,26 @@ use crate::acquire::{Handle, key_of, parse_handle};
 use crate::backend::EtcdBackend;
 use crate::client::KeptAlive;
 use crate::join::{Which, secs, ttl_seconds};
+use crate::proto::RangeRequest;
+use crate::session::{Keys, Sweep};
 
-/// A lease renewed: when the renewal was sent, and its keys as read then
-/// (at `revision`).
-struct Renewal {
-    sent: Instant,
-    keys: Arc<HashSet<Vec<u8>>>,
-    revision: i64,
+/// A lease renewed: when the renewal was sent, and its keys as read with it.
+pub(crate) struct Renewal {
+    pub(crate) sent: Instant,
+    keys: Keys,
 }
 
 impl Renewal {
-    /// Whether the hold with `key`, created at `created`, still stands: its
-    /// key is among the lease's, or was made after they were read.
-    fn stands(&self, key: &[u8], created: i64) -> bool {
-        self.keys.contains(key) || created > self.revision
+    /// Whether the hold with `key`, created at `created`, is among the
+    /// lease's keys (`None`: made after they were read, unknown).
+    fn shows(&self, key: &[u8], created: i64) -> Option<bool> {
+        if self.keys.set.contains(key) {
+            Some(true)
+        } else if created > self.keys.revision {
+            None
+        } else {
+            Some(false)
+        }
     }
 }
 
@@ -80,8 +86,28 @@ impl EtcdBackend {
             *created = (*created).max(handle.created);
         }
         let renewed = self.renew(&newest, started).await?;
+        // Keys a renewal's read does not show (or not yet): asked for
+        // one by one, so that a key the read missed (made on a member the
+        // read's was behind) is no loss. Rare: a key is missing when an
+        // operator deleted it.
+        let unsure: Vec<(usize, Vec<u8>, Handle)> = leases
+            .iter()
+            .zip(&handles)
+            .enumerate()
+            .filter_map(|(i, (lease, handle))| {
+                let handle = (*handle)?;
+                let key = key_of(&self.inner.prefix, lease, handle.id);
+                let renewal = renewed.get(&handle.id)?;
+                (renewal.shows(&key, handle.created) != Some(true)).then_some((i, key, handle))
+            })
+            .collect();
+        let checked = join_all(unsure.iter().map(|(_, key, h)| self.stands(key, *h))).await;
+        let mut stands: HashMap<usize, bool> = HashMap::new();
+        for ((i, _, _), standing) in unsure.iter().zip(checked) {
+            stands.insert(*i, standing?);
+        }
         let mut held = Vec::with_capacity(leases.len());
-        for (lease, handle) in leases.iter_mut().zip(handles) {
+        for (i, (lease, handle)) in leases.iter_mut().zip(handles).enumerate() {
             let Some(handle) = handle else {
                 held.push(false);
                 continue;
@@ -92,7 +118,7 @@ impl EtcdBackend {
             let ours = !handle.shared || self.sessions().is_current(&key, handle.created);
             let renewal = renewed
                 .get(&handle.id)
-                .filter(|r| ours && r.stands(&key, handle.created));
+                .filter(|_| ours && stands.get(&i).copied().unwrap_or(true));
             // A renewal answered after the validity deadline is none: the
             // server may have answered it as it was ending the lease (etcd
             // issue 14758), and its own expiry is never before that
@@ -100,6 +126,10 @@ impl EtcdBackend {
             match renewal {
                 Some(renewal) if lease.is_valid() => {
                     lease.extended(renewal.sent);
+                    if handle.shared {
+                        let until = lease.valid_until();
+                        self.sessions().valid(&key, handle.created, until);
+                    }
                     held.push(true);
                 }
                 Some(_) => {
@@ -112,13 +142,28 @@ impl EtcdBackend {
         Ok(held)
     }
 
+    /// Whether the hold `handle` of `key` still stands: its key, made at
+    /// its create revision, under its lease.
+    async fn stands(&self, key: &[u8], handle: Handle) -> Result<bool> {
+        let read = RangeRequest {
+            key: key.to_vec(),
+            keys_only: true,
+            ..RangeRequest::default()
+        };
+        let reply = self.client().range("read a lock key", read).await?;
+        Ok(reply
+            .kvs
+            .first()
+            .is_some_and(|kv| kv.create_revision == handle.created && kv.lease == handle.id))
+    }
+
     /// Renews each etcd lease of `newest` (its id, and the create revision
-    /// of the latest key it must show), or finds it gone (left out). A
-    /// session renewed since shortly before `started`, by another batch of
-    /// the same renewal or an acquire, and whose keys were read after the
-    /// latest key was made, is not asked again: 100,000 holds on a session
-    /// cost two requests a renewal, not two per batch.
-    async fn renew(
+    /// of the latest key it must show), or finds it gone (left out), and
+    /// sweeps the sessions among them. A session whose keys were read
+    /// since shortly before `started` (by another batch of the same
+    /// renewal), after the latest key was made, is not asked again: 100,000
+    /// holds on a session cost two requests a renewal, not two per batch.
+    pub(crate) async fn renew(
         &self,
         newest: &HashMap<i64, i64>,
         started: Instant,
@@ -129,16 +174,14 @@ impl EtcdBackend {
         for (&id, &created) in newest {
             let session = self.sessions().by_id(id);
             match session.and_then(|s| Some((s.keys.clone()?, s))) {
-                Some(((revision, keys), s))
-                    if s.renewed + s.ttl() / 10 >= started && revision >= created =>
+                Some((keys, s))
+                    if keys.sent + s.ttl() / 10 >= started && keys.revision >= created =>
                 {
-                    let sent = s.renewed;
                     renewed.insert(
                         id,
                         Renewal {
-                            sent,
+                            sent: keys.sent,
                             keys,
-                            revision,
                         },
                     );
                 }
@@ -151,25 +194,49 @@ impl EtcdBackend {
         let sent = Instant::now();
         let read = join_all(ask.iter().map(|&id| self.client().lease_keys(id)));
         let (kept, read) = tokio::join!(self.client().keep_alive(&ask), read);
+        let answered = Instant::now();
         for ((id, kept), read) in ask.into_iter().zip(kept?).zip(read) {
+            let session = self.sessions().by_id(id);
+            // A session's answer after its validity is none (as a hold's).
+            let late = session
+                .as_ref()
+                .is_some_and(|s| answered >= s.valid_until());
             match (kept, read?) {
-                (KeptAlive::Renewed, Some((revision, keys))) => {
-                    let keys: Arc<HashSet<Vec<u8>>> = Arc::new(keys.into_iter().collect());
-                    let read = Some((revision, keys.clone()));
-                    self.sessions().renewed(id, sent, read);
-                    renewed.insert(
-                        id,
-                        Renewal {
-                            sent,
-                            keys,
-                            revision,
-                        },
-                    );
+                (KeptAlive::Renewed, Some((revision, keys))) if !late => {
+                    let keys = Keys {
+                        sent,
+                        revision,
+                        set: Arc::new(keys.into_iter().collect::<HashSet<_>>()),
+                    };
+                    if session.is_some() {
+                        self.sweep(id, &keys);
+                        self.sessions().renewed(id, sent, keys.clone());
+                    }
+                    renewed.insert(id, Renewal { sent, keys });
                 }
                 _ => self.sessions().ended(id),
             }
         }
         Ok(renewed)
+    }
+
+    /// Deletes, on spawned tasks, the keys of session `id` that no hold
+    /// keeps (see [`Sweep`]).
+    fn sweep(&self, id: i64, keys: &Keys) {
+        let now = Instant::now();
+        for key in keys.set.iter() {
+            let which = match self.sessions().sweep(key, now) {
+                Some(Sweep::Expired { created }) => Which::MadeAt { created, lease: id },
+                Some(Sweep::Leaked) => Which::Leaked {
+                    lease: id,
+                    before: keys.revision,
+                },
+                None => continue,
+            };
+            tracing::debug!(key = %String::from_utf8_lossy(key), "deleting a lock key nobody keeps");
+            // Dropped armed: the undo runs.
+            drop(self.delete_soon(key.clone(), which, secs(1)));
+        }
     }
 
     /// A hold past its validity: its key is deleted (a session's) or its
@@ -183,8 +250,11 @@ impl EtcdBackend {
         let ttl = lease.ttl().unwrap_or_default();
         Some(if handle.shared {
             let key = key_of(&self.inner.prefix, lease, handle.id);
-            let ttl = secs(ttl_seconds(ttl));
-            self.delete_soon(key, Which::MadeAt(handle.created), ttl)
+            let which = Which::MadeAt {
+                created: handle.created,
+                lease: handle.id,
+            };
+            self.delete_soon(key, which, secs(ttl_seconds(ttl)))
         } else {
             self.undo_lease(handle.id, ttl)
         })

@@ -2,6 +2,7 @@
 //! its own) made in one transaction with a read of the queue, and leaving
 //! it again (the key deleted, or its own lease revoked).
 
+use std::collections::HashMap;
 use std::time::Duration;
 
 use dlock_core::driver::undo::{UndoOnDrop, retry_for};
@@ -10,10 +11,11 @@ use tokio::time::Instant;
 
 use crate::acquire::Place;
 use crate::backend::{EtcdBackend, NAME};
-use crate::client::KeptAlive;
 use crate::error::{is_lease_not_found, is_lease_taken};
 use crate::key::{Entry, hold_key, name_ranges, queue, record};
-use crate::ops::{created_at, delete_op, put_op, range_op, ranged, revision, under_lease};
+use crate::ops::{
+    created_at, created_before, delete_op, put_op, range_op, ranged, revision, under_lease,
+};
 use crate::proto::{TxnRequest, TxnResponse};
 use crate::session::Session;
 
@@ -51,10 +53,11 @@ pub(crate) fn secs(secs: i64) -> Duration {
 }
 
 /// Whether a hold asked for with `opts` needs an etcd lease of its own: one
-/// whose renewal stops at a `max_hold`, or whose lease outlasts its trust
-/// by a lock-delay, cannot live as long as a session does.
+/// that is not renewed, whose renewal stops at a `max_hold`, or whose lease
+/// outlasts its trust by a lock-delay, ends at its TTL on the server, not
+/// with a session.
 fn needs_own_lease(opts: &LockOptions) -> bool {
-    opts.get_max_hold().is_some() || opts.trusted_ttl() < opts.get_ttl()
+    !opts.get_renew() || opts.get_max_hold().is_some() || opts.trusted_ttl() < opts.get_ttl()
 }
 
 /// A queue joined: our place, the queue with our key in it, and the
@@ -82,8 +85,8 @@ impl EtcdBackend {
             }
             match self.join_session(name, opts, &session, key).await {
                 Ok(Some(joined)) => return Ok(joined),
-                // The key stood already: a leftover of ours, still being
-                // deleted. A lease of its own, then.
+                // The key stood already: a leftover of ours, which the
+                // session's next renewal sweeps. A lease of its own, then.
                 Ok(None) => return self.join_own(name, opts).await,
                 // The session ended before our key was written: once more
                 // with a new one.
@@ -128,20 +131,19 @@ impl EtcdBackend {
         if now < session.renewed + session.ttl() / 3 {
             return Ok(Some(session));
         }
-        if now >= session.renewed + session.ttl() {
+        if now >= session.valid_until() {
             self.sessions().ended(session.id);
             return Ok(None);
         }
-        let sent = Instant::now();
-        let kept = self.client().keep_alive(&[session.id]).await?;
-        // An answer after the session's TTL may have met its end.
-        if kept == [KeptAlive::Renewed] && Instant::now() < session.renewed + session.ttl() {
-            self.sessions().renewed(session.id, sent, None);
-            Ok(self.sessions().current(ttl).filter(|s| s.id == session.id))
-        } else {
-            self.sessions().ended(session.id);
-            Ok(None)
-        }
+        // Renewed as its holds renew it (which also sweeps it).
+        let renewed = self
+            .renew(&HashMap::from([(session.id, 0)]), Instant::now())
+            .await?;
+        Ok(renewed
+            .contains_key(&session.id)
+            .then(|| self.sessions().current(ttl))
+            .flatten()
+            .filter(|s| s.id == session.id))
     }
 
     /// Makes `key` (claimed) under `session` and reads the queue, in one
@@ -161,11 +163,19 @@ impl EtcdBackend {
             .await?;
         if !reply.succeeded {
             undo.disarm();
-            self.sessions().free(&key, None);
+            self.sessions().free_unmade(&key);
             return Ok(None);
         }
         let revision = revision(&reply)?;
         self.sessions().made(&key, revision);
+        // Known now: an undo deletes this key and no later one (a newer
+        // hold's key made again under the session after ours went).
+        undo.disarm();
+        let which = Which::MadeAt {
+            created: revision,
+            lease: session.id,
+        };
+        let undo = self.delete_soon(key.clone(), which, session.ttl());
         let queue = queue(&self.inner.prefix, name, ranged(&reply)?)?;
         let place = Place {
             name: name.to_owned(),
@@ -275,41 +285,49 @@ impl EtcdBackend {
         })
     }
 
-    /// Deletes session key `key` on a spawned task if dropped armed, if it
-    /// is still under `session` (then it is ours: this backend claimed it),
-    /// and frees it for this backend's next hold. Tried again with backoff:
-    /// a session lives on with its other keys, and so would this one, at
-    /// the front of its queue. A session that ends takes it anyway.
-    pub(crate) fn undo_key(&self, key: Vec<u8>, session: i64, ttl: Duration) -> UndoOnDrop {
+    /// Deletes session key `key`, whose creation has no answer yet, on a
+    /// spawned task if dropped armed, if it is under `session` (then it is
+    /// ours: this backend claimed it), and frees it for this backend's next
+    /// hold. A creation that lands after that is swept by the session's
+    /// next renewal.
+    fn undo_key(&self, key: Vec<u8>, session: i64, ttl: Duration) -> UndoOnDrop {
         self.delete_soon(key, Which::Under(session), ttl)
     }
 
     /// Deletes `which` key `key` on a spawned task if dropped armed, then
-    /// frees it for this backend's next hold.
+    /// frees it for this backend's next hold. Tried again with backoff: a
+    /// session lives on with its other keys, and so would this one, at the
+    /// front of its queue (until a renewal sweeps it).
     pub(crate) fn delete_soon(&self, key: Vec<u8>, which: Which, ttl: Duration) -> UndoOnDrop {
         let backend = self.clone();
         // Several TTLs: the session is renewed meanwhile by its other holds.
         let within = ttl.max(Duration::from_secs(2)) * 4;
         UndoOnDrop::new(async move {
+            let started = Instant::now();
             let deleted = retry_for(within, || async {
-                let compare = match which {
-                    Which::MadeAt(created) => created_at(key.clone(), created),
-                    Which::Under(session) => under_lease(key.clone(), session),
-                };
                 let txn = TxnRequest {
-                    compare: vec![compare],
+                    compare: which.compare(&key),
                     success: vec![delete_op(key.clone())],
                     failure: Vec::new(),
                 };
-                backend.client().txn("delete an abandoned key", txn).await
+                let reply = backend.client().txn("delete an abandoned key", txn).await?;
+                // A creation still on its way may land after a delete that
+                // found nothing (etcd serves a connection's requests side
+                // by side): looked for again until it would have timed out.
+                let unmade = matches!(which, Which::Under(_)) && !reply.succeeded;
+                if unmade && started.elapsed() < backend.inner.client.request_timeout {
+                    return Err(crate::error::timed_out("the key's creation"));
+                }
+                Ok(())
             })
             .await;
             if deleted.is_none() {
                 tracing::warn!("could not delete an abandoned lock key; its session ends it");
             }
             match which {
-                Which::MadeAt(created) => backend.sessions().free_made(&key, created),
-                Which::Under(_) => backend.sessions().free(&key, None),
+                Which::MadeAt { created, .. } => backend.sessions().free_made(&key, created),
+                Which::Under(_) => backend.sessions().free_unmade(&key),
+                Which::Leaked { .. } => {}
             }
         })
     }
@@ -338,28 +356,28 @@ impl EtcdBackend {
     /// Leaves the queue now (deletes the key, or revokes its own lease), or
     /// in the background if that fails.
     pub(crate) async fn leave(&self, mut place: Place) {
+        // Its own undo is this one's from here on.
+        place.disarm();
         if place.shared {
             let ttl = secs(ttl_seconds(place.opts.get_ttl()));
-            let revision = place.create_revision;
-            let mut undo = self.delete_soon(place.key.clone(), Which::MadeAt(revision), ttl);
+            let which = Which::MadeAt {
+                created: place.create_revision,
+                lease: place.lease,
+            };
+            let mut undo = self.delete_soon(place.key.clone(), which, ttl);
             let txn = TxnRequest {
-                compare: vec![created_at(place.key.clone(), place.create_revision)],
+                compare: which.compare(&place.key),
                 success: vec![delete_op(place.key.clone())],
                 failure: Vec::new(),
             };
-            if self
-                .client()
-                .txn("leave the lock's queue", txn)
-                .await
-                .is_ok()
-            {
+            let left = self.client().txn("leave the lock's queue", txn).await;
+            if left.is_ok() {
                 undo.disarm();
-                self.sessions().free_made(&place.key, revision);
+                self.sessions().free_made(&place.key, place.create_revision);
             }
         } else {
             self.revoke_soon(place.lease, place.opts.get_ttl()).await;
         }
-        place.disarm();
     }
 
     /// Revokes `lease` (of `ttl`) now, or on a spawned task if that fails
@@ -375,11 +393,33 @@ impl EtcdBackend {
 /// Which key a deletion may delete.
 #[derive(Debug, Clone, Copy)]
 pub(crate) enum Which {
-    /// The one made at this create revision: a hold's.
-    MadeAt(i64),
+    /// The one made at this create revision under this lease: a hold's
+    /// (not after a delayed release moved it to another lease).
+    MadeAt { created: i64, lease: i64 },
     /// The one under this session lease: a place whose creation had no
     /// answer (it is ours: this backend claimed the key).
     Under(i64),
+    /// The one under this session lease made at revision `before` or
+    /// earlier: a key no hold claims, found by a renewal's read at that
+    /// revision (a key made since is a newer hold's).
+    Leaked { lease: i64, before: i64 },
+}
+
+impl Which {
+    /// The comparisons that `key` is this one.
+    pub(crate) fn compare(self, key: &[u8]) -> Vec<crate::proto::Compare> {
+        match self {
+            Which::MadeAt { created, lease } => vec![
+                created_at(key.to_vec(), created),
+                under_lease(key.to_vec(), lease),
+            ],
+            Which::Under(lease) => vec![under_lease(key.to_vec(), lease)],
+            Which::Leaked { lease, before } => vec![
+                under_lease(key.to_vec(), lease),
+                created_before(key.to_vec(), before.saturating_add(1)),
+            ],
+        }
+    }
 }
 
 #[cfg(test)]
@@ -400,6 +440,7 @@ mod tests {
         assert!(!needs_own_lease(&plain));
         let bounded = plain.clone().max_hold(Duration::from_secs(60));
         assert!(needs_own_lease(&bounded));
+        assert!(needs_own_lease(&plain.clone().renew(false)));
         let delayed = plain.lock_delay(Duration::from_secs(1));
         assert!(needs_own_lease(&delayed.for_server()));
     }

@@ -102,8 +102,21 @@ fn parse_record(value: &[u8]) -> Option<(Mode, i64, OwnerToken, String)> {
     Some((mode, place, OwnerToken::from_u128(owner), holder.to_owned()))
 }
 
+/// The name a key under `prefix` belongs to, if it is a lock key of either
+/// layout.
+pub(crate) fn name_of<'a>(prefix: &str, key: &'a [u8]) -> Option<&'a str> {
+    let rest = std::str::from_utf8(key.strip_prefix(prefix.as_bytes())?).ok()?;
+    match rest.split_once('\0') {
+        Some((name, _)) => Some(name),
+        None => rest
+            .rsplit_once('/')
+            .filter(|(_, lease)| is_lease_hex(lease))
+            .map(|(name, _)| name),
+    }
+}
+
 /// Whether `suffix` is a lease id as Go's mutex writes it (`%x`).
-pub(crate) fn is_lease_hex(suffix: &str) -> bool {
+fn is_lease_hex(suffix: &str) -> bool {
     (1..=16).contains(&suffix.len())
         && suffix
             .bytes()
@@ -168,8 +181,13 @@ pub(crate) fn queue<'a>(
     kvs: impl IntoIterator<Item = &'a KeyValue>,
 ) -> Result<Vec<Entry>> {
     let mut entries = Vec::new();
-    for kv in kvs {
-        entries.extend(Entry::parse(prefix, kv)?.filter(|e| e.name == name));
+    // Other names' keys (read through a watch's wider range) are not
+    // parsed: a malformed one of theirs is no error of this name's.
+    for kv in kvs
+        .into_iter()
+        .filter(|kv| name_of(prefix, &kv.key) == Some(name))
+    {
+        entries.extend(Entry::parse(prefix, kv)?);
     }
     sort(&mut entries);
     Ok(entries)
@@ -218,9 +236,12 @@ pub(crate) fn apply_changes(
         if kv.mod_revision <= after {
             continue;
         }
+        if name_of(prefix, &kv.key) != Some(name) {
+            continue;
+        }
         queue.retain(|e| e.key != kv.key);
         if kind == EventType::Put as i32 {
-            queue.extend(Entry::parse(prefix, kv)?.filter(|e| e.name == name));
+            queue.extend(Entry::parse(prefix, kv)?);
         }
     }
     sort(queue);
@@ -287,6 +308,10 @@ mod tests {
         assert_eq!(q[1].holder, "me");
         assert_eq!(judge(&q, 0), Admission::Grant);
         assert_eq!(judge(&q, 1), Admission::Wait);
+        // Another name's malformed key, seen through a watch's range, is
+        // no error of this name's.
+        let theirs = [kv("p/n-1\0a", 8, "garbage"), kv("p/n.x\0b", 9, "x|?")];
+        assert!(queue("p/", "n", &theirs).expect("left out").is_empty());
         let sub = queue("p/", "n/b", &kvs).expect("parses");
         assert_eq!(sub.len(), 2);
         // A shared kind behind a Go holder is another kind of lock.

@@ -7,7 +7,7 @@ use dlock_core::{HeldLock, LockInfo, LockPage, Result};
 use futures_util::future::join_all;
 
 use crate::backend::EtcdBackend;
-use crate::key::{Entry, holds, is_lease_hex, name_ranges, prefix_end};
+use crate::key::{Entry, holds, name_of, name_ranges, prefix_end};
 use crate::proto::{RangeRequest, range_request};
 
 impl EtcdBackend {
@@ -146,25 +146,15 @@ impl EtcdBackend {
         }
         // Between its mutex keys' start and the page's: other names' keys
         // (`name/sub/…`), or its own.
-        let reply = client
-            .range("list locks", before(mutex, start.to_vec(), false))
-            .await?;
+        // Bounded: past that many, the name is listed here (and maybe on a
+        // page before).
+        let mut between = before(mutex, start.to_vec(), false);
+        between.limit = 10_000;
+        let reply = client.range("list locks", between).await?;
         Ok(!reply
             .kvs
             .iter()
             .any(|kv| name_of(base, &kv.key) == Some(name)))
-    }
-}
-
-/// The name a key under `base` belongs to, if it is a lock key.
-fn name_of<'a>(base: &str, key: &'a [u8]) -> Option<&'a str> {
-    let rest = std::str::from_utf8(key.strip_prefix(base.as_bytes())?).ok()?;
-    match rest.split_once('\0') {
-        Some((name, _)) => Some(name),
-        None => rest
-            .rsplit_once('/')
-            .filter(|(_, lease)| is_lease_hex(lease))
-            .map(|(name, _)| name),
     }
 }
 

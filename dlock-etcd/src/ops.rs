@@ -52,6 +52,17 @@ pub(crate) fn created_at(key: Vec<u8>, revision: i64) -> Compare {
     }
 }
 
+/// The comparison that `key` was created before `revision`.
+pub(crate) fn created_before(key: Vec<u8>, revision: i64) -> Compare {
+    Compare {
+        result: compare::CompareResult::Less as i32,
+        target: compare::CompareTarget::Create as i32,
+        key,
+        target_union: Some(compare::TargetUnion::CreateRevision(revision)),
+        range_end: Vec::new(),
+    }
+}
+
 /// The comparison that `key` is attached to `lease` (a key handed to a
 /// delayed release's lease no longer belongs to its old lease).
 pub(crate) fn under_lease(key: Vec<u8>, lease: i64) -> Compare {

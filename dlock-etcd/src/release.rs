@@ -30,7 +30,10 @@ impl EtcdBackend {
         // session would keep the key.
         let mut undo = self.delete_soon(
             key.clone(),
-            Which::MadeAt(handle.created),
+            Which::MadeAt {
+                created: handle.created,
+                lease: handle.id,
+            },
             secs(ttl_seconds(ttl)),
         );
         let txn = TxnRequest {
@@ -96,7 +99,7 @@ impl EtcdBackend {
             if handle.shared {
                 // The key is the hold's until its lease ends: not made
                 // again on the session meanwhile.
-                self.sessions().free(&key, Some(Instant::now() + hold));
+                self.sessions().keep_until(&key, Instant::now() + hold);
             } else {
                 // The old lease has no key left, but could still be renewed.
                 self.revoke_soon(id, lease.ttl().unwrap_or_default()).await;

@@ -3,13 +3,14 @@
 //! release reaches the next in line as one message from the server and no
 //! read. Our own lease is kept alive meanwhile.
 
+use std::collections::HashMap;
+
 use dlock_core::driver::wait::{Attempt, Deadline, on_arrival};
 use dlock_core::{Admission, Error, Lease, LockOptions, Mode, Result};
 use tokio::time::Instant;
 
 use crate::acquire::Place;
 use crate::backend::EtcdBackend;
-use crate::client::KeptAlive;
 use crate::key::{Entry, apply_changes, judge, name_ranges, queue};
 use crate::ops::{range_op, ranged, revision, token};
 use crate::proto::TxnRequest;
@@ -69,7 +70,10 @@ impl EtcdBackend {
                     // then; a lease that ended since is past its validity
                     // (counted from before its last renewal) and refused.
                     match on_arrival(self, place.into_lease(token)) {
-                        Attempt::Acquired(lease) => return Ok(lease),
+                        Attempt::Acquired(lease) => {
+                            self.note_grant(&lease);
+                            return Ok(lease);
+                        }
                         Attempt::Held { .. } => {
                             (place, queue, revision) = self.join(name, opts).await?;
                             confirmed = true;
@@ -120,27 +124,22 @@ impl EtcdBackend {
         }
     }
 
-    /// Keeps a waiter's lease alive. A lease found gone took our key with
-    /// it: the key leaves our copy of the queue, and the caller queues
-    /// again (the old place's undo revokes what is left of it). So does a
-    /// renewal answered after the lease's validity, which may have met the
-    /// server ending the lease (see `extend_lease`).
+    /// Keeps a waiter's lease alive, as holds renew theirs (a session's
+    /// renewal serves them all). A lease found gone took our key with it:
+    /// the key leaves our copy of the queue, and the caller queues again
+    /// (the old place's undo deletes what is left of it). So does a renewal
+    /// answered after the place's validity, which may have met the server
+    /// ending the lease (see `extend_lease`).
     async fn renew_place(&self, place: &mut Place, queue: &mut Vec<Entry>) -> Result<()> {
-        let sent = Instant::now();
         let valid_until = place.opts.valid_until(place.renewed);
-        match self.client().keep_alive(&[place.lease]).await?.as_slice() {
-            [KeptAlive::Renewed] if Instant::now() < valid_until => {
-                place.renewed = sent;
-                if place.shared {
-                    self.sessions().renewed(place.lease, sent, None);
-                }
+        let renewed = self
+            .renew(&HashMap::from([(place.lease, 0)]), Instant::now())
+            .await?;
+        match renewed.get(&place.lease) {
+            Some(renewal) if Instant::now() < valid_until => {
+                place.renewed = place.renewed.max(renewal.sent);
             }
-            kept => {
-                if place.shared && kept == [KeptAlive::Gone] {
-                    self.sessions().ended(place.lease);
-                }
-                queue.retain(|e| e.key != place.key);
-            }
+            _ => queue.retain(|e| e.key != place.key),
         }
         Ok(())
     }

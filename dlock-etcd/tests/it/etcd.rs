@@ -6,10 +6,11 @@
 use std::time::Duration;
 
 use dlock_conformance::harness::{Server, ServerOptions, Service, shared, start};
+use dlock_conformance::proxy::Fault;
 use dlock_conformance::support::{
     must_acquire, refused_by_name, unique_name, url_setting_takes_effect,
 };
-use dlock_core::{Backend, Error, LockOptions, Locker};
+use dlock_core::{Backend, Error, ErrorKind, LockOptions, Locker};
 use dlock_etcd::EtcdBackend;
 use tokio::time::{Instant, sleep, timeout};
 
@@ -358,4 +359,40 @@ async fn a_channel_the_application_made_carries_the_requests() {
             "{both:?}"
         );
     }
+}
+
+/// Over a link slower than the lease (every byte 1.5 s late each way, TTL
+/// 1 s), a wait of 5 s ends as every backend's does: no grant could be made
+/// in time (a timeout or a lost connection), never a server error. It was
+/// `Error::Backend` "requested lease not found": the lease had ended before
+/// the write of its key arrived.
+#[tokio::test]
+async fn a_link_slower_than_the_lease_ends_in_a_timeout() {
+    let url = shared(Service::Etcd).await.url().to_owned();
+    let connect = |url: String| async move {
+        let backend = EtcdBackend::builder(url)
+            .request_timeout(Duration::from_secs(4))
+            .connect()
+            .await
+            .unwrap();
+        std::sync::Arc::new(backend) as std::sync::Arc<dyn Backend>
+    };
+    let (faulty, _) = dlock_conformance::faults::proxied(connect, url);
+    let f = faulty().await;
+    f.link.set(Fault::Delay(Duration::from_millis(1500)));
+    let locker = Locker::from_arc(f.backend.clone());
+    let opts = LockOptions::new()
+        .ttl(Duration::from_secs(1))
+        .wait(Duration::from_secs(5));
+    let ran = locker
+        .with_lock(&unique_name("slow-link"), &opts, async |_| ())
+        .await;
+    let kind = ran.as_ref().map_err(Error::kind).err();
+    assert!(
+        matches!(
+            kind,
+            Some(ErrorKind::Timeout | ErrorKind::Connection | ErrorKind::Unavailable)
+        ),
+        "{ran:?}"
+    );
 }
