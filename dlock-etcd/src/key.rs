@@ -50,7 +50,7 @@ pub(crate) fn name_ranges(prefix: &str, name: &str) -> [(Vec<u8>, Vec<u8>); 2] {
 }
 
 /// One range that covers both of [`name_ranges`], for a watch (one watch
-/// per wait): it also covers names that continue `name` with a byte below
+/// per name): it also covers names that continue `name` with a byte below
 /// `/` (`name-1`, `name.x`), whose changes the waiter reads and leaves out.
 pub(crate) fn name_span(prefix: &str, name: &str) -> (Vec<u8>, Vec<u8>) {
     (

@@ -1,7 +1,7 @@
-//! Waiting in the queue: one watch of the name's keys for the whole wait,
-//! opened before we queue, keeps our copy of the queue current, so that a
-//! release reaches the next in line as one message from the server and no
-//! read. Our own lease is kept alive meanwhile.
+//! Waiting in the queue: the name's watch (see `watches`), subscribed to
+//! before we queue, keeps our copy of the queue current, so that a release
+//! reaches the next in line as one message from the server and no read.
+//! Our lease (the session's, most often) is kept alive meanwhile.
 
 use std::collections::HashMap;
 
