@@ -169,6 +169,13 @@ impl EtcdBackend {
         started: Instant,
     ) -> Result<HashMap<i64, Renewal>> {
         let _one = self.sessions().renewing.lock().await;
+        // The renewal this one waited for had no answer: the server is out
+        // of reach, and asking again would only make this call wait twice.
+        if self.sessions().failed_since(started) {
+            return Err(crate::error::timed_out(
+                "keep leases alive (the renewal before this one had no answer)",
+            ));
+        }
         let mut renewed = HashMap::new();
         let mut ask = Vec::new();
         for (&id, &created) in newest {
@@ -195,7 +202,11 @@ impl EtcdBackend {
         let read = join_all(ask.iter().map(|&id| self.client().lease_keys(id)));
         let (kept, read) = tokio::join!(self.client().keep_alive(&ask), read);
         let answered = Instant::now();
-        for ((id, kept), read) in ask.into_iter().zip(kept?).zip(read) {
+        let kept = kept.inspect_err(|_| self.sessions().failed())?;
+        if read.iter().any(Result::is_err) {
+            self.sessions().failed();
+        }
+        for ((id, kept), read) in ask.into_iter().zip(kept).zip(read) {
             let session = self.sessions().by_id(id);
             // A session's answer after its validity is none (as a hold's).
             let late = session

@@ -78,6 +78,8 @@ struct State {
     /// another create revision: renewing the old hold never takes the
     /// newer key for its own.
     claimed: HashMap<Vec<u8>, Claim>,
+    /// When a renewal last failed for want of an answer.
+    failed: Option<Instant>,
 }
 
 /// A session key in use.
@@ -135,6 +137,16 @@ impl Sessions {
             session.renewed = sent;
             session.keys = Some(keys);
         }
+    }
+
+    /// A renewal had no answer (or an error).
+    pub(crate) fn failed(&self) {
+        self.state().failed = Some(Instant::now());
+    }
+
+    /// Whether a renewal failed at or after `since`.
+    pub(crate) fn failed_since(&self, since: Instant) -> bool {
+        self.state().failed.is_some_and(|at| at >= since)
     }
 
     /// Session `id` ended: the next hold starts another.

@@ -45,6 +45,15 @@ fn etcdctl(id: &str, args: &[&str]) -> (Child, Lines<BufReader<ChildStdout>>) {
     (child, lines)
 }
 
+/// `etcdctl lock dlock/<name>`, which runs `etcdctl <command…>` while it
+/// holds the lock.
+fn lock_then(id: &str, name: &str, command: &[&str]) -> (Child, Lines<BufReader<ChildStdout>>) {
+    let lock = format!("dlock/{name}");
+    let mut args = vec!["lock", &lock, "--", "etcdctl", "--endpoints=127.0.0.1:2379"];
+    args.extend_from_slice(command);
+    etcdctl(id, &args)
+}
+
 /// The next line `etcdctl` prints.
 async fn next_line(lines: &mut Lines<BufReader<ChildStdout>>) -> String {
     timeout(Duration::from_secs(30), lines.next_line())
@@ -82,20 +91,7 @@ async fn etcdctl_lock_waits_for_a_dlock_holder() {
     // Its command lists the lock's keys while etcdctl holds the lock: had
     // it run beside dlock's hold, dlock's key would be among them.
     let prefix = format!("dlock/{name}/");
-    let (mut go, mut lines) = etcdctl(
-        &id,
-        &[
-            "lock",
-            &format!("dlock/{name}"),
-            "--",
-            "etcdctl",
-            "--endpoints=127.0.0.1:2379",
-            "get",
-            "--prefix",
-            "--keys-only",
-            &prefix,
-        ],
-    );
+    let (mut go, mut lines) = lock_then(&id, &name, &["get", "--prefix", "--keys-only", &prefix]);
     next_line(&mut lines).await;
     until_keys(&backend, &name, 2).await;
     assert!(go.try_wait().unwrap().is_none(), "etcdctl did not wait");
@@ -137,19 +133,7 @@ async fn dlock_waits_for_an_etcdctl_holder_then_the_next_in_line_in_order() {
     until_keys(&backend, &name, 2).await;
     // A second etcdctl queues behind dlock's waiter: served after it.
     let marker = format!("dlock-interop/{name}");
-    let (mut second, _its_output) = etcdctl(
-        &id,
-        &[
-            "lock",
-            &format!("dlock/{name}"),
-            "--",
-            "etcdctl",
-            "--endpoints=127.0.0.1:2379",
-            "put",
-            &marker,
-            "second",
-        ],
-    );
+    let (mut second, _its_output) = lock_then(&id, &name, &["put", &marker, "second"]);
     until_keys(&backend, &name, 3).await;
     interrupt(&id, &pid).await;
     assert!(go.wait().await.unwrap().success());
