@@ -305,11 +305,7 @@ impl EtcdBackend {
         UndoOnDrop::new(async move {
             let started = Instant::now();
             let deleted = retry_for(within, || async {
-                let txn = TxnRequest {
-                    compare: which.compare(&key),
-                    success: vec![delete_op(key.clone())],
-                    failure: Vec::new(),
-                };
+                let txn = which.delete(&key);
                 let reply = backend.client().txn("delete an abandoned key", txn).await?;
                 // A creation still on its way may land after a delete that
                 // found nothing (etcd serves a connection's requests side
@@ -365,11 +361,7 @@ impl EtcdBackend {
                 lease: place.lease,
             };
             let mut undo = self.delete_soon(place.key.clone(), which, ttl);
-            let txn = TxnRequest {
-                compare: which.compare(&place.key),
-                success: vec![delete_op(place.key.clone())],
-                failure: Vec::new(),
-            };
+            let txn = which.delete(&place.key);
             let left = self.client().txn("leave the lock's queue", txn).await;
             if left.is_ok() {
                 undo.disarm();
@@ -406,8 +398,17 @@ pub(crate) enum Which {
 }
 
 impl Which {
+    /// The transaction that deletes `key` if it is this one.
+    pub(crate) fn delete(self, key: &[u8]) -> TxnRequest {
+        TxnRequest {
+            compare: self.compare(key),
+            success: vec![delete_op(key.to_vec())],
+            failure: Vec::new(),
+        }
+    }
+
     /// The comparisons that `key` is this one.
-    pub(crate) fn compare(self, key: &[u8]) -> Vec<crate::proto::Compare> {
+    fn compare(self, key: &[u8]) -> Vec<crate::proto::Compare> {
         match self {
             Which::MadeAt { created, lease } => vec![
                 created_at(key.to_vec(), created),

@@ -28,22 +28,12 @@ impl EtcdBackend {
         let ttl = lease.ttl().unwrap_or_default();
         // Dropped armed (no answer): deleted in the background, as a
         // session would keep the key.
-        let mut undo = self.delete_soon(
-            key.clone(),
-            Which::MadeAt {
-                created: handle.created,
-                lease: handle.id,
-            },
-            secs(ttl_seconds(ttl)),
-        );
-        let txn = TxnRequest {
-            compare: vec![
-                created_at(key.clone(), handle.created),
-                under_lease(key.clone(), handle.id),
-            ],
-            success: vec![delete_op(key.clone())],
-            failure: Vec::new(),
+        let which = Which::MadeAt {
+            created: handle.created,
+            lease: handle.id,
         };
+        let mut undo = self.delete_soon(key.clone(), which, secs(ttl_seconds(ttl)));
+        let txn = which.delete(&key);
         let reply = self.client().txn("release", txn).await;
         if !handle.shared {
             // Its key is gone either way; the lease could still be renewed.
