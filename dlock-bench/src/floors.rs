@@ -14,6 +14,12 @@ use dlock::zk::zookeeper_client as zk;
 
 use crate::target::{Op, Result};
 
+/// One client's connection, lent with no request of its own: sqlx's pool
+/// pings every connection given back to it (sqlx-core 0.9,
+/// `return_to_pool`), a round trip per statement that the drivers' own
+/// pools do not pay, and so neither may a floor.
+pub(crate) type Conn<C> = tokio::sync::Mutex<C>;
+
 pub(crate) struct RedisPing(pub(crate) redis::aio::MultiplexedConnection);
 
 #[async_trait::async_trait]
@@ -65,18 +71,20 @@ impl Op for RedisRaw {
     }
 }
 
-pub(crate) struct MySqlPing(pub(crate) sqlx::MySqlPool);
+pub(crate) struct MySqlPing(pub(crate) Conn<sqlx::MySqlConnection>);
 
 #[async_trait::async_trait]
 impl Op for MySqlPing {
     async fn run(&self, _: &str) -> Result<()> {
-        let _: i64 = sqlx::query_scalar("SELECT 1").fetch_one(&self.0).await?;
+        let _: i64 = sqlx::query_scalar("SELECT 1")
+            .fetch_one(&mut *self.0.lock().await)
+            .await?;
         Ok(())
     }
 }
 
 /// The driver's two statements, bare.
-pub(crate) struct MySqlRaw(pub(crate) sqlx::MySqlPool);
+pub(crate) struct MySqlRaw(pub(crate) Conn<sqlx::MySqlConnection>);
 
 #[async_trait::async_trait]
 impl Op for MySqlRaw {
@@ -96,7 +104,7 @@ impl Op for MySqlRaw {
         .bind(ttl)
         .bind(&owner)
         .bind(ttl)
-        .execute(&self.0)
+        .execute(&mut *self.0.lock().await)
         .await?;
         sqlx::query(
             "UPDATE dlock_locks SET owner = '', expires_at = UTC_TIMESTAMP(6) \
@@ -104,25 +112,27 @@ impl Op for MySqlRaw {
         )
         .bind(name.as_bytes())
         .bind(&owner)
-        .execute(&self.0)
+        .execute(&mut *self.0.lock().await)
         .await?;
         Ok(())
     }
 }
 
-pub(crate) struct PgPing(pub(crate) sqlx::PgPool);
+pub(crate) struct PgPing(pub(crate) Conn<sqlx::PgConnection>);
 
 #[async_trait::async_trait]
 impl Op for PgPing {
     async fn run(&self, _: &str) -> Result<()> {
-        let _: i32 = sqlx::query_scalar("SELECT 1").fetch_one(&self.0).await?;
+        let _: i32 = sqlx::query_scalar("SELECT 1")
+            .fetch_one(&mut *self.0.lock().await)
+            .await?;
         Ok(())
     }
 }
 
 /// The driver's two statements, bare: prepared, without the statement
 /// timeout.
-pub(crate) struct PgRaw(pub(crate) sqlx::PgPool);
+pub(crate) struct PgRaw(pub(crate) Conn<sqlx::PgConnection>);
 
 #[async_trait::async_trait]
 impl Op for PgRaw {
@@ -138,7 +148,7 @@ impl Op for PgRaw {
         )
         .bind(name.as_bytes())
         .bind(&owner)
-        .fetch_optional(&self.0)
+        .fetch_optional(&mut *self.0.lock().await)
         .await?;
         sqlx::query(
             "UPDATE dlock_locks SET owner = '', expires_at = clock_timestamp() \
@@ -146,7 +156,7 @@ impl Op for PgRaw {
         )
         .bind(name.as_bytes())
         .bind(&owner)
-        .execute(&self.0)
+        .execute(&mut *self.0.lock().await)
         .await?;
         Ok(())
     }
@@ -154,12 +164,12 @@ impl Op for PgRaw {
 
 /// A session advisory lock: no TTL, no fencing, gone unseen with its
 /// connection; what a PostgreSQL user would reach for first.
-pub(crate) struct PgAdvisory(pub(crate) sqlx::PgPool);
+pub(crate) struct PgAdvisory(pub(crate) Conn<sqlx::PgConnection>);
 
 #[async_trait::async_trait]
 impl Op for PgAdvisory {
     async fn run(&self, key: &str) -> Result<()> {
-        let mut conn = self.0.acquire().await?;
+        let mut conn = self.0.lock().await;
         let got: bool = sqlx::query_scalar("SELECT pg_try_advisory_lock(hashtext($1))")
             .bind(key)
             .fetch_one(&mut *conn)
@@ -176,7 +186,7 @@ impl Op for PgAdvisory {
 }
 
 /// The classic scheme: read the row, compare-and-set its version, release.
-pub(crate) struct MySqlCas(pub(crate) sqlx::MySqlPool);
+pub(crate) struct MySqlCas(pub(crate) Conn<sqlx::MySqlConnection>);
 
 #[async_trait::async_trait]
 impl Op for MySqlCas {
@@ -186,7 +196,7 @@ impl Op for MySqlCas {
             "SELECT version, expires_at <= UTC_TIMESTAMP(6) FROM bench_cas WHERE name = ?",
         )
         .bind(key.as_bytes())
-        .fetch_optional(&self.0)
+        .fetch_optional(&mut *self.0.lock().await)
         .await?;
         match row {
             None => {
@@ -195,7 +205,7 @@ impl Op for MySqlCas {
                 )
                 .bind(key.as_bytes())
                 .bind(&owner)
-                .execute(&self.0)
+                .execute(&mut *self.0.lock().await)
                 .await?;
             }
             Some((version, 1)) => {
@@ -207,7 +217,7 @@ impl Op for MySqlCas {
                 .bind(&owner)
                 .bind(key.as_bytes())
                 .bind(version)
-                .execute(&self.0)
+                .execute(&mut *self.0.lock().await)
                 .await?;
                 if done.rows_affected() != 1 {
                     return Err("classic CAS lost a race on an uncontended row".into());
@@ -218,7 +228,7 @@ impl Op for MySqlCas {
         sqlx::query("UPDATE bench_cas SET owner = '', expires_at = UTC_TIMESTAMP(6) WHERE name = ? AND owner = ?")
             .bind(key.as_bytes())
             .bind(&owner)
-            .execute(&self.0)
+            .execute(&mut *self.0.lock().await)
             .await?;
         Ok(())
     }
@@ -234,7 +244,9 @@ impl Op for ZkPing {
     }
 }
 
-/// Create an ephemeral sequential node, delete it.
+/// The queue lock's three steps, as dlock and Curator take them: create an
+/// ephemeral sequential node, list the queue (sent right behind the
+/// create, in the same round trip), delete the node.
 pub(crate) struct ZkRaw(pub(crate) zk::Client);
 
 #[async_trait::async_trait]
@@ -243,15 +255,38 @@ impl Op for ZkRaw {
         let opts = zk::CreateMode::EphemeralSequential.with_acls(zk::Acls::anyone_all());
         let dir = format!("/bench-raw-{key}");
         let path = format!("{dir}/n-");
-        let (_, seq) = match self.0.create(&path, &[], &opts).await {
+        let create = self.0.create(&path, &[], &opts);
+        let list = self.0.list_children(&dir);
+        let (created, listed) = tokio::join!(create, list);
+        let (_, seq) = match created {
             Err(zk::Error::NoNode) => {
                 let dir_opts = zk::CreateMode::Container.with_acls(zk::Acls::anyone_all());
                 self.0.mkdir(&dir, &dir_opts).await?;
-                self.0.create(&path, &[], &opts).await?
+                let created = self.0.create(&path, &[], &opts).await?;
+                self.0.list_children(&dir).await?;
+                created
             }
-            other => other?,
+            other => {
+                listed?;
+                other?
+            }
         };
         self.0.delete(&format!("{path}{seq}"), None).await?;
+        Ok(())
+    }
+}
+
+/// The lock a ZooKeeper user writes by hand: one ephemeral node at a fixed
+/// path, created and deleted (no queue: every waiter watches that node).
+pub(crate) struct ZkBare(pub(crate) zk::Client);
+
+#[async_trait::async_trait]
+impl Op for ZkBare {
+    async fn run(&self, key: &str) -> Result<()> {
+        let opts = zk::CreateMode::Ephemeral.with_acls(zk::Acls::anyone_all());
+        let path = format!("/bench-bare-{key}");
+        self.0.create(&path, &[], &opts).await?;
+        self.0.delete(&path, None).await?;
         Ok(())
     }
 }

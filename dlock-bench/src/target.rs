@@ -11,8 +11,8 @@ use sqlx::Connection as _;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::floors::{
-    EtcdPing, EtcdRaw, MySqlCas, MySqlPing, MySqlRaw, PgAdvisory, PgPing, PgRaw, RedisPing,
-    RedisRaw, ZkPing, ZkRaw, etcd_addr, etcd_channel,
+    Conn, EtcdPing, EtcdRaw, MySqlCas, MySqlPing, MySqlRaw, PgAdvisory, PgPing, PgRaw, RedisPing,
+    RedisRaw, ZkBare, ZkPing, ZkRaw, etcd_addr, etcd_channel,
 };
 
 /// The bench clients' request timeout: every call returns within it.
@@ -116,8 +116,8 @@ impl Target {
         Ok(match self {
             Target::Memory(_) => None,
             Target::Redis(url) => Some(Box::new(RedisPing(redis_conn(url).await?))),
-            Target::MySql(url) => Some(Box::new(MySqlPing(mysql_pool(url).await?))),
-            Target::Postgres(url) => Some(Box::new(PgPing(pg_pool(url).await?))),
+            Target::MySql(url) => Some(Box::new(MySqlPing(mysql_client(url).await?))),
+            Target::Postgres(url) => Some(Box::new(PgPing(pg_client(url).await?))),
             Target::ZooKeeper(c) => Some(Box::new(ZkPing(zk::Client::connect(c).await?))),
             Target::Etcd(url) => Some(Box::new(EtcdPing(etcd_channel(url).await?))),
         })
@@ -129,20 +129,22 @@ impl Target {
         Ok(match self {
             Target::Memory(_) => None,
             Target::Redis(url) => Some(Box::new(RedisRaw::new(redis_conn(url).await?))),
-            Target::MySql(url) => Some(Box::new(MySqlRaw(mysql_pool(url).await?))),
-            Target::Postgres(url) => Some(Box::new(PgRaw(pg_pool(url).await?))),
+            Target::MySql(url) => Some(Box::new(MySqlRaw(mysql_client(url).await?))),
+            Target::Postgres(url) => Some(Box::new(PgRaw(pg_client(url).await?))),
             Target::ZooKeeper(c) => Some(Box::new(ZkRaw(zk::Client::connect(c).await?))),
             Target::Etcd(url) => Some(Box::new(EtcdRaw(etcd_channel(url).await?))),
         })
     }
 
-    /// The lock users of the database would write without dlock: the
+    /// The lock users of the server would write without dlock: the
     /// classic read-then-CAS on a version row (MySQL), a session advisory
-    /// lock on one connection per client (PostgreSQL).
+    /// lock on one connection per client (PostgreSQL), one ephemeral node
+    /// at a fixed path (ZooKeeper: create + delete, no queue).
     pub async fn classic_cas(&self) -> Result<Option<Box<dyn Op>>> {
         Ok(match self {
-            Target::MySql(url) => Some(Box::new(MySqlCas(mysql_pool(url).await?))),
-            Target::Postgres(url) => Some(Box::new(PgAdvisory(pg_pool(url).await?))),
+            Target::MySql(url) => Some(Box::new(MySqlCas(mysql_client(url).await?))),
+            Target::Postgres(url) => Some(Box::new(PgAdvisory(pg_client(url).await?))),
+            Target::ZooKeeper(c) => Some(Box::new(ZkBare(zk::Client::connect(c).await?))),
             _ => None,
         })
     }
@@ -247,19 +249,21 @@ async fn redis_conn(url: &str) -> Result<redis::aio::MultiplexedConnection> {
         .await?)
 }
 
-/// One connection, no ping on checkout: the bare client's own round trips.
-async fn pg_pool(url: &str) -> Result<sqlx::PgPool> {
-    Ok(sqlx::postgres::PgPoolOptions::new()
-        .max_connections(1)
-        .test_before_acquire(false)
-        .connect(url)
-        .await?)
-}
-
 async fn pg_conn(url: &str) -> Result<sqlx::PgConnection> {
     Ok(sqlx::PgConnection::connect(url).await?)
 }
 
+/// A bare client's one connection (see [`Conn`]).
+async fn pg_client(url: &str) -> Result<Conn<sqlx::PgConnection>> {
+    Ok(Conn::new(pg_conn(url).await?))
+}
+
+/// A bare client's one connection (see [`Conn`]).
+async fn mysql_client(url: &str) -> Result<Conn<sqlx::MySqlConnection>> {
+    Ok(Conn::new(sqlx::MySqlConnection::connect(url).await?))
+}
+
+/// A pool for the set-up and the server's counters.
 async fn mysql_pool(url: &str) -> Result<sqlx::MySqlPool> {
     Ok(sqlx::mysql::MySqlPoolOptions::new()
         .max_connections(1)
