@@ -228,6 +228,19 @@ async fn run(args: Args) -> Result<()> {
             backend: name.to_owned(),
             ..BackendReport::default()
         };
+        if has(Scenario::Held) {
+            for &leases in &args.held {
+                bar.set_message(format!("{name}: {leases} held leases"));
+                // One process holding many leases, as a busy node would,
+                // before the other clients connect: their sessions' pings
+                // (ZooKeeper) and keep-alives (etcd) would count as its
+                // renewals.
+                let client = target.client(16).await?;
+                r.held
+                    .extend(scenarios::held(target, client, leases).await?);
+            }
+            bar.inc(1);
+        }
         let need = if has(Scenario::Scaling) {
             args.clients.max(args.max_clients)
         } else {
@@ -289,16 +302,6 @@ async fn run(args: Args) -> Result<()> {
         if has(Scenario::Shared) {
             bar.set_message(format!("{name}: reader-writer lock and semaphore"));
             r.shared = Some(shared::shared(&clients[..args.clients], name, duration).await?);
-            bar.inc(1);
-        }
-        if has(Scenario::Held) {
-            for &leases in &args.held {
-                bar.set_message(format!("{name}: {leases} held leases"));
-                // One process holding many leases, as a busy node would.
-                let client = target.client(16).await?;
-                r.held
-                    .extend(scenarios::held(target, client, leases).await?);
-            }
             bar.inc(1);
         }
         if has(Scenario::Scaling) {

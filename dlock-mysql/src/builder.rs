@@ -51,19 +51,22 @@ impl MySqlBuilder {
     }
 
     /// Whether waiters queue and sleep in the server, and releases wake
-    /// the first of them with `KILL QUERY` (default `false`: waiters poll;
-    /// see the crate's README): waiters served in the order they came, a
-    /// releaser asking again at once included, for up to 5 connections per
-    /// backend beyond the pool (an anchor and up to 4 sleeping waiters),
-    /// opened when it first waits and kept. A client without it neither
-    /// queues nor waits for those who do. Turn it on for every client of
-    /// the table, and only with a direct connection to the server: behind
-    /// a proxy (ProxySQL, a multi-primary router) the connection id a
-    /// release kills may name another client's connection, and a release
-    /// wakes the first queued waiter whatever the releasing client's own
-    /// setting. On MySQL, whose `GET_LOCK` cannot wait for a fraction of a
-    /// second, waiters poll whatever this says. Those connections come
-    /// on top of [`max_connections`](Self::max_connections).
+    /// the ones they let in with `KILL QUERY` (default `false`: waiters
+    /// poll; see the crate's README for why it is off): waiters served in
+    /// the order they came, a releaser asking again at once included, for
+    /// up to 5 connections per backend beyond the pool (an anchor and up
+    /// to 4 sleeping waiters), opened when it first waits and kept. A
+    /// client without it neither queues nor waits for those who do: turn
+    /// it on for every client of the table (`?wake_ups=true` in the URL),
+    /// and only with a direct connection to the server: behind a proxy
+    /// (ProxySQL, a multi-primary router) the connection id a release
+    /// kills may name another client's connection. A backend whose pool
+    /// does not see its anchor's connection under the id that connection
+    /// has (a router spreading connections over servers) finds out at its
+    /// first wait, and its waiters poll. On MySQL, whose `GET_LOCK` cannot
+    /// wait for a fraction of a second, waiters poll whatever this says.
+    /// Those connections come on top of
+    /// [`max_connections`](Self::max_connections).
     pub fn wake_ups(mut self, on: bool) -> Self {
         self.s.wake_ups = on;
         self
@@ -233,7 +236,7 @@ impl MySqlBackend {
     /// table.
     pub fn builder(url: impl Into<String>) -> MySqlBuilder {
         MySqlBuilder {
-            s: Settings::new(&url.into()),
+            s: Settings::new(&url.into(), false),
             options: None,
         }
     }

@@ -128,11 +128,22 @@ impl Opening {
             let Ok(mut conn) = pool.dialect().open_unpooled().await else {
                 return rest();
             };
-            let query = sqlx::query_as(sql.anchor.clone()).bind(&sleepers.anchor_name);
+            let query = sqlx::query_as::<_, (Option<i64>, Option<i64>, i64)>(sql.anchor.clone())
+                .bind(&sleepers.anchor_name);
             match timeout(limit, query.fetch_one(&mut conn)).await {
-                Ok(Ok((Some(1), Some(1)))) => *sleepers.anchor() = Some(conn),
+                Ok(Ok((Some(1), Some(1), id))) => {
+                    if !direct(pool, sql, &sleepers.anchor_name, id, limit).await {
+                        tracing::debug!(
+                            "waiters poll: the pool's connections do not see the anchor's \
+                             connection as the server's (a proxy between?)"
+                        );
+                        sleepers.unsupported.store(true, Ordering::Relaxed);
+                        return;
+                    }
+                    *sleepers.anchor() = Some(conn);
+                }
                 // Not MariaDB, or named locks refused (Galera may): poll.
-                Ok(Ok((_, Some(0))) | Err(sqlx::Error::Database(_))) => {
+                Ok(Ok((_, Some(0), _)) | Err(sqlx::Error::Database(_))) => {
                     tracing::debug!("waiters poll: the server cannot let them sleep in it");
                     sleepers.unsupported.store(true, Ordering::Relaxed);
                     return;
@@ -149,6 +160,28 @@ impl Opening {
             Ok(conn) => sleepers.idle().push(conn),
             Err(_) => rest(),
         }
+    }
+}
+
+/// Whether a connection of the pool sees the anchor's named lock held by
+/// the anchor's connection (`id`, as the server numbers it), as a release
+/// must see a sleeper's to wake it. Not so behind a proxy that spreads
+/// connections over servers or renumbers them: there a release would send
+/// its `KILL QUERY` to a connection number that names another client's
+/// connection, and waiters poll instead. `false` when the pool gives no
+/// answer; the next waiter asks again.
+async fn direct(pool: &Pool, sql: &Statements, anchor: &str, id: i64, limit: Duration) -> bool {
+    let by = Instant::now() + limit;
+    let Ok(mut lent) = pool.lend("wake-ups", by).await else {
+        return false;
+    };
+    let query = sqlx::query_scalar::<_, Option<i64>>(sql.anchor_holder.clone()).bind(anchor);
+    match timeout(limit, query.fetch_one(lent.conn())).await {
+        Ok(Ok(holder)) => {
+            lent.give_back();
+            holder == Some(id)
+        }
+        _ => false,
     }
 }
 

@@ -71,18 +71,25 @@ impl PgBuilder {
     }
 
     /// Whether releases wake waiters in other processes (default `false`:
-    /// they poll, every `max_poll_interval` at most). On, a mutex waiter
-    /// takes a place in the name's queue, a release announces the first
-    /// place with `pg_notify` in its own transaction, and a backend
+    /// they poll, every `max_poll_interval` at most; see the crate's README
+    /// for why it is off). On, a mutex waiter takes a place in the name's
+    /// queue, a release announces the waiters it lets in with `pg_notify`
+    /// in its own transaction (only when it lets someone in), and a backend
     /// listens on a connection of its own (opened when it first waits,
-    /// beyond the pool) and wakes that waiter at once; the others keep
+    /// beyond the pool) and wakes those waiters at once; the others keep
     /// polling. A listener quiet for ten `max_poll_interval`s asks its
     /// server, and connects again when that gets no answer within the
-    /// request timeout. Turn it on for every client of the table. `LISTEN` keeps state in a
-    /// session, so the URL must reach PostgreSQL itself, not PgBouncer in
-    /// transaction pooling mode. Every notifying commit takes a lock that
-    /// all of the database's notifying commits share, so very high
-    /// release rates cost more with it on.
+    /// request timeout. Turn it on for every client of the table
+    /// (`?wake_ups=true` in the URL). `LISTEN` keeps state in a session, so
+    /// the URL must reach PostgreSQL itself, not PgBouncer in transaction
+    /// pooling mode: there the listening server connection goes back to
+    /// PgBouncer's pool, and the statements of other clients it serves
+    /// next fail on the notifications it receives. A listener counts only
+    /// once it has heard a notification sent from the pool (a listener
+    /// that hears nothing logs a warning, and its backend's waiters poll).
+    /// A release costs one statement more (the name's row is
+    /// locked first), and every notifying commit takes a lock that all of
+    /// the database's notifying commits share.
     pub fn wake_ups(mut self, on: bool) -> Self {
         self.s.wake_ups = on;
         self
@@ -208,7 +215,7 @@ impl PgBackend {
     /// pass through, and any other is refused at connect. See the README's
     /// table.
     pub fn builder(url: impl Into<String>) -> PgBuilder {
-        let mut s = Settings::new(&url.into());
+        let mut s = Settings::new(&url.into(), false);
         let schema = s.params.text("schema");
         PgBuilder {
             schema: schema.unwrap_or_else(|| "public".to_owned()),

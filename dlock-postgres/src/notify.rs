@@ -8,7 +8,10 @@
 //! PostgreSQL delivers a notification at the release's commit, only to
 //! connections listening then, and drops what a connection missed while it
 //! was gone; an expiry sends nothing. So waiters still poll, and every
-//! waiter looks again whenever the listener (re)connects.
+//! waiter looks again whenever the listener (re)connects. A listener counts
+//! as listening only once it has heard a notification that it asked its
+//! backend's pool to send: through a pooler in transaction mode it hears
+//! nothing, and its backend's waiters poll, as without wake-ups.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
@@ -16,8 +19,9 @@ use std::time::Duration;
 
 use dlock_core::driver::wait::Backoff;
 use sqlx::postgres::{PgConnectOptions, PgListener, PgPoolOptions};
+use dlock_core::OwnerToken;
 use tokio::task::AbortHandle;
-use tokio::time::timeout;
+use tokio::time::{Instant, timeout};
 
 use crate::backend::Inner;
 
@@ -72,6 +76,7 @@ async fn listen(inner: Weak<Inner>, options: PgConnectOptions, channel: String) 
         return;
     };
     let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(5));
+    let mut warned = false;
     loop {
         let subscribed = timeout(connect + request, subscribe(&options, connect, &channel));
         let mut listener = match subscribed.await {
@@ -83,6 +88,18 @@ async fn listen(inner: Weak<Inner>, options: PgConnectOptions, channel: String) 
                 continue;
             }
         };
+        if !hears(&inner, &mut listener, request).await {
+            // Hears nothing, for good or for now: waiters poll meanwhile.
+            if !std::mem::replace(&mut warned, true) {
+                tracing::warn!(
+                    "wake-ups: the listener did not hear a notification within the request \
+                     timeout (is the URL a pooler in transaction mode?); waiters poll"
+                );
+            }
+            deaf(&inner);
+            tokio::time::sleep(PROBE_AGAIN_AFTER).await;
+            continue;
+        }
         backoff.reset();
         // Listening now: every waiter looks for a release it missed.
         let mut missed = true;
@@ -145,6 +162,45 @@ async fn listen(inner: Weak<Inner>, options: PgConnectOptions, channel: String) 
             }
         }
     }
+}
+
+/// How long after a listener heard nothing it connects and asks again.
+const PROBE_AGAIN_AFTER: Duration = Duration::from_secs(30);
+
+/// Whether `listener` hears a notification sent on another connection,
+/// within `limit`. A listener can be subscribed and answer, yet hear
+/// nothing: through a pooler in transaction mode (PgBouncer's), `LISTEN`
+/// stays on a server connection that goes back to the pooler's pool, and
+/// the notifications sent to it never reach this client. Its waiters would
+/// then take places in queues and wait for wake-ups that never come.
+async fn hears(inner: &Weak<Inner>, listener: &mut PgListener, limit: Duration) -> bool {
+    let Some(strong) = inner.upgrade() else {
+        return false;
+    };
+    let Ok(token) = OwnerToken::random() else {
+        return false;
+    };
+    let (token, pool) = (token.to_string(), &strong.pool);
+    let sent = pool
+        .execute(sqlx::raw_sql(strong.sql.probe(&token)), "listen", Instant::now() + limit)
+        .await;
+    drop(strong);
+    if let Err(e) = sent {
+        tracing::debug!(error = %e, "could not ask the listener to hear a notification");
+        return false;
+    }
+    let expected = format!("probe:{token}");
+    let heard = timeout(limit, async {
+        // Releases heard meanwhile change nothing: every waiter looks again
+        // once this listens.
+        while let Ok(Some(notification)) = listener.try_recv().await {
+            if notification.payload() == expected {
+                return true;
+            }
+        }
+        false
+    });
+    heard.await.unwrap_or(false)
 }
 
 /// The listener hears nothing for now.

@@ -84,8 +84,10 @@ impl PgBackend {
         self.shared_outcome(name, opts, (owner, sent), answer)
     }
 
-    /// Acquire's wait for a shared kind: a place in the name's queue, given
-    /// up however the wait ends without a grant.
+    /// Acquire's wait for a shared kind: a place in the name's queue from
+    /// the first look (a queued look costs what a plain one does, and a
+    /// plain one refused would only be asked again at once), given up
+    /// however the wait ends without a grant.
     pub(crate) async fn wait_shared(
         &self,
         name: &str,
@@ -93,8 +95,11 @@ impl PgBackend {
         deadline: Deadline,
         backoff: Backoff,
     ) -> Result<Lease> {
-        if let Attempt::Acquired(lease) = self.attempt_shared(name, opts, "").await? {
-            return Ok(lease);
+        if deadline.is_past() {
+            return match self.attempt_shared(name, opts, "").await? {
+                Attempt::Acquired(lease) => Ok(lease),
+                Attempt::Held { .. } => Err(deadline.timeout_error(name)),
+            };
         }
         let queued = |waiter: String| async move { self.attempt_shared(name, opts, &waiter).await };
         let leave = |backend: PgBackend, name: String, waiter: String| async move {

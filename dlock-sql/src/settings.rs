@@ -33,8 +33,9 @@ impl Settings {
     /// each setting under its setter's name, durations as `2s` or
     /// `500ms`), else the defaults: table `dlock_locks`, 10 connections, a
     /// 5 s connect timeout, a 2 s request timeout, polls 1 s apart at most,
-    /// no wake-ups, and the table created when missing.
-    pub fn new(url: &str) -> Self {
+    /// wake-ups as the driver's default (`wake_ups`), and the table created
+    /// when missing.
+    pub fn new(url: &str, wake_ups: bool) -> Self {
         let mut params = UrlParams::parse(url);
         Settings {
             table: params
@@ -44,7 +45,7 @@ impl Settings {
             connect_timeout: params.duration_or("connect_timeout", Duration::from_secs(5)),
             request_timeout: params.duration_or("request_timeout", Duration::from_secs(2)),
             max_poll: params.duration_or("max_poll_interval", Duration::from_secs(1)),
-            wake_ups: params.flag("wake_ups").unwrap_or(false),
+            wake_ups: params.flag("wake_ups").unwrap_or(wake_ups),
             create_table: params.flag("create_table").unwrap_or(true),
             params,
         }
@@ -193,7 +194,7 @@ mod tests {
     fn a_password_is_never_shown() {
         let r = check_url("db://u:%zzsecret@h/d", ["db", "db"], "db://…");
         assert!(!format!("{r:?}").contains("secret"), "{r:?}");
-        let settings = Settings::new("db://u:secret@h/d");
+        let settings = Settings::new("db://u:secret@h/d", false);
         struct Shown<'a>(&'a Settings);
         impl std::fmt::Debug for Shown<'_> {
             fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {

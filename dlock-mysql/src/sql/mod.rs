@@ -74,6 +74,8 @@ pub(crate) struct Statements {
     pub unregister: SqlStr,
     pub sleep: SqlStr,
     pub anchor: SqlStr,
+    /// The connection that holds the anchor, as a pool's connection sees it.
+    pub anchor_holder: SqlStr,
     /// The owner column of a name: a marker for the shared kinds.
     pub kind: SqlStr,
     /// The lock table's name.
@@ -263,7 +265,11 @@ impl Statements {
             )),
             // MySQL rounds GET_LOCK's timeout to whole seconds; MariaDB
             // waits for fractions of one, which the sleep needs.
-            anchor: safe("SELECT GET_LOCK(?, 0), VERSION() LIKE '%MariaDB%'".to_owned()),
+            anchor: safe(
+                "SELECT GET_LOCK(?, 0), VERSION() LIKE '%MariaDB%',
+                 CAST(CONNECTION_ID() AS SIGNED)".to_owned(),
+            ),
+            anchor_holder: safe("SELECT CAST(IS_USED_LOCK(?) AS SIGNED)".to_owned()),
             inspect: safe(format!(
                 "SELECT {owner}, version, TIMESTAMPDIFF(MICROSECOND, {NOW}, expires_at)
                  FROM `{table}` AS l WHERE name = ? AND expires_at > {NOW} AND owner <> ''",

@@ -166,6 +166,12 @@ impl Statements {
         &self.channel
     }
 
+    /// A notification on the table's channel that no release sends
+    /// (`probe:<token>`, a token of hex digits), for a listener to hear.
+    pub fn probe(&self, token: &str) -> SqlStr {
+        self.bounded(format!("SELECT pg_notify('{}', 'probe:{token}')", self.channel))
+    }
+
     /// [`Statements::release`], announcing the release on the table's
     /// channel, in the same transaction: the announcement goes out at its
     /// commit, as `<name in hex>:<token>`, naming the first live place in

@@ -56,25 +56,34 @@ impl Statements {
     }
 
     /// The CTEs `q` (the live waiters of `n` but `leaving`, in order) and
-    /// `wake` (`who`: the tokens, comma-separated, of those a release may
-    /// have let in: the first, the readers before the first writer, and a
-    /// semaphore's first N). Only they look again, not the whole queue.
-    fn wake_set(&self, n: &str, leaving: &str) -> String {
+    /// `wake` (`who`: the tokens, comma-separated, of those the change lets
+    /// in by the acquire's rule, once the holds that `kept` (a condition)
+    /// passes are the only ones: the first writer when nothing is held,
+    /// the readers before the first writer when no writer holds, the
+    /// waiters of a semaphore that fit beside its holds). Only they look
+    /// again: a waiter woken to be refused would take the name's row lock
+    /// for nothing, in every release's way.
+    fn wake_set(&self, n: &str, leaving: &str, kept: &str) -> String {
         format!(
             "q AS (SELECT owner, mode, kind, row_number() OVER w AS i,
                      count(*) FILTER (WHERE mode = 'w') OVER w AS writers
                    FROM {h} WHERE name = {n} AND waiting AND mode <> 'x'
                      AND expires_at > {NOW} AND since >= 0 AND owner <> '{leaving}'
                    WINDOW w AS (ORDER BY since, owner)),
-             wake AS (SELECT string_agg(owner, ',') AS who FROM q
-                      WHERE i = 1 OR (mode = 'r' AND writers = 0)
-                        OR i <= CASE WHEN mode = 'p' THEN substr(kind, 3)::int END)",
+             c AS (SELECT count(*) AS held, count(*) FILTER (WHERE mode = 'w') AS held_w
+                   FROM {h} WHERE name = {n} AND NOT waiting AND expires_at > {NOW} AND {kept}),
+             wake AS (SELECT string_agg(owner, ',') AS who FROM q, c
+                      WHERE (mode = 'w' AND i = 1 AND held = 0)
+                        OR (mode = 'r' AND writers = 0 AND held_w = 0)
+                        OR (mode = 'p' AND i + held <= substr(kind, 3)::int))",
             h = self.holds
         )
     }
 
     /// `pg_notify` of a change of `n` that may let the waiters of `wake`
-    /// in (`<name in hex>:<tokens>`), or nothing without wake-ups.
+    /// in (`<name in hex>:<tokens>`), or nothing without wake-ups. Sent only
+    /// when it lets someone in: a notifying commit takes a lock that every
+    /// notifying commit of the database shares.
     fn announce_to(&self, n: &str, notify: bool) -> String {
         if notify {
             format!(
@@ -175,13 +184,13 @@ impl Statements {
         let n = bytes(name);
         let tombstone = self.tombstone(&n, waiter);
         let say = self.announce_to(&n, notify);
-        let wake = self.wake_set(&n, waiter);
+        let wake = self.wake_set(&n, waiter, "true");
         self.bounded(format!(
             "WITH t AS ({tombstone}),
              d AS (SELECT 1 FROM t WHERE NOT inserted),
              {wake}
              SELECT (SELECT count(*) FROM d), (SELECT who FROM wake WHERE EXISTS (SELECT 1 FROM d)),
-               (SELECT count(*) FROM (SELECT {say} FROM wake WHERE EXISTS (SELECT 1 FROM d)) AS z)"
+               (SELECT count(*) FROM (SELECT {say} FROM wake WHERE who IS NOT NULL AND EXISTS (SELECT 1 FROM d)) AS z)"
         ))
     }
 
@@ -239,7 +248,7 @@ impl SharedStatements for Statements {
         let (t, h, n) = (&self.table, &self.holds, bytes(name));
         let until = self.marker_until(&n, owner, NOW);
         let (lock, say) = (self.lock_row(&n), self.announce_to(&n, wake));
-        let wake = self.wake_set(&n, "");
+        let wake = self.wake_set(&n, "", &format!("owner <> '{owner}'"));
         let place = micros(place_us);
         let from = "waiting AND since >= 0 AND fence > 0 AND fence IN (SELECT granted FROM gone)";
         self.bounded(format!(
@@ -253,7 +262,7 @@ impl SharedStatements for Statements {
                    WHERE name = {n} AND owner LIKE '~%' AND EXISTS (SELECT 1 FROM gone)),
              {wake}
              SELECT (SELECT count(*) FROM gone), (SELECT who FROM wake WHERE EXISTS (SELECT 1 FROM gone)),
-               (SELECT count(*) FROM (SELECT {say} FROM wake WHERE EXISTS (SELECT 1 FROM gone)) AS z)"
+               (SELECT count(*) FROM (SELECT {say} FROM wake WHERE who IS NOT NULL AND EXISTS (SELECT 1 FROM gone)) AS z)"
         ))
     }
 
@@ -301,7 +310,7 @@ impl SharedStatements for Statements {
     fn clear_shared(&self, name: &[u8], wake: bool) -> SqlStr {
         let (t, h, n) = (&self.table, &self.holds, bytes(name));
         let (lock, say) = (self.lock_row(&n), self.announce_to(&n, wake));
-        let wake = self.wake_set(&n, "");
+        let wake = self.wake_set(&n, "", "false");
         self.bounded(format!(
             "{lock}
              WITH d AS (DELETE FROM {h} WHERE name = {n} AND NOT waiting),
@@ -309,7 +318,7 @@ impl SharedStatements for Statements {
                    WHERE name = {n} AND owner LIKE '~%' AND expires_at > {NOW} RETURNING 1),
              {wake}
              SELECT (SELECT count(*) FROM m), (SELECT who FROM wake WHERE EXISTS (SELECT 1 FROM m)),
-               (SELECT count(*) FROM (SELECT {say} FROM wake WHERE EXISTS (SELECT 1 FROM m)) AS z)"
+               (SELECT count(*) FROM (SELECT {say} FROM wake WHERE who IS NOT NULL AND EXISTS (SELECT 1 FROM m)) AS z)"
         ))
     }
 }
