@@ -179,45 +179,49 @@ impl Statements {
         let me = waiter;
         let live = format!("name = {n} AND expires_at > {NOW}");
         let ahead = self.ahead(&n, me);
+        // Over the places ahead (`COUNT(*)`, and their writers).
         let admit = match code {
-            "w" => "@dl_held = 0 AND @dl_ahead = 0".to_owned(),
-            "r" => "@dl_held_w = 0 AND @dl_ahead_w = 0".to_owned(),
-            _ => format!("@dl_held + @dl_ahead < {}", mode.permits()),
+            "w" => "@dl_held = 0 AND COUNT(*) = 0".to_owned(),
+            "r" => "@dl_held_w = 0 AND COALESCE(SUM(mode = 'w'), 0) = 0".to_owned(),
+            _ => format!("@dl_held + COUNT(*) < {}", mode.permits()),
         };
+        let conflict = format!(
+            "COALESCE(IF(@dl_o LIKE '~%', NULLIF(@dl_o, '{k}'),
+               IF(@dl_o IS NULL OR @dl_o = '', NULL, 'x')), MAX(NULLIF(kind, '{k}')))"
+        );
         let who = bytes(holder.as_bytes());
         let begin = self.begin(&n);
         let (ttl, place) = (after(ttl_us), after(place_us));
+        // Few statements, each reading what the last ones set: every
+        // statement of this transaction runs under the name's row lock,
+        // and their count is most of what a grant costs the server.
         safe(format!(
             "{begin}
-             SET @dl_o = (SELECT IF(expires_at > {NOW}, owner, NULL) FROM `{t}` WHERE name = {n});
-             SET @dl_since = (SELECT since FROM {h} WHERE {live} AND waiting AND owner = '{me}');
-             SET @dl_held = (SELECT COUNT(*) FROM {h} WHERE {live} AND NOT waiting);
-             SET @dl_held_w = (SELECT COUNT(*) FROM {h} WHERE {live} AND NOT waiting AND mode = 'w');
-             SET @dl_ahead = (SELECT COUNT(*) FROM {h} WHERE {ahead});
-             SET @dl_ahead_w = (SELECT COUNT(*) FROM {h} WHERE {ahead} AND mode = 'w');
-             SET @dl_conflict = COALESCE(
-               IF(@dl_o LIKE '~%', NULLIF(@dl_o, '{k}'), IF(@dl_o IS NULL OR @dl_o = '', NULL, 'x')),
-               (SELECT kind FROM {h} WHERE {ahead} AND kind <> '{k}' LIMIT 1));
-             SET @dl_admit = @dl_conflict IS NULL AND {admit};
+             SELECT (SELECT IF(expires_at > {NOW}, owner, NULL) FROM `{t}` WHERE name = {n}),
+               (SELECT since FROM {h} WHERE {live} AND waiting AND owner = '{me}'),
+               COUNT(*), COALESCE(SUM(mode = 'w'), 0)
+             INTO @dl_o, @dl_since, @dl_held, @dl_held_w FROM {h} WHERE {live} AND NOT waiting;
+             SELECT {conflict}, {conflict} IS NULL AND {admit} INTO @dl_conflict, @dl_admit
+             FROM {h} WHERE {ahead};
              UPDATE `{t}` SET
                expires_at = IF(owner = '{k}' AND expires_at > {NOW}, GREATEST(expires_at, {ttl}), {ttl}),
-               owner = '{k}', version = GREATEST(version + 1, {CLOCK}), acquired_at = {NOW}, holder = {who}
+               owner = '{k}', version = LAST_INSERT_ID(GREATEST(version + 1, {CLOCK})),
+               acquired_at = {NOW}, holder = {who}
              WHERE name = {n} AND @dl_admit;
-             SET @dl_fence = IF(@dl_admit, (SELECT version FROM `{t}` WHERE name = {n}), NULL);
-             INSERT INTO {h} (name, owner, mode, kind, fence, expires_at, waiting, since, holder)
-               SELECT {n}, '{owner}', '{code}', '{k}', @dl_fence, {ttl}, FALSE, 0, {who} FROM DUAL WHERE @dl_admit;
-             UPDATE {h} SET expires_at = {NOW}, fence = @dl_fence
+             UPDATE {h} SET expires_at = {NOW}, fence = LAST_INSERT_ID()
              WHERE name = {n} AND owner = '{me}' AND waiting AND @dl_admit AND @dl_since IS NOT NULL;
              DELETE FROM {h} WHERE name = {n} AND (
                (owner = '{me}' AND waiting AND @dl_admit AND @dl_since IS NULL)
                OR (owner <> '{me}' AND expires_at < {NOW} - INTERVAL 1 MINUTE));
-             INSERT INTO {h} (name, owner, mode, kind, fence, expires_at, waiting, since)
-               SELECT {n}, '{me}', '{code}', '{k}', 0, {place}, TRUE, {CLOCK} FROM DUAL
-               WHERE '{me}' <> '' AND NOT @dl_admit AND @dl_conflict IS NULL
+             INSERT INTO {h} (name, owner, mode, kind, fence, expires_at, waiting, since, holder)
+               SELECT {n}, IF(@dl_admit, '{owner}', '{me}'), '{code}', '{k}',
+                 IF(@dl_admit, LAST_INSERT_ID(), 0), IF(@dl_admit, {ttl}, {place}), NOT @dl_admit,
+                 IF(@dl_admit, 0, {CLOCK}), IF(@dl_admit, {who}, '') FROM DUAL
+               WHERE @dl_admit OR ('{me}' <> '' AND @dl_conflict IS NULL)
                ON DUPLICATE KEY UPDATE since = IF(expires_at > {NOW} OR fence > 0, since, {CLOCK}),
                  fence = 0, expires_at = {place};
              COMMIT;
-             SELECT CAST(@dl_fence AS SIGNED), CAST(@dl_conflict AS BINARY),
+             SELECT CAST(IF(@dl_admit, LAST_INSERT_ID(), NULL) AS SIGNED), CAST(@dl_conflict AS BINARY),
                (SELECT CAST(TIMESTAMPDIFF(MICROSECOND, {NOW}, MIN(expires_at)) AS SIGNED) FROM {h}
                 WHERE {live} AND NOT waiting)"
         ))
@@ -345,8 +349,9 @@ impl SharedStatements for Statements {
         let (place, from) = (after(place_us), "waiting AND fence = @dl_granted");
         safe(format!(
             "{begin}
-             SELECT COUNT(*), MAX(fence) INTO @dl_n, @dl_granted FROM {h} WHERE {mine};
-             SET @dl_from = (SELECT owner FROM {h} WHERE name = {n} AND {from} LIMIT 1);
+             SELECT COUNT(*), MAX(fence), (SELECT p.owner FROM {h} AS p WHERE p.name = {n}
+                 AND p.waiting AND p.fence = (SELECT MAX(fence) FROM {h} WHERE {mine}) LIMIT 1)
+             INTO @dl_n, @dl_granted, @dl_from FROM {h} WHERE {mine};
              DELETE FROM {h} WHERE {mine};
              UPDATE {h} SET expires_at = {place}, fence = 0
              WHERE name = {n} AND owner = '{waiter}' AND {from};
