@@ -17,9 +17,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::Duration;
 
+use dlock_core::OwnerToken;
 use dlock_core::driver::wait::Backoff;
 use sqlx::postgres::{PgConnectOptions, PgListener, PgPoolOptions};
-use dlock_core::OwnerToken;
 use tokio::task::AbortHandle;
 use tokio::time::{Instant, timeout};
 
@@ -182,7 +182,11 @@ async fn hears(inner: &Weak<Inner>, listener: &mut PgListener, limit: Duration) 
     };
     let (token, pool) = (token.to_string(), &strong.pool);
     let sent = pool
-        .execute(sqlx::raw_sql(strong.sql.probe(&token)), "listen", Instant::now() + limit)
+        .execute(
+            sqlx::raw_sql(strong.sql.probe(&token)),
+            "listen",
+            Instant::now() + limit,
+        )
         .await;
     drop(strong);
     if let Err(e) = sent {

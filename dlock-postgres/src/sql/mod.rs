@@ -169,7 +169,10 @@ impl Statements {
     /// A notification on the table's channel that no release sends
     /// (`probe:<token>`, a token of hex digits), for a listener to hear.
     pub fn probe(&self, token: &str) -> SqlStr {
-        self.bounded(format!("SELECT pg_notify('{}', 'probe:{token}')", self.channel))
+        self.bounded(format!(
+            "SELECT pg_notify('{}', 'probe:{token}')",
+            self.channel
+        ))
     }
 
     /// [`Statements::release`], announcing the release on the table's
