@@ -746,3 +746,106 @@ async fn settings_in_the_url_take_effect_and_unknown_ones_are_refused() {
         "s3cret",
     );
 }
+
+/// A backend with wake-ups whose waiters look again only when woken (polls
+/// a minute apart), and whose looks never time out on a loaded machine (an
+/// undone look would announce a release of its own).
+async fn patient(table: &str) -> PgBackend {
+    PgBackend::builder(url().await)
+        .table(table)
+        .wake_ups(true)
+        .max_poll_interval(Duration::from_secs(60))
+        .request_timeout(Duration::from_secs(20))
+        .connect()
+        .await
+        .unwrap()
+}
+
+/// The test's own listener on `table`'s channel.
+async fn listen(table: &str) -> sqlx::postgres::PgListener {
+    let mut listener = sqlx::postgres::PgListener::connect(url().await)
+        .await
+        .unwrap();
+    listener.listen(&format!("dlock_{table}")).await.unwrap();
+    listener
+}
+
+/// A release of one permit of a full semaphore of 2 announces the one
+/// waiter it lets in, not the first 2 of the queue: a waiter woken only to
+/// be refused takes the name's row lock for nothing. Decided on the
+/// announcement a listener of the test's own hears.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_permit_released_announces_only_the_waiter_it_lets_in() {
+    let table = own_table("permit");
+    let (holder, name) = (patient(&table).await, unique_name("permit"));
+    let opts = long().permits(2);
+    let first = must_acquire(&holder, &name, &opts).await;
+    let second = must_acquire(&holder, &name, &opts).await;
+    let mut admin = admin().await;
+    let (mut queue, mut tasks) = (Vec::new(), tokio::task::JoinSet::new());
+    for i in 0..3 {
+        let (waiter, of, opts) = (patient(&table).await, name.clone(), opts.clone());
+        tasks.spawn(async move {
+            let granted = waiter
+                .acquire(&of, &opts.wait(Duration::from_secs(50)))
+                .await;
+            if let Ok(lease) = &granted {
+                waiter.release(lease).await.unwrap();
+            }
+            granted.map(drop)
+        });
+        queue = queued(&mut admin, &table, &name, i + 1, "a waiter never queued").await;
+    }
+    let mut listener = listen(&table).await;
+    holder.release(&first).await.unwrap();
+    let heard = tokio::time::timeout(Duration::from_secs(10), listener.recv())
+        .await
+        .expect("a release announced")
+        .unwrap();
+    let (_, who) = heard.payload().split_once(':').expect("name:waiters");
+    assert_eq!(who, queue[0], "one permit freed, queue {queue:?}");
+    holder.release(&second).await.unwrap();
+    while let Some(done) = tasks.join_next().await {
+        done.unwrap().unwrap();
+    }
+}
+
+/// A reader's release while another reader still holds announces nothing,
+/// though a writer waits: the writer goes in only once no read hold is
+/// left, and that last release announces it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_release_before_the_last_wakes_no_writer() {
+    let table = own_table("reader");
+    let (holder, name) = (patient(&table).await, unique_name("reader"));
+    let reads = [
+        must_acquire(&holder, &name, &long().read()).await,
+        must_acquire(&holder, &name, &long().read()).await,
+    ];
+    let writer = patient(&table).await;
+    let of = name.clone();
+    let wait = tokio::spawn(async move {
+        let lease = writer
+            .acquire(&of, &long().write().wait(Duration::from_secs(50)))
+            .await
+            .unwrap();
+        writer.release(&lease).await.unwrap();
+    });
+    let mut admin = admin().await;
+    let queue = queued(&mut admin, &table, &name, 1, "the writer never queued").await;
+    let mut listener = listen(&table).await;
+    holder.release(&reads[0]).await.unwrap();
+    holder.release(&reads[1]).await.unwrap();
+    let heard = tokio::time::timeout(Duration::from_secs(10), listener.recv())
+        .await
+        .expect("the last release announced")
+        .unwrap();
+    let (_, who) = heard.payload().split_once(':').expect("name:waiters");
+    assert_eq!(who, queue[0], "the last read release names the writer");
+    tokio::time::timeout(Duration::from_secs(55), wait)
+        .await
+        .expect("the writer gets the lock")
+        .unwrap();
+    // The first release announced nothing: the one heard came from the last.
+    let more = tokio::time::timeout(Duration::from_millis(500), listener.recv()).await;
+    assert!(more.is_err(), "a release announced more: {more:?}");
+}
