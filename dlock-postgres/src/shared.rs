@@ -1,6 +1,7 @@
 //! Reader-writer locks and semaphores: the calls of the shared kinds of
 //! lock, on the statements of `sql/shared.rs`.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use dlock_core::driver::async_trait;
@@ -84,10 +85,44 @@ impl PgBackend {
         self.shared_outcome(name, opts, (owner, sent), answer)
     }
 
+    /// Queues `waiter` without the name's row lock (see
+    /// [`Statements::enqueue_shared`](crate::sql::Statements)): `None`
+    /// when the acquire's rule lets it in now, for a look to take the
+    /// grant, else the attempt's outcome.
+    async fn enqueue_shared(
+        &self,
+        name: &str,
+        opts: &LockOptions,
+        waiter: &str,
+    ) -> Result<Option<Attempt>> {
+        let place = micros_up(self.place());
+        let sql = self
+            .inner
+            .sql
+            .enqueue_shared(name.as_bytes(), opts.get_mode(), waiter, place);
+        let rows = self.fetch(sql, "acquire", self.deadline()).await?;
+        let row = last(&rows).ok_or_else(|| Error::malformed(NAME, "acquire", "no row"))?;
+        let read = |e| Error::backend(NAME, "acquire", e);
+        if row.try_get::<Option<bool>, _>(1).map_err(read)? == Some(true) {
+            return Ok(None);
+        }
+        // Not let in: the outcome of a refused look (the conflict, or held).
+        let answer = (
+            None,
+            row.try_get(0).map_err(read)?,
+            row.try_get(2).map_err(read)?,
+        );
+        let owner = OwnerToken::random()?;
+        self.shared_outcome(name, opts, (owner, Instant::now()), answer)
+            .map(Some)
+    }
+
     /// Acquire's wait for a shared kind: a place in the name's queue from
-    /// the first look (a queued look costs what a plain one does, and a
-    /// plain one refused would only be asked again at once), given up
-    /// however the wait ends without a grant.
+    /// the first look, given up however the wait ends without a grant. The
+    /// first look queues without the name's row lock and reads the rule;
+    /// only a waiter the rule lets in (then, or once a change wakes it)
+    /// takes the lock to be granted. In a crowd most first looks are
+    /// refused, and each would hold up every release of the name.
     pub(crate) async fn wait_shared(
         &self,
         name: &str,
@@ -101,7 +136,18 @@ impl PgBackend {
                 Attempt::Held { .. } => Err(deadline.timeout_error(name)),
             };
         }
-        let queued = |waiter: String| async move { self.attempt_shared(name, opts, &waiter).await };
+        let first = AtomicBool::new(true);
+        let queued = |waiter: String| {
+            let first = &first;
+            async move {
+                if first.swap(false, Ordering::Relaxed)
+                    && let Some(refused) = self.enqueue_shared(name, opts, &waiter).await?
+                {
+                    return Ok(refused);
+                }
+                self.attempt_shared(name, opts, &waiter).await
+            }
+        };
         let leave = |backend: PgBackend, name: String, waiter: String| async move {
             backend.abandon(&name, &waiter).await;
         };

@@ -24,7 +24,17 @@ impl PgBackend {
             crate::notify::Listener::start(&self.inner, options);
         }
         let max_poll = self.inner.max_poll;
-        let backoff = Backoff::new(Duration::from_millis(50).min(max_poll), max_poll);
+        // A waiter whose backend hears releases is woken by the change that
+        // lets it in; it polls only for what sends nothing (an expiry, which
+        // it looks at just after anyway, or a place ahead that lapsed), so
+        // its polls start at the longest apart: each is a look under the
+        // name's row lock, in every release's way.
+        let first = if self.inner.listener.listening() {
+            max_poll
+        } else {
+            Duration::from_millis(50).min(max_poll)
+        };
+        let backoff = Backoff::new(first, max_poll);
         if opts.get_mode() != Mode::Exclusive {
             return self.wait_shared(name, opts, deadline, backoff).await;
         }

@@ -22,7 +22,7 @@ use std::fmt::Write;
 
 use dlock_core::Mode;
 use dlock_sql::SharedStatements;
-use sqlx::SqlStr;
+use sqlx::{AssertSqlSafe, SqlSafeStr, SqlStr};
 
 use super::{CLOCK_US, NOW, Statements, bytes, micros, text};
 
@@ -95,6 +95,71 @@ impl Statements {
         }
     }
 
+    /// The CTEs of the acquire's rule for `me` (`""`: behind every waiter)
+    /// on the name `n` asked as `mode`: `hs` (the live holds), `q` (the
+    /// live places), `ahead` (the places ahead of `me`'s), and `v`: the kind
+    /// the name is in use as when another (`conflict`), and whether the
+    /// rule lets `me` in (`admit`).
+    fn rule(&self, n: &str, mode: Mode, me: &str) -> String {
+        let (t, h, k) = (&self.table, &self.holds, mode.marker());
+        let admit = match mode.code() {
+            "w" => "NOT EXISTS (SELECT 1 FROM hs) AND NOT EXISTS (SELECT 1 FROM ahead)".to_owned(),
+            "r" => "NOT EXISTS (SELECT 1 FROM hs WHERE mode = 'w') \
+                    AND NOT EXISTS (SELECT 1 FROM ahead WHERE mode = 'w')"
+                .to_owned(),
+            _ => format!(
+                "(SELECT count(*) FROM hs) + (SELECT count(*) FROM ahead) < {}",
+                mode.permits()
+            ),
+        };
+        format!(
+            "r AS (SELECT owner, expires_at > {NOW} AS live FROM {t} WHERE name = {n}),
+             hs AS (SELECT mode, expires_at FROM {h}
+                    WHERE name = {n} AND NOT waiting AND expires_at > {NOW}),
+             q AS (SELECT owner, mode, kind, since FROM {h}
+                   WHERE name = {n} AND waiting AND mode <> 'x' AND expires_at > {NOW}
+                     AND since >= 0),
+             mine AS (SELECT since, owner FROM q WHERE owner = '{me}'),
+             ahead AS (SELECT mode, kind FROM q WHERE owner <> '{me}' AND (NOT EXISTS (SELECT 1 FROM mine)
+                       OR (since, owner) < (SELECT since, owner FROM mine))),
+             v AS (SELECT COALESCE(
+                     (SELECT CASE WHEN NOT live THEN NULL WHEN owner LIKE '~%'
+                             THEN NULLIF(owner, '{k}') ELSE 'x' END FROM r),
+                     (SELECT kind FROM ahead WHERE kind <> '{k}' LIMIT 1)) AS conflict,
+                   {admit} AS admit)"
+        )
+    }
+
+    /// Queues `waiter` for `name` asked as `mode`, without the name's row
+    /// lock, then reads whether the acquire's rule lets it in now. The
+    /// place is committed first, in a transaction of its own: a change
+    /// committed before it is seen by the read, and one after it, which
+    /// reads the queue under the row lock, sees the place and wakes the
+    /// waiter if it lets it in. So a waiter that would be refused costs the
+    /// lock's other users nothing. One row: the kind the name is in use as
+    /// when another, whether the rule lets the waiter in, and the µs until
+    /// the first hold ends.
+    pub fn enqueue_shared(&self, name: &[u8], mode: Mode, waiter: &str, place_us: u64) -> SqlStr {
+        let (h, n, me) = (&self.holds, bytes(name), waiter);
+        let (m, k, place) = (mode.code(), mode.marker(), micros(place_us));
+        let (limit, rule) = (&self.limit, self.rule(&n, mode, me));
+        AssertSqlSafe(format!(
+            "BEGIN; {limit}
+             INSERT INTO {h} AS x (name, owner, mode, kind, fence, expires_at, waiting, since)
+             VALUES ({n}, '{me}', '{m}', '{k}', 0, {NOW} + {place}, true, {CLOCK_US})
+             ON CONFLICT (name, owner) DO UPDATE SET expires_at = EXCLUDED.expires_at,
+               fence = 0, since = CASE WHEN x.expires_at > {NOW} OR x.fence > 0
+                 THEN x.since ELSE EXCLUDED.since END
+             WHERE x.since >= 0;
+             COMMIT; {limit}
+             WITH {rule}
+             SELECT conflict, admit,
+               (SELECT (extract(epoch FROM min(expires_at) - {NOW}) * 1000000)::bigint FROM hs)
+             FROM v"
+        ))
+        .into_sql_str()
+    }
+
     /// An acquire of a shared kind by `owner`, queued as `waiter` (`""`:
     /// behind every waiter, and not queued) with a place of `place_us`.
     /// One row: the fencing token when granted, the kind the name is in
@@ -121,34 +186,12 @@ impl Statements {
         let (code, marker) = (mode.code(), mode.marker());
         let (t, h, n) = (&self.table, &self.holds, bytes(name));
         let (m, k, ttl, me) = (code, &marker, micros(ttl_us), waiter);
-        let admit = match code {
-            "w" => "NOT EXISTS (SELECT 1 FROM hs) AND NOT EXISTS (SELECT 1 FROM ahead)".to_owned(),
-            "r" => "NOT EXISTS (SELECT 1 FROM hs WHERE mode = 'w') \
-                    AND NOT EXISTS (SELECT 1 FROM ahead WHERE mode = 'w')"
-                .to_owned(),
-            _ => format!(
-                "(SELECT count(*) FROM hs) + (SELECT count(*) FROM ahead) < {}",
-                mode.permits()
-            ),
-        };
         let (who, place) = (text(holder), micros(place_us));
         let (lock, swept) = (self.lock_row(&n), self.swept());
+        let rule = self.rule(&n, mode, me);
         self.bounded(format!(
             "{lock}
-             WITH r AS (SELECT owner, expires_at > {NOW} AS live FROM {t} WHERE name = {n}),
-             hs AS (SELECT mode, expires_at FROM {h}
-                    WHERE name = {n} AND NOT waiting AND expires_at > {NOW}),
-             q AS (SELECT owner, mode, kind, since FROM {h}
-                   WHERE name = {n} AND waiting AND mode <> 'x' AND expires_at > {NOW}
-                     AND since >= 0),
-             mine AS (SELECT since, owner FROM q WHERE owner = '{me}'),
-             ahead AS (SELECT mode, kind FROM q WHERE owner <> '{me}' AND (NOT EXISTS (SELECT 1 FROM mine)
-                       OR (since, owner) < (SELECT since, owner FROM mine))),
-             v AS (SELECT COALESCE(
-                     (SELECT CASE WHEN NOT live THEN NULL WHEN owner LIKE '~%'
-                             THEN NULLIF(owner, '{k}') ELSE 'x' END FROM r),
-                     (SELECT kind FROM ahead WHERE kind <> '{k}' LIMIT 1)) AS conflict,
-                   {admit} AS admit),
+             WITH {rule},
              f AS (UPDATE {t} SET owner = '{k}', fence = GREATEST(fence + 1, {CLOCK_US}),
                      expires_at = CASE WHEN owner = '{k}' AND expires_at > {NOW}
                        THEN GREATEST(expires_at, {NOW} + {ttl}) ELSE {NOW} + {ttl} END,
