@@ -147,6 +147,53 @@ impl MySqlBackend {
         self.shared_outcome(name, opts, (owner, sent), answer)
     }
 
+    /// Queues `waiter` without the name's row lock (see
+    /// [`Statements::enqueue_shared`](crate::sql::Statements)): `None`
+    /// when the acquire's rule lets it in now, for a look to take the
+    /// grant, else the outcome of a refused look.
+    /// While it is on its way, `in_flight` holds the connection it went out
+    /// on: a wait dropped meanwhile ends that connection before it gives
+    /// the place up, or the place could be written after its removal.
+    pub(crate) async fn enqueue_shared(
+        &self,
+        name: &str,
+        opts: &LockOptions,
+        waiter: &str,
+        in_flight: &Arc<Mutex<Option<Mark>>>,
+    ) -> Result<Option<Attempt>> {
+        let place = micros_up(self.place());
+        let sql = self
+            .inner
+            .sql
+            .enqueue_shared(name.as_bytes(), opts.get_mode(), waiter, place);
+        let rows = self
+            .transact(sql, "acquire", self.deadline(), |mark| {
+                *in_flight.lock().unwrap_or_else(PoisonError::into_inner) = Some(mark);
+            })
+            .await;
+        if !matches!(&rows, Err(e) if e.is_retryable()) {
+            in_flight
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .take();
+        }
+        let rows = rows?;
+        let row = one_row(&rows, "acquire")?;
+        let read = |e| Error::backend(NAME, "acquire", e);
+        if row.try_get::<Option<i64>, _>(1).map_err(read)? == Some(1) {
+            return Ok(None);
+        }
+        let conflict: Option<Vec<u8>> = row.try_get(0).map_err(read)?;
+        let answer = (
+            None,
+            conflict.map(|kind| String::from_utf8_lossy(&kind).into_owned()),
+            row.try_get(2).map_err(read)?,
+        );
+        let owner = OwnerToken::random()?;
+        self.shared_outcome(name, opts, (owner, Instant::now()), answer)
+            .map(Some)
+    }
+
     /// Gives a waiter's place up (a writer that leaves may let readers in).
     pub(crate) async fn abandon(&self, name: &str, waiter: &str) {
         let left = retry_for(self.inner.request_timeout * 2, || async {

@@ -99,10 +99,20 @@ impl MySqlBackend {
                     .is_some();
                 let queue = queued.load(Ordering::Relaxed)
                     || (!deadline.is_past() && (registered || !mutex));
-                if queue {
-                    queued.store(true, Ordering::Relaxed);
+                let enqueue = queue && !mutex && !queued.swap(queue, Ordering::Relaxed);
+                let (waiter, in_flight) = (&waiter, &in_flight);
+                async move {
+                    // A shared kind's first look queues without the name's
+                    // row lock: in a crowd most first looks are refused.
+                    if enqueue
+                        && let Some(refused) =
+                            self.enqueue_shared(name, opts, waiter, in_flight).await?
+                    {
+                        return Ok(refused);
+                    }
+                    self.look(name, opts, if queue { waiter } else { "" }, in_flight)
+                        .await
                 }
-                self.look(name, opts, if queue { &waiter } else { "" }, &in_flight)
             },
             |deadline| self.pause((name, &waiter, &key), deadline, &registration, mutex),
         )

@@ -227,6 +227,38 @@ impl Statements {
         ))
     }
 
+    /// Queues `waiter` for `name` asked as `mode`, without the name's row
+    /// lock, then reads whether the acquire's rule lets it in now: two
+    /// statements, each its own transaction, so the place is committed
+    /// before the read. A change committed before the place is seen by the
+    /// read; one committed after it finds the place when it reads whom to
+    /// wake. A waiter that would be refused thus costs the name's other
+    /// users nothing. One row: the kind the name is in use as when another
+    /// (bytes), whether the rule lets the waiter in, and the µs until the
+    /// first hold ends.
+    pub fn enqueue_shared(&self, name: &[u8], mode: Mode, waiter: &str, place_us: u64) -> SqlStr {
+        let (code, k) = (mode.code(), mode.marker());
+        let (t, h, n, me, place) = (
+            &self.table,
+            self.holds(),
+            bytes(name),
+            waiter,
+            after(place_us),
+        );
+        let admitted = admitted(t, &n);
+        safe(format!(
+            "INSERT INTO {h} (name, owner, mode, kind, fence, expires_at, waiting, since)
+               VALUES ({n}, '{me}', '{code}', '{k}', 0, {place}, TRUE, {CLOCK})
+               ON DUPLICATE KEY UPDATE since = IF(expires_at > {NOW} OR fence > 0, since, {CLOCK}),
+                 fence = 0, expires_at = {place};
+             SELECT CAST((SELECT IF(owner LIKE '~%', NULLIF(owner, '{k}'), IF(owner = '', NULL, 'x'))
+                 FROM `{t}` WHERE name = {n} AND expires_at > {NOW}) AS BINARY),
+               CAST(EXISTS (SELECT 1 FROM {admitted} AND q.owner = '{me}') AS SIGNED),
+               (SELECT CAST(TIMESTAMPDIFF(MICROSECOND, {NOW}, MIN(expires_at)) AS SIGNED) FROM {h}
+                WHERE name = {n} AND expires_at > {NOW} AND NOT waiting)"
+        ))
+    }
+
     /// A mutex's acquire by `owner`, queued as `waiter` with a place of
     /// `place_us`: granted when no place counts ahead of the waiter's (see
     /// [`counts`]), which it then gives up. One row: the plain acquire's
