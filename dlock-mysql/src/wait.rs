@@ -99,7 +99,8 @@ impl MySqlBackend {
                     .is_some();
                 let queue = queued.load(Ordering::Relaxed)
                     || (!deadline.is_past() && (registered || !mutex));
-                let enqueue = queue && !mutex && !queued.swap(queue, Ordering::Relaxed);
+                let first = queue && !queued.swap(queue, Ordering::Relaxed);
+                let enqueue = first && !mutex;
                 let (waiter, in_flight) = (&waiter, &in_flight);
                 async move {
                     // A shared kind's first look queues without the name's

@@ -132,15 +132,20 @@ impl Opening {
                 .bind(&sleepers.anchor_name);
             match timeout(limit, query.fetch_one(&mut conn)).await {
                 Ok(Ok((Some(1), Some(1), id))) => {
-                    if !direct(pool, sql, &sleepers.anchor_name, id, limit).await {
-                        tracing::debug!(
-                            "waiters poll: the pool's connections do not see the anchor's \
-                             connection as the server's (a proxy between?)"
-                        );
-                        sleepers.unsupported.store(true, Ordering::Relaxed);
-                        return;
+                    match direct(pool, sql, &sleepers.anchor_name, id, limit).await {
+                        Some(true) => *sleepers.anchor() = Some(conn),
+                        Some(false) => {
+                            tracing::warn!(
+                                "wake-ups: the pool's connections do not see the anchor's \
+                             connection under its own id (a proxy between?); waiters poll"
+                            );
+                            sleepers.unsupported.store(true, Ordering::Relaxed);
+                            return;
+                        }
+                        // No answer: the anchor goes with its connection, and
+                        // the check is made again later.
+                        None => return rest(),
                     }
-                    *sleepers.anchor() = Some(conn);
                 }
                 // Not MariaDB, or named locks refused (Galera may): poll.
                 Ok(Ok((_, Some(0), _)) | Err(sqlx::Error::Database(_))) => {
@@ -168,21 +173,23 @@ impl Opening {
 /// must see a sleeper's to wake it. Not so behind a proxy that spreads
 /// connections over servers or renumbers them: there a release would send
 /// its `KILL QUERY` to a connection number that names another client's
-/// connection, and waiters poll instead. `false` when the pool gives no
-/// answer; the next waiter asks again.
-async fn direct(pool: &Pool, sql: &Statements, anchor: &str, id: i64, limit: Duration) -> bool {
-    let by = Instant::now() + limit;
-    let Ok(mut lent) = pool.lend("wake-ups", by).await else {
-        return false;
-    };
+/// connection, and waiters poll instead. `None` when the pool gives no
+/// answer (busy, or the server slow): nothing is known.
+async fn direct(
+    pool: &Pool,
+    sql: &Statements,
+    anchor: &str,
+    id: i64,
+    limit: Duration,
+) -> Option<bool> {
+    let mut lent = pool.lend("wake-ups", Instant::now() + limit).await.ok()?;
     let query = sqlx::query_scalar::<_, Option<i64>>(sql.anchor_holder.clone()).bind(anchor);
-    match timeout(limit, query.fetch_one(lent.conn())).await {
-        Ok(Ok(holder)) => {
-            lent.give_back();
-            holder == Some(id)
-        }
-        _ => false,
-    }
+    let holder = timeout(limit, query.fetch_one(lent.conn()))
+        .await
+        .ok()?
+        .ok()?;
+    lent.give_back();
+    Some(holder == Some(id))
 }
 
 impl Drop for Opening {

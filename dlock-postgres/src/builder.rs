@@ -86,7 +86,8 @@ impl PgBuilder {
     /// PgBouncer's pool, and the statements of other clients it serves
     /// next fail on the notifications it receives. A listener counts only
     /// once it has heard a notification sent from the pool (a listener
-    /// that hears nothing logs a warning, and its backend's waiters poll).
+    /// that hears nothing logs a warning and stops, and its backend's
+    /// waiters poll).
     /// A release costs one statement more (the name's row is
     /// locked first), and every notifying commit takes a lock that all of
     /// the database's notifying commits share.

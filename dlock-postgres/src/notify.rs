@@ -76,7 +76,6 @@ async fn listen(inner: Weak<Inner>, options: PgConnectOptions, channel: String) 
         return;
     };
     let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(5));
-    let mut warned = false;
     loop {
         let subscribed = timeout(connect + request, subscribe(&options, connect, &channel));
         let mut listener = match subscribed.await {
@@ -88,17 +87,30 @@ async fn listen(inner: Weak<Inner>, options: PgConnectOptions, channel: String) 
                 continue;
             }
         };
-        if !hears(&inner, &mut listener, request).await {
-            // Hears nothing, for good or for now: waiters poll meanwhile.
-            if !std::mem::replace(&mut warned, true) {
+        match hears(&inner, &mut listener, request).await {
+            Heard::Yes => {}
+            // Sent, and not heard: a pooler in transaction mode. Listening
+            // again would only leave more of its server connections
+            // listening, each a source of notifications for other clients'
+            // statements: waiters poll for good.
+            Heard::No => {
                 tracing::warn!(
-                    "wake-ups: the listener did not hear a notification within the request \
-                     timeout (is the URL a pooler in transaction mode?); waiters poll"
+                    "wake-ups: the listener did not hear a notification sent through the \
+                     pool within the request timeout (is the URL a pooler in transaction \
+                     mode?); this backend's waiters poll from now on"
                 );
+                deaf(&inner);
+                return;
             }
-            deaf(&inner);
-            tokio::time::sleep(PROBE_AGAIN_AFTER).await;
-            continue;
+            Heard::Unsent(error) => {
+                tracing::warn!(
+                    error,
+                    "wake-ups: could not check the listener; waiters poll"
+                );
+                deaf(&inner);
+                tokio::time::sleep(backoff.next_delay()).await;
+                continue;
+            }
         }
         backoff.reset();
         // Listening now: every waiter looks for a release it missed.
@@ -164,47 +176,56 @@ async fn listen(inner: Weak<Inner>, options: PgConnectOptions, channel: String) 
     }
 }
 
-/// How long after a listener heard nothing it connects and asks again.
-const PROBE_AGAIN_AFTER: Duration = Duration::from_secs(30);
+/// What a listener's check found.
+enum Heard {
+    /// It heard the notification sent through the pool.
+    Yes,
+    /// The notification went out, and it did not hear it in time.
+    No,
+    /// The notification could not be sent: nothing is known.
+    Unsent(String),
+}
 
-/// Whether `listener` hears a notification sent on another connection,
-/// within `limit`. A listener can be subscribed and answer, yet hear
-/// nothing: through a pooler in transaction mode (PgBouncer's), `LISTEN`
-/// stays on a server connection that goes back to the pooler's pool, and
-/// the notifications sent to it never reach this client. Its waiters would
-/// then take places in queues and wait for wake-ups that never come.
-async fn hears(inner: &Weak<Inner>, listener: &mut PgListener, limit: Duration) -> bool {
+/// Whether `listener` hears a notification sent on another connection
+/// (one of the pool's), within `limit`. A listener can be subscribed and
+/// answer, yet hear nothing: through a pooler in transaction mode
+/// (PgBouncer's), `LISTEN` stays on a server connection that goes back to
+/// the pooler's pool, and the notifications sent to it never reach this
+/// client. Its waiters would then take places in queues and wait for
+/// wake-ups that never come.
+async fn hears(inner: &Weak<Inner>, listener: &mut PgListener, limit: Duration) -> Heard {
     let Some(strong) = inner.upgrade() else {
-        return false;
+        return Heard::Unsent("the backend is gone".to_owned());
     };
-    let Ok(token) = OwnerToken::random() else {
-        return false;
+    let token = match OwnerToken::random() {
+        Ok(token) => token.to_string(),
+        Err(e) => return Heard::Unsent(e.to_string()),
     };
-    let (token, pool) = (token.to_string(), &strong.pool);
-    let sent = pool
-        .execute(
-            sqlx::raw_sql(strong.sql.probe(&token)),
-            "listen",
-            Instant::now() + limit,
-        )
+    let sql = strong.sql.probe(&token);
+    let sent = strong
+        .pool
+        .execute(sqlx::raw_sql(sql), "listen", Instant::now() + limit)
         .await;
     drop(strong);
     if let Err(e) = sent {
-        tracing::debug!(error = %e, "could not ask the listener to hear a notification");
-        return false;
+        return Heard::Unsent(e.to_string());
     }
     let expected = format!("probe:{token}");
     let heard = timeout(limit, async {
         // Releases heard meanwhile change nothing: every waiter looks again
         // once this listens.
-        while let Ok(Some(notification)) = listener.try_recv().await {
-            if notification.payload() == expected {
-                return true;
+        loop {
+            match listener.try_recv().await {
+                Ok(Some(notification)) if notification.payload() == expected => {
+                    return Heard::Yes;
+                }
+                Ok(Some(_)) => {}
+                Ok(None) => return Heard::Unsent("the listener's connection dropped".to_owned()),
+                Err(e) => return Heard::Unsent(e.to_string()),
             }
         }
-        false
     });
-    heard.await.unwrap_or(false)
+    heard.await.unwrap_or(Heard::No)
 }
 
 /// The listener hears nothing for now.

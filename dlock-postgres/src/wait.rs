@@ -24,18 +24,19 @@ impl PgBackend {
             crate::notify::Listener::start(&self.inner, options);
         }
         let max_poll = self.inner.max_poll;
-        // A waiter whose backend hears releases is woken by the change that
-        // lets it in; it polls only for what sends nothing (an expiry, which
-        // it looks at just after anyway, or a place ahead that lapsed), so
-        // its polls start at the longest apart: each is a look under the
-        // name's row lock, in every release's way.
-        let first = if self.inner.listener.listening() {
-            max_poll
-        } else {
-            Duration::from_millis(50).min(max_poll)
-        };
-        let backoff = Backoff::new(first, max_poll);
+        let backoff = Backoff::new(Duration::from_millis(50).min(max_poll), max_poll);
         if opts.get_mode() != Mode::Exclusive {
+            // A shared kind's waiter whose backend hears releases is woken
+            // by every change that lets it in (a release, a waiter ahead
+            // leaving, an undo); it polls only for what sends nothing (an
+            // expiry, which it looks at just after anyway, or a place ahead
+            // that lapsed), so its polls start at the longest apart: each
+            // is a look under the name's row lock, in every release's way.
+            let backoff = if self.inner.listener.listening() {
+                Backoff::new(max_poll, max_poll)
+            } else {
+                backoff
+            };
             return self.wait_shared(name, opts, deadline, backoff).await;
         }
         if self.inner.listen.is_none() {

@@ -233,7 +233,9 @@ impl Statements {
     /// before the read. A change committed before the place is seen by the
     /// read; one committed after it finds the place when it reads whom to
     /// wake. A waiter that would be refused thus costs the name's other
-    /// users nothing. One row: the kind the name is in use as when another
+    /// users nothing. No place while the name is in use as another kind
+    /// (the read then says which): it would refuse the right kind's
+    /// waiters until it was given up. One row: the kind the name is in use as when another
     /// (bytes), whether the rule lets the waiter in, and the µs until the
     /// first hold ends.
     pub fn enqueue_shared(&self, name: &[u8], mode: Mode, waiter: &str, place_us: u64) -> SqlStr {
@@ -248,7 +250,9 @@ impl Statements {
         let admitted = admitted(t, &n);
         safe(format!(
             "INSERT INTO {h} (name, owner, mode, kind, fence, expires_at, waiting, since)
-               VALUES ({n}, '{me}', '{code}', '{k}', 0, {place}, TRUE, {CLOCK})
+               SELECT {n}, '{me}', '{code}', '{k}', 0, {place}, TRUE, {CLOCK} FROM DUAL
+               WHERE NOT EXISTS (SELECT 1 FROM `{t}` WHERE name = {n} AND expires_at > {NOW}
+                 AND owner <> '' AND owner <> '{k}')
                ON DUPLICATE KEY UPDATE since = IF(expires_at > {NOW} OR fence > 0, since, {CLOCK}),
                  fence = 0, expires_at = {place};
              SELECT CAST((SELECT IF(owner LIKE '~%', NULLIF(owner, '{k}'), IF(owner = '', NULL, 'x'))

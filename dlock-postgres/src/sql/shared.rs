@@ -22,7 +22,7 @@ use std::fmt::Write;
 
 use dlock_core::Mode;
 use dlock_sql::SharedStatements;
-use sqlx::{AssertSqlSafe, SqlSafeStr, SqlStr};
+use sqlx::SqlStr;
 
 use super::{CLOCK_US, NOW, Statements, bytes, micros, text};
 
@@ -75,7 +75,7 @@ impl Statements {
              wake AS (SELECT string_agg(owner, ',') AS who FROM q, c
                       WHERE (mode = 'w' AND i = 1 AND held = 0)
                         OR (mode = 'r' AND writers = 0 AND held_w = 0)
-                        OR (mode = 'p' AND i + held <= substr(kind, 3)::int))",
+                        OR i + held <= CASE WHEN mode = 'p' THEN substr(kind, 3)::int END)",
             h = self.holds
         )
     }
@@ -130,34 +130,39 @@ impl Statements {
         )
     }
 
-    /// Queues `waiter` for `name` asked as `mode`, without the name's row
-    /// lock, then reads whether the acquire's rule lets it in now. The
-    /// place is committed first, in a transaction of its own: a change
-    /// committed before it is seen by the read, and one after it, which
-    /// reads the queue under the row lock, sees the place and wakes the
-    /// waiter if it lets it in. So a waiter that would be refused costs the
-    /// lock's other users nothing. One row: the kind the name is in use as
-    /// when another, whether the rule lets the waiter in, and the µs until
-    /// the first hold ends.
+    /// Queues `waiter` for `name` asked as `mode`, without the lock that
+    /// changes of the name take, then reads whether the acquire's rule lets
+    /// it in now. It takes the name's row `FOR KEY SHARE`, which other
+    /// enqueues share and a change's `FOR UPDATE` does not: a change that
+    /// locked the row before it has committed when the read looks, and one
+    /// that locks it after reads the queue with the place in it, and wakes
+    /// the waiter if it lets it in. So a waiter that would be refused holds
+    /// up no other waiter, and a release only for as long as this runs. No
+    /// place while the name is in use as another kind (the read then says
+    /// which): it would refuse the right kind's waiters until given up. One
+    /// row: the kind the name is in use as when another, whether the rule
+    /// lets the waiter in, and the µs until the first hold ends.
     pub fn enqueue_shared(&self, name: &[u8], mode: Mode, waiter: &str, place_us: u64) -> SqlStr {
-        let (h, n, me) = (&self.holds, bytes(name), waiter);
+        let (t, h, n, me) = (&self.table, &self.holds, bytes(name), waiter);
         let (m, k, place) = (mode.code(), mode.marker(), micros(place_us));
-        let (limit, rule) = (&self.limit, self.rule(&n, mode, me));
-        AssertSqlSafe(format!(
-            "BEGIN; {limit}
+        let rule = self.rule(&n, mode, me);
+        self.bounded(format!(
+            "INSERT INTO {t} (name, owner, fence, expires_at, acquired_at, holder)
+             VALUES ({n}, '', {CLOCK_US}, {NOW}, {NOW}, '') ON CONFLICT (name) DO NOTHING;
+             SELECT FROM {t} WHERE name = {n} FOR KEY SHARE;
              INSERT INTO {h} AS x (name, owner, mode, kind, fence, expires_at, waiting, since)
-             VALUES ({n}, '{me}', '{m}', '{k}', 0, {NOW} + {place}, true, {CLOCK_US})
+             SELECT {n}, '{me}', '{m}', '{k}', 0, {NOW} + {place}, true, {CLOCK_US}
+             WHERE NOT EXISTS (SELECT 1 FROM {t} WHERE name = {n} AND expires_at > {NOW}
+               AND owner <> '' AND owner <> '{k}')
              ON CONFLICT (name, owner) DO UPDATE SET expires_at = EXCLUDED.expires_at,
                fence = 0, since = CASE WHEN x.expires_at > {NOW} OR x.fence > 0
                  THEN x.since ELSE EXCLUDED.since END
              WHERE x.since >= 0;
-             COMMIT; {limit}
              WITH {rule}
              SELECT conflict, admit,
                (SELECT (extract(epoch FROM min(expires_at) - {NOW}) * 1000000)::bigint FROM hs)
              FROM v"
         ))
-        .into_sql_str()
     }
 
     /// An acquire of a shared kind by `owner`, queued as `waiter` (`""`:
@@ -227,9 +232,10 @@ impl Statements {
         let n = bytes(name);
         let tombstone = self.tombstone(&n, waiter);
         let say = self.announce_to(&n, notify);
-        let wake = self.wake_set(&n, waiter, "true");
+        let (lock, wake) = (self.lock_row(&n), self.wake_set(&n, waiter, "true"));
         self.bounded(format!(
-            "WITH t AS ({tombstone}),
+            "{lock}
+             WITH t AS ({tombstone}),
              d AS (SELECT 1 FROM t WHERE NOT inserted),
              {wake}
              SELECT (SELECT count(*) FROM d), (SELECT who FROM wake WHERE EXISTS (SELECT 1 FROM d)),
