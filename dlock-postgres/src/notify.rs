@@ -34,6 +34,9 @@ pub(crate) struct Listener {
     /// a queue, whose releases name one waiter each (a deaf one at the
     /// head would leave a free lock to the others' polls).
     listening: AtomicBool,
+    /// It heard nothing that the pool sent, and stopped for good: waiters
+    /// poll, woken in this process by name.
+    gave_up: AtomicBool,
     /// Times it started listening, and notifications it heard: for tests.
     listened: AtomicU64,
     heard: AtomicU64,
@@ -76,6 +79,7 @@ async fn listen(inner: Weak<Inner>, options: PgConnectOptions, channel: String) 
         return;
     };
     let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(5));
+    let mut heard_once = false;
     loop {
         let subscribed = timeout(connect + request, subscribe(&options, connect, &channel));
         let mut listener = match subscribed.await {
@@ -88,7 +92,14 @@ async fn listen(inner: Weak<Inner>, options: PgConnectOptions, channel: String) 
             }
         };
         match hears(&inner, &mut listener, request).await {
-            Heard::Yes => {}
+            Heard::Yes => heard_once = true,
+            // A listener that heard once is not behind a pooler: this one
+            // was only slow (a spike, a failover), and is asked again.
+            Heard::No if heard_once => {
+                deaf(&inner);
+                tokio::time::sleep(backoff.next_delay()).await;
+                continue;
+            }
             // Sent, and not heard: a pooler in transaction mode. Listening
             // again would only leave more of its server connections
             // listening, each a source of notifications for other clients'
@@ -100,6 +111,12 @@ async fn listen(inner: Weak<Inner>, options: PgConnectOptions, channel: String) 
                      mode?); this backend's waiters poll from now on"
                 );
                 deaf(&inner);
+                if let Some(inner) = inner.upgrade() {
+                    inner.listener.gave_up.store(true, Ordering::Relaxed);
+                    // Waiting as waiters of a backend that hears: they poll
+                    // by name from their next wait on.
+                    inner.queued_wakeups.wake_all();
+                }
                 return;
             }
             Heard::Unsent(error) => {
@@ -258,6 +275,11 @@ impl Listener {
     /// Whether it listens now.
     pub fn listening(&self) -> bool {
         self.listening.load(Ordering::Relaxed)
+    }
+
+    /// Whether it stopped for good (see [`Heard::No`]).
+    pub fn gave_up(&self) -> bool {
+        self.gave_up.load(Ordering::Relaxed)
     }
 
     /// Times the listener started listening (a reconnect counts), and

@@ -66,6 +66,8 @@ impl PgBackend {
         if !head.is_empty() {
             self.inner.queued_wakeups.wake(&head);
         }
+        // Waiters of a backend whose listener gave up poll by name.
+        self.inner.wakeups.wake(name);
         Ok(true)
     }
 

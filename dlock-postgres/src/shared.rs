@@ -96,11 +96,11 @@ impl PgBackend {
         waiter: &str,
     ) -> Result<Option<Attempt>> {
         let place = micros_up(self.place());
-        let sql = self
-            .inner
-            .sql
-            .enqueue_shared(name.as_bytes(), opts.get_mode(), waiter, place);
-        let rows = self.fetch(sql, "acquire", self.deadline()).await?;
+        let (sql, mode) = (&self.inner.sql, opts.get_mode());
+        let enqueue = sql.enqueue_shared(name.as_bytes(), mode, waiter, place);
+        self.execute(enqueue, "acquire", self.deadline()).await?;
+        let read = sql.admitted_now(name.as_bytes(), mode, waiter);
+        let rows = self.fetch(read, "acquire", self.deadline()).await?;
         let row = last(&rows).ok_or_else(|| Error::malformed(NAME, "acquire", "no row"))?;
         let read = |e| Error::backend(NAME, "acquire", e);
         if row.try_get::<Option<bool>, _>(1).map_err(read)? == Some(true) {

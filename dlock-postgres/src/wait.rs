@@ -24,22 +24,24 @@ impl PgBackend {
             crate::notify::Listener::start(&self.inner, options);
         }
         let max_poll = self.inner.max_poll;
-        let backoff = Backoff::new(Duration::from_millis(50).min(max_poll), max_poll);
+        let first = Duration::from_millis(50).min(max_poll);
+        let backoff = Backoff::new(first, max_poll);
         if opts.get_mode() != Mode::Exclusive {
             // A shared kind's waiter whose backend hears releases is woken
-            // by every change that lets it in (a release, a waiter ahead
-            // leaving, an undo); it polls only for what sends nothing (an
-            // expiry, which it looks at just after anyway, or a place ahead
-            // that lapsed), so its polls start at the longest apart: each
-            // is a look under the name's row lock, in every release's way.
+            // by the changes that let it in (a release, a waiter ahead
+            // leaving, an undo); it polls for what sends nothing (an expiry,
+            // which it looks at just after anyway, the end of a delayed
+            // release, a place ahead that lapsed), so its polls start a
+            // fifth of the longest apart: each is a look under the name's
+            // row lock, in every release's way.
             let backoff = if self.inner.listener.listening() {
-                Backoff::new(max_poll, max_poll)
+                Backoff::new((max_poll / 5).max(first), max_poll)
             } else {
                 backoff
             };
             return self.wait_shared(name, opts, deadline, backoff).await;
         }
-        if self.inner.listen.is_none() {
+        if self.inner.listen.is_none() || self.inner.listener.gave_up() {
             return wait_for_lock(name, deadline, Some(&self.inner.wakeups), backoff, || {
                 self.attempt(name, opts)
             })

@@ -233,9 +233,10 @@ impl Statements {
     /// before the read. A change committed before the place is seen by the
     /// read; one committed after it finds the place when it reads whom to
     /// wake. A waiter that would be refused thus costs the name's other
-    /// users nothing. No place while the name is in use as another kind
-    /// (the read then says which): it would refuse the right kind's
-    /// waiters until it was given up. One row: the kind the name is in use as when another
+    /// users nothing. No place while the name is in use as another kind,
+    /// or another kind waits (the read then says which): it would refuse
+    /// the right kind's waiters until it was given up. Read committed, so
+    /// that the insert's reads take no lock on the name's row. One row: the kind the name is in use as when another
     /// (bytes), whether the rule lets the waiter in, and the µs until the
     /// first hold ends.
     pub fn enqueue_shared(&self, name: &[u8], mode: Mode, waiter: &str, place_us: u64) -> SqlStr {
@@ -248,15 +249,22 @@ impl Statements {
             after(place_us),
         );
         let admitted = admitted(t, &n);
+        // A live place of another kind, which refuses this one.
+        let other = format!(
+            "name = {n} AND waiting AND mode <> 'x' AND expires_at > {NOW} AND kind <> '{k}'"
+        );
         safe(format!(
-            "INSERT INTO {h} (name, owner, mode, kind, fence, expires_at, waiting, since)
+            "SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
+             INSERT INTO {h} (name, owner, mode, kind, fence, expires_at, waiting, since)
                SELECT {n}, '{me}', '{code}', '{k}', 0, {place}, TRUE, {CLOCK} FROM DUAL
                WHERE NOT EXISTS (SELECT 1 FROM `{t}` WHERE name = {n} AND expires_at > {NOW}
                  AND owner <> '' AND owner <> '{k}')
+                 AND NOT EXISTS (SELECT 1 FROM {h} WHERE {other})
                ON DUPLICATE KEY UPDATE since = IF(expires_at > {NOW} OR fence > 0, since, {CLOCK}),
                  fence = 0, expires_at = {place};
-             SELECT CAST((SELECT IF(owner LIKE '~%', NULLIF(owner, '{k}'), IF(owner = '', NULL, 'x'))
-                 FROM `{t}` WHERE name = {n} AND expires_at > {NOW}) AS BINARY),
+             SELECT CAST(COALESCE((SELECT IF(owner LIKE '~%', NULLIF(owner, '{k}'),
+                   IF(owner = '', NULL, 'x')) FROM `{t}` WHERE name = {n} AND expires_at > {NOW}),
+                 (SELECT kind FROM {h} WHERE {other} LIMIT 1)) AS BINARY),
                CAST(EXISTS (SELECT 1 FROM {admitted} AND q.owner = '{me}') AS SIGNED),
                (SELECT CAST(TIMESTAMPDIFF(MICROSECOND, {NOW}, MIN(expires_at)) AS SIGNED) FROM {h}
                 WHERE name = {n} AND expires_at > {NOW} AND NOT waiting)"

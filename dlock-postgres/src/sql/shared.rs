@@ -131,34 +131,45 @@ impl Statements {
     }
 
     /// Queues `waiter` for `name` asked as `mode`, without the lock that
-    /// changes of the name take, then reads whether the acquire's rule lets
-    /// it in now. It takes the name's row `FOR KEY SHARE`, which other
-    /// enqueues share and a change's `FOR UPDATE` does not: a change that
-    /// locked the row before it has committed when the read looks, and one
-    /// that locks it after reads the queue with the place in it, and wakes
-    /// the waiter if it lets it in. So a waiter that would be refused holds
-    /// up no other waiter, and a release only for as long as this runs. No
-    /// place while the name is in use as another kind (the read then says
-    /// which): it would refuse the right kind's waiters until given up. One
-    /// row: the kind the name is in use as when another, whether the rule
-    /// lets the waiter in, and the µs until the first hold ends.
+    /// changes of the name hold while they run: the place is written, then
+    /// the name's row taken `FOR KEY SHARE` just for the commit (other
+    /// enqueues share it, a change's `FOR UPDATE` does not). A change that
+    /// locked the row first has committed before this commits, and the
+    /// read that follows ([`Statements::admitted_now`]) sees it; one that
+    /// locks the row after sees the place when it reads whom to wake. The
+    /// lock lasts only for the commit, so a crowd of enqueues leaves a
+    /// change little to wait for. No place while the name is in use as
+    /// another kind, or another kind waits: it would refuse the right
+    /// kind's waiters until given up.
     pub fn enqueue_shared(&self, name: &[u8], mode: Mode, waiter: &str, place_us: u64) -> SqlStr {
         let (t, h, n, me) = (&self.table, &self.holds, bytes(name), waiter);
         let (m, k, place) = (mode.code(), mode.marker(), micros(place_us));
-        let rule = self.rule(&n, mode, me);
         self.bounded(format!(
             "INSERT INTO {t} (name, owner, fence, expires_at, acquired_at, holder)
              VALUES ({n}, '', {CLOCK_US}, {NOW}, {NOW}, '') ON CONFLICT (name) DO NOTHING;
-             SELECT FROM {t} WHERE name = {n} FOR KEY SHARE;
              INSERT INTO {h} AS x (name, owner, mode, kind, fence, expires_at, waiting, since)
              SELECT {n}, '{me}', '{m}', '{k}', 0, {NOW} + {place}, true, {CLOCK_US}
              WHERE NOT EXISTS (SELECT 1 FROM {t} WHERE name = {n} AND expires_at > {NOW}
                AND owner <> '' AND owner <> '{k}')
+               AND NOT EXISTS (SELECT 1 FROM {h} WHERE name = {n} AND waiting AND mode <> 'x'
+                 AND since >= 0 AND expires_at > {NOW} AND kind <> '{k}')
              ON CONFLICT (name, owner) DO UPDATE SET expires_at = EXCLUDED.expires_at,
                fence = 0, since = CASE WHEN x.expires_at > {NOW} OR x.fence > 0
                  THEN x.since ELSE EXCLUDED.since END
              WHERE x.since >= 0;
-             WITH {rule}
+             SELECT FROM {t} WHERE name = {n} FOR KEY SHARE"
+        ))
+    }
+
+    /// Whether the acquire's rule lets `waiter` in now, for `name` asked as
+    /// `mode`, read without a lock after its place was committed
+    /// ([`Statements::enqueue_shared`]). One row: the kind the name is in
+    /// use as when another, whether the rule lets the waiter in, and the µs
+    /// until the first hold ends.
+    pub fn admitted_now(&self, name: &[u8], mode: Mode, waiter: &str) -> SqlStr {
+        let rule = self.rule(&bytes(name), mode, waiter);
+        self.bounded(format!(
+            "WITH {rule}
              SELECT conflict, admit,
                (SELECT (extract(epoch FROM min(expires_at) - {NOW}) * 1000000)::bigint FROM hs)
              FROM v"
