@@ -74,6 +74,29 @@ impl MySqlBackend {
         }
     }
 
+    /// Runs an acquire's transaction with `in_flight` holding the connection
+    /// it goes out on until an answer settles it: any answer from the
+    /// server means it is no longer on its way. With no answer the mark
+    /// stays, for the undo, which ends that connection first.
+    async fn transact_in_flight(
+        &self,
+        sql: SqlStr,
+        in_flight: &Arc<Mutex<Option<Mark>>>,
+    ) -> Result<Vec<MySqlRow>> {
+        let rows = self
+            .transact(sql, "acquire", self.deadline(), |mark| {
+                *in_flight.lock().unwrap_or_else(PoisonError::into_inner) = Some(mark);
+            })
+            .await;
+        if !matches!(&rows, Err(e) if e.is_retryable()) {
+            in_flight
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .take();
+        }
+        rows
+    }
+
     /// One acquire of a shared kind, not queued.
     pub(crate) async fn attempt_shared(&self, name: &str, opts: &LockOptions) -> Result<Attempt> {
         self.look(name, opts, "", &Arc::default()).await
@@ -118,21 +141,11 @@ impl MySqlBackend {
                 backend.undo_shared(&lease, mark, &waiter).await;
             })
         };
-        let rows = self
-            .transact(sql, "acquire", self.deadline(), |mark| {
-                *in_flight.lock().unwrap_or_else(PoisonError::into_inner) = Some(mark);
-            })
-            .await;
-        // Any answer from the server settles the outcome: the look is no
-        // longer on its way. No answer (a timeout, a broken connection)
-        // leaves the undo armed, to run as this returns, and the
-        // connection's mark in place for it: the transaction may still be
-        // running, and a release before its commit would find nothing.
+        let rows = self.transact_in_flight(sql, in_flight).await;
+        // No answer (a timeout, a broken connection) leaves the undo armed,
+        // to run as this returns: the transaction may still be running,
+        // and a release before its commit would find nothing.
         if !matches!(&rows, Err(e) if e.is_retryable()) {
-            in_flight
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .take();
             undo.disarm();
         }
         let rows = rows?;
@@ -166,18 +179,7 @@ impl MySqlBackend {
             .inner
             .sql
             .enqueue_shared(name.as_bytes(), opts.get_mode(), waiter, place);
-        let rows = self
-            .transact(sql, "acquire", self.deadline(), |mark| {
-                *in_flight.lock().unwrap_or_else(PoisonError::into_inner) = Some(mark);
-            })
-            .await;
-        if !matches!(&rows, Err(e) if e.is_retryable()) {
-            in_flight
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .take();
-        }
-        let rows = rows?;
+        let rows = self.transact_in_flight(sql, in_flight).await?;
         let row = one_row(&rows, "acquire")?;
         let read = |e| Error::backend(NAME, "acquire", e);
         if row.try_get::<Option<i64>, _>(1).map_err(read)? == Some(1) {
