@@ -8,7 +8,7 @@ use std::time::Duration;
 use dlock_core::{Backend, Lease, LockOptions, Locker};
 use tokio::time::{Instant, sleep, sleep_until};
 
-use super::{Judged, assert_held, foreign_lease, judged_with_doubling_ttl, needs_ttl};
+use super::{Judged, assert_held_by, foreign_lease, judged_with_doubling_ttl, needs_ttl};
 use crate::support::{long, must_acquire, must_lock, unique_name};
 
 /// `extend_many` judges each lease by its own owner token: it extends the
@@ -186,12 +186,11 @@ async fn batch_renewal_round(backend: &Arc<dyn Backend>, case: &str, ttl: Durati
             ));
             continue;
         }
-        assert_held(
-            backend.as_ref(),
-            guard.name(),
-            "a renewed guard's lock expired",
-        )
-        .await;
+        if let Err(late) =
+            assert_held_by(backend.as_ref(), guard, "a renewed guard's lock expired").await
+        {
+            judged = late;
+        }
     }
     for guard in guards {
         // A guard lost in a round that could not judge holds nothing.

@@ -9,8 +9,8 @@ use dlock_core::{Backend, Error, Guard, LeaseKind, LockOptions, Locker};
 use tokio::time::{Instant, sleep, sleep_until};
 
 use super::{
-    Judged, SHORT_TTL, assert_held, fresh_guard, judged_with_doubling_ttl, needs_ttl, server_ttl,
-    short,
+    Judged, SHORT_TTL, assert_held_by, fresh_guard, judged_with_doubling_ttl, needs_ttl,
+    server_ttl, short,
 };
 use crate::support::{long, must_lock, unique_name};
 
@@ -34,7 +34,11 @@ pub async fn guard_renews_past_ttl(backend: &Arc<dyn Backend>) {
         if !guard.is_valid() {
             return Judged::No("the guard was lost within 3 TTLs".to_owned());
         }
-        assert_held(backend.as_ref(), &name, "a renewed guard's lock expired").await;
+        if let Err(late) =
+            assert_held_by(backend.as_ref(), &guard, "a renewed guard's lock expired").await
+        {
+            return late;
+        }
         // A renewal that came late (a loaded machine) lets the lease run
         // out on the server; the guard then stops trusting it, so a
         // "not held" is wrong only while the guard still trusted its lease.

@@ -133,6 +133,27 @@ async fn assert_held(backend: &dyn Backend, name: &str, why: &str) {
     }
 }
 
+/// That `guard`'s name is held, checked with a grant asked of `backend`:
+/// a second grant fails the case only if the guard still trusted its
+/// lease when that grant came back. Otherwise its lease ran out first (a
+/// renewal late on a loaded machine), and the round cannot judge.
+async fn assert_held_by(backend: &dyn Backend, guard: &Guard, why: &str) -> Result<(), Judged> {
+    let name = guard.name();
+    let lease = match backend.try_acquire(name, &long()).await {
+        Ok(None) => return Ok(()),
+        Ok(Some(lease)) => lease,
+        Err(e) => panic!("try_acquire({name:?}) failed: {e}"),
+    };
+    let answered = Instant::now();
+    if let Some(until) = guard.valid_until().filter(|until| *until > answered) {
+        panic!("{name:?} was granted twice ({why}): its guard trusted its lease until {until:?}");
+    }
+    drop(backend.release(&lease).await);
+    Err(Judged::No(format!(
+        "{name:?}'s lease ran out before the check was answered"
+    )))
+}
+
 fn assert_not_held<T: std::fmt::Debug>(result: dlock_core::Result<T>, what: &str) {
     match result {
         Err(Error::NotHeld { .. }) => {}
