@@ -3,6 +3,7 @@
 use dlock_core::{Error, MAX_HOLDERS, Result};
 use sqlx::{AssertSqlSafe, SqlSafeStr, SqlStr};
 
+mod queue;
 mod shared;
 
 /// The database's clock decides expiry, never the client's. UTC so that
