@@ -30,9 +30,10 @@ pub(crate) const NAME: &str = "redis";
 /// crate docs for the key layout.
 ///
 /// With a `redis+sentinel://` URL it asks the Sentinels for the primary,
-/// and asks again whenever a request fails for want of a primary (the
-/// connection drops, or the old primary answers `READONLY` as a replica),
-/// so it follows a failover.
+/// hears their `+switch-master` announcements, asks them again every second
+/// and whenever a request fails for want of a primary, and moves to the
+/// primary they name: it follows a failover within about a second, even
+/// when the old primary still answers it.
 ///
 /// With a `redis+cluster://` URL it talks to a Redis Cluster (7 or later):
 /// each lock's keys share one hash slot, scripts go to the slot's node,

@@ -9,7 +9,7 @@ use dlock_core::driver::wait::MIN_BACKOFF;
 use dlock_core::driver::{MAX_SETTING, UrlParams, check_duration};
 use dlock_core::{Error, OwnerToken, Result};
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use redis::{IntoConnectionInfo, ProtocolVersion};
+use redis::{IntoConnectionInfo, ProtocolVersion, Value};
 
 use crate::backend::{Inner, NAME, RedisBackend};
 use crate::conn::{Connection, Kind, PushConn, cluster_nodes};
@@ -176,7 +176,7 @@ impl RedisBuilder {
             .map(|url| Sentinel::new(&url, self.connect_timeout))
             .transpose()?;
         let info = match (&sentinel, &self.info) {
-            (Some(sentinel), _) => sentinel.lookup().await?.get_connection_info().clone(),
+            (Some(sentinel), _) => sentinel.lookup().await?,
             (None, Some(info)) => info.clone(),
             (None, None) => self
                 .url
@@ -185,11 +185,17 @@ impl RedisBuilder {
                 .map_err(|e| Error::invalid_option("url", format!("not a Redis URL: {e}")))?,
         };
         let pushes = Pushes::new(self.prefix.clone());
-        let (conn, push_conn) = self.open(info.clone(), &pushes).await?;
+        let (conn, push_conn) = if sentinel.is_some() {
+            self.open_primary(info.clone(), &pushes).await?
+        } else {
+            self.open(info.clone(), &pushes).await?
+        };
         if let Some(sentinel) = &sentinel {
             sentinel.switch_to(info.addr());
         }
-        self.backend(conn, push_conn, sentinel, false, pushes)
+        let backend = self.backend(conn, push_conn, sentinel, false, pushes)?;
+        backend.watch_sentinels();
+        Ok(backend)
     }
 
     /// The backend over connections just made; it keeps the settings to
@@ -304,6 +310,35 @@ impl RedisBuilder {
         .await
         .map_err(|e| redis_error(e, "connect for notifications"))?;
         Ok((Connection(Kind::Single(conn)), PushConn::Single(push_conn)))
+    }
+
+    /// [`RedisBuilder::open`] on a server the Sentinels named, which must
+    /// say it is a primary: mid-failover they may name one that is not yet.
+    pub(crate) async fn open_primary(
+        &self,
+        info: redis::ConnectionInfo,
+        pushes: &Arc<Pushes>,
+    ) -> Result<(Connection, PushConn)> {
+        let addr = info.addr().to_string();
+        let (mut conn, push_conn) = self.open(info, pushes).await?;
+        let role = tokio::time::timeout(
+            self.request_timeout,
+            redis::cmd("ROLE").query_async::<Vec<Value>>(&mut conn),
+        )
+        .await
+        .map_err(|_| Error::timed_out(NAME, "ask the named primary its role"))?
+        .map_err(|e| redis_error(e, "ask the named primary its role"))?;
+        match role.first() {
+            Some(Value::BulkString(role)) if role.as_slice() == b"master" => Ok((conn, push_conn)),
+            Some(Value::SimpleString(role)) if role == "master" => Ok((conn, push_conn)),
+            _ => Err(Error::unavailable(
+                NAME,
+                "find the primary",
+                std::io::Error::other(format!(
+                    "the Sentinels name {addr}, which is not a primary (yet)"
+                )),
+            )),
+        }
     }
 
     /// A client for `info`, trusting the CA given for `rediss://`.

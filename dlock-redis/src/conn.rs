@@ -164,6 +164,9 @@ impl RedisBackend {
         doing: &str,
         requests: impl Future<Output = RedisResult<T>>,
     ) -> Result<T> {
+        if let Some(refused) = self.inner.sentinel.as_ref().and_then(|s| s.refusal()) {
+            return Err(refused);
+        }
         let bound = self.inner.request_timeout;
         match tokio::time::timeout(bound, requests).await {
             Ok(Ok(reply)) => Ok(reply),

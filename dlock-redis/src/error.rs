@@ -78,16 +78,14 @@ pub(crate) fn owner_checked(lease: &Lease, reply: i64, confirmed: bool, doing: &
 }
 
 impl RedisBackend {
-    /// Maps a failed request's error, and with Sentinel, looks for a new
-    /// primary when the failure may mean the old one is gone.
+    /// Maps a failed request's error, and with Sentinel, asks for a look
+    /// at the primary now when the failure may mean the old one is gone.
     pub(crate) fn fail(&self, e: RedisError, doing: &str) -> Error {
         let error = redis_error(e, doing);
         if matches!(error, Error::Connection { .. } | Error::Unavailable { .. })
             && let Some(sentinel) = &self.inner.sentinel
-            && sentinel.lookup_due()
         {
-            let backend = self.clone();
-            tokio::spawn(async move { backend.follow_primary().await });
+            sentinel.nudge();
         }
         error
     }

@@ -1,16 +1,21 @@
-//! Redis Sentinel: find the primary of a service, and find it again after
-//! a failover.
+//! Redis Sentinel: find the primary of a service, and follow it when the
+//! Sentinels switch it.
 
-use std::sync::{Mutex, PoisonError};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use dlock_core::driver::wait::Backoff;
 use dlock_core::{Error, Result};
-use redis::sentinel::{SentinelClient, SentinelNodeConnectionInfo, SentinelServerType};
-use redis::{ConnectionAddr, ConnectionInfo, IntoConnectionInfo, RedisConnectionInfo};
-use tokio::time::Instant;
+use futures_util::future::join_all;
+use redis::aio::MultiplexedConnection;
+use redis::{
+    ConnectionAddr, ConnectionInfo, IntoConnectionInfo, ProtocolVersion, PushInfo, PushKind,
+    RedisConnectionInfo, RedisError, RedisResult, Value,
+};
+use tokio::sync::{Notify, mpsc};
+use tokio::time::{Instant, MissedTickBehavior};
 
-use crate::backend::RedisBackend;
+use crate::backend::{NAME, RedisBackend};
 
 /// The default Sentinel port.
 const SENTINEL_PORT: u16 = 26379;
@@ -18,10 +23,6 @@ const SENTINEL_PORT: u16 = 26379;
 /// How often the primary may be looked up again: a primary that is down
 /// makes every request fail, and each failure asks for a lookup.
 const LOOKUP_INTERVAL: Duration = Duration::from_millis(100);
-
-/// How long one search for a new primary goes on; failed requests start
-/// another.
-const FOLLOW_FOR: Duration = Duration::from_secs(30);
 
 /// A parsed `redis+sentinel://` URL.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -106,12 +107,54 @@ fn decode(s: &str) -> Result<String> {
         .map_err(|_| Error::invalid_option("url", "percent-encoding that is not UTF-8"))
 }
 
-/// Finds the current primary of a service by asking its Sentinels.
+/// The Sentinels' channel announcing that a service has a new primary.
+const SWITCH: &str = "+switch-master";
+
+/// How often the Sentinels are asked for the primary when none announces a
+/// switch: a Sentinel cut off from us cannot announce, and a client that
+/// waited for its own requests to fail would go on using a cut-off primary
+/// that still answers it (until Sentinel demotes it, after the heal).
+const POLL_INTERVAL: Duration = Duration::from_secs(1);
+
+/// How often a primary refused for its eviction policy is looked at again.
+const REFUSED_RECHECK: Duration = Duration::from_secs(10);
+
+/// One Sentinel: where it is, and the connection it is asked on and heard
+/// from (`+switch-master`), opened on first use and again after a failure.
+struct Watchman {
+    info: ConnectionInfo,
+    conn: tokio::sync::Mutex<Option<MultiplexedConnection>>,
+}
+
+/// A Sentinel's answer: where the service's primary is, in which epoch.
+struct Named {
+    addr: ConnectionAddr,
+    epoch: u64,
+}
+
+/// A primary that was named but refused (an evicting policy), and when.
+struct Refusal {
+    addr: ConnectionAddr,
+    message: String,
+    at: Instant,
+}
+
+/// Finds the current primary of a service by asking its Sentinels, and
+/// hears when they switch it.
 pub(crate) struct Sentinel {
-    client: tokio::sync::Mutex<SentinelClient>,
+    watchmen: Vec<Watchman>,
+    service: String,
+    /// Database and credentials of the data nodes.
+    node: RedisConnectionInfo,
+    /// Where every Sentinel connection hands its announcements.
+    switches: mpsc::UnboundedSender<PushInfo>,
+    /// Taken by the watch task that [`RedisBackend::watch_sentinels`] starts.
+    heard: Mutex<Option<mpsc::UnboundedReceiver<PushInfo>>>,
+    /// Asks the watch task to look now (a request failed).
+    nudge: Arc<Notify>,
     /// The primary the connections go to now.
     primary: Mutex<Option<ConnectionAddr>>,
-    last_lookup: Mutex<Option<Instant>>,
+    refused: Mutex<Option<Refusal>>,
     /// Held from a lookup to the switch it leads to.
     following: tokio::sync::Mutex<()>,
     timeout: Duration,
@@ -119,13 +162,19 @@ pub(crate) struct Sentinel {
 
 impl Sentinel {
     pub fn new(url: &SentinelUrl, timeout: Duration) -> Result<Self> {
-        let sentinels: Vec<ConnectionInfo> = url
+        let resp3 = RedisConnectionInfo::default().set_protocol(ProtocolVersion::RESP3);
+        let watchmen = url
             .sentinels
             .iter()
             .map(|(host, port)| {
-                ConnectionAddr::Tcp(host.clone(), *port)
+                let info = ConnectionAddr::Tcp(host.clone(), *port)
                     .into_connection_info()
-                    .map_err(|e| Error::invalid_option("url", e.to_string()))
+                    .map_err(|e| Error::invalid_option("url", e.to_string()))?
+                    .set_redis_settings(resp3.clone());
+                Ok(Watchman {
+                    info,
+                    conn: tokio::sync::Mutex::new(None),
+                })
             })
             .collect::<Result<_>>()?;
         let mut node = RedisConnectionInfo::default().set_db(url.db);
@@ -135,63 +184,124 @@ impl Sentinel {
         if let Some(password) = &url.password {
             node = node.set_password(password);
         }
-        let info = SentinelNodeConnectionInfo::default().set_redis_connection_info(node);
-        let client = SentinelClient::build(
-            sentinels,
-            url.service.clone(),
-            Some(info),
-            SentinelServerType::Master,
-        )
-        .map_err(|e| Error::invalid_option("url", e.to_string()))?;
+        let (switches, heard) = mpsc::unbounded_channel();
         Ok(Sentinel {
-            client: tokio::sync::Mutex::new(client),
+            watchmen,
+            service: url.service.clone(),
+            node,
+            switches,
+            heard: Mutex::new(Some(heard)),
+            nudge: Arc::new(Notify::new()),
             primary: Mutex::new(None),
-            last_lookup: Mutex::new(None),
+            refused: Mutex::new(None),
             following: tokio::sync::Mutex::new(()),
-            // The client checks a named primary's role with its own 1 s
-            // connect bound, Sentinel by Sentinel: leave room for one.
-            timeout: timeout.max(Duration::from_secs(1)) + Duration::from_secs(1),
+            timeout,
         })
     }
 
-    /// Asks the Sentinels for the primary, which must confirm its role.
-    pub async fn lookup(&self) -> Result<redis::Client> {
-        let mut client = self.client.lock().await;
-        *self
-            .last_lookup
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner) = Some(Instant::now());
-        let found = tokio::time::timeout(self.timeout, client.async_get_client())
-            .await
-            .map_err(|_| {
-                Error::unavailable(
-                    "redis",
-                    "find the primary",
-                    std::io::Error::from(std::io::ErrorKind::TimedOut),
-                )
-            })?
-            .map_err(|e| Error::unavailable("redis", "find the primary", e))?;
-        Ok(found)
+    /// Asks every Sentinel at once where the primary is, and takes the
+    /// answer of the newest epoch: a Sentinel on the losing side of a
+    /// partition still names the old primary, in an older epoch.
+    pub async fn lookup(&self) -> Result<ConnectionInfo> {
+        let answers = join_all(self.watchmen.iter().map(|w| self.ask(w))).await;
+        let mut errors = Vec::new();
+        let mut best: Option<Named> = None;
+        for answer in answers {
+            match answer {
+                Ok(named) if best.as_ref().is_none_or(|b| named.epoch > b.epoch) => {
+                    best = Some(named);
+                }
+                Ok(_) => {}
+                Err(e) => errors.push(e),
+            }
+        }
+        match best {
+            Some(named) => Ok(named
+                .addr
+                .into_connection_info()
+                .map_err(|e| Error::unavailable("redis", "find the primary", e))?
+                .set_redis_settings(self.node.clone())),
+            None => Err(Error::unavailable(
+                "redis",
+                "find the primary",
+                std::io::Error::other(format!(
+                    "no Sentinel named a primary for {:?}: {}",
+                    self.service,
+                    errors.join("; ")
+                )),
+            )),
+        }
     }
 
-    /// Whether a lookup is due: none is running, and the last one is
-    /// [`LOOKUP_INTERVAL`] old.
-    pub fn lookup_due(&self) -> bool {
-        let last = *self
-            .last_lookup
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        self.following.try_lock().is_ok() && last.is_none_or(|at| at.elapsed() >= LOOKUP_INTERVAL)
+    /// Asks one Sentinel, within the bound, on its connection (opened and
+    /// subscribed to switches first when it has none).
+    async fn ask(&self, watchman: &Watchman) -> std::result::Result<Named, String> {
+        let addr = watchman.info.addr().to_string();
+        let mut slot = watchman.conn.lock().await;
+        let asked = tokio::time::timeout(self.timeout, async {
+            if slot.is_none() {
+                *slot = Some(self.open(watchman).await?);
+            }
+            let Some(conn) = slot.as_mut() else {
+                return Err(RedisError::from(std::io::Error::other("no connection")));
+            };
+            redis::cmd("SENTINEL")
+                .arg("MASTER")
+                .arg(&self.service)
+                .query_async::<HashMap<String, String>>(conn)
+                .await
+        })
+        .await;
+        let fields = match asked {
+            Ok(Ok(fields)) => fields,
+            Ok(Err(e)) => {
+                *slot = None;
+                return Err(format!("{addr}: {e}"));
+            }
+            Err(_) => {
+                *slot = None;
+                return Err(format!("{addr}: no answer within {:?}", self.timeout));
+            }
+        };
+        let field = |key: &str| {
+            fields
+                .get(key)
+                .ok_or_else(|| format!("{addr}: no {key} in SENTINEL MASTER"))
+        };
+        let port = field("port")?
+            .parse()
+            .map_err(|_| format!("{addr}: bad port in SENTINEL MASTER"))?;
+        let epoch = field("config-epoch")?
+            .parse()
+            .map_err(|_| format!("{addr}: bad config-epoch in SENTINEL MASTER"))?;
+        Ok(Named {
+            addr: ConnectionAddr::Tcp(field("ip")?.clone(), port),
+            epoch,
+        })
     }
 
-    /// The right to look up and switch, if no one else has it now.
-    pub fn following(&self) -> Option<tokio::sync::MutexGuard<'_, ()>> {
-        self.following.try_lock().ok()
+    /// A connection to one Sentinel that hears its switches.
+    async fn open(&self, watchman: &Watchman) -> RedisResult<MultiplexedConnection> {
+        let config = redis::AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(self.timeout))
+            .set_response_timeout(Some(self.timeout))
+            .set_push_sender(self.switches.clone());
+        let mut conn = redis::Client::open(watchman.info.clone())?
+            .get_multiplexed_async_connection_with_config(&config)
+            .await?;
+        conn.subscribe(SWITCH).await?;
+        Ok(conn)
+    }
+
+    /// Asks the watch task to look for the primary now.
+    pub fn nudge(&self) {
+        self.nudge.notify_one();
     }
 
     /// Records `addr` as the primary the connections go to.
     pub fn switch_to(&self, addr: &ConnectionAddr) {
         *self.primary.lock().unwrap_or_else(PoisonError::into_inner) = Some(addr.clone());
+        *self.refused.lock().unwrap_or_else(PoisonError::into_inner) = None;
     }
 
     /// The primary the connections go to now.
@@ -201,43 +311,118 @@ impl Sentinel {
             .unwrap_or_else(PoisonError::into_inner)
             .clone()
     }
+
+    /// Whether the Sentinels' primary is one this backend refused, which
+    /// every call reports until they name another or it is found safe.
+    pub fn refusal(&self) -> Option<Error> {
+        let refused = self.refused.lock().unwrap_or_else(PoisonError::into_inner);
+        refused.as_ref().map(|r| Error::UnsafeServer {
+            backend: NAME,
+            message: format!("the new primary {}: {}", r.addr, r.message),
+        })
+    }
+
+    /// Whether `addr`, just named, was refused recently enough not to be
+    /// connected to again yet.
+    fn recently_refused(&self, addr: &ConnectionAddr) -> bool {
+        let refused = self.refused.lock().unwrap_or_else(PoisonError::into_inner);
+        refused
+            .as_ref()
+            .is_some_and(|r| &r.addr == addr && r.at.elapsed() < REFUSED_RECHECK)
+    }
+
+    fn refuse(&self, addr: &ConnectionAddr, e: &Error) {
+        let message = match e {
+            Error::UnsafeServer { message, .. } => message.clone(),
+            other => other.to_string(),
+        };
+        *self.refused.lock().unwrap_or_else(PoisonError::into_inner) = Some(Refusal {
+            addr: addr.clone(),
+            message,
+            at: Instant::now(),
+        });
+    }
+}
+
+/// Whether an announcement is a switch of `service`'s primary.
+fn is_switch(push: &PushInfo, service: &str) -> bool {
+    match (&push.kind, push.data.as_slice()) {
+        (PushKind::Message, [_, Value::BulkString(payload)]) => payload
+            .split(|&b| b == b' ')
+            .next()
+            .is_some_and(|name| name == service.as_bytes()),
+        // A Sentinel connection dropped: look now, which reopens it.
+        (PushKind::Disconnection, _) => true,
+        _ => false,
+    }
 }
 
 impl RedisBackend {
+    /// Starts the task that follows the Sentinels' primary: at each
+    /// announced switch, at each nudge of a failed request, and every
+    /// [`POLL_INTERVAL`]. It ends with the backend.
+    pub(crate) fn watch_sentinels(&self) {
+        let Some(sentinel) = &self.inner.sentinel else {
+            return;
+        };
+        let Some(mut heard) = sentinel
+            .heard
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take()
+        else {
+            return;
+        };
+        // The task keeps no backend alive while it waits.
+        let backend = Arc::downgrade(&self.inner);
+        let (nudge, service) = (sentinel.nudge.clone(), sentinel.service.clone());
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(POLL_INTERVAL);
+            tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
+            loop {
+                tokio::select! {
+                    push = heard.recv() => match push {
+                        Some(push) if is_switch(&push, &service) => {}
+                        Some(_) => continue,
+                        None => return,
+                    },
+                    () = nudge.notified() => {}
+                    _ = tick.tick() => {}
+                }
+                let Some(inner) = backend.upgrade() else {
+                    return;
+                };
+                RedisBackend { inner }.follow_primary().await;
+                // A burst of failed requests asks once.
+                tokio::time::sleep(LOOKUP_INTERVAL).await;
+            }
+        });
+    }
+
     /// Asks the Sentinels for the primary and, when it moved, points the
-    /// connections at it.
+    /// connections at it once it confirms its role.
     pub(crate) async fn follow_primary(&self) {
         let Some(sentinel) = &self.inner.sentinel else {
             return;
         };
         // One at a time, from the lookup to the swap: a slower follower
         // with an older answer must not undo a newer one.
-        let Some(_following) = sentinel.following() else {
+        let Ok(_following) = sentinel.following.try_lock() else {
             return;
         };
-        // Mid-failover the Sentinels may name no primary, or one that does
-        // not confirm its role yet: keep asking for a while, rather than
-        // wait for the next failed request to ask again.
-        let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_millis(500));
-        let asking = Instant::now();
-        let found = loop {
-            match sentinel.lookup().await {
-                Ok(client) => break client.get_connection_info().clone(),
-                Err(e) if asking.elapsed() < FOLLOW_FOR => {
-                    tracing::debug!(error = %e, "no primary from Sentinel yet");
-                    tokio::time::sleep(backoff.next_delay()).await;
-                }
-                Err(e) => {
-                    tracing::warn!(error = %e, "no primary from Sentinel");
-                    return;
-                }
+        let found = match sentinel.lookup().await {
+            Ok(found) => found,
+            Err(e) => {
+                tracing::debug!(error = %e, "no primary from Sentinel");
+                return;
             }
         };
-        if sentinel.primary().as_ref() == Some(found.addr()) {
+        let addr = found.addr().clone();
+        if sentinel.primary().as_ref() == Some(&addr) || sentinel.recently_refused(&addr) {
             return;
         }
         let pushes = self.inner.pushes.clone();
-        match self.inner.builder.open(found.clone(), &pushes).await {
+        match self.inner.builder.open_primary(found, &pushes).await {
             Ok((conn, push_conn)) => {
                 *self
                     .inner
@@ -245,13 +430,16 @@ impl RedisBackend {
                     .write()
                     .unwrap_or_else(PoisonError::into_inner) = conn;
                 self.inner.notifications.reconnect(push_conn);
-                sentinel.switch_to(found.addr());
-                tracing::info!(primary = %found.addr(), "following the new primary");
+                sentinel.switch_to(&addr);
+                tracing::info!(primary = %addr, "following the new primary");
             }
             Err(e @ Error::UnsafeServer { .. }) => {
                 tracing::warn!(error = %e, "not following the new primary");
+                sentinel.refuse(&addr, &e);
             }
-            Err(e) => tracing::debug!(error = %e, "cannot reach the new primary yet"),
+            // Mid-failover the named primary may not confirm its role yet:
+            // the next look tries again.
+            Err(e) => tracing::debug!(error = %e, "cannot use the new primary yet"),
         }
     }
 }

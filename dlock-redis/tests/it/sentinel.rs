@@ -290,3 +290,123 @@ async fn sentinel_urls_that_cannot_work_are_typed_errors() {
         .unwrap_err();
     assert!(matches!(e, Error::InvalidOption { .. }), "{e:?}");
 }
+
+/// Waits until the Sentinels name the replica; when they did, as seen.
+async fn promoted(sentinel: &Topology, since: Instant) -> Instant {
+    let replica = sentinel.node(1).addr();
+    while sentinel.sentinel_primary().await.as_deref() != Some(replica.as_str()) {
+        assert!(
+            since.elapsed() < Duration::from_secs(60),
+            "no failover to the replica:{}",
+            sentinel.sentinel_report().await
+        );
+        sleep(Duration::from_millis(20)).await;
+    }
+    Instant::now()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clients_leave_a_primary_cut_off_from_its_sentinels_that_still_answers_them() {
+    // A topology of several containers, faulted: the machine is its own.
+    let _turn = dlock_conformance::support::alone();
+    let sentinel = redis_sentinel().await;
+    let (old, new) = (sentinel.node(0).addr(), sentinel.node(1).addr());
+    let backend = client(&sentinel).await;
+    assert_eq!(backend.sentinel_primary().as_deref(), Some(old.as_str()));
+    // Nothing the primary sends reaches the Sentinels or the replica; the
+    // clients (on the host) still reach it, and it still answers them as
+    // a primary: no request of theirs fails, so a client that looked for
+    // a new primary only when a request failed would stay on it, granting
+    // locks the new primary knows nothing of, until the heal.
+    for i in 1..5 {
+        sentinel.node(0).stop_sending_to(sentinel.node(i)).await;
+    }
+    let named = promoted(&sentinel, Instant::now()).await;
+    let name = unique_name("cut-off");
+    while backend.sentinel_primary().as_deref() != Some(new.as_str()) {
+        // Judged on order, not on time: the partition never heals here.
+        assert!(
+            named.elapsed() < Duration::from_secs(20),
+            "still on the cut-off primary 20 s after the Sentinels named the replica"
+        );
+        sleep(Duration::from_millis(5)).await;
+    }
+    let moved = named.elapsed();
+    let lease = must_acquire(&backend, &name, &long()).await;
+    let fence = format!("dlock:{{{name}}}:fence");
+    let stored = async |addr: &str| {
+        let mut conn = dlock_conformance::topology::node_connection(addr)
+            .await
+            .unwrap();
+        redis::cmd("GET")
+            .arg(&fence)
+            .query_async::<Option<u64>>(&mut conn)
+            .await
+            .unwrap()
+    };
+    assert_eq!(stored(&new).await, Some(lease.fencing_token()));
+    assert_eq!(stored(&old).await, None, "granted on the cut-off primary");
+    backend.release(&lease).await.unwrap();
+    eprintln!(
+        "sentinel, primary cut off from its Sentinels: the client was on the new primary \
+         {moved:?} after the test saw the Sentinels name it"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_primary_that_may_evict_is_refused_until_it_may_not() {
+    // A topology of several containers, faulted: the machine is its own.
+    let _turn = dlock_conformance::support::alone();
+    let sentinel = redis_sentinel().await;
+    let new = sentinel.node(1).addr();
+    let backend = client(&sentinel).await;
+    let policy = async |value: &str| {
+        let mut conn = dlock_conformance::topology::node_connection(&new)
+            .await
+            .unwrap();
+        redis::cmd("CONFIG")
+            .arg("SET")
+            .arg("maxmemory-policy")
+            .arg(value)
+            .query_async::<()>(&mut conn)
+            .await
+            .unwrap();
+    };
+    policy("allkeys-lru").await;
+    let started = Instant::now();
+    fail_over(&sentinel).await;
+    let name = unique_name("evicting");
+    loop {
+        match backend.try_acquire(&name, &long()).await {
+            Err(Error::UnsafeServer { message, .. }) => {
+                assert!(message.contains(&new), "{message}");
+                break;
+            }
+            Err(e) if e.is_retryable() => {}
+            other => panic!("{other:?}"),
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "the evicting primary was never refused"
+        );
+        sleep(Duration::from_millis(50)).await;
+    }
+    // Remembered: every call says why, without connecting again.
+    for _ in 0..3 {
+        let e = backend.try_acquire(&name, &long()).await.unwrap_err();
+        assert!(matches!(e, Error::UnsafeServer { .. }), "{e:?}");
+    }
+    assert_ne!(backend.sentinel_primary().as_deref(), Some(new.as_str()));
+    policy("noeviction").await;
+    let fixed = Instant::now();
+    let (lease, _) = until_answered(fixed, async || {
+        match backend.try_acquire(&name, &long()).await {
+            Err(Error::UnsafeServer { .. }) => Err(Error::timed_out("test", "still refused")),
+            other => other,
+        }
+    })
+    .await;
+    let lease = lease.expect("the name is free on the new primary");
+    assert_eq!(backend.sentinel_primary().as_deref(), Some(new.as_str()));
+    backend.release(&lease).await.unwrap();
+}
