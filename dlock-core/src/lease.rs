@@ -232,8 +232,20 @@ impl Lease {
         self.handle.as_deref()
     }
 
+    /// Ends the lease's trust when `trust` is cancelled, as well as at its
+    /// deadline: for a driver that can learn its server no longer keeps
+    /// its grants (Redis set to evict keys at run time) and then cancels
+    /// one token for every lease it granted. A token already cancelled
+    /// (the server was found unsafe while the grant was on its way) gives
+    /// a lease already lost.
+    pub fn trusted_while(mut self, trust: &CancellationToken) -> Self {
+        self.lost = trust.child_token();
+        self
+    }
+
     /// Cancelled by the driver when it knows the lease is gone (session
-    /// loss); TTL leases are judged by [`Lease::valid_until`] instead.
+    /// loss, or [`Lease::trusted_while`]'s token); TTL leases are otherwise
+    /// judged by [`Lease::valid_until`].
     pub fn lost_token(&self) -> &CancellationToken {
         &self.lost
     }

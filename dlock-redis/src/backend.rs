@@ -12,6 +12,7 @@ use dlock_core::{Capabilities, Lease, LeaseKind, LockInfo, LockOptions, LockPage
 
 use crate::builder::RedisBuilder;
 use crate::conn::Connection;
+use crate::eviction::Trust;
 use crate::keys::{Keys, keys};
 use crate::notify::{Notifications, Pushes};
 use crate::scripts::{QueueScripts, SHARDED, SINGLE};
@@ -66,6 +67,8 @@ pub(crate) struct Inner {
     /// `<prefix>:wake:`: with the client id, the channel a client's
     /// waiters are woken on.
     pub wake_prefix: String,
+    /// Ended when a server is found set to evict keys.
+    pub trust: Trust,
 }
 
 impl fmt::Debug for RedisBackend {
@@ -146,13 +149,18 @@ impl Driver for RedisBackend {
         self.inner.request_timeout
     }
 
+    // A grant's trust is taken before its request: a server found evicting
+    // while the grant was on its way may already have evicted it.
     async fn try_acquire(&self, name: &str, opts: &LockOptions) -> Result<Option<Lease>> {
+        let trust = self.inner.trust.token();
         let attempt = self.attempt(name, &self.keys(name), opts, "", None).await?;
-        Ok(attempt.into_lease())
+        Ok(attempt.into_lease().map(|l| l.trusted_while(&trust)))
     }
 
     async fn wait(&self, name: &str, opts: &LockOptions, deadline: Deadline) -> Result<Lease> {
-        self.wait_for(name, opts, deadline).await
+        let trust = self.inner.trust.token();
+        let lease = self.wait_for(name, opts, deadline).await?;
+        Ok(lease.trusted_while(&trust))
     }
 
     async fn release(&self, lease: &Lease) -> Result<()> {
@@ -164,15 +172,27 @@ impl Driver for RedisBackend {
     }
 
     async fn extend(&self, lease: &mut Lease) -> Result<()> {
+        if lease.lost_token().is_cancelled() {
+            return Err(Trust::lost(lease));
+        }
         self.extend_lease(lease).await
     }
 
     async fn extend_many(&self, leases: &mut [Lease]) -> Result<Vec<bool>> {
-        self.extend_leases(leases).await
+        let mut held = self.extend_leases(leases).await?;
+        for (held, lease) in held.iter_mut().zip(leases.iter()) {
+            *held &= !lease.lost_token().is_cancelled();
+        }
+        Ok(held)
     }
 
     async fn downgrade(&self, write: &Lease, opts: &LockOptions) -> Result<Lease> {
-        self.downgrade_lease(write, opts).await
+        if write.lost_token().is_cancelled() {
+            return Err(Trust::lost(write));
+        }
+        let trust = self.inner.trust.token();
+        let lease = self.downgrade_lease(write, opts).await?;
+        Ok(lease.trusted_while(&trust))
     }
 
     async fn force_release(&self, name: &str) -> Result<Option<LockInfo>> {

@@ -14,7 +14,7 @@ use redis::{IntoConnectionInfo, ProtocolVersion, Value};
 use crate::backend::{Inner, NAME, RedisBackend};
 use crate::conn::{Connection, Kind, PushConn, cluster_nodes};
 use crate::error::{bad_url, redis_error};
-use crate::eviction;
+use crate::eviction::{self, Trust};
 use crate::keys::validate_prefix;
 use crate::notify::{Notifications, Pushes};
 use crate::sentinel::{Sentinel, parse_url};
@@ -31,7 +31,7 @@ pub struct RedisBuilder {
     max_poll: Duration,
     tls_ca: Option<Vec<u8>>,
     pub(crate) durable: Option<(u32, Duration)>,
-    accept_eviction: bool,
+    pub(crate) accept_eviction: bool,
     /// Where to connect, when it comes from a client rather than a URL.
     info: Option<redis::ConnectionInfo>,
 }
@@ -210,7 +210,7 @@ impl RedisBuilder {
     ) -> Result<RedisBackend> {
         let mut client_id = OwnerToken::random()?.to_string();
         client_id.truncate(16);
-        Ok(RedisBackend {
+        let backend = RedisBackend {
             inner: Arc::new(Inner {
                 conn: RwLock::new(conn),
                 cluster,
@@ -222,9 +222,12 @@ impl RedisBuilder {
                 prefix: self.prefix.clone(),
                 max_poll: self.max_poll,
                 request_timeout: self.request_timeout,
+                trust: Trust::default(),
                 builder: self,
             }),
-        })
+        };
+        backend.watch_eviction();
+        Ok(backend)
     }
 
     /// Connects to a Redis Cluster through any of its nodes.

@@ -164,7 +164,8 @@ impl RedisBackend {
         doing: &str,
         requests: impl Future<Output = RedisResult<T>>,
     ) -> Result<T> {
-        if let Some(refused) = self.inner.sentinel.as_ref().and_then(|s| s.refusal()) {
+        let refused = self.inner.sentinel.as_ref().and_then(|s| s.refusal());
+        if let Some(refused) = refused.or_else(|| self.inner.trust.refusal()) {
             return Err(refused);
         }
         let bound = self.inner.request_timeout;

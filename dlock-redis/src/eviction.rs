@@ -6,16 +6,110 @@
 //! `SET NX` then succeeds while the first lease is still valid. So the
 //! driver reads the policy on every connection it opens to a primary (at
 //! connect, and after a Sentinel failover) and refuses anything else,
-//! unless the builder was told to accept the risk. Not checked: a policy
-//! changed at run time, and a Redis Cluster primary that joins or is
-//! promoted after connect.
+//! unless the builder was told to accept the risk; and it reads it again
+//! every [`RECHECK`] (every primary of a cluster, those promoted or added
+//! since included): a server set to evict at run time ends the trust of
+//! every lease granted before, and refuses calls until it is safe again.
+
+use std::sync::{Arc, Mutex, PoisonError, RwLock};
+use std::time::Duration;
 
 use dlock_core::{Error, Result};
 use redis::Value;
 use redis::aio::ConnectionLike;
+use tokio::time::MissedTickBehavior;
+use tokio_util::sync::CancellationToken;
 
-use crate::backend::NAME;
+use crate::backend::{NAME, RedisBackend};
 use crate::error::redis_error;
+
+/// How often a connected backend reads its servers' policy again.
+const RECHECK: Duration = Duration::from_secs(5);
+
+/// What a backend believes of its servers' policy since connect.
+#[derive(Default)]
+pub(crate) struct Trust {
+    /// The parent of every granted lease's lost token, cancelled (and
+    /// replaced) when a server is found evicting.
+    token: RwLock<CancellationToken>,
+    /// Why calls are refused, while a server is found evicting.
+    refusal: Mutex<Option<String>>,
+}
+
+impl Trust {
+    /// The token a lease granted from now on is trusted while.
+    pub fn token(&self) -> CancellationToken {
+        self.token
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    /// The error every call gets while a server is found evicting.
+    pub fn refusal(&self) -> Option<Error> {
+        let refusal = self.refusal.lock().unwrap_or_else(PoisonError::into_inner);
+        refusal.clone().map(unsafe_server)
+    }
+
+    /// The error for a lease whose trust ended that way.
+    pub fn lost(lease: &dlock_core::Lease) -> Error {
+        unsafe_server(format!(
+            "{:?} was held when a server was found set to evict keys: its lock may have              been evicted and granted again",
+            lease.name()
+        ))
+    }
+
+    fn distrust(&self, message: String) {
+        let mut refusal = self.refusal.lock().unwrap_or_else(PoisonError::into_inner);
+        if refusal.is_none() {
+            tracing::error!(%message, "the server may now evict held locks: every hold ends");
+            let mut token = self.token.write().unwrap_or_else(PoisonError::into_inner);
+            token.cancel();
+            *token = CancellationToken::new();
+        }
+        *refusal = Some(message);
+    }
+
+    fn restore(&self) {
+        let mut refusal = self.refusal.lock().unwrap_or_else(PoisonError::into_inner);
+        if refusal.take().is_some() {
+            tracing::warn!("the server no longer evicts: calls are served again");
+        }
+    }
+}
+
+impl RedisBackend {
+    /// Starts the task that reads the policy again every [`RECHECK`], for
+    /// as long as the backend lives; none when the risk is accepted.
+    pub(crate) fn watch_eviction(&self) {
+        if self.inner.builder.accept_eviction {
+            return;
+        }
+        // The task keeps no backend alive while it waits.
+        let backend = Arc::downgrade(&self.inner);
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(RECHECK);
+            tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
+            tick.tick().await;
+            loop {
+                tick.tick().await;
+                let Some(inner) = backend.upgrade() else {
+                    return;
+                };
+                let backend = RedisBackend { inner };
+                let mut conn = backend.connection();
+                match check(&mut conn, backend.inner.request_timeout).await {
+                    Ok(()) => backend.inner.trust.restore(),
+                    Err(Error::UnsafeServer { message, .. }) => {
+                        backend.inner.trust.distrust(message);
+                    }
+                    // Transport trouble is no verdict on the policy.
+                    Err(e) => tracing::debug!(error = %e, "cannot read maxmemory-policy now"),
+                }
+            }
+        });
+    }
+}
 
 /// The only policy under which Redis never deletes a live key.
 const SAFE: &str = "noeviction";

@@ -591,6 +591,75 @@ async fn a_server_that_may_evict_locks_is_refused() {
     );
 }
 
+/// A policy set to evict at run time (`CONFIG SET`) ends the trust of the
+/// holds granted before: a guard's `lost()` fires, its lease cannot be
+/// extended, and calls answer `UnsafeServer` until the server is safe
+/// again. On a server of its own.
+#[tokio::test]
+async fn a_server_set_to_evict_while_holding_ends_the_holds() {
+    let server = start(Service::Redis, ServerOptions::default()).await;
+    let backend = RedisBackend::connect(server.url()).await.unwrap();
+    let locker = dlock_core::Locker::new(backend.clone());
+    let guard = locker
+        .try_acquire(&unique_name("evict-later"), &long())
+        .await
+        .unwrap()
+        .unwrap();
+    let mut lease = must_acquire(&backend, &unique_name("evict-later-raw"), &long()).await;
+    let mut admin = redis::Client::open(server.url())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let policy = async |admin: &mut redis::aio::MultiplexedConnection, value: &str| {
+        redis::cmd("CONFIG")
+            .arg("SET")
+            .arg("maxmemory-policy")
+            .arg(value)
+            .query_async::<()>(admin)
+            .await
+            .unwrap();
+    };
+    policy(&mut admin, "allkeys-lru").await;
+    // The guard's TTL is long (30 s): only the policy check can end it now.
+    tokio::time::timeout(Duration::from_secs(20), guard.lost())
+        .await
+        .expect("the hold ends once the policy is read again");
+    assert!(!lease.is_valid());
+    let e = backend.extend(&mut lease).await.unwrap_err();
+    assert!(matches!(e, Error::UnsafeServer { .. }), "{e:?}");
+    let e = backend
+        .try_acquire(&unique_name("evict-now"), &long())
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&e, Error::UnsafeServer { message, .. } if message.contains("allkeys-lru")),
+        "{e:?}"
+    );
+    policy(&mut admin, "noeviction").await;
+    let started = Instant::now();
+    let after = loop {
+        match backend
+            .try_acquire(&unique_name("evict-no-more"), &long())
+            .await
+        {
+            Ok(Some(after)) => break after,
+            Err(Error::UnsafeServer { .. }) => {}
+            other => panic!("{other:?}"),
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "still refused after the policy was set back"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert!(after.is_valid(), "a grant after the fix is trusted");
+    backend.release(&after).await.unwrap();
+    // The hold of before stays ended.
+    let e = backend.extend(&mut lease).await.unwrap_err();
+    assert!(matches!(e, Error::UnsafeServer { .. }), "{e:?}");
+}
+
 /// `list` has one bound, the request timeout, however many `SCAN` steps a
 /// sparse prefix takes: over a slow link (300 ms each way, 1 s timeout) a
 /// page that needs ten steps returns an error at the timeout. Bounding each
