@@ -86,7 +86,9 @@ impl RedisBuilder {
     /// Durable grants (off by default): a grant, an extension or a
     /// `release_after` counts only once `replicas` replicas have
     /// acknowledged it, with Redis's `WAIT replicas timeout` sent on the
-    /// same connection right behind the script (one round trip). A grant
+    /// same connection right behind the script (one round trip; on a
+    /// cluster, to the node of the lock's slot, counting that shard's
+    /// replicas). A grant
     /// not confirmed in time is released and reported as
     /// [`Error::Unavailable`] (waiting acquires try again); an extension
     /// not confirmed leaves the lease's deadline where it was.
@@ -232,12 +234,6 @@ impl RedisBuilder {
 
     /// Connects to a Redis Cluster through any of its nodes.
     async fn connect_cluster(self, nodes: Vec<String>) -> Result<RedisBackend> {
-        if self.durable.is_some() {
-            return Err(Error::invalid_option(
-                "durable_grants",
-                "not supported on Redis Cluster yet (use Sentinel)",
-            ));
-        }
         if self.tls_ca.is_some() {
             return Err(Error::invalid_option(
                 "tls_ca_certificates",

@@ -114,18 +114,17 @@ impl RedisBackend {
                     .arg(value_of(&leases[i]))
                     .arg(millis_up(leases[i].ttl().unwrap_or_default()));
             }
-            async move {
-                self.run::<Vec<i64>>(&invocation, false, "extend")
-                    .await
-                    .map(|(held, _)| held)
-            }
+            async move { self.run::<Vec<i64>>(&invocation, true, "extend").await }
         }))
         .await;
         let mut held = vec![false; leases.len()];
         let mut failure = None;
         for (group, reply) in groups.iter().zip(replies) {
             match reply {
-                Ok(reply) if reply.len() == group.len() => {
+                // Durable and unconfirmed, the slot's leases keep their old
+                // deadlines: the promoted replica may hold only those.
+                Ok((_, false)) => failure = Some(unconfirmed("extend")),
+                Ok((reply, true)) if reply.len() == group.len() => {
                     for (&i, h) in group.iter().zip(reply) {
                         held[i] = h == 1;
                         if held[i] {
@@ -133,7 +132,7 @@ impl RedisBackend {
                         }
                     }
                 }
-                Ok(reply) => failure = Some(Error::malformed(NAME, "extend_many", reply)),
+                Ok((reply, true)) => failure = Some(Error::malformed(NAME, "extend_many", reply)),
                 Err(e) => failure = Some(e),
             }
         }

@@ -42,6 +42,28 @@ pub async fn redis_cluster() -> Topology {
         for node in &topology.nodes {
             wait_cluster_ok(&node.addr()).await?;
         }
+        // Serving every slot comes before the replicas are known as such
+        // and in sync: a failover case needs them to be.
+        let first = topology.nodes[0].addr();
+        wait_until(
+            "every cluster node sees three replicas".to_owned(),
+            || async {
+                let nodes: Option<String> = ask(&first, redis::cmd("CLUSTER").arg("NODES")).await;
+                nodes.is_some_and(|n| n.lines().filter(|l| l.contains("slave")).count() == 3)
+            },
+        )
+        .await?;
+        for node in &topology.nodes {
+            let addr = node.addr();
+            wait_until(format!("cluster node {addr}: replication up"), || async {
+                let info: Option<String> = ask(&addr, redis::cmd("INFO").arg("replication")).await;
+                info.is_some_and(|i| {
+                    i.contains("role:master") && i.contains("connected_slaves:1")
+                        || i.contains("master_link_status:up")
+                })
+            })
+            .await?;
+        }
         Ok::<_, String>(topology)
     })
     .await

@@ -249,6 +249,109 @@ async fn primary_killed_mid_hold_keeps_a_replicated_lock() {
     );
 }
 
+/// The replica of the primary at `primary`, from `CLUSTER NODES`.
+async fn replica_of(cluster: &Topology, primary: &str) -> usize {
+    let nodes = cluster.cluster_nodes(0).await.unwrap();
+    let lines: Vec<Vec<&str>> = nodes
+        .lines()
+        .map(|l| l.split_whitespace().collect())
+        .collect();
+    let addr = |f: &[&str]| f[1].split('@').next().unwrap().to_owned();
+    let id = lines.iter().find(|f| addr(f) == primary).unwrap()[0];
+    let replica = lines
+        .iter()
+        .find(|f| f[2].contains("slave") && f[3] == id)
+        .unwrap_or_else(|| panic!("no replica of {primary}: {nodes}"));
+    index_of(cluster, &addr(replica))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_durable_grants_a_confirmed_grant_survives_its_primary() {
+    // A topology of several containers, faulted: the machine is its own.
+    let _turn = dlock_conformance::support::alone();
+    let _one = ONE_AT_A_TIME.lock().await;
+    let cluster = redis_cluster().await;
+    let durable = RedisBackend::builder(cluster.cluster_url())
+        .durable_grants(1, Duration::from_millis(300))
+        .connect()
+        .await
+        .unwrap();
+    let kept = unique_name("cluster-durable");
+    let owner = slot_owner(&cluster, &format!("dlock:{{{kept}}}")).await;
+    // A second name of the same shard, for the grant its replica cannot
+    // acknowledge.
+    let refused = loop {
+        let name = unique_name("cluster-durable-refused");
+        if slot_owner(&cluster, &format!("dlock:{{{name}}}")).await == owner {
+            break name;
+        }
+    };
+    let (primary, replica) = (
+        index_of(&cluster, &owner),
+        replica_of(&cluster, &owner).await,
+    );
+    // Confirmed by the shard's replica: a grant whose acknowledgement
+    // missed the 300 ms window (a loaded machine) is refused and given
+    // back, as it must be; ask again.
+    let started = Instant::now();
+    let held = loop {
+        match durable.try_acquire(&kept, &long()).await {
+            Ok(held) => break held.expect("the name is free"),
+            Err(e) => {
+                assert!(e.is_retryable(), "{e:?}");
+                assert!(started.elapsed() < Duration::from_secs(30), "{e:?}");
+            }
+        }
+    };
+    // From here on the replica hears nothing from its primary: a grant it
+    // cannot acknowledge is refused, and given back.
+    cluster
+        .node(primary)
+        .stop_sending_to(cluster.node(replica))
+        .await;
+    let refusal = durable.try_acquire(&refused, &long()).await;
+    assert!(
+        matches!(refusal, Err(dlock_core::Error::Unavailable { .. })),
+        "{refusal:?}"
+    );
+    // The primary dies right after: no time for anything more to reach
+    // the replica, which takes over with what it acknowledged.
+    let killed = Instant::now();
+    cluster.node(primary).kill().await;
+    let other = client(&cluster).await;
+    let answered = loop {
+        match other.try_acquire(&kept, &long()).await {
+            Ok(None) => break killed.elapsed(),
+            Ok(Some(_)) => panic!("a confirmed grant was granted again after its primary died"),
+            Err(e) => {
+                assert!(e.is_retryable(), "{e:?}");
+                assert!(
+                    killed.elapsed() < Duration::from_secs(60),
+                    "no failover: {e:?}"
+                );
+                sleep(Duration::from_millis(50)).await;
+            }
+        }
+    };
+    assert_eq!(
+        other.inspect(&kept).await.unwrap().unwrap().owner,
+        held.owner()
+    );
+    let mut conn = node_conn(&cluster.node(replica).addr()).await;
+    let role: Vec<redis::Value> = redis::cmd("ROLE").query_async(&mut conn).await.unwrap();
+    assert_eq!(
+        redis::from_redis_value_ref::<String>(&role[0]).unwrap(),
+        "master",
+        "the replica took the shard over"
+    );
+    // Nobody believed they held the refused name.
+    let _granted = must_acquire(&other, &refused, &long()).await;
+    eprintln!(
+        "cluster, durable grants: the shard's primary killed; its replica answered {answered:?} \
+         after, with the confirmed grant"
+    );
+}
+
 async fn node_conn(addr: &str) -> redis::aio::MultiplexedConnection {
     node_connection(addr).await.unwrap()
 }
