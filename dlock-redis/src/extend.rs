@@ -7,7 +7,7 @@ use tokio::time::Instant;
 
 use crate::backend::{NAME, RedisBackend};
 use crate::error::{owner_checked, unconfirmed};
-use crate::keys::{keys, value_of};
+use crate::keys::{cluster_slot, value_of};
 use dlock_core::driver::millis_up;
 
 use crate::scripts::{EXTEND, EXTEND_MANY, FENCE_RETENTION_MS};
@@ -100,7 +100,10 @@ impl RedisBackend {
     async fn extend_by_slot(&self, leases: &mut [Lease]) -> Result<Vec<bool>> {
         let mut by_slot: std::collections::HashMap<u16, Vec<usize>> = Default::default();
         for (i, lease) in leases.iter().enumerate() {
-            by_slot.entry(slot(lease.name())).or_default().push(i);
+            by_slot
+                .entry(cluster_slot(lease.name()))
+                .or_default()
+                .push(i);
         }
         let sent = Instant::now();
         let groups: Vec<Vec<usize>> = by_slot.into_values().collect();
@@ -143,33 +146,5 @@ impl RedisBackend {
             Some(e) => Err(e),
             None => Ok(held),
         }
-    }
-}
-
-/// The cluster hash slot of a lock's keys: CRC16 of the hash tag, which
-/// is the escaped name.
-fn slot(name: &str) -> u16 {
-    let keys = keys("", name);
-    let lock = keys.lock();
-    let tag = lock
-        .strip_prefix(":{")
-        .and_then(|rest| rest.strip_suffix('}'))
-        .unwrap_or(lock);
-    crc16::State::<crc16::XMODEM>::calculate(tag.as_bytes()) % 16384
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn slots_are_redis_cluster_slots() {
-        // The example of the cluster specification.
-        assert_eq!(slot("123456789"), 12739);
-        // Escaped like the keys: `}` cannot end the tag early, so `a}b`
-        // hashes as `a%7Db`, not as `a`.
-        let crc = |tag: &str| crc16::State::<crc16::XMODEM>::calculate(tag.as_bytes()) % 16384;
-        assert_eq!(slot("a}b"), crc("a%7Db"));
-        assert_ne!(slot("a}b"), crc("a"));
     }
 }

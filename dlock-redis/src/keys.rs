@@ -191,9 +191,37 @@ pub(crate) fn validate_prefix(prefix: &str) -> Result<()> {
     Ok(())
 }
 
+/// The Redis Cluster hash slot of the lock `name` (all of a lock's keys
+/// share it, whatever the prefix): which shard keeps the lock, and so
+/// which locks a failover or restart of one shard can touch.
+///
+/// ```
+/// assert_eq!(dlock_redis::cluster_slot("123456789"), 12739);
+/// ```
+pub fn cluster_slot(name: &str) -> u16 {
+    let keys = keys("", name);
+    let lock = keys.lock();
+    let tag = lock
+        .strip_prefix(":{")
+        .and_then(|rest| rest.strip_suffix('}'))
+        .unwrap_or(lock);
+    crc16::State::<crc16::XMODEM>::calculate(tag.as_bytes()) % 16384
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn slots_are_redis_cluster_slots() {
+        // The example of the cluster specification.
+        assert_eq!(cluster_slot("123456789"), 12739);
+        // Escaped like the keys: `}` cannot end the tag early, so `a}b`
+        // hashes as `a%7Db`, not as `a`.
+        let crc = |tag: &str| crc16::State::<crc16::XMODEM>::calculate(tag.as_bytes()) % 16384;
+        assert_eq!(cluster_slot("a}b"), crc("a%7Db"));
+        assert_ne!(cluster_slot("a}b"), crc("a"));
+    }
 
     #[test]
     fn layout() {

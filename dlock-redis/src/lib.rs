@@ -21,6 +21,7 @@ mod wait;
 pub use backend::RedisBackend;
 pub use builder::RedisBuilder;
 pub use conn::Connection;
+pub use keys::cluster_slot;
 /// The redis client crate this driver is built on, so that callers use the
 /// same version.
 pub use redis;

@@ -217,6 +217,7 @@ pub async fn run(target: &Target, settings: &Settings, seed: u64) -> Result<Outc
             start: step.before,
             end: step.after,
             step_ns: Some(step.by),
+            slots: None,
         }));
     let mut events = Vec::new();
     for (_, path) in clients.histories() {
@@ -303,7 +304,7 @@ async fn start_server(service: Service, args: &'static [&'static str]) -> Result
 async fn start_cluster(topo: Topo) -> Result<Topology, String> {
     match topo {
         Topo::ZooKeeperEnsemble => caught(tokio::spawn(topology::zookeeper_ensemble(3))).await,
-        Topo::EtcdCluster => caught(tokio::spawn(topology::etcd_cluster(3))).await,
+        Topo::EtcdCluster => caught(tokio::spawn(topology::etcd_cluster_on_disk(3))).await,
         Topo::RedisSentinel => caught(tokio::spawn(topology::redis_sentinel())).await,
         Topo::RedisCluster => caught(tokio::spawn(topology::redis_cluster())).await,
     }

@@ -40,6 +40,32 @@ pub async fn is_primary(addr: SocketAddr) -> Option<bool> {
     Some(info.lines().any(|l| l.trim() == "role:master"))
 }
 
+/// The slot ranges the Redis Cluster node at `addr` serves as a primary
+/// (none as a replica), from its own `CLUSTER NODES` line; `None` when it
+/// does not answer.
+pub async fn served_slots(addr: SocketAddr) -> Option<Vec<(u16, u16)>> {
+    let mut cmd = redis::cmd("CLUSTER");
+    cmd.arg("NODES");
+    let nodes: String = ask(addr, &cmd).await?;
+    let mine = nodes.lines().find(|l| l.contains("myself"))?;
+    let fields: Vec<&str> = mine.split_whitespace().collect();
+    if !fields.get(2)?.contains("master") {
+        return Some(Vec::new());
+    }
+    // Slots being migrated (`[…]`) are the other node's until they move.
+    Some(
+        fields
+            .iter()
+            .skip(8)
+            .filter(|f| !f.starts_with('['))
+            .filter_map(|range| {
+                let (lo, hi) = range.split_once('-').unwrap_or((range, range));
+                Some((lo.parse().ok()?, hi.parse().ok()?))
+            })
+            .collect(),
+    )
+}
+
 /// How long the roles must stay the same for the topology to count as
 /// settled: a failover begun before the heal (a Sentinel's, or a cluster
 /// replica's election after its node timeout) may still promote a replica

@@ -40,6 +40,22 @@ pub struct FaultRecord {
     /// (ns; negative: back).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub step_ns: Option<i64>,
+    /// For a fault of a Redis data node, the slot ranges it served as a
+    /// primary when the fault began (all of them for Sentinel's primary,
+    /// none for a replica): the names it can touch (`None`: every name).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub slots: Option<Vec<(u16, u16)>>,
+}
+
+impl FaultRecord {
+    /// Whether the fault can touch the lock `name`: on a Redis Cluster,
+    /// only the names of the slots its member served.
+    pub fn touches(&self, name: &str) -> bool {
+        let slot = dlock::redis::cluster_slot(name);
+        self.slots
+            .as_ref()
+            .is_none_or(|ranges| ranges.iter().any(|&(lo, hi)| (lo..=hi).contains(&slot)))
+    }
 }
 
 /// What the nemesis did.
@@ -252,7 +268,7 @@ async fn throw(
                     .map_err(|e| format!("the server did not come back: {e}"))?;
             }
         }
-        FaultKind::NodePause | FaultKind::NodePartition => {
+        FaultKind::NodePause | FaultKind::NodePartition | FaultKind::NodeKill => {
             let Some(Servers::Cluster { topo, members }) = server else {
                 return Err("no cluster to fault".to_owned());
             };
@@ -278,6 +294,7 @@ async fn throw(
                     start: at,
                     end: now_ns(),
                     step_ns: None,
+                    slots: None,
                 });
             }
         }
@@ -291,6 +308,7 @@ async fn throw(
         start,
         end: now_ns(),
         step_ns: None,
+        slots: None,
     })
 }
 
@@ -309,11 +327,35 @@ async fn node_fault(
     // Not knowing counts as a primary: the fault may then explain more,
     // never less, than it should.
     let was_primary = tracked && failover::is_primary(addrs[i]).await.unwrap_or(true);
+    // Not knowing counts as every slot, for the same reason; a Sentinel
+    // topology's primary serves them all.
+    let slots = match topo {
+        Topo::RedisCluster => failover::served_slots(addrs[i]).await,
+        Topo::RedisSentinel if tracked => Some(match was_primary {
+            true => vec![(0, 16383)],
+            false => Vec::new(),
+        }),
+        _ => None,
+    };
     let start = now_ns();
     if kind == FaultKind::NodePause {
         pause(&members[i].0).await?;
         sleep(lasting).await;
         docker(&["unpause", &members[i].0]).await?;
+    } else if kind == FaultKind::NodeKill {
+        docker(&["kill", &members[i].0]).await?;
+        sleep(Duration::from_millis(rng.u64(0..2000))).await;
+        docker(&["start", &members[i].0]).await?;
+        let (service, url) = match topo {
+            Topo::ZooKeeperEnsemble => (Service::ZooKeeper, addrs[i].to_string()),
+            Topo::EtcdCluster => (Service::Etcd, addrs[i].to_string()),
+            Topo::RedisSentinel | Topo::RedisCluster => {
+                (Service::Redis, format!("redis://{}", addrs[i]))
+            }
+        };
+        wait_ready(service, &url)
+            .await
+            .map_err(|e| format!("member {i} did not come back: {e}"))?;
     } else {
         let cut = partition(members, i, "add").await;
         if cut.is_ok() {
@@ -339,5 +381,6 @@ async fn node_fault(
         start,
         end,
         step_ns: None,
+        slots,
     })
 }

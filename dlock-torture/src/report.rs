@@ -112,7 +112,7 @@ pub fn failures(o: &Outcome) -> Vec<String> {
 
 /// A timeline: grants per second, the faults drawn as bands.
 pub fn svg(o: &Outcome) -> String {
-    let (w, h, left, top, bottom) = (960.0, 260.0, 50.0, 30.0, 40.0);
+    let (w, h, left, top, bottom) = (1120.0, 260.0, 50.0, 30.0, 40.0);
     let secs = o.seconds.ceil().max(1.0) as usize;
     let mut bins = vec![0usize; secs];
     for &t in &o.grant_times {
@@ -196,6 +196,7 @@ fn colour(kind: crate::target::FaultKind) -> &'static str {
         K::ClientKill => "#555555",
         K::NodePause => "#2a9d8f",
         K::NodePartition => "#e76f51",
+        K::NodeKill => "#264653",
         K::ClockStep => "#000000",
     }
 }

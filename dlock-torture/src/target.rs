@@ -38,6 +38,9 @@ pub enum FaultKind {
     /// One member is cut off from its peers (blackhole routes both ways)
     /// while clients still reach it: a minority partition.
     NodePartition,
+    /// One member is killed (`kill -9`) and started again at its address,
+    /// with what it keeps on disk: a Redis data node comes back empty.
+    NodeKill,
     /// The machine's wall clock stepped ahead of `CLOCK_MONOTONIC` (a VM
     /// paused and set right on resume). Never thrown: seen by
     /// [`crate::clock`], and recorded when it happens.
@@ -56,18 +59,18 @@ impl FaultKind {
         FaultKind::ClientKill,
     ];
 
-    /// Every fault a cluster takes. The harness's cluster members keep
-    /// their peers' addresses, which a member killed and started again may
-    /// not get back: a frozen member stands in for a dead one.
-    pub const CLUSTER: [FaultKind; 4] = [
+    /// Every fault a cluster takes (members keep their addresses, so a
+    /// killed one comes back as itself).
+    pub const CLUSTER: [FaultKind; 5] = [
         FaultKind::NodePause,
         FaultKind::NodePartition,
+        FaultKind::NodeKill,
         FaultKind::ClientStop,
         FaultKind::ClientKill,
     ];
 
     /// Every fault, in the timeline's legend.
-    pub const ALL: [FaultKind; 10] = [
+    pub const ALL: [FaultKind; 11] = [
         FaultKind::LinkDelay,
         FaultKind::LinkStall,
         FaultKind::LinkCut,
@@ -75,6 +78,7 @@ impl FaultKind {
         FaultKind::ServerKill,
         FaultKind::NodePause,
         FaultKind::NodePartition,
+        FaultKind::NodeKill,
         FaultKind::ClientStop,
         FaultKind::ClientKill,
         FaultKind::ClockStep,
@@ -88,6 +92,7 @@ impl FaultKind {
                 | FaultKind::ServerKill
                 | FaultKind::NodePause
                 | FaultKind::NodePartition
+                | FaultKind::NodeKill
         )
     }
 
@@ -103,6 +108,7 @@ impl FaultKind {
             FaultKind::ClientKill => "client-kill",
             FaultKind::NodePause => "node-pause",
             FaultKind::NodePartition => "node-partition",
+            FaultKind::NodeKill => "node-kill",
             FaultKind::ClockStep => "clock-step",
         }
     }
@@ -114,7 +120,8 @@ impl FaultKind {
 #[serde(rename_all = "kebab-case")]
 pub enum Hazard {
     /// A server restarted without persistence forgets held locks: a hold
-    /// that spans a server kill may be granted again (exclusion).
+    /// that spans a server kill (or a kill of a Redis data node: of its
+    /// shard's on a cluster) may be granted again (exclusion).
     RestartForgets,
     /// A holder paused longer than its session still believes it holds
     /// (exclusion): a hold spanning a stop of its process of at least two
@@ -123,8 +130,8 @@ pub enum Hazard {
     /// A replica promoted after its primary failed may have missed a grant
     /// or an extension, and the old primary may go on granting until it is
     /// demoted (exclusion): a hold granted before the topology settled
-    /// after a fault that moved the primary, and believed after the fault
-    /// began.
+    /// after a fault that moved the primary (on a cluster, the primary of
+    /// the hold's shard), and believed after the fault began.
     FailoverForgets,
     /// A server that ends leases on its wall clock (Redis, MySQL,
     /// PostgreSQL) ends every one early by a forward step of that clock,
@@ -334,11 +341,16 @@ const fn cluster(label: &'static str, topology: Topo, of: Target) -> Target {
 }
 
 /// Redis on a cluster: the faults of a data node may fail over, which its
-/// Safety model row says may forget a grant.
+/// Safety model row says may forget a grant, and a data node killed comes
+/// back empty (no persistence, as the single server's row).
 const fn redis_on(label: &'static str, topology: Topo) -> Target {
     Target {
         server_args: &[],
-        hazards: &[Hazard::FailoverForgets, Hazard::WallClockStep],
+        hazards: &[
+            Hazard::FailoverForgets,
+            Hazard::RestartForgets,
+            Hazard::WallClockStep,
+        ],
         ..cluster(label, topology, BACKENDS[0])
     }
 }

@@ -4,7 +4,8 @@ use super::{Topology, create_network, start_node, write_file};
 use crate::harness::{Service, ask, on_harness, wait_ready};
 
 /// An etcd cluster of `size` members, each in its own container, with its
-/// data in memory (a member killed is not started again), as the single
+/// data in memory (a member killed comes back empty: see
+/// [`etcd_cluster_on_disk`]), as the single
 /// test server's: writes that wait for three disks would make the suite's
 /// stress cases a test of the disk. Elections time out after 600 ms
 /// (etcd's default is 1 s), so that leases as short as the single test
@@ -13,16 +14,32 @@ use crate::harness::{Service, ask, on_harness, wait_ready};
 /// # Panics
 /// When Docker cannot be reached or the cluster does not form.
 pub async fn etcd_cluster(size: usize) -> Topology {
+    etcd_cluster_with(size, "").await
+}
+
+/// [`etcd_cluster`] with each member's data on its container's disk, so
+/// that a member killed and started again ([`super::Node::start`]) comes
+/// back with its log, as a member whose process died would.
+///
+/// # Panics
+/// When Docker cannot be reached or the cluster does not form.
+pub async fn etcd_cluster_on_disk(size: usize) -> Topology {
+    etcd_cluster_with(size, " --data-dir /var/lib/dlock-etcd").await
+}
+
+async fn etcd_cluster_with(size: usize, extra: &'static str) -> Topology {
     on_harness(async move {
         let network = create_network()?;
         // Members are named by address, which is known once each container
         // runs: each waits for its settings, written once all have theirs.
-        let wait_for_peers = "while [ ! -s /tmp/etcd.env ]; do sleep 0.05; done; \
-                              . /tmp/etcd.env; \
-                              exec dlock-etcd --heartbeat-interval 100 --election-timeout 600";
+        let wait_for_peers = format!(
+            "while [ ! -s /tmp/etcd.env ]; do sleep 0.05; done; \
+             . /tmp/etcd.env; \
+             exec dlock-etcd --heartbeat-interval 100 --election-timeout 600{extra}"
+        );
         let mut nodes = Vec::new();
         for i in 1..=size {
-            let cmd = vec!["sh".to_owned(), "-c".to_owned(), wait_for_peers.to_owned()];
+            let cmd = vec!["sh".to_owned(), "-c".to_owned(), wait_for_peers.clone()];
             let name = format!("{network}-etcd{i}");
             nodes.push(start_node(&network, &name, cmd, Vec::new(), &[], 2379).await?);
         }

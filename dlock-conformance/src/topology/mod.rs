@@ -30,7 +30,7 @@ mod etcd;
 mod redis;
 mod zookeeper;
 
-pub use etcd::etcd_cluster;
+pub use etcd::{etcd_cluster, etcd_cluster_on_disk};
 pub use redis::{SENTINEL_SERVICE, node_connection, redis_cluster, redis_sentinel};
 pub use zookeeper::zookeeper_ensemble;
 
@@ -63,6 +63,13 @@ impl Node {
     /// Kills the server at once (SIGKILL): no goodbye to clients or peers.
     pub async fn kill(&self) {
         docker_async(["kill", &self.name]).await;
+    }
+
+    /// Starts a killed server again, at the same address (members keep
+    /// theirs: see [`Topology`]), with what its container kept on disk and
+    /// nothing it held in memory.
+    pub async fn start(&self) {
+        docker_async(["start", &self.name]).await;
     }
 
     /// Freezes the server: it keeps its connections but answers nothing.
@@ -105,7 +112,9 @@ impl Node {
     }
 }
 
-/// Servers on a network of their own.
+/// Servers on a network of their own. Each keeps its address for the
+/// topology's life, so a member killed and started again comes back as
+/// itself, where its peers look for it.
 #[derive(Debug)]
 pub struct Topology {
     network: String,
@@ -188,6 +197,13 @@ fn write_file(container: &str, path: &str, contents: &[u8]) -> Result<(), String
 }
 
 /// Makes a bridge network for one topology, labelled for clean-up.
+///
+/// Docker gives a container an address of its own only on a network whose
+/// subnet was given (`--ip`), and gives a killed container's address to
+/// the next one that asks. So the network takes the subnet Docker would
+/// have chosen (one that meets no other network or route of the machine),
+/// given explicitly, with Docker's own choices kept to its first half;
+/// members are then pinned in the second ([`pin`]).
 fn create_network() -> Result<String, String> {
     let name = format!(
         "dlock-{}-{:06x}",
@@ -195,9 +211,81 @@ fn create_network() -> Result<String, String> {
         fastrand::u32(..0x100_0000)
     );
     let label = format!("dlock.harness={}", std::process::id());
-    docker_output(&["network", "create", "--label", &label, &name])?;
+    let mut tries = 0;
+    loop {
+        docker_output(&["network", "create", "--label", &label, &name])?;
+        let chosen = docker_output(&[
+            "network",
+            "inspect",
+            "-f",
+            "{{(index .IPAM.Config 0).Subnet}} {{(index .IPAM.Config 0).Gateway}}",
+            &name,
+        ]);
+        docker_output(&["network", "rm", &name])?;
+        let chosen = chosen?;
+        let (subnet, gateway) = chosen
+            .trim()
+            .split_once(' ')
+            .ok_or_else(|| format!("dlock harness: no subnet for {name}: {chosen:?}"))?;
+        let range = first_half(subnet)?;
+        let made = docker_output(&[
+            "network",
+            "create",
+            "--label",
+            &label,
+            "--subnet",
+            subnet,
+            "--gateway",
+            gateway,
+            "--ip-range",
+            &range,
+            &name,
+        ]);
+        match made {
+            Ok(_) => break,
+            // Another process took the subnet in between: ask again.
+            Err(e) if tries < 5 => {
+                tries += 1;
+                eprintln!("{e}; trying another subnet");
+            }
+            Err(e) => return Err(e),
+        }
+    }
     crate::harness::register_network_for_cleanup(&name);
     Ok(name)
+}
+
+/// The first half of an IPv4 subnet, `a.b.c.d/n` → `a.b.c.d/(n+1)`.
+fn first_half(subnet: &str) -> Result<String, String> {
+    let bad = || format!("dlock harness: not an IPv4 subnet: {subnet:?}");
+    let (base, bits) = subnet.split_once('/').ok_or_else(bad)?;
+    let bits: u8 = bits.parse().map_err(|_| bad())?;
+    if bits > 28 {
+        return Err(bad());
+    }
+    Ok(format!("{base}/{}", bits + 1))
+}
+
+/// Moves a just-started container to a fixed address in the second half
+/// of its network's subnet (see [`create_network`]), `index` past its
+/// start: Docker then keeps that address for it across a kill.
+fn pin(name: &str, network: &str, index: u32) -> Result<IpAddr, String> {
+    let subnet = docker_output(&[
+        "network",
+        "inspect",
+        "-f",
+        "{{(index .IPAM.Config 0).Subnet}}",
+        network,
+    ])?;
+    let bad = || format!("dlock harness: not an IPv4 subnet: {subnet:?}");
+    let (base, bits) = subnet.trim().split_once('/').ok_or_else(bad)?;
+    let base: std::net::Ipv4Addr = base.parse().map_err(|_| bad())?;
+    let bits: u32 = bits.parse().map_err(|_| bad())?;
+    let half = 1u32 << (31 - bits.min(28));
+    let ip = std::net::Ipv4Addr::from(u32::from(base) + half + 2 + index);
+    docker_output(&["network", "disconnect", "--force", network, name])?;
+    docker_output(&["network", "connect", "--ip", &ip.to_string(), network, name])?;
+    Ok(IpAddr::V4(ip))
 }
 
 async fn start_node(
@@ -210,6 +298,19 @@ async fn start_node(
 ) -> Result<Node, String> {
     let image = test_image()?;
     let (repo, tag) = image.split_once(':').unwrap_or((image.as_str(), "latest"));
+    // The server starts once the container has its fixed address: one
+    // that began at the first address would keep connections (a replica's
+    // to its primary) bound to an address that is gone.
+    let cmd: Vec<String> = [
+        "sh",
+        "-c",
+        "while [ ! -e /tmp/dlock-pinned ]; do sleep 0.02; done; exec \"$@\"",
+        "sh",
+    ]
+    .into_iter()
+    .map(str::to_owned)
+    .chain(cmd)
+    .collect();
     let mut request = GenericImage::new(repo, tag)
         .with_wait_for(WaitFor::Nothing)
         .with_cmd(cmd)
@@ -233,7 +334,9 @@ async fn start_node(
         .await
         .map_err(|e| format!("dlock harness: cannot start {name} from image {image}: {e}"))?;
     register_for_cleanup(container.id());
-    let ip = inspect_ip(name, network)?;
+    let index = PINNED.fetch_add(1, std::sync::atomic::Ordering::Relaxed) % 100;
+    let ip = pin(name, network, index)?;
+    docker_output(&["exec", name, "touch", "/tmp/dlock-pinned"])?;
     Ok(Node {
         name: name.to_owned(),
         network: network.to_owned(),
@@ -243,13 +346,9 @@ async fn start_node(
     })
 }
 
-fn inspect_ip(name: &str, network: &str) -> Result<IpAddr, String> {
-    let format = format!("{{{{(index .NetworkSettings.Networks \"{network}\").IPAddress}}}}");
-    docker_output(&["inspect", "-f", &format, name])?
-        .trim()
-        .parse()
-        .map_err(|e| format!("dlock harness: no address for {name} on {network}: {e}"))
-}
+/// Members started so far: each network's members get distinct fixed
+/// addresses (a topology has a dozen members at most).
+static PINNED: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
 
 /// [`docker`] off the async threads, so a test's timers and tasks keep
 /// running while the Docker CLI works.

@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use serde::Serialize;
 
+use crate::client::lock_name;
 use crate::history::{Event, Kind, PERMITS, What};
 use crate::nemesis::Record;
 use crate::resource::Write;
@@ -276,18 +277,28 @@ fn explain(h: &Hold, at: u64, seen: &Seen<'_>) -> Option<Hazard> {
         .copied()
         .find(|hazard| match hazard {
             Hazard::Mutant => true,
-            // Granted before the server came back, believed when it died.
+            // Granted before the server came back, believed when it died: a
+            // single server, or a data node of a Redis topology (of the
+            // hold's shard on a cluster).
             Hazard::RestartForgets => seen.nemesis.faults.iter().any(|f| {
-                f.kind == FaultKind::ServerKill
-                    && h.granted < f.end
-                    && h.end > f.start
-                    && f.start < at
+                let kill = match f.kind {
+                    FaultKind::ServerKill => true,
+                    FaultKind::NodeKill => {
+                        f.node
+                            .zip(seen.target.topology)
+                            .is_some_and(|(i, topo)| topo.fails_over(i))
+                            && f.touches(&lock_name(h.name))
+                    }
+                    _ => false,
+                };
+                kill && h.granted < f.end && h.end > f.start && f.start < at
             }),
             // Granted before the old primary was demoted (or its answer was
             // on the way: the clients' request timeout is 1 s), believed when
-            // the fault began.
+            // the fault began; on a cluster, a primary of the hold's shard.
             Hazard::FailoverForgets => seen.nemesis.faults.iter().any(|f| {
                 f.failed_over
+                    && f.touches(&lock_name(h.name))
                     && f.settled
                         .is_some_and(|settled| h.granted < settled + duration_ns(LATE_ANSWER))
                     && h.end > f.start

@@ -135,6 +135,7 @@ fn a_long_stop_of_a_session_holder_explains_its_overlap_on_zookeeper() {
             start: 2 * S,
             end: (2 + secs) * S,
             step_ns: None,
+            slots: None,
         }],
         ..Record::default()
     };
@@ -181,6 +182,7 @@ fn a_failover_explains_an_overlap_on_sentinel_until_the_old_primary_was_demoted(
             start: start * S,
             end: (start + 2) * S,
             step_ns: None,
+            slots: None,
         }],
         ..Record::default()
     };
@@ -203,6 +205,76 @@ fn a_failover_explains_an_overlap_on_sentinel_until_the_old_primary_was_demoted(
         .find(|t| t.label == "zookeeper-ensemble")
         .unwrap();
     let f = judge(ensemble, events, &fault(true, 2, 5));
+    assert_eq!(f.exclusion[0].explained_by, None);
+}
+
+#[test]
+fn on_a_cluster_a_fault_explains_only_overlaps_on_names_of_its_shard() {
+    let cluster = TOPOLOGIES
+        .iter()
+        .find(|t| t.label == "redis-cluster")
+        .unwrap();
+    // Name 0's slot, and a range that misses it.
+    let slot = dlock::redis::cluster_slot(&crate::client::lock_name(0));
+    let other = if slot < 8000 {
+        (8000, 16383)
+    } else {
+        (0, 7999)
+    };
+    let mut events = hold(1, Kind::Mutex, 10, [S, S + 1, 9 * S, 9 * S]);
+    events.extend(hold(2, Kind::Mutex, 11, [2 * S, 6 * S, 8 * S, 8 * S]));
+    let fault = |kind: FaultKind, failed_over: bool, slots: (u16, u16)| Record {
+        faults: vec![FaultRecord {
+            kind,
+            client: None,
+            node: Some(0),
+            failed_over,
+            settled: Some(5 * S),
+            start: 2 * S,
+            end: 4 * S,
+            step_ns: None,
+            slots: Some(vec![slots]),
+        }],
+        ..Record::default()
+    };
+    let f = judge(
+        cluster,
+        events.clone(),
+        &fault(FaultKind::NodePause, true, (slot, slot)),
+    );
+    assert_eq!(f.exclusion[0].explained_by, Some(Hazard::FailoverForgets));
+    let f = judge(
+        cluster,
+        events.clone(),
+        &fault(FaultKind::NodePause, true, other),
+    );
+    assert_eq!(
+        f.exclusion[0].explained_by, None,
+        "another shard's failover"
+    );
+    // A data node killed comes back empty: its own shard's names only.
+    let f = judge(
+        cluster,
+        events.clone(),
+        &fault(FaultKind::NodeKill, false, (0, 16383)),
+    );
+    assert_eq!(f.exclusion[0].explained_by, Some(Hazard::RestartForgets));
+    let f = judge(
+        cluster,
+        events.clone(),
+        &fault(FaultKind::NodeKill, false, other),
+    );
+    assert_eq!(f.exclusion[0].explained_by, None, "another shard's restart");
+    // A member that persists (ZooKeeper) forgets nothing when killed.
+    let ensemble = TOPOLOGIES
+        .iter()
+        .find(|t| t.label == "zookeeper-ensemble")
+        .unwrap();
+    let f = judge(
+        ensemble,
+        events,
+        &fault(FaultKind::NodeKill, false, (0, 16383)),
+    );
     assert_eq!(f.exclusion[0].explained_by, None);
 }
 
@@ -231,6 +303,7 @@ fn a_wall_clock_step_explains_an_overlap_no_longer_than_itself_on_wall_clock_ser
             start: at,
             end: at + 10 * MS,
             step_ns: Some(by),
+            slots: None,
         }],
         ..Record::default()
     };
