@@ -237,9 +237,12 @@ impl Lease {
     /// its grants (Redis set to evict keys at run time) and then cancels
     /// one token for every lease it granted. A token already cancelled
     /// (the server was found unsafe while the grant was on its way) gives
-    /// a lease already lost.
+    /// a lease already lost. A session lease (whose lost token is its
+    /// session's) is returned as it is.
     pub fn trusted_while(mut self, trust: &CancellationToken) -> Self {
-        self.lost = trust.child_token();
+        if self.ttl.is_some() {
+            self.lost = trust.child_token();
+        }
         self
     }
 

@@ -154,13 +154,16 @@ impl Driver for RedisBackend {
     async fn try_acquire(&self, name: &str, opts: &LockOptions) -> Result<Option<Lease>> {
         let trust = self.inner.trust.token();
         let attempt = self.attempt(name, &self.keys(name), opts, "", None).await?;
-        Ok(attempt.into_lease().map(|l| l.trusted_while(&trust)))
+        match attempt.into_lease() {
+            Some(lease) => self.trusted(lease, &trust).await.map(Some),
+            None => Ok(None),
+        }
     }
 
     async fn wait(&self, name: &str, opts: &LockOptions, deadline: Deadline) -> Result<Lease> {
         let trust = self.inner.trust.token();
         let lease = self.wait_for(name, opts, deadline).await?;
-        Ok(lease.trusted_while(&trust))
+        self.trusted(lease, &trust).await
     }
 
     async fn release(&self, lease: &Lease) -> Result<()> {
@@ -190,9 +193,10 @@ impl Driver for RedisBackend {
         if write.lost_token().is_cancelled() {
             return Err(Trust::lost(write));
         }
-        let trust = self.inner.trust.token();
+        // The read hold inherits the write's trust: it keeps its key.
+        let trust = write.lost_token().clone();
         let lease = self.downgrade_lease(write, opts).await?;
-        Ok(lease.trusted_while(&trust))
+        self.trusted(lease, &trust).await
     }
 
     async fn force_release(&self, name: &str) -> Result<Option<LockInfo>> {

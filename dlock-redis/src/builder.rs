@@ -34,6 +34,9 @@ pub struct RedisBuilder {
     pub(crate) accept_eviction: bool,
     /// Where to connect, when it comes from a client rather than a URL.
     info: Option<redis::ConnectionInfo>,
+    /// How often the Sentinels are polled, when a test says.
+    #[cfg(feature = "_test-hooks")]
+    sentinel_poll: Option<Duration>,
 }
 
 impl fmt::Debug for RedisBuilder {
@@ -52,6 +55,16 @@ impl fmt::Debug for RedisBuilder {
 }
 
 impl RedisBuilder {
+    /// How often the Sentinels are asked for the primary besides their
+    /// announcements (1 s). For this crate's tests only (feature
+    /// `_test-hooks`), which follow a failover by announcements alone.
+    #[cfg(feature = "_test-hooks")]
+    #[doc(hidden)]
+    pub fn sentinel_poll_interval(mut self, interval: Duration) -> Self {
+        self.sentinel_poll = Some(interval);
+        self
+    }
+
     /// The longest a waiter sleeps between attempts when no release message
     /// arrives (default 1 s). Release messages and the holder's expiry wake
     /// it sooner; this poll only covers lost messages.
@@ -177,10 +190,14 @@ impl RedisBuilder {
         let sentinel = parse_url(&self.url)?
             .map(|url| Sentinel::new(&url, self.connect_timeout))
             .transpose()?;
-        let info = match (&sentinel, &self.info) {
-            (Some(sentinel), _) => sentinel.lookup().await?,
-            (None, Some(info)) => info.clone(),
-            (None, None) => self
+        let named = match &sentinel {
+            Some(sentinel) => Some(sentinel.lookup().await?),
+            None => None,
+        };
+        let info = match (&sentinel, &named, &self.info) {
+            (Some(sentinel), Some(named), _) => sentinel.info_for(named)?,
+            (_, _, Some(info)) => info.clone(),
+            (_, _, None) => self
                 .url
                 .as_str()
                 .into_connection_info()
@@ -192,11 +209,15 @@ impl RedisBuilder {
         } else {
             self.open(info.clone(), &pushes).await?
         };
-        if let Some(sentinel) = &sentinel {
-            sentinel.switch_to(info.addr());
+        if let (Some(sentinel), Some(named)) = (&sentinel, named) {
+            sentinel.switch_to(named);
         }
+        #[cfg(feature = "_test-hooks")]
+        let poll = self.sentinel_poll;
+        #[cfg(not(feature = "_test-hooks"))]
+        let poll = None;
         let backend = self.backend(conn, push_conn, sentinel, false, pushes)?;
-        backend.watch_sentinels();
+        backend.watch_sentinels(poll);
         Ok(backend)
     }
 
@@ -410,6 +431,8 @@ impl RedisBackend {
             url: String::new(),
             params: p,
             info: None,
+            #[cfg(feature = "_test-hooks")]
+            sentinel_poll: None,
         }
     }
 

@@ -14,7 +14,7 @@
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::time::Duration;
 
-use dlock_core::{Error, Result};
+use dlock_core::{Error, Lease, Result};
 use redis::Value;
 use redis::aio::ConnectionLike;
 use tokio::time::MissedTickBehavior;
@@ -52,14 +52,15 @@ impl Trust {
     }
 
     /// The error for a lease whose trust ended that way.
-    pub fn lost(lease: &dlock_core::Lease) -> Error {
+    pub fn lost(lease: &Lease) -> Error {
         unsafe_server(format!(
-            "{:?} was held when a server was found set to evict keys: its lock may have              been evicted and granted again",
+            "{:?} was held when a server was found set to evict keys: its lock may have \
+             been evicted and granted again",
             lease.name()
         ))
     }
 
-    fn distrust(&self, message: String) {
+    pub fn distrust(&self, message: String) {
         let mut refusal = self.refusal.lock().unwrap_or_else(PoisonError::into_inner);
         if refusal.is_none() {
             tracing::error!(%message, "the server may now evict held locks: every hold ends");
@@ -79,6 +80,21 @@ impl Trust {
 }
 
 impl RedisBackend {
+    /// `lease`, granted by a call that began when `trust` was current,
+    /// made to end with it; if a server was found evicting meanwhile, the
+    /// grant may stand on a key it will evict: it is given back, and the
+    /// call fails.
+    pub(crate) async fn trusted(&self, lease: Lease, trust: &CancellationToken) -> Result<Lease> {
+        let lease = lease.trusted_while(trust);
+        if !trust.is_cancelled() {
+            return Ok(lease);
+        }
+        if let Err(e) = self.release_lease(&lease).await {
+            tracing::debug!(error = %e, "giving back a grant made while distrusted");
+        }
+        Err(Trust::lost(&lease))
+    }
+
     /// Starts the task that reads the policy again every [`RECHECK`], for
     /// as long as the backend lives; none when the risk is accepted.
     pub(crate) fn watch_eviction(&self) {

@@ -16,14 +16,13 @@ pub async fn redis_cluster() -> Topology {
         let network = create_network()?;
         let mut nodes = Vec::new();
         for i in 0..6 {
+            // A snapshot a replica wrote in a full sync is removed first,
+            // so a node killed and started again comes back empty.
             let cmd = [
-                "dlock-redis",
-                "--cluster-enabled",
-                "yes",
-                "--cluster-config-file",
-                "/tmp/nodes.conf",
-                "--cluster-node-timeout",
-                "2000",
+                "sh",
+                "-c",
+                "rm -f /tmp/dump.rdb; exec dlock-redis --dir /tmp --cluster-enabled yes \
+                 --cluster-config-file /tmp/nodes.conf --cluster-node-timeout 2000",
             ]
             .map(str::to_owned)
             .to_vec();
@@ -130,6 +129,27 @@ impl Topology {
     }
 }
 
+/// Where a Sentinel topology's data node keeps its settings: Sentinel
+/// rewrites them (`CONFIG REWRITE`) when it changes the node's role, so a
+/// node killed and started again comes back in its last role, as one with
+/// a config file does.
+const DATA_CONFIG: &str = "/etc/dlock-redis-node.conf";
+
+/// A data node's command: the test Redis's settings (no persistence), from
+/// a file; a snapshot a replica wrote in a full sync is removed first, so
+/// a node killed and started again comes back empty.
+fn data_node() -> Vec<String> {
+    let start = format!("rm -f /tmp/dump.rdb; exec redis-server {DATA_CONFIG}");
+    vec!["sh".to_owned(), "-c".to_owned(), start]
+}
+
+fn data_config(extra: &str) -> (String, Vec<u8>) {
+    let config = format!(
+        "bind 0.0.0.0\nport 6379\nprotected-mode no\nsave \"\"\nappendonly no\ndir /tmp\n{extra}"
+    );
+    (DATA_CONFIG.to_owned(), config.into_bytes())
+}
+
 /// The Sentinel service name of [`redis_sentinel`].
 pub const SENTINEL_SERVICE: &str = "dlock";
 
@@ -145,8 +165,8 @@ pub async fn redis_sentinel() -> Topology {
         let primary = start_node(
             &network,
             &format!("{network}-primary"),
-            vec!["dlock-redis".into()],
-            Vec::new(),
+            data_node(),
+            vec![data_config("")],
             &[],
             6379,
         )
@@ -155,15 +175,8 @@ pub async fn redis_sentinel() -> Topology {
         let replica = start_node(
             &network,
             &format!("{network}-replica"),
-            [
-                "dlock-redis",
-                "--replicaof",
-                &primary.ip.to_string(),
-                "6379",
-            ]
-            .map(str::to_owned)
-            .to_vec(),
-            Vec::new(),
+            data_node(),
+            vec![data_config(&format!("replicaof {} 6379\n", primary.ip))],
             &[],
             6379,
         )
