@@ -212,24 +212,7 @@ async fn primary_killed_mid_hold_keeps_a_replicated_lock() {
     }
 
     let killed = Instant::now();
-    cluster.node(primary).kill().await;
-    let other = client(&cluster).await;
-    // Until the replica takes over, requests for the slot fail (retryable);
-    // at no point may the name be granted again.
-    let answered = loop {
-        match other.try_acquire(&name, &long()).await {
-            Ok(None) => break killed.elapsed(),
-            Ok(Some(_)) => panic!("granted twice after the primary died"),
-            Err(e) => {
-                assert!(e.is_retryable(), "{e:?}");
-                assert!(
-                    killed.elapsed() < Duration::from_secs(60),
-                    "no failover: {e:?}"
-                );
-                sleep(Duration::from_millis(50)).await;
-            }
-        }
-    };
+    let (other, answered) = kill_and_find_held(&cluster, primary, &name).await;
     let extended = loop {
         match holder.extend(&mut lease).await {
             Ok(()) => break killed.elapsed(),
@@ -247,6 +230,34 @@ async fn primary_killed_mid_hold_keeps_a_replicated_lock() {
         "cluster: primary killed; the slot answered again after {answered:?} (still held), \
          the holder extended after {extended:?}"
     );
+}
+
+/// Kills the node at `primary` and asks a new client for `name` until the
+/// slot answers again (its replica took over): requests fail (retryable)
+/// until then, and at no point may the name be granted again. The client,
+/// and how long after the kill the slot answered.
+async fn kill_and_find_held(
+    cluster: &Topology,
+    primary: usize,
+    name: &str,
+) -> (RedisBackend, Duration) {
+    let killed = Instant::now();
+    cluster.node(primary).kill().await;
+    let other = client(cluster).await;
+    loop {
+        match other.try_acquire(name, &long()).await {
+            Ok(None) => return (other, killed.elapsed()),
+            Ok(Some(_)) => panic!("{name} granted again after its primary died"),
+            Err(e) => {
+                assert!(e.is_retryable(), "{e:?}");
+                assert!(
+                    killed.elapsed() < Duration::from_secs(60),
+                    "no failover: {e:?}"
+                );
+                sleep(Duration::from_millis(50)).await;
+            }
+        }
+    }
 }
 
 /// The replica of the primary at `primary`, from `CLUSTER NODES`.
@@ -316,23 +327,7 @@ async fn with_durable_grants_a_confirmed_grant_survives_its_primary() {
     );
     // The primary dies right after: no time for anything more to reach
     // the replica, which takes over with what it acknowledged.
-    let killed = Instant::now();
-    cluster.node(primary).kill().await;
-    let other = client(&cluster).await;
-    let answered = loop {
-        match other.try_acquire(&kept, &long()).await {
-            Ok(None) => break killed.elapsed(),
-            Ok(Some(_)) => panic!("a confirmed grant was granted again after its primary died"),
-            Err(e) => {
-                assert!(e.is_retryable(), "{e:?}");
-                assert!(
-                    killed.elapsed() < Duration::from_secs(60),
-                    "no failover: {e:?}"
-                );
-                sleep(Duration::from_millis(50)).await;
-            }
-        }
-    };
+    let (other, answered) = kill_and_find_held(&cluster, primary, &kept).await;
     assert_eq!(
         other.inspect(&kept).await.unwrap().unwrap().owner,
         held.owner()
