@@ -186,13 +186,8 @@ impl MySqlBackend {
             return Ok(None);
         }
         let conflict: Option<Vec<u8>> = row.try_get(0).map_err(read)?;
-        let answer = (
-            None,
-            conflict.map(|kind| String::from_utf8_lossy(&kind).into_owned()),
-            row.try_get(2).map_err(read)?,
-        );
-        let owner = OwnerToken::random()?;
-        self.shared_outcome(name, opts, (owner, Instant::now()), answer)
+        let conflict = conflict.map(|kind| String::from_utf8_lossy(&kind).into_owned());
+        self.refused(name, opts, conflict, row.try_get(2).map_err(read)?)
             .map(Some)
     }
 

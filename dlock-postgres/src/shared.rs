@@ -107,14 +107,8 @@ impl PgBackend {
             return Ok(None);
         }
         // Not let in: the outcome of a refused look (the conflict, or held).
-        let answer = (
-            None,
-            row.try_get(0).map_err(read)?,
-            row.try_get(2).map_err(read)?,
-        );
-        let owner = OwnerToken::random()?;
-        self.shared_outcome(name, opts, (owner, Instant::now()), answer)
-            .map(Some)
+        let (conflict, left) = (row.try_get(0).map_err(read)?, row.try_get(2).map_err(read)?);
+        self.refused(name, opts, conflict, left).map(Some)
     }
 
     /// Acquire's wait for a shared kind: a place in the name's queue from

@@ -111,6 +111,22 @@ pub trait SharedKinds: Driver + Clone + 'static {
             let lease = Lease::with_ttl(name, owner, self.token(fence, "acquire")?, opts, sent);
             return Ok(on_arrival(self, lease));
         }
+        self.refused(name, opts, conflict, left)
+    }
+
+    /// The outcome of a look that granted nothing: the kind the name is in
+    /// use as when that is another (the refusal), else held, with the µs
+    /// until the first hold ends.
+    ///
+    /// # Errors
+    /// [`Error::ModeConflict`].
+    fn refused(
+        &self,
+        name: &str,
+        opts: &LockOptions,
+        conflict: Option<String>,
+        left: Option<i64>,
+    ) -> Result<Attempt> {
         if let Some(kind) = conflict {
             return Err(Error::ModeConflict {
                 name: name.to_owned(),
