@@ -153,6 +153,15 @@ impl RedisBackend {
         confirm: bool,
         doing: &str,
     ) -> Result<(T, bool)> {
+        // A script that grants or extends (the ones durable grants confirm)
+        // is refused while the server in use is not to be trusted with
+        // one; releases go through, so names are freed.
+        if confirm {
+            let refused = self.inner.sentinel.as_ref().and_then(|s| s.refusal());
+            if let Some(refused) = refused.or_else(|| self.inner.trust.refusal()) {
+                return Err(refused);
+            }
+        }
         self.bounded(doing, self.run_unbounded(invocation, confirm))
             .await
     }
@@ -164,10 +173,6 @@ impl RedisBackend {
         doing: &str,
         requests: impl Future<Output = RedisResult<T>>,
     ) -> Result<T> {
-        let refused = self.inner.sentinel.as_ref().and_then(|s| s.refusal());
-        if let Some(refused) = refused.or_else(|| self.inner.trust.refusal()) {
-            return Err(refused);
-        }
         let bound = self.inner.request_timeout;
         match tokio::time::timeout(bound, requests).await {
             Ok(Ok(reply)) => Ok(reply),

@@ -45,7 +45,8 @@ impl Trust {
             .clone()
     }
 
-    /// The error every call gets while a server is found evicting.
+    /// The error every grant and extension gets while a server is found
+    /// evicting.
     pub fn refusal(&self) -> Option<Error> {
         let refusal = self.refusal.lock().unwrap_or_else(PoisonError::into_inner);
         refusal.clone().map(unsafe_server)

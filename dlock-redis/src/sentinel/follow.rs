@@ -10,7 +10,7 @@ use redis::{PushInfo, PushKind, Value};
 use tokio::time::MissedTickBehavior;
 
 use super::{Move, Why, judge};
-use crate::backend::RedisBackend;
+use crate::backend::{NAME, RedisBackend};
 
 /// How often the Sentinels are asked for the primary when none announces a
 /// switch: a Sentinel cut off from us cannot announce, and a client that
@@ -81,7 +81,8 @@ impl RedisBackend {
     /// Asks the Sentinels for the primary and, when a newer epoch names
     /// another, points the connections at it once it confirms its role.
     /// Until it does, or while it is refused for its eviction policy,
-    /// every call is refused: the old primary is not the primary any more.
+    /// every grant and extension is refused: the old primary is not the
+    /// primary any more.
     async fn follow_primary(&self) {
         let Some(sentinel) = &self.inner.sentinel else {
             return;
@@ -99,7 +100,7 @@ impl RedisBackend {
             }
         };
         let current = sentinel.current();
-        match judge(current.as_ref(), &named) {
+        match judge(current.as_ref(), sentinel.floor(), &named) {
             Move::Stay => {
                 sentinel.stay(named);
                 return;
@@ -113,13 +114,20 @@ impl RedisBackend {
         if sentinel.recently_refused(&named) {
             return;
         }
+        // The primary in use is not the primary any more: refuse grants
+        // there from now on, not once the new one is reached.
+        sentinel.block(named.clone(), Why::Unreachable("connecting".to_owned()));
+        let builder = &self.inner.builder;
+        let bound = builder.connect_timeout * 2 + self.inner.request_timeout;
         let opened = match sentinel.info_for(&named) {
-            Ok(info) => {
-                self.inner
-                    .builder
-                    .open_primary(info, &self.inner.pushes)
-                    .await
-            }
+            Ok(info) => tokio::time::timeout(bound, builder.open_primary(info, &self.inner.pushes))
+                .await
+                .unwrap_or_else(|_| {
+                    Err(Error::timed_out(
+                        NAME,
+                        format!("no answer within {bound:?}"),
+                    ))
+                }),
             Err(e) => Err(e),
         };
         match opened {

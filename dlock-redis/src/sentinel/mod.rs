@@ -279,8 +279,9 @@ impl Sentinel {
             .clone()
     }
 
-    /// The error every call gets while the Sentinels name a primary this
-    /// backend does not use: the one it uses is not the primary any more.
+    /// The error every grant and extension gets while the Sentinels name a
+    /// primary this backend does not use: the one it uses is not the
+    /// primary any more.
     pub fn refusal(&self) -> Option<Error> {
         let blocked = self.blocked.lock().unwrap_or_else(PoisonError::into_inner);
         blocked.as_ref().map(|b| match &b.why {
@@ -316,6 +317,14 @@ impl Sentinel {
         });
     }
 
+    /// The newest epoch seen: the primary in use's, or a newer one named
+    /// but not used.
+    fn floor(&self) -> u64 {
+        let current = self.current().map_or(0, |c| c.epoch);
+        let blocked = self.blocked.lock().unwrap_or_else(PoisonError::into_inner);
+        current.max(blocked.as_ref().map_or(0, |b| b.named.epoch))
+    }
+
     fn unblock(&self) {
         *self.blocked.lock().unwrap_or_else(PoisonError::into_inner) = None;
     }
@@ -340,9 +349,14 @@ enum Move {
     Switch,
 }
 
-fn judge(current: Option<&Named>, named: &Named) -> Move {
+/// `floor` is the newest epoch seen: the primary in use's, or a newer one
+/// named but not reached. An answer below it is never acted on, not even
+/// to stay: a Sentinel on the old primary's side of a partition would
+/// otherwise lift the block the majority's newer answer set.
+fn judge(current: Option<&Named>, floor: u64, named: &Named) -> Move {
     match current {
         None => Move::Switch,
+        Some(_) if named.epoch < floor => Move::Ignore,
         Some(c) if c.addr == named.addr => Move::Stay,
         Some(c) if named.epoch > c.epoch => Move::Switch,
         Some(_) => Move::Ignore,
@@ -366,11 +380,16 @@ mod tests {
         assert_eq!(newest(answers), Some(named("b", 4)));
         assert_eq!(newest(Vec::new()), None);
         let on_b = named("b", 4);
-        assert_eq!(judge(Some(&on_b), &named("b", 4)), Move::Stay);
+        assert_eq!(judge(Some(&on_b), 4, &named("b", 4)), Move::Stay);
         // A Sentinel cut off with the old primary still names it.
-        assert_eq!(judge(Some(&on_b), &named("a", 3)), Move::Ignore);
-        assert_eq!(judge(Some(&on_b), &named("a", 4)), Move::Ignore);
-        assert_eq!(judge(Some(&on_b), &named("c", 5)), Move::Switch);
-        assert_eq!(judge(None, &named("a", 0)), Move::Switch);
+        assert_eq!(judge(Some(&on_b), 4, &named("a", 3)), Move::Ignore);
+        assert_eq!(judge(Some(&on_b), 4, &named("a", 4)), Move::Ignore);
+        assert_eq!(judge(Some(&on_b), 4, &named("c", 5)), Move::Switch);
+        assert_eq!(judge(None, 0, &named("a", 0)), Move::Switch);
+        // On b, blocked on an unreachable c of epoch 5: b named again in
+        // epoch 4 (a minority's answer) neither stays nor unblocks.
+        assert_eq!(judge(Some(&on_b), 5, &named("b", 4)), Move::Ignore);
+        assert_eq!(judge(Some(&on_b), 5, &named("b", 6)), Move::Stay);
+        assert_eq!(judge(Some(&on_b), 5, &named("c", 5)), Move::Switch);
     }
 }
