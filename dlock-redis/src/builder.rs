@@ -8,8 +8,7 @@ use std::time::Duration;
 use dlock_core::driver::wait::MIN_BACKOFF;
 use dlock_core::driver::{MAX_SETTING, UrlParams, check_duration};
 use dlock_core::{Error, OwnerToken, Result};
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use redis::{IntoConnectionInfo, ProtocolVersion, Value};
+use redis::{IntoConnectionInfo, ProtocolVersion};
 
 use crate::backend::{Inner, NAME, RedisBackend};
 use crate::conn::{Connection, Kind, PushConn, cluster_nodes};
@@ -26,10 +25,10 @@ pub struct RedisBuilder {
     /// The URL for the redis crate, once `connect` has taken the settings.
     url: String,
     prefix: String,
-    request_timeout: Duration,
+    pub(crate) request_timeout: Duration,
     pub(crate) connect_timeout: Duration,
     max_poll: Duration,
-    tls_ca: Option<Vec<u8>>,
+    pub(crate) tls_ca: Option<Vec<u8>>,
     pub(crate) durable: Option<(u32, Duration)>,
     pub(crate) accept_eviction: bool,
     /// Where to connect, when it comes from a client rather than a URL.
@@ -295,94 +294,6 @@ impl RedisBuilder {
             true,
             pushes,
         )
-    }
-
-    /// Opens the command connection and the RESP3 one for notifications.
-    pub(crate) async fn open(
-        &self,
-        info: redis::ConnectionInfo,
-        pushes: &Arc<Pushes>,
-    ) -> Result<(Connection, PushConn)> {
-        let config = ConnectionManagerConfig::new()
-            .set_response_timeout(Some(self.request_timeout))
-            .set_connection_timeout(Some(self.connect_timeout))
-            .set_number_of_retries(2);
-        let settings = info
-            .redis_settings()
-            .clone()
-            .set_protocol(ProtocolVersion::RESP3);
-        let push_info = info.clone().set_redis_settings(settings);
-        let client = self.client(info)?;
-        let push_client = self.client(push_info)?;
-        let mut conn = ConnectionManager::new_with_config(client, config.clone())
-            .await
-            .map_err(|e| redis_error(e, "connect"))?;
-        if !self.accept_eviction {
-            eviction::check(&mut conn, self.request_timeout).await?;
-        }
-        let push_conn = ConnectionManager::new_with_config(
-            push_client,
-            config
-                .clone()
-                .set_push_sender(pushes.clone())
-                .set_automatic_resubscription(),
-        )
-        .await
-        .map_err(|e| redis_error(e, "connect for notifications"))?;
-        Ok((Connection(Kind::Single(conn)), PushConn::Single(push_conn)))
-    }
-
-    /// [`RedisBuilder::open`] on a server the Sentinels named, which must
-    /// say it is a primary: mid-failover they may name one that is not yet.
-    pub(crate) async fn open_primary(
-        &self,
-        info: redis::ConnectionInfo,
-        pushes: &Arc<Pushes>,
-    ) -> Result<(Connection, PushConn)> {
-        let addr = info.addr().to_string();
-        let (mut conn, push_conn) = self.open(info, pushes).await?;
-        let role = tokio::time::timeout(
-            self.request_timeout,
-            redis::cmd("ROLE").query_async::<Vec<Value>>(&mut conn),
-        )
-        .await
-        .map_err(|_| Error::timed_out(NAME, "ask the named primary its role"))?
-        .map_err(|e| redis_error(e, "ask the named primary its role"))?;
-        match role.first() {
-            Some(Value::BulkString(role)) if role.as_slice() == b"master" => Ok((conn, push_conn)),
-            Some(Value::SimpleString(role)) if role == "master" => Ok((conn, push_conn)),
-            _ => Err(Error::unavailable(
-                NAME,
-                "find the primary",
-                std::io::Error::other(format!(
-                    "the Sentinels name {addr}, which is not a primary (yet)"
-                )),
-            )),
-        }
-    }
-
-    /// A client for `info`, trusting the CA given for `rediss://`.
-    fn client(&self, info: redis::ConnectionInfo) -> Result<redis::Client> {
-        // The redis crate asks rustls for the process's crypto provider,
-        // and rustls panics rather than choose when the build has two (a
-        // ZooKeeper client with TLS brings aws-lc-rs next to ring).
-        #[cfg(feature = "tls")]
-        let _ = rustls::crypto::ring::default_provider().install_default();
-        #[cfg(feature = "tls")]
-        if let Some(root) = &self.tls_ca {
-            let certs = redis::TlsCertificates {
-                client_tls: None,
-                root_cert: Some(root.clone()),
-            };
-            return redis::Client::build_with_tls(info, certs).map_err(|e| bad_url(&e));
-        }
-        if self.tls_ca.is_some() {
-            return Err(Error::invalid_option(
-                "tls_ca_certificates",
-                "needs the `tls` feature",
-            ));
-        }
-        redis::Client::open(info).map_err(|e| bad_url(&e))
     }
 }
 

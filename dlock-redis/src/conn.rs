@@ -1,16 +1,25 @@
 //! The two kinds of deployment a backend talks to, one server (given by
-//! URL or found through Sentinel) or a Redis Cluster, and how a request
-//! runs on their command connection: bounded, with the replicas'
-//! acknowledgement behind it when grants are durable.
+//! URL or found through Sentinel) or a Redis Cluster; how a server's two
+//! connections are opened (its policy checked, a Sentinel's choice
+//! confirmed as primary); and how a request runs on the command
+//! connection: bounded, with the replicas' acknowledgement behind it when
+//! grants are durable.
 
 use std::future::Future;
+use std::sync::Arc;
 
-use dlock_core::Result;
-use redis::aio::{ConnectionLike, ConnectionManager};
+use dlock_core::{Error, Result};
+use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::cluster_async::ClusterConnection;
-use redis::{Cmd, FromRedisValue, Pipeline, RedisError, RedisFuture, RedisResult, Value};
+use redis::{
+    Cmd, FromRedisValue, Pipeline, ProtocolVersion, RedisError, RedisFuture, RedisResult, Value,
+};
 
-use crate::backend::RedisBackend;
+use crate::backend::{NAME, RedisBackend};
+use crate::builder::RedisBuilder;
+use crate::error::{bad_url, redis_error};
+use crate::eviction;
+use crate::notify::Pushes;
 
 /// The command connection of a [`RedisBackend`](crate::RedisBackend), to
 /// run commands of one's own with the redis crate (`query_async`). Cheap to
@@ -218,6 +227,96 @@ impl RedisBackend {
         }
         let (value, acked) = reply?;
         Ok((value, acked >= replicas))
+    }
+}
+
+impl RedisBuilder {
+    /// Opens the command connection and the RESP3 one for notifications.
+    pub(crate) async fn open(
+        &self,
+        info: redis::ConnectionInfo,
+        pushes: &Arc<Pushes>,
+    ) -> Result<(Connection, PushConn)> {
+        let config = ConnectionManagerConfig::new()
+            .set_response_timeout(Some(self.request_timeout))
+            .set_connection_timeout(Some(self.connect_timeout))
+            .set_number_of_retries(2);
+        let settings = info
+            .redis_settings()
+            .clone()
+            .set_protocol(ProtocolVersion::RESP3);
+        let push_info = info.clone().set_redis_settings(settings);
+        let client = self.client(info)?;
+        let push_client = self.client(push_info)?;
+        let mut conn = ConnectionManager::new_with_config(client, config.clone())
+            .await
+            .map_err(|e| redis_error(e, "connect"))?;
+        if !self.accept_eviction {
+            eviction::check(&mut conn, self.request_timeout).await?;
+        }
+        let push_conn = ConnectionManager::new_with_config(
+            push_client,
+            config
+                .clone()
+                .set_push_sender(pushes.clone())
+                .set_automatic_resubscription(),
+        )
+        .await
+        .map_err(|e| redis_error(e, "connect for notifications"))?;
+        Ok((Connection(Kind::Single(conn)), PushConn::Single(push_conn)))
+    }
+
+    /// [`RedisBuilder::open`] on a server the Sentinels named, which must
+    /// say it is a primary: mid-failover they may name one that is not yet.
+    pub(crate) async fn open_primary(
+        &self,
+        info: redis::ConnectionInfo,
+        pushes: &Arc<Pushes>,
+    ) -> Result<(Connection, PushConn)> {
+        let addr = info.addr().to_string();
+        let (mut conn, push_conn) = self.open(info, pushes).await?;
+        let role = tokio::time::timeout(
+            self.request_timeout,
+            redis::cmd("ROLE").query_async::<Vec<Value>>(&mut conn),
+        )
+        .await
+        .map_err(|_| Error::timed_out(NAME, "ask the named primary its role"))?
+        .map_err(|e| redis_error(e, "ask the named primary its role"))?;
+        match role.first() {
+            Some(Value::BulkString(role)) if role.as_slice() == b"master" => Ok((conn, push_conn)),
+            Some(Value::SimpleString(role)) if role == "master" => Ok((conn, push_conn)),
+            _ => Err(Error::unavailable(
+                NAME,
+                "find the primary",
+                std::io::Error::other(format!(
+                    "the Sentinels name {addr}, which is not a primary (yet)"
+                )),
+            )),
+        }
+    }
+
+    /// A client for `info`, trusting the CA given for `rediss://`.
+    fn client(&self, info: redis::ConnectionInfo) -> Result<redis::Client> {
+        // The redis crate asks rustls for the process's crypto provider,
+        // and rustls panics rather than choose when the build has two (a
+        // ZooKeeper client with TLS brings aws-lc-rs next to ring).
+        #[cfg(feature = "tls")]
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        #[cfg(feature = "tls")]
+        if let Some(root) = &self.tls_ca {
+            let certs = redis::TlsCertificates {
+                client_tls: None,
+                root_cert: Some(root.clone()),
+            };
+            return redis::Client::build_with_tls(info, certs).map_err(|e| bad_url(&e));
+        }
+        if self.tls_ca.is_some() {
+            return Err(Error::invalid_option(
+                "tls_ca_certificates",
+                "needs the `tls` feature",
+            ));
+        }
+        redis::Client::open(info).map_err(|e| bad_url(&e))
     }
 }
 
