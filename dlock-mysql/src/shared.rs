@@ -248,7 +248,9 @@ impl MySqlBackend {
 
 #[async_trait]
 impl SharedKinds for MySqlBackend {
-    fn statements(&self) -> &dyn SharedStatements {
+    type Stmt = SqlStr;
+
+    fn statements(&self) -> &dyn SharedStatements<Stmt = SqlStr> {
         &self.inner.sql
     }
 

@@ -13,6 +13,7 @@ use sqlx::postgres::PgRow;
 use tokio::time::{Instant, timeout_at};
 
 use crate::backend::{NAME, PgBackend};
+use crate::pool::fetch_on;
 
 impl PgBackend {
     /// One attempt to take `name`: the lease, or "held" (also for a grant
@@ -91,7 +92,8 @@ impl PgBackend {
             let (backend, name) = (self.clone(), name.to_owned());
             UndoOnDrop::new(async move { backend.undo(&name, owner, ttl, sent).await })
         };
-        let done = timeout_at(by, sqlx::raw_sql(sql).fetch_optional(lent.conn())).await;
+        let done = timeout_at(by, fetch_on(&mut lent, &sql)).await;
+        let done = done.map(|rows| rows.map(|rows| rows.into_iter().next()));
         // Any answer from the server settles the outcome (an error was
         // rolled back).
         if matches!(&done, Ok(Ok(_)))

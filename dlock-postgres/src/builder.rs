@@ -19,6 +19,7 @@ use crate::sql::{Statements, validate_identifier};
 #[derive(Clone)]
 pub struct PgBuilder {
     schema: String,
+    statement_cache: bool,
     s: Settings,
     /// Where to connect, when it comes from a sqlx pool rather than a URL.
     options: Option<PgConnectOptions>,
@@ -30,7 +31,11 @@ impl std::fmt::Debug for PgBuilder {
         self.s.debug(
             f,
             "PgBuilder",
-            &[("schema", &self.schema), ("from_pool", &from_pool)],
+            &[
+                ("schema", &self.schema),
+                ("statement_cache", &self.statement_cache),
+                ("from_pool", &from_pool),
+            ],
         )
     }
 }
@@ -58,6 +63,20 @@ impl PgBuilder {
     /// wake it sooner.
     pub fn max_poll_interval(mut self, interval: Duration) -> Self {
         self.s.max_poll = interval;
+        self
+    }
+
+    /// Whether the statements of frequent calls are prepared (default
+    /// `true`): parsing and planning one costs more than running it. They
+    /// are prepared with SQL's `PREPARE`, each under a name made of a hash
+    /// of its text, and run with `EXECUTE` in a simple query, so this works
+    /// through PgBouncer in any pooling mode, whose server connections
+    /// come to have each statement prepared once; a session that lacks one
+    /// gets it on its first use. Off (`?statement_cache=false`), every
+    /// statement is parsed and planned on each call, as by a pooler that
+    /// refuses `PREPARE`.
+    pub fn statement_cache(mut self, on: bool) -> Self {
+        self.statement_cache = on;
         self
     }
 
@@ -127,12 +146,17 @@ impl PgBuilder {
             self.s.request_timeout,
         );
         let mut first = pool.first().await?;
-        let sql = Statements::new(&self.schema, &self.s.table, self.s.request_timeout);
+        let sql = Statements::new(
+            &self.schema,
+            &self.s.table,
+            self.s.request_timeout,
+            self.statement_cache,
+        );
         if self.s.create_table {
             let by = Instant::now() + self.s.request_timeout;
             let pair = (
-                sqlx::raw_sql(sql.create_sql(false)),
-                sqlx::raw_sql(sql.exists()),
+                sqlx::raw_sql(sql.create_sql(false).written_out()),
+                sqlx::raw_sql(sql.exists().written_out()),
             );
             let missing = || {
                 format!(
@@ -218,8 +242,10 @@ impl PgBackend {
     pub fn builder(url: impl Into<String>) -> PgBuilder {
         let mut s = Settings::new(&url.into(), false);
         let schema = s.params.text("schema");
+        let statement_cache = s.params.flag("statement_cache").unwrap_or(true);
         PgBuilder {
             schema: schema.unwrap_or_else(|| "public".to_owned()),
+            statement_cache,
             s,
             options: None,
         }
@@ -265,7 +291,7 @@ impl PgBackend {
     pub fn table_ddl(schema: &str, table: &str) -> Result<String> {
         validate_identifier("schema", schema)?;
         validate_identifier("table", table)?;
-        let sql = Statements::new(schema, table, Duration::from_secs(1));
+        let sql = Statements::new(schema, table, Duration::from_secs(1), false);
         Ok(format!("{}\n{}", sql.create(), sql.upgrade()))
     }
 

@@ -18,10 +18,7 @@ impl PgBackend {
         let ttl = micros_up(lease.ttl().unwrap_or_default());
         let owner = lease.owner().to_string();
         let sql = self.inner.sql.extend(lease.name().as_bytes(), &owner, ttl);
-        self.inner
-            .pool
-            .own_row(sqlx::raw_sql(sql), lease, "extend")
-            .await?;
+        self.own_row(sql, lease, "extend").await?;
         lease.extended(sent);
         Ok(())
     }

@@ -221,7 +221,11 @@ async fn hears(inner: &Weak<Inner>, listener: &mut PgListener, limit: Duration) 
     let sql = strong.sql.probe(&token);
     let sent = strong
         .pool
-        .execute(sqlx::raw_sql(sql), "listen", Instant::now() + limit)
+        .execute(
+            sqlx::raw_sql(sql.written_out()),
+            "listen",
+            Instant::now() + limit,
+        )
         .await;
     drop(strong);
     if let Err(e) = sent {

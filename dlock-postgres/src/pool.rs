@@ -1,17 +1,26 @@
 //! How the pool ([`dlock_sql::Pool`]) opens PostgreSQL connections, and
-//! which failed statements leave one fit; and the backend's statement
-//! helpers. A connection goes back to the pool only after its statement
-//! finished, and is checked with a ping only after it sat idle long enough
-//! that the server, or a PgBouncer in between, may have dropped it.
+//! which failed statements leave one fit; and how a statement runs
+//! ([`run`]), prepared where it may be. A connection goes back to the pool
+//! only after its statement finished, and is checked with a ping only
+//! after it sat idle long enough that the server, or a PgBouncer in
+//! between, may have dropped it.
+
+use std::collections::HashSet;
 
 use dlock_core::{Error, Result};
-use dlock_sql::Dialect;
+use dlock_sql::{Dialect, Lent};
 use sqlx::Connection;
 use sqlx::postgres::{PgConnectOptions, PgConnection, PgQueryResult, PgRow, Postgres};
-use tokio::time::Instant;
+use tokio::time::{Instant, timeout_at};
 
 use crate::backend::PgBackend;
 use crate::error::{INSUFFICIENT_PRIVILEGE, answered, sql_error, sql_state, timed_out};
+use crate::sql::Stmt;
+
+/// No prepared statement of that name on the server's session.
+const INVALID_SQL_STATEMENT_NAME: &str = "26000";
+/// A prepared statement of that name is there already.
+const DUPLICATE_PREPARED_STATEMENT: &str = "42P05";
 
 /// Where the pool connects.
 #[derive(Debug)]
@@ -19,10 +28,13 @@ pub(crate) struct Pg(pub PgConnectOptions);
 
 impl Dialect for Pg {
     type Db = Postgres;
-    type Mark = ();
+    type Mark = Prepared;
 
-    async fn open(&self) -> Result<(PgConnection, ()), sqlx::Error> {
-        Ok((PgConnection::connect_with(&self.0).await?, ()))
+    async fn open(&self) -> Result<(PgConnection, Prepared), sqlx::Error> {
+        Ok((
+            PgConnection::connect_with(&self.0).await?,
+            Prepared::default(),
+        ))
     }
 
     fn reusable(e: &sqlx::Error) -> bool {
@@ -48,27 +60,107 @@ impl Dialect for Pg {
 
 pub(crate) type Pool = dlock_sql::Pool<Pg>;
 
+/// The statements a connection's session has prepared, as far as this
+/// client knows: behind a pooler in transaction mode, each statement may
+/// run on another server's session, which may lack one it has, or have one
+/// it lacks.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Prepared(HashSet<[u8; 16]>);
+
+/// Sends a simple query on a connection, for what the caller reads of it.
+type Sender<T> = for<'c> fn(&'c mut PgConnection, sqlx::SqlStr) -> BoxFuture<'c, sqlx::Result<T>>;
+
+type BoxFuture<'c, T> = std::pin::Pin<Box<dyn Future<Output = T> + Send + 'c>>;
+
+/// Runs `stmt` on `lent` with `send`. A prepared statement is sent as an
+/// `EXECUTE`, preceded by its `PREPARE` when the session lacks it as far as
+/// this connection knows. A session that lacks it after all answers "does
+/// not exist", one that has it already "already exists": either error
+/// aborts the whole simple query before anything ran, and the other form
+/// is sent (once each: the statement written out in full after that). A
+/// statement's name is the hash of its text, so a session that has it has
+/// this statement.
+async fn run<T>(lent: &mut Lent<'_, Pg>, stmt: &Stmt, send: Sender<T>) -> sqlx::Result<T> {
+    let (conn, prepared) = lent.parts();
+    let mut prepare = stmt.id.is_some_and(|id| !prepared.0.contains(&id));
+    for _ in 0..2 {
+        let Some(sql) = stmt.execute(prepare) else {
+            break;
+        };
+        let done = send(conn, sql).await;
+        let (Some(id), Err(e)) = (stmt.id, &done) else {
+            if let Some(id) = stmt.id {
+                prepared.0.insert(id);
+            }
+            return done;
+        };
+        match sql_state(e).as_deref() {
+            Some(INVALID_SQL_STATEMENT_NAME) if !prepare => {
+                prepared.0.remove(&id);
+                prepare = true;
+            }
+            Some(DUPLICATE_PREPARED_STATEMENT) if prepare => {
+                prepared.0.insert(id);
+                prepare = false;
+            }
+            _ => return done,
+        }
+    }
+    send(conn, stmt.written_out()).await
+}
+
+/// Runs `stmt` on `lent` for its rows.
+pub(crate) async fn fetch_on(lent: &mut Lent<'_, Pg>, stmt: &Stmt) -> sqlx::Result<Vec<PgRow>> {
+    run(lent, stmt, |conn, sql| sqlx::raw_sql(sql).fetch_all(conn)).await
+}
+
+/// Runs `stmt` on `lent` for what it changed.
+pub(crate) async fn execute_on(
+    lent: &mut Lent<'_, Pg>,
+    stmt: &Stmt,
+) -> sqlx::Result<PgQueryResult> {
+    run(lent, stmt, |conn, sql| {
+        Box::pin(sqlx::raw_sql(sql).execute(conn))
+    })
+    .await
+}
+
 impl PgBackend {
     /// Runs one statement that changes rows, by `by`.
     pub(crate) async fn execute(
         &self,
-        sql: sqlx::SqlStr,
+        sql: Stmt,
         doing: &str,
         by: Instant,
     ) -> Result<PgQueryResult> {
-        self.inner.pool.execute(sqlx::raw_sql(sql), doing, by).await
+        let pool = &self.inner.pool;
+        let mut lent = pool.lend(doing, by).await?;
+        let done = timeout_at(by, execute_on(&mut lent, &sql)).await;
+        pool.settle(lent, done, doing)
     }
 
     /// Runs one statement that returns rows, by `by`.
-    pub(crate) async fn fetch(
+    pub(crate) async fn fetch(&self, sql: Stmt, doing: &str, by: Instant) -> Result<Vec<PgRow>> {
+        let pool = &self.inner.pool;
+        let mut lent = pool.lend(doing, by).await?;
+        let done = timeout_at(by, fetch_on(&mut lent, &sql)).await;
+        pool.settle(lent, done, doing)
+    }
+
+    /// Runs a statement that changes the caller's own live row (an
+    /// extension, a hold), within the request timeout: "not held" unless
+    /// it matched one.
+    pub(crate) async fn own_row(
         &self,
-        sql: sqlx::SqlStr,
+        sql: Stmt,
+        lease: &dlock_core::Lease,
         doing: &str,
-        by: Instant,
-    ) -> Result<Vec<PgRow>> {
-        self.inner
-            .pool
-            .fetch_all(sqlx::raw_sql(sql), doing, by)
-            .await
+    ) -> Result<()> {
+        let done = self.execute(sql, doing, self.deadline()).await?;
+        if done.rows_affected() == 1 {
+            Ok(())
+        } else {
+            Err(Error::not_held(lease.name()))
+        }
     }
 }

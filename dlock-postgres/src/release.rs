@@ -32,10 +32,7 @@ impl PgBackend {
             &hold_owner.to_string(),
             micros_up(hold).max(1),
         );
-        self.inner
-            .pool
-            .own_row(sqlx::raw_sql(sql), lease, "release_after")
-            .await
+        self.own_row(sql, lease, "release_after").await
     }
 
     /// Frees `name` if `owner` holds it, and wakes this process's waiter

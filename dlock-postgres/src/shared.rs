@@ -10,14 +10,15 @@ use dlock_core::driver::undo::{UndoOnDrop, retry_for};
 use dlock_core::driver::wait::{Attempt, Backoff, Deadline};
 use dlock_core::{Error, Lease, LockOptions, OwnerToken, Result};
 use dlock_sql::{SharedKinds, SharedStatements};
+use sqlx::Row;
 use sqlx::postgres::PgRow;
-use sqlx::{Row, SqlStr};
 use tokio::time::{Instant, timeout_at};
 
 use crate::acquire::token;
 use crate::backend::{NAME, PgBackend};
 use crate::error::timed_out;
-use crate::sql::SharedRenewal;
+use crate::pool::fetch_on;
+use crate::sql::{SharedRenewal, Stmt};
 
 /// The row of a statement's last part (the parts before it lock a row and
 /// return rows of no columns).
@@ -68,7 +69,7 @@ impl PgBackend {
             let waiter = waiter.to_owned();
             UndoOnDrop::new(async move { backend.undo_shared(&lease, sent, &waiter).await })
         };
-        let done = timeout_at(by, sqlx::raw_sql(sql).fetch_all(lent.conn())).await;
+        let done = timeout_at(by, fetch_on(&mut lent, &sql)).await;
         if matches!(&done, Ok(Ok(_)))
             || matches!(&done, Ok(Err(e)) if e.as_database_error().is_some())
         {
@@ -229,7 +230,9 @@ impl PgBackend {
 
 #[async_trait]
 impl SharedKinds for PgBackend {
-    fn statements(&self) -> &dyn SharedStatements {
+    type Stmt = Stmt;
+
+    fn statements(&self) -> &dyn SharedStatements<Stmt = Stmt> {
         &self.inner.sql
     }
 
@@ -247,7 +250,7 @@ impl SharedKinds for PgBackend {
 
     /// A change's last row holds the count, then the waiters of this
     /// process to wake.
-    async fn change(&self, sql: SqlStr, name: &str, doing: &str) -> Result<i64> {
+    async fn change(&self, sql: Stmt, name: &str, doing: &str) -> Result<i64> {
         let rows = self.fetch(sql, doing, self.deadline()).await?;
         let changed = count(&rows, doing)?;
         if changed > 0 {
@@ -257,7 +260,7 @@ impl SharedKinds for PgBackend {
         Ok(changed)
     }
 
-    async fn value(&self, sql: SqlStr, doing: &str) -> Result<Option<i64>> {
+    async fn value(&self, sql: Stmt, doing: &str) -> Result<Option<i64>> {
         let rows = self.fetch(sql, doing, self.deadline()).await?;
         let Some(row) = last(&rows) else {
             return Ok(None);

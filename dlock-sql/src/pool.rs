@@ -29,7 +29,8 @@ pub trait Dialect: Send + Sync + 'static {
     /// sqlx's database.
     type Db: Database;
     /// What the driver keeps with each pooled connection (MySQL: how an
-    /// undo finds the connection on the server).
+    /// undo finds the connection on the server; PostgreSQL: the statements
+    /// it has prepared).
     type Mark: Clone + Send + Sync + 'static;
 
     /// Opens a connection for the pool; the pool bounds the call.
@@ -319,6 +320,12 @@ impl<'a, D: Dialect> Lent<'a, D> {
     /// What the driver keeps with the connection.
     pub fn mark(&mut self) -> D::Mark {
         self.pooled().1.clone()
+    }
+
+    /// The connection, and what the driver keeps with it, to change.
+    pub fn parts(&mut self) -> (&mut Conn<D>, &mut D::Mark) {
+        let (conn, mark) = self.pooled();
+        (conn, mark)
     }
 
     /// Runs `create` (a `CREATE … IF NOT EXISTS`) by `by`. A user without

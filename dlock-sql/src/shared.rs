@@ -12,13 +12,15 @@ use dlock_core::driver::undo::UndoOnDrop;
 use dlock_core::driver::wait::{Attempt, on_arrival};
 use dlock_core::driver::{Driver, admin};
 use dlock_core::{Error, Lease, LockInfo, LockOptions, Mode, OwnerToken, Result};
-use sqlx::SqlStr;
 use tokio::time::Instant;
 
 /// The statements [`SharedKinds`] sends, in a dialect. Each changes one
 /// name's holds under a lock on the name's row; `wake` asks the change to
 /// wake the waiters it may let in across processes too.
 pub trait SharedStatements: Send + Sync {
+    /// A statement, as the dialect runs it.
+    type Stmt: Send + Sync + 'static;
+
     /// Ends `owner`'s live hold of `name`, and gives the queue place it
     /// was granted from back to `waiter` (`""`: to nobody) if it is that
     /// waiter's, live for `place_us`: the undo of a grant whose reply was
@@ -31,11 +33,11 @@ pub trait SharedStatements: Send + Sync {
         waiter: &str,
         place_us: u64,
         wake: bool,
-    ) -> SqlStr;
+    ) -> Self::Stmt;
 
     /// `release_after` of a shared hold: it stays under `hold_owner` until
     /// `hold_us` from now. Its value: 1 when set, 0 when not held.
-    fn hold_shared(&self, name: &[u8], owner: &str, hold_owner: &str, hold_us: u64) -> SqlStr;
+    fn hold_shared(&self, name: &[u8], owner: &str, hold_owner: &str, hold_us: u64) -> Self::Stmt;
 
     /// A read hold for `reader` beside the live write hold of `writer`,
     /// waiters or not. Its value: the read hold's fencing token, when
@@ -47,19 +49,22 @@ pub trait SharedStatements: Send + Sync {
         reader: &str,
         ttl_us: u64,
         holder: &str,
-    ) -> SqlStr;
+    ) -> Self::Stmt;
 
     /// Ends every hold of a name held as a reader-writer lock or a
     /// semaphore (an operator's force release). Counts 1 when it did.
-    fn clear_shared(&self, name: &[u8], wake: bool) -> SqlStr;
+    fn clear_shared(&self, name: &[u8], wake: bool) -> Self::Stmt;
 }
 
 /// A SQL driver's side of the shared kinds: its statements and how it runs
 /// them. The calls both drivers make alike are provided.
 #[async_trait]
 pub trait SharedKinds: Driver + Clone + 'static {
+    /// A statement, as the dialect runs it.
+    type Stmt: Send + Sync + 'static;
+
     /// The dialect's statements, for this backend's table.
-    fn statements(&self) -> &dyn SharedStatements;
+    fn statements(&self) -> &dyn SharedStatements<Stmt = Self::Stmt>;
 
     /// Whether changes wake waiters in other processes.
     fn wakes_others(&self) -> bool;
@@ -76,12 +81,12 @@ pub trait SharedKinds: Driver + Clone + 'static {
     /// Runs a change of a name's holds or queue (`doing`), and returns
     /// its count; when that is not 0, the waiters it may have let in are
     /// woken (in this process, and across processes as the driver can).
-    async fn change(&self, sql: SqlStr, name: &str, doing: &str) -> Result<i64>;
+    async fn change(&self, sql: Self::Stmt, name: &str, doing: &str) -> Result<i64>;
 
     /// Runs a statement of one value (`doing`): the first column of its
     /// answer's last row, `None` when NULL (and, where the dialect's
     /// statement answers no row for "nothing", when missing).
-    async fn value(&self, sql: SqlStr, doing: &str) -> Result<Option<i64>>;
+    async fn value(&self, sql: Self::Stmt, doing: &str) -> Result<Option<i64>>;
 
     /// Releases `lease`, a read hold that a downgrade sent at `sent` may
     /// have granted: it got no answer.

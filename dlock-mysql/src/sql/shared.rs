@@ -276,6 +276,8 @@ impl Statements {
 
 /// One row (after the waiters to wake, for a change): the count or value.
 impl SharedStatements for Statements {
+    type Stmt = SqlStr;
+
     /// Also sets the marker's expiry to the longest hold left. Rows: the
     /// waiters to wake ([`Statements::wake_set`]), then the count. A
     /// waiter that gave up has deleted its place: nothing comes back. The

@@ -1,10 +1,8 @@
 //! The lock table's DDL: creating it (only what is missing, without
 //! locking a table in use), and upgrading an older release's.
 
-use sqlx::SqlStr;
-
-use super::Statements;
 use super::literal::text;
+use super::{Statements, Stmt};
 
 impl Statements {
     /// Creates the tables and their expiry index, if missing: the locks,
@@ -57,7 +55,7 @@ impl Statements {
     /// so creators take turns on a transaction-scoped advisory lock,
     /// which PgBouncer's transaction pooling keeps on one connection.
     /// With `upgrade`, [`Statements::upgrade`] too.
-    pub fn create_sql(&self, upgrade: bool) -> SqlStr {
+    pub fn create_sql(&self, upgrade: bool) -> Stmt {
         let upgrade = if upgrade {
             self.upgrade()
         } else {
@@ -96,7 +94,7 @@ impl Statements {
     }
 
     /// Reads nothing, but fails when a table is missing or not ours.
-    pub fn exists(&self) -> SqlStr {
+    pub fn exists(&self) -> Stmt {
         self.bounded(format!(
             "SELECT 1 FROM {} LIMIT 0; SELECT 1 FROM {} LIMIT 0",
             self.table, self.holds

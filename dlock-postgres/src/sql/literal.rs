@@ -1,6 +1,7 @@
 //! Values and names as SQL text: byte strings as hex literals (whatever
 //! `standard_conforming_strings` or `bytea_output` say), text, intervals,
-//! and the identifiers that may be spliced into a statement.
+//! and the identifiers that may be spliced into a statement; and the
+//! values of a statement that is prepared ([`Args`]).
 
 use dlock_core::{Error, Result};
 
@@ -52,6 +53,85 @@ pub(super) fn text(text: &str) -> String {
     format!("convert_from({}, 'UTF8')", bytes(text.as_bytes()))
 }
 
+/// The values of one statement, each standing in its text as a parameter
+/// (`$1`, `$2`, …) of a declared type, and kept as a literal: what an
+/// `EXECUTE` passes, or what the statement written out in full has in the
+/// parameter's place.
+#[derive(Debug, Default)]
+pub(crate) struct Args {
+    /// Each parameter's type and literal, in order.
+    values: Vec<(&'static str, String)>,
+}
+
+impl Args {
+    fn push(&mut self, kind: &'static str, literal: String) -> String {
+        self.values.push((kind, literal));
+        format!("${}", self.values.len())
+    }
+
+    /// A byte string.
+    pub fn bytes(&mut self, value: &[u8]) -> String {
+        self.push("bytea", bytes(value))
+    }
+
+    /// A text of any characters.
+    pub fn text(&mut self, value: &str) -> String {
+        self.push("text", text(value))
+    }
+
+    /// An owner or waiter token (hex digits, or empty): as text.
+    pub fn token(&mut self, token: &str) -> String {
+        debug_assert!(token.bytes().all(|b| b.is_ascii_hexdigit()));
+        self.push("text", format!("'{token}'"))
+    }
+
+    /// Microseconds, as an interval.
+    pub fn micros(&mut self, us: u64) -> String {
+        let us = i64::try_from(us).unwrap_or(i64::MAX);
+        format!(
+            "({} * interval '1 microsecond')",
+            self.push("bigint", us.to_string())
+        )
+    }
+
+    /// The parameters' types, as `PREPARE` declares them.
+    pub fn types(&self) -> String {
+        let types: Vec<&str> = self.values.iter().map(|(kind, _)| *kind).collect();
+        types.join(", ")
+    }
+
+    /// The parameters' values, as `EXECUTE` passes them.
+    pub fn literals(&self) -> String {
+        let literals: Vec<&str> = self.values.iter().map(|(_, l)| l.as_str()).collect();
+        literals.join(", ")
+    }
+
+    /// `sql` with every parameter replaced by its literal. Only this
+    /// module's parameters hold a `$` in the statements.
+    pub fn written_out(&self, sql: &str) -> String {
+        let mut out = String::with_capacity(sql.len() + self.values.len() * 24);
+        let mut rest = sql;
+        while let Some(at) = rest.find('$') {
+            out.push_str(&rest[..at]);
+            let digits = rest[at + 1..]
+                .bytes()
+                .take_while(u8::is_ascii_digit)
+                .count();
+            let value = rest[at + 1..at + 1 + digits]
+                .parse::<usize>()
+                .ok()
+                .and_then(|i| self.values.get(i.checked_sub(1)?));
+            match value {
+                Some((_, literal)) => out.push_str(literal),
+                None => out.push_str(&rest[at..=at + digits]),
+            }
+            rest = &rest[at + 1 + digits..];
+        }
+        out.push_str(rest);
+        out
+    }
+}
+
 /// The least byte string above every string that starts with `prefix`:
 /// `None` when there is none (an empty prefix, or one of `0xFF` bytes).
 pub(super) fn successor(prefix: &[u8]) -> Option<Vec<u8>> {
@@ -80,6 +160,24 @@ mod tests {
         assert_eq!(successor(b"a\xff"), Some(b"b".to_vec()));
         assert_eq!(successor(b"\xff\xff"), None);
         assert_eq!(successor(b""), None);
+    }
+
+    #[test]
+    fn parameters_are_written_out_as_their_literals() {
+        let mut a = Args::default();
+        let (n, o, t) = (a.bytes(b"a'"), a.token("00ff"), a.micros(7));
+        assert_eq!((n.as_str(), o.as_str()), ("$1", "$2"));
+        assert_eq!(a.types(), "bytea, text, bigint");
+        let sql = format!("x = {n} AND {n} <> {o} AND e < {t}");
+        assert_eq!(
+            a.written_out(&sql),
+            "x = decode('6127', 'hex') AND decode('6127', 'hex') <> '00ff' \
+             AND e < (7 * interval '1 microsecond')"
+        );
+        for _ in 0..9 {
+            a.token("");
+        }
+        assert_eq!(a.written_out("$12 $1"), "'' decode('6127', 'hex')");
     }
 
     #[test]

@@ -1,25 +1,34 @@
-//! The statements, written out in full for each call.
+//! The statements.
 //!
 //! Every statement goes as a simple query, its values as literals made of
-//! hex digits and numbers alone: one round trip, no prepared statement, so
-//! nothing lives in a session between statements and the driver works
+//! hex digits and numbers alone: one round trip, and the driver works
 //! through PgBouncer's transaction pooling as it does straight to the
 //! server. Each statement runs with `SET LOCAL statement_timeout` in the
 //! same implicit transaction: a statement that waits on a row lock cannot
 //! go on, and grant, long after its caller gave up.
+//!
+//! The statements of every call but the rare ones (batches, listing,
+//! purging, the DDL) are prepared too ([`Stmt`]): parsing and planning them
+//! cost more than running them, and the planning happened under the name's
+//! row lock. Each is prepared with SQL's `PREPARE` under a name made of a
+//! hash of its text, and run with `EXECUTE` and its values as literals:
+//! still one simple query, and wherever a pooler sends it, a statement of
+//! that name there is this statement (see `pool.rs` for how a connection
+//! that lacks it gets it).
 
 use std::fmt::Write;
 use std::time::Duration;
 
 use dlock_core::MAX_HOLDERS;
+use sha2::{Digest, Sha256};
 use sqlx::{AssertSqlSafe, SqlSafeStr, SqlStr};
 
 mod ddl;
 mod literal;
 mod shared;
 
+use literal::{Args, micros, successor};
 pub(crate) use literal::{bytes, unhex, validate_identifier};
-use literal::{micros, successor, text};
 
 pub(crate) use shared::SharedRenewal;
 
@@ -52,6 +61,63 @@ pub(crate) struct Statements {
     /// How long a waiter's tombstone stays (see [`Statements::tombstone`]):
     /// well past any look still on its way.
     tomb: Duration,
+    /// Whether statements are prepared (see [`Stmt`]).
+    prepare: bool,
+}
+
+/// A statement to run: written out in full, and, where the backend
+/// prepares statements, as the `EXECUTE` of its prepared parts.
+#[derive(Debug)]
+pub struct Stmt {
+    /// `SET LOCAL …;`.
+    limit: String,
+    /// The statement, its values as parameters.
+    body: String,
+    args: Args,
+    /// With statements prepared: the hash of the body and its parameters'
+    /// types, which names the prepared parts.
+    pub(crate) id: Option<[u8; 16]>,
+}
+
+impl Stmt {
+    /// The whole statement as one simple query, its values as literals.
+    pub(crate) fn written_out(&self) -> SqlStr {
+        // Every value is a literal of hex digits or a number, and the
+        // identifiers have passed `validate_identifier`.
+        AssertSqlSafe(format!(
+            "{}{}",
+            self.limit,
+            self.args.written_out(&self.body)
+        ))
+        .into_sql_str()
+    }
+
+    /// The `EXECUTE` of the prepared parts, each of which `prepare` first
+    /// prepares when asked; `None` when statements are not prepared.
+    pub(crate) fn execute(&self, prepare: bool) -> Option<SqlStr> {
+        let id = hex::encode(self.id?);
+        let (types, values) = (self.args.types(), self.args.literals());
+        let (types, values) = if types.is_empty() {
+            (String::new(), String::new())
+        } else {
+            (format!(" ({types})"), format!(" ({values})"))
+        };
+        let mut sql = self.limit.clone();
+        let parts = self
+            .body
+            .split(';')
+            .map(str::trim)
+            .filter(|p| !p.is_empty());
+        if prepare {
+            for (i, part) in parts.clone().enumerate() {
+                let _ = write!(sql, "PREPARE dlock_{id}_{i}{types} AS {part}; ");
+            }
+        }
+        for i in 0..parts.count() {
+            let _ = write!(sql, "EXECUTE dlock_{id}_{i}{values}; ");
+        }
+        Some(AssertSqlSafe(sql).into_sql_str())
+    }
 }
 
 /// One lease of a batch renewal.
@@ -64,7 +130,9 @@ pub(crate) struct Renewal<'a> {
 impl Statements {
     /// `schema` and `table` must have passed [`validate_identifier`];
     /// statements are cut off by the server after `limit`.
-    pub fn new(schema: &str, table: &str, limit: Duration) -> Self {
+    /// With `prepare`, the statements of every frequent call are
+    /// prepared.
+    pub fn new(schema: &str, table: &str, limit: Duration, prepare: bool) -> Self {
         let ms = u64::try_from(limit.as_millis()).unwrap_or(u64::MAX).max(1);
         Statements {
             table: format!("\"{schema}\".\"{table}\""),
@@ -73,6 +141,7 @@ impl Statements {
             schema: schema.to_owned(),
             channel: format!("dlock_{table}"),
             tomb: (limit * 8).max(Duration::from_secs(60)),
+            prepare,
             // Read committed, whatever the role's default: a waiter that
             // finds the row changed under it must see the row as it is now
             // (held), not fail with a serialization error.
@@ -83,10 +152,34 @@ impl Statements {
         }
     }
 
-    fn bounded(&self, statement: String) -> SqlStr {
-        // `table` has passed `validate_identifier`, and every value is a literal
-        // of hex digits or a number.
-        AssertSqlSafe(format!("{}{statement}", self.limit)).into_sql_str()
+    /// A statement that is never prepared: its values are literals in
+    /// `statement`.
+    fn bounded(&self, statement: String) -> Stmt {
+        self.with(Args::default(), statement, false)
+    }
+
+    /// A statement whose values are `args`, prepared where statements are.
+    fn prepared(&self, args: Args, body: String) -> Stmt {
+        self.with(args, body, self.prepare)
+    }
+
+    fn with(&self, args: Args, body: String, prepare: bool) -> Stmt {
+        let id = prepare.then(|| {
+            let digest = Sha256::new()
+                .chain_update(args.types())
+                .chain_update("\n")
+                .chain_update(&body)
+                .finalize();
+            let mut id = [0; 16];
+            id.copy_from_slice(&digest[..16]);
+            id
+        });
+        Stmt {
+            limit: self.limit.clone(),
+            body,
+            args,
+            id,
+        }
     }
 
     /// One statement, race-free: the insert of a missing row, or the update
@@ -113,19 +206,21 @@ impl Statements {
         holder: &str,
         waiter: &str,
         place_us: u64,
-    ) -> SqlStr {
-        let (t, n, h, ttl) = (&self.table, bytes(name), text(holder), micros(ttl_us));
+    ) -> Stmt {
+        let mut a = Args::default();
+        let (t, n, o) = (&self.table, a.bytes(name), a.token(owner));
+        let (h, ttl) = (a.text(holder), a.micros(ttl_us));
         let queue = if waiter.is_empty() {
             String::new()
         } else {
-            let (q, me, place) = (&self.holds, waiter, micros(place_us));
+            let (q, me, place) = (&self.holds, a.token(waiter), a.micros(place_us));
             let swept = self.swept();
             format!(
                 ", gone AS (DELETE FROM {q} WHERE name = {n} AND (
-                     (owner = '{me}' AND since >= 0 AND EXISTS (SELECT 1 FROM a))
-                     OR (owner <> '{me}' AND {swept}))),
+                     (owner = {me} AND since >= 0 AND EXISTS (SELECT 1 FROM a))
+                     OR (owner <> {me} AND {swept}))),
                  queued AS (INSERT INTO {q} AS x (name, owner, mode, kind, fence, expires_at, waiting, since)
-                   SELECT {n}, '{me}', 'x', 'x', 0, {NOW} + {place}, true, {CLOCK_US}
+                   SELECT {n}, {me}, 'x', 'x', 0, {NOW} + {place}, true, {CLOCK_US}
                    WHERE NOT EXISTS (SELECT 1 FROM a) AND NOT EXISTS (SELECT 1 FROM {t}
                      WHERE name = {n} AND owner LIKE '~%' AND expires_at > {NOW})
                    ON CONFLICT (name, owner) DO UPDATE SET expires_at = EXCLUDED.expires_at,
@@ -133,9 +228,11 @@ impl Statements {
                    WHERE x.since >= 0)"
             )
         };
-        self.bounded(format!(
+        self.prepared(
+            a,
+            format!(
             "WITH a AS (INSERT INTO {t} AS l (name, owner, fence, expires_at, acquired_at, holder)
-             VALUES ({n}, '{owner}', {CLOCK_US}, {NOW} + {ttl}, {NOW}, {h})
+             VALUES ({n}, {o}, {CLOCK_US}, {NOW} + {ttl}, {NOW}, {h})
              ON CONFLICT (name) DO UPDATE SET
                owner = EXCLUDED.owner,
                fence = GREATEST(l.fence + 1, {CLOCK_US}),
@@ -148,17 +245,22 @@ impl Statements {
              UNION ALL
              SELECT NULL, owner, (extract(epoch FROM expires_at - {NOW}) * 1000000)::bigint
              FROM {t} WHERE name = {n} AND NOT EXISTS (SELECT 1 FROM a)"
-        ))
+        ),
+        )
     }
 
     /// Frees the row `owner` holds; the row stays, so its token keeps
     /// counting up.
-    pub fn release(&self, name: &[u8], owner: &str) -> SqlStr {
-        let (t, n) = (&self.table, bytes(name));
-        self.bounded(format!(
-            "UPDATE {t} SET owner = '', expires_at = {NOW}
-             WHERE name = {n} AND owner = '{owner}' AND expires_at > {NOW}"
-        ))
+    pub fn release(&self, name: &[u8], owner: &str) -> Stmt {
+        let mut a = Args::default();
+        let (t, n, o) = (&self.table, a.bytes(name), a.token(owner));
+        self.prepared(
+            a,
+            format!(
+                "UPDATE {t} SET owner = '', expires_at = {NOW}
+             WHERE name = {n} AND owner = {o} AND expires_at > {NOW}"
+            ),
+        )
     }
 
     /// Where releases of this table are announced.
@@ -168,7 +270,7 @@ impl Statements {
 
     /// A notification on the table's channel that no release sends
     /// (`probe:<token>`, a token of hex digits), for a listener to hear.
-    pub fn probe(&self, token: &str) -> SqlStr {
+    pub fn probe(&self, token: &str) -> Stmt {
         self.bounded(format!(
             "SELECT pg_notify('{}', 'probe:{token}')",
             self.channel
@@ -184,13 +286,17 @@ impl Statements {
     /// row is locked in a statement of its own first, so that the
     /// release's snapshot has every place written under that lock (see
     /// [`Statements::acquire`]). One row back when released: the token.
-    pub fn release_and_notify(&self, name: &[u8], owner: &str) -> SqlStr {
-        let (t, q, n, c) = (&self.table, &self.holds, bytes(name), &self.channel);
-        self.bounded(format!(
-            "SELECT FROM {t} WHERE name = {n} FOR UPDATE;
+    pub fn release_and_notify(&self, name: &[u8], owner: &str) -> Stmt {
+        let mut a = Args::default();
+        let (t, q, c) = (&self.table, &self.holds, &self.channel);
+        let (n, o) = (a.bytes(name), a.token(owner));
+        self.prepared(
+            a,
+            format!(
+                "SELECT FROM {t} WHERE name = {n} FOR UPDATE;
              WITH released AS (
                UPDATE {t} SET owner = '', expires_at = {NOW}
-               WHERE name = {n} AND owner = '{owner}' AND expires_at > {NOW}
+               WHERE name = {n} AND owner = {o} AND expires_at > {NOW}
                RETURNING name),
              head AS (SELECT COALESCE((SELECT owner FROM {q}
                WHERE name = {n} AND waiting AND mode = 'x' AND expires_at > {NOW} AND since >= 0
@@ -198,14 +304,16 @@ impl Statements {
              SELECT who, CASE WHEN who <> ''
                THEN pg_notify('{c}', encode(name, 'hex') || ':' || who) END::text
              FROM released, head"
-        ))
+            ),
+        )
     }
 
     /// Gives a mutex waiter's place up: leaves its tombstone (see
     /// [`Statements::tombstone`]).
-    pub fn leave(&self, name: &[u8], waiter: &str) -> SqlStr {
-        let tombstone = self.tombstone(&bytes(name), waiter);
-        self.bounded(format!("WITH d AS ({tombstone}) SELECT count(*) FROM d"))
+    pub fn leave(&self, name: &[u8], waiter: &str) -> Stmt {
+        let mut a = Args::default();
+        let tombstone = self.tombstone(&a.bytes(name), &a.token(waiter));
+        self.prepared(a, format!("WITH d AS ({tombstone}) SELECT count(*) FROM d"))
     }
 
     /// Which rows of others an acquire sweeps away as it goes: ended over
@@ -217,7 +325,8 @@ impl Statements {
         )
     }
 
-    /// Ends `waiter`'s place for good, returning a row `(inserted)` when
+    /// Ends `waiter`'s place (`n` and `waiter`: values as the statement
+    /// has them) for good, returning a row `(inserted)` when
     /// it made one: the place's row stays, as a tombstone (expired, `since`
     /// -1) that no later look of that waiter revives. A look still on its
     /// way when the waiter gave up (its future dropped mid-statement) would
@@ -227,7 +336,7 @@ impl Statements {
     pub fn tombstone(&self, n: &str, waiter: &str) -> String {
         format!(
             "INSERT INTO {q} AS x (name, owner, mode, kind, fence, expires_at, waiting, since)
-             VALUES ({n}, '{waiter}', 'x', 'x', 0, {NOW}, true, -1)
+             VALUES ({n}, {waiter}, 'x', 'x', 0, {NOW}, true, -1)
              ON CONFLICT (name, owner) DO UPDATE SET expires_at = {NOW}, since = -1
              WHERE x.waiting RETURNING (xmax = 0) AS inserted",
             q = self.holds
@@ -235,28 +344,37 @@ impl Statements {
     }
 
     /// Moves the expiry of the row `owner` holds to `ttl_us` from now.
-    pub fn extend(&self, name: &[u8], owner: &str, ttl_us: u64) -> SqlStr {
-        let (t, n, ttl) = (&self.table, bytes(name), micros(ttl_us));
-        self.bounded(format!(
-            "UPDATE {t} SET expires_at = {NOW} + {ttl}
-             WHERE name = {n} AND owner = '{owner}' AND expires_at > {NOW}"
-        ))
+    pub fn extend(&self, name: &[u8], owner: &str, ttl_us: u64) -> Stmt {
+        let mut a = Args::default();
+        let (t, n, o, ttl) = (&self.table, a.bytes(name), a.token(owner), a.micros(ttl_us));
+        self.prepared(
+            a,
+            format!(
+                "UPDATE {t} SET expires_at = {NOW} + {ttl}
+             WHERE name = {n} AND owner = {o} AND expires_at > {NOW}"
+            ),
+        )
     }
 
     /// A delayed release: the row gets the hold's owner, so that the
     /// released lease can no longer touch it, and expires on the database
     /// clock.
-    pub fn hold(&self, name: &[u8], owner: &str, hold_owner: &str, hold_us: u64) -> SqlStr {
-        let (t, n, hold) = (&self.table, bytes(name), micros(hold_us));
-        self.bounded(format!(
-            "UPDATE {t} SET owner = '{hold_owner}', expires_at = {NOW} + {hold}
-             WHERE name = {n} AND owner = '{owner}' AND expires_at > {NOW}"
-        ))
+    pub fn hold(&self, name: &[u8], owner: &str, hold_owner: &str, hold_us: u64) -> Stmt {
+        let mut a = Args::default();
+        let (t, n, o) = (&self.table, a.bytes(name), a.token(owner));
+        let (ho, hold) = (a.token(hold_owner), a.micros(hold_us));
+        self.prepared(
+            a,
+            format!(
+                "UPDATE {t} SET owner = {ho}, expires_at = {NOW} + {hold}
+             WHERE name = {n} AND owner = {o} AND expires_at > {NOW}"
+            ),
+        )
     }
 
     /// Extends every lease of the batch whose row it still owns, in one
     /// statement, and returns those rows' names and owners.
-    pub fn extend_many(&self, batch: &[Renewal<'_>]) -> SqlStr {
+    pub fn extend_many(&self, batch: &[Renewal<'_>]) -> Stmt {
         let mut values = String::new();
         for (i, lease) in batch.iter().enumerate() {
             let sep = if i == 0 { "" } else { ", " };
@@ -281,7 +399,7 @@ impl Statements {
     /// with `prefix`, in order: a range of the primary key, so that each
     /// page is bounded work however many released rows the table keeps.
     /// Each row says whether it is held; the caller keeps those.
-    pub fn list(&self, prefix: &[u8], cursor: &[u8], limit: usize) -> SqlStr {
+    pub fn list(&self, prefix: &[u8], cursor: &[u8], limit: usize) -> Stmt {
         let (t, p, c) = (&self.table, bytes(prefix), bytes(cursor));
         let below = match successor(prefix) {
             Some(s) => format!(" AND name < {}", bytes(&s)),
@@ -299,28 +417,34 @@ impl Statements {
     }
 
     /// The holder of one name.
-    pub fn inspect(&self, name: &[u8]) -> SqlStr {
-        let (t, n) = (&self.table, bytes(name));
+    pub fn inspect(&self, name: &[u8]) -> Stmt {
+        let mut a = Args::default();
+        let (t, n) = (&self.table, a.bytes(name));
         let (who, shared) = self.holder_of();
-        self.bounded(format!(
+        self.prepared(
+            a,
+            format!(
             "SELECT {who}, l.fence, (extract(epoch FROM l.expires_at - {NOW}) * 1000000)::bigint
              FROM {t} AS l {shared} WHERE l.name = {n} AND l.expires_at > {NOW}"
-        ))
+        ),
+        )
     }
 
     /// Every hold of one name, the longest first: the rows `inspect`
     /// reads, for a mutex's holder or each live hold of a shared kind.
-    pub fn holders(&self, name: &[u8]) -> SqlStr {
-        let (t, h, n) = (&self.table, &self.holds, bytes(name));
+    pub fn holders(&self, name: &[u8]) -> Stmt {
+        let mut a = Args::default();
+        let (t, h, n) = (&self.table, &self.holds, a.bytes(name));
         let left = format!("(extract(epoch FROM expires_at - {NOW}) * 1000000)::bigint");
-        self.bounded(format!(
+        let sql = format!(
             "SELECT owner, holder, 'x', fence, {left} AS left_us
              FROM {t} WHERE name = {n} AND owner NOT LIKE '~%' AND expires_at > {NOW}
              UNION ALL
              SELECT owner, holder, mode || kind, fence, {left}
              FROM {h} WHERE name = {n} AND NOT waiting AND expires_at > {NOW}
              ORDER BY left_us DESC LIMIT {MAX_HOLDERS}"
-        ))
+        );
+        self.prepared(a, sql)
     }
 
     /// Who holds the row aliased `l`: its owner, holder description and
@@ -346,7 +470,7 @@ impl Statements {
     /// as many ended holds and places of reader-writer locks and
     /// semaphores. The rows are locked first, skipping any another
     /// transaction holds, and their expiry is judged again once locked.
-    pub fn purge(&self, age_us: u64, limit: u32) -> SqlStr {
+    pub fn purge(&self, age_us: u64, limit: u32) -> Stmt {
         let (t, h, age) = (&self.table, &self.holds, micros(age_us));
         self.bounded(format!(
             "DELETE FROM {t} WHERE name IN (
@@ -367,7 +491,9 @@ mod tests {
     fn values_are_hex_literals() {
         assert_eq!(bytes(b"a'b"), "decode('612762', 'hex')");
         assert_eq!(bytes(b""), "decode('', 'hex')");
-        let sql = Statements::new("public", "t", Duration::from_millis(1500)).release(b"x", "00ff");
+        let sql = Statements::new("public", "t", Duration::from_millis(1500), false)
+            .release(b"x", "00ff")
+            .written_out();
         assert!(
             sql.as_str()
                 .contains("SET LOCAL statement_timeout = 1500; ")
@@ -382,5 +508,32 @@ mod tests {
             "{}",
             sql.as_str()
         );
+    }
+
+    #[test]
+    fn a_prepared_statement_is_named_by_its_text_not_its_values() {
+        let sql = Statements::new("public", "t", Duration::from_millis(1500), true);
+        let (one, two) = (sql.release(b"x", "00ff"), sql.release(b"y", "0a"));
+        assert_eq!(one.id, two.id);
+        let other = Statements::new("public", "u", Duration::from_millis(1500), true);
+        assert_ne!(one.id, other.release(b"x", "00ff").id);
+        let id = hex::encode(one.id.expect("prepared"));
+        let run = one.execute(false).expect("prepared");
+        assert!(
+            run.as_str().ends_with(&format!(
+                "; EXECUTE dlock_{id}_0 (decode('78', 'hex'), '00ff'); "
+            )),
+            "{}",
+            run.as_str()
+        );
+        let first = sql
+            .release_and_notify(b"x", "00ff")
+            .execute(true)
+            .expect("prepared");
+        let prepares = first.as_str().matches("PREPARE dlock_").count();
+        assert_eq!(prepares, 2, "{}", first.as_str());
+        assert!(first.as_str().contains("(bytea, text) AS SELECT FROM"));
+        let plain = Statements::new("public", "t", Duration::from_millis(1500), false);
+        assert!(plain.release(b"x", "00ff").execute(false).is_none());
     }
 }

@@ -22,9 +22,8 @@ use std::fmt::Write;
 
 use dlock_core::Mode;
 use dlock_sql::SharedStatements;
-use sqlx::SqlStr;
 
-use super::{CLOCK_US, NOW, Statements, bytes, micros, text};
+use super::{Args, CLOCK_US, NOW, Statements, Stmt, bytes};
 
 /// One shared lease of a batch renewal.
 pub(crate) struct SharedRenewal<'a> {
@@ -35,7 +34,8 @@ pub(crate) struct SharedRenewal<'a> {
 }
 
 impl Statements {
-    /// Locks the row of `n` (a literal), making it if missing.
+    /// Locks the row of `n`, making it if missing. Here and below, the
+    /// helpers take a statement's values as it has them (parameters).
     fn lock_row(&self, n: &str) -> String {
         let t = &self.table;
         format!(
@@ -50,7 +50,7 @@ impl Statements {
     fn marker_until(&self, n: &str, gone: &str, floor: &str) -> String {
         format!(
             "GREATEST(COALESCE((SELECT max(expires_at) FROM {h} WHERE name = {n} AND NOT waiting
-               AND expires_at > {NOW} AND owner <> '{gone}'), {NOW}), {floor})",
+               AND expires_at > {NOW} AND owner <> {gone}), {NOW}), {floor})",
             h = self.holds
         )
     }
@@ -68,7 +68,7 @@ impl Statements {
             "q AS (SELECT owner, mode, kind, row_number() OVER w AS i,
                      count(*) FILTER (WHERE mode = 'w') OVER w AS writers
                    FROM {h} WHERE name = {n} AND waiting AND mode <> 'x'
-                     AND expires_at > {NOW} AND since >= 0 AND owner <> '{leaving}'
+                     AND expires_at > {NOW} AND since >= 0 AND owner <> {leaving}
                    WINDOW w AS (ORDER BY since, owner)),
              c AS (SELECT count(*) AS held, count(*) FILTER (WHERE mode = 'w') AS held_w
                    FROM {h} WHERE name = {n} AND NOT waiting AND expires_at > {NOW} AND {kept}),
@@ -119,8 +119,8 @@ impl Statements {
              q AS (SELECT owner, mode, kind, since FROM {h}
                    WHERE name = {n} AND waiting AND mode <> 'x' AND expires_at > {NOW}
                      AND since >= 0),
-             mine AS (SELECT since, owner FROM q WHERE owner = '{me}'),
-             ahead AS (SELECT mode, kind FROM q WHERE owner <> '{me}' AND (NOT EXISTS (SELECT 1 FROM mine)
+             mine AS (SELECT since, owner FROM q WHERE owner = {me}),
+             ahead AS (SELECT mode, kind FROM q WHERE owner <> {me} AND (NOT EXISTS (SELECT 1 FROM mine)
                        OR (since, owner) < (SELECT since, owner FROM mine))),
              v AS (SELECT COALESCE(
                      (SELECT CASE WHEN NOT live THEN NULL WHEN owner LIKE '~%'
@@ -141,14 +141,17 @@ impl Statements {
     /// change little to wait for. No place while the name is in use as
     /// another kind, or another kind waits: it would refuse the right
     /// kind's waiters until given up.
-    pub fn enqueue_shared(&self, name: &[u8], mode: Mode, waiter: &str, place_us: u64) -> SqlStr {
-        let (t, h, n, me) = (&self.table, &self.holds, bytes(name), waiter);
-        let (m, k, place) = (mode.code(), mode.marker(), micros(place_us));
-        self.bounded(format!(
-            "INSERT INTO {t} (name, owner, fence, expires_at, acquired_at, holder)
+    pub fn enqueue_shared(&self, name: &[u8], mode: Mode, waiter: &str, place_us: u64) -> Stmt {
+        let mut a = Args::default();
+        let (t, h, n, me) = (&self.table, &self.holds, a.bytes(name), a.token(waiter));
+        let (m, k, place) = (mode.code(), mode.marker(), a.micros(place_us));
+        self.prepared(
+            a,
+            format!(
+                "INSERT INTO {t} (name, owner, fence, expires_at, acquired_at, holder)
              VALUES ({n}, '', {CLOCK_US}, {NOW}, {NOW}, '') ON CONFLICT (name) DO NOTHING;
              INSERT INTO {h} AS x (name, owner, mode, kind, fence, expires_at, waiting, since)
-             SELECT {n}, '{me}', '{m}', '{k}', 0, {NOW} + {place}, true, {CLOCK_US}
+             SELECT {n}, {me}, '{m}', '{k}', 0, {NOW} + {place}, true, {CLOCK_US}
              WHERE NOT EXISTS (SELECT 1 FROM {t} WHERE name = {n} AND expires_at > {NOW}
                AND owner <> '' AND owner <> '{k}')
                AND NOT EXISTS (SELECT 1 FROM {h} WHERE name = {n} AND waiting AND mode <> 'x'
@@ -158,7 +161,8 @@ impl Statements {
                  THEN x.since ELSE EXCLUDED.since END
              WHERE x.since >= 0;
              SELECT FROM {t} WHERE name = {n} FOR KEY SHARE"
-        ))
+            ),
+        )
     }
 
     /// Whether the acquire's rule lets `waiter` in now, for `name` asked as
@@ -166,14 +170,18 @@ impl Statements {
     /// ([`Statements::enqueue_shared`]). One row: the kind the name is in
     /// use as when another, whether the rule lets the waiter in, and the µs
     /// until the first hold ends.
-    pub fn admitted_now(&self, name: &[u8], mode: Mode, waiter: &str) -> SqlStr {
-        let rule = self.rule(&bytes(name), mode, waiter);
-        self.bounded(format!(
-            "WITH {rule}
+    pub fn admitted_now(&self, name: &[u8], mode: Mode, waiter: &str) -> Stmt {
+        let mut a = Args::default();
+        let rule = self.rule(&a.bytes(name), mode, &a.token(waiter));
+        self.prepared(
+            a,
+            format!(
+                "WITH {rule}
              SELECT conflict, admit,
                (SELECT (extract(epoch FROM min(expires_at) - {NOW}) * 1000000)::bigint FROM hs)
              FROM v"
-        ))
+            ),
+        )
     }
 
     /// An acquire of a shared kind by `owner`, queued as `waiter` (`""`:
@@ -198,14 +206,15 @@ impl Statements {
         holder: &str,
         waiter: &str,
         place_us: u64,
-    ) -> SqlStr {
-        let (code, marker) = (mode.code(), mode.marker());
-        let (t, h, n) = (&self.table, &self.holds, bytes(name));
-        let (m, k, ttl, me) = (code, &marker, micros(ttl_us), waiter);
-        let (who, place) = (text(holder), micros(place_us));
+    ) -> Stmt {
+        let mut a = Args::default();
+        let (m, k) = (mode.code(), mode.marker());
+        let (t, h, n, o) = (&self.table, &self.holds, a.bytes(name), a.token(owner));
+        let (ttl, who) = (a.micros(ttl_us), a.text(holder));
+        let (me, place) = (a.token(waiter), a.micros(place_us));
         let (lock, swept) = (self.lock_row(&n), self.swept());
-        let rule = self.rule(&n, mode, me);
-        self.bounded(format!(
+        let rule = self.rule(&n, mode, &me);
+        self.prepared(a, format!(
             "{lock}
              WITH {rule},
              f AS (UPDATE {t} SET owner = '{k}', fence = GREATEST(fence + 1, {CLOCK_US}),
@@ -215,17 +224,17 @@ impl Statements {
                    WHERE name = {n} AND (SELECT admit AND conflict IS NULL FROM v)
                    RETURNING fence),
              g AS (INSERT INTO {h} (name, owner, mode, kind, fence, expires_at, waiting, since, holder)
-                   SELECT {n}, '{owner}', '{m}', '{k}', fence, {NOW} + {ttl}, false, 0, {who} FROM f),
+                   SELECT {n}, {o}, '{m}', '{k}', fence, {NOW} + {ttl}, false, 0, {who} FROM f),
              gone AS (DELETE FROM {h} WHERE name = {n} AND (
-                        (owner = '{me}' AND waiting AND since >= 0 AND EXISTS (SELECT 1 FROM f)
+                        (owner = {me} AND waiting AND since >= 0 AND EXISTS (SELECT 1 FROM f)
                           AND NOT EXISTS (SELECT 1 FROM mine))
-                        OR (owner <> '{me}' AND {swept}))),
+                        OR (owner <> {me} AND {swept}))),
              kept AS (UPDATE {h} SET expires_at = {NOW}, fence = (SELECT fence FROM f)
-                   WHERE name = {n} AND owner = '{me}' AND waiting AND since >= 0
+                   WHERE name = {n} AND owner = {me} AND waiting AND since >= 0
                      AND EXISTS (SELECT 1 FROM mine) AND EXISTS (SELECT 1 FROM f)),
              queued AS (INSERT INTO {h} AS x (name, owner, mode, kind, fence, expires_at, waiting, since)
-                   SELECT {n}, '{me}', '{m}', '{k}', 0, {NOW} + {place}, true, {CLOCK_US}
-                   WHERE '{me}' <> '' AND NOT EXISTS (SELECT 1 FROM f)
+                   SELECT {n}, {me}, '{m}', '{k}', 0, {NOW} + {place}, true, {CLOCK_US}
+                   WHERE {me} <> '' AND NOT EXISTS (SELECT 1 FROM f)
                      AND (SELECT conflict IS NULL FROM v)
                    ON CONFLICT (name, owner) DO UPDATE SET expires_at = EXCLUDED.expires_at,
                      fence = 0, since = CASE WHEN x.expires_at > {NOW} OR x.fence > 0
@@ -239,12 +248,13 @@ impl Statements {
     /// Gives a waiter's place up, announcing it to the waiters it may let
     /// in (a writer that leaves may let readers in). One row: how many
     /// places it gave up, and the waiters to wake.
-    pub fn abandon(&self, name: &[u8], waiter: &str, notify: bool) -> SqlStr {
-        let n = bytes(name);
-        let tombstone = self.tombstone(&n, waiter);
+    pub fn abandon(&self, name: &[u8], waiter: &str, notify: bool) -> Stmt {
+        let mut a = Args::default();
+        let (n, me) = (a.bytes(name), a.token(waiter));
+        let tombstone = self.tombstone(&n, &me);
         let say = self.announce_to(&n, notify);
-        let (lock, wake) = (self.lock_row(&n), self.wake_set(&n, waiter, "true"));
-        self.bounded(format!(
+        let (lock, wake) = (self.lock_row(&n), self.wake_set(&n, &me, "true"));
+        self.prepared(a, format!(
             "{lock}
              WITH t AS ({tombstone}),
              d AS (SELECT 1 FROM t WHERE NOT inserted),
@@ -258,7 +268,7 @@ impl Statements {
     /// markers of their names; the names' rows are locked first, in name
     /// order, so that two renewals never wait for each other. Rows back:
     /// the names and owners extended.
-    pub fn extend_shared(&self, batch: &[SharedRenewal<'_>]) -> SqlStr {
+    pub fn extend_shared(&self, batch: &[SharedRenewal<'_>]) -> Stmt {
         let (t, h) = (&self.table, &self.holds);
         let mut values = String::new();
         let mut names: Vec<&[u8]> = batch.iter().map(|r| r.name).collect();
@@ -293,6 +303,8 @@ impl Statements {
 }
 
 impl SharedStatements for Statements {
+    type Stmt = Stmt;
+
     /// Also sets the marker's expiry to the longest hold left. One row:
     /// the count, and the waiters to wake ([`Statements::wake_set`]). A
     /// waiter that gave up has left a tombstone (`since` -1) instead of
@@ -304,20 +316,21 @@ impl SharedStatements for Statements {
         waiter: &str,
         place_us: u64,
         wake: bool,
-    ) -> SqlStr {
-        let (t, h, n) = (&self.table, &self.holds, bytes(name));
-        let until = self.marker_until(&n, owner, NOW);
+    ) -> Stmt {
+        let mut a = Args::default();
+        let (t, h, n, o) = (&self.table, &self.holds, a.bytes(name), a.token(owner));
+        let (me, place) = (a.token(waiter), a.micros(place_us));
+        let until = self.marker_until(&n, &o, NOW);
         let (lock, say) = (self.lock_row(&n), self.announce_to(&n, wake));
-        let wake = self.wake_set(&n, "", &format!("owner <> '{owner}'"));
-        let place = micros(place_us);
+        let wake = self.wake_set(&n, "''", &format!("owner <> {o}"));
         let from = "waiting AND since >= 0 AND fence > 0 AND fence IN (SELECT granted FROM gone)";
-        self.bounded(format!(
+        self.prepared(a, format!(
             "{lock}
-             WITH gone AS (DELETE FROM {h} WHERE name = {n} AND owner = '{owner}'
+             WITH gone AS (DELETE FROM {h} WHERE name = {n} AND owner = {o}
                              AND NOT waiting AND expires_at > {NOW} RETURNING fence AS granted),
              back AS (UPDATE {h} SET expires_at = {NOW} + {place}, fence = 0
-                      WHERE name = {n} AND owner = '{waiter}' AND {from}),
-             spent AS (DELETE FROM {h} WHERE name = {n} AND owner <> '{waiter}' AND {from}),
+                      WHERE name = {n} AND owner = {me} AND {from}),
+             spent AS (DELETE FROM {h} WHERE name = {n} AND owner <> {me} AND {from}),
              m AS (UPDATE {t} SET expires_at = {until}
                    WHERE name = {n} AND owner LIKE '~%' AND EXISTS (SELECT 1 FROM gone)),
              {wake}
@@ -326,19 +339,24 @@ impl SharedStatements for Statements {
         ))
     }
 
-    fn hold_shared(&self, name: &[u8], owner: &str, hold_owner: &str, hold_us: u64) -> SqlStr {
-        let (t, h, n, hold) = (&self.table, &self.holds, bytes(name), micros(hold_us));
-        let until = self.marker_until(&n, owner, &format!("{NOW} + {hold}"));
+    fn hold_shared(&self, name: &[u8], owner: &str, hold_owner: &str, hold_us: u64) -> Stmt {
+        let mut a = Args::default();
+        let (t, h, n, o) = (&self.table, &self.holds, a.bytes(name), a.token(owner));
+        let (ho, hold) = (a.token(hold_owner), a.micros(hold_us));
+        let until = self.marker_until(&n, &o, &format!("{NOW} + {hold}"));
         let lock = self.lock_row(&n);
-        self.bounded(format!(
-            "{lock}
-             WITH x AS (UPDATE {h} SET owner = '{hold_owner}', expires_at = {NOW} + {hold}
-                        WHERE name = {n} AND owner = '{owner}' AND NOT waiting
+        self.prepared(
+            a,
+            format!(
+                "{lock}
+             WITH x AS (UPDATE {h} SET owner = {ho}, expires_at = {NOW} + {hold}
+                        WHERE name = {n} AND owner = {o} AND NOT waiting
                           AND expires_at > {NOW} RETURNING 1),
              m AS (UPDATE {t} SET expires_at = {until}
                    WHERE name = {n} AND owner LIKE '~%' AND EXISTS (SELECT 1 FROM x))
              SELECT count(*) FROM x"
-        ))
+            ),
+        )
     }
 
     /// No row when not granted.
@@ -349,29 +367,32 @@ impl SharedStatements for Statements {
         reader: &str,
         ttl_us: u64,
         holder: &str,
-    ) -> SqlStr {
-        let (t, h, n, ttl) = (&self.table, &self.holds, bytes(name), micros(ttl_us));
-        let who = text(holder);
+    ) -> Stmt {
+        let mut a = Args::default();
+        let (t, h, n) = (&self.table, &self.holds, a.bytes(name));
+        let (w, r) = (a.token(writer), a.token(reader));
+        let (ttl, who) = (a.micros(ttl_us), a.text(holder));
         let lock = self.lock_row(&n);
-        self.bounded(format!(
+        self.prepared(a, format!(
             "{lock}
-             WITH w AS (SELECT 1 FROM {h} WHERE name = {n} AND owner = '{writer}' AND mode = 'w'
+             WITH w AS (SELECT 1 FROM {h} WHERE name = {n} AND owner = {w} AND mode = 'w'
                         AND NOT waiting AND expires_at > {NOW}),
              f AS (UPDATE {t} SET fence = GREATEST(fence + 1, {CLOCK_US}),
                      expires_at = GREATEST(expires_at, {NOW} + {ttl})
                    WHERE name = {n} AND owner = '~rw' AND EXISTS (SELECT 1 FROM w) RETURNING fence),
              g AS (INSERT INTO {h} (name, owner, mode, kind, fence, expires_at, waiting, since, holder)
-                   SELECT {n}, '{reader}', 'r', '~rw', fence, {NOW} + {ttl}, false, 0, {who} FROM f)
+                   SELECT {n}, {r}, 'r', '~rw', fence, {NOW} + {ttl}, false, 0, {who} FROM f)
              SELECT fence FROM f"
         ))
     }
 
     /// One row: the count, and the waiters to wake.
-    fn clear_shared(&self, name: &[u8], wake: bool) -> SqlStr {
-        let (t, h, n) = (&self.table, &self.holds, bytes(name));
+    fn clear_shared(&self, name: &[u8], wake: bool) -> Stmt {
+        let mut a = Args::default();
+        let (t, h, n) = (&self.table, &self.holds, a.bytes(name));
         let (lock, say) = (self.lock_row(&n), self.announce_to(&n, wake));
-        let wake = self.wake_set(&n, "", "false");
-        self.bounded(format!(
+        let wake = self.wake_set(&n, "''", "false");
+        self.prepared(a, format!(
             "{lock}
              WITH d AS (DELETE FROM {h} WHERE name = {n} AND NOT waiting),
              m AS (UPDATE {t} SET expires_at = {NOW}
