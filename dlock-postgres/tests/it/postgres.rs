@@ -317,22 +317,34 @@ async fn a_server_that_is_down_gives_errors_not_grants() {
 }
 
 /// An acquire and a release cost the server two statements (each with its
-/// two `SET LOCAL`s in the same message), and a renewal of a
-/// thousand leases one: counted by pg_stat_statements, on a server of its
-/// own so that no other test's statements are counted.
+/// two `SET LOCAL`s in the same message), planned only for their first
+/// few runs on a connection (prepared), and a renewal of a thousand leases
+/// one: counted by pg_stat_statements, on a server of its own so that no
+/// other test's statements are counted.
 #[tokio::test]
-async fn a_cycle_costs_two_statements_and_a_renewal_batch_one() {
-    let server = start(Service::Postgres, ServerOptions::default()).await;
-    let b = PgBackend::connect(server.url()).await.unwrap();
+async fn a_cycle_costs_two_statements_planned_once_and_a_renewal_batch_one() {
+    let planning = ["-c", "pg_stat_statements.track_planning=on"];
+    let options = ServerOptions {
+        args: planning.map(str::to_owned).to_vec(),
+        ..ServerOptions::default()
+    };
+    let server = start(Service::Postgres, options).await;
+    let b = PgBackend::builder(server.url())
+        .max_connections(1)
+        .connect()
+        .await
+        .unwrap();
     let mut admin = sqlx::PgConnection::connect(server.url()).await.unwrap();
     sqlx::raw_sql("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
         .execute(&mut admin)
         .await
         .unwrap();
-    let counted = async |admin: &mut sqlx::PgConnection| -> (i64, i64) {
+    // Statements, `SET LOCAL`s, and how often the statements were planned.
+    let counted = async |admin: &mut sqlx::PgConnection| -> (i64, i64, i64) {
         let row = sqlx::raw_sql(
             "SELECT COALESCE(sum(calls) FILTER (WHERE query NOT ILIKE 'SET %'), 0)::bigint, \
-                    COALESCE(sum(calls) FILTER (WHERE query ILIKE 'SET %'), 0)::bigint \
+                    COALESCE(sum(calls) FILTER (WHERE query ILIKE 'SET %'), 0)::bigint, \
+                    COALESCE(sum(plans) FILTER (WHERE query NOT ILIKE 'SET %'), 0)::bigint \
              FROM pg_stat_statements WHERE query NOT ILIKE '%pg_stat_statements%'",
         )
         .fetch_one(admin)
@@ -341,6 +353,7 @@ async fn a_cycle_costs_two_statements_and_a_renewal_batch_one() {
         (
             sqlx::Row::try_get(&row, 0).unwrap(),
             sqlx::Row::try_get(&row, 1).unwrap(),
+            sqlx::Row::try_get(&row, 2).unwrap(),
         )
     };
     sqlx::raw_sql("SELECT pg_stat_statements_reset()")
@@ -352,9 +365,16 @@ async fn a_cycle_costs_two_statements_and_a_renewal_batch_one() {
         let lease = must_acquire(&b, &format!("count-{i}"), &long()).await;
         b.release(&lease).await.unwrap();
     }
-    let (statements, settings) = counted(&mut admin).await;
+    let (statements, settings, plans) = counted(&mut admin).await;
     assert_eq!(statements, 2 * cycles, "statements for {cycles} cycles");
     assert_eq!(settings, 4 * cycles, "SET LOCALs for {cycles} cycles");
+    // Prepared once on the backend's one connection: planned for its
+    // first runs (PostgreSQL plans a prepared statement's first five for
+    // their values before it settles on one plan), not for each.
+    assert!(
+        plans <= 2 * 6,
+        "{plans} plans of the statements of {cycles} cycles"
+    );
 
     let mut leases = Vec::new();
     for i in 0..1000 {
@@ -374,6 +394,72 @@ async fn a_cycle_costs_two_statements_and_a_renewal_batch_one() {
         1,
         "statements for one batch of 1000"
     );
+}
+
+/// Through PgBouncer in transaction pooling, a statement runs prepared
+/// whichever server connection it lands on: one that another client
+/// prepared it on already (the `PREPARE` fails, the `EXECUTE` is sent), and
+/// one that lacks it although this client prepared it (PgBouncer replaced
+/// the server connection: the `EXECUTE` fails, both are sent). Told apart
+/// from a statement written out (planned on each run) by the plans counted:
+/// PgBouncer has one server connection, so every statement runs on it.
+#[tokio::test]
+async fn through_pgbouncer_statements_stay_prepared_on_any_server_connection() {
+    let planning = ["-c", "pg_stat_statements.track_planning=on"];
+    let options = ServerOptions {
+        args: planning.map(str::to_owned).to_vec(),
+        files: vec![(
+            "/tmp/pgbouncer.extra".into(),
+            b"default_pool_size = 1\n".to_vec(),
+        )],
+        ..ServerOptions::default()
+    };
+    let server = start(Service::PgBouncer, options).await;
+    // PgBouncer refuses the startup parameter sqlx sends by default.
+    let through: sqlx::postgres::PgConnectOptions = server.url().parse().unwrap();
+    let through = through.extra_float_digits(None);
+    let admin = async || sqlx::PgConnection::connect_with(&through).await.unwrap();
+    let one = async || {
+        PgBackend::builder(server.url())
+            .max_connections(1)
+            .connect()
+            .await
+            .unwrap()
+    };
+    let (first, second) = (one().await, one().await);
+    let cycles = async |b: &PgBackend, n: usize| {
+        for i in 0..n {
+            let lease = must_acquire(b, &format!("bounced-{i}"), &long()).await;
+            b.release(&lease).await.unwrap();
+        }
+    };
+    sqlx::raw_sql("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+        .execute(&mut admin().await)
+        .await
+        .unwrap();
+    cycles(&first, 10).await;
+    // Prepared on the server connection by `first` already.
+    cycles(&second, 30).await;
+    // The server connection ends; PgBouncer opens another, without them.
+    let ended = sqlx::raw_sql("SELECT pg_terminate_backend(pg_backend_pid())")
+        .execute(&mut admin().await)
+        .await;
+    assert!(ended.is_err(), "the session ended itself: {ended:?}");
+    cycles(&first, 30).await;
+    let row = sqlx::raw_sql(
+        "SELECT COALESCE(sum(calls), 0)::bigint, COALESCE(sum(plans), 0)::bigint \
+         FROM pg_stat_statements WHERE query ILIKE '%dlock_locks%'",
+    )
+    .fetch_one(&mut admin().await)
+    .await
+    .unwrap();
+    let calls: i64 = sqlx::Row::try_get(&row, 0).unwrap();
+    let plans: i64 = sqlx::Row::try_get(&row, 1).unwrap();
+    assert!(calls >= 140, "{calls} runs of the statements of 70 cycles");
+    // Two sessions, each planning the acquire and the release for their
+    // first runs (five, then one plan for the rest); written out, the 60
+    // cycles after the first ten would have planned 120 times.
+    assert!(plans <= 2 * 2 * 6, "{plans} plans of {calls} runs");
 }
 
 /// A waking client of `table` whose waiters poll at most every `poll`.
