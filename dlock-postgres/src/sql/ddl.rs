@@ -1,14 +1,26 @@
-//! The lock table's DDL: creating it (only what is missing, without
-//! locking a table in use), and upgrading an older release's.
+//! The lock table's DDL: creating it, and upgrading an older release's.
+//!
+//! The tables have no index but their primary keys, and half of each page
+//! is left free: a renewal (or an acquire, a release) then changes no
+//! indexed column and finds room on its row's page, so PostgreSQL updates
+//! the row in place (a HOT update), and the old versions are cleared from
+//! the page as it is next read. An index on the expiry made every renewal
+//! a new row version with new index entries: at 100,000 held leases the
+//! table grew to ~2 KB a lease between vacuums. The purge reads the whole
+//! table instead, a few rows at a time (see [`Statements::purge`]).
 
 use super::literal::text;
 use super::{Statements, Stmt};
 
+/// The share of each page that inserts fill (%): the rest is room for the
+/// new versions of its rows.
+const FILL: u8 = 50;
+
 impl Statements {
-    /// Creates the tables and their expiry index, if missing: the locks,
-    /// and the holds and waiters of reader-writer locks and semaphores.
+    /// Creates the tables, if missing: the locks, and the holds and
+    /// waiters of reader-writer locks and semaphores.
     pub fn create(&self) -> String {
-        let (t, h, index) = (&self.table, &self.holds, self.index());
+        let (t, h) = (&self.table, &self.holds);
         format!(
             "CREATE TABLE IF NOT EXISTS {t} (
                 name bytea PRIMARY KEY,
@@ -17,8 +29,7 @@ impl Statements {
                 expires_at timestamptz NOT NULL,
                 acquired_at timestamptz NOT NULL,
                 holder text NOT NULL
-            );
-            {index}
+            ) WITH (fillfactor = {FILL});
             CREATE TABLE IF NOT EXISTS {h} (
                 name bytea NOT NULL,
                 owner text NOT NULL,
@@ -30,18 +41,23 @@ impl Statements {
                 since bigint NOT NULL,
                 holder text NOT NULL DEFAULT '',
                 PRIMARY KEY (name, owner)
-            );"
+            ) WITH (fillfactor = {FILL});"
         )
     }
 
     /// Gives tables made by older releases this one's layout: the holds
-    /// table's holder column. Only `migrate` runs it: adding a column
-    /// locks the table for a moment, and needs its owner's rights, which an
-    /// application's role may lack.
+    /// table's holder column, no expiry index, pages left half free (for
+    /// the pages written from then on). Only `migrate` runs it: adding a
+    /// column or dropping an index locks the table for a moment, and needs
+    /// its owner's rights, which an application's role may lack.
     pub fn upgrade(&self) -> String {
-        let h = &self.holds;
+        let (t, h) = (&self.table, &self.holds);
+        let index = format!("\"{}\".\"{}_expires_at\"", self.schema, self.bare);
         format!(
-            "DO $$ BEGIN
+            "DROP INDEX IF EXISTS {index};
+            ALTER TABLE {t} SET (fillfactor = {FILL});
+            ALTER TABLE {h} SET (fillfactor = {FILL});
+            DO $$ BEGIN
               IF NOT EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = '{h}'::regclass
                              AND attname = 'holder' AND NOT attisdropped) THEN
                 ALTER TABLE {h} ADD COLUMN holder text NOT NULL DEFAULT '';
@@ -64,33 +80,8 @@ impl Statements {
         self.bounded(format!(
             "SELECT pg_advisory_xact_lock(hashtext({})); {} {upgrade}",
             text(&format!("dlock create {}", self.table)),
-            self.create_if_missing()
+            self.create()
         ))
-    }
-
-    /// [`Statements::create`], with the index created only when the
-    /// catalog lacks it: `CREATE INDEX IF NOT EXISTS` takes its SHARE lock
-    /// on the table before it looks for the index, so on a table in use it
-    /// waits for every write in flight, and every write after it waits for
-    /// it: each client's start stalled the lock table for every other.
-    fn create_if_missing(&self) -> String {
-        let index = format!("\"{}\".\"{}_expires_at\"", self.schema, self.bare);
-        let plain = self.index();
-        self.create().replace(
-            &plain,
-            &format!(
-                "DO $$ BEGIN IF to_regclass({}) IS NULL THEN {plain} END IF; END $$;",
-                text(&index)
-            ),
-        )
-    }
-
-    /// The expiry index's statement, as [`Statements::create`] has it.
-    fn index(&self) -> String {
-        format!(
-            "CREATE INDEX IF NOT EXISTS \"{}_expires_at\" ON {} (expires_at);",
-            self.bare, self.table
-        )
     }
 
     /// Reads nothing, but fails when a table is missing or not ours.

@@ -5,8 +5,9 @@
 
 use dlock_core::{Error, Result};
 
-/// The longest table name: its index, `<table>_expires_at`, must fit
-/// PostgreSQL's 63-byte identifiers.
+/// The longest table name: the expiry index of older releases, which
+/// `migrate` drops, `<table>_expires_at`, had to fit PostgreSQL's 63-byte
+/// identifiers.
 const MAX_TABLE: usize = 52;
 
 /// A schema or table name that is safe to splice into SQL: a plain

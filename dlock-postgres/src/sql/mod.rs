@@ -470,6 +470,8 @@ impl Statements {
     /// as many ended holds and places of reader-writer locks and
     /// semaphores. The rows are locked first, skipping any another
     /// transaction holds, and their expiry is judged again once locked.
+    /// No index leads to them (see `ddl.rs`): each table is read until
+    /// `limit` are found, the whole of it when fewer are there.
     pub fn purge(&self, age_us: u64, limit: u32) -> Stmt {
         let (t, h, age) = (&self.table, &self.holds, micros(age_us));
         self.bounded(format!(

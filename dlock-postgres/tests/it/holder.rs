@@ -1,5 +1,6 @@
 //! Tables made by older releases: the mutex works on them, and `migrate`
-//! gives them this release's holder columns; their rows still read.
+//! gives them this release's holder columns, drops their expiry index and
+//! leaves half of each new page free; their rows still read.
 
 #![allow(clippy::unwrap_used)] // tests panic on purpose
 
@@ -16,11 +17,12 @@ async fn tables_of_an_older_release_work_and_migrate_upgrades_them() {
     let table = unique_name("old").replace('-', "_").to_lowercase();
     let old_owner = OwnerToken::random().unwrap();
     // The tables as an older release made them: no holder in the holds
-    // table.
+    // table, an index on the expiry.
     let old_layout = format!(
         "CREATE TABLE {table} (name bytea PRIMARY KEY, owner text NOT NULL,
            fence bigint NOT NULL, expires_at timestamptz NOT NULL,
            acquired_at timestamptz NOT NULL, holder text NOT NULL);
+         CREATE INDEX {table}_expires_at ON {table} (expires_at);
          CREATE TABLE {table}_holds (name bytea NOT NULL, owner text NOT NULL,
            mode text NOT NULL, kind text NOT NULL, fence bigint NOT NULL,
            expires_at timestamptz NOT NULL, waiting boolean NOT NULL,
@@ -39,6 +41,18 @@ async fn tables_of_an_older_release_work_and_migrate_upgrades_them() {
         .await
         .unwrap();
     older_tables_work_until_migrated(&b, old_owner, || b.migrate()).await;
+    let (index, options): (Option<String>, Vec<String>) = sqlx::query_as(
+        "SELECT to_regclass($1)::text, (SELECT array_agg(COALESCE(array_to_string(reloptions, ','), '') \
+           ORDER BY relname) FROM pg_class WHERE relname IN ($2, $3))",
+    )
+    .bind(format!("public.{table}_expires_at"))
+    .bind(&table)
+    .bind(format!("{table}_holds"))
+    .fetch_one(&mut admin)
+    .await
+    .unwrap();
+    assert_eq!(index, None, "the expiry index is gone");
+    assert_eq!(options, ["fillfactor=50"; 2], "pages are left half free");
     sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
         "DROP TABLE {table}, {table}_holds"
     )))
