@@ -343,10 +343,18 @@ impl Shared {
 }
 
 impl State {
-    /// Ends the leases past their deadline and takes out those whose
-    /// renewal is due (or nearly: within their slack), marking them in
-    /// flight; their timer becomes their deadline.
+    /// Once a timer is due: ends the leases past their deadline and takes
+    /// out those whose renewal is due (or nearly: within their slack),
+    /// marking them in flight; their timer becomes their deadline.
+    ///
+    /// Nothing before that: the scheduler also wakes at every batch's
+    /// answer, and a look then would take the few leases whose renewal just
+    /// came within their slack, a batch of a handful each time (at 100,000
+    /// leases, ~85 such batches a renewal period beside the 100 full ones).
     fn take_due(&mut self, now: Instant, driver: &'static str) -> Vec<u64> {
+        if self.timers.first().is_none_or(|&(at, _)| at > now) {
+            return Vec::new();
+        }
         let horizon = deadline_after(now, self.max_slack);
         let near: Vec<(Instant, u64)> =
             self.timers.range(..=(horizon, u64::MAX)).copied().collect();

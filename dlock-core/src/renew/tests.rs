@@ -5,12 +5,15 @@ use async_trait::async_trait;
 use super::*;
 use crate::{Capabilities, Guard, LockInfo, LockOptions, Locker, MemoryBackend, Result};
 
-/// Counts batches, and reports leases named `doomed…` as taken over.
+/// Counts batches, and reports leases named `doomed…` as taken over;
+/// answers each batch after `delay`, and up to six times that again, by
+/// turns.
 #[derive(Debug, Default)]
 struct Batches {
     inner: MemoryBackend,
     calls: AtomicUsize,
     largest: AtomicUsize,
+    delay: Duration,
 }
 
 #[async_trait]
@@ -31,8 +34,10 @@ impl Backend for Batches {
         self.inner.extend(lease).await
     }
     async fn extend_many(&self, leases: &mut [Lease]) -> Result<Vec<bool>> {
-        self.calls.fetch_add(1, Ordering::SeqCst);
+        let call = self.calls.fetch_add(1, Ordering::SeqCst);
         self.largest.fetch_max(leases.len(), Ordering::SeqCst);
+        let turn = u32::try_from(call % 7).unwrap_or_default();
+        tokio::time::sleep(self.delay * (1 + turn)).await;
         // A shard down: the other leases are extended, the batch fails.
         if leases.iter().any(|l| l.name().starts_with("shard-down")) {
             for lease in leases.iter_mut() {
@@ -111,6 +116,38 @@ async fn many_leases_cost_a_few_batches_per_period_and_a_failed_one_is_lost_alon
         (periods as usize..=limit).contains(&calls),
         "{calls} batches in {periods} periods"
     );
+}
+
+/// Answers that come one after another (a server that takes its time with
+/// each batch, 16 in flight) do not cut a period's renewals into slivers:
+/// each answer wakes the scheduler, which takes leases out only once one
+/// is due.
+#[tokio::test(start_paused = true)]
+async fn slow_answers_do_not_cut_a_period_into_small_batches() {
+    let backend = Arc::new(Batches {
+        delay: Duration::from_millis(60),
+        ..Batches::default()
+    });
+    let locker = Locker::from_arc(backend.clone());
+    let ttl = Duration::from_secs(6);
+    let opts = LockOptions::new().ttl(ttl);
+    let mut guards = Vec::new();
+    for i in 0..40_000 {
+        if i % 1000 == 0 {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let name = format!("held:{i}");
+        guards.push(locker.try_acquire(&name, &opts).await.unwrap().unwrap());
+    }
+    tokio::time::sleep(ttl).await;
+    let before = backend.calls.load(Ordering::SeqCst);
+    let periods = 6;
+    tokio::time::sleep(ttl / 3 * periods).await;
+    let calls = backend.calls.load(Ordering::SeqCst) - before;
+    assert!(guards.iter().all(Guard::is_valid), "a lease was lost");
+    // Forty full batches a period, and a partial one per group.
+    let limit = periods as usize * (40 + 3);
+    assert!(calls <= limit, "{calls} batches in {periods} periods");
 }
 
 #[tokio::test(start_paused = true)]
