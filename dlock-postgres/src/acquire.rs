@@ -90,7 +90,8 @@ impl PgBackend {
         // may still have taken the lock.
         let mut undo = {
             let (backend, name) = (self.clone(), name.to_owned());
-            UndoOnDrop::new(async move { backend.undo(&name, owner, ttl, sent).await })
+            let waits = sql.waits();
+            UndoOnDrop::new(async move { backend.undo(&name, owner, ttl, (sent, waits)).await })
         };
         let done = timeout_at(by, fetch_on(&mut lent, &sql)).await;
         let done = done.map(|rows| rows.map(|rows| rows.into_iter().next()));

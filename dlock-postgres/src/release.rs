@@ -71,12 +71,19 @@ impl PgBackend {
     /// Releases `name` if `owner` holds it, retrying while the database is
     /// out of reach, until it answers or the TTL has freed the lock anyway.
     /// The acquire, sent at `sent`, may still be running in the server and
-    /// commit until its `statement_timeout` (the request timeout from when
-    /// it started, at most one more request timeout later) ends it: a
+    /// commit until the `statement_timeout` of each of the `waits`
+    /// statements of its query that may wait (see `Stmt::waits`) has ended
+    /// them, the query having started at most one request timeout later: a
     /// release that found nothing looks again until then.
-    pub(crate) async fn undo(&self, name: &str, owner: OwnerToken, ttl: Duration, sent: Instant) {
+    pub(crate) async fn undo(
+        &self,
+        name: &str,
+        owner: OwnerToken,
+        ttl: Duration,
+        (sent, waits): (Instant, u32),
+    ) {
         let owner = owner.to_string();
-        let settled_by = sent + self.inner.request_timeout * 2;
+        let settled_by = sent + self.inner.request_timeout * (1 + waits);
         let released = retry_for(ttl, || async {
             let released = self.release_row(name, &owner, "undo an acquire").await?;
             if !released && Instant::now() < settled_by {

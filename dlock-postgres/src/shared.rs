@@ -67,7 +67,10 @@ impl PgBackend {
         let mut undo = {
             let (backend, lease) = (self.clone(), Lease::with_ttl(name, owner, 0, opts, sent));
             let waiter = waiter.to_owned();
-            UndoOnDrop::new(async move { backend.undo_shared(&lease, sent, &waiter).await })
+            let waits = sql.waits();
+            UndoOnDrop::new(
+                async move { backend.undo_shared(&lease, (sent, waits), &waiter).await },
+            )
         };
         let done = timeout_at(by, fetch_on(&mut lent, &sql)).await;
         if matches!(&done, Ok(Ok(_)))
@@ -164,14 +167,15 @@ impl PgBackend {
         tracing::debug!(name, left = left.is_some(), "left the queue");
     }
 
-    /// Undoes a shared acquire of unknown outcome, sent at `sent` (see
-    /// [`PgBackend::undo`]) by `waiter` (`""`: not queued), which gets
+    /// Undoes a shared acquire of unknown outcome, sent at `sent` in a
+    /// query of `waits` statements that may wait (see [`PgBackend::undo`])
+    /// by `waiter` (`""`: not queued), which gets
     /// its place in the queue back if the acquire was granted from it: a
     /// waiter that lost its place to a grant it never heard of would queue
     /// anew behind later writers, and readers let in beside it would hold
     /// those writers off while it waits behind them.
-    async fn undo_shared(&self, lease: &Lease, sent: Instant, waiter: &str) {
-        let settled_by = sent + self.inner.request_timeout * 2;
+    async fn undo_shared(&self, lease: &Lease, (sent, waits): (Instant, u32), waiter: &str) {
+        let settled_by = sent + self.inner.request_timeout * (1 + waits);
         let ttl = lease.ttl().unwrap_or_default();
         let released = retry_for(ttl, || async {
             match self.end_shared(lease, waiter).await {
@@ -269,6 +273,9 @@ impl SharedKinds for PgBackend {
     }
 
     async fn undo_downgrade(&self, lease: Lease, sent: Instant) {
-        self.undo_shared(&lease, sent, "").await;
+        // The downgrade's statement is a change of a shared kind, as an
+        // acquire's is.
+        self.undo_shared(&lease, (sent, self.inner.sql.shared_waits()), "")
+            .await;
     }
 }

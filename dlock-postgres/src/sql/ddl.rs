@@ -49,20 +49,36 @@ impl Statements {
     /// table's holder column, no expiry index, pages left half free (for
     /// the pages written from then on). Only `migrate` runs it: adding a
     /// column or dropping an index locks the table for a moment, and needs
-    /// its owner's rights, which an application's role may lack.
+    /// its owner's rights, which an application's role may lack. Each
+    /// change is made only when missing, so on tables of this release it
+    /// changes nothing, locks nothing, and needs no right.
     pub fn upgrade(&self) -> String {
         let (t, h) = (&self.table, &self.holds);
         let index = format!("\"{}\".\"{}_expires_at\"", self.schema, self.bare);
+        let unfilled = |table: &str| {
+            format!(
+                "NOT EXISTS (SELECT 1 FROM pg_class WHERE oid = '{table}'::regclass
+                   AND reloptions @> ARRAY['fillfactor={FILL}'])"
+            )
+        };
+        let (t_unfilled, h_unfilled) = (unfilled(t), unfilled(h));
         format!(
-            "DROP INDEX IF EXISTS {index};
-            ALTER TABLE {t} SET (fillfactor = {FILL});
-            ALTER TABLE {h} SET (fillfactor = {FILL});
-            DO $$ BEGIN
+            "DO $$ BEGIN
+              IF to_regclass({index_name}) IS NOT NULL THEN
+                DROP INDEX {index};
+              END IF;
+              IF {t_unfilled} THEN
+                ALTER TABLE {t} SET (fillfactor = {FILL});
+              END IF;
+              IF {h_unfilled} THEN
+                ALTER TABLE {h} SET (fillfactor = {FILL});
+              END IF;
               IF NOT EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = '{h}'::regclass
                              AND attname = 'holder' AND NOT attisdropped) THEN
                 ALTER TABLE {h} ADD COLUMN holder text NOT NULL DEFAULT '';
               END IF;
-            END $$;"
+            END $$;",
+            index_name = text(&index)
         )
     }
 
@@ -70,10 +86,14 @@ impl Statements {
     /// against a concurrent creator (the loser fails on a catalog index),
     /// so creators take turns on a transaction-scoped advisory lock,
     /// which PgBouncer's transaction pooling keeps on one connection.
-    /// With `upgrade`, [`Statements::upgrade`] too.
+    /// With `upgrade`, [`Statements::upgrade`] too, waiting at most a
+    /// quarter of the statement timeout for a table's lock: a change that
+    /// waits for the table's lock holds up every statement on the table
+    /// queued behind it, until it has it and is done.
     pub fn create_sql(&self, upgrade: bool) -> Stmt {
         let upgrade = if upgrade {
-            self.upgrade()
+            let wait = (self.timeout_ms / 4).max(1);
+            format!("SET LOCAL lock_timeout = {wait}; {}", self.upgrade())
         } else {
             String::new()
         };

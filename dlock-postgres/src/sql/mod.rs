@@ -63,6 +63,8 @@ pub(crate) struct Statements {
     tomb: Duration,
     /// Whether statements are prepared (see [`Stmt`]).
     prepare: bool,
+    /// The statement timeout.
+    timeout_ms: u64,
 }
 
 /// A statement to run: written out in full, and, where the backend
@@ -92,6 +94,34 @@ impl Stmt {
         .into_sql_str()
     }
 
+    /// The parts of the statement, as they are prepared.
+    fn parts(&self) -> impl Iterator<Item = &str> + Clone {
+        self.body
+            .split(';')
+            .map(str::trim)
+            .filter(|p| !p.is_empty())
+    }
+
+    /// How many statements of one simple query that runs this one may each
+    /// wait for their own statement timeout: its parts, and their
+    /// `PREPARE`s when prepared.
+    pub(crate) fn waits(&self) -> u32 {
+        let parts = u32::try_from(self.parts().count()).unwrap_or(u32::MAX);
+        if self.id.is_some() { parts * 2 } else { parts }
+    }
+
+    /// The `DEALLOCATE` of each prepared part, one query each (one that
+    /// is not there fails alone).
+    pub(crate) fn deallocate(&self) -> Vec<SqlStr> {
+        let Some(id) = self.id else {
+            return Vec::new();
+        };
+        let id = hex::encode(id);
+        (0..self.parts().count())
+            .map(|i| AssertSqlSafe(format!("DEALLOCATE dlock_{id}_{i}")).into_sql_str())
+            .collect()
+    }
+
     /// The `EXECUTE` of the prepared parts, each of which `prepare` first
     /// prepares when asked; `None` when statements are not prepared.
     pub(crate) fn execute(&self, prepare: bool) -> Option<SqlStr> {
@@ -103,11 +133,7 @@ impl Stmt {
             (format!(" ({types})"), format!(" ({values})"))
         };
         let mut sql = self.limit.clone();
-        let parts = self
-            .body
-            .split(';')
-            .map(str::trim)
-            .filter(|p| !p.is_empty());
+        let parts = self.parts();
         if prepare {
             for (i, part) in parts.clone().enumerate() {
                 let _ = write!(sql, "PREPARE dlock_{id}_{i}{types} AS {part}; ");
@@ -142,6 +168,7 @@ impl Statements {
             channel: format!("dlock_{table}"),
             tomb: (limit * 8).max(Duration::from_secs(60)),
             prepare,
+            timeout_ms: ms,
             // Read committed, whatever the role's default: a waiter that
             // finds the row changed under it must see the row as it is now
             // (held), not fail with a serialization error.

@@ -34,6 +34,13 @@ pub(crate) struct SharedRenewal<'a> {
 }
 
 impl Statements {
+    /// How many statements of a change of a shared kind may each wait for
+    /// their statement timeout (see `Stmt::waits`): the two that lock the
+    /// row, and the change, each with its `PREPARE` when prepared.
+    pub fn shared_waits(&self) -> u32 {
+        if self.prepare { 6 } else { 3 }
+    }
+
     /// Locks the row of `n`, making it if missing. Here and below, the
     /// helpers take a statement's values as it has them (parameters).
     fn lock_row(&self, n: &str) -> String {
