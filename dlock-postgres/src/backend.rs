@@ -46,6 +46,8 @@ pub(crate) struct Inner {
     pub(crate) listen: Option<sqlx::postgres::PgConnectOptions>,
     pub(crate) listener: Listener,
     pub(crate) max_poll: Duration,
+    /// Where the purges go on.
+    pub(crate) purge: crate::purge::Cursor,
     pub(crate) request_timeout: Duration,
     pub(crate) connect_timeout: Duration,
 }
@@ -53,6 +55,17 @@ pub(crate) struct Inner {
 impl PgBackend {
     /// Times this backend's listener started listening (a reconnect
     /// counts), and the notifications it heard.
+    /// A backend whose purges read `pages` at a time, so that a test's
+    /// table is several slices.
+    #[cfg(feature = "_test-hooks")]
+    #[doc(hidden)]
+    pub fn set_purge_slice_for_tests(&self, pages: u64) {
+        self.inner
+            .purge
+            .slice
+            .store(pages.max(1), std::sync::atomic::Ordering::Relaxed);
+    }
+
     #[cfg(feature = "_test-hooks")]
     #[doc(hidden)]
     pub fn listener_counts_for_tests(&self) -> (u64, u64) {

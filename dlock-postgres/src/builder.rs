@@ -178,6 +178,7 @@ impl PgBuilder {
                 listen,
                 listener: Listener::default(),
                 max_poll: self.s.max_poll,
+                purge: crate::purge::Cursor::default(),
                 request_timeout: self.s.request_timeout,
                 connect_timeout: self.s.connect_timeout,
             }),

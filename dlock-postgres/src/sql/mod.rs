@@ -493,21 +493,27 @@ impl Statements {
         (columns, join)
     }
 
-    /// Deletes up to `limit` rows whose lease ended over `age_us` ago, and
-    /// as many ended holds and places of reader-writer locks and
-    /// semaphores. The rows are locked first, skipping any another
-    /// transaction holds, and their expiry is judged again once locked.
-    /// No index leads to them (see `ddl.rs`): each table is read until
-    /// `limit` are found, the whole of it when fewer are there.
-    pub fn purge(&self, age_us: u64, limit: u32) -> Stmt {
-        let (t, h, age) = (&self.table, &self.holds, micros(age_us));
+    /// Deletes up to `limit` rows of the lock table (with `holds`: ended
+    /// holds and places of its holds table) whose lease ended over `age_us`
+    /// ago, among the table's pages `pages` (first, and how many): no index
+    /// leads to expired rows (see `ddl.rs`), so a purge reads the table a
+    /// slice at a time, each slice found by place (a TID range scan). The
+    /// rows are locked first, skipping any another transaction holds, and
+    /// their expiry is judged again once locked. One row: how many it
+    /// deleted, and how many pages the table has.
+    pub fn purge(&self, holds: bool, age_us: u64, limit: u32, pages: (u64, u64)) -> Stmt {
+        let (t, key, columns) = if holds {
+            (&self.holds, "(name, owner)", "name, owner")
+        } else {
+            (&self.table, "name", "name")
+        };
+        let (age, (first, end)) = (micros(age_us), (pages.0, pages.0 + pages.1));
         self.bounded(format!(
-            "DELETE FROM {t} WHERE name IN (
-               SELECT name FROM {t} WHERE expires_at < {NOW} - {age}
-               LIMIT {limit} FOR UPDATE SKIP LOCKED);
-             DELETE FROM {h} WHERE (name, owner) IN (
-               SELECT name, owner FROM {h} WHERE expires_at < {NOW} - {age}
-               LIMIT {limit} FOR UPDATE SKIP LOCKED)"
+            "WITH d AS (DELETE FROM {t} WHERE {key} IN (
+               SELECT {columns} FROM {t} WHERE ctid >= '({first},0)'::tid AND ctid < '({end},0)'::tid
+                 AND expires_at < {NOW} - {age}
+               LIMIT {limit} FOR UPDATE SKIP LOCKED) RETURNING 1)
+             SELECT count(*), pg_relation_size('{t}') / current_setting('block_size')::bigint FROM d"
         ))
     }
 }

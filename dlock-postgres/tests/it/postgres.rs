@@ -241,6 +241,59 @@ async fn the_table_is_created_on_connect_and_least_privilege_suffices() {
     }
 }
 
+/// A purge reads the table a slice at a time (no index leads to expired
+/// rows), going on where the last one stopped: each call is bounded work,
+/// and calls in turn delete every row expired long enough, and none held
+/// or released lately. Slices of one page here, so that a small table is
+/// many of them.
+#[tokio::test]
+async fn purges_read_the_table_a_slice_at_a_time_and_go_on_where_they_stopped() {
+    let table = own_table("purge_slices");
+    let b = PgBackend::builder(url().await)
+        .table(&table)
+        .connect()
+        .await
+        .unwrap();
+    b.set_purge_slice_for_tests(1);
+    let old = 600;
+    for i in 0..old {
+        let lease = must_acquire(&b, &format!("old-{i}"), &long()).await;
+        b.release(&lease).await.unwrap();
+    }
+    let recent = must_acquire(&b, "recent", &long()).await;
+    b.release(&recent).await.unwrap();
+    let held = must_acquire(&b, "held", &long()).await;
+    let mut admin = admin().await;
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        "UPDATE {table} SET expires_at = clock_timestamp() - interval '2 hours' \
+         WHERE substr(name, 1, 4) = convert_to('old-', 'UTF8')"
+    )))
+    .execute(&mut admin)
+    .await
+    .unwrap();
+    let mut purged = Vec::new();
+    for _ in 0..20 {
+        purged.push(
+            b.purge_expired(dlock_postgres::MIN_PURGE_AGE, 1000)
+                .await
+                .unwrap(),
+        );
+    }
+    assert!(
+        purged[0] > 0 && purged[0] < old,
+        "a purge reads eight slices, not the table: {purged:?}"
+    );
+    assert_eq!(purged.iter().sum::<u64>(), old, "{purged:?}");
+    let left: Vec<Vec<u8>> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+        "SELECT name FROM {table} ORDER BY name"
+    )))
+    .fetch_all(&mut admin)
+    .await
+    .unwrap();
+    assert_eq!(left, [b"held".to_vec(), b"recent".to_vec()]);
+    b.release(&held).await.unwrap();
+}
+
 #[tokio::test]
 async fn configuration_errors_are_typed() {
     let good = url().await;
