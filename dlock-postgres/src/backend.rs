@@ -53,10 +53,8 @@ pub(crate) struct Inner {
 }
 
 impl PgBackend {
-    /// Times this backend's listener started listening (a reconnect
-    /// counts), and the notifications it heard.
-    /// A backend whose purges read `pages` at a time, so that a test's
-    /// table is several slices.
+    /// Makes this backend's purges read `pages` at a time, so that a
+    /// test's table is several slices.
     #[cfg(feature = "_test-hooks")]
     #[doc(hidden)]
     pub fn set_purge_slice_for_tests(&self, pages: u64) {
@@ -66,6 +64,8 @@ impl PgBackend {
             .store(pages.max(1), std::sync::atomic::Ordering::Relaxed);
     }
 
+    /// Times this backend's listener started listening (a reconnect
+    /// counts), and the notifications it heard.
     #[cfg(feature = "_test-hooks")]
     #[doc(hidden)]
     pub fn listener_counts_for_tests(&self) -> (u64, u64) {

@@ -76,32 +76,19 @@ type BoxFuture<'c, T> = std::pin::Pin<Box<dyn Future<Output = T> + Send + 'c>>;
 /// `EXECUTE`, preceded by its `PREPARE` when the session lacks it as far as
 /// this connection knows. A session that lacks it after all answers "does
 /// not exist", one that has it already "already exists", and the other
-/// form is sent. Either error rolls the whole simple query back (its
-/// implicit transaction) before its statement ran; only the `PREPARE`s
-/// before the failure stay, as `PREPARE` is not undone with a transaction.
-/// A session that answers both has some of the statement's parts and
-/// lacks others (a `PREPARE` that failed after another succeeded): its
-/// parts are deallocated and prepared again. After that, the statement is
-/// sent written out in full. A statement's name is the hash of its text,
-/// so a session that has it has this statement.
+/// form is sent: either error rolls the whole simple query back (its
+/// implicit transaction), the statement's parts that ran before it (a
+/// row's lock) included. Behind a pooler in transaction mode each try may
+/// land on another server session; after three, the statement is sent
+/// written out in full. A statement's name is the hash of its text, so a
+/// session that has it has this statement.
 async fn run<T>(lent: &mut Lent<'_, Pg>, stmt: &Stmt, send: Sender<T>) -> sqlx::Result<T> {
     let (conn, prepared) = lent.parts();
     let Some(id) = stmt.id else {
         return send(conn, stmt.written_out()).await;
     };
     let mut prepare = !prepared.0.contains(&id);
-    let (mut missing, mut there) = (false, false);
     for _ in 0..3 {
-        if missing && there {
-            for sql in stmt.deallocate() {
-                if let Err(e) = sqlx::raw_sql(sql).execute(&mut *conn).await
-                    && sql_state(&e).as_deref() != Some(INVALID_SQL_STATEMENT_NAME)
-                {
-                    return Err(e);
-                }
-            }
-            (missing, there, prepare) = (false, false, true);
-        }
         let Some(sql) = stmt.execute(prepare) else {
             break;
         };
@@ -113,11 +100,11 @@ async fn run<T>(lent: &mut Lent<'_, Pg>, stmt: &Stmt, send: Sender<T>) -> sqlx::
         match sql_state(e).as_deref() {
             Some(INVALID_SQL_STATEMENT_NAME) if !prepare => {
                 prepared.0.remove(&id);
-                (missing, prepare) = (true, true);
+                prepare = true;
             }
             Some(DUPLICATE_PREPARED_STATEMENT) if prepare => {
                 prepared.0.insert(id);
-                (there, prepare) = (true, false);
+                prepare = false;
             }
             _ => return done,
         }

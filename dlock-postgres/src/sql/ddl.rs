@@ -1,13 +1,14 @@
 //! The lock table's DDL: creating it, and upgrading an older release's.
 //!
 //! The tables have no index but their primary keys, and half of each page
-//! is left free: a renewal (or an acquire, a release) then changes no
-//! indexed column and finds room on its row's page, so PostgreSQL updates
-//! the row in place (a HOT update), and the old versions are cleared from
-//! the page as it is next read. An index on the expiry made every renewal
-//! a new row version with new index entries: at 100,000 held leases the
-//! table grew to ~2 KB a lease between vacuums. The purge reads the whole
-//! table instead, a few rows at a time (see [`Statements::purge`]).
+//! is left free: a renewal (or a mutex's acquire, its release) then
+//! changes no indexed column and finds room on its row's page, so
+//! PostgreSQL updates the row in place (a HOT update), and the old versions
+//! are cleared from the page as it is next read, once no snapshot may see
+//! them. An index on the expiry made every renewal a new row version with
+//! new index entries: at 100,000 held leases the table grew to ~2 KB a
+//! lease between vacuums. The purge reads the table a slice at a time
+//! instead (see [`Statements::purge`]).
 
 use super::literal::text;
 use super::{Statements, Stmt};
@@ -51,7 +52,7 @@ impl Statements {
     /// column or dropping an index locks the table for a moment, and needs
     /// its owner's rights, which an application's role may lack. Each
     /// change is made only when missing, so on tables of this release it
-    /// changes nothing, locks nothing, and needs no right.
+    /// changes nothing and locks nothing.
     pub fn upgrade(&self) -> String {
         let (t, h) = (&self.table, &self.holds);
         let index = format!("\"{}\".\"{}_expires_at\"", self.schema, self.bare);
@@ -86,13 +87,14 @@ impl Statements {
     /// against a concurrent creator (the loser fails on a catalog index),
     /// so creators take turns on a transaction-scoped advisory lock,
     /// which PgBouncer's transaction pooling keeps on one connection.
-    /// With `upgrade`, [`Statements::upgrade`] too, waiting at most a
-    /// quarter of the statement timeout for a table's lock: a change that
+    /// With `upgrade`, [`Statements::upgrade`] too, waiting at most three
+    /// quarters of the statement timeout for a table's lock: a change that
     /// waits for the table's lock holds up every statement on the table
-    /// queued behind it, until it has it and is done.
+    /// queued behind it, until it has it and is done; and an autovacuum in
+    /// its way is cancelled only after `deadlock_timeout` (1 s by default).
     pub fn create_sql(&self, upgrade: bool) -> Stmt {
         let upgrade = if upgrade {
-            let wait = (self.timeout_ms / 4).max(1);
+            let wait = (self.timeout_ms / 4 * 3).max(1);
             format!("SET LOCAL lock_timeout = {wait}; {}", self.upgrade())
         } else {
             String::new()

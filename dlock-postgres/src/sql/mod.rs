@@ -68,7 +68,11 @@ pub(crate) struct Statements {
 }
 
 /// A statement to run: written out in full, and, where the backend
-/// prepares statements, as the `EXECUTE` of its prepared parts.
+/// prepares statements, with its main part (the longest of its
+/// `;`-separated parts: the others lock a row) as the `EXECUTE` of a
+/// prepared statement, the other parts written out around it. One prepared
+/// statement per call, so that a server session has it or lacks it, never
+/// part of it (`PREPARE` is not undone with a transaction).
 #[derive(Debug)]
 pub struct Stmt {
     /// `SET LOCAL …;`.
@@ -76,8 +80,8 @@ pub struct Stmt {
     /// The statement, its values as parameters.
     body: String,
     args: Args,
-    /// With statements prepared: the hash of the body and its parameters'
-    /// types, which names the prepared parts.
+    /// With statements prepared: the hash of the main part and its
+    /// parameters' types, which names its prepared statement.
     pub(crate) id: Option<[u8; 16]>,
 }
 
@@ -94,36 +98,29 @@ impl Stmt {
         .into_sql_str()
     }
 
-    /// The parts of the statement, as they are prepared.
-    fn parts(&self) -> impl Iterator<Item = &str> + Clone {
-        self.body
+    /// The statement's parts, and which of them is prepared.
+    fn parts(body: &str) -> (Vec<&str>, usize) {
+        let parts: Vec<&str> = body
             .split(';')
             .map(str::trim)
             .filter(|p| !p.is_empty())
+            .collect();
+        let main = (0..parts.len())
+            .max_by_key(|&i| parts[i].len())
+            .unwrap_or(0);
+        (parts, main)
     }
 
     /// How many statements of one simple query that runs this one may each
-    /// wait for their own statement timeout: its parts, and their
-    /// `PREPARE`s when prepared.
+    /// wait for their own statement timeout: its parts, and the `PREPARE`
+    /// when prepared.
     pub(crate) fn waits(&self) -> u32 {
-        let parts = u32::try_from(self.parts().count()).unwrap_or(u32::MAX);
-        if self.id.is_some() { parts * 2 } else { parts }
+        let parts = u32::try_from(Self::parts(&self.body).0.len()).unwrap_or(u32::MAX);
+        parts + u32::from(self.id.is_some())
     }
 
-    /// The `DEALLOCATE` of each prepared part, one query each (one that
-    /// is not there fails alone).
-    pub(crate) fn deallocate(&self) -> Vec<SqlStr> {
-        let Some(id) = self.id else {
-            return Vec::new();
-        };
-        let id = hex::encode(id);
-        (0..self.parts().count())
-            .map(|i| AssertSqlSafe(format!("DEALLOCATE dlock_{id}_{i}")).into_sql_str())
-            .collect()
-    }
-
-    /// The `EXECUTE` of the prepared parts, each of which `prepare` first
-    /// prepares when asked; `None` when statements are not prepared.
+    /// The statement with its main part `EXECUTE`d, prepared first when
+    /// `prepare` says; `None` when statements are not prepared.
     pub(crate) fn execute(&self, prepare: bool) -> Option<SqlStr> {
         let id = hex::encode(self.id?);
         let (types, values) = (self.args.types(), self.args.literals());
@@ -133,14 +130,16 @@ impl Stmt {
             (format!(" ({types})"), format!(" ({values})"))
         };
         let mut sql = self.limit.clone();
-        let parts = self.parts();
+        let (parts, main) = Self::parts(&self.body);
         if prepare {
-            for (i, part) in parts.clone().enumerate() {
-                let _ = write!(sql, "PREPARE dlock_{id}_{i}{types} AS {part}; ");
-            }
+            let _ = write!(sql, "PREPARE dlock_{id}{types} AS {}; ", parts[main]);
         }
-        for i in 0..parts.count() {
-            let _ = write!(sql, "EXECUTE dlock_{id}_{i}{values}; ");
+        for (i, part) in parts.iter().enumerate() {
+            if i == main {
+                let _ = write!(sql, "EXECUTE dlock_{id}{values}; ");
+            } else {
+                let _ = write!(sql, "{}; ", self.args.written_out(part));
+            }
         }
         Some(AssertSqlSafe(sql).into_sql_str())
     }
@@ -192,10 +191,11 @@ impl Statements {
 
     fn with(&self, args: Args, body: String, prepare: bool) -> Stmt {
         let id = prepare.then(|| {
+            let (parts, main) = Stmt::parts(&body);
             let digest = Sha256::new()
                 .chain_update(args.types())
                 .chain_update("\n")
-                .chain_update(&body)
+                .chain_update(parts.get(main).copied().unwrap_or_default())
                 .finalize();
             let mut id = [0; 16];
             id.copy_from_slice(&digest[..16]);
@@ -508,13 +508,26 @@ impl Statements {
             (&self.table, "name", "name")
         };
         let (age, (first, end)) = (micros(age_us), (pages.0, pages.0 + pages.1));
+        // The slice bounds the outer scan too, whatever plan a large
+        // `limit` gets.
+        let slice = format!("ctid >= '({first},0)'::tid AND ctid < '({end},0)'::tid");
         self.bounded(format!(
-            "WITH d AS (DELETE FROM {t} WHERE {key} IN (
-               SELECT {columns} FROM {t} WHERE ctid >= '({first},0)'::tid AND ctid < '({end},0)'::tid
-                 AND expires_at < {NOW} - {age}
+            "WITH d AS (DELETE FROM {t} WHERE {slice} AND {key} IN (
+               SELECT {columns} FROM {t} WHERE {slice} AND expires_at < {NOW} - {age}
                LIMIT {limit} FOR UPDATE SKIP LOCKED) RETURNING 1)
-             SELECT count(*), pg_relation_size('{t}') / current_setting('block_size')::bigint FROM d"
+             SELECT count(*), {} FROM d",
+            self.pages_of(t)
         ))
+    }
+
+    /// How many pages the lock table (with `holds`: its holds table) has.
+    pub fn pages(&self, holds: bool) -> Stmt {
+        let t = if holds { &self.holds } else { &self.table };
+        self.bounded(format!("SELECT {}", self.pages_of(t)))
+    }
+
+    fn pages_of(&self, table: &str) -> String {
+        format!("pg_relation_size('{table}') / current_setting('block_size')::bigint")
     }
 }
 
@@ -556,7 +569,7 @@ mod tests {
         let run = one.execute(false).expect("prepared");
         assert!(
             run.as_str().ends_with(&format!(
-                "; EXECUTE dlock_{id}_0 (decode('78', 'hex'), '00ff'); "
+                "; EXECUTE dlock_{id} (decode('78', 'hex'), '00ff'); "
             )),
             "{}",
             run.as_str()
@@ -565,9 +578,14 @@ mod tests {
             .release_and_notify(b"x", "00ff")
             .execute(true)
             .expect("prepared");
-        let prepares = first.as_str().matches("PREPARE dlock_").count();
-        assert_eq!(prepares, 2, "{}", first.as_str());
-        assert!(first.as_str().contains("(bytea, text) AS SELECT FROM"));
+        // The row's lock written out, the release that reads the queue
+        // prepared, and run in that order.
+        let first = first.as_str();
+        assert_eq!(first.matches("PREPARE dlock_").count(), 1, "{first}");
+        assert!(first.contains("(bytea, text) AS WITH released"), "{first}");
+        let lock = first.find("WHERE name = decode('78', 'hex') FOR UPDATE; ");
+        let execute = first.find("EXECUTE dlock_");
+        assert!(lock.is_some() && lock < execute, "{first}");
         let plain = Statements::new("public", "t", Duration::from_millis(1500), false);
         assert!(plain.release(b"x", "00ff").execute(false).is_none());
     }
