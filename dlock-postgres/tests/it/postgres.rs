@@ -241,6 +241,22 @@ async fn the_table_is_created_on_connect_and_least_privilege_suffices() {
     }
 }
 
+/// A server of the test's own without autovacuum (whose analyze or vacuum
+/// would change what a test counts), and a backend of `table` on it.
+async fn alone(table: &str) -> (dlock_conformance::harness::Server, PgBackend) {
+    let options = ServerOptions {
+        args: ["-c", "autovacuum=off"].map(str::to_owned).to_vec(),
+        ..ServerOptions::default()
+    };
+    let server = start(Service::Postgres, options).await;
+    let backend = PgBackend::builder(server.url())
+        .table(table)
+        .connect()
+        .await
+        .unwrap();
+    (server, backend)
+}
+
 /// A purge reads the table a slice at a time (no index leads to expired
 /// rows), going on where the last one stopped: each call is bounded work,
 /// and calls in turn delete every row expired long enough, and none held
@@ -251,16 +267,7 @@ async fn the_table_is_created_on_connect_and_least_privilege_suffices() {
 #[tokio::test]
 async fn purges_read_the_table_a_slice_at_a_time_and_go_on_where_they_stopped() {
     let table = own_table("purge_slices");
-    let options = ServerOptions {
-        args: ["-c", "autovacuum=off"].map(str::to_owned).to_vec(),
-        ..ServerOptions::default()
-    };
-    let server = start(Service::Postgres, options).await;
-    let b = PgBackend::builder(server.url())
-        .table(&table)
-        .connect()
-        .await
-        .unwrap();
+    let (server, b) = alone(&table).await;
     b.set_purge_slice_for_tests(1);
     let old = 1000;
     for i in 0..old {
@@ -376,6 +383,16 @@ async fn a_server_that_is_down_gives_errors_not_grants() {
     assert!(matches!(r, Err(Error::Connection { .. })), "{r:?}");
 }
 
+/// A server's arguments to count plans. No autovacuum: an analyze of a new
+/// table would replan the cached statements, and count plans that are none
+/// of theirs.
+const PLANNING: [&str; 4] = [
+    "-c",
+    "pg_stat_statements.track_planning=on",
+    "-c",
+    "autovacuum=off",
+];
+
 /// An acquire and a release cost the server two statements (each with its
 /// two `SET LOCAL`s in the same message), planned only for their first
 /// few runs on a connection (prepared), and a renewal of a thousand leases
@@ -383,16 +400,8 @@ async fn a_server_that_is_down_gives_errors_not_grants() {
 /// other test's statements are counted.
 #[tokio::test]
 async fn a_cycle_costs_two_statements_planned_once_and_a_renewal_batch_one() {
-    // No autovacuum: an analyze of the new table would replan the cached
-    // statements, and count plans that are none of theirs.
-    let planning = [
-        "-c",
-        "pg_stat_statements.track_planning=on",
-        "-c",
-        "autovacuum=off",
-    ];
     let options = ServerOptions {
-        args: planning.map(str::to_owned).to_vec(),
+        args: PLANNING.map(str::to_owned).to_vec(),
         ..ServerOptions::default()
     };
     let server = start(Service::Postgres, options).await;
@@ -472,16 +481,8 @@ async fn a_cycle_costs_two_statements_planned_once_and_a_renewal_batch_one() {
 /// PgBouncer has one server connection, so every statement runs on it.
 #[tokio::test]
 async fn through_pgbouncer_statements_stay_prepared_on_any_server_connection() {
-    // No autovacuum: an analyze of the new table would replan the cached
-    // statements, and count plans that are none of theirs.
-    let planning = [
-        "-c",
-        "pg_stat_statements.track_planning=on",
-        "-c",
-        "autovacuum=off",
-    ];
     let options = ServerOptions {
-        args: planning.map(str::to_owned).to_vec(),
+        args: PLANNING.map(str::to_owned).to_vec(),
         files: vec![(
             "/tmp/pgbouncer.extra".into(),
             b"default_pool_size = 1\n".to_vec(),
@@ -547,16 +548,7 @@ async fn through_pgbouncer_statements_stay_prepared_on_any_server_connection() {
 #[tokio::test]
 async fn renewals_do_not_grow_the_lock_table() {
     let table = own_table("renewals_in_place");
-    let options = ServerOptions {
-        args: ["-c", "autovacuum=off"].map(str::to_owned).to_vec(),
-        ..ServerOptions::default()
-    };
-    let server = start(Service::Postgres, options).await;
-    let b = PgBackend::builder(server.url())
-        .table(&table)
-        .connect()
-        .await
-        .unwrap();
+    let (server, b) = alone(&table).await;
     let mut leases = Vec::new();
     for i in 0..1000 {
         leases.push(must_acquire(&b, &format!("kept-{i}"), &long()).await);
