@@ -80,7 +80,8 @@ impl Stmt {
         let mut sql = self.limit.clone();
         let (parts, main) = Self::parts(&self.body);
         if prepare {
-            let _ = write!(sql, "PREPARE dlock_{id}{types} AS {}; ", parts[main]);
+            let part = parts.get(main)?;
+            let _ = write!(sql, "PREPARE dlock_{id}{types} AS {part}; ");
         }
         for (i, part) in parts.iter().enumerate() {
             if i == main {
