@@ -82,6 +82,14 @@ pub struct Capabilities {
     /// [`ttl_resolution`](Self::ttl_resolution) says, after each election:
     /// later, never sooner.
     pub ttl_restarts_on_leader_change: bool,
+    /// The server frees a session lease the moment its connection closes
+    /// (a link reset on the way, an operator ending the session), which
+    /// the holder learns only at its next probe: until then another client
+    /// may be granted the lock while the holder still trusts its lease,
+    /// and only the fencing token keeps their writes apart (PostgreSQL's
+    /// session mode). A link that goes silent instead is covered as for
+    /// any session lease: the holder gives up before the server does.
+    pub freed_on_disconnect: bool,
 }
 
 impl Capabilities {
@@ -101,6 +109,7 @@ impl Capabilities {
             semaphore: false,
             ttl_resolution: Duration::from_millis(1),
             ttl_restarts_on_leader_change: false,
+            freed_on_disconnect: false,
         }
     }
 }

@@ -206,6 +206,7 @@ impl Driver for MemoryBackend {
             semaphore: true,
             ttl_resolution: Duration::from_millis(1),
             ttl_restarts_on_leader_change: false,
+            freed_on_disconnect: false,
         }
     }
 

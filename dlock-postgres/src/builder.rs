@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use dlock_core::driver::wait::Wakeups;
-use dlock_core::{Error, Result};
+use dlock_core::{Error, Locker, Result};
 use dlock_sql::{Settings, check_url};
 use sqlx::postgres::PgConnectOptions;
 use tokio::time::Instant;
@@ -13,6 +13,7 @@ use tokio::time::Instant;
 use crate::backend::{Inner, PgBackend};
 use crate::notify::Listener;
 use crate::pool::{Pg, Pool};
+use crate::session::{PgSessionBackend, Setup};
 use crate::sql::{Statements, validate_identifier};
 
 /// Settings for [`PgBackend`]; start from [`PgBackend::builder`].
@@ -20,6 +21,8 @@ use crate::sql::{Statements, validate_identifier};
 pub struct PgBuilder {
     schema: String,
     statement_cache: bool,
+    /// `None` unless set: the caller's connect says which.
+    mode: Option<PgMode>,
     s: Settings,
     /// Where to connect, when it comes from a sqlx pool rather than a URL.
     options: Option<PgConnectOptions>,
@@ -34,6 +37,7 @@ impl std::fmt::Debug for PgBuilder {
             &[
                 ("schema", &self.schema),
                 ("statement_cache", &self.statement_cache),
+                ("mode", &self.mode),
                 ("from_pool", &from_pool),
             ],
         )
@@ -41,6 +45,21 @@ impl std::fmt::Debug for PgBuilder {
 }
 
 dlock_sql::common_setters!(PgBuilder);
+
+/// How a PostgreSQL backend holds its locks: see the crate's README for
+/// which to pick.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum PgMode {
+    /// A row per hold in a lease table, with a TTL ([`PgBackend`]): works
+    /// through any pooler, holds outlive a paused client only until their
+    /// TTL.
+    LeaseTable,
+    /// Session advisory locks ([`PgSessionBackend`]): no table write per
+    /// grant and waiters queued by the server, but a connection per hold,
+    /// and no pooler in transaction mode.
+    Session,
+}
 
 impl PgBuilder {
     /// The schema of the lock table (default `public`). Every statement
@@ -77,6 +96,17 @@ impl PgBuilder {
     /// refuses `PREPARE`.
     pub fn statement_cache(mut self, on: bool) -> Self {
         self.statement_cache = on;
+        self
+    }
+
+    /// How locks are held (default [`PgMode::LeaseTable`]; `?mode=session`
+    /// or `?mode=lease_table` in the URL). [`connect`](Self::connect)
+    /// makes a lease-table backend and
+    /// [`connect_session`](Self::connect_session) a session one, and each
+    /// refuses the other mode; [`connect_locker`](Self::connect_locker)
+    /// makes either.
+    pub fn mode(mut self, mode: PgMode) -> Self {
+        self.mode = Some(mode);
         self
     }
 
@@ -137,6 +167,13 @@ impl PgBuilder {
     /// [`Error::Connection`] when the server cannot be reached,
     /// [`Error::Backend`] when it refuses us.
     pub async fn connect(self) -> Result<PgBackend> {
+        if self.mode == Some(PgMode::Session) {
+            return Err(Error::invalid_option(
+                "mode",
+                "`mode=session` makes a `PgSessionBackend`: connect with \
+                 `PgBuilder::connect_session`, `PgBuilder::connect_locker` or `dlock::connect`",
+            ));
+        }
         let options = self.validate()?;
         let listen = self.s.wake_ups.then(|| options.clone());
         let pool = Pool::new(
@@ -182,6 +219,56 @@ impl PgBuilder {
                 request_timeout: self.s.request_timeout,
                 connect_timeout: self.s.connect_timeout,
             }),
+        })
+    }
+}
+
+impl PgBuilder {
+    /// Connects in the session mode ([`PgSessionBackend`]): checks the
+    /// settings, opens two connections, refuses a pooler in transaction
+    /// mode (both served by one server session), and creates the fencing
+    /// sequence `<schema>.<table>_fence` when missing (unless turned off
+    /// with [`create_table`](Self::create_table)). `max_connections` is
+    /// the most idle connections kept, `max_poll_interval` how often a
+    /// holding connection is probed; `wake_ups` and `statement_cache` do
+    /// not apply. Returns within the connect timeout plus the request
+    /// timeout.
+    ///
+    /// # Errors
+    /// As [`connect`](Self::connect); [`Error::InvalidOption`] naming
+    /// `mode` for a pooler in transaction mode, or a URL that asks for the
+    /// lease table.
+    pub async fn connect_session(self) -> Result<PgSessionBackend> {
+        if self.mode == Some(PgMode::LeaseTable) {
+            return Err(Error::invalid_option(
+                "mode",
+                "`mode=lease_table` makes a `PgBackend`: connect with `PgBuilder::connect`",
+            ));
+        }
+        let options = self.validate()?;
+        PgSessionBackend::open(Setup {
+            options,
+            schema: self.schema,
+            table: self.s.table,
+            create: self.s.create_table,
+            max_idle: self.s.max_connections,
+            probe_every: self.s.max_poll,
+            request_timeout: self.s.request_timeout,
+            connect_timeout: self.s.connect_timeout,
+        })
+        .await
+    }
+
+    /// Connects in the builder's mode (the URL's `mode`, the lease table
+    /// by default), for code that lets the URL choose.
+    ///
+    /// # Errors
+    /// Those of [`connect`](Self::connect) or
+    /// [`connect_session`](Self::connect_session).
+    pub async fn connect_locker(self) -> Result<Locker> {
+        Ok(match self.mode {
+            Some(PgMode::Session) => Locker::new(self.connect_session().await?),
+            _ => Locker::new(self.connect().await?),
         })
     }
 }
@@ -244,9 +331,17 @@ impl PgBackend {
         let mut s = Settings::new(&url.into(), false);
         let schema = s.params.text("schema");
         let statement_cache = s.params.flag("statement_cache").unwrap_or(true);
+        let mode = s
+            .params
+            .parsed("mode", "session or lease_table", |v| match v {
+                "session" => Some(PgMode::Session),
+                "lease_table" => Some(PgMode::LeaseTable),
+                _ => None,
+            });
         PgBuilder {
             schema: schema.unwrap_or_else(|| "public".to_owned()),
             statement_cache,
+            mode,
             s,
             options: None,
         }

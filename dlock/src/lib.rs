@@ -124,7 +124,9 @@ async fn connect_mysql(_url: &str) -> Result<Locker> {
 
 #[cfg(feature = "postgres")]
 async fn connect_postgres(url: &str) -> Result<Locker> {
-    Ok(Locker::new(dlock_postgres::PgBackend::connect(url).await?))
+    dlock_postgres::PgBackend::builder(url)
+        .connect_locker()
+        .await
 }
 
 #[cfg(not(feature = "postgres"))]

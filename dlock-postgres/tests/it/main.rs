@@ -7,3 +7,4 @@ mod faults;
 mod faults_pgbouncer;
 mod holder;
 mod postgres;
+mod session;

@@ -1,0 +1,77 @@
+//! The session mode (`?mode=session`): the whole conformance suite, the
+//! mutex suite on its write lock, and the fault cases, against a real
+//! PostgreSQL; and its refusal through PgBouncer in transaction mode.
+
+#![allow(clippy::unwrap_used)] // tests panic on purpose
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use dlock_conformance::harness::{Service, shared};
+use dlock_core::{Backend, Error};
+use dlock_postgres::{PgBackend, PgSessionBackend};
+
+async fn postgres() -> Arc<dyn Backend> {
+    let server = shared(Service::Postgres).await;
+    let url = format!("{}?mode=session", server.url());
+    Arc::new(
+        PgSessionBackend::connect(&url)
+            .await
+            .expect("connect to the test PostgreSQL"),
+    )
+}
+
+dlock_conformance::conformance_tests!(postgres);
+
+/// The mutex suite again, on the write lock (no semaphores in this mode).
+mod write_lock {
+    use super::*;
+
+    async fn write_lock_client() -> Arc<dyn Backend> {
+        Arc::new(dlock_conformance::MutexAs::write_lock(postgres().await))
+    }
+
+    dlock_conformance::conformance_tests!(write_lock_client);
+}
+
+async fn connect(url: String) -> Arc<dyn Backend> {
+    let backend = PgBackend::builder(url)
+        .connect_timeout(Duration::from_secs(1))
+        .request_timeout(dlock_conformance::faults::REQUEST_TIMEOUT)
+        .connect_session()
+        .await
+        .unwrap();
+    Arc::new(backend)
+}
+
+mod faults {
+    use super::*;
+
+    dlock_conformance::fault_tests!(connect, Service::Postgres);
+
+    /// The fault cases again, on the write lock.
+    mod write_lock {
+        use super::*;
+
+        async fn connect_write_lock(url: String) -> Arc<dyn Backend> {
+            Arc::new(dlock_conformance::MutexAs::write_lock(connect(url).await))
+        }
+
+        dlock_conformance::fault_tests!(connect_write_lock, Service::Postgres);
+    }
+}
+
+#[tokio::test]
+async fn a_pooler_in_transaction_mode_is_refused_naming_the_mode() {
+    let pgbouncer = shared(Service::PgBouncer).await;
+    let url = format!("{}?mode=session", pgbouncer.url());
+    match PgBackend::builder(url).connect_locker().await {
+        Err(Error::InvalidOption {
+            option: "mode",
+            reason,
+        }) => {
+            assert!(reason.contains("transaction mode"), "{reason}");
+        }
+        other => panic!("a session mode through PgBouncer in transaction mode: {other:?}"),
+    }
+}
