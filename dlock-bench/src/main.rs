@@ -31,6 +31,8 @@ enum Which {
     Redis,
     Mysql,
     Postgres,
+    /// PostgreSQL's session mode (advisory locks).
+    PostgresSession,
     Zookeeper,
     Etcd,
 }
@@ -56,7 +58,7 @@ enum Scenario {
 #[command(version)]
 struct Args {
     /// Backends to measure.
-    #[arg(long, value_delimiter = ',', default_values = ["memory", "redis", "mysql", "postgres", "zookeeper", "etcd"])]
+    #[arg(long, value_delimiter = ',', default_values = ["memory", "redis", "mysql", "postgres", "postgres-session", "zookeeper", "etcd"])]
     backends: Vec<Which>,
     /// Scenarios to run.
     #[arg(long, value_delimiter = ',', default_values = ["cycle", "contended", "held", "scaling", "shared"])]
@@ -193,6 +195,9 @@ async fn run(args: Args) -> Result<()> {
             Which::Postgres => {
                 Target::Postgres(url(args.postgres_url.clone(), Service::Postgres).await?)
             }
+            Which::PostgresSession => {
+                Target::PgSession(url(args.postgres_url.clone(), Service::Postgres).await?)
+            }
             Which::Zookeeper => {
                 Target::ZooKeeper(url(args.zk_connect.clone(), Service::ZooKeeper).await?)
             }
@@ -228,7 +233,7 @@ async fn run(args: Args) -> Result<()> {
             backend: name.to_owned(),
             ..BackendReport::default()
         };
-        if has(Scenario::Held) {
+        if has(Scenario::Held) && target.holds_many() {
             for &leases in &args.held {
                 bar.set_message(format!("{name}: {leases} held leases"));
                 // One process holding many leases, as a busy node would,
@@ -299,7 +304,7 @@ async fn run(args: Args) -> Result<()> {
                 Some(scenarios::contended(target, &clients[..args.clients], name, duration).await?);
             bar.inc(1);
         }
-        if has(Scenario::Shared) {
+        if has(Scenario::Shared) && target.has_semaphores() {
             bar.set_message(format!("{name}: reader-writer lock and semaphore"));
             r.shared = Some(shared::shared(&clients[..args.clients], name, duration).await?);
             bar.inc(1);

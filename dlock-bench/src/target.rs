@@ -28,6 +28,8 @@ pub enum Target {
     Redis(String),
     MySql(String),
     Postgres(String),
+    /// PostgreSQL's session mode.
+    PgSession(String),
     ZooKeeper(String),
     Etcd(String),
 }
@@ -39,6 +41,7 @@ impl Target {
             Target::Redis(_) => "redis",
             Target::MySql(_) => "mysql",
             Target::Postgres(_) => "postgres",
+            Target::PgSession(_) => "postgres-session",
             Target::ZooKeeper(_) => "zookeeper",
             Target::Etcd(_) => "etcd",
         }
@@ -74,6 +77,13 @@ impl Target {
                     .connect()
                     .await?,
             ),
+            // A connection per hold, opened as needed.
+            Target::PgSession(url) => Arc::new(
+                dlock::postgres::PgBackend::builder(url)
+                    .request_timeout(REQUEST_TIMEOUT)
+                    .connect_session()
+                    .await?,
+            ),
             Target::ZooKeeper(connect) => Arc::new(
                 dlock::zk::ZkBackend::builder(connect.as_str())
                     .request_timeout(REQUEST_TIMEOUT)
@@ -89,8 +99,19 @@ impl Target {
         })
     }
 
+    /// Whether a client can hold 100,000 leases: not with a connection
+    /// per hold.
+    pub fn holds_many(&self) -> bool {
+        !matches!(self, Target::PgSession(_))
+    }
+
+    /// Whether the backend has semaphores (the shared scenario's).
+    pub fn has_semaphores(&self) -> bool {
+        !matches!(self, Target::PgSession(_))
+    }
+
     pub async fn prepare(&self) -> Result<()> {
-        if let Target::Postgres(url) = self {
+        if let Target::Postgres(url) | Target::PgSession(url) = self {
             dlock::postgres::PgBackend::connect(url).await?;
             sqlx::raw_sql("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
                 .execute(&mut pg_conn(url).await?)
@@ -117,7 +138,9 @@ impl Target {
             Target::Memory(_) => None,
             Target::Redis(url) => Some(Box::new(RedisPing(redis_conn(url).await?))),
             Target::MySql(url) => Some(Box::new(MySqlPing(mysql_client(url).await?))),
-            Target::Postgres(url) => Some(Box::new(PgPing(pg_client(url).await?))),
+            Target::Postgres(url) | Target::PgSession(url) => {
+                Some(Box::new(PgPing(pg_client(url).await?)))
+            }
             Target::ZooKeeper(c) => Some(Box::new(ZkPing(zk::Client::connect(c).await?))),
             Target::Etcd(url) => Some(Box::new(EtcdPing(etcd_channel(url).await?))),
         })
@@ -131,6 +154,8 @@ impl Target {
             Target::Redis(url) => Some(Box::new(RedisRaw::new(redis_conn(url).await?))),
             Target::MySql(url) => Some(Box::new(MySqlRaw(mysql_client(url).await?))),
             Target::Postgres(url) => Some(Box::new(PgRaw(pg_client(url).await?))),
+            // The same locks, bare: no fence, no holder written.
+            Target::PgSession(url) => Some(Box::new(PgAdvisory(pg_client(url).await?))),
             Target::ZooKeeper(c) => Some(Box::new(ZkRaw(zk::Client::connect(c).await?))),
             Target::Etcd(url) => Some(Box::new(EtcdRaw(etcd_channel(url).await?))),
         })
@@ -143,7 +168,9 @@ impl Target {
     pub async fn classic_cas(&self) -> Result<Option<Box<dyn Op>>> {
         Ok(match self {
             Target::MySql(url) => Some(Box::new(MySqlCas(mysql_client(url).await?))),
-            Target::Postgres(url) => Some(Box::new(PgAdvisory(pg_client(url).await?))),
+            Target::Postgres(url) | Target::PgSession(url) => {
+                Some(Box::new(PgAdvisory(pg_client(url).await?)))
+            }
             Target::ZooKeeper(c) => Some(Box::new(ZkBare(zk::Client::connect(c).await?))),
             _ => None,
         })
@@ -181,7 +208,7 @@ impl Target {
                 .await?;
                 Some((questions.parse()?, size))
             }
-            Target::Postgres(url) => {
+            Target::Postgres(url) | Target::PgSession(url) => {
                 let mut conn = pg_conn(url).await?;
                 // Statements run (pg_stat_statements, at once), not the
                 // `SET LOCAL` ahead of each of the driver's.

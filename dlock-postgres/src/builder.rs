@@ -414,4 +414,25 @@ mod tests {
         assert!(parse_url("postgres://u:p%40ss@127.0.0.1:5432/db").is_ok());
         assert!(parse_url("postgresql://u@localhost/db").is_ok());
     }
+
+    /// Each connect refuses the other mode before connecting (port 1:
+    /// nothing listens).
+    #[tokio::test]
+    async fn a_connect_refuses_the_other_mode_naming_it() {
+        let url = "postgres://u@127.0.0.1:1/db";
+        let refused = |r: Result<()>| match r {
+            Err(Error::InvalidOption { option, reason }) => (option, reason),
+            other => panic!("expected InvalidOption, got {other:?}"),
+        };
+        let session = PgBackend::connect(&format!("{url}?mode=session")).await;
+        let (option, reason) = refused(session.map(drop));
+        assert_eq!(option, "mode");
+        assert!(reason.contains("connect_session"), "{reason}");
+        let table = PgSessionBackend::connect(&format!("{url}?mode=lease_table")).await;
+        assert_eq!(refused(table.map(drop)).0, "mode");
+        let bad = PgBackend::builder(format!("{url}?mode=sessions")).connect_locker().await;
+        let (option, reason) = refused(bad.map(drop));
+        assert_eq!(option, "mode");
+        assert!(reason.contains("session or lease_table"), "{reason}");
+    }
 }

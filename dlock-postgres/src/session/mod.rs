@@ -249,12 +249,13 @@ impl PgSessionBackend {
         }
     }
 
-    /// One attempt; the connection of a refusal goes back idle.
+    /// One attempt: the lease, or the connection that was refused and its
+    /// server session.
     async fn attempt(
         &self,
         name: &str,
         opts: &LockOptions,
-    ) -> Result<std::result::Result<Lease, sqlx::PgConnection>> {
+    ) -> Result<std::result::Result<Lease, (sqlx::PgConnection, i32)>> {
         let (mode, owner) = (opts.get_mode(), OwnerToken::random()?);
         let by = self.deadline();
         let mut conn = self.connection("acquire").await?;
@@ -274,7 +275,7 @@ impl PgSessionBackend {
             Some(mark) => self.granted(name, opts, owner, (conn, pid, mark)).map(Ok),
             None => {
                 Self::refused(name, mode, letters.as_deref().unwrap_or_default())?;
-                Ok(Err(conn))
+                Ok(Err((conn, pid)))
             }
         }
     }
@@ -312,7 +313,7 @@ impl Driver for PgSessionBackend {
     async fn try_acquire(&self, name: &str, opts: &LockOptions) -> Result<Option<Lease>> {
         match self.attempt(name, opts).await? {
             Ok(lease) => Ok(Some(lease)),
-            Err(conn) => {
+            Err((conn, _)) => {
                 self.give_back(conn);
                 Ok(None)
             }
@@ -322,9 +323,9 @@ impl Driver for PgSessionBackend {
     async fn wait(&self, name: &str, opts: &LockOptions, deadline: Deadline) -> Result<Lease> {
         // A first attempt refuses a conflict of kinds, which the server's
         // queue would only wait out.
-        let mut conn = match self.attempt(name, opts).await? {
+        let (mut conn, pid) = match self.attempt(name, opts).await? {
             Ok(lease) => return Ok(lease),
-            Err(conn) => conn,
+            Err(refused) => refused,
         };
         let (mode, owner) = (opts.get_mode(), OwnerToken::random()?);
         let left = (opts.get_wait().is_some()).then(|| deadline.cap(Duration::MAX));
@@ -336,7 +337,6 @@ impl Driver for PgSessionBackend {
             .inner
             .sql
             .wait(key(name), mode, owner, opts.get_holder(), wait_ms);
-        let pid = conn::pid(&mut conn, by).await?;
         // Dropped while queued, the wait's session is ended, so that it is
         // not granted the lock for a client that is gone.
         let mut undo = {
