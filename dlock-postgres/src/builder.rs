@@ -430,7 +430,9 @@ mod tests {
         assert!(reason.contains("connect_session"), "{reason}");
         let table = PgSessionBackend::connect(&format!("{url}?mode=lease_table")).await;
         assert_eq!(refused(table.map(drop)).0, "mode");
-        let bad = PgBackend::builder(format!("{url}?mode=sessions")).connect_locker().await;
+        let bad = PgBackend::builder(format!("{url}?mode=sessions"))
+            .connect_locker()
+            .await;
         let (option, reason) = refused(bad.map(drop));
         assert_eq!(option, "mode");
         assert!(reason.contains("session or lease_table"), "{reason}");

@@ -2,29 +2,55 @@
 //! watched while it holds.
 
 use std::sync::{Arc, Mutex, PoisonError, Weak};
+use std::time::Duration;
 
 use dlock_core::{CancellationToken, Error, Lease, Mode, OwnerToken, Result};
-use sqlx::postgres::{PgConnectOptions, PgConnection, PgRow};
-use sqlx::{Connection, Row};
+use sqlx::postgres::{PgArguments, PgConnectOptions, PgConnection, PgRow, Postgres};
+use sqlx::{Arguments, Connection, Row};
 use tokio::time::{Instant, timeout, timeout_at};
 
 use super::Inner;
 use crate::backend::NAME;
 use crate::error::{answered, sql_error, sql_state, timed_out};
 
-/// Opens a connection within `bound`.
+/// A connection, its server session, and since when it is idle.
+#[derive(Debug)]
+pub(super) struct Conn {
+    pub conn: PgConnection,
+    pub pid: i32,
+    pub idle_since: Instant,
+}
+
+/// Opens a connection within `bound` and runs `setup` on it (its
+/// session's settings and row; it answers the pid).
 pub(super) async fn open(
     options: &PgConnectOptions,
-    bound: std::time::Duration,
+    (bound, by): (Duration, Instant),
+    setup: &str,
     doing: &str,
-) -> Result<PgConnection> {
-    match timeout(bound, PgConnection::connect_with(options)).await {
-        Ok(Ok(conn)) => Ok(conn),
-        Ok(Err(e)) => Err(sql_error(e, doing)),
-        Err(_) => Err(timed_out(format!(
-            "{doing}: no connection within the connect timeout ({bound:?})"
-        ))),
-    }
+) -> Result<Conn> {
+    let mut conn = match timeout(bound, PgConnection::connect_with(options)).await {
+        Ok(Ok(conn)) => conn,
+        Ok(Err(e)) => return Err(sql_error(e, doing)),
+        Err(_) => {
+            return Err(timed_out(format!(
+                "{doing}: no connection within the connect timeout ({bound:?})"
+            )));
+        }
+    };
+    let sql = sqlx::AssertSqlSafe(setup.to_owned());
+    let rows = outcome(
+        timeout_at(by, sqlx::raw_sql(sql).fetch_all(&mut conn)).await,
+        doing,
+    )?;
+    let row = rows
+        .last()
+        .ok_or_else(|| Error::malformed(NAME, doing, "no row"))?;
+    Ok(Conn {
+        conn,
+        pid: read(row, 0)?,
+        idle_since: Instant::now(),
+    })
 }
 
 /// A statement that failed: after it the connection's holds are
@@ -44,15 +70,11 @@ impl From<Failure> for Error {
     }
 }
 
-/// Runs `sql` (one simple query) on `conn`, answered by `by`.
-pub(super) async fn run(
-    conn: &mut PgConnection,
-    sql: &str,
-    by: Instant,
+fn outcome<T>(
+    done: std::result::Result<sqlx::Result<T>, tokio::time::error::Elapsed>,
     doing: &str,
-) -> std::result::Result<Vec<PgRow>, Failure> {
-    let sql = sqlx::AssertSqlSafe(sql.to_owned());
-    match timeout_at(by, sqlx::raw_sql(sql).fetch_all(conn)).await {
+) -> std::result::Result<T, Failure> {
+    match done {
         Ok(Ok(rows)) => Ok(rows),
         Ok(Err(e)) => Err(Failure {
             code: sql_state(&e),
@@ -67,19 +89,46 @@ pub(super) async fn run(
     }
 }
 
-/// The connection's server session.
-pub(super) async fn pid(conn: &mut PgConnection, by: Instant) -> Result<i32> {
-    let rows = run(conn, "SELECT pg_backend_pid()", by, "probe").await?;
-    let row = rows
-        .last()
-        .ok_or_else(|| Error::malformed(NAME, "probe", "no row"))?;
-    read(row, 0)
+/// Runs a simple query (DDL) on `conn`, answered by `by`.
+pub(super) async fn run(
+    conn: &mut PgConnection,
+    sql: &str,
+    by: Instant,
+    doing: &str,
+) -> std::result::Result<Vec<PgRow>, Failure> {
+    let sql = sqlx::AssertSqlSafe(sql.to_owned());
+    outcome(
+        timeout_at(by, sqlx::raw_sql(sql).fetch_all(conn)).await,
+        doing,
+    )
+}
+
+/// Runs the prepared statement `sql` with `args` on `conn`, answered by
+/// `by`.
+pub(super) async fn query(
+    conn: &mut PgConnection,
+    (sql, args): (&str, PgArguments),
+    by: Instant,
+    doing: &str,
+) -> std::result::Result<Vec<PgRow>, Failure> {
+    let sql = sqlx::AssertSqlSafe(sql.to_owned());
+    let query = sqlx::query_with::<Postgres, _>(sql, args);
+    outcome(timeout_at(by, query.fetch_all(conn)).await, doing)
+}
+
+/// The arguments of a statement.
+pub(super) fn args(
+    add: impl FnOnce(&mut PgArguments) -> std::result::Result<(), sqlx::error::BoxDynError>,
+) -> Result<PgArguments> {
+    let mut args = PgArguments::default();
+    add(&mut args).map_err(|e| Error::backend(NAME, "encode", sqlx::Error::Encode(e)))?;
+    Ok(args)
 }
 
 /// Column `i` of `row`.
 pub(super) fn read<T>(row: &PgRow, i: usize) -> Result<T>
 where
-    T: for<'r> sqlx::Decode<'r, sqlx::Postgres> + sqlx::Type<sqlx::Postgres>,
+    T: for<'r> sqlx::Decode<'r, Postgres> + sqlx::Type<Postgres>,
 {
     row.try_get(i)
         .map_err(|e| Error::backend(NAME, "decode", e))
@@ -91,7 +140,7 @@ pub(super) struct Held {
     pub owner: OwnerToken,
     pub name: String,
     pub mode: Mode,
-    /// The `application_name` its grant set.
+    /// What its grant wrote to the session's row.
     pub mark: String,
 }
 
@@ -99,8 +148,9 @@ pub(super) struct Held {
 /// with it.
 #[derive(Debug)]
 pub(super) struct Session {
-    /// `None` once given back or closed.
-    pub conn: tokio::sync::Mutex<Option<PgConnection>>,
+    /// `None` once given back, closed, or while a statement runs on it
+    /// (the statement's future owns it then: dropped, it closes it).
+    pub conn: tokio::sync::Mutex<Option<Conn>>,
     /// The server session that granted the holds.
     pub pid: i32,
     /// Cancelled when the session may have ended: the holds' `lost()`.
@@ -108,11 +158,19 @@ pub(super) struct Session {
     holds: Mutex<Vec<Held>>,
 }
 
+impl Drop for Session {
+    /// A session dropped holding (its backend dropped, say) closes its
+    /// connection, which frees its locks: its holds are lost.
+    fn drop(&mut self) {
+        self.lost.cancel();
+    }
+}
+
 impl Session {
-    pub fn new(conn: PgConnection, pid: i32, first: Held) -> Arc<Self> {
+    pub fn new(conn: Conn, first: Held) -> Arc<Self> {
         Arc::new(Session {
+            pid: conn.pid,
             conn: tokio::sync::Mutex::new(Some(conn)),
-            pid,
             lost: CancellationToken::new(),
             holds: Mutex::new(vec![first]),
         })
@@ -133,33 +191,24 @@ impl Session {
         self.held().push(hold);
     }
 
-    /// The mark of the hold that stays once `owner`'s is given up.
-    pub fn mark_without(&self, owner: OwnerToken) -> Option<String> {
+    /// The marks the session's row keeps once `owner`'s hold is given up
+    /// (a newline before each, as a grant appends them).
+    pub fn marks_without(&self, owner: OwnerToken) -> String {
         self.held()
             .iter()
-            .find(|h| h.owner != owner)
-            .map(|h| h.mark.clone())
+            .filter(|h| h.owner != owner)
+            .map(|h| format!("\n{}", h.mark))
+            .collect()
     }
 
-    /// Forgets `owner`'s hold; the connection, when it holds nothing
-    /// more.
-    pub fn forget(
-        &self,
-        owner: OwnerToken,
-        slot: &mut Option<PgConnection>,
-    ) -> Option<PgConnection> {
+    /// Forgets `owner`'s hold: whether the session holds nothing more.
+    pub fn forget(&self, owner: OwnerToken) -> bool {
         let mut held = self.held();
         held.retain(|h| h.owner != owner);
-        if held.is_empty() { slot.take() } else { None }
+        held.is_empty()
     }
 
-    /// Ends every hold: `lost()` fires, and the connection is closed.
-    pub fn lose(&self, slot: &mut Option<PgConnection>) {
-        self.lost.cancel();
-        slot.take();
-    }
-
-    fn owners(&self) -> Vec<OwnerToken> {
+    pub fn owners(&self) -> Vec<OwnerToken> {
         self.held().iter().map(|h| h.owner).collect()
     }
 }
@@ -167,33 +216,49 @@ impl Session {
 /// Probes `session` every `probe_every` while it holds: a probe that gets
 /// no answer within the request timeout, or one from another server
 /// session, ends its holds.
-pub(super) fn watch(backend: Weak<Inner>, session: Arc<Session>) {
-    let session = Arc::downgrade(&session);
+pub(super) fn watch(backend: Weak<Inner>, session: &Arc<Session>) {
+    let session = Arc::downgrade(session);
     tokio::spawn(async move {
         loop {
-            let Some(every) = backend
+            let Some((every, bound)) = backend
                 .upgrade()
                 .map(|b| (b.probe_every, b.request_timeout))
             else {
                 return;
             };
-            tokio::time::sleep(every.0).await;
+            tokio::time::sleep(every).await;
             let Some(s) = session.upgrade() else { return };
             let mut slot = s.conn.lock().await;
             let Some(conn) = slot.as_mut() else { return };
-            let by = Instant::now() + every.1;
-            match pid(conn, by).await {
-                Ok(pid) if pid == s.pid => continue,
-                Ok(other) => tracing::warn!(
-                    held = s.pid,
-                    answered = other,
-                    "a holding connection was answered by another server session (a pooler in transaction mode?): its holds end"
-                ),
+            let by = Instant::now() + bound;
+            let probe = ("SELECT pg_backend_pid()", PgArguments::default());
+            let answer = query(&mut conn.conn, probe, by, "probe").await;
+            let pid = answer.map_err(Error::from).and_then(|rows| {
+                rows.first()
+                    .map_or(Ok(None), |r| read::<i32>(r, 0).map(Some))
+            });
+            match pid {
+                Ok(Some(pid)) if pid == s.pid => continue,
+                Ok(other) => {
+                    tracing::warn!(
+                        held = s.pid,
+                        answered = ?other,
+                        "a holding connection was answered by another server session (a pooler \
+                         in transaction mode?): its holds end"
+                    );
+                    // The session that holds may serve other clients now:
+                    // ended, it frees what it holds.
+                    if let Ok(end) = args(|a| a.add(s.pid)) {
+                        let end = ("SELECT pg_terminate_backend($1)", end);
+                        let _ = query(&mut conn.conn, end, by, "probe").await;
+                    }
+                }
                 Err(e) => {
                     tracing::warn!(error = %e, "a holding connection's probe failed: its holds end")
                 }
             }
-            s.lose(&mut slot);
+            s.lost.cancel();
+            slot.take();
             if let Some(b) = backend.upgrade() {
                 let mut held = b.held.lock().unwrap_or_else(PoisonError::into_inner);
                 for owner in s.owners() {

@@ -17,19 +17,25 @@ use dlock_core::driver::wait::Deadline;
 use dlock_core::{
     Capabilities, Error, Lease, LeaseKind, LockInfo, LockOptions, Mode, OwnerToken, Result,
 };
-use sqlx::postgres::PgConnectOptions;
+use sqlx::Arguments;
+use sqlx::postgres::{PgConnectOptions, PgRow};
 use tokio::time::Instant;
 
-use self::conn::{Held, Session, read};
-use self::sql::{SessionSql, fence_of, info, key, kind_of};
+use self::conn::{Conn, Failure, Held, Session, args, query, read};
+use self::sql::{SessionSql, fence_of, info, key, kind_of, mark_prefix};
 use crate::backend::NAME;
 
 // SQLSTATEs of a creation that raced another.
 const UNIQUE_VIOLATION: &str = "23505";
 const DUPLICATE_TABLE: &str = "42P07";
 
-/// The longest a client waits for an unbounded wait's answer.
-const FOREVER: Duration = Duration::from_secs(365 * 86_400);
+// SQLSTATEs of a wait that ran out of time.
+const LOCK_NOT_AVAILABLE: &str = "55P03";
+const QUERY_CANCELED: &str = "57014";
+
+/// The longest one wait statement queues: an unbounded wait is a series
+/// of these, so that a link gone silent under it is noticed.
+const WAIT_SLICE: Duration = Duration::from_secs(30);
 
 /// A PostgreSQL lock backend over session advisory locks: what sqlx's
 /// `PgAdvisoryLock` does, with fencing tokens, `lost()`, reader-writer
@@ -39,15 +45,17 @@ const FOREVER: Duration = Duration::from_secs(365 * 86_400);
 /// connections.
 ///
 /// A hold lives as long as its connection's server session, as a
-/// ZooKeeper session's nodes do: no TTL, nothing to renew, and a paused
-/// holder keeps its lock while its TCP connection lives (the fencing
-/// token covers it). Each hold has a connection of its own, probed every
-/// `max_poll_interval`; a probe unanswered within the request timeout, or
-/// answered by another server session, ends the hold: the guard's
-/// `lost()` fires and the connection is closed, which frees the lock once
-/// the server sees it closed. It needs connections that keep their server
-/// session: PostgreSQL itself, or PgBouncer in session mode; a pooler in
-/// transaction mode is refused at connect.
+/// ZooKeeper session's nodes do: no TTL, nothing to renew. Each hold has a
+/// connection of its own, probed every `max_poll_interval`; a probe
+/// unanswered within the request timeout, or answered by another server
+/// session, ends the hold: the guard's `lost()` fires and the connection
+/// is closed. The server ends a session silent for twice that
+/// (`idle_session_timeout`), so a holder paused or cut off loses its
+/// lock, after its own probe has failed; a connection closed on the way
+/// frees it at once, before the holder's next probe (see
+/// [`Capabilities::freed_on_disconnect`]: fence what you write). It needs
+/// connections that keep their server session: PostgreSQL itself, or
+/// PgBouncer in session mode; a pooler in transaction mode is refused.
 ///
 /// Names map to 64-bit advisory-lock keys (a hash): two names of one key
 /// contend as one lock (false contention, never a false grant), and so
@@ -65,11 +73,13 @@ struct Inner {
     options: PgConnectOptions,
     sql: SessionSql,
     /// Connections that hold nothing, for the next call.
-    idle: Mutex<Vec<sqlx::PgConnection>>,
+    idle: Mutex<Vec<Conn>>,
     max_idle: usize,
     /// The holding connections, by the owner token of each hold.
     held: Mutex<HashMap<OwnerToken, Arc<Session>>>,
     probe_every: Duration,
+    /// The server ends a session silent this long.
+    silence: Duration,
     request_timeout: Duration,
     connect_timeout: Duration,
 }
@@ -102,43 +112,31 @@ impl PgSessionBackend {
     }
 
     pub(crate) async fn open(setup: Setup) -> Result<Self> {
-        // The server ends a holding session silent this long: twice what
-        // the client takes to learn that its probes go unanswered.
-        let silence = (setup.probe_every + setup.request_timeout) * 2;
-        let silence_ms = u64::try_from(silence.as_millis()).unwrap_or(u64::MAX);
         let backend = PgSessionBackend {
             inner: Arc::new(Inner {
                 options: setup.options,
-                sql: SessionSql::new(&setup.schema, &setup.table, silence_ms),
+                sql: SessionSql::new(&setup.schema, &setup.table),
                 idle: Mutex::default(),
                 max_idle: usize::try_from(setup.max_idle).unwrap_or(usize::MAX),
                 held: Mutex::default(),
                 probe_every: setup.probe_every,
+                // Twice what a holder takes to learn that its probes go
+                // unanswered.
+                silence: (setup.probe_every + setup.request_timeout) * 2,
                 request_timeout: setup.request_timeout,
                 connect_timeout: setup.connect_timeout,
             }),
         };
         let by = backend.deadline();
-        let mut first = backend.connection("connect").await?;
         if setup.create {
-            let create = backend.inner.sql.create();
-            if let Err(f) = conn::run(&mut first, &create, by, "connect").await {
-                // Another client created them at the same moment (`IF NOT
-                // EXISTS` does not serialize creators): they are there.
-                if !matches!(f.code.as_deref(), Some(UNIQUE_VIOLATION | DUPLICATE_TABLE)) {
-                    return Err(f.error);
-                }
-                first = backend.connection("connect").await?;
-                conn::run(&mut first, &create, by, "connect").await?;
-            }
+            backend.create(by).await?;
         }
         // Two connections served by one server session are a pooler in
         // transaction mode: a lock would stay with a session that serves
-        // other clients, and the next statement could reach another one.
-        let mut second = backend.connection("connect").await?;
-        let one = conn::pid(&mut first, by).await?;
-        let two = conn::pid(&mut second, by).await?;
-        if one == two {
+        // other clients. (Each statement also names its session.)
+        let first = backend.connection("connect").await?;
+        let second = backend.connection("connect").await?;
+        if first.pid == second.pid {
             return Err(Error::invalid_option(
                 "mode",
                 "the session mode needs connections that keep their server session, and two \
@@ -152,30 +150,66 @@ impl PgSessionBackend {
         Ok(backend)
     }
 
+    /// Creates the sequence and the holders' table when missing.
+    async fn create(&self, by: Instant) -> Result<()> {
+        let bound = (self.inner.connect_timeout, by);
+        let create = self.inner.sql.create();
+        for last in [false, true] {
+            let mut conn = conn::open(&self.inner.options, bound, "SELECT 1", "connect").await?;
+            match conn::run(&mut conn.conn, &create, by, "connect").await {
+                Ok(_) => return Ok(()),
+                // Another client created them at the same moment (`IF NOT
+                // EXISTS` does not serialize creators): they are there.
+                Err(f)
+                    if !last
+                        && matches!(
+                            f.code.as_deref(),
+                            Some(UNIQUE_VIOLATION | DUPLICATE_TABLE)
+                        ) => {}
+                Err(f) => return Err(f.error),
+            }
+        }
+        Ok(())
+    }
+
     /// The request timeout in milliseconds.
-    fn ms(&self) -> u64 {
-        u64::try_from(self.inner.request_timeout.as_millis()).unwrap_or(u64::MAX)
+    fn ms(&self) -> i64 {
+        i64::try_from(self.inner.request_timeout.as_millis()).unwrap_or(i64::MAX)
     }
 
     fn deadline(&self) -> Instant {
         Instant::now() + self.inner.request_timeout
     }
 
-    /// An idle connection, or a new one within the connect timeout.
-    async fn connection(&self, doing: &str) -> Result<sqlx::PgConnection> {
-        let idle = self
-            .inner
-            .idle
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .pop();
-        match idle {
-            Some(conn) => Ok(conn),
-            None => conn::open(&self.inner.options, self.inner.connect_timeout, doing).await,
+    /// An idle connection the server has not ended for its silence, or a
+    /// new one within the connect timeout.
+    async fn connection(&self, doing: &str) -> Result<Conn> {
+        let fresh = Instant::now() - self.inner.silence / 2;
+        let idle = {
+            let mut idle = self
+                .inner
+                .idle
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            idle.retain(|c| c.idle_since > fresh);
+            idle.pop()
+        };
+        if let Some(conn) = idle {
+            return Ok(conn);
         }
+        let silence = u64::try_from(self.inner.silence.as_millis()).unwrap_or(u64::MAX);
+        let bound = (self.inner.connect_timeout, self.deadline());
+        conn::open(
+            &self.inner.options,
+            bound,
+            &self.inner.sql.open(silence),
+            doing,
+        )
+        .await
     }
 
-    fn give_back(&self, conn: sqlx::PgConnection) {
+    fn give_back(&self, mut conn: Conn) {
+        conn.idle_since = Instant::now();
         let mut idle = self
             .inner
             .idle
@@ -206,34 +240,9 @@ impl PgSessionBackend {
         }
     }
 
-    /// A granted hold on `conn`: its lease, its session watched.
-    fn granted(
-        &self,
-        name: &str,
-        opts: &LockOptions,
-        owner: OwnerToken,
-        (conn, pid, mark): (sqlx::PgConnection, i32, String),
-    ) -> Result<Lease> {
-        let (mode, holder) = (opts.get_mode(), opts.get_holder());
-        let fence = fence_of(&mark).ok_or_else(|| Error::malformed(NAME, "acquire", &mark))?;
-        let hold = Held {
-            owner,
-            name: name.to_owned(),
-            mode,
-            mark,
-        };
-        let session = Session::new(conn, pid, hold);
-        let lease = Lease::with_session(name, owner, fence, session.lost.clone())
-            .with_mode(mode)
-            .with_holder(holder);
-        self.sessions().insert(owner, session.clone());
-        conn::watch(Arc::downgrade(&self.inner), session);
-        Ok(lease)
-    }
-
     /// The error for a refused attempt: a conflict of kinds when a holder
     /// is another kind of lock, else `None` (held).
-    fn refused(name: &str, asked: Mode, letters: &str) -> Result<Option<Lease>> {
+    fn refused(name: &str, asked: Mode, letters: &str) -> Result<()> {
         let mutex = asked == Mode::Exclusive;
         let other = letters
             .chars()
@@ -245,40 +254,142 @@ impl PgSessionBackend {
                 held,
                 asked,
             }),
-            None => Ok(None),
+            None => Ok(()),
         }
     }
 
-    /// One attempt: the lease, or the connection that was refused and its
-    /// server session.
+    /// A grant's statement and its arguments; `wait_ms` for a wait.
+    fn grant<'s>(
+        &'s self,
+        (name, opts): (&str, &LockOptions),
+        (pid, owner): (i32, OwnerToken),
+        beside: String,
+        wait_ms: Option<i64>,
+    ) -> Result<(&'s str, sqlx::postgres::PgArguments)> {
+        let mode = opts.get_mode();
+        let args = args(|a| {
+            a.add(pid)?;
+            a.add(key(name))?;
+            a.add(mark_prefix(mode, owner))?;
+            a.add(opts.get_holder())?;
+            a.add(beside)?;
+            match wait_ms {
+                Some(ms) => a.add(ms.to_string()),
+                None => Ok(()),
+            }
+        })?;
+        Ok((self.inner.sql.grant(mode, wait_ms.is_some()), args))
+    }
+
+    /// A grant's answer: the mark, `None` when refused (after the check
+    /// for a conflict of kinds).
+    fn answer(name: &str, mode: Mode, rows: &[PgRow]) -> Result<Option<String>> {
+        let row = rows
+            .first()
+            .ok_or_else(|| Error::malformed(NAME, "acquire", "no row"))?;
+        let (got, mark, letters): (Option<bool>, Option<String>, Option<String>) =
+            (read(row, 0)?, read(row, 1)?, read(row, 2)?);
+        match (got, mark) {
+            (Some(true), Some(mark)) => Ok(Some(mark)),
+            (Some(false), _) => {
+                Self::refused(name, mode, letters.as_deref().unwrap_or_default())?;
+                Ok(None)
+            }
+            _ => Err(moved()),
+        }
+    }
+
+    /// A granted hold on `conn`: its lease, its session watched.
+    fn granted(
+        &self,
+        (name, opts): (&str, &LockOptions),
+        owner: OwnerToken,
+        conn: Conn,
+        mark: String,
+    ) -> Result<Lease> {
+        let mode = opts.get_mode();
+        let fence = fence_of(&mark).ok_or_else(|| Error::malformed(NAME, "acquire", &mark))?;
+        let hold = Held {
+            owner,
+            name: name.to_owned(),
+            mode,
+            mark,
+        };
+        let session = Session::new(conn, hold);
+        self.sessions().insert(owner, session.clone());
+        conn::watch(Arc::downgrade(&self.inner), &session);
+        Ok(
+            Lease::with_session(name, owner, fence, session.lost.clone())
+                .with_mode(mode)
+                .with_holder(opts.get_holder()),
+        )
+    }
+
+    /// One attempt: the lease, or the connection that was refused.
     async fn attempt(
         &self,
         name: &str,
         opts: &LockOptions,
-    ) -> Result<std::result::Result<Lease, (sqlx::PgConnection, i32)>> {
-        let (mode, owner) = (opts.get_mode(), OwnerToken::random()?);
+    ) -> Result<std::result::Result<Lease, Conn>> {
+        let owner = OwnerToken::random()?;
         let by = self.deadline();
-        let mut conn = self.connection("acquire").await?;
-        let attempt = self
-            .inner
-            .sql
-            .attempt(key(name), mode, owner, opts.get_holder());
         // A failure drops the connection, whatever it holds: closed, it
         // holds nothing once the server sees it closed.
-        let rows = conn::run(&mut conn, &attempt, by, "acquire").await?;
-        let row = rows
-            .last()
-            .ok_or_else(|| Error::malformed(NAME, "acquire", "no row"))?;
-        let (pid, mark, letters): (i32, Option<String>, Option<String>) =
-            (read(row, 0)?, read(row, 1)?, read(row, 2)?);
-        match mark {
-            Some(mark) => self.granted(name, opts, owner, (conn, pid, mark)).map(Ok),
-            None => {
-                Self::refused(name, mode, letters.as_deref().unwrap_or_default())?;
-                Ok(Err((conn, pid)))
-            }
+        let mut conn = self.connection("acquire").await?;
+        let grant = self.grant((name, opts), (conn.pid, owner), String::new(), None)?;
+        let rows = query(&mut conn.conn, grant, by, "acquire").await?;
+        match Self::answer(name, opts.get_mode(), &rows)? {
+            Some(mark) => self.granted((name, opts), owner, conn, mark).map(Ok),
+            None => Ok(Err(conn)),
         }
     }
+
+    /// One wait statement on `conn`, queued up to `slice`: the lease, or
+    /// the connection when the slice ran out.
+    async fn wait_slice(
+        &self,
+        (name, opts): (&str, &LockOptions),
+        mut conn: Conn,
+        slice: Duration,
+    ) -> Result<std::result::Result<Lease, Conn>> {
+        let owner = OwnerToken::random()?;
+        let ms = i64::try_from(dlock_core::driver::millis_up(slice))
+            .unwrap_or(i64::MAX)
+            .max(1);
+        let grant = self.grant((name, opts), (conn.pid, owner), String::new(), Some(ms))?;
+        let by = Instant::now() + slice + self.inner.request_timeout;
+        // Dropped while queued, the wait's session is ended, so that it
+        // is not granted the lock for a client that is gone.
+        let mut undo = {
+            let (backend, pid, key) = (self.clone(), conn.pid, key(name));
+            UndoOnDrop::new(async move { backend.end_wait(pid, key).await })
+        };
+        let done = query(&mut conn.conn, grant, by, "acquire").await;
+        undo.disarm();
+        match done {
+            Ok(rows) => match Self::answer(name, opts.get_mode(), &rows)? {
+                Some(mark) => self.granted((name, opts), owner, conn, mark).map(Ok),
+                None => Err(Error::malformed(NAME, "acquire", "a wait refused")),
+            },
+            Err(Failure {
+                code: Some(code), ..
+            }) if code == LOCK_NOT_AVAILABLE || code == QUERY_CANCELED => {
+                // Nothing taken: a lock timeout cancels the wait before
+                // any grant.
+                Ok(Err(conn))
+            }
+            Err(f) => Err(f.error),
+        }
+    }
+}
+
+/// A statement answered by another server session than the one asked.
+fn moved() -> Error {
+    Error::invalid_option(
+        "mode",
+        "a statement reached another server session than its connection's: the session mode \
+         needs connections that keep their session (not a pooler in transaction mode)",
+    )
 }
 
 #[async_trait]
@@ -313,7 +424,7 @@ impl Driver for PgSessionBackend {
     async fn try_acquire(&self, name: &str, opts: &LockOptions) -> Result<Option<Lease>> {
         match self.attempt(name, opts).await? {
             Ok(lease) => Ok(Some(lease)),
-            Err((conn, _)) => {
+            Err(conn) => {
                 self.give_back(conn);
                 Ok(None)
             }
@@ -323,76 +434,63 @@ impl Driver for PgSessionBackend {
     async fn wait(&self, name: &str, opts: &LockOptions, deadline: Deadline) -> Result<Lease> {
         // A first attempt refuses a conflict of kinds, which the server's
         // queue would only wait out.
-        let (mut conn, pid) = match self.attempt(name, opts).await? {
+        let mut conn = match self.attempt(name, opts).await? {
             Ok(lease) => return Ok(lease),
-            Err(refused) => refused,
+            Err(conn) => conn,
         };
-        let (mode, owner) = (opts.get_mode(), OwnerToken::random()?);
-        let left = (opts.get_wait().is_some()).then(|| deadline.cap(Duration::MAX));
-        let wait_ms = left.map(|l| u64::try_from(l.as_millis()).unwrap_or(u64::MAX));
-        // Core cuts a bounded wait off one request timeout after its
-        // bound; an unbounded one waits as long as the server queues it.
-        let by = Instant::now() + left.unwrap_or(FOREVER).min(FOREVER) + self.inner.request_timeout;
-        let sql = self
-            .inner
-            .sql
-            .wait(key(name), mode, owner, opts.get_holder(), wait_ms);
-        // Dropped while queued, the wait's session is ended, so that it is
-        // not granted the lock for a client that is gone.
-        let mut undo = {
-            let backend = self.clone();
-            UndoOnDrop::new(async move { backend.terminate(pid).await })
-        };
-        let done = conn::run(&mut conn, &sql, by, "acquire").await;
-        undo.disarm();
-        let rows = match done {
-            Ok(rows) => rows,
-            Err(_) if deadline.is_past() => return Err(deadline.timeout_error(name)),
-            Err(f) => return Err(f.error),
-        };
-        let row = rows
-            .last()
-            .ok_or_else(|| Error::malformed(NAME, "acquire", "no row"))?;
-        let (pid, mark): (i32, String) = (read(row, 0)?, read(row, 1)?);
-        self.granted(name, opts, owner, (conn, pid, mark))
+        loop {
+            let left = deadline.cap(WAIT_SLICE);
+            if left.is_zero() {
+                self.give_back(conn);
+                return Err(deadline.timeout_error(name));
+            }
+            conn = match self.wait_slice((name, opts), conn, left).await? {
+                Ok(lease) => return Ok(lease),
+                Err(conn) => conn,
+            };
+        }
     }
 
     async fn release(&self, lease: &Lease) -> Result<()> {
         let session = self.session_of(lease)?;
         let by = self.deadline();
         let mut slot = session.conn.lock().await;
-        let Some(conn) = slot.as_mut() else {
+        // The statement's future owns the connection, and a guard ends the
+        // session's holds unless it is disarmed: dropped mid-statement, the
+        // connection is closed and the holds are lost.
+        let Some(mut conn) = slot.take() else {
             return Err(Error::not_held(lease.name()));
         };
-        let after = session.mark_without(lease.owner());
-        let sql = self
-            .inner
-            .sql
-            .release(key(lease.name()), lease.mode(), after.as_deref());
-        let done = conn::run(conn, &sql, by, "release").await;
+        let ends = session.lost.clone().drop_guard();
+        let args = args(|a| {
+            a.add(session.pid)?;
+            a.add(key(lease.name()))?;
+            a.add(session.marks_without(lease.owner()).trim_start().to_owned())
+        })?;
+        let statement = (self.inner.sql.release(lease.mode()), args);
+        let done = query(&mut conn.conn, statement, by, "release").await;
         self.sessions().remove(&lease.owner());
         let held = match &done {
-            Ok(rows) => rows
-                .last()
-                .map(|row| Ok::<_, Error>((read::<i32>(row, 0)?, read::<bool>(row, 1)?)))
-                .transpose()?
-                .is_some_and(|(pid, held)| held && pid == session.pid),
-            Err(_) => false,
+            Ok(rows) => rows.first().map(|r| read::<Option<bool>>(r, 0)).transpose(),
+            Err(_) => Ok(None),
         };
-        if !held {
-            // Another session answered, or none: what this one holds is
-            // not known, and closing it frees it. A session the server
-            // ended (an operator's `force_release`) held nothing more.
-            session.lose(&mut slot);
-            return match done {
-                Err(f) if !f.ended => Err(f.error),
-                _ => Err(Error::not_held(lease.name())),
-            };
+        match (done, held) {
+            (Ok(_), Ok(Some(Some(true)))) => {
+                drop(ends.disarm());
+                if session.forget(lease.owner()) {
+                    self.give_back(conn);
+                } else {
+                    *slot = Some(conn);
+                }
+                Ok(())
+            }
+            // A session the server ended (an operator's `force_release`)
+            // held nothing more; one that answered "not held" had lost it.
+            (Err(f), _) if !f.ended => Err(f.error),
+            (Ok(_), Ok(Some(None))) => Err(moved()),
+            (Ok(_), Err(e)) => Err(e),
+            _ => Err(Error::not_held(lease.name())),
         }
-        if let Some(conn) = session.forget(lease.owner(), &mut slot) {
-            self.give_back(conn);
-        }
-        Ok(())
     }
 
     async fn extend(&self, lease: &mut Lease) -> Result<()> {
@@ -408,38 +506,34 @@ impl Driver for PgSessionBackend {
         let owner = OwnerToken::random()?;
         let by = self.deadline();
         let mut slot = session.conn.lock().await;
-        let Some(conn) = slot.as_mut() else {
+        let Some(mut conn) = slot.take() else {
             return Err(Error::not_held(write.name()));
         };
+        let ends = session.lost.clone().drop_guard();
         // The session's own write lock puts its read request ahead of any
         // queued writer: granted at once.
-        let (holder, ms) = (opts.get_holder(), Some(self.ms()));
-        let sql = self
-            .inner
-            .sql
-            .wait(key(write.name()), Mode::Read, owner, holder, ms);
-        let done = conn::run(conn, &sql, by, "downgrade").await;
-        let mark = match done.map_err(Error::from).and_then(|rows| {
-            let row = rows
-                .last()
-                .ok_or_else(|| Error::malformed(NAME, "downgrade", "no row"))?;
-            read::<String>(row, 1)
-        }) {
-            Ok(mark) => mark,
-            Err(e) => {
-                session.lose(&mut slot);
-                return Err(e);
-            }
-        };
-        drop(slot);
+        let read_opts = opts.clone().read();
+        let beside = session.marks_without(owner);
+        let grant = self.grant(
+            (write.name(), &read_opts),
+            (session.pid, owner),
+            beside,
+            Some(self.ms()),
+        )?;
+        let rows = query(&mut conn.conn, grant, by, "downgrade").await?;
+        let mark = Self::answer(write.name(), Mode::Read, &rows)?
+            .ok_or_else(|| Error::malformed(NAME, "downgrade", "a wait refused"))?;
         let fence = fence_of(&mark).ok_or_else(|| Error::malformed(NAME, "downgrade", &mark))?;
+        let name = write.name().to_owned();
         session.add(Held {
             owner,
-            name: write.name().to_owned(),
+            name,
             mode: Mode::Read,
             mark,
         });
         self.sessions().insert(owner, session.clone());
+        *slot = Some(conn);
+        drop(ends.disarm());
         Ok(
             Lease::with_session(write.name(), owner, fence, session.lost.clone())
                 .with_mode(Mode::Read)
@@ -450,43 +544,66 @@ impl Driver for PgSessionBackend {
     async fn force_release(&self, name: &str) -> Result<Option<LockInfo>> {
         // Half the request timeout for the sessions to end, the rest for
         // the answer.
-        let terminate = self.inner.sql.terminate(key(name), self.ms() / 2);
-        let rows = self.statement(&terminate, "force_release").await?;
-        holders(&rows).map(|mut all| (!all.is_empty()).then(|| all.remove(0)))
+        let args = args(|a| {
+            a.add(key(name))?;
+            a.add(self.ms() / 2)
+        })?;
+        let rows = self
+            .statement((self.inner.sql.terminate(), args), "force_release")
+            .await?;
+        holders(&rows).map(|all| all.into_iter().next())
     }
 
     async fn holders(&self, name: &str, limit: usize) -> Result<Vec<LockInfo>> {
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        let args = args(|a| {
+            a.add(key(name))?;
+            a.add(limit)
+        })?;
         let rows = self
-            .statement(&self.inner.sql.holders(key(name), limit), "holders")
+            .statement((self.inner.sql.holders(), args), "holders")
             .await?;
         holders(&rows)
     }
 }
 
 /// The holders `pg_locks` rows show, with their sessions' rows.
-fn holders(rows: &[sqlx::postgres::PgRow]) -> Result<Vec<LockInfo>> {
+fn holders(rows: &[PgRow]) -> Result<Vec<LockInfo>> {
     let mut all = Vec::with_capacity(rows.len());
     for row in rows {
-        let (mark, mode): (String, String) = (read(row, 1)?, read(row, 2)?);
-        all.extend(info(&mark, &mode));
+        let (marks, mode): (String, String) = (read(row, 1)?, read(row, 2)?);
+        all.extend(info(&marks, &mode));
     }
     Ok(all)
 }
 
 impl PgSessionBackend {
     /// One statement on an idle connection, given back after.
-    async fn statement(&self, sql: &str, doing: &str) -> Result<Vec<sqlx::postgres::PgRow>> {
+    async fn statement(
+        &self,
+        statement: (&str, sqlx::postgres::PgArguments),
+        doing: &str,
+    ) -> Result<Vec<PgRow>> {
         let by = self.deadline();
         let mut conn = self.connection(doing).await?;
-        let rows = conn::run(&mut conn, sql, by, doing).await?;
+        let rows = query(&mut conn.conn, statement, by, doing).await?;
         self.give_back(conn);
         Ok(rows)
     }
 
-    /// Ends the server session `pid` (a wait its caller dropped).
-    async fn terminate(&self, pid: i32) {
-        let sql = format!("SELECT pg_terminate_backend({pid})");
-        if let Err(e) = self.statement(&sql, "undo").await {
+    /// Ends the server session `pid` of a dropped wait for `key`.
+    async fn end_wait(&self, pid: i32, key: i64) {
+        let ended = match args(|a| {
+            a.add(pid)?;
+            a.add(key)
+        }) {
+            Ok(args) => self
+                .statement((self.inner.sql.undo(), args), "undo")
+                .await
+                .map(drop),
+            Err(e) => Err(e),
+        };
+        if let Err(e) = ended {
             tracing::warn!(pid, error = %e, "a dropped wait's server session was not ended; it ends once the server sees its connection closed");
         }
     }

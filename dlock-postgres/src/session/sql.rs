@@ -1,13 +1,14 @@
 //! The session mode's statements, and what a holding session's row says
-//! of its hold (its mark: `<kind letter><owner> <fence> <holder>`).
+//! of its holds (a mark a hold: `<kind letter><owner> <fence> <holder>`;
+//! a downgraded session's row has two, a line each).
 //!
-//! Each is one simple query (one round trip), its values written out as
-//! literals.
+//! The connections are dedicated, so the statements are prepared (sqlx's
+//! cache, per connection). Each one that locks or unlocks names the
+//! server session it is for (`$1`, its pid): one that reaches another
+//! session (a pooler in transaction mode) changes nothing there.
 
 use dlock_core::{LockInfo, Mode, OwnerToken};
 use sha2::{Digest, Sha256};
-
-use crate::sql::text;
 
 /// A name's advisory-lock key: 64 bits of a hash of it, the same for
 /// every kind of hold, so that one name is one lock. Two names of the same
@@ -19,40 +20,121 @@ pub(crate) fn key(name: &str) -> i64 {
     i64::from_be_bytes(first)
 }
 
-/// The letter of a kind of hold in a mark.
-fn letter(mode: Mode) -> char {
-    match mode {
+/// The start of a hold's mark, before its fence.
+pub(crate) fn mark_prefix(mode: Mode, owner: OwnerToken) -> String {
+    let letter = match mode {
         Mode::Exclusive => 'm',
         Mode::Read => 'r',
         Mode::Write => 'w',
         // Not granted in this mode: core refuses kinds a driver lacks.
         _ => 'p',
-    }
+    };
+    format!("{letter}{owner} ")
 }
 
 /// The statements, for one fencing sequence and one table of holders.
 #[derive(Debug)]
 pub(crate) struct SessionSql {
-    /// The fencing sequence, schema-qualified.
     sequence: String,
-    /// Who holds, a row per server session (`pid`), schema-qualified.
     sessions: String,
-    /// The `idle_session_timeout` of a holding session, in milliseconds.
-    silence_ms: u64,
+    /// The grants: `[try, wait]` × `[exclusive, shared]`.
+    grants: [[String; 2]; 2],
+    releases: [String; 2],
+    holders: String,
+    terminate: String,
+    undo: String,
+}
+
+/// `pg_locks` (aliased `l`) of the granted holds of the key `key` in this
+/// database, joined with their session's row (`s`). A bigint key is kept
+/// split: its high half as `classid`, its low half as `objid`, with
+/// `objsubid` 1.
+fn holds_of(key: &str, sessions: &str) -> String {
+    format!(
+        "pg_locks l JOIN {sessions} s ON s.pid = l.pid \
+         WHERE l.locktype = 'advisory' AND l.granted \
+         AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database()) \
+         AND l.classid = (({key} >> 32) & 4294967295)::oid \
+         AND l.objid = ({key} & 4294967295)::oid AND l.objsubid = 1"
+    )
 }
 
 impl SessionSql {
-    pub(crate) fn new(schema: &str, table: &str, silence_ms: u64) -> Self {
+    pub(crate) fn new(schema: &str, table: &str) -> Self {
+        let sequence = format!("{schema}.{table}_fence");
+        let sessions = format!("{schema}.{table}_sessions");
+        let grant = |take: &str| {
+            // `$3`: the mark's start; `$4`: the holder; `$5`: what the row
+            // keeps beside it (a downgrade's write mark, after a newline).
+            // The lock is taken first, and the fence drawn only then.
+            format!(
+                "WITH g AS MATERIALIZED (SELECT CASE WHEN pg_backend_pid() = $1 THEN {take} END AS got), \
+                 f AS MATERIALIZED (SELECT $3 || GREATEST(nextval('{sequence}'), \
+                   (extract(epoch FROM clock_timestamp()) * 1000000)::bigint)::text || ' ' || $4 AS mark \
+                   FROM g WHERE g.got), \
+                 w AS (UPDATE {sessions} SET hold = f.mark || $5 FROM f WHERE pid = $1) \
+                 SELECT g.got, (SELECT mark FROM f), \
+                 CASE WHEN NOT g.got THEN (SELECT string_agg(DISTINCT left(s.hold, 1), '') FROM {}) END \
+                 FROM g",
+                holds_of("$2", &sessions)
+            )
+        };
+        // A wait sets its `lock_timeout` (`$6`, ms; 0: none) before it
+        // queues: the server reads it when the wait begins.
+        let wait = |lock: &str| {
+            grant(&format!(
+                "(SELECT {lock}($2)::text = '' FROM (SELECT set_config('lock_timeout', $6, true)) t)"
+            ))
+        };
+        let release = |unlock: &str| {
+            // `$3`: the marks the row keeps.
+            format!(
+                "WITH u AS MATERIALIZED (SELECT CASE WHEN pg_backend_pid() = $1 THEN {unlock}($2) END AS held), \
+                 w AS (UPDATE {sessions} SET hold = $3 WHERE pid = $1 AND (SELECT held FROM u)) \
+                 SELECT held FROM u"
+            )
+        };
         SessionSql {
-            sequence: format!("{schema}.{table}_fence"),
-            sessions: format!("{schema}.{table}_sessions"),
-            silence_ms,
+            grants: [
+                [grant("pg_try_advisory_lock($2)"), wait("pg_advisory_lock")],
+                [
+                    grant("pg_try_advisory_lock_shared($2)"),
+                    wait("pg_advisory_lock_shared"),
+                ],
+            ],
+            releases: [
+                release("pg_advisory_unlock"),
+                release("pg_advisory_unlock_shared"),
+            ],
+            // `$1`: the key; `$2`: the most rows.
+            holders: format!(
+                "SELECT l.pid, s.hold, l.mode FROM {} ORDER BY l.mode LIMIT $2",
+                holds_of("$1", &sessions)
+            ),
+            // The holders are read before any is ended, and shown whether
+            // or not its end came within `$2` ms.
+            terminate: format!(
+                "WITH h AS MATERIALIZED (SELECT l.pid, s.hold, l.mode FROM {} \
+                   AND l.pid <> pg_backend_pid()) \
+                 SELECT pid, hold, mode, pg_terminate_backend(pid, $2) FROM h",
+                holds_of("$1", &sessions)
+            ),
+            // A dropped wait's session `$1`, if it still waits for or holds
+            // `$2` (not a later session of the same pid).
+            undo: format!(
+                "SELECT pg_terminate_backend(l.pid) FROM pg_locks l \
+                 WHERE l.pid = $1 AND l.locktype = 'advisory' \
+                 AND l.classid = (($2 >> 32) & 4294967295)::oid \
+                 AND l.objid = ($2 & 4294967295)::oid AND l.objsubid = 1"
+            ),
+            sequence,
+            sessions,
         }
     }
 
     /// Creates the fencing sequence and the holders' table when missing.
     /// The table is unlogged (a crash loses it with the sessions it
-    /// describes) and its rows are updated in place (HOT).
+    /// describes), and its rows are updated in place (HOT).
     pub(crate) fn create(&self) -> String {
         format!(
             "CREATE SEQUENCE IF NOT EXISTS {}; \
@@ -62,147 +144,55 @@ impl SessionSql {
         )
     }
 
-    /// The next fencing token, as text: the sequence's next value or the
-    /// server clock's microseconds, whichever is more, and the sequence set
-    /// to it. A reset or recreated sequence goes on from the clock; a clock
-    /// set back goes on from the sequence.
-    fn fence(&self) -> String {
-        let seq = &self.sequence;
+    /// What a new connection runs once: the server ends it after
+    /// `silence_ms` without a statement (a holder gone silent loses its
+    /// session), and its session's row. Answers its pid.
+    pub(crate) fn open(&self, silence_ms: u64) -> String {
         format!(
-            "setval('{seq}', GREATEST(nextval('{seq}'), \
-             (extract(epoch FROM clock_timestamp()) * 1000000)::bigint))::text"
-        )
-    }
-
-    /// A grant's statement: `take` (true when taken) first, then, when
-    /// taken, the hold's mark written to the session's row and its
-    /// `idle_session_timeout` set, so that a holder gone silent loses the
-    /// session. `(pid, mark or NULL, the letters of the holders when
-    /// refused)`: the holders are read only when refused, for a conflict
-    /// of kinds.
-    fn grant(&self, take: &str, key: i64, mode: Mode, owner: OwnerToken, holder: &str) -> String {
-        format!(
-            "WITH g AS MATERIALIZED (SELECT {take} AS got), \
-             f AS MATERIALIZED (SELECT '{}{owner} ' || {} || ' ' || {} AS mark, \
-               set_config('idle_session_timeout', '{}', false) FROM g WHERE g.got), \
-             w AS (INSERT INTO {s} (pid, hold) SELECT pg_backend_pid(), f.mark FROM f \
-               ON CONFLICT (pid) DO UPDATE SET hold = EXCLUDED.hold) \
-             SELECT pg_backend_pid(), (SELECT mark FROM f), \
-             CASE WHEN NOT g.got THEN (SELECT string_agg(DISTINCT left(s.hold, 1), '') \
-               FROM {}) END FROM g",
-            letter(mode),
-            self.fence(),
-            text(holder),
-            self.silence_ms,
-            self.holders_of(key),
-            s = self.sessions,
-        )
-    }
-
-    /// One attempt (see [`grant`](Self::grant)).
-    pub(crate) fn attempt(&self, key: i64, mode: Mode, owner: OwnerToken, holder: &str) -> String {
-        let try_lock = match mode {
-            Mode::Read => "pg_try_advisory_lock_shared",
-            _ => "pg_try_advisory_lock",
-        };
-        self.grant(&format!("{try_lock}({key})"), key, mode, owner, holder)
-    }
-
-    /// A wait: the lock taken as the server queues it, for at most
-    /// `wait_ms` (`None`: no bound); as [`grant`](Self::grant).
-    pub(crate) fn wait(
-        &self,
-        key: i64,
-        mode: Mode,
-        owner: OwnerToken,
-        holder: &str,
-        wait_ms: Option<u64>,
-    ) -> String {
-        let lock = match mode {
-            Mode::Read => "pg_advisory_lock_shared",
-            _ => "pg_advisory_lock",
-        };
-        format!(
-            "SET LOCAL statement_timeout = {}; {}",
-            // 0 is no bound; the setting's largest is `i32::MAX`.
-            wait_ms.map_or(0, |ms| ms.clamp(1, i32::MAX as u64)),
-            self.grant(
-                &format!("{lock}({key})::text = ''"),
-                key,
-                mode,
-                owner,
-                holder
-            )
-        )
-    }
-
-    /// Gives one hold up: `(pid, whether it was held)`. The session's row
-    /// then names the hold it keeps (a downgrade's read); a session that
-    /// keeps none may idle again. A row of no live hold is never read.
-    pub(crate) fn release(&self, key: i64, mode: Mode, after: Option<&str>) -> String {
-        let unlock = match mode {
-            Mode::Read => "pg_advisory_unlock_shared",
-            _ => "pg_advisory_unlock",
-        };
-        match after {
-            Some(mark) => format!(
-                "WITH u AS (UPDATE {} SET hold = {} WHERE pid = pg_backend_pid()) \
-                 SELECT pg_backend_pid(), {unlock}({key})",
-                self.sessions,
-                text(mark)
-            ),
-            None => format!(
-                "SELECT pg_backend_pid(), {unlock}({key}), \
-                 set_config('idle_session_timeout', '0', false)"
-            ),
-        }
-    }
-
-    /// The live holds of `key`: `(pid, hold, lock mode)`, a writer's
-    /// (`ExclusiveLock`) before readers'.
-    pub(crate) fn holders(&self, key: i64, limit: usize) -> String {
-        format!(
-            "SELECT l.pid, s.hold, l.mode FROM {} ORDER BY l.mode LIMIT {limit}",
-            self.holders_of(key)
-        )
-    }
-
-    /// Ends the sessions that hold `key`, for an operator, waiting up to
-    /// `wait_ms` for each to be gone (and its locks freed): `(pid, hold,
-    /// lock mode)` of each. The holders are read before any is ended.
-    pub(crate) fn terminate(&self, key: i64, wait_ms: u64) -> String {
-        format!(
-            "WITH h AS MATERIALIZED (SELECT l.pid, s.hold, l.mode FROM {} \
-               AND l.pid <> pg_backend_pid()) \
-             SELECT pid, hold, mode FROM h WHERE pg_terminate_backend(pid, {wait_ms})",
-            self.holders_of(key)
-        )
-    }
-
-    /// `pg_locks` (aliased `l`) of the granted holds of `key` in this
-    /// database, joined with their session's row (`s`).
-    fn holders_of(&self, key: i64) -> String {
-        // A bigint key is stored split: its high half as `classid`, its
-        // low half as `objid`, with `objsubid` 1.
-        let bits = key as u64;
-        let (high, low) = (bits >> 32, bits & 0xffff_ffff);
-        format!(
-            "pg_locks l JOIN {} s ON s.pid = l.pid \
-             WHERE l.locktype = 'advisory' AND l.granted \
-             AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database()) \
-             AND l.classid = {high} AND l.objid = {low} AND l.objsubid = 1",
+            "SET idle_session_timeout = {silence_ms}; \
+             INSERT INTO {} (pid, hold) VALUES (pg_backend_pid(), '') \
+             ON CONFLICT (pid) DO UPDATE SET hold = ''; \
+             SELECT pg_backend_pid()",
             self.sessions
         )
     }
+
+    /// A grant, tried (`wait` false) or waited for: `(got, mark)`; see
+    /// [`new`](Self::new) for its parameters.
+    pub(crate) fn grant(&self, mode: Mode, wait: bool) -> &str {
+        &self.grants[usize::from(mode == Mode::Read)][usize::from(wait)]
+    }
+
+    /// Gives one hold up: whether it was held (NULL: another session
+    /// answered).
+    pub(crate) fn release(&self, mode: Mode) -> &str {
+        &self.releases[usize::from(mode == Mode::Read)]
+    }
+
+    /// The live holds of a key: `(pid, marks, lock mode)`, a writer's
+    /// (`ExclusiveLock`) before readers'.
+    pub(crate) fn holders(&self) -> &str {
+        &self.holders
+    }
+
+    /// Ends the sessions that hold a key.
+    pub(crate) fn terminate(&self) -> &str {
+        &self.terminate
+    }
+
+    /// Ends a dropped wait's session.
+    pub(crate) fn undo(&self) -> &str {
+        &self.undo
+    }
 }
 
-/// The fence a grant's mark carries.
+/// The fence of a mark.
 pub(crate) fn fence_of(mark: &str) -> Option<u64> {
     mark.split(' ').nth(1)?.parse().ok()
 }
 
 /// The kind of lock a holder's letter says, `None` for a hold not made
-/// by this mode (another library's lock of the same key).
+/// by this mode.
 pub(crate) fn kind_of(letter: char) -> Option<Mode> {
     match letter {
         'm' => Some(Mode::Exclusive),
@@ -212,24 +202,25 @@ pub(crate) fn kind_of(letter: char) -> Option<Mode> {
     }
 }
 
-/// A holder as `pg_locks` and its session's row show it: `None` for a
-/// lock the row does not describe. A session that holds a write and a
-/// read (a downgrade, until the write is released) describes the read.
-pub(crate) fn info(mark: &str, lock_mode: &str) -> Option<LockInfo> {
-    let mut parts = mark.splitn(3, ' ');
-    let (held, fence, holder) = (parts.next()?, parts.next()?, parts.next()?);
-    let mut chars = held.chars();
-    let kind = kind_of(chars.next()?)?;
+/// A holder as `pg_locks` and its session's row show it: the row's mark
+/// of the lock's mode, `None` when it has none.
+pub(crate) fn info(marks: &str, lock_mode: &str) -> Option<LockInfo> {
     let shared = lock_mode == "ShareLock";
-    if shared != (kind == Mode::Read) {
-        return None;
-    }
-    let owner = chars.as_str().parse::<OwnerToken>().ok()?;
-    let info = LockInfo::new(owner, fence.parse().ok()?, None).with_mode(kind);
-    Some(if holder.is_empty() {
-        info
-    } else {
-        info.with_holder(holder)
+    marks.lines().find_map(|mark| {
+        let mut parts = mark.splitn(3, ' ');
+        let (held, fence, holder) = (parts.next()?, parts.next()?, parts.next()?);
+        let mut chars = held.chars();
+        let kind = kind_of(chars.next()?)?;
+        if shared != (kind == Mode::Read) {
+            return None;
+        }
+        let owner = chars.as_str().parse::<OwnerToken>().ok()?;
+        let info = LockInfo::new(owner, fence.parse().ok()?, None).with_mode(kind);
+        Some(if holder.is_empty() {
+            info
+        } else {
+            info.with_holder(holder)
+        })
     })
 }
 
@@ -240,15 +231,25 @@ mod tests {
     #[test]
     fn a_mark_says_the_holder_and_its_fence() {
         let owner = OwnerToken::from_u128(0xabc);
-        let mark = format!("w{owner} 1234 worker 7 · Zürich");
+        let mark = format!("{}1234 worker 7 · Zürich", mark_prefix(Mode::Write, owner));
         let held = info(&mark, "ExclusiveLock").expect("a holder");
         assert_eq!((held.owner, held.fencing_token), (owner, 1234));
         assert_eq!(held.mode, Some(Mode::Write));
         assert_eq!(held.holder.as_deref(), Some("worker 7 · Zürich"));
         assert_eq!(fence_of(&mark), Some(1234));
-        // A downgrade's write lock, while its row describes the read.
-        assert!(info(&format!("r{owner} 1235 x"), "ExclusiveLock").is_none());
-        assert!(info("psql", "ExclusiveLock").is_none());
+        // A downgraded session: its read and its write, each by its lock.
+        let read = format!("{}1235 x", mark_prefix(Mode::Read, owner));
+        let both = format!("{read}\n{mark}");
+        assert_eq!(
+            info(&both, "ShareLock").map(|i| i.fencing_token),
+            Some(1235)
+        );
+        assert_eq!(
+            info(&both, "ExclusiveLock").map(|i| i.fencing_token),
+            Some(1234)
+        );
+        assert!(info(&read, "ExclusiveLock").is_none());
+        assert!(info("", "ExclusiveLock").is_none());
     }
 
     #[test]

@@ -50,7 +50,7 @@ pub(crate) fn unhex(text: &str) -> Option<Vec<u8>> {
 }
 
 /// `text` as a `text` literal.
-pub(crate) fn text(text: &str) -> String {
+pub(super) fn text(text: &str) -> String {
     format!("convert_from({}, 'UTF8')", bytes(text.as_bytes()))
 }
 

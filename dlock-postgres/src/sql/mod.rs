@@ -21,7 +21,7 @@ mod shared;
 mod stmt;
 
 use literal::{Args, micros, successor};
-pub(crate) use literal::{bytes, text, unhex, validate_identifier};
+pub(crate) use literal::{bytes, unhex, validate_identifier};
 
 pub(crate) use shared::SharedRenewal;
 pub use stmt::Stmt;
