@@ -13,12 +13,14 @@ use super::Inner;
 use crate::backend::NAME;
 use crate::error::{answered, sql_error, sql_state, timed_out};
 
-/// A connection, its server session, and since when it is idle.
+/// A connection, its server session, since when it is idle, and the
+/// holder its session's row names (`None`: not known).
 #[derive(Debug)]
 pub(super) struct Conn {
     pub conn: PgConnection,
     pub pid: i32,
     pub idle_since: Instant,
+    pub holder: Option<String>,
 }
 
 /// Opens a connection within `bound` and runs `setup` on it (its
@@ -50,6 +52,7 @@ pub(super) async fn open(
         conn,
         pid: read(row, 0)?,
         idle_since: Instant::now(),
+        holder: None,
     })
 }
 
@@ -140,8 +143,9 @@ pub(super) struct Held {
     pub owner: OwnerToken,
     pub name: String,
     pub mode: Mode,
-    /// What its grant wrote to the session's row.
+    /// Its mark, as its grant set the session's `application_name`.
     pub mark: String,
+    pub holder: String,
 }
 
 /// A connection while it holds: its server session's holds live and die
@@ -191,14 +195,12 @@ impl Session {
         self.held().push(hold);
     }
 
-    /// The marks the session's row keeps once `owner`'s hold is given up
-    /// (a newline before each, as a grant appends them).
-    pub fn marks_without(&self, owner: OwnerToken) -> String {
+    /// The mark and holder of the session's hold other than `owner`'s.
+    pub fn other(&self, owner: OwnerToken) -> Option<(String, String)> {
         self.held()
             .iter()
-            .filter(|h| h.owner != owner)
-            .map(|h| format!("\n{}", h.mark))
-            .collect()
+            .find(|h| h.owner != owner)
+            .map(|h| (h.mark.clone(), h.holder.clone()))
     }
 
     /// Forgets `owner`'s hold: whether the session holds nothing more.
@@ -213,59 +215,79 @@ impl Session {
     }
 }
 
-/// Probes `session` every `probe_every` while it holds: a probe that gets
-/// no answer within the request timeout, or one from another server
-/// session, ends its holds.
-pub(super) fn watch(backend: Weak<Inner>, session: &Arc<Session>) {
-    let session = Arc::downgrade(session);
+/// Probes every holding session every `probe_every`, until the backend
+/// is dropped: a probe that gets no answer within the request timeout,
+/// or one from another server session, ends its holds. A hold shorter
+/// than a period costs no probe.
+pub(super) fn watch(backend: Weak<Inner>) {
     tokio::spawn(async move {
         loop {
-            let Some((every, bound)) = backend
-                .upgrade()
-                .map(|b| (b.probe_every, b.request_timeout))
-            else {
+            let Some(every) = backend.upgrade().map(|b| b.probe_every) else {
                 return;
             };
             tokio::time::sleep(every).await;
-            let Some(s) = session.upgrade() else { return };
-            let mut slot = s.conn.lock().await;
-            let Some(conn) = slot.as_mut() else { return };
-            let by = Instant::now() + bound;
-            let probe = ("SELECT pg_backend_pid()", PgArguments::default());
-            let answer = query(&mut conn.conn, probe, by, "probe").await;
-            let pid = answer.map_err(Error::from).and_then(|rows| {
-                rows.first()
-                    .map_or(Ok(None), |r| read::<i32>(r, 0).map(Some))
-            });
-            match pid {
-                Ok(Some(pid)) if pid == s.pid => continue,
-                Ok(other) => {
-                    tracing::warn!(
-                        held = s.pid,
-                        answered = ?other,
-                        "a holding connection was answered by another server session (a pooler \
-                         in transaction mode?): its holds end"
-                    );
-                    // The session that holds may serve other clients now:
-                    // ended, it frees what it holds.
-                    if let Ok(end) = args(|a| a.add(s.pid)) {
-                        let end = ("SELECT pg_terminate_backend($1)", end);
-                        let _ = query(&mut conn.conn, end, by, "probe").await;
-                    }
-                }
-                Err(e) => {
-                    tracing::warn!(error = %e, "a holding connection's probe failed: its holds end")
-                }
+            let Some(b) = backend.upgrade() else { return };
+            let mut sessions: Vec<Arc<Session>> = {
+                let held = b.held.lock().unwrap_or_else(PoisonError::into_inner);
+                held.values().cloned().collect()
+            };
+            sessions.sort_by_key(|s| Arc::as_ptr(s) as usize);
+            sessions.dedup_by_key(|s| Arc::as_ptr(s) as usize);
+            let mut probes = tokio::task::JoinSet::new();
+            for s in sessions {
+                probes.spawn(probe(Arc::downgrade(&b), s, b.request_timeout));
             }
-            s.lost.cancel();
-            slot.take();
-            if let Some(b) = backend.upgrade() {
-                let mut held = b.held.lock().unwrap_or_else(PoisonError::into_inner);
-                for owner in s.owners() {
-                    held.remove(&owner);
-                }
-            }
-            return;
+            drop(b);
+            while probes.join_next().await.is_some() {}
         }
     });
+}
+
+/// One probe of a holding session.
+async fn probe(backend: Weak<Inner>, s: Arc<Session>, bound: Duration) {
+    let mut slot = s.conn.lock().await;
+    let Some(conn) = slot.as_mut() else { return };
+    let by = Instant::now() + bound;
+    let answer = query(
+        &mut conn.conn,
+        ("SELECT pg_backend_pid()", PgArguments::default()),
+        by,
+        "probe",
+    )
+    .await;
+    let pid = answer.map_err(Error::from).and_then(|rows| {
+        rows.first()
+            .map_or(Ok(None), |r| read::<i32>(r, 0).map(Some))
+    });
+    match pid {
+        Ok(Some(pid)) if pid == s.pid => return,
+        Ok(other) => {
+            tracing::warn!(
+                held = s.pid,
+                answered = ?other,
+                "a holding connection was answered by another server session (a pooler in \
+                 transaction mode?): its holds end"
+            );
+            // The session that holds may serve other clients now: ended,
+            // it frees what it holds.
+            if let Ok(end) = args(|a| a.add(s.pid)) {
+                let _ = query(
+                    &mut conn.conn,
+                    ("SELECT pg_terminate_backend($1)", end),
+                    by,
+                    "probe",
+                )
+                .await;
+            }
+        }
+        Err(e) => tracing::warn!(error = %e, "a holding connection's probe failed: its holds end"),
+    }
+    s.lost.cancel();
+    slot.take();
+    if let Some(b) = backend.upgrade() {
+        let mut held = b.held.lock().unwrap_or_else(PoisonError::into_inner);
+        for owner in s.owners() {
+            held.remove(&owner);
+        }
+    }
 }

@@ -147,6 +147,7 @@ impl PgSessionBackend {
         }
         backend.give_back(first);
         backend.give_back(second);
+        conn::watch(Arc::downgrade(&backend.inner));
         Ok(backend)
     }
 
@@ -258,25 +259,22 @@ impl PgSessionBackend {
         }
     }
 
-    /// A grant's statement and its arguments; `wait_ms` for a wait.
+    /// A grant's statement and its arguments (see [`SessionSql::new`]);
+    /// `wait_ms` for a wait.
     fn grant<'s>(
         &'s self,
         (name, opts): (&str, &LockOptions),
-        (pid, owner): (i32, OwnerToken),
-        beside: String,
+        (conn, owner): (&Conn, OwnerToken),
         wait_ms: Option<i64>,
     ) -> Result<(&'s str, sqlx::postgres::PgArguments)> {
-        let mode = opts.get_mode();
+        let (mode, holder) = (opts.get_mode(), opts.get_holder());
         let args = args(|a| {
-            a.add(pid)?;
+            a.add(conn.pid)?;
             a.add(key(name))?;
             a.add(mark_prefix(mode, owner))?;
-            a.add(opts.get_holder())?;
-            a.add(beside)?;
-            match wait_ms {
-                Some(ms) => a.add(ms.to_string()),
-                None => Ok(()),
-            }
+            a.add(holder)?;
+            a.add(conn.holder.as_deref() != Some(holder))?;
+            a.add(wait_ms.unwrap_or(0).to_string())
         })?;
         Ok((self.inner.sql.grant(mode, wait_ms.is_some()), args))
     }
@@ -304,12 +302,14 @@ impl PgSessionBackend {
         &self,
         (name, opts): (&str, &LockOptions),
         owner: OwnerToken,
-        conn: Conn,
+        mut conn: Conn,
         mark: String,
     ) -> Result<Lease> {
-        let mode = opts.get_mode();
+        let (mode, holder) = (opts.get_mode(), opts.get_holder().to_owned());
         let fence = fence_of(&mark).ok_or_else(|| Error::malformed(NAME, "acquire", &mark))?;
+        conn.holder = Some(holder.clone());
         let hold = Held {
+            holder,
             owner,
             name: name.to_owned(),
             mode,
@@ -317,7 +317,6 @@ impl PgSessionBackend {
         };
         let session = Session::new(conn, hold);
         self.sessions().insert(owner, session.clone());
-        conn::watch(Arc::downgrade(&self.inner), &session);
         Ok(
             Lease::with_session(name, owner, fence, session.lost.clone())
                 .with_mode(mode)
@@ -336,7 +335,7 @@ impl PgSessionBackend {
         // A failure drops the connection, whatever it holds: closed, it
         // holds nothing once the server sees it closed.
         let mut conn = self.connection("acquire").await?;
-        let grant = self.grant((name, opts), (conn.pid, owner), String::new(), None)?;
+        let grant = self.grant((name, opts), (&conn, owner), None)?;
         let rows = query(&mut conn.conn, grant, by, "acquire").await?;
         match Self::answer(name, opts.get_mode(), &rows)? {
             Some(mark) => self.granted((name, opts), owner, conn, mark).map(Ok),
@@ -356,7 +355,7 @@ impl PgSessionBackend {
         let ms = i64::try_from(dlock_core::driver::millis_up(slice))
             .unwrap_or(i64::MAX)
             .max(1);
-        let grant = self.grant((name, opts), (conn.pid, owner), String::new(), Some(ms))?;
+        let grant = self.grant((name, opts), (&conn, owner), Some(ms))?;
         let by = Instant::now() + slice + self.inner.request_timeout;
         // Dropped while queued, the wait's session is ended, so that it
         // is not granted the lock for a client that is gone.
@@ -462,12 +461,21 @@ impl Driver for PgSessionBackend {
             return Err(Error::not_held(lease.name()));
         };
         let ends = session.lost.clone().drop_guard();
-        let args = args(|a| {
-            a.add(session.pid)?;
-            a.add(key(lease.name()))?;
-            a.add(session.marks_without(lease.owner()).trim_start().to_owned())
-        })?;
-        let statement = (self.inner.sql.release(lease.mode()), args);
+        let kept = session.other(lease.owner());
+        let statement = (
+            self.inner.sql.release(lease.mode(), kept.is_some()),
+            args(|a| {
+                a.add(session.pid)?;
+                a.add(key(lease.name()))?;
+                match &kept {
+                    Some((mark, holder)) => {
+                        a.add(mark.as_str())?;
+                        a.add(holder.as_str())
+                    }
+                    None => Ok(()),
+                }
+            })?,
+        );
         let done = query(&mut conn.conn, statement, by, "release").await;
         self.sessions().remove(&lease.owner());
         let held = match &done {
@@ -477,6 +485,9 @@ impl Driver for PgSessionBackend {
         match (done, held) {
             (Ok(_), Ok(Some(Some(true)))) => {
                 drop(ends.disarm());
+                if let Some((_, holder)) = kept {
+                    conn.holder = Some(holder);
+                }
                 if session.forget(lease.owner()) {
                     self.give_back(conn);
                 } else {
@@ -512,15 +523,25 @@ impl Driver for PgSessionBackend {
         let ends = session.lost.clone().drop_guard();
         // The session's own write lock puts its read request ahead of any
         // queued writer: granted at once.
-        let read_opts = opts.clone().read();
-        let beside = session.marks_without(owner);
-        let grant = self.grant(
-            (write.name(), &read_opts),
-            (session.pid, owner),
-            beside,
-            Some(self.ms()),
-        )?;
-        let rows = query(&mut conn.conn, grant, by, "downgrade").await?;
+        let (write_mark, write_holder) = session
+            .other(owner)
+            .ok_or_else(|| Error::not_held(write.name()))?;
+        let holder = opts.get_holder().to_owned();
+        let args = args(|a| {
+            a.add(session.pid)?;
+            a.add(key(write.name()))?;
+            a.add(mark_prefix(Mode::Read, owner))?;
+            a.add(holder.as_str())?;
+            a.add(self.ms().to_string())?;
+            a.add(format!("{write_mark} {write_holder}"))
+        })?;
+        let rows = query(
+            &mut conn.conn,
+            (self.inner.sql.downgrade(), args),
+            by,
+            "downgrade",
+        )
+        .await?;
         let mark = Self::answer(write.name(), Mode::Read, &rows)?
             .ok_or_else(|| Error::malformed(NAME, "downgrade", "a wait refused"))?;
         let fence = fence_of(&mark).ok_or_else(|| Error::malformed(NAME, "downgrade", &mark))?;
@@ -530,6 +551,7 @@ impl Driver for PgSessionBackend {
             name,
             mode: Mode::Read,
             mark,
+            holder,
         });
         self.sessions().insert(owner, session.clone());
         *slot = Some(conn);
@@ -571,8 +593,15 @@ impl Driver for PgSessionBackend {
 fn holders(rows: &[PgRow]) -> Result<Vec<LockInfo>> {
     let mut all = Vec::with_capacity(rows.len());
     for row in rows {
-        let (marks, mode): (String, String) = (read(row, 1)?, read(row, 2)?);
-        all.extend(info(&marks, &mode));
+        let application_name: Option<String> = read(row, 1)?;
+        let (holder, marks, mode): (String, String, String) =
+            (read(row, 2)?, read(row, 3)?, read(row, 4)?);
+        all.extend(info(
+            application_name.as_deref().unwrap_or_default(),
+            &holder,
+            &marks,
+            &mode,
+        ));
     }
     Ok(all)
 }

@@ -1,6 +1,7 @@
-//! The session mode's statements, and what a holding session's row says
-//! of its holds (a mark a hold: `<kind letter><owner> <fence> <holder>`;
-//! a downgraded session's row has two, a line each).
+//! The session mode's statements, and how a holding session names its
+//! hold: its mark, `<kind letter><owner> <fence>`, as its
+//! `application_name`, and its holder in its row of the holders' table (a
+//! downgraded session's row has both holds' marks, each with its holder).
 //!
 //! The connections are dedicated, so the statements are prepared (sqlx's
 //! cache, per connection). Each one that locks or unlocks names the
@@ -20,7 +21,8 @@ pub(crate) fn key(name: &str) -> i64 {
     i64::from_be_bytes(first)
 }
 
-/// The start of a hold's mark, before its fence.
+/// The start of a hold's mark, before its fence (ASCII, at most 34
+/// bytes: with a fence, within `application_name`'s 63).
 pub(crate) fn mark_prefix(mode: Mode, owner: OwnerToken) -> String {
     let letter = match mode {
         Mode::Exclusive => 'm',
@@ -39,19 +41,21 @@ pub(crate) struct SessionSql {
     sessions: String,
     /// The grants: `[try, wait]` × `[exclusive, shared]`.
     grants: [[String; 2]; 2],
-    releases: [String; 2],
+    downgrade: String,
+    /// `[alone, beside another hold]` × `[exclusive, shared]`.
+    releases: [[String; 2]; 2],
     holders: String,
     terminate: String,
     undo: String,
 }
 
 /// `pg_locks` (aliased `l`) of the granted holds of the key `key` in this
-/// database, joined with their session's row (`s`). A bigint key is kept
-/// split: its high half as `classid`, its low half as `objid`, with
-/// `objsubid` 1.
+/// database, with their sessions' activity (`a`) and row (`s`). A bigint
+/// key is kept split: its high half as `classid`, its low half as
+/// `objid`, with `objsubid` 1.
 fn holds_of(key: &str, sessions: &str) -> String {
     format!(
-        "pg_locks l JOIN {sessions} s ON s.pid = l.pid \
+        "pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid JOIN {sessions} s ON s.pid = l.pid \
          WHERE l.locktype = 'advisory' AND l.granted \
          AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database()) \
          AND l.classid = (({key} >> 32) & 4294967295)::oid \
@@ -63,70 +67,101 @@ impl SessionSql {
     pub(crate) fn new(schema: &str, table: &str) -> Self {
         let sequence = format!("{schema}.{table}_fence");
         let sessions = format!("{schema}.{table}_sessions");
+        let holds = holds_of("$2", &sessions);
+        // Every grant takes `$1` the session's pid, `$2` the key, `$3` the
+        // mark's start, `$4` the holder, `$5` whether the session's row
+        // lacks that holder, `$6` a wait's `lock_timeout` (ms, text; 0:
+        // none), which it sets before it queues (the server reads it when
+        // the wait begins). The lock is taken first, the fence drawn only
+        // then, and the mark set as the session's `application_name`:
+        // nothing is written but the holder, once per connection.
         let grant = |take: &str| {
-            // `$3`: the mark's start; `$4`: the holder; `$5`: what the row
-            // keeps beside it (a downgrade's write mark, after a newline).
-            // The lock is taken first, and the fence drawn only then.
             format!(
                 "WITH g AS MATERIALIZED (SELECT CASE WHEN pg_backend_pid() = $1 THEN {take} END AS got), \
                  f AS MATERIALIZED (SELECT $3 || GREATEST(nextval('{sequence}'), \
-                   (extract(epoch FROM clock_timestamp()) * 1000000)::bigint)::text || ' ' || $4 AS mark \
+                   (extract(epoch FROM clock_timestamp()) * 1000000)::bigint)::text AS mark \
                    FROM g WHERE g.got), \
-                 w AS (UPDATE {sessions} SET hold = f.mark || $5 FROM f WHERE pid = $1) \
-                 SELECT g.got, (SELECT mark FROM f), \
-                 CASE WHEN NOT g.got THEN (SELECT string_agg(DISTINCT left(s.hold, 1), '') FROM {}) END \
-                 FROM g",
-                holds_of("$2", &sessions)
+                 w AS (UPDATE {sessions} SET holder = $4 FROM f WHERE pid = $1 AND $5) \
+                 SELECT g.got, (SELECT set_config('application_name', mark, false) FROM f), \
+                 CASE WHEN NOT g.got THEN (SELECT string_agg(DISTINCT left(a.application_name, 1), '') \
+                   FROM {holds}) END \
+                 FROM g"
             )
         };
-        // A wait sets its `lock_timeout` (`$6`, ms; 0: none) before it
-        // queues: the server reads it when the wait begins.
-        let wait = |lock: &str| {
-            grant(&format!(
-                "(SELECT {lock}($2)::text = '' FROM (SELECT set_config('lock_timeout', $6, true)) t)"
-            ))
+        let wait = |lock: &str, timeout: &str| {
+            format!(
+                "(SELECT {lock}($2)::text = '' FROM (SELECT set_config('lock_timeout', {timeout}, true)) t)"
+            )
         };
-        let release = |unlock: &str| {
-            // `$3`: the marks the row keeps.
+        // A try takes a `lock_timeout` too, unused, so that every grant
+        // has the same parameters.
+        let try_lock = |lock: &str| {
+            format!("(SELECT {lock}($2) FROM (SELECT set_config('lock_timeout', $6, true)) t)")
+        };
+        let release =
+            |unlock: &str| format!("SELECT CASE WHEN pg_backend_pid() = $1 THEN {unlock}($2) END");
+        // `$3`: the mark of the hold the session keeps, `$4` its holder.
+        let release_kept = |unlock: &str| {
             format!(
                 "WITH u AS MATERIALIZED (SELECT CASE WHEN pg_backend_pid() = $1 THEN {unlock}($2) END AS held), \
-                 w AS (UPDATE {sessions} SET hold = $3 WHERE pid = $1 AND (SELECT held FROM u)) \
-                 SELECT held FROM u"
+                 w AS (UPDATE {sessions} SET holder = $4 WHERE pid = $1 AND (SELECT held FROM u)) \
+                 SELECT held, CASE WHEN held THEN set_config('application_name', $3, false) END FROM u"
             )
         };
         SessionSql {
             grants: [
-                [grant("pg_try_advisory_lock($2)"), wait("pg_advisory_lock")],
                 [
-                    grant("pg_try_advisory_lock_shared($2)"),
-                    wait("pg_advisory_lock_shared"),
+                    grant(&try_lock("pg_try_advisory_lock")),
+                    grant(&wait("pg_advisory_lock", "$6")),
+                ],
+                [
+                    grant(&try_lock("pg_try_advisory_lock_shared")),
+                    grant(&wait("pg_advisory_lock_shared", "$6")),
                 ],
             ],
+            // A session with two holds names them in its row, and `+` as
+            // its `application_name`: `$1` to `$4` as a grant's, `$5` the
+            // `lock_timeout`, `$6` the write's whole mark.
+            downgrade: format!(
+                "WITH g AS MATERIALIZED (SELECT CASE WHEN pg_backend_pid() = $1 THEN {} END AS got), \
+                 f AS MATERIALIZED (SELECT $3 || GREATEST(nextval('{sequence}'), \
+                   (extract(epoch FROM clock_timestamp()) * 1000000)::bigint)::text AS mark \
+                   FROM g WHERE g.got), \
+                 w AS (UPDATE {sessions} SET hold = f.mark || ' ' || $4 || chr(10) || $6 FROM f WHERE pid = $1) \
+                 SELECT g.got, (SELECT mark FROM f), set_config('application_name', '+', false) FROM g",
+                wait("pg_advisory_lock_shared", "$5")
+            ),
             releases: [
-                release("pg_advisory_unlock"),
-                release("pg_advisory_unlock_shared"),
+                [
+                    release("pg_advisory_unlock"),
+                    release("pg_advisory_unlock_shared"),
+                ],
+                [
+                    release_kept("pg_advisory_unlock"),
+                    release_kept("pg_advisory_unlock_shared"),
+                ],
             ],
             // `$1`: the key; `$2`: the most rows.
             holders: format!(
-                "SELECT l.pid, s.hold, l.mode FROM {} ORDER BY l.mode LIMIT $2",
+                "SELECT l.pid, a.application_name, s.holder, s.hold, l.mode FROM {} \
+                 ORDER BY l.mode LIMIT $2",
                 holds_of("$1", &sessions)
             ),
             // The holders are read before any is ended, and shown whether
             // or not its end came within `$2` ms.
             terminate: format!(
-                "WITH h AS MATERIALIZED (SELECT l.pid, s.hold, l.mode FROM {} \
-                   AND l.pid <> pg_backend_pid()) \
-                 SELECT pid, hold, mode, pg_terminate_backend(pid, $2) FROM h",
+                "WITH h AS MATERIALIZED (SELECT l.pid, a.application_name, s.holder, s.hold, l.mode \
+                   FROM {} AND l.pid <> pg_backend_pid()) \
+                 SELECT pid, application_name, holder, hold, mode, pg_terminate_backend(pid, $2) FROM h",
                 holds_of("$1", &sessions)
             ),
             // A dropped wait's session `$1`, if it still waits for or holds
             // `$2` (not a later session of the same pid).
-            undo: format!(
-                "SELECT pg_terminate_backend(l.pid) FROM pg_locks l \
-                 WHERE l.pid = $1 AND l.locktype = 'advisory' \
-                 AND l.classid = (($2 >> 32) & 4294967295)::oid \
-                 AND l.objid = ($2 & 4294967295)::oid AND l.objsubid = 1"
-            ),
+            undo: "SELECT pg_terminate_backend(l.pid) FROM pg_locks l \
+                   WHERE l.pid = $1 AND l.locktype = 'advisory' \
+                   AND l.classid = (($2 >> 32) & 4294967295)::oid \
+                   AND l.objid = ($2 & 4294967295)::oid AND l.objsubid = 1"
+                .to_owned(),
             sequence,
             sessions,
         }
@@ -134,12 +169,13 @@ impl SessionSql {
 
     /// Creates the fencing sequence and the holders' table when missing.
     /// The table is unlogged (a crash loses it with the sessions it
-    /// describes), and its rows are updated in place (HOT).
+    /// describes): a row per server session, its holder, written once
+    /// per connection, and its holds' marks while it has two.
     pub(crate) fn create(&self) -> String {
         format!(
             "CREATE SEQUENCE IF NOT EXISTS {}; \
-             CREATE UNLOGGED TABLE IF NOT EXISTS {} (pid integer PRIMARY KEY, hold text NOT NULL) \
-             WITH (fillfactor = 50)",
+             CREATE UNLOGGED TABLE IF NOT EXISTS {} (pid integer PRIMARY KEY, \
+               holder text NOT NULL, hold text NOT NULL) WITH (fillfactor = 50)",
             self.sequence, self.sessions
         )
     }
@@ -150,27 +186,35 @@ impl SessionSql {
     pub(crate) fn open(&self, silence_ms: u64) -> String {
         format!(
             "SET idle_session_timeout = {silence_ms}; \
-             INSERT INTO {} (pid, hold) VALUES (pg_backend_pid(), '') \
-             ON CONFLICT (pid) DO UPDATE SET hold = ''; \
+             INSERT INTO {} (pid, holder, hold) VALUES (pg_backend_pid(), '', '') \
+             ON CONFLICT (pid) DO UPDATE SET holder = '', hold = ''; \
              SELECT pg_backend_pid()",
             self.sessions
         )
     }
 
-    /// A grant, tried (`wait` false) or waited for: `(got, mark)`; see
-    /// [`new`](Self::new) for its parameters.
+    /// A grant, tried (`wait` false) or waited for: `(got, mark, the
+    /// letters of the holders when refused)`; see [`new`](Self::new) for
+    /// its parameters.
     pub(crate) fn grant(&self, mode: Mode, wait: bool) -> &str {
         &self.grants[usize::from(mode == Mode::Read)][usize::from(wait)]
     }
 
-    /// Gives one hold up: whether it was held (NULL: another session
-    /// answered).
-    pub(crate) fn release(&self, mode: Mode) -> &str {
-        &self.releases[usize::from(mode == Mode::Read)]
+    /// A downgrade's read hold (see [`new`](Self::new) for its
+    /// parameters): `(got, mark)`.
+    pub(crate) fn downgrade(&self) -> &str {
+        &self.downgrade
     }
 
-    /// The live holds of a key: `(pid, marks, lock mode)`, a writer's
-    /// (`ExclusiveLock`) before readers'.
+    /// Gives one hold up: whether it was held (NULL: another session
+    /// answered). `kept`: the session keeps another hold (`$3` its mark,
+    /// `$4` its holder).
+    pub(crate) fn release(&self, mode: Mode, kept: bool) -> &str {
+        &self.releases[usize::from(kept)][usize::from(mode == Mode::Read)]
+    }
+
+    /// The live holds of a key: `(pid, application_name, holder, marks,
+    /// lock mode)`, a writer's (`ExclusiveLock`) before readers'.
     pub(crate) fn holders(&self) -> &str {
         &self.holders
     }
@@ -191,24 +235,32 @@ pub(crate) fn fence_of(mark: &str) -> Option<u64> {
     mark.split(' ').nth(1)?.parse().ok()
 }
 
-/// The kind of lock a holder's letter says, `None` for a hold not made
-/// by this mode.
+/// The kind of lock a holder's letter says (`+`: a downgrade's read and
+/// write), `None` for a hold not made by this mode.
 pub(crate) fn kind_of(letter: char) -> Option<Mode> {
     match letter {
         'm' => Some(Mode::Exclusive),
-        'r' => Some(Mode::Read),
+        'r' | '+' => Some(Mode::Read),
         'w' => Some(Mode::Write),
         _ => None,
     }
 }
 
-/// A holder as `pg_locks` and its session's row show it: the row's mark
-/// of the lock's mode, `None` when it has none.
-pub(crate) fn info(marks: &str, lock_mode: &str) -> Option<LockInfo> {
+/// A holder as `pg_locks` and its session show it: the session's
+/// `application_name` is the mark of its one hold (the holder in its
+/// row), or `+` with both holds' whole marks in its row. `None` when the
+/// session has no mark of the lock's mode.
+pub(crate) fn info(
+    application_name: &str,
+    holder: &str,
+    marks: &str,
+    lock_mode: &str,
+) -> Option<LockInfo> {
     let shared = lock_mode == "ShareLock";
-    marks.lines().find_map(|mark| {
+    let parse = |mark: &str, holder: Option<&str>| {
         let mut parts = mark.splitn(3, ' ');
-        let (held, fence, holder) = (parts.next()?, parts.next()?, parts.next()?);
+        let (held, fence) = (parts.next()?, parts.next()?);
+        let holder = holder.or(parts.next())?;
         let mut chars = held.chars();
         let kind = kind_of(chars.next()?)?;
         if shared != (kind == Mode::Read) {
@@ -221,7 +273,12 @@ pub(crate) fn info(marks: &str, lock_mode: &str) -> Option<LockInfo> {
         } else {
             info.with_holder(holder)
         })
-    })
+    };
+    if application_name == "+" {
+        marks.lines().find_map(|mark| parse(mark, None))
+    } else {
+        parse(application_name, Some(holder))
+    }
 }
 
 #[cfg(test)]
@@ -231,25 +288,28 @@ mod tests {
     #[test]
     fn a_mark_says_the_holder_and_its_fence() {
         let owner = OwnerToken::from_u128(0xabc);
-        let mark = format!("{}1234 worker 7 · Zürich", mark_prefix(Mode::Write, owner));
-        let held = info(&mark, "ExclusiveLock").expect("a holder");
-        assert_eq!((held.owner, held.fencing_token), (owner, 1234));
+        let mark = format!("{}1796529103293980", mark_prefix(Mode::Write, owner));
+        assert!(mark.len() <= 63, "application_name keeps 63 bytes");
+        let held = info(&mark, "worker 7 · Zürich", "", "ExclusiveLock").expect("a holder");
+        assert_eq!(
+            (held.owner, held.fencing_token),
+            (owner, 1_796_529_103_293_980)
+        );
         assert_eq!(held.mode, Some(Mode::Write));
         assert_eq!(held.holder.as_deref(), Some("worker 7 · Zürich"));
-        assert_eq!(fence_of(&mark), Some(1234));
+        assert_eq!(fence_of(&mark), Some(1_796_529_103_293_980));
+        assert!(info(&mark, "x", "", "ShareLock").is_none());
         // A downgraded session: its read and its write, each by its lock.
-        let read = format!("{}1235 x", mark_prefix(Mode::Read, owner));
-        let both = format!("{read}\n{mark}");
+        let read = format!("{}1235 reader", mark_prefix(Mode::Read, owner));
+        let both = format!("{read}\n{mark} writer");
+        let shared = info("+", "", &both, "ShareLock").expect("the read");
         assert_eq!(
-            info(&both, "ShareLock").map(|i| i.fencing_token),
-            Some(1235)
+            (shared.fencing_token, shared.holder.as_deref()),
+            (1235, Some("reader"))
         );
-        assert_eq!(
-            info(&both, "ExclusiveLock").map(|i| i.fencing_token),
-            Some(1234)
-        );
-        assert!(info(&read, "ExclusiveLock").is_none());
-        assert!(info("", "ExclusiveLock").is_none());
+        let write = info("+", "", &both, "ExclusiveLock").expect("the write");
+        assert_eq!(write.holder.as_deref(), Some("writer"));
+        assert!(info("psql", "", "", "ExclusiveLock").is_none());
     }
 
     #[test]
