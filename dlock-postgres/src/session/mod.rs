@@ -268,31 +268,26 @@ impl PgSessionBackend {
         wait_ms: Option<i64>,
     ) -> Result<(&'s str, sqlx::postgres::PgArguments)> {
         let (mode, holder) = (opts.get_mode(), opts.get_holder());
+        let write = conn.holder.as_deref() != Some(holder);
         let args = args(|a| {
             a.add(conn.pid)?;
             a.add(key(name))?;
             a.add(mark_prefix(mode, owner))?;
-            a.add(holder)?;
-            a.add(conn.holder.as_deref() != Some(holder))?;
-            a.add(wait_ms.unwrap_or(0).to_string())
+            a.add(wait_ms.unwrap_or(0).to_string())?;
+            if write { a.add(holder) } else { Ok(()) }
         })?;
-        Ok((self.inner.sql.grant(mode, wait_ms.is_some()), args))
+        Ok((self.inner.sql.grant(mode, wait_ms.is_some(), write), args))
     }
 
-    /// A grant's answer: the mark, `None` when refused (after the check
-    /// for a conflict of kinds).
-    fn answer(name: &str, mode: Mode, rows: &[PgRow]) -> Result<Option<String>> {
+    /// A grant's answer: the mark, `None` when refused.
+    fn answer(rows: &[PgRow]) -> Result<Option<String>> {
         let row = rows
             .first()
             .ok_or_else(|| Error::malformed(NAME, "acquire", "no row"))?;
-        let (got, mark, letters): (Option<bool>, Option<String>, Option<String>) =
-            (read(row, 0)?, read(row, 1)?, read(row, 2)?);
+        let (got, mark): (Option<bool>, Option<String>) = (read(row, 0)?, read(row, 1)?);
         match (got, mark) {
             (Some(true), Some(mark)) => Ok(Some(mark)),
-            (Some(false), _) => {
-                Self::refused(name, mode, letters.as_deref().unwrap_or_default())?;
-                Ok(None)
-            }
+            (Some(false), _) => Ok(None),
             _ => Err(moved()),
         }
     }
@@ -337,10 +332,19 @@ impl PgSessionBackend {
         let mut conn = self.connection("acquire").await?;
         let grant = self.grant((name, opts), (&conn, owner), None)?;
         let rows = query(&mut conn.conn, grant, by, "acquire").await?;
-        match Self::answer(name, opts.get_mode(), &rows)? {
-            Some(mark) => self.granted((name, opts), owner, conn, mark).map(Ok),
-            None => Ok(Err(conn)),
+        if let Some(mark) = Self::answer(&rows)? {
+            return self.granted((name, opts), owner, conn, mark).map(Ok);
         }
+        // Refused: by another kind of lock of the name?
+        let kinds = (self.inner.sql.kinds(), args(|a| a.add(key(name)))?);
+        let rows = query(&mut conn.conn, kinds, by, "acquire").await?;
+        let letters: Option<String> = rows.first().map(|r| read(r, 0)).transpose()?.flatten();
+        Self::refused(
+            name,
+            opts.get_mode(),
+            letters.as_deref().unwrap_or_default(),
+        )?;
+        Ok(Err(conn))
     }
 
     /// One wait statement on `conn`, queued up to `slice`: the lease, or
@@ -366,7 +370,7 @@ impl PgSessionBackend {
         let done = query(&mut conn.conn, grant, by, "acquire").await;
         undo.disarm();
         match done {
-            Ok(rows) => match Self::answer(name, opts.get_mode(), &rows)? {
+            Ok(rows) => match Self::answer(&rows)? {
                 Some(mark) => self.granted((name, opts), owner, conn, mark).map(Ok),
                 None => Err(Error::malformed(NAME, "acquire", "a wait refused")),
             },
@@ -531,8 +535,8 @@ impl Driver for PgSessionBackend {
             a.add(session.pid)?;
             a.add(key(write.name()))?;
             a.add(mark_prefix(Mode::Read, owner))?;
-            a.add(holder.as_str())?;
             a.add(self.ms().to_string())?;
+            a.add(holder.as_str())?;
             a.add(format!("{write_mark} {write_holder}"))
         })?;
         let rows = query(
@@ -542,7 +546,7 @@ impl Driver for PgSessionBackend {
             "downgrade",
         )
         .await?;
-        let mark = Self::answer(write.name(), Mode::Read, &rows)?
+        let mark = Self::answer(&rows)?
             .ok_or_else(|| Error::malformed(NAME, "downgrade", "a wait refused"))?;
         let fence = fence_of(&mark).ok_or_else(|| Error::malformed(NAME, "downgrade", &mark))?;
         let name = write.name().to_owned();

@@ -39,8 +39,10 @@ pub(crate) fn mark_prefix(mode: Mode, owner: OwnerToken) -> String {
 pub(crate) struct SessionSql {
     sequence: String,
     sessions: String,
-    /// The grants: `[try, wait]` × `[exclusive, shared]`.
-    grants: [[String; 2]; 2],
+    /// The grants: `[holder kept, holder written]` × `[exclusive,
+    /// shared]` × `[try, wait]`.
+    grants: [[[String; 2]; 2]; 2],
+    kinds: String,
     downgrade: String,
     /// `[alone, beside another hold]` × `[exclusive, shared]`.
     releases: [[String; 2]; 2],
@@ -67,37 +69,49 @@ impl SessionSql {
     pub(crate) fn new(schema: &str, table: &str) -> Self {
         let sequence = format!("{schema}.{table}_fence");
         let sessions = format!("{schema}.{table}_sessions");
-        let holds = holds_of("$2", &sessions);
         // Every grant takes `$1` the session's pid, `$2` the key, `$3` the
-        // mark's start, `$4` the holder, `$5` whether the session's row
-        // lacks that holder, `$6` a wait's `lock_timeout` (ms, text; 0:
-        // none), which it sets before it queues (the server reads it when
-        // the wait begins). The lock is taken first, the fence drawn only
-        // then, and the mark set as the session's `application_name`:
-        // nothing is written but the holder, once per connection.
-        let grant = |take: &str| {
+        // mark's start, `$4` a wait's `lock_timeout` (ms, text; 0: none),
+        // which it sets before it queues (the server reads it when the
+        // wait begins), and, where the session's row lacks it, `$5` the
+        // holder. The lock is taken first, the fence drawn only then, and
+        // the mark set as the session's `application_name`: nothing is
+        // written but the holder, once per connection.
+        let grant = |take: &str, holder: bool| {
+            let write = if holder {
+                format!(", w AS (UPDATE {sessions} SET holder = $5 FROM f WHERE pid = $1)")
+            } else {
+                String::new()
+            };
             format!(
                 "WITH g AS MATERIALIZED (SELECT CASE WHEN pg_backend_pid() = $1 THEN {take} END AS got), \
                  f AS MATERIALIZED (SELECT $3 || GREATEST(nextval('{sequence}'), \
                    (extract(epoch FROM clock_timestamp()) * 1000000)::bigint)::text AS mark \
-                   FROM g WHERE g.got), \
-                 w AS (UPDATE {sessions} SET holder = $4 FROM f WHERE pid = $1 AND $5) \
-                 SELECT g.got, (SELECT set_config('application_name', mark, false) FROM f), \
-                 CASE WHEN NOT g.got THEN (SELECT string_agg(DISTINCT left(a.application_name, 1), '') \
-                   FROM {holds}) END \
-                 FROM g"
+                   FROM g WHERE g.got){write} \
+                 SELECT g.got, (SELECT set_config('application_name', mark, false) FROM f) FROM g"
             )
         };
-        let wait = |lock: &str, timeout: &str| {
+        let wait = |lock: &str| {
             format!(
-                "(SELECT {lock}($2)::text = '' FROM (SELECT set_config('lock_timeout', {timeout}, true)) t)"
+                "(SELECT {lock}($2)::text = '' FROM (SELECT set_config('lock_timeout', $4, true)) t)"
             )
         };
         // A try takes a `lock_timeout` too, unused, so that every grant
         // has the same parameters.
         let try_lock = |lock: &str| {
-            format!("(SELECT {lock}($2) FROM (SELECT set_config('lock_timeout', $6, true)) t)")
+            format!("(SELECT {lock}($2) FROM (SELECT set_config('lock_timeout', $4, true)) t)")
         };
+        let takes = [
+            [try_lock("pg_try_advisory_lock"), wait("pg_advisory_lock")],
+            [
+                try_lock("pg_try_advisory_lock_shared"),
+                wait("pg_advisory_lock_shared"),
+            ],
+        ];
+        let grants = [false, true].map(|holder| {
+            takes
+                .each_ref()
+                .map(|kind| kind.each_ref().map(|take| grant(take, holder)))
+        });
         let release =
             |unlock: &str| format!("SELECT CASE WHEN pg_backend_pid() = $1 THEN {unlock}($2) END");
         // `$3`: the mark of the hold the session keeps, `$4` its holder.
@@ -109,27 +123,24 @@ impl SessionSql {
             )
         };
         SessionSql {
-            grants: [
-                [
-                    grant(&try_lock("pg_try_advisory_lock")),
-                    grant(&wait("pg_advisory_lock", "$6")),
-                ],
-                [
-                    grant(&try_lock("pg_try_advisory_lock_shared")),
-                    grant(&wait("pg_advisory_lock_shared", "$6")),
-                ],
-            ],
+            grants,
+            // Read only when a grant was refused: a plan this size costs
+            // its start on every run, run or not.
+            kinds: format!(
+                "SELECT string_agg(DISTINCT left(a.application_name, 1), '') FROM {}",
+                holds_of("$1", &sessions)
+            ),
             // A session with two holds names them in its row, and `+` as
             // its `application_name`: `$1` to `$4` as a grant's, `$5` the
-            // `lock_timeout`, `$6` the write's whole mark.
+            // read's holder, `$6` the write's whole mark.
             downgrade: format!(
                 "WITH g AS MATERIALIZED (SELECT CASE WHEN pg_backend_pid() = $1 THEN {} END AS got), \
                  f AS MATERIALIZED (SELECT $3 || GREATEST(nextval('{sequence}'), \
                    (extract(epoch FROM clock_timestamp()) * 1000000)::bigint)::text AS mark \
                    FROM g WHERE g.got), \
-                 w AS (UPDATE {sessions} SET hold = f.mark || ' ' || $4 || chr(10) || $6 FROM f WHERE pid = $1) \
+                 w AS (UPDATE {sessions} SET hold = f.mark || ' ' || $5 || chr(10) || $6 FROM f WHERE pid = $1) \
                  SELECT g.got, (SELECT mark FROM f), set_config('application_name', '+', false) FROM g",
-                wait("pg_advisory_lock_shared", "$5")
+                wait("pg_advisory_lock_shared")
             ),
             releases: [
                 [
@@ -193,11 +204,16 @@ impl SessionSql {
         )
     }
 
-    /// A grant, tried (`wait` false) or waited for: `(got, mark, the
-    /// letters of the holders when refused)`; see [`new`](Self::new) for
-    /// its parameters.
-    pub(crate) fn grant(&self, mode: Mode, wait: bool) -> &str {
-        &self.grants[usize::from(mode == Mode::Read)][usize::from(wait)]
+    /// A grant, tried (`wait` false) or waited for, with the holder
+    /// written or not: `(got, mark)`; see [`new`](Self::new) for its
+    /// parameters.
+    pub(crate) fn grant(&self, mode: Mode, wait: bool, holder: bool) -> &str {
+        &self.grants[usize::from(holder)][usize::from(mode == Mode::Read)][usize::from(wait)]
+    }
+
+    /// The kinds of the holds of the key `$1`, by their letters.
+    pub(crate) fn kinds(&self) -> &str {
+        &self.kinds
     }
 
     /// A downgrade's read hold (see [`new`](Self::new) for its
