@@ -51,7 +51,7 @@ pub use dlock_etcd as etcd;
 /// | `redis+sentinel://host:port[,…]/service` | Redis behind Sentinel | `redis` |
 /// | `redis+cluster://host:port[,…]` | Redis Cluster | `redis` |
 /// | `mysql://`, `mariadb://` | MySQL / MariaDB (the lock table is created if missing) | `mysql` |
-/// | `postgres://`, `postgresql://` | PostgreSQL, directly or through PgBouncer (the lock table is created if missing) | `postgres` |
+/// | `postgres://`, `postgresql://` | PostgreSQL, directly or through PgBouncer (the lock table is created if missing); `?mode=session`: session advisory locks (`dlock_postgres::PgSessionBackend`) | `postgres` |
 /// | `zk://host:port[,host:port...][/chroot]` | ZooKeeper | `zookeeper` |
 /// | `etcd://[user:password@]host:port[,host:port...][/prefix]` | etcd | `etcd` (`etcd-tls` for `etcds://`) |
 /// | `memory://` | in-process, a fresh lock space per call | none |
