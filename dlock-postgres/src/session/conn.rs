@@ -110,11 +110,10 @@ pub(super) async fn run(
 /// `by`.
 pub(super) async fn query(
     conn: &mut PgConnection,
-    (sql, args): (&str, PgArguments),
+    (sql, args): (sqlx::SqlStr, PgArguments),
     by: Instant,
     doing: &str,
 ) -> std::result::Result<Vec<PgRow>, Failure> {
-    let sql = sqlx::AssertSqlSafe(sql.to_owned());
     let query = sqlx::query_with::<Postgres, _>(sql, args);
     outcome(timeout_at(by, query.fetch_all(conn)).await, doing)
 }
@@ -250,7 +249,10 @@ async fn probe(backend: Weak<Inner>, s: Arc<Session>, bound: Duration) {
     let by = Instant::now() + bound;
     let answer = query(
         &mut conn.conn,
-        ("SELECT pg_backend_pid()", PgArguments::default()),
+        (
+            sqlx::SqlStr::from_static("SELECT pg_backend_pid()"),
+            PgArguments::default(),
+        ),
         by,
         "probe",
     )
@@ -273,7 +275,10 @@ async fn probe(backend: Weak<Inner>, s: Arc<Session>, bound: Duration) {
             if let Ok(end) = args(|a| a.add(s.pid)) {
                 let _ = query(
                     &mut conn.conn,
-                    ("SELECT pg_terminate_backend($1)", end),
+                    (
+                        sqlx::SqlStr::from_static("SELECT pg_terminate_backend($1)"),
+                        end,
+                    ),
                     by,
                     "probe",
                 )

@@ -261,12 +261,12 @@ impl PgSessionBackend {
 
     /// A grant's statement and its arguments (see [`SessionSql::new`]);
     /// `wait_ms` for a wait.
-    fn grant<'s>(
-        &'s self,
+    fn grant(
+        &self,
         (name, opts): (&str, &LockOptions),
         (conn, owner): (&Conn, OwnerToken),
         wait_ms: Option<i64>,
-    ) -> Result<(&'s str, sqlx::postgres::PgArguments)> {
+    ) -> Result<(sqlx::SqlStr, sqlx::postgres::PgArguments)> {
         let (mode, holder) = (opts.get_mode(), opts.get_holder());
         let write = conn.holder.as_deref() != Some(holder);
         let args = args(|a| {
@@ -614,7 +614,7 @@ impl PgSessionBackend {
     /// One statement on an idle connection, given back after.
     async fn statement(
         &self,
-        statement: (&str, sqlx::postgres::PgArguments),
+        statement: (sqlx::SqlStr, sqlx::postgres::PgArguments),
         doing: &str,
     ) -> Result<Vec<PgRow>> {
         let by = self.deadline();

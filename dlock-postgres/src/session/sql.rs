@@ -10,6 +10,13 @@
 
 use dlock_core::{LockInfo, Mode, OwnerToken};
 use sha2::{Digest, Sha256};
+use sqlx::{AssertSqlSafe, SqlSafeStr, SqlStr};
+
+/// A statement's text, shared: sqlx's statement cache finds it by its
+/// text, and a clone copies nothing.
+fn sql(text: String) -> SqlStr {
+    AssertSqlSafe(text).into_sql_str()
+}
 
 /// A name's advisory-lock key: 64 bits of a hash of it, the same for
 /// every kind of hold, so that one name is one lock. Two names of the same
@@ -41,14 +48,14 @@ pub(crate) struct SessionSql {
     sessions: String,
     /// The grants: `[holder kept, holder written]` × `[exclusive,
     /// shared]` × `[try, wait]`.
-    grants: [[[String; 2]; 2]; 2],
-    kinds: String,
-    downgrade: String,
+    grants: [[[SqlStr; 2]; 2]; 2],
+    kinds: SqlStr,
+    downgrade: SqlStr,
     /// `[alone, beside another hold]` × `[exclusive, shared]`.
-    releases: [[String; 2]; 2],
-    holders: String,
-    terminate: String,
-    undo: String,
+    releases: [[SqlStr; 2]; 2],
+    holders: SqlStr,
+    terminate: SqlStr,
+    undo: SqlStr,
 }
 
 /// `pg_locks` (aliased `l`) of the granted holds of the key `key` in this
@@ -110,7 +117,7 @@ impl SessionSql {
         let grants = [false, true].map(|holder| {
             takes
                 .each_ref()
-                .map(|kind| kind.each_ref().map(|take| grant(take, holder)))
+                .map(|kind| kind.each_ref().map(|take| sql(grant(take, holder))))
         });
         let release =
             |unlock: &str| format!("SELECT CASE WHEN pg_backend_pid() = $1 THEN {unlock}($2) END");
@@ -126,14 +133,14 @@ impl SessionSql {
             grants,
             // Read only when a grant was refused: a plan this size costs
             // its start on every run, run or not.
-            kinds: format!(
+            kinds: sql(format!(
                 "SELECT string_agg(DISTINCT left(a.application_name, 1), '') FROM {}",
                 holds_of("$1", &sessions)
-            ),
+            )),
             // A session with two holds names them in its row, and `+` as
             // its `application_name`: `$1` to `$4` as a grant's, `$5` the
             // read's holder, `$6` the write's whole mark.
-            downgrade: format!(
+            downgrade: sql(format!(
                 "WITH g AS MATERIALIZED (SELECT CASE WHEN pg_backend_pid() = $1 THEN {} END AS got), \
                  f AS MATERIALIZED (SELECT $3 || GREATEST(nextval('{sequence}'), \
                    (extract(epoch FROM clock_timestamp()) * 1000000)::bigint)::text AS mark \
@@ -141,38 +148,39 @@ impl SessionSql {
                  w AS (UPDATE {sessions} SET hold = f.mark || ' ' || $5 || chr(10) || $6 FROM f WHERE pid = $1) \
                  SELECT g.got, (SELECT mark FROM f), set_config('application_name', '+', false) FROM g",
                 wait("pg_advisory_lock_shared")
-            ),
+            )),
             releases: [
                 [
-                    release("pg_advisory_unlock"),
-                    release("pg_advisory_unlock_shared"),
+                    sql(release("pg_advisory_unlock")),
+                    sql(release("pg_advisory_unlock_shared")),
                 ],
                 [
-                    release_kept("pg_advisory_unlock"),
-                    release_kept("pg_advisory_unlock_shared"),
+                    sql(release_kept("pg_advisory_unlock")),
+                    sql(release_kept("pg_advisory_unlock_shared")),
                 ],
             ],
             // `$1`: the key; `$2`: the most rows.
-            holders: format!(
+            holders: sql(format!(
                 "SELECT l.pid, a.application_name, s.holder, s.hold, l.mode FROM {} \
                  ORDER BY l.mode LIMIT $2",
                 holds_of("$1", &sessions)
-            ),
+            )),
             // The holders are read before any is ended, and shown whether
             // or not its end came within `$2` ms.
-            terminate: format!(
+            terminate: sql(format!(
                 "WITH h AS MATERIALIZED (SELECT l.pid, a.application_name, s.holder, s.hold, l.mode \
                    FROM {} AND l.pid <> pg_backend_pid()) \
                  SELECT pid, application_name, holder, hold, mode, pg_terminate_backend(pid, $2) FROM h",
                 holds_of("$1", &sessions)
-            ),
+            )),
             // A dropped wait's session `$1`, if it still waits for or holds
             // `$2` (not a later session of the same pid).
-            undo: "SELECT pg_terminate_backend(l.pid) FROM pg_locks l \
-                   WHERE l.pid = $1 AND l.locktype = 'advisory' \
-                   AND l.classid = (($2 >> 32) & 4294967295)::oid \
-                   AND l.objid = ($2 & 4294967295)::oid AND l.objsubid = 1"
-                .to_owned(),
+            undo: SqlStr::from_static(
+                "SELECT pg_terminate_backend(l.pid) FROM pg_locks l \
+                 WHERE l.pid = $1 AND l.locktype = 'advisory' \
+                 AND l.classid = (($2 >> 32) & 4294967295)::oid \
+                 AND l.objid = ($2 & 4294967295)::oid AND l.objsubid = 1",
+            ),
             sequence,
             sessions,
         }
@@ -207,42 +215,42 @@ impl SessionSql {
     /// A grant, tried (`wait` false) or waited for, with the holder
     /// written or not: `(got, mark)`; see [`new`](Self::new) for its
     /// parameters.
-    pub(crate) fn grant(&self, mode: Mode, wait: bool, holder: bool) -> &str {
-        &self.grants[usize::from(holder)][usize::from(mode == Mode::Read)][usize::from(wait)]
+    pub(crate) fn grant(&self, mode: Mode, wait: bool, holder: bool) -> SqlStr {
+        self.grants[usize::from(holder)][usize::from(mode == Mode::Read)][usize::from(wait)].clone()
     }
 
     /// The kinds of the holds of the key `$1`, by their letters.
-    pub(crate) fn kinds(&self) -> &str {
-        &self.kinds
+    pub(crate) fn kinds(&self) -> SqlStr {
+        self.kinds.clone()
     }
 
     /// A downgrade's read hold (see [`new`](Self::new) for its
     /// parameters): `(got, mark)`.
-    pub(crate) fn downgrade(&self) -> &str {
-        &self.downgrade
+    pub(crate) fn downgrade(&self) -> SqlStr {
+        self.downgrade.clone()
     }
 
     /// Gives one hold up: whether it was held (NULL: another session
     /// answered). `kept`: the session keeps another hold (`$3` its mark,
     /// `$4` its holder).
-    pub(crate) fn release(&self, mode: Mode, kept: bool) -> &str {
-        &self.releases[usize::from(kept)][usize::from(mode == Mode::Read)]
+    pub(crate) fn release(&self, mode: Mode, kept: bool) -> SqlStr {
+        self.releases[usize::from(kept)][usize::from(mode == Mode::Read)].clone()
     }
 
     /// The live holds of a key: `(pid, application_name, holder, marks,
     /// lock mode)`, a writer's (`ExclusiveLock`) before readers'.
-    pub(crate) fn holders(&self) -> &str {
-        &self.holders
+    pub(crate) fn holders(&self) -> SqlStr {
+        self.holders.clone()
     }
 
     /// Ends the sessions that hold a key.
-    pub(crate) fn terminate(&self) -> &str {
-        &self.terminate
+    pub(crate) fn terminate(&self) -> SqlStr {
+        self.terminate.clone()
     }
 
     /// Ends a dropped wait's session.
-    pub(crate) fn undo(&self) -> &str {
-        &self.undo
+    pub(crate) fn undo(&self) -> SqlStr {
+        self.undo.clone()
     }
 }
 
