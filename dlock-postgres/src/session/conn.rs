@@ -21,6 +21,8 @@ pub(super) struct Conn {
     pub pid: i32,
     pub idle_since: Instant,
     pub holder: Option<String>,
+    /// Taken from the idle list for this call: it may have died there.
+    pub reused: bool,
 }
 
 /// Opens a connection within `bound` and runs `setup` on it (its
@@ -53,6 +55,7 @@ pub(super) async fn open(
         pid: read(row, 0)?,
         idle_since: Instant::now(),
         holder: None,
+        reused: false,
     })
 }
 

@@ -185,19 +185,24 @@ impl PgSessionBackend {
     /// An idle connection the server has not ended for its silence, or a
     /// new one within the connect timeout.
     async fn connection(&self, doing: &str) -> Result<Conn> {
-        let fresh = Instant::now() - self.inner.silence / 2;
         let idle = {
             let mut idle = self
                 .inner
                 .idle
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner);
-            idle.retain(|c| c.idle_since > fresh);
+            idle.retain(|c| c.idle_since.elapsed() < self.inner.silence / 2);
             idle.pop()
         };
-        if let Some(conn) = idle {
+        if let Some(mut conn) = idle {
+            conn.reused = true;
             return Ok(conn);
         }
+        self.new_connection(doing).await
+    }
+
+    /// A new connection, within the connect timeout.
+    async fn new_connection(&self, doing: &str) -> Result<Conn> {
         let silence = u64::try_from(self.inner.silence.as_millis()).unwrap_or(u64::MAX);
         let bound = (self.inner.connect_timeout, self.deadline());
         conn::open(
@@ -211,6 +216,7 @@ impl PgSessionBackend {
 
     fn give_back(&self, mut conn: Conn) {
         conn.idle_since = Instant::now();
+        conn.reused = false;
         let mut idle = self
             .inner
             .idle
@@ -327,11 +333,25 @@ impl PgSessionBackend {
     ) -> Result<std::result::Result<Lease, Conn>> {
         let owner = OwnerToken::random()?;
         let by = self.deadline();
-        // A failure drops the connection, whatever it holds: closed, it
-        // holds nothing once the server sees it closed.
         let mut conn = self.connection("acquire").await?;
+        let reused = conn.reused;
         let grant = self.grant((name, opts), (&conn, owner), None)?;
-        let rows = query(&mut conn.conn, grant, by, "acquire").await?;
+        let rows = match self
+            .unanswered_undone(&mut conn, grant, by, key(name))
+            .await
+        {
+            // A connection that sat idle may be dead (a server restart):
+            // one unanswered statement on it is tried again on a new one.
+            // Closed, it holds nothing.
+            Err(f) if reused && f.code.is_none() && !f.ended => {
+                tracing::debug!(error = %f.error, "an idle connection failed; trying a new one");
+                conn = self.new_connection("acquire").await?;
+                let grant = self.grant((name, opts), (&conn, owner), None)?;
+                self.unanswered_undone(&mut conn, grant, by, key(name))
+                    .await?
+            }
+            done => done?,
+        };
         if let Some(mark) = Self::answer(&rows)? {
             return self.granted((name, opts), owner, conn, mark).map(Ok);
         }
@@ -347,40 +367,61 @@ impl PgSessionBackend {
         Ok(Err(conn))
     }
 
+    /// Runs a grant on `conn`. Unanswered (its reply lost, or its future
+    /// dropped), its server session is ended from another connection:
+    /// closing this one frees what it took only once the server sees it
+    /// closed, which a black-holed link delays until the session's
+    /// silence ends it.
+    async fn unanswered_undone(
+        &self,
+        conn: &mut Conn,
+        grant: (sqlx::SqlStr, sqlx::postgres::PgArguments),
+        by: Instant,
+        key: i64,
+    ) -> std::result::Result<Vec<PgRow>, Failure> {
+        let mut undo = {
+            let (backend, pid) = (self.clone(), conn.pid);
+            UndoOnDrop::new(async move { backend.end_wait(pid, key).await })
+        };
+        let done = query(&mut conn.conn, grant, by, "acquire").await;
+        if !matches!(&done, Err(f) if f.code.is_none() && !f.ended) {
+            undo.disarm();
+        }
+        done
+    }
+
     /// One wait statement on `conn`, queued up to `slice`: the lease, or
-    /// the connection when the slice ran out.
+    /// `None` when the slice ran out.
     async fn wait_slice(
         &self,
         (name, opts): (&str, &LockOptions),
         mut conn: Conn,
         slice: Duration,
-    ) -> Result<std::result::Result<Lease, Conn>> {
+    ) -> Result<Option<Lease>> {
         let owner = OwnerToken::random()?;
         let ms = i64::try_from(dlock_core::driver::millis_up(slice))
             .unwrap_or(i64::MAX)
             .max(1);
         let grant = self.grant((name, opts), (&conn, owner), Some(ms))?;
         let by = Instant::now() + slice + self.inner.request_timeout;
-        // Dropped while queued, the wait's session is ended, so that it
-        // is not granted the lock for a client that is gone.
-        let mut undo = {
-            let (backend, pid, key) = (self.clone(), conn.pid, key(name));
-            UndoOnDrop::new(async move { backend.end_wait(pid, key).await })
-        };
-        let done = query(&mut conn.conn, grant, by, "acquire").await;
-        undo.disarm();
+        // Dropped while queued, or its answer lost, the wait's session is
+        // ended, so that it is not granted the lock for a client that is
+        // gone.
+        let done = self
+            .unanswered_undone(&mut conn, grant, by, key(name))
+            .await;
         match done {
             Ok(rows) => match Self::answer(&rows)? {
-                Some(mark) => self.granted((name, opts), owner, conn, mark).map(Ok),
+                Some(mark) => self.granted((name, opts), owner, conn, mark).map(Some),
                 None => Err(Error::malformed(NAME, "acquire", "a wait refused")),
             },
+            // Out of time, nothing granted as far as the error says; but a
+            // grant racing the timeout is kept by the server, and a session
+            // lock outlives its statement: the connection is closed (it
+            // holds nothing else), never reused.
             Err(Failure {
                 code: Some(code), ..
-            }) if code == LOCK_NOT_AVAILABLE || code == QUERY_CANCELED => {
-                // Nothing taken: a lock timeout cancels the wait before
-                // any grant.
-                Ok(Err(conn))
-            }
+            }) if code == LOCK_NOT_AVAILABLE || code == QUERY_CANCELED => Ok(None),
             Err(f) => Err(f.error),
         }
     }
@@ -403,9 +444,9 @@ impl Driver for PgSessionBackend {
         caps.fencing = true;
         caps.fencing_survives_restart = true;
         // The server queues waiters, and grants a freed lock to the first
-        // at once.
+        // at once; but a wait longer than a slice (30 s) rejoins the
+        // queue at its end, so arrival order is not kept.
         caps.notify = true;
-        caps.fifo = true;
         // A connection whose statement had no answer is closed: the server
         // frees what it took once it sees it closed.
         caps.cleanup = true;
@@ -447,17 +488,20 @@ impl Driver for PgSessionBackend {
                 self.give_back(conn);
                 return Err(deadline.timeout_error(name));
             }
-            conn = match self.wait_slice((name, opts), conn, left).await? {
-                Ok(lease) => return Ok(lease),
-                Err(conn) => conn,
-            };
+            if let Some(lease) = self.wait_slice((name, opts), conn, left).await? {
+                return Ok(lease);
+            }
+            if deadline.is_past() {
+                return Err(deadline.timeout_error(name));
+            }
+            conn = self.connection("acquire").await?;
         }
     }
 
     async fn release(&self, lease: &Lease) -> Result<()> {
         let session = self.session_of(lease)?;
-        let by = self.deadline();
         let mut slot = session.conn.lock().await;
+        let by = self.deadline();
         // The statement's future owns the connection, and a guard ends the
         // session's holds unless it is disarmed: dropped mid-statement, the
         // connection is closed and the holds are lost.
@@ -502,7 +546,12 @@ impl Driver for PgSessionBackend {
             // A session the server ended (an operator's `force_release`)
             // held nothing more; one that answered "not held" had lost it.
             (Err(f), _) if !f.ended => Err(f.error),
-            (Ok(_), Ok(Some(None))) => Err(moved()),
+            (Ok(_), Ok(Some(None))) => {
+                // The session that holds may serve other clients now:
+                // ended, it frees what it holds.
+                self.end_session(session.pid).await;
+                Err(moved())
+            }
             (Ok(_), Err(e)) => Err(e),
             _ => Err(Error::not_held(lease.name())),
         }
@@ -519,8 +568,8 @@ impl Driver for PgSessionBackend {
         }
         let session = self.session_of(write)?;
         let owner = OwnerToken::random()?;
-        let by = self.deadline();
         let mut slot = session.conn.lock().await;
+        let by = self.deadline();
         let Some(mut conn) = slot.take() else {
             return Err(Error::not_held(write.name()));
         };
@@ -574,9 +623,22 @@ impl Driver for PgSessionBackend {
             a.add(key(name))?;
             a.add(self.ms() / 2)
         })?;
+        // Core gives this call ten request timeouts: the sessions end one
+        // after another.
+        let by = Instant::now() + self.inner.request_timeout * 9;
         let rows = self
-            .statement((self.inner.sql.terminate(), args), "force_release")
+            .statement_by((self.inner.sql.terminate(), args), by, "force_release")
             .await?;
+        // This process's own holds among them are lost now, not at their
+        // next probe.
+        let ended: Vec<i32> = rows.iter().map(|r| read(r, 0)).collect::<Result<_>>()?;
+        self.sessions().retain(|_, s| {
+            let gone = ended.contains(&s.pid);
+            if gone {
+                s.lost.cancel();
+            }
+            !gone
+        });
         holders(&rows).map(|all| all.into_iter().next())
     }
 
@@ -617,11 +679,35 @@ impl PgSessionBackend {
         statement: (sqlx::SqlStr, sqlx::postgres::PgArguments),
         doing: &str,
     ) -> Result<Vec<PgRow>> {
-        let by = self.deadline();
+        self.statement_by(statement, self.deadline(), doing).await
+    }
+
+    /// One statement on an idle connection, answered by `by`.
+    async fn statement_by(
+        &self,
+        statement: (sqlx::SqlStr, sqlx::postgres::PgArguments),
+        by: Instant,
+        doing: &str,
+    ) -> Result<Vec<PgRow>> {
         let mut conn = self.connection(doing).await?;
         let rows = query(&mut conn.conn, statement, by, doing).await?;
         self.give_back(conn);
         Ok(rows)
+    }
+
+    /// Ends the server session `pid`, which holds for this process but
+    /// serves another client (a pooler moved it).
+    async fn end_session(&self, pid: i32) {
+        let ended = match args(|a| a.add(pid)) {
+            Ok(args) => {
+                let end = sqlx::SqlStr::from_static("SELECT pg_terminate_backend($1)");
+                self.statement((end, args), "release").await.map(drop)
+            }
+            Err(e) => Err(e),
+        };
+        if let Err(e) = ended {
+            tracing::warn!(pid, error = %e, "a moved holding session was not ended");
+        }
     }
 
     /// Ends the server session `pid` of a dropped wait for `key`.

@@ -97,16 +97,14 @@ impl SessionSql {
                  SELECT g.got, (SELECT set_config('application_name', mark, false) FROM f) FROM g"
             )
         };
-        let wait = |lock: &str| {
-            format!(
-                "(SELECT {lock}($2)::text = '' FROM (SELECT set_config('lock_timeout', $4, true)) t)"
-            )
-        };
-        // A try takes a `lock_timeout` too, unused, so that every grant
-        // has the same parameters.
-        let try_lock = |lock: &str| {
-            format!("(SELECT {lock}($2) FROM (SELECT set_config('lock_timeout', $4, true)) t)")
-        };
+        // Before the lock: the wait's `lock_timeout` (a try's is unused,
+        // so that every grant has the same parameters), and the mark's
+        // start as `application_name`, so that while the lock is held its
+        // kind is never another hold's (the fence follows at once).
+        let before = "(SELECT set_config('lock_timeout', $4, true), \
+                      set_config('application_name', $3, false)) t";
+        let wait = |lock: &str| format!("(SELECT {lock}($2)::text = '' FROM {before})");
+        let try_lock = |lock: &str| format!("(SELECT {lock}($2) FROM {before})");
         let takes = [
             [try_lock("pg_try_advisory_lock"), wait("pg_advisory_lock")],
             [
