@@ -75,3 +75,36 @@ async fn a_pooler_in_transaction_mode_is_refused_naming_the_mode() {
         other => panic!("a session mode through PgBouncer in transaction mode: {other:?}"),
     }
 }
+
+/// A grant writes nothing once its connection's row names its holder:
+/// the lock, the fence and the mark (`application_name`) cost no row
+/// version. One connection, 100 cycles: the row of its session keeps the
+/// version its first grant wrote.
+#[tokio::test]
+async fn a_grant_writes_nothing_once_its_connection_has_its_holder() {
+    use sqlx::Connection;
+
+    let server = shared(Service::Postgres).await;
+    let table = format!("t{:016x}", dlock_core::OwnerToken::random().unwrap().as_u128() as u64);
+    let url = format!("{}?mode=session&table={table}&max_connections=1", server.url());
+    let backend = PgSessionBackend::connect(&url).await.unwrap();
+    let opts = dlock_core::LockOptions::new();
+    let cycle = || async {
+        let lease = backend.try_acquire("writes", &opts).await.unwrap().expect("free");
+        backend.release(&lease).await.unwrap();
+    };
+    let mut conn = sqlx::PgConnection::connect(server.url()).await.unwrap();
+    let versions = format!("SELECT pid, xmin::text FROM public.{table}_sessions ORDER BY pid");
+    let mut versions = async || -> Vec<(i32, String)> {
+        sqlx::query_as(sqlx::AssertSqlSafe(versions.clone()))
+            .fetch_all(&mut conn)
+            .await
+            .unwrap()
+    };
+    cycle().await;
+    let before = versions().await;
+    for _ in 0..100 {
+        cycle().await;
+    }
+    assert_eq!(versions().await, before, "grants wrote their session's row");
+}
