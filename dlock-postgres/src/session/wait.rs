@@ -1,0 +1,80 @@
+//! Waiting: a first attempt, then the server's queue, a slice at a time.
+
+use std::time::Duration;
+
+use dlock_core::driver::wait::Deadline;
+use dlock_core::{Error, Lease, LockOptions, OwnerToken, Result};
+use tokio::time::Instant;
+
+use super::conn::{Conn, Failure};
+use super::sql::key;
+use super::{LOCK_NOT_AVAILABLE, PgSessionBackend, QUERY_CANCELED, WAIT_SLICE};
+use crate::backend::NAME;
+
+impl PgSessionBackend {
+    /// Acquire's wait: a first attempt refuses a conflict of kinds,
+    /// then the server queues the wait, a slice at a time.
+    pub(super) async fn wait_for(
+        &self,
+        name: &str,
+        opts: &LockOptions,
+        deadline: Deadline,
+    ) -> Result<Lease> {
+        // A first attempt refuses a conflict of kinds, which the server's
+        // queue would only wait out.
+        let mut conn = match self.attempt(name, opts).await? {
+            Ok(lease) => return Ok(lease),
+            Err(conn) => conn,
+        };
+        loop {
+            let left = deadline.cap(WAIT_SLICE);
+            if left.is_zero() {
+                self.give_back(conn);
+                return Err(deadline.timeout_error(name));
+            }
+            if let Some(lease) = self.wait_slice((name, opts), conn, left).await? {
+                return Ok(lease);
+            }
+            if deadline.is_past() {
+                return Err(deadline.timeout_error(name));
+            }
+            conn = self.connection("acquire").await?;
+        }
+    }
+
+    /// One wait statement on `conn`, queued up to `slice`: the lease, or
+    /// `None` when the slice ran out.
+    async fn wait_slice(
+        &self,
+        (name, opts): (&str, &LockOptions),
+        mut conn: Conn,
+        slice: Duration,
+    ) -> Result<Option<Lease>> {
+        let owner = OwnerToken::random()?;
+        let ms = i64::try_from(dlock_core::driver::millis_up(slice))
+            .unwrap_or(i64::MAX)
+            .max(1);
+        let grant = self.grant((name, opts), (&conn, owner), Some(ms))?;
+        let by = Instant::now() + slice + self.inner.request_timeout;
+        // Dropped while queued, or its answer lost, the wait's session is
+        // ended, so that it is not granted the lock for a client that is
+        // gone.
+        let done = self
+            .unanswered_undone(&mut conn, grant, by, key(name))
+            .await;
+        match done {
+            Ok(rows) => match Self::answer(&rows)? {
+                Some(mark) => self.granted((name, opts), owner, conn, mark).map(Some),
+                None => Err(Error::malformed(NAME, "acquire", "a wait refused")),
+            },
+            // Out of time, nothing granted as far as the error says; but a
+            // grant racing the timeout is kept by the server, and a session
+            // lock outlives its statement: the connection is closed (it
+            // holds nothing else), never reused.
+            Err(Failure {
+                code: Some(code), ..
+            }) if code == LOCK_NOT_AVAILABLE || code == QUERY_CANCELED => Ok(None),
+            Err(f) => Err(f.error),
+        }
+    }
+}
