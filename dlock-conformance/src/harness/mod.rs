@@ -267,13 +267,68 @@ const README_STEP: &str = "see \"Running the tests\" in the README";
 
 async fn start_container(service: Service, options: ServerOptions) -> Result<Server, String> {
     let image = test_image()?;
-    let (repo, tag) = image.split_once(':').unwrap_or((image.as_str(), "latest"));
+    // A host port is chosen apart from its binding (by us for a fixed
+    // port, by Docker's allocator otherwise), and another process starting
+    // a container at the same moment may take it in between: Docker then
+    // answers "port is already allocated". That start is made again, on
+    // another port.
+    let mut attempts = 0;
+    let container = loop {
+        attempts += 1;
+        let host_port = if options.fixed_port {
+            Some(free_port()?)
+        } else {
+            None
+        };
+        match start_once(service, &options, &image, host_port).await {
+            Err(e) if attempts < 5 && port_taken(&e) => {
+                eprintln!("dlock harness: a {service:?} container's port was taken ({e}); starting it again");
+            }
+            done => break done,
+        }
+    }
+    .map_err(|e| {
+        format!(
+            "dlock harness: cannot start a {service:?} container from image {image}: {e}\n\
+             The container tests need a running Docker engine and the test image; {README_STEP}."
+        )
+    })?;
     let port = service.port();
-    let host_port = if options.fixed_port {
-        Some(free_port()?)
-    } else {
-        None
-    };
+    register_for_cleanup(container.id());
+    let host_port = container
+        .get_host_port_ipv4(ContainerPort::Tcp(port))
+        .await
+        .map_err(|e| format!("dlock harness: {service:?} container has no port: {e}"))?;
+    let url = service.url(host_port);
+    if !options.skip_probe
+        && let Err(e) = wait_ready(service, &url).await
+    {
+        return Err(format!("{e}\n{}", last_words(&container).await));
+    }
+    Ok(Server {
+        service,
+        url,
+        port: Some(host_port),
+        container: Some(container),
+    })
+}
+
+/// Whether Docker refused a container for a host port already bound.
+fn port_taken(e: &testcontainers::TestcontainersError) -> bool {
+    let text = e.to_string();
+    text.contains("port is already allocated") || text.contains("address already in use")
+}
+
+/// One start of a container for `service`, as `options` ask, its port
+/// published on `host_port` (`None`: one Docker picks).
+async fn start_once(
+    service: Service,
+    options: &ServerOptions,
+    image: &str,
+    host_port: Option<u16>,
+) -> Result<ContainerAsync<GenericImage>, testcontainers::TestcontainersError> {
+    let (repo, tag) = image.split_once(':').unwrap_or((image, "latest"));
+    let port = service.port();
     let binding_key = format!("{port}/tcp");
     let mut cmd = vec![service.command().to_owned()];
     // The test etcd keeps its data in memory, for speed; one that a test
@@ -303,32 +358,10 @@ async fn start_container(service: Service, options: ServerOptions) -> Result<Ser
         // one preallocated 64 MiB log segment fills.
         request = request.with_shm_size(1 << 30);
     }
-    for (path, contents) in options.files {
-        request = request.with_copy_to(path, contents);
+    for (path, contents) in &options.files {
+        request = request.with_copy_to(path.clone(), contents.clone());
     }
-    let container = request.start().await.map_err(|e| {
-        format!(
-            "dlock harness: cannot start a {service:?} container from image {image}: {e}\n\
-             The container tests need a running Docker engine and the test image; {README_STEP}."
-        )
-    })?;
-    register_for_cleanup(container.id());
-    let host_port = container
-        .get_host_port_ipv4(ContainerPort::Tcp(port))
-        .await
-        .map_err(|e| format!("dlock harness: {service:?} container has no port: {e}"))?;
-    let url = service.url(host_port);
-    if !options.skip_probe
-        && let Err(e) = wait_ready(service, &url).await
-    {
-        return Err(format!("{e}\n{}", last_words(&container).await));
-    }
-    Ok(Server {
-        service,
-        url,
-        port: Some(host_port),
-        container: Some(container),
-    })
+    request.start().await
 }
 
 /// What a container that did not come up said last, and whether it still
@@ -370,4 +403,26 @@ fn free_port() -> Result<u16, String> {
 /// When the OS has no free port to give.
 pub fn unused_port() -> u16 {
     free_port().unwrap_or_else(|e| panic!("{e}"))
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)] // tests panic on purpose
+
+    use super::*;
+
+    /// Docker's answer to a container whose host port is taken is told
+    /// apart from other failures, so that a start that lost the port to
+    /// another process is made again.
+    #[test]
+    fn a_taken_port_is_told_apart() {
+        let held = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = held.local_addr().unwrap().port();
+        let image = test_image().unwrap();
+        let options = ServerOptions::default();
+        let refused = RUNTIME.block_on(start_once(Service::Redis, &options, &image, Some(port)));
+        let error = refused.expect_err("a port bound already");
+        assert!(port_taken(&error), "not told apart: {error}");
+        drop(held);
+    }
 }
