@@ -28,6 +28,29 @@ pub(crate) fn register_for_cleanup(id: &str) {
         .push(id.to_owned());
 }
 
+/// Removes the containers whose `dlock.start` label is `start`: a start
+/// that failed after Docker created its container, which testcontainers
+/// leaves behind.
+pub(crate) fn remove_failed_start(start: &str) {
+    let Ok(out) = Command::new("docker")
+        .args(["ps", "-aq", "--filter"])
+        .arg(format!("label=dlock.start={start}"))
+        .output()
+    else {
+        return;
+    };
+    let ids: Vec<String> = String::from_utf8_lossy(&out.stdout)
+        .split_whitespace()
+        .map(str::to_owned)
+        .collect();
+    if !ids.is_empty() {
+        let _ = Command::new("docker")
+            .args(["rm", "-f", "-v"])
+            .args(&ids)
+            .output();
+    }
+}
+
 fn install_exit_hook() {
     static HOOK: std::sync::Once = std::sync::Once::new();
     HOOK.call_once(|| {

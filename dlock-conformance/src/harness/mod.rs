@@ -329,6 +329,7 @@ async fn start_once(
 ) -> Result<ContainerAsync<GenericImage>, testcontainers::TestcontainersError> {
     let (repo, tag) = image.split_once(':').unwrap_or((image, "latest"));
     let port = service.port();
+    let start = format!("{:016x}", fastrand::u64(..));
     let binding_key = format!("{port}/tcp");
     let mut cmd = vec![service.command().to_owned()];
     // The test etcd keeps its data in memory, for speed; one that a test
@@ -342,6 +343,7 @@ async fn start_once(
         .with_wait_for(WaitFor::Nothing)
         .with_cmd(cmd)
         .with_label("dlock.harness", std::process::id().to_string())
+        .with_label("dlock.start", start.clone())
         .with_host_config_modifier(move |host| {
             // Published ports listen on every interface unless bound here.
             host.publish_all_ports = Some(false);
@@ -361,7 +363,11 @@ async fn start_once(
     for (path, contents) in &options.files {
         request = request.with_copy_to(path.clone(), contents.clone());
     }
-    request.start().await
+    let started = request.start().await;
+    if started.is_err() {
+        cleanup::remove_failed_start(&start);
+    }
+    started
 }
 
 /// What a container that did not come up said last, and whether it still
@@ -424,5 +430,16 @@ mod tests {
         let error = refused.expect_err("a port bound already");
         assert!(port_taken(&error), "not told apart: {error}");
         drop(held);
+        // The container Docker created for the failed start is gone.
+        let left = std::process::Command::new("docker")
+            .args(["ps", "-aq", "--filter", "label=dlock.harness"])
+            .arg(format!("label=dlock.harness={}", std::process::id()))
+            .output()
+            .unwrap();
+        assert_eq!(
+            String::from_utf8_lossy(&left.stdout).trim(),
+            "",
+            "a failed start left its container"
+        );
     }
 }
