@@ -51,8 +51,8 @@ const WAIT_SLICE: Duration = Duration::from_secs(30);
 /// connection of its own, probed every `max_poll_interval`; a probe
 /// unanswered within the request timeout, or answered by another server
 /// session, ends the hold: the guard's `lost()` fires and the connection
-/// is closed. The server ends a session silent for twice that
-/// (`idle_session_timeout`), so a holder paused or cut off loses its
+/// is closed. The server ends a session silent for twice the probe period
+/// and the request timeout together (`idle_session_timeout`), so a holder paused or cut off loses its
 /// lock, after its own probe has failed; a connection closed on the way
 /// frees it at once, before the holder's next probe (see
 /// [`Capabilities::freed_on_disconnect`]: fence what you write). It needs
