@@ -197,6 +197,14 @@ impl Session {
         self.held().push(hold);
     }
 
+    /// The mark and holder of `owner`'s hold.
+    pub fn hold_of(&self, owner: OwnerToken) -> Option<(String, String)> {
+        self.held()
+            .iter()
+            .find(|h| h.owner == owner)
+            .map(|h| (h.mark.clone(), h.holder.clone()))
+    }
+
     /// The mark and holder of the session's hold other than `owner`'s.
     pub fn other(&self, owner: OwnerToken) -> Option<(String, String)> {
         self.held()

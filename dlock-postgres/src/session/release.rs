@@ -73,7 +73,6 @@ impl PgSessionBackend {
 
     /// Extends a session lease: nothing to send while its session lives.
     pub(super) async fn keep(&self, lease: &Lease) -> Result<()> {
-        // A live session keeps its holds: nothing to send.
         self.session_of(lease).map(|_| ())
     }
 
@@ -84,6 +83,9 @@ impl PgSessionBackend {
         }
         let session = self.session_of(write)?;
         let owner = OwnerToken::random()?;
+        let (write_mark, write_holder) = session
+            .hold_of(write.owner())
+            .ok_or_else(|| Error::not_held(write.name()))?;
         let mut slot = session.conn.lock().await;
         let by = self.deadline();
         let Some(mut conn) = slot.take() else {
@@ -92,9 +94,6 @@ impl PgSessionBackend {
         let ends = session.lost.clone().drop_guard();
         // The session's own write lock puts its read request ahead of any
         // queued writer: granted at once.
-        let (write_mark, write_holder) = session
-            .other(owner)
-            .ok_or_else(|| Error::not_held(write.name()))?;
         let holder = opts.get_holder().to_owned();
         let args = args(|a| {
             a.add(session.pid)?;
