@@ -185,6 +185,30 @@ impl Op for PgAdvisory {
     }
 }
 
+/// The session advisory lock, waited for in the server's queue.
+pub(crate) struct PgAdvisoryTurns(pub(crate) Conn<sqlx::PgConnection>);
+
+#[async_trait::async_trait]
+impl crate::scenarios::Turns for PgAdvisoryTurns {
+    type Held = String;
+
+    async fn take(&self, name: &str) -> Result<String> {
+        sqlx::query("SELECT pg_advisory_lock(hashtext($1))")
+            .bind(name)
+            .execute(&mut *self.0.lock().await)
+            .await?;
+        Ok(name.to_owned())
+    }
+
+    async fn give(&self, name: String) -> Result<()> {
+        let _: bool = sqlx::query_scalar("SELECT pg_advisory_unlock(hashtext($1))")
+            .bind(name)
+            .fetch_one(&mut *self.0.lock().await)
+            .await?;
+        Ok(())
+    }
+}
+
 /// The classic scheme: read the row, compare-and-set its version, release.
 pub(crate) struct MySqlCas(pub(crate) Conn<sqlx::MySqlConnection>);
 

@@ -181,33 +181,64 @@ pub struct Contention {
     pub max_grants_per_client: u64,
     /// Jain's fairness index of grants per client: 1 is perfectly even.
     pub jain: f64,
+    /// The same clients and name with the server's bare lock, where it has
+    /// one that queues its waiters.
+    #[serde(default)]
+    pub classic: Option<ClassicContention>,
 }
 
-pub async fn contended(
-    target: &Target,
-    clients: &[Arc<dyn Backend>],
-    run: &str,
-    duration: Duration,
-) -> Result<Contention> {
-    let name = format!("bench:{run}:contended:{:x}", std::process::id());
+/// A lock that clients take in turn on one name, each its own way of
+/// waiting: dlock's, or a bare lock the server queues.
+#[async_trait::async_trait]
+pub trait Turns: Send + Sync + 'static {
+    type Held: Send;
+    /// Waits for the lock.
+    async fn take(&self, name: &str) -> Result<Self::Held>;
+    /// Gives it up.
+    async fn give(&self, held: Self::Held) -> Result<()>;
+}
+
+/// A dlock backend's turns.
+struct DlockTurns(Arc<dyn Backend>);
+
+#[async_trait::async_trait]
+impl Turns for DlockTurns {
+    type Held = dlock::Lease;
+
+    async fn take(&self, name: &str) -> Result<dlock::Lease> {
+        let opts = LockOptions::new()
+            .ttl(Duration::from_secs(10))
+            .wait(GRANT_TIMEOUT);
+        Ok(self.0.acquire(name, &opts).await?)
+    }
+
+    async fn give(&self, lease: dlock::Lease) -> Result<()> {
+        Ok(self.0.release(&lease).await?)
+    }
+}
+
+/// What clients taking turns on one name saw.
+struct Turned {
+    handoff: Histogram<u64>,
+    per_client: Vec<u64>,
+    regrants: u64,
+    elapsed: f64,
+}
+
+/// Clients take `name` in turn for `duration`, each as soon as it can.
+async fn take_turns<T: Turns>(clients: Vec<T>, name: &str, duration: Duration) -> Result<Turned> {
     // When, and by which client, the lock was last released.
     let released: Arc<Mutex<Option<(Instant, usize)>>> = Arc::default();
-    let requests_before = target.server_stats().await?.map(|(requests, _)| requests);
     let started = Instant::now();
     let end = started + duration;
     let mut tasks = Vec::new();
-    for (me, backend) in clients.iter().enumerate() {
-        let backend = backend.clone();
-        let name = name.clone();
-        let released = released.clone();
+    for (me, client) in clients.into_iter().enumerate() {
+        let (name, released) = (name.to_owned(), released.clone());
         tasks.push(tokio::spawn(async move {
-            let opts = LockOptions::new()
-                .ttl(Duration::from_secs(10))
-                .wait(GRANT_TIMEOUT);
             let mut h = histogram()?;
             let (mut grants, mut regrants) = (0u64, 0u64);
             while Instant::now() < end {
-                let lease = backend.acquire(&name, &opts).await?;
+                let held = client.take(&name).await?;
                 let previous = released
                     .lock()
                     .unwrap_or_else(PoisonError::into_inner)
@@ -220,23 +251,63 @@ pub async fn contended(
                 grants += 1;
                 *released.lock().unwrap_or_else(PoisonError::into_inner) =
                     Some((Instant::now(), me));
-                backend.release(&lease).await?;
+                client.give(held).await?;
             }
             Ok::<_, crate::target::BoxError>((h, grants, regrants))
         }));
     }
-    let mut all = histogram()?;
-    let mut per_client = Vec::new();
-    let mut regrants = 0;
+    let mut turned = Turned {
+        handoff: histogram()?,
+        per_client: Vec::new(),
+        regrants: 0,
+        elapsed: 0.0,
+    };
     for task in tasks {
         let (h, grants, again) = task.await??;
-        all.add(h)?;
-        per_client.push(grants);
-        regrants += again;
+        turned.handoff.add(h)?;
+        turned.per_client.push(grants);
+        turned.regrants += again;
     }
-    let elapsed = started.elapsed().as_secs_f64();
+    turned.elapsed = started.elapsed().as_secs_f64();
+    Ok(turned)
+}
+
+/// The contended scenario of the lock users of the server would write
+/// without dlock, where it has one whose waiters the server queues.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ClassicContention {
+    pub grants_per_s: f64,
+    /// From the holder's release to the next grant to another client.
+    pub handoff: Latency,
+}
+
+pub async fn contended(
+    target: &Target,
+    clients: &[Arc<dyn Backend>],
+    run: &str,
+    duration: Duration,
+) -> Result<Contention> {
+    let name = format!("bench:{run}:contended:{:x}", std::process::id());
+    let requests_before = target.server_stats().await?.map(|(requests, _)| requests);
+    let turns = clients.iter().cloned().map(DlockTurns).collect();
+    let Turned {
+        handoff,
+        per_client,
+        regrants,
+        elapsed,
+    } = take_turns(turns, &name, duration).await?;
     let requests_after = target.server_stats().await?.map(|(requests, _)| requests);
     let idle = idle_waiting(target, clients, &name).await?;
+    let classic = match target.classic_turns(clients.len()).await? {
+        Some(turns) => {
+            let turned = take_turns(turns, &format!("{name}:classic"), duration).await?;
+            Some(ClassicContention {
+                grants_per_s: turned.per_client.iter().sum::<u64>() as f64 / turned.elapsed,
+                handoff: Latency::from(&turned.handoff),
+            })
+        }
+        None => None,
+    };
     let total: u64 = per_client.iter().sum();
     let squares: f64 = per_client.iter().map(|&g| (g as f64).powi(2)).sum();
     let n = per_client.len() as f64;
@@ -248,7 +319,7 @@ pub async fn contended(
         clients: clients.len(),
         grants: total,
         grants_per_s: total as f64 / elapsed,
-        handoff: Latency::from(&all),
+        handoff: Latency::from(&handoff),
         regrants,
         requests_per_grant: requests.map(|r| r / total.max(1) as f64),
         waiting_requests_per_s: requests
@@ -261,6 +332,7 @@ pub async fn contended(
         } else {
             0.0
         },
+        classic,
     })
 }
 

@@ -11,8 +11,8 @@ use sqlx::Connection as _;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::floors::{
-    Conn, EtcdPing, EtcdRaw, MySqlCas, MySqlPing, MySqlRaw, PgAdvisory, PgPing, PgRaw, RedisPing,
-    RedisRaw, ZkBare, ZkPing, ZkRaw, etcd_addr, etcd_channel,
+    Conn, EtcdPing, EtcdRaw, MySqlCas, MySqlPing, MySqlRaw, PgAdvisory, PgAdvisoryTurns, PgPing,
+    PgRaw, RedisPing, RedisRaw, ZkBare, ZkPing, ZkRaw, etcd_addr, etcd_channel,
 };
 
 /// The bench clients' request timeout: every call returns within it.
@@ -174,6 +174,20 @@ impl Target {
             Target::ZooKeeper(c) => Some(Box::new(ZkBare(zk::Client::connect(c).await?))),
             _ => None,
         })
+    }
+
+    /// `clients` clients of the bare lock users of the server would write
+    /// without dlock, where its waiters queue in the server: a session
+    /// advisory lock (PostgreSQL), one connection each.
+    pub async fn classic_turns(&self, clients: usize) -> Result<Option<Vec<PgAdvisoryTurns>>> {
+        let (Target::Postgres(url) | Target::PgSession(url)) = self else {
+            return Ok(None);
+        };
+        let mut turns = Vec::with_capacity(clients);
+        for _ in 0..clients {
+            turns.push(PgAdvisoryTurns(pg_conn(url).await?.into()));
+        }
+        Ok(Some(turns))
     }
 
     /// A counter of requests the server has handled, and its memory in use.

@@ -141,9 +141,9 @@ pub fn markdown(r: &Report) -> String {
     );
     let _ = writeln!(
         s,
-        "| backend | grants/s | hand-off p50 | p99 | p50 in round trips | taken back by the releaser | server requests per grant | load per waiter during hand-offs (requests/s) | load per waiter while the lock is held (requests/s) | grants per client min–max | Jain |"
+        "| backend | grants/s | hand-off p50 | p99 | p50 in round trips | taken back by the releaser | server requests per grant | load per waiter during hand-offs (requests/s) | load per waiter while the lock is held (requests/s) | grants per client min–max | Jain | classic hand-off p50 | hand-off / classic |"
     );
-    let _ = writeln!(s, "|---|---|---|---|---|---|---|---|---|---|---|");
+    let _ = writeln!(s, "|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     for b in &backends {
         let Some(c) = &b.contended else { continue };
         let rtts = opt(b.round_trip.as_ref(), |l| {
@@ -154,9 +154,10 @@ pub fn markdown(r: &Report) -> String {
         } else {
             "–".to_owned()
         };
+        let classic = c.classic.as_ref().map(|k| k.handoff.p50_us);
         let _ = writeln!(
             s,
-            "| {} | {:.0} | {} | {} | {} | {} | {} | {} | {} | {}–{} | {:.3} |",
+            "| {} | {:.0} | {} | {} | {} | {} | {} | {} | {} | {}–{} | {:.3} | {} | {} |",
             b.backend,
             c.grants_per_s,
             ms(c.handoff.p50_us),
@@ -168,7 +169,12 @@ pub fn markdown(r: &Report) -> String {
             opt(c.idle_waiting_requests_per_s, |r| format!("{r:.1}")),
             c.min_grants_per_client,
             c.max_grants_per_client,
-            c.jain
+            c.jain,
+            opt(classic, ms),
+            opt(classic, |k| format!(
+                "{:.2}",
+                c.handoff.p50_us as f64 / k.max(1) as f64
+            )),
         );
     }
     if r.backends.iter().any(|b| !b.held.is_empty()) {

@@ -265,6 +265,27 @@ pub async fn one_name_is_one_kind_of_lock(backend: &Arc<dyn Backend>) {
                 held[0].mode()
             ),
         }
+        // A wait is refused too, at once: the holds of the other kind
+        // would only be waited out.
+        match b
+            .acquire(&name, &opts.clone().wait(Duration::from_secs(3)))
+            .await
+        {
+            Err(Error::ModeConflict { .. }) => {}
+            Ok(lease) => {
+                b.release(&lease).await.ok();
+                panic!(
+                    "a wait for a {} was granted on a name held as a {}",
+                    opts.get_mode(),
+                    held[0].mode()
+                );
+            }
+            Err(other) => panic!(
+                "a wait for a {} on a name held as a {}: expected ModeConflict, got {other}",
+                opts.get_mode(),
+                held[0].mode()
+            ),
+        }
     }
     for lease in held {
         b.release(&lease).await.expect("release");

@@ -46,21 +46,29 @@ impl PgSessionBackend {
             a.add(key(name))?;
             a.add(mark_prefix(mode, owner))?;
             a.add(wait_ms.unwrap_or(0).to_string())?;
+            a.add(conflicting(mode))?;
             if write { a.add(holder) } else { Ok(()) }
         })?;
         Ok((self.inner.sql.grant(mode, wait_ms.is_some(), write), args))
     }
 
-    /// A grant's answer: the mark, `None` when refused.
-    pub(super) fn answer(rows: &[PgRow]) -> Result<Option<String>> {
+    /// A grant's answer for `name` asked as `asked`: the mark, `None`
+    /// when refused.
+    ///
+    /// # Errors
+    /// [`Error::ModeConflict`] when the holders are another kind of lock.
+    pub(super) fn answer(rows: &[PgRow], name: &str, asked: Mode) -> Result<Option<String>> {
         let row = rows
             .first()
             .ok_or_else(|| Error::malformed(NAME, "acquire", "no row"))?;
-        let (got, mark): (Option<bool>, Option<String>) = (read(row, 0)?, read(row, 1)?);
-        match (got, mark) {
-            (Some(true), Some(mark)) => Ok(Some(mark)),
-            (Some(false), _) => Ok(None),
-            _ => Err(moved()),
+        match read::<Option<String>>(row, 0)? {
+            Some(refused) if refused.is_empty() => Ok(None),
+            Some(conflict) if conflict.starts_with('!') => {
+                Self::refused(name, asked, &conflict[1..])?;
+                Err(Error::malformed(NAME, "acquire", &conflict))
+            }
+            Some(mark) => Ok(Some(mark)),
+            None => Err(moved()),
         }
     }
 
@@ -118,19 +126,10 @@ impl PgSessionBackend {
             }
             done => done?,
         };
-        if let Some(mark) = Self::answer(&rows)? {
-            return self.granted((name, opts), owner, conn, mark).map(Ok);
+        match Self::answer(&rows, name, opts.get_mode())? {
+            Some(mark) => self.granted((name, opts), owner, conn, mark).map(Ok),
+            None => Ok(Err(conn)),
         }
-        // Refused: by another kind of lock of the name?
-        let kinds = (self.inner.sql.kinds(), args(|a| a.add(key(name)))?);
-        let rows = query(&mut conn.conn, kinds, by, "acquire").await?;
-        let letters: Option<String> = rows.first().map(|r| read(r, 0)).transpose()?.flatten();
-        Self::refused(
-            name,
-            opts.get_mode(),
-            letters.as_deref().unwrap_or_default(),
-        )?;
-        Ok(Err(conn))
     }
 
     /// Runs a grant on `conn`. Unanswered (its reply lost, or its future
@@ -155,6 +154,13 @@ impl PgSessionBackend {
         }
         done
     }
+}
+
+/// The letters of the holds a grant of `mode` conflicts with: a mutex with
+/// reader-writer locks (`+`: a downgraded session's read and write), and
+/// they with a mutex.
+fn conflicting(mode: Mode) -> &'static str {
+    if mode == Mode::Exclusive { "rw+" } else { "m" }
 }
 
 /// A statement answered by another server session than the one asked.

@@ -110,7 +110,7 @@ impl PgSessionBackend {
             "downgrade",
         )
         .await?;
-        let mark = Self::answer(&rows)?
+        let mark = Self::answer(&rows, write.name(), Mode::Read)?
             .ok_or_else(|| Error::malformed(NAME, "downgrade", "a wait refused"))?;
         let fence = fence_of(&mark).ok_or_else(|| Error::malformed(NAME, "downgrade", &mark))?;
         let name = write.name().to_owned();

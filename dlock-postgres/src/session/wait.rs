@@ -1,4 +1,4 @@
-//! Waiting: a first attempt, then the server's queue, a slice at a time.
+//! Waiting: in the server's queue, a slice at a time.
 
 use std::time::Duration;
 
@@ -12,32 +12,42 @@ use super::{LOCK_NOT_AVAILABLE, PgSessionBackend, QUERY_CANCELED, WAIT_SLICE};
 use crate::backend::NAME;
 
 impl PgSessionBackend {
-    /// Acquire's wait: a first attempt refuses a conflict of kinds,
-    /// then the server queues the wait, a slice at a time.
+    /// Acquire's wait: the server queues it, a slice at a time, after a
+    /// try and a look for a conflict of kinds in the same statement.
     pub(super) async fn wait_for(
         &self,
         name: &str,
         opts: &LockOptions,
         deadline: Deadline,
     ) -> Result<Lease> {
-        // A first attempt refuses a conflict of kinds, which the server's
-        // queue would only wait out.
-        let mut conn = match self.attempt(name, opts).await? {
-            Ok(lease) => return Ok(lease),
-            Err(conn) => conn,
-        };
+        if deadline.cap(WAIT_SLICE).is_zero() {
+            // No time to queue: a try.
+            return match self.attempt(name, opts).await? {
+                Ok(lease) => Ok(lease),
+                Err(conn) => {
+                    self.give_back(conn);
+                    Err(deadline.timeout_error(name))
+                }
+            };
+        }
+        let mut conn = self.connection("acquire").await?;
+        // A connection that sat idle may be dead (a server restart): the
+        // first statement that gets no answer on it is tried again once.
+        let mut retry = conn.reused;
         loop {
             let left = deadline.cap(WAIT_SLICE);
             if left.is_zero() {
                 self.give_back(conn);
                 return Err(deadline.timeout_error(name));
             }
-            if let Some(lease) = self.wait_slice((name, opts), conn, left).await? {
+            let slice = self.wait_slice((name, opts), conn, left, retry).await?;
+            if let Some(lease) = slice {
                 return Ok(lease);
             }
             if deadline.is_past() {
                 return Err(deadline.timeout_error(name));
             }
+            retry = false;
             conn = self.connection("acquire").await?;
         }
     }
@@ -49,6 +59,7 @@ impl PgSessionBackend {
         (name, opts): (&str, &LockOptions),
         mut conn: Conn,
         slice: Duration,
+        retry: bool,
     ) -> Result<Option<Lease>> {
         let owner = OwnerToken::random()?;
         let ms = i64::try_from(dlock_core::driver::millis_up(slice))
@@ -59,11 +70,22 @@ impl PgSessionBackend {
         // Dropped while queued, or its answer lost, the wait's session is
         // ended, so that it is not granted the lock for a client that is
         // gone.
-        let done = self
+        let done = match self
             .unanswered_undone(&mut conn, grant, by, key(name))
-            .await;
+            .await
+        {
+            // Closed, the dead connection holds nothing.
+            Err(f) if retry && f.code.is_none() && !f.ended => {
+                tracing::debug!(error = %f.error, "an idle connection failed; trying a new one");
+                conn = self.new_connection("acquire").await?;
+                let grant = self.grant((name, opts), (&conn, owner), Some(ms))?;
+                self.unanswered_undone(&mut conn, grant, by, key(name))
+                    .await
+            }
+            done => done,
+        };
         match done {
-            Ok(rows) => match Self::answer(&rows)? {
+            Ok(rows) => match Self::answer(&rows, name, opts.get_mode())? {
                 Some(mark) => self.granted((name, opts), owner, conn, mark).map(Some),
                 None => Err(Error::malformed(NAME, "acquire", "a wait refused")),
             },
