@@ -9,7 +9,7 @@ use tokio::time::Instant;
 
 use super::PgSessionBackend;
 use super::conn::{Conn, Failure, Held, Session, args, query, read};
-use super::sql::{fence_of, key, kind_of, mark_prefix};
+use super::sql::{fence_of, key, kind_of, mark_prefix, marker};
 use crate::backend::NAME;
 
 impl PgSessionBackend {
@@ -46,7 +46,7 @@ impl PgSessionBackend {
             a.add(key(name))?;
             a.add(mark_prefix(mode, owner))?;
             a.add(wait_ms.unwrap_or(0).to_string())?;
-            a.add(conflicting(mode))?;
+            a.add(marker(mode))?;
             if write { a.add(holder) } else { Ok(()) }
         })?;
         Ok((self.inner.sql.grant(mode, wait_ms.is_some(), write), args))
@@ -126,10 +126,26 @@ impl PgSessionBackend {
             }
             done => done?,
         };
-        match Self::answer(&rows, name, opts.get_mode())? {
-            Some(mark) => self.granted((name, opts), owner, conn, mark).map(Ok),
-            None => Ok(Err(conn)),
+        if let Some(mark) = Self::answer(&rows, name, opts.get_mode())? {
+            return self.granted((name, opts), owner, conn, mark).map(Ok);
         }
+        // Refused: by another kind of lock of the name?
+        let mode = opts.get_mode();
+        let kinds = args(|a| {
+            a.add(conn.pid)?;
+            a.add(key(name))?;
+            a.add(marker(mode))
+        })?;
+        let rows = query(
+            &mut conn.conn,
+            (self.inner.sql.kinds(), kinds),
+            by,
+            "acquire",
+        )
+        .await?;
+        let letters: Option<String> = rows.first().map(|r| read(r, 0)).transpose()?.flatten();
+        Self::refused(name, mode, letters.as_deref().unwrap_or_default())?;
+        Ok(Err(conn))
     }
 
     /// Runs a grant on `conn`. Unanswered (its reply lost, or its future
@@ -154,13 +170,6 @@ impl PgSessionBackend {
         }
         done
     }
-}
-
-/// The letters of the holds a grant of `mode` conflicts with: a mutex with
-/// reader-writer locks (`+`: a downgraded session's read and write), and
-/// they with a mutex.
-fn conflicting(mode: Mode) -> &'static str {
-    if mode == Mode::Exclusive { "rw+" } else { "m" }
 }
 
 /// A statement answered by another server session than the one asked.

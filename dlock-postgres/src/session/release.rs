@@ -7,7 +7,7 @@ use sqlx::Arguments;
 use super::PgSessionBackend;
 use super::acquire::moved;
 use super::conn::{Held, args, query, read};
-use super::sql::{fence_of, key, mark_prefix};
+use super::sql::{fence_of, key, mark_prefix, marker};
 use crate::backend::NAME;
 
 impl PgSessionBackend {
@@ -29,13 +29,11 @@ impl PgSessionBackend {
             args(|a| {
                 a.add(session.pid)?;
                 a.add(key(lease.name()))?;
-                match &kept {
-                    Some((mark, holder)) => {
-                        a.add(mark.as_str())?;
-                        a.add(holder.as_str())
-                    }
-                    None => Ok(()),
+                if let Some((mark, holder)) = &kept {
+                    a.add(mark.as_str())?;
+                    a.add(holder.as_str())?;
                 }
+                a.add(marker(lease.mode()))
             })?,
         );
         let done = query(&mut conn.conn, statement, by, "release").await;
