@@ -248,44 +248,10 @@ pub async fn one_name_is_one_kind_of_lock(backend: &Arc<dyn Backend>) {
             vec![long()],
         )
     };
+    let held_as = format!("held as a {}", held[0].mode());
     for opts in others {
-        match b.try_acquire(&name, &opts).await {
-            Err(Error::ModeConflict { .. }) => {}
-            Ok(Some(lease)) => {
-                b.release(&lease).await.ok();
-                panic!(
-                    "a {} was granted on a name held as a {}",
-                    opts.get_mode(),
-                    held[0].mode()
-                );
-            }
-            other => panic!(
-                "a {} on a name held as a {}: expected ModeConflict, got {other:?}",
-                opts.get_mode(),
-                held[0].mode()
-            ),
-        }
-        // A wait is refused too, at once: the holds of the other kind
-        // would only be waited out.
-        match b
-            .acquire(&name, &opts.clone().wait(Duration::from_secs(3)))
-            .await
-        {
-            Err(Error::ModeConflict { .. }) => {}
-            Ok(lease) => {
-                b.release(&lease).await.ok();
-                panic!(
-                    "a wait for a {} was granted on a name held as a {}",
-                    opts.get_mode(),
-                    held[0].mode()
-                );
-            }
-            Err(other) => panic!(
-                "a wait for a {} on a name held as a {}: expected ModeConflict, got {other}",
-                opts.get_mode(),
-                held[0].mode()
-            ),
-        }
+        let what = format!("a {}", opts.get_mode());
+        refused(b, &name, &opts, &what, &held_as).await;
     }
     for lease in held {
         b.release(&lease).await.expect("release");
@@ -305,9 +271,27 @@ pub async fn one_name_is_one_kind_of_lock(backend: &Arc<dyn Backend>) {
         refused(b, &name, &long().permits(2), "a permit", "held as a mutex").await;
         b.release(&mutex).await.expect("release");
     }
+    // A mutex keeps readers and writers out, a writer keeps mutexes out,
+    // and once each is released the name takes any kind again.
+    if caps.rwlock {
+        let name = unique_name(case);
+        let mutex = must_acquire(b, &name, &long()).await;
+        refused(b, &name, &long().read(), "a reader", "held as a mutex").await;
+        refused(b, &name, &long().write(), "a writer", "held as a mutex").await;
+        b.release(&mutex).await.expect("release");
+        let writer = must_acquire(b, &name, &long().write()).await;
+        refused(b, &name, &long(), "a mutex", "held for writing").await;
+        b.release(&writer).await.expect("release");
+        let mutex = must_acquire(b, &name, &long()).await;
+        b.release(&mutex).await.expect("release");
+        let reader = must_acquire(b, &name, &long().read()).await;
+        b.release(&reader).await.expect("release");
+    }
 }
 
-/// Asserts that `opts` on `name` is refused as another kind of lock.
+/// Asserts that `opts` on `name` is refused as another kind of lock, tried
+/// and waited for: a wait is refused at once too, not left to wait out the
+/// holds of the other kind.
 async fn refused(b: &dyn Backend, name: &str, opts: &LockOptions, what: &str, held: &str) {
     match b.try_acquire(name, opts).await {
         Err(Error::ModeConflict { .. }) => {}
@@ -316,6 +300,19 @@ async fn refused(b: &dyn Backend, name: &str, opts: &LockOptions, what: &str, he
             panic!("{what} was granted on a name {held}");
         }
         other => panic!("{what} on a name {held}: expected ModeConflict, got {other:?}"),
+    }
+    match b
+        .acquire(name, &opts.clone().wait(Duration::from_secs(3)))
+        .await
+    {
+        Err(Error::ModeConflict { .. }) => {}
+        Ok(lease) => {
+            b.release(&lease).await.ok();
+            panic!("a wait for {what} was granted on a name {held}");
+        }
+        Err(other) => {
+            panic!("a wait for {what} on a name {held}: expected ModeConflict, got {other}")
+        }
     }
 }
 

@@ -45,7 +45,8 @@ impl PgSessionBackend {
             a.add(conn.pid)?;
             a.add(key(name))?;
             a.add(mark_prefix(mode, owner))?;
-            a.add(wait_ms.unwrap_or(0).to_string())?;
+            // A try's key never waits; its marker may, for a look.
+            a.add(wait_ms.unwrap_or_else(|| self.ms()).to_string())?;
             a.add(marker(mode))?;
             if write { a.add(holder) } else { Ok(()) }
         })?;
@@ -144,7 +145,11 @@ impl PgSessionBackend {
         )
         .await?;
         let letters: Option<String> = rows.first().map(|r| read(r, 0)).transpose()?.flatten();
-        Self::refused(name, mode, letters.as_deref().unwrap_or_default())?;
+        if let Err(conflict) = Self::refused(name, mode, letters.as_deref().unwrap_or_default()) {
+            // It holds nothing: fit for the next.
+            self.give_back(conn);
+            return Err(conflict);
+        }
         Ok(Err(conn))
     }
 

@@ -78,7 +78,7 @@ fn holds_of(key: &str, sessions: &str) -> String {
 /// conflicting kind by trying a marker, a lookup in the lock manager's
 /// table; reading `pg_locks` instead takes every partition of that table
 /// and held up every grant and release of the server (a hand-off took
-/// 2.7× the bare advisory lock's, against 1.4× without it).
+/// 2.7× the bare advisory lock's, against 1.3–1.5× with markers).
 pub(crate) fn marker(mode: Mode) -> i32 {
     match mode {
         Mode::Exclusive => 1,
@@ -113,11 +113,18 @@ fn marked_by_others(kind: u8) -> String {
 /// the name's checkers' lock (marker 4, which no hold takes), held only
 /// for the tries, so that two looks never take each other's for a hold;
 /// the answer waits in a transaction-local setting while it is given
-/// back (`CASE` runs its conditions in order).
-fn conflicts(mine: &str) -> String {
+/// back (`CASE` runs its conditions in order). A `wait`'s look waits for
+/// another look to end; a try's answers NULL then.
+fn conflicts(mine: &str, wait: bool) -> String {
     let checkers = marker_key("4");
+    // A refused try does not wait for another look: NULL (held).
+    let lock = if wait {
+        format!("pg_advisory_lock({checkers})::text <> ''")
+    } else {
+        format!("NOT pg_try_advisory_lock({checkers})")
+    };
     format!(
-        "CASE WHEN pg_advisory_lock({checkers})::text <> '' THEN NULL \
+        "CASE WHEN {lock} THEN NULL \
          WHEN set_config('dlock.conflicts', COALESCE(\
            CASE WHEN {mine} = 1 THEN NULLIF(\
              CASE WHEN {} THEN 'r' ELSE '' END || CASE WHEN {} THEN 'w' ELSE '' END, '') \
@@ -186,11 +193,16 @@ impl SessionSql {
         // in a statement of its own ([`Self::kinds`]).
         let take = |shared: &str, wait: bool| {
             if wait {
+                // `lock_timeout` bounds each lock's wait: the key's gets
+                // what the look left of the wait's.
                 format!(
                     "CASE WHEN pg_try_advisory_lock{shared}($2) THEN {{then}} \
                      ELSE COALESCE('!' || {}, \
-                       CASE WHEN pg_advisory_lock{shared}($2)::text = '' THEN {{then}} END) END",
-                    conflicts("$5")
+                       CASE WHEN set_config('lock_timeout', GREATEST(1, $4::bigint - (extract(epoch FROM \
+                           clock_timestamp() - statement_timestamp()) * 1000)::bigint)::text, true) IS NULL \
+                         THEN NULL \
+                       WHEN pg_advisory_lock{shared}($2)::text = '' THEN {{then}} END) END",
+                    conflicts("$5", true)
                 )
             } else {
                 format!("CASE WHEN pg_try_advisory_lock{shared}($2) THEN {{then}} ELSE '' END")
@@ -240,7 +252,7 @@ impl SessionSql {
             // `$1` the session's pid, `$2` the key, `$3` the marker.
             kinds: sql(format!(
                 "SELECT CASE WHEN pg_backend_pid() = $1 THEN {} END",
-                conflicts("$3")
+                conflicts("$3", false)
             )),
             // A session with two holds names them in its row, and `+` as
             // its `application_name`: `$1` to `$4` as a grant's, `$5` the
@@ -282,12 +294,14 @@ impl SessionSql {
                 holds_of("$1", &sessions)
             )),
             // A dropped wait's session `$1`, if it still waits for or holds
-            // `$2` (not a later session of the same pid).
+            // `$2`, or waits to look for conflicting kinds of it (its
+            // checkers' lock): not a later session of the same pid.
             undo: SqlStr::from_static(
                 "SELECT pg_terminate_backend(l.pid) FROM pg_locks l \
                  WHERE l.pid = $1 AND l.locktype = 'advisory' \
-                 AND l.classid = (($2 >> 32) & 4294967295)::oid \
-                 AND l.objid = ($2 & 4294967295)::oid AND l.objsubid = 1",
+                 AND l.objid = ($2 & 4294967295)::oid \
+                 AND ((l.classid = (($2 >> 32) & 4294967295)::oid AND l.objsubid = 1) \
+                   OR (l.classid = ((($2 >> 32) # 4) & 4294967295)::oid AND l.objsubid = 2))",
             ),
             sequence,
             sessions,

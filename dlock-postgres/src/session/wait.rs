@@ -34,11 +34,16 @@ impl PgSessionBackend {
         // A connection that sat idle may be dead (a server restart): the
         // first statement that gets no answer on it is tried again once.
         let mut retry = conn.reused;
+        let mut first = true;
         loop {
-            let left = deadline.cap(WAIT_SLICE);
+            let mut left = deadline.cap(WAIT_SLICE);
             if left.is_zero() {
-                self.give_back(conn);
-                return Err(deadline.timeout_error(name));
+                if !first {
+                    self.give_back(conn);
+                    return Err(deadline.timeout_error(name));
+                }
+                // The connection took the whole wait: one look all the same.
+                left = Duration::from_millis(1);
             }
             let slice = self.wait_slice((name, opts), conn, left, retry).await?;
             if let Some(lease) = slice {
@@ -47,7 +52,7 @@ impl PgSessionBackend {
             if deadline.is_past() {
                 return Err(deadline.timeout_error(name));
             }
-            retry = false;
+            (retry, first) = (false, false);
             conn = self.connection("acquire").await?;
         }
     }
@@ -85,9 +90,15 @@ impl PgSessionBackend {
             done => done,
         };
         match done {
-            Ok(rows) => match Self::answer(&rows, name, opts.get_mode())? {
-                Some(mark) => self.granted((name, opts), owner, conn, mark).map(Some),
-                None => Err(Error::malformed(NAME, "acquire", "a wait refused")),
+            Ok(rows) => match Self::answer(&rows, name, opts.get_mode()) {
+                Ok(Some(mark)) => self.granted((name, opts), owner, conn, mark).map(Some),
+                Ok(None) => Err(Error::malformed(NAME, "acquire", "a wait refused")),
+                Err(conflict @ Error::ModeConflict { .. }) => {
+                    // It holds nothing: fit for the next.
+                    self.give_back(conn);
+                    Err(conflict)
+                }
+                Err(e) => Err(e),
             },
             // Out of time, nothing granted as far as the error says; but a
             // grant racing the timeout is kept by the server, and a session
