@@ -109,24 +109,9 @@ impl PgSessionBackend {
         let owner = OwnerToken::random()?;
         let by = self.deadline();
         let mut conn = self.connection("acquire").await?;
-        let reused = conn.reused;
-        let grant = self.grant((name, opts), (&conn, owner), None)?;
-        let rows = match self
-            .unanswered_undone(&mut conn, grant, by, key(name))
-            .await
-        {
-            // A connection that sat idle may be dead (a server restart):
-            // one unanswered statement on it is tried again on a new one.
-            // Closed, it holds nothing.
-            Err(f) if reused && f.code.is_none() && !f.ended => {
-                tracing::debug!(error = %f.error, "an idle connection failed; trying a new one");
-                conn = self.new_connection("acquire").await?;
-                let grant = self.grant((name, opts), (&conn, owner), None)?;
-                self.unanswered_undone(&mut conn, grant, by, key(name))
-                    .await?
-            }
-            done => done?,
-        };
+        let rows = self
+            .grant_on(&mut conn, (name, opts), owner, None, by)
+            .await??;
         if let Some(mark) = Self::answer(&rows, name, opts.get_mode())? {
             return self.granted((name, opts), owner, conn, mark).map(Ok);
         }
@@ -151,6 +136,33 @@ impl PgSessionBackend {
             return Err(conflict);
         }
         Ok(Err(conn))
+    }
+
+    /// Runs a grant of `owner` on `conn`, by `by` (see
+    /// [`Self::unanswered_undone`]). A connection that sat idle may be dead
+    /// (a server restart): when it gives no answer, the grant is tried
+    /// once more on a new one. Closed, the dead one holds nothing.
+    pub(super) async fn grant_on(
+        &self,
+        conn: &mut Conn,
+        (name, opts): (&str, &LockOptions),
+        owner: OwnerToken,
+        wait_ms: Option<i64>,
+        by: Instant,
+    ) -> Result<std::result::Result<Vec<PgRow>, Failure>> {
+        let reused = conn.reused;
+        let grant = self.grant((name, opts), (conn, owner), wait_ms)?;
+        Ok(
+            match self.unanswered_undone(conn, grant, by, key(name)).await {
+                Err(f) if reused && f.code.is_none() && !f.ended => {
+                    tracing::debug!(error = %f.error, "an idle connection failed; trying a new one");
+                    *conn = self.new_connection("acquire").await?;
+                    let grant = self.grant((name, opts), (conn, owner), wait_ms)?;
+                    self.unanswered_undone(conn, grant, by, key(name)).await
+                }
+                done => done,
+            },
+        )
     }
 
     /// Runs a grant on `conn`. Unanswered (its reply lost, or its future

@@ -7,7 +7,6 @@ use dlock_core::{Error, Lease, LockOptions, OwnerToken, Result};
 use tokio::time::Instant;
 
 use super::conn::{Conn, Failure};
-use super::sql::key;
 use super::{LOCK_NOT_AVAILABLE, PgSessionBackend, QUERY_CANCELED, WAIT_SLICE};
 use crate::backend::NAME;
 
@@ -31,9 +30,6 @@ impl PgSessionBackend {
             };
         }
         let mut conn = self.connection("acquire").await?;
-        // A connection that sat idle may be dead (a server restart): the
-        // first statement that gets no answer on it is tried again once.
-        let mut retry = conn.reused;
         let mut first = true;
         loop {
             let mut left = deadline.cap(WAIT_SLICE);
@@ -45,14 +41,14 @@ impl PgSessionBackend {
                 // The connection took the whole wait: one look all the same.
                 left = Duration::from_millis(1);
             }
-            let slice = self.wait_slice((name, opts), conn, left, retry).await?;
+            let slice = self.wait_slice((name, opts), conn, left).await?;
             if let Some(lease) = slice {
                 return Ok(lease);
             }
             if deadline.is_past() {
                 return Err(deadline.timeout_error(name));
             }
-            (retry, first) = (false, false);
+            first = false;
             conn = self.connection("acquire").await?;
         }
     }
@@ -64,31 +60,18 @@ impl PgSessionBackend {
         (name, opts): (&str, &LockOptions),
         mut conn: Conn,
         slice: Duration,
-        retry: bool,
     ) -> Result<Option<Lease>> {
         let owner = OwnerToken::random()?;
         let ms = i64::try_from(dlock_core::driver::millis_up(slice))
             .unwrap_or(i64::MAX)
             .max(1);
-        let grant = self.grant((name, opts), (&conn, owner), Some(ms))?;
         let by = Instant::now() + slice + self.inner.request_timeout;
         // Dropped while queued, or its answer lost, the wait's session is
         // ended, so that it is not granted the lock for a client that is
         // gone.
-        let done = match self
-            .unanswered_undone(&mut conn, grant, by, key(name))
-            .await
-        {
-            // Closed, the dead connection holds nothing.
-            Err(f) if retry && f.code.is_none() && !f.ended => {
-                tracing::debug!(error = %f.error, "an idle connection failed; trying a new one");
-                conn = self.new_connection("acquire").await?;
-                let grant = self.grant((name, opts), (&conn, owner), Some(ms))?;
-                self.unanswered_undone(&mut conn, grant, by, key(name))
-                    .await
-            }
-            done => done,
-        };
+        let done = self
+            .grant_on(&mut conn, (name, opts), owner, Some(ms), by)
+            .await?;
         match done {
             Ok(rows) => match Self::answer(&rows, name, opts.get_mode()) {
                 Ok(Some(mark)) => self.granted((name, opts), owner, conn, mark).map(Some),
