@@ -189,7 +189,7 @@ impl Op for PgAdvisory {
 pub(crate) struct PgAdvisoryTurns(pub(crate) Conn<sqlx::PgConnection>);
 
 #[async_trait::async_trait]
-impl crate::scenarios::Turns for PgAdvisoryTurns {
+impl crate::turns::Turns for PgAdvisoryTurns {
     type Held = String;
 
     async fn take(&self, name: &str) -> Result<String> {

@@ -8,6 +8,7 @@ mod report;
 mod scenarios;
 mod shared;
 mod target;
+mod turns;
 
 /// Counts heap bytes, for the client memory per held lease.
 #[global_allocator]

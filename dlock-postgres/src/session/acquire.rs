@@ -9,7 +9,8 @@ use tokio::time::Instant;
 
 use super::PgSessionBackend;
 use super::conn::{Conn, Failure, Held, Session, args, query, read};
-use super::sql::{fence_of, key, kind_of, mark_prefix, marker};
+use super::marker::marker;
+use super::sql::{fence_of, key, kind_of, mark_prefix};
 use crate::backend::NAME;
 
 impl PgSessionBackend {

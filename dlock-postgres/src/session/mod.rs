@@ -6,6 +6,7 @@
 mod acquire;
 mod conn;
 mod list;
+mod marker;
 mod release;
 mod sql;
 mod wait;

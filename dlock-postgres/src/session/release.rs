@@ -7,7 +7,8 @@ use sqlx::Arguments;
 use super::PgSessionBackend;
 use super::acquire::moved;
 use super::conn::{Held, args, query, read};
-use super::sql::{fence_of, key, mark_prefix, marker};
+use super::marker::marker;
+use super::sql::{fence_of, key, mark_prefix};
 use crate::backend::NAME;
 
 impl PgSessionBackend {
