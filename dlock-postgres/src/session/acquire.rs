@@ -141,8 +141,10 @@ impl PgSessionBackend {
 
     /// Runs a grant of `owner` on `conn`, by `by` (see
     /// [`Self::unanswered_undone`]). A connection that sat idle may be dead
-    /// (a server restart): when it gives no answer, the grant is tried
-    /// once more on a new one. Closed, the dead one holds nothing.
+    /// (a server restart): when it fails before `by` without an answer,
+    /// the grant is tried once more on a new one. Closed, the dead one
+    /// holds nothing. A grant that ran out of time is not tried again: the
+    /// new one would have none.
     pub(super) async fn grant_on(
         &self,
         conn: &mut Conn,
@@ -155,7 +157,7 @@ impl PgSessionBackend {
         let grant = self.grant((name, opts), (conn, owner), wait_ms)?;
         Ok(
             match self.unanswered_undone(conn, grant, by, key(name)).await {
-                Err(f) if reused && f.code.is_none() && !f.ended => {
+                Err(f) if reused && f.code.is_none() && !f.ended && Instant::now() < by => {
                     tracing::debug!(error = %f.error, "an idle connection failed; trying a new one");
                     *conn = self.new_connection("acquire").await?;
                     let grant = self.grant((name, opts), (conn, owner), wait_ms)?;
