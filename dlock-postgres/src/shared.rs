@@ -8,7 +8,7 @@ use dlock_core::driver::async_trait;
 use dlock_core::driver::micros_up;
 use dlock_core::driver::undo::{UndoOnDrop, retry_for};
 use dlock_core::driver::wait::{Attempt, Backoff, Deadline};
-use dlock_core::{Error, Lease, LockOptions, OwnerToken, Result};
+use dlock_core::{Error, Lease, LockOptions, Mode, OwnerToken, Result};
 use dlock_sql::{SharedKinds, SharedStatements};
 use sqlx::Row;
 use sqlx::postgres::PgRow;
@@ -250,6 +250,49 @@ impl SharedKinds for PgBackend {
 
     fn token(&self, fence: i64, doing: &str) -> Result<u64> {
         token(fence, doing)
+    }
+
+    /// A read or a permit ends without the name's row lock (see
+    /// [`Statements::release_unlocked`](crate::sql::Statements)): in a
+    /// crowd every release took that lock in turn, in the way of every
+    /// grant. A write's release, which lets in whoever waits, keeps the
+    /// locked change.
+    async fn release_shared(&self, lease: &Lease) -> Result<()> {
+        if lease.mode() == Mode::Write {
+            return self.end_shared(lease, "").await;
+        }
+        let (name, owner) = (lease.name(), lease.owner().to_string());
+        let sql = self
+            .inner
+            .sql
+            .release_unlocked(name.as_bytes(), &owner, self.wakes_others());
+        let rows = self.fetch(sql, "release", self.deadline()).await?;
+        let answers: Vec<&PgRow> = rows.iter().filter(|row| !row.is_empty()).collect();
+        let (Some(ended), Some(after)) = (answers.first(), answers.last()) else {
+            return Err(Error::malformed(NAME, "release", "no row"));
+        };
+        let read = |e| Error::backend(NAME, "release", e);
+        let ended: i64 = ended.try_get(0).map_err(read)?;
+        let (left, marked): (i64, bool) = (
+            after.try_get(0).map_err(read)?,
+            after.try_get(3).map_err(read)?,
+        );
+        if ended > 0 {
+            self.inner.wakeups.wake(name);
+        }
+        self.wake_shared(&rows);
+        if left == 0 && marked {
+            // The name may be used as another kind again once its marker
+            // is down; left up, it lapses at its longest hold's end.
+            let settle = self.inner.sql.settle_marker(name.as_bytes());
+            if let Err(error) = self.execute(settle, "release", self.deadline()).await {
+                tracing::debug!(name, %error, "could not lower the marker; it lapses");
+            }
+        }
+        if ended != 1 {
+            return Err(Error::not_held(name));
+        }
+        Ok(())
     }
 
     /// A change's last row holds the count, then the waiters of this

@@ -271,6 +271,62 @@ impl Statements {
         ))
     }
 
+    /// Ends a read or permit hold of `owner` without the name's row lock,
+    /// in a transaction of its own, then reads, in a second one, whom the
+    /// holds left let in, and announces them. A release only takes a hold
+    /// away, which admits no one by itself, so it needs no lock; what needs
+    /// one is lowering the marker ([`Statements::settle_marker`]), asked
+    /// for when the second read finds no live hold under a live marker.
+    /// The read follows the delete's commit, and a waiter's first look
+    /// reads the rule after its place's commit: of a release and a waiter
+    /// that cross, one sees the other (see the driver's README). Rows: the
+    /// count ended, then the live holds left, the waiters to wake, the
+    /// count announced, and whether the marker is live. The commit in the
+    /// middle would warn that no transaction block was begun; the warning
+    /// is not sent (`client_min_messages`).
+    pub fn release_unlocked(&self, name: &[u8], owner: &str, notify: bool) -> Stmt {
+        let mut a = Args::default();
+        let (t, h, n, o) = (&self.table, &self.holds, a.bytes(name), a.token(owner));
+        let say = self.announce_to(&n, notify);
+        let (limit, wake) = (&self.limit, self.wake_set(&n, "''", "true"));
+        // The delete, before the commit, is the part prepared.
+        self.prepared_part(
+            a,
+            format!(
+                "SET LOCAL client_min_messages = error;
+             WITH gone AS (DELETE FROM {h} WHERE name = {n} AND owner = {o} AND NOT waiting
+                             AND expires_at > {NOW} RETURNING fence),
+             spent AS (DELETE FROM {h} WHERE name = {n} AND waiting AND since >= 0 AND fence > 0
+                         AND fence IN (SELECT fence FROM gone))
+             SELECT count(*) FROM gone;
+             COMMIT;
+             {limit}
+             WITH {wake}
+             SELECT (SELECT held FROM c), (SELECT who FROM wake),
+               (SELECT count(*) FROM (SELECT {say} FROM wake WHERE who IS NOT NULL) AS z),
+               EXISTS (SELECT 1 FROM {t} WHERE name = {n} AND owner LIKE '~%' AND expires_at > {NOW})"
+            ),
+            1,
+        )
+    }
+
+    /// Lowers the marker of `name` to the end of its longest live hold,
+    /// under the row's lock: a statement after the lock reads every hold
+    /// granted before it, and a grant after it raises the marker again.
+    pub fn settle_marker(&self, name: &[u8]) -> Stmt {
+        let mut a = Args::default();
+        let (t, n) = (&self.table, a.bytes(name));
+        let until = self.marker_until(&n, "''", NOW);
+        self.prepared(
+            a,
+            format!(
+                "SELECT FROM {t} WHERE name = {n} FOR UPDATE;
+             UPDATE {t} SET expires_at = {until}
+             WHERE name = {n} AND owner LIKE '~%' AND expires_at > {NOW}"
+            ),
+        )
+    }
+
     /// Extends every shared lease of the batch that still holds, and the
     /// markers of their names; the names' rows are locked first, in name
     /// order, so that two renewals never wait for each other. Rows back:
