@@ -26,9 +26,13 @@ fn last(rows: &[PgRow]) -> Option<&PgRow> {
     rows.iter().rev().find(|row| !row.is_empty())
 }
 
-/// The count a statement's last part returns.
+/// The count a change answers, before the read of whom to wake (see
+/// `Statements::then_wake`).
 fn count(rows: &[PgRow], doing: &str) -> Result<i64> {
-    let row = last(rows).ok_or_else(|| Error::malformed(NAME, doing, "no row"))?;
+    let row = rows
+        .iter()
+        .find(|row| !row.is_empty())
+        .ok_or_else(|| Error::malformed(NAME, doing, "no row"))?;
     row.try_get(0).map_err(|e| Error::backend(NAME, doing, e))
 }
 
@@ -295,7 +299,7 @@ impl SharedKinds for PgBackend {
         Ok(())
     }
 
-    /// A change's last row holds the count, then the waiters of this
+    /// A change's first row holds the count, its last the waiters of this
     /// process to wake.
     async fn change(&self, sql: Stmt, name: &str, doing: &str) -> Result<i64> {
         let rows = self.fetch(sql, doing, self.deadline()).await?;

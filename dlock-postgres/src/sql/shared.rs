@@ -11,12 +11,15 @@
 //! (mode `x`) is there too, and these statements pass it by: a mutex's
 //! queue only decides whom its releases wake.
 //!
-//! Every call that changes a name's holds first locks the name's row
-//! (`SELECT … FOR UPDATE`, the row made if missing), in a statement of its
-//! own: under read committed the next statement of the same transaction
-//! reads with a snapshot taken after that lock, so it sees every change of
-//! every earlier holder of the lock. One round trip still: the statements
-//! go as one simple query.
+//! Every call that grants, or changes what a grant reads (the markers, a
+//! place given back), first locks the name's row (`SELECT … FOR UPDATE`,
+//! the row made if missing), in a statement of its own: under read
+//! committed the next statement of the same transaction reads with a
+//! snapshot taken after that lock, so it sees every change of every
+//! earlier holder of the lock. A release of a read or a permit only takes
+//! a hold away and needs no lock. Every change that may let a waiter in
+//! commits, then reads whom to wake ([`Statements::then_wake`]). One round
+//! trip still: the statements go as one simple query.
 
 use std::fmt::Write;
 
@@ -62,28 +65,62 @@ impl Statements {
         )
     }
 
-    /// The CTEs `q` (the live waiters of `n` but `leaving`, in order) and
-    /// `wake` (`who`: the tokens, comma-separated, of those the change lets
-    /// in by the acquire's rule, once the holds that `kept` (a condition)
-    /// passes are the only ones: the first writer when nothing is held,
-    /// the readers before the first writer when no writer holds, the
-    /// waiters of a semaphore that fit beside its holds). Only they look
-    /// again: a waiter woken to be refused would take the name's row lock
-    /// for nothing, in every release's way.
-    fn wake_set(&self, n: &str, leaving: &str, kept: &str) -> String {
+    /// The CTEs `q` (the live waiters of `n`, in order), `c` (the live
+    /// holds: `held`, of which writes `held_w`) and `wake` (`who`: the
+    /// tokens, comma-separated, of those the acquire's rule lets in: the
+    /// first writer when nothing is held, the readers before the first
+    /// writer when no writer holds, the waiters of a semaphore that fit
+    /// beside its holds). Only they look again: a waiter woken to be
+    /// refused would take the name's row lock for nothing, in every
+    /// grant's way.
+    fn wake_set(&self, n: &str) -> String {
         format!(
             "q AS (SELECT owner, mode, kind, row_number() OVER w AS i,
                      count(*) FILTER (WHERE mode = 'w') OVER w AS writers
                    FROM {h} WHERE name = {n} AND waiting AND mode <> 'x'
-                     AND expires_at > {NOW} AND since >= 0 AND owner <> {leaving}
+                     AND expires_at > {NOW} AND since >= 0
                    WINDOW w AS (ORDER BY since, owner)),
              c AS (SELECT count(*) AS held, count(*) FILTER (WHERE mode = 'w') AS held_w
-                   FROM {h} WHERE name = {n} AND NOT waiting AND expires_at > {NOW} AND {kept}),
+                   FROM {h} WHERE name = {n} AND NOT waiting AND expires_at > {NOW}),
              wake AS (SELECT string_agg(owner, ',') AS who FROM q, c
                       WHERE (mode = 'w' AND i = 1 AND held = 0)
                         OR (mode = 'r' AND writers = 0 AND held_w = 0)
                         OR i + held <= CASE WHEN mode = 'p' THEN substr(kind, 3)::int END)",
             h = self.holds
+        )
+    }
+
+    /// A change of a name's holds or queue (`change`: its statements,
+    /// the last one answering its count), committed, then a read in a
+    /// transaction of its own of whom the holds and places left let in
+    /// ([`Statements::wake_set`]), who are announced. Every change that
+    /// may let a waiter in reads after its commit, and a waiter's first
+    /// look reads the rule after its place's commit: of a change and a
+    /// waiter that cross, one sees the other, with no lock between them
+    /// (see [`Statements::enqueue_shared`]). The change is the part
+    /// prepared, so that a session lacking it fails before the commit
+    /// (see `pool.rs`). Rows: the change's, then the live holds left, the
+    /// waiters to wake, the count announced, and whether the name's
+    /// marker is live. The commit in the middle of one simple query
+    /// would warn that no transaction block was begun; the warning is not
+    /// sent (`client_min_messages`).
+    fn then_wake(&self, a: Args, n: &str, change: &str, notify: bool) -> Stmt {
+        let (t, limit) = (&self.table, &self.limit);
+        let (wake, say) = (self.wake_set(n), self.announce_to(n, notify));
+        let before = format!("SET LOCAL client_min_messages = error; {change}");
+        let main = before.split(';').filter(|p| !p.trim().is_empty()).count() - 1;
+        self.prepared_part(
+            a,
+            format!(
+                "{before};
+             COMMIT;
+             {limit}
+             WITH {wake}
+             SELECT (SELECT held FROM c), (SELECT who FROM wake),
+               (SELECT count(*) FROM (SELECT {say} FROM wake WHERE who IS NOT NULL) AS z),
+               EXISTS (SELECT 1 FROM {t} WHERE name = {n} AND owner LIKE '~%' AND expires_at > {NOW})"
+            ),
+            main,
         )
     }
 
@@ -138,16 +175,15 @@ impl Statements {
     }
 
     /// Queues `waiter` for `name` asked as `mode`, without the lock that
-    /// changes of the name hold while they run: the place is written, then
-    /// the name's row taken `FOR KEY SHARE` just for the commit (other
-    /// enqueues share it, a change's `FOR UPDATE` does not). A change that
-    /// locked the row first has committed before this commits, and the
-    /// read that follows ([`Statements::admitted_now`]) sees it; one that
-    /// locks the row after sees the place when it reads whom to wake. The
-    /// lock lasts only for the commit, so a crowd of enqueues leaves a
-    /// change little to wait for. No place while the name is in use as
-    /// another kind, or another kind waits: it would refuse the right
-    /// kind's waiters until given up.
+    /// changes of the name hold while they run. The read that follows the
+    /// commit ([`Statements::admitted_now`]) sees every change committed
+    /// before it, and every change that may let a waiter in reads whom to
+    /// wake after its own commit ([`Statements::then_wake`]), so that it
+    /// sees this place if committed first: one of the two sees the other.
+    /// In a crowd most first looks are refused, and none holds up a
+    /// change. No place while the name is in use as another kind, or
+    /// another kind waits: it would refuse the right kind's waiters until
+    /// given up.
     pub fn enqueue_shared(&self, name: &[u8], mode: Mode, waiter: &str, place_us: u64) -> Stmt {
         let mut a = Args::default();
         let (t, h, n, me) = (&self.table, &self.holds, a.bytes(name), a.token(waiter));
@@ -166,8 +202,7 @@ impl Statements {
              ON CONFLICT (name, owner) DO UPDATE SET expires_at = EXCLUDED.expires_at,
                fence = 0, since = CASE WHEN x.expires_at > {NOW} OR x.fence > 0
                  THEN x.since ELSE EXCLUDED.since END
-             WHERE x.since >= 0;
-             SELECT FROM {t} WHERE name = {n} FOR KEY SHARE"
+             WHERE x.since >= 0"
             ),
         )
     }
@@ -252,62 +287,36 @@ impl Statements {
         ))
     }
 
-    /// Gives a waiter's place up, announcing it to the waiters it may let
-    /// in (a writer that leaves may let readers in). One row: how many
-    /// places it gave up, and the waiters to wake.
+    /// Gives a waiter's place up under the name's row lock (a grant from
+    /// that place cannot cross it), announcing the waiters it may let in
+    /// (a writer that leaves may let readers in). Rows: how many places it
+    /// gave up, then the waiters to wake ([`Statements::then_wake`]).
     pub fn abandon(&self, name: &[u8], waiter: &str, notify: bool) -> Stmt {
         let mut a = Args::default();
         let (n, me) = (a.bytes(name), a.token(waiter));
-        let tombstone = self.tombstone(&n, &me);
-        let say = self.announce_to(&n, notify);
-        let (lock, wake) = (self.lock_row(&n), self.wake_set(&n, &me, "true"));
-        self.prepared(a, format!(
-            "{lock}
-             WITH t AS ({tombstone}),
-             d AS (SELECT 1 FROM t WHERE NOT inserted),
-             {wake}
-             SELECT (SELECT count(*) FROM d), (SELECT who FROM wake WHERE EXISTS (SELECT 1 FROM d)),
-               (SELECT count(*) FROM (SELECT {say} FROM wake WHERE who IS NOT NULL AND EXISTS (SELECT 1 FROM d)) AS z)"
-        ))
+        let (lock, tombstone) = (self.lock_row(&n), self.tombstone(&n, &me));
+        let change =
+            format!("{lock} WITH t AS ({tombstone}) SELECT count(*) FROM t WHERE NOT inserted");
+        self.then_wake(a, &n, &change, notify)
     }
 
     /// Ends a read or permit hold of `owner` without the name's row lock,
-    /// in a transaction of its own, then reads, in a second one, whom the
-    /// holds left let in, and announces them. A release only takes a hold
-    /// away, which admits no one by itself, so it needs no lock; what needs
-    /// one is lowering the marker ([`Statements::settle_marker`]), asked
-    /// for when the second read finds no live hold under a live marker.
-    /// The read follows the delete's commit, and a waiter's first look
-    /// reads the rule after its place's commit: of a release and a waiter
-    /// that cross, one sees the other (see the driver's README). Rows: the
-    /// count ended, then the live holds left, the waiters to wake, the
-    /// count announced, and whether the marker is live. The commit in the
-    /// middle would warn that no transaction block was begun; the warning
-    /// is not sent (`client_min_messages`).
+    /// then reads whom the holds left let in, and announces them
+    /// ([`Statements::then_wake`]). A release only takes a hold away,
+    /// which admits no one by itself, so it needs no lock; what needs one
+    /// is lowering the marker ([`Statements::settle_marker`]), asked for
+    /// when the read finds no live hold under a live marker.
     pub fn release_unlocked(&self, name: &[u8], owner: &str, notify: bool) -> Stmt {
         let mut a = Args::default();
-        let (t, h, n, o) = (&self.table, &self.holds, a.bytes(name), a.token(owner));
-        let say = self.announce_to(&n, notify);
-        let (limit, wake) = (&self.limit, self.wake_set(&n, "''", "true"));
-        // The delete, before the commit, is the part prepared.
-        self.prepared_part(
-            a,
-            format!(
-                "SET LOCAL client_min_messages = error;
-             WITH gone AS (DELETE FROM {h} WHERE name = {n} AND owner = {o} AND NOT waiting
+        let (h, n, o) = (&self.holds, a.bytes(name), a.token(owner));
+        let change = format!(
+            "WITH gone AS (DELETE FROM {h} WHERE name = {n} AND owner = {o} AND NOT waiting
                              AND expires_at > {NOW} RETURNING fence),
              spent AS (DELETE FROM {h} WHERE name = {n} AND waiting AND since >= 0 AND fence > 0
                          AND fence IN (SELECT fence FROM gone))
-             SELECT count(*) FROM gone;
-             COMMIT;
-             {limit}
-             WITH {wake}
-             SELECT (SELECT held FROM c), (SELECT who FROM wake),
-               (SELECT count(*) FROM (SELECT {say} FROM wake WHERE who IS NOT NULL) AS z),
-               EXISTS (SELECT 1 FROM {t} WHERE name = {n} AND owner LIKE '~%' AND expires_at > {NOW})"
-            ),
-            1,
-        )
+             SELECT count(*) FROM gone"
+        );
+        self.then_wake(a, &n, &change, notify)
     }
 
     /// Lowers the marker of `name` to the end of its longest live hold,
@@ -368,8 +377,8 @@ impl Statements {
 impl SharedStatements for Statements {
     type Stmt = Stmt;
 
-    /// Also sets the marker's expiry to the longest hold left. One row:
-    /// the count, and the waiters to wake ([`Statements::wake_set`]). A
+    /// Also sets the marker's expiry to the longest hold left. Rows: the
+    /// count, then the waiters to wake ([`Statements::then_wake`]). A
     /// waiter that gave up has left a tombstone (`since` -1) instead of
     /// its place, which stays.
     fn release_shared(
@@ -383,11 +392,9 @@ impl SharedStatements for Statements {
         let mut a = Args::default();
         let (t, h, n, o) = (&self.table, &self.holds, a.bytes(name), a.token(owner));
         let (me, place) = (a.token(waiter), a.micros(place_us));
-        let until = self.marker_until(&n, &o, NOW);
-        let (lock, say) = (self.lock_row(&n), self.announce_to(&n, wake));
-        let wake = self.wake_set(&n, "''", &format!("owner <> {o}"));
+        let (lock, until) = (self.lock_row(&n), self.marker_until(&n, &o, NOW));
         let from = "waiting AND since >= 0 AND fence > 0 AND fence IN (SELECT granted FROM gone)";
-        self.prepared(a, format!(
+        let change = format!(
             "{lock}
              WITH gone AS (DELETE FROM {h} WHERE name = {n} AND owner = {o}
                              AND NOT waiting AND expires_at > {NOW} RETURNING fence AS granted),
@@ -395,11 +402,10 @@ impl SharedStatements for Statements {
                       WHERE name = {n} AND owner = {me} AND {from}),
              spent AS (DELETE FROM {h} WHERE name = {n} AND owner <> {me} AND {from}),
              m AS (UPDATE {t} SET expires_at = {until}
-                   WHERE name = {n} AND owner LIKE '~%' AND EXISTS (SELECT 1 FROM gone)),
-             {wake}
-             SELECT (SELECT count(*) FROM gone), (SELECT who FROM wake WHERE EXISTS (SELECT 1 FROM gone)),
-               (SELECT count(*) FROM (SELECT {say} FROM wake WHERE who IS NOT NULL AND EXISTS (SELECT 1 FROM gone)) AS z)"
-        ))
+                   WHERE name = {n} AND owner LIKE '~%' AND EXISTS (SELECT 1 FROM gone))
+             SELECT count(*) FROM gone"
+        );
+        self.then_wake(a, &n, &change, wake)
     }
 
     fn hold_shared(&self, name: &[u8], owner: &str, hold_owner: &str, hold_us: u64) -> Stmt {
@@ -449,20 +455,19 @@ impl SharedStatements for Statements {
         ))
     }
 
-    /// One row: the count, and the waiters to wake.
+    /// Rows: the count, then the waiters to wake (see
+    /// [`Statements::then_wake`]).
     fn clear_shared(&self, name: &[u8], wake: bool) -> Stmt {
         let mut a = Args::default();
         let (t, h, n) = (&self.table, &self.holds, a.bytes(name));
-        let (lock, say) = (self.lock_row(&n), self.announce_to(&n, wake));
-        let wake = self.wake_set(&n, "''", "false");
-        self.prepared(a, format!(
+        let lock = self.lock_row(&n);
+        let change = format!(
             "{lock}
              WITH d AS (DELETE FROM {h} WHERE name = {n} AND NOT waiting),
              m AS (UPDATE {t} SET expires_at = {NOW}
-                   WHERE name = {n} AND owner LIKE '~%' AND expires_at > {NOW} RETURNING 1),
-             {wake}
-             SELECT (SELECT count(*) FROM m), (SELECT who FROM wake WHERE EXISTS (SELECT 1 FROM m)),
-               (SELECT count(*) FROM (SELECT {say} FROM wake WHERE who IS NOT NULL AND EXISTS (SELECT 1 FROM m)) AS z)"
-        ))
+                   WHERE name = {n} AND owner LIKE '~%' AND expires_at > {NOW} RETURNING 1)
+             SELECT count(*) FROM m"
+        );
+        self.then_wake(a, &n, &change, wake)
     }
 }
