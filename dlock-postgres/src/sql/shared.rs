@@ -101,13 +101,14 @@ impl Statements {
     /// prepared, so that a session lacking it fails before the commit
     /// (see `pool.rs`). Rows: the change's, then the live holds left, the
     /// waiters to wake, the count announced, and whether the name's
-    /// marker is live. The commit in the middle of one simple query
-    /// would warn that no transaction block was begun; the warning is not
-    /// sent (`client_min_messages`).
+    /// marker is live. The change is a transaction block of its own
+    /// (`BEGIN`): a `COMMIT` that ends the implicit one warns in the
+    /// server's log; a failed block is rolled back by `pool.rs`. The read
+    /// changes nothing worth a synchronous commit.
     fn then_wake(&self, a: Args, n: &str, change: &str, notify: bool) -> Stmt {
         let (t, limit) = (&self.table, &self.limit);
         let (wake, say) = (self.wake_set(n), self.announce_to(n, notify));
-        let before = format!("SET LOCAL client_min_messages = error; {change}");
+        let before = format!("BEGIN; {change}");
         let main = before.split(';').filter(|p| !p.trim().is_empty()).count() - 1;
         self.prepared_part(
             a,
@@ -115,6 +116,7 @@ impl Statements {
                 "{before};
              COMMIT;
              {limit}
+             SET LOCAL synchronous_commit = off;
              WITH {wake}
              SELECT (SELECT held FROM c), (SELECT who FROM wake),
                (SELECT count(*) FROM (SELECT {say} FROM wake WHERE who IS NOT NULL) AS z),
@@ -175,23 +177,30 @@ impl Statements {
     }
 
     /// Queues `waiter` for `name` asked as `mode`, without the lock that
-    /// changes of the name hold while they run. The read that follows the
-    /// commit ([`Statements::admitted_now`]) sees every change committed
-    /// before it, and every change that may let a waiter in reads whom to
-    /// wake after its own commit ([`Statements::then_wake`]), so that it
-    /// sees this place if committed first: one of the two sees the other.
-    /// In a crowd most first looks are refused, and none holds up a
-    /// change. No place while the name is in use as another kind, or
-    /// another kind waits: it would refuse the right kind's waiters until
-    /// given up.
+    /// changes of the name hold while they run, then reads, after the
+    /// commit and in the same round trip, whether the acquire's rule lets
+    /// the waiter in now. The read sees every change committed before it,
+    /// and every change that may let a waiter in reads whom to wake after
+    /// its own commit ([`Statements::then_wake`]), so that it sees this
+    /// place if committed first: one of the two sees the other. In a crowd
+    /// most first looks are refused, and none holds up a change. No place
+    /// while the name is in use as another kind, or another kind waits: it
+    /// would refuse the right kind's waiters until given up. The place is
+    /// written again as it is if the query is sent again (see `pool.rs`),
+    /// so the part prepared may follow the commit; it is a transaction
+    /// block of its own, as in [`Statements::then_wake`]. The last row: the kind
+    /// the name is in use as when another, whether the rule lets the
+    /// waiter in, and the µs until the first hold ends.
     pub fn enqueue_shared(&self, name: &[u8], mode: Mode, waiter: &str, place_us: u64) -> Stmt {
         let mut a = Args::default();
         let (t, h, n, me) = (&self.table, &self.holds, a.bytes(name), a.token(waiter));
         let (m, k, place) = (mode.code(), mode.marker(), a.micros(place_us));
+        let (rule, limit) = (self.rule(&n, mode, &me), &self.limit);
         self.prepared(
             a,
             format!(
-                "INSERT INTO {t} (name, owner, fence, expires_at, acquired_at, holder)
+                "BEGIN;
+             INSERT INTO {t} (name, owner, fence, expires_at, acquired_at, holder)
              VALUES ({n}, '', {CLOCK_US}, {NOW}, {NOW}, '') ON CONFLICT (name) DO NOTHING;
              INSERT INTO {h} AS x (name, owner, mode, kind, fence, expires_at, waiting, since)
              SELECT {n}, {me}, '{m}', '{k}', 0, {NOW} + {place}, true, {CLOCK_US}
@@ -202,23 +211,10 @@ impl Statements {
              ON CONFLICT (name, owner) DO UPDATE SET expires_at = EXCLUDED.expires_at,
                fence = 0, since = CASE WHEN x.expires_at > {NOW} OR x.fence > 0
                  THEN x.since ELSE EXCLUDED.since END
-             WHERE x.since >= 0"
-            ),
-        )
-    }
-
-    /// Whether the acquire's rule lets `waiter` in now, for `name` asked as
-    /// `mode`, read without a lock after its place was committed
-    /// ([`Statements::enqueue_shared`]). One row: the kind the name is in
-    /// use as when another, whether the rule lets the waiter in, and the µs
-    /// until the first hold ends.
-    pub fn admitted_now(&self, name: &[u8], mode: Mode, waiter: &str) -> Stmt {
-        let mut a = Args::default();
-        let rule = self.rule(&a.bytes(name), mode, &a.token(waiter));
-        self.prepared(
-            a,
-            format!(
-                "WITH {rule}
+             WHERE x.since >= 0;
+             COMMIT;
+             {limit}
+             WITH {rule}
              SELECT conflict, admit,
                (SELECT (extract(epoch FROM min(expires_at) - {NOW}) * 1000000)::bigint FROM hs)
              FROM v"

@@ -17,8 +17,9 @@ use super::literal::Args;
 
 /// A statement to run: written out in full, and, where the backend
 /// prepares statements, with its main part (the longest of its
-/// `;`-separated parts: the others lock a row) as the `EXECUTE` of a
-/// prepared statement, the other parts written out around it. One prepared
+/// `;`-separated parts unless chosen: the others lock a row, or read after
+/// a commit) as the `EXECUTE` of a prepared statement, the other parts
+/// written out around it. One prepared
 /// statement per call, so that a server session has it or lacks it, never
 /// part of it (`PREPARE` is not undone with a transaction).
 #[derive(Debug)]
@@ -33,6 +34,17 @@ pub struct Stmt {
     pub(crate) id: Option<[u8; 16]>,
     /// Which part is prepared: the longest unless set.
     main: Option<usize>,
+}
+
+impl Stmt {
+    /// Whether the statement opens a transaction block (`BEGIN`), which a
+    /// failure inside leaves open and aborted until a `ROLLBACK`.
+    pub(crate) fn opens_block(&self) -> bool {
+        Self::parts(&self.body, self.main)
+            .0
+            .iter()
+            .any(|part| part.eq_ignore_ascii_case("BEGIN"))
+    }
 }
 
 impl Stmt {
