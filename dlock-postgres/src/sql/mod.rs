@@ -20,6 +20,7 @@ mod ddl;
 mod literal;
 mod shared;
 mod stmt;
+mod wake;
 
 use literal::{Args, micros, successor};
 pub(crate) use literal::{bytes, unhex, validate_identifier};
