@@ -264,7 +264,7 @@ impl SharedKinds for PgBackend {
     }
 
     /// A read or a permit ends without the name's row lock (see
-    /// [`Statements::release_unlocked`](crate::sql::Statements)): in a
+    /// `Statements::release_unlocked` in `sql/wake.rs`): in a
     /// crowd every release took that lock in turn, in the way of every
     /// grant. A write's release, which lets in whoever waits, keeps the
     /// locked change.
