@@ -969,6 +969,60 @@ async fn announced(listener: &mut sqlx::postgres::PgListener, within: Duration) 
     }
 }
 
+/// A write's release that lets in more readers than one announcement can
+/// name (`pg_notify` takes under 8000 bytes, about 230 tokens) announces
+/// the name alone, which wakes every waiter of the name: the release
+/// succeeds, and the readers are let in long before their first poll.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_letting_in_more_readers_than_a_payload_names_announces_the_name() {
+    const READERS: usize = 300;
+    let table = own_table("crowd");
+    let (holder, name) = (patient(&table).await, unique_name("crowd"));
+    let write = must_acquire(&holder, &name, &long().write()).await;
+    let readers = patient(&table).await;
+    let mut waits = tokio::task::JoinSet::new();
+    for _ in 0..READERS {
+        let (readers, of) = (readers.clone(), name.clone());
+        waits.spawn(async move {
+            readers
+                .acquire(&of, &long().read().wait(Duration::from_secs(50)))
+                .await
+        });
+    }
+    let mut admin = admin().await;
+    queued(
+        &mut admin,
+        &table,
+        &name,
+        READERS,
+        "the readers never queued",
+    )
+    .await;
+    let mut listener = listen(&table).await;
+    holder.release(&write).await.expect("the write's release");
+    let heard = announced(&mut listener, Duration::from_secs(10))
+        .await
+        .expect("the release announced");
+    assert!(
+        !heard.contains(':'),
+        "an announcement naming {READERS} waiters, {} bytes",
+        heard.len()
+    );
+    // Their polls start 12 s apart (a fifth of a minute).
+    let leases = tokio::time::timeout(Duration::from_secs(10), async {
+        let mut leases = Vec::new();
+        while let Some(done) = waits.join_next().await {
+            leases.push(done.unwrap().expect("a reader let in"));
+        }
+        leases
+    })
+    .await
+    .expect("every reader let in before a poll");
+    for lease in leases {
+        readers.release(&lease).await.unwrap();
+    }
+}
+
 /// A release of one permit of a full semaphore of 2 announces the one
 /// waiter it lets in, not the first 2 of the queue: a waiter woken only to
 /// be refused takes the name's row lock for nothing. Decided on the
