@@ -85,8 +85,7 @@ type BoxFuture<'c, T> = std::pin::Pin<Box<dyn Future<Output = T> + Send + 'c>>;
 async fn run<T>(lent: &mut Lent<'_, Pg>, stmt: &Stmt, send: Sender<T>) -> sqlx::Result<T> {
     let (conn, prepared) = lent.parts();
     let Some(id) = stmt.id else {
-        let done = send(conn, stmt.written_out()).await;
-        return ended(conn, stmt, done).await;
+        return send(conn, stmt.written_out()).await;
     };
     let mut prepare = !prepared.0.contains(&id);
     for _ in 0..3 {
@@ -94,7 +93,6 @@ async fn run<T>(lent: &mut Lent<'_, Pg>, stmt: &Stmt, send: Sender<T>) -> sqlx::
             break;
         };
         let done = send(conn, sql).await;
-        let done = ended(conn, stmt, done).await;
         let Err(e) = &done else {
             prepared.0.insert(id);
             return done;
@@ -111,23 +109,7 @@ async fn run<T>(lent: &mut Lent<'_, Pg>, stmt: &Stmt, send: Sender<T>) -> sqlx::
             _ => return done,
         }
     }
-    let done = send(conn, stmt.written_out()).await;
-    ended(conn, stmt, done).await
-}
-
-/// `done`, once a statement that opens a transaction block of its own has
-/// had it ended: a failure inside leaves it open and aborted, and every
-/// later statement of the session refused. A failure after the block
-/// (where `ROLLBACK` warns that nothing is in progress) comes only with
-/// an error.
-async fn ended<T>(conn: &mut PgConnection, stmt: &Stmt, done: sqlx::Result<T>) -> sqlx::Result<T> {
-    if done.is_err() && stmt.opens_block() {
-        let rollback = sqlx::raw_sql(sqlx::AssertSqlSafe("ROLLBACK"));
-        if let Err(e) = rollback.execute(&mut *conn).await {
-            tracing::debug!(error = %e, "could not roll a failed block back");
-        }
-    }
-    done
+    send(conn, stmt.written_out()).await
 }
 
 /// Runs `stmt` on `lent` for its rows.
