@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use dlock_core::{Backend, Error, LockOptions};
+use dlock_core::{Backend, Error, Lease, LockOptions};
 use tokio::time::{Instant, sleep};
 
 use crate::support::{long, must_acquire, unique_name};
@@ -79,13 +79,13 @@ pub async fn dropped_acquire_leaves_no_lock(backend: &Arc<dyn Backend>) {
         if let Ok(done) = tokio::time::timeout(cut, backend.acquire(&name, &opts)).await {
             // Not dropped after all: the grant is the caller's to release.
             let lease = done.expect("acquire");
-            backend.release(&lease).await.expect("release");
+            release_short(backend.as_ref(), &lease).await;
         }
         let lease = backend
             .acquire(&name, &opts.clone().wait(ttl + Duration::from_secs(1)))
             .await
             .unwrap_or_else(|e| panic!("dropped after {cut:?}: the name stayed locked: {e}"));
-        backend.release(&lease).await.expect("release");
+        release_short(backend.as_ref(), &lease).await;
     }
     // Contended: dropped while waiting behind a holder.
     let name = unique_name("dropped_acquire_leaves_no_lock");
@@ -104,5 +104,19 @@ pub async fn dropped_acquire_leaves_no_lock(backend: &Arc<dyn Backend>) {
         .acquire(&name, &opts.clone().wait(ttl + Duration::from_secs(1)))
         .await
         .expect("dropped waiters left the name locked");
-    backend.release(&lease).await.expect("release");
+    release_short(backend.as_ref(), &lease).await;
+}
+
+/// Releases a lease of a short TTL. `NotHeld` is a right answer only when
+/// the lease's validity had ended before the release was sent: a loaded
+/// machine can take longer than the TTL between a grant and its release
+/// (the flake hunt saw it once, on PostgreSQL with 500 ms). Any other
+/// failure, or `NotHeld` for a lease still valid, fails the case.
+async fn release_short(backend: &dyn Backend, lease: &Lease) {
+    let sent = Instant::now();
+    match backend.release(lease).await {
+        Ok(()) => {}
+        Err(Error::NotHeld { .. }) if lease.valid_until().is_some_and(|until| until <= sent) => {}
+        Err(e) => panic!("release: {e:?}"),
+    }
 }
