@@ -90,14 +90,15 @@ impl Statements {
     /// `pg_notify` of a change of `n` that may let the waiters of `wake`
     /// in (`<name in hex>:<tokens>`), or nothing without wake-ups. Sent only
     /// when it lets someone in: a notifying commit takes a lock that every
-    /// notifying commit of the database shares. A payload is under 8000
-    /// bytes: past about 200 tokens the name goes alone, which wakes every
-    /// waiter of the name in each process that hears it.
+    /// notifying commit of the database shares. Callers announce only a
+    /// `who` that is not NULL. A payload is under 8000 bytes: past about
+    /// 200 tokens the name goes alone, which each process that hears it
+    /// takes as a release naming nobody (every waiter there looks again).
     fn announce_to(&self, n: &str, notify: bool) -> String {
         if notify {
             format!(
                 "pg_notify('{}', encode({n}, 'hex') || CASE WHEN octet_length(who) < 7000
-                   THEN ':' || COALESCE(who, '') ELSE '' END)",
+                   THEN ':' || who ELSE '' END)",
                 self.channel
             )
         } else {
