@@ -149,10 +149,13 @@ impl ZkBackend {
                 // by the server whenever they are empty.
                 Err(zk::Error::NoNode) => {
                     match self.bounded(client.mkdir(dir, &dir_opts)).await {
-                        Ok(()) | Err(zk::Error::NodeExists) => {}
+                        Ok(()) | Err(zk::Error::NodeExists) => last = Some(zk::Error::NoNode),
+                        // Creating a parent twice is harmless, so a lost
+                        // reply is retried like the lock node's own create
+                        // (the client moves to another server meanwhile).
+                        Err(zk::Error::ConnectionLoss) => last = Some(zk::Error::ConnectionLoss),
                         Err(e) => return Err(zk_error(e, "create the lock's parent")),
                     }
-                    last = Some(zk::Error::NoNode);
                 }
                 Err(zk::Error::ConnectionLoss) => {
                     if let Some(found) = self.find_own(client, dir, &prefix).await? {
