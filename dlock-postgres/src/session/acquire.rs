@@ -109,7 +109,7 @@ impl PgSessionBackend {
     ) -> Result<std::result::Result<Lease, Conn>> {
         let owner = OwnerToken::random()?;
         let by = self.deadline();
-        let mut conn = self.connection("acquire").await?;
+        let mut conn = self.connection("acquire", by).await?;
         let rows = self
             .grant_on(&mut conn, (name, opts), owner, None, by)
             .await??;
@@ -159,7 +159,7 @@ impl PgSessionBackend {
             match self.unanswered_undone(conn, grant, by, key(name)).await {
                 Err(f) if reused && f.code.is_none() && !f.ended && Instant::now() < by => {
                     tracing::debug!(error = %f.error, "an idle connection failed; trying a new one");
-                    *conn = self.new_connection("acquire").await?;
+                    *conn = self.new_connection("acquire", by).await?;
                     let grant = self.grant((name, opts), (conn, owner), wait_ms)?;
                     self.unanswered_undone(conn, grant, by, key(name)).await
                 }

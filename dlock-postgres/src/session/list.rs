@@ -66,7 +66,7 @@ impl PgSessionBackend {
         by: Instant,
         doing: &str,
     ) -> Result<Vec<PgRow>> {
-        let mut conn = self.connection(doing).await?;
+        let mut conn = self.connection(doing, by).await?;
         let rows = query(&mut conn.conn, statement, by, doing).await?;
         self.give_back(conn);
         Ok(rows)

@@ -133,15 +133,21 @@ impl PgSessionBackend {
                 connect_timeout: setup.connect_timeout,
             }),
         };
-        let by = backend.deadline();
         if setup.create {
-            backend.create(by).await?;
+            backend.create().await?;
         }
         // Two connections served by one server session are a pooler in
         // transaction mode: a lock would stay with a session that serves
         // other clients. (Each statement also names its session.)
-        let first = backend.connection("connect").await?;
-        let second = backend.connection("connect").await?;
+        // Opened within the connect timeout, as the lease table's first
+        // connection is: a setup's deadline counted from before a slow
+        // connect would leave it no time.
+        let first = backend
+            .connection("connect", backend.connect_deadline())
+            .await?;
+        let second = backend
+            .connection("connect", backend.connect_deadline())
+            .await?;
         if first.pid == second.pid {
             return Err(Error::invalid_option(
                 "mode",
@@ -157,13 +163,15 @@ impl PgSessionBackend {
         Ok(backend)
     }
 
-    /// Creates the sequence and the holders' table when missing.
-    async fn create(&self, by: Instant) -> Result<()> {
-        let bound = (self.inner.connect_timeout, by);
+    /// Creates the sequence and the holders' table when missing: on a
+    /// connection opened within the connect timeout, by a statement
+    /// bounded by the request timeout.
+    async fn create(&self) -> Result<()> {
         let create = self.inner.sql.create();
         for last in [false, true] {
+            let bound = (self.inner.connect_timeout, self.connect_deadline());
             let mut conn = conn::open(&self.inner.options, bound, "SELECT 1", "connect").await?;
-            match conn::run(&mut conn.conn, &create, by, "connect").await {
+            match conn::run(&mut conn.conn, &create, self.deadline(), "connect").await {
                 Ok(_) => return Ok(()),
                 // Another client created them at the same moment (`IF NOT
                 // EXISTS` does not serialize creators): they are there.
@@ -188,9 +196,14 @@ impl PgSessionBackend {
         Instant::now() + self.inner.request_timeout
     }
 
+    /// When a connection opened now for `connect` must be ready.
+    fn connect_deadline(&self) -> Instant {
+        Instant::now() + self.inner.connect_timeout
+    }
+
     /// An idle connection the server has not ended for its silence, or a
-    /// new one within the connect timeout.
-    async fn connection(&self, doing: &str) -> Result<Conn> {
+    /// new one ready by `by` (and connected within the connect timeout).
+    async fn connection(&self, doing: &str, by: Instant) -> Result<Conn> {
         let idle = {
             let mut idle = self
                 .inner
@@ -204,13 +217,14 @@ impl PgSessionBackend {
             conn.reused = true;
             return Ok(conn);
         }
-        self.new_connection(doing).await
+        self.new_connection(doing, by).await
     }
 
-    /// A new connection, within the connect timeout.
-    async fn new_connection(&self, doing: &str) -> Result<Conn> {
+    /// A new connection, ready by `by` (and connected within the connect
+    /// timeout).
+    async fn new_connection(&self, doing: &str, by: Instant) -> Result<Conn> {
         let silence = u64::try_from(self.inner.silence.as_millis()).unwrap_or(u64::MAX);
-        let bound = (self.inner.connect_timeout, self.deadline());
+        let bound = (self.inner.connect_timeout, by);
         conn::open(
             &self.inner.options,
             bound,

@@ -29,7 +29,7 @@ impl PgSessionBackend {
                 }
             };
         }
-        let mut conn = self.connection("acquire").await?;
+        let mut conn = self.connection("acquire", self.deadline()).await?;
         let mut first = true;
         loop {
             let mut left = deadline.cap(WAIT_SLICE);
@@ -49,7 +49,7 @@ impl PgSessionBackend {
                 return Err(deadline.timeout_error(name));
             }
             first = false;
-            conn = self.connection("acquire").await?;
+            conn = self.connection("acquire", self.deadline()).await?;
         }
     }
 

@@ -129,3 +129,33 @@ async fn a_grant_writes_nothing_once_its_connection_has_its_holder() {
     }
     assert_eq!(versions().await, before, "grants wrote their session's row");
 }
+
+/// A connect over a slow link has its connect timeout, as the lease
+/// table's has: each connection it opens (the handshake's round trips,
+/// then its session's setup) is bounded by it, not by the shorter request
+/// timeout. Each round trip here takes 0.6 s, so the handshake and setup
+/// of a connection take ~3 s: past the request timeout of 1 s, well
+/// within the connect timeout of 30 s. The setup's deadline used to be
+/// counted from before the handshake, which then left it no time.
+#[tokio::test]
+async fn a_connect_over_a_slow_link_has_its_connect_timeout() {
+    use dlock_conformance::proxy::{Fault, FaultProxy};
+
+    let server = shared(Service::Postgres).await;
+    let port = server.port().expect("a server of the harness");
+    let upstream = std::net::SocketAddr::from(([127, 0, 0, 1], port));
+    let proxy = FaultProxy::start(upstream).await.unwrap();
+    proxy.set(Fault::Delay(Duration::from_millis(300)));
+    let url = server.url().replace(
+        &format!("127.0.0.1:{port}"),
+        &format!("127.0.0.1:{}", proxy.addr().port()),
+    );
+    assert_ne!(url, server.url(), "the URL goes through the proxy");
+    let backend = PgBackend::builder(url)
+        .request_timeout(Duration::from_secs(1))
+        .connect_timeout(Duration::from_secs(30))
+        .connect_session()
+        .await
+        .expect("a connect within its connect timeout");
+    drop(backend);
+}
