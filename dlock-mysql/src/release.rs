@@ -44,10 +44,12 @@ impl MySqlBackend {
     /// wait to run (in a socket buffer, behind a row lock): that connection
     /// is ended first, so that the acquire cannot grant after the release.
     pub(crate) async fn undo(&self, name: &str, owner: OwnerToken, ttl: Duration, sent_on: Mark) {
-        let released = retry_for(ttl, || async {
-            let by = self.deadline();
-            self.end_connection(&sent_on, by).await?;
-            self.release_row(name, owner, "undo an acquire", by).await
+        let released = retry_for(ttl, || {
+            self.inner.pool.in_background(async {
+                let by = self.deadline();
+                self.end_connection(&sent_on, by).await?;
+                self.release_row(name, owner, "undo an acquire", by).await
+            })
         })
         .await;
         tracing::debug!(name, ?released, "undid an acquire of unknown outcome");

@@ -193,12 +193,14 @@ impl MySqlBackend {
 
     /// Gives a waiter's place up (a writer that leaves may let readers in).
     pub(crate) async fn abandon(&self, name: &str, waiter: &str) {
-        let left = retry_for(self.inner.request_timeout * 2, || async {
-            let sql = self
-                .inner
-                .sql
-                .abandon(name.as_bytes(), waiter, self.inner.wake_ups);
-            self.change(sql, name, "leave the queue").await
+        let left = retry_for(self.inner.request_timeout * 2, || {
+            self.inner.pool.in_background(async {
+                let sql = self
+                    .inner
+                    .sql
+                    .abandon(name.as_bytes(), waiter, self.inner.wake_ups);
+                self.change(sql, name, "leave the queue").await
+            })
         })
         .await;
         self.inner.wakeups.wake(name);
@@ -216,14 +218,16 @@ impl MySqlBackend {
     /// are read after its commit: they find the place back.
     async fn undo_shared(&self, lease: &Lease, sent_on: Option<Mark>, waiter: &str) {
         let ttl = lease.ttl().unwrap_or_default();
-        let released = retry_for(ttl, || async {
-            if let Some(mark) = &sent_on {
-                self.end_connection(mark, self.deadline()).await?;
-            }
-            match self.end_shared(lease, waiter).await {
-                Err(Error::NotHeld { .. }) => Ok(false),
-                other => other.map(|()| true),
-            }
+        let released = retry_for(ttl, || {
+            self.inner.pool.in_background(async {
+                if let Some(mark) = &sent_on {
+                    self.end_connection(mark, self.deadline()).await?;
+                }
+                match self.end_shared(lease, waiter).await {
+                    Err(Error::NotHeld { .. }) => Ok(false),
+                    other => other.map(|()| true),
+                }
+            })
         })
         .await;
         tracing::debug!(

@@ -84,14 +84,16 @@ impl PgBackend {
     ) {
         let owner = owner.to_string();
         let settled_by = sent + self.inner.request_timeout * (1 + waits);
-        let released = retry_for(ttl, || async {
-            let released = self.release_row(name, &owner, "undo an acquire").await?;
-            if !released && Instant::now() < settled_by {
-                return Err(timed_out(
-                    "undo an acquire: nothing to release yet; it may still commit".to_owned(),
-                ));
-            }
-            Ok(released)
+        let released = retry_for(ttl, || {
+            self.inner.pool.in_background(async {
+                let released = self.release_row(name, &owner, "undo an acquire").await?;
+                if !released && Instant::now() < settled_by {
+                    return Err(timed_out(
+                        "undo an acquire: nothing to release yet; it may still commit".to_owned(),
+                    ));
+                }
+                Ok(released)
+            })
         })
         .await;
         tracing::debug!(name, ?released, "undid an acquire of unknown outcome");

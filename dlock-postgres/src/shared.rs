@@ -156,9 +156,11 @@ impl PgBackend {
     /// Gives a waiter's place up.
     async fn abandon(&self, name: &str, waiter: &str) {
         let notify = self.wakes_others();
-        let left = retry_for(self.inner.request_timeout * 2, || async {
-            let sql = self.inner.sql.abandon(name.as_bytes(), waiter, notify);
-            self.fetch(sql, "leave the queue", self.deadline()).await
+        let left = retry_for(self.inner.request_timeout * 2, || {
+            self.inner.pool.in_background(async {
+                let sql = self.inner.sql.abandon(name.as_bytes(), waiter, notify);
+                self.fetch(sql, "leave the queue", self.deadline()).await
+            })
         })
         .await;
         if let Some(rows) = &left {
@@ -177,14 +179,16 @@ impl PgBackend {
     async fn undo_shared(&self, lease: &Lease, (sent, waits): (Instant, u32), waiter: &str) {
         let settled_by = sent + self.inner.request_timeout * (1 + waits);
         let ttl = lease.ttl().unwrap_or_default();
-        let released = retry_for(ttl, || async {
-            match self.end_shared(lease, waiter).await {
-                Err(Error::NotHeld { .. }) if Instant::now() < settled_by => Err(timed_out(
-                    "undo an acquire: nothing to release yet; it may still commit".to_owned(),
-                )),
-                Err(Error::NotHeld { .. }) => Ok(false),
-                other => other.map(|()| true),
-            }
+        let released = retry_for(ttl, || {
+            self.inner.pool.in_background(async {
+                match self.end_shared(lease, waiter).await {
+                    Err(Error::NotHeld { .. }) if Instant::now() < settled_by => Err(timed_out(
+                        "undo an acquire: nothing to release yet; it may still commit".to_owned(),
+                    )),
+                    Err(Error::NotHeld { .. }) => Ok(false),
+                    other => other.map(|()| true),
+                }
+            })
         })
         .await;
         if released == Some(true) && !waiter.is_empty() {

@@ -136,9 +136,11 @@ impl PgBackend {
     /// left without the lock, wakes nobody else: they find the lock free at
     /// their next poll.
     async fn leave_queue(&self, name: &str, waiter: &str) {
-        let left = retry_for(self.inner.request_timeout * 2, || async {
-            let sql = self.inner.sql.leave(name.as_bytes(), waiter);
-            self.execute(sql, "leave the queue", self.deadline()).await
+        let left = retry_for(self.inner.request_timeout * 2, || {
+            self.inner.pool.in_background(async {
+                let sql = self.inner.sql.leave(name.as_bytes(), waiter);
+                self.execute(sql, "leave the queue", self.deadline()).await
+            })
         })
         .await;
         tracing::debug!(name, ?left, "left the queue");

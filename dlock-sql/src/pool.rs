@@ -71,11 +71,13 @@ pub enum LendError {
 }
 
 /// The pool: at most `max` connections lent at once, each call bounded by
-/// the request timeout.
+/// the request timeout, and at most half of them to background work (see
+/// [`Pool::in_background`]).
 pub struct Pool<D: Dialect> {
     dialect: D,
     idle: Mutex<Vec<Idle<D>>>,
     slots: Semaphore,
+    background: Semaphore,
     connect_timeout: Duration,
     request_timeout: Duration,
 }
@@ -93,10 +95,12 @@ impl<D: Dialect> std::fmt::Debug for Pool<D> {
 impl<D: Dialect> Pool<D> {
     /// A pool of up to `max` connections opened by `dialect`.
     pub fn new(dialect: D, max: u32, connect_timeout: Duration, request_timeout: Duration) -> Self {
+        let max = usize::try_from(max).unwrap_or(usize::MAX);
         Pool {
             dialect,
             idle: Mutex::new(Vec::new()),
-            slots: Semaphore::new(usize::try_from(max).unwrap_or(usize::MAX)),
+            slots: Semaphore::new(max),
+            background: Semaphore::new((max / 2).max(1)),
             connect_timeout,
             request_timeout,
         }
@@ -116,6 +120,29 @@ impl<D: Dialect> Pool<D> {
     /// bounded by one request timeout, the wait for a connection included.
     pub fn deadline(&self) -> Instant {
         Instant::now() + self.request_timeout
+    }
+
+    /// Runs `work`, background work that calls the pool (undoing what a
+    /// dropped call may have done, giving up a waiter's place), once it
+    /// has one of the turns that keep such work to half the connections
+    /// (one of a pool of one). After a stall, every call it cut off leaves
+    /// such work retrying, each try holding a connection up to a request
+    /// timeout; with the whole pool theirs, the application's new calls
+    /// found none for seconds after the server was back. A turn not had
+    /// within the request timeout fails the try, as a busy pool would.
+    ///
+    /// # Errors
+    /// `work`'s, or no turn in time.
+    pub async fn in_background<T>(&self, work: impl Future<Output = Result<T>>) -> Result<T> {
+        let Ok(Ok(_turn)) =
+            tokio::time::timeout(self.request_timeout, self.background.acquire()).await
+        else {
+            return Err(D::timed_out(format!(
+                "background work: no turn within {:?}",
+                self.request_timeout
+            )));
+        };
+        work.await
     }
 
     fn idle(&self) -> std::sync::MutexGuard<'_, Vec<Idle<D>>> {

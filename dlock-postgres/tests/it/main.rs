@@ -6,5 +6,6 @@ mod conformance_wake_ups;
 mod faults;
 mod faults_pgbouncer;
 mod holder;
+mod pool;
 mod postgres;
 mod session;

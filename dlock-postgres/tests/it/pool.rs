@@ -1,0 +1,119 @@
+//! The SQL drivers' pool (dlock-sql's), on a real PostgreSQL: background
+//! work never takes the connections new calls need.
+
+#![allow(clippy::unwrap_used)] // tests panic on purpose
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use dlock_conformance::harness::{Service, shared};
+use dlock_core::{Error, Result};
+use dlock_sql::{Conn, Dialect, Pool};
+use sqlx::postgres::{PgQueryResult, Postgres};
+use sqlx::{Connection, PgConnection};
+use tokio::task::JoinSet;
+use tokio::time::{Instant, sleep};
+
+/// Plain connections to the test server.
+struct Plain(String);
+
+impl Dialect for Plain {
+    type Db = Postgres;
+    type Mark = ();
+
+    async fn open(&self) -> std::result::Result<(Conn<Self>, ()), sqlx::Error> {
+        Ok((PgConnection::connect(&self.0).await?, ()))
+    }
+
+    fn reusable(_: &sqlx::Error) -> bool {
+        false
+    }
+
+    fn error(e: sqlx::Error, doing: &str) -> Error {
+        Error::backend("test", doing, e)
+    }
+
+    fn timed_out(message: String) -> Error {
+        Error::timed_out("test", message)
+    }
+
+    fn rows_matched(done: &PgQueryResult) -> u64 {
+        done.rows_affected()
+    }
+
+    fn may_not_create(_: &sqlx::Error) -> bool {
+        false
+    }
+}
+
+/// The sessions of this test (by its `application_name`) asleep in
+/// `pg_sleep`.
+async fn asleep(watch: &mut PgConnection, tag: &str) -> i64 {
+    sqlx::query_scalar(
+        "SELECT count(*) FROM pg_stat_activity WHERE application_name = $1 \
+         AND query LIKE 'SELECT pg_sleep%' AND state = 'active'",
+    )
+    .bind(tag)
+    .fetch_one(watch)
+    .await
+    .unwrap()
+}
+
+/// Background work (an undo that keeps retrying, each try stuck behind a
+/// row lock) takes half the pool at most: with every background task
+/// holding its connection in a statement that does not end, new calls
+/// still get the other half. Decided on counts, not on time: four
+/// background tasks asleep for a minute in a pool of four, two of them
+/// asleep, the other two waiting for a turn, and two connections lent to
+/// calls beside them.
+#[tokio::test]
+async fn background_work_leaves_half_the_pool_to_new_calls() {
+    let server = shared(Service::Postgres).await;
+    let tag = format!("pool{:08x}", fastrand::u32(..));
+    let url = format!("{}?application_name={tag}", server.url());
+    let pool = Arc::new(Pool::new(
+        Plain(url),
+        4,
+        Duration::from_secs(30),
+        Duration::from_secs(60),
+    ));
+    let mut background = JoinSet::new();
+    for _ in 0..4 {
+        let pool = pool.clone();
+        background.spawn(async move {
+            let by = Instant::now() + Duration::from_secs(60);
+            let work = pool.fetch_all(sqlx::raw_sql("SELECT pg_sleep(60)"), "sleep", by);
+            let slept: Result<_> = pool.in_background(work).await;
+            slept.map(drop)
+        });
+    }
+    let mut watch = PgConnection::connect(server.url()).await.unwrap();
+    let started = Instant::now();
+    while asleep(&mut watch, &tag).await < 2 {
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "the background work did not start"
+        );
+        sleep(Duration::from_millis(20)).await;
+    }
+    let by = Instant::now() + Duration::from_secs(10);
+    let first = pool
+        .lend("a new call", by)
+        .await
+        .expect("a connection beside the background work");
+    let second = pool.lend("a new call", by).await.expect("a second one");
+    assert_eq!(
+        asleep(&mut watch, &tag).await,
+        2,
+        "background work holds half the pool, no more"
+    );
+    drop((first, second));
+    background.abort_all();
+    sqlx::query(
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = $1",
+    )
+    .bind(&tag)
+    .execute(&mut watch)
+    .await
+    .unwrap();
+}
