@@ -44,8 +44,9 @@ impl MySqlBackend {
     /// wait to run (in a socket buffer, behind a row lock): that connection
     /// is ended first, so that the acquire cannot grant after the release.
     pub(crate) async fn undo(&self, name: &str, owner: OwnerToken, ttl: Duration, sent_on: Mark) {
+        let until = Instant::now() + ttl;
         let released = retry_for(ttl, || {
-            self.inner.pool.in_background(async {
+            self.inner.pool.in_background(until, async {
                 let by = self.deadline();
                 self.end_connection(&sent_on, by).await?;
                 self.release_row(name, owner, "undo an acquire", by).await

@@ -192,15 +192,15 @@ impl MySqlBackend {
     }
 
     /// Gives a waiter's place up (a writer that leaves may let readers in).
+    /// On the waiter's own path when its wait ended; a dropped wait's
+    /// runs in the pool's background turns (see `wait.rs`).
     pub(crate) async fn abandon(&self, name: &str, waiter: &str) {
-        let left = retry_for(self.inner.request_timeout * 2, || {
-            self.inner.pool.in_background(async {
-                let sql = self
-                    .inner
-                    .sql
-                    .abandon(name.as_bytes(), waiter, self.inner.wake_ups);
-                self.change(sql, name, "leave the queue").await
-            })
+        let left = retry_for(self.inner.request_timeout * 2, || async {
+            let sql = self
+                .inner
+                .sql
+                .abandon(name.as_bytes(), waiter, self.inner.wake_ups);
+            self.change(sql, name, "leave the queue").await
         })
         .await;
         self.inner.wakeups.wake(name);
@@ -218,8 +218,9 @@ impl MySqlBackend {
     /// are read after its commit: they find the place back.
     async fn undo_shared(&self, lease: &Lease, sent_on: Option<Mark>, waiter: &str) {
         let ttl = lease.ttl().unwrap_or_default();
+        let until = Instant::now() + ttl;
         let released = retry_for(ttl, || {
-            self.inner.pool.in_background(async {
+            self.inner.pool.in_background(until, async {
                 if let Some(mark) = &sent_on {
                     self.end_connection(mark, self.deadline()).await?;
                 }

@@ -19,6 +19,7 @@ use std::time::Duration;
 use dlock_core::driver::undo::UndoOnDrop;
 use dlock_core::driver::wait::{Backoff, Deadline, wait_for_lock_with_pause};
 use dlock_core::{Lease, LockOptions, Mode, OwnerToken, Result};
+use tokio::time::Instant;
 
 use crate::backend::MySqlBackend;
 use crate::pool::Mark;
@@ -76,13 +77,21 @@ impl MySqlBackend {
                     .lock()
                     .unwrap_or_else(PoisonError::into_inner)
                     .clone();
-                if let Some(mark) = mark {
-                    let by = backend.deadline();
-                    if let Err(e) = backend.end_connection(&mark, by).await {
-                        tracing::debug!(name, error = %e, "a dropped look's connection");
+                // Background work: in the pool's turns (see `in_background`).
+                let until = Instant::now() + backend.inner.request_timeout * 2;
+                let left = backend.inner.pool.in_background(until, async {
+                    if let Some(mark) = mark {
+                        let by = backend.deadline();
+                        if let Err(e) = backend.end_connection(&mark, by).await {
+                            tracing::debug!(name, error = %e, "a dropped look's connection");
+                        }
                     }
+                    backend.abandon(&name, &waiter).await;
+                    Ok(())
+                });
+                if let Err(e) = left.await {
+                    tracing::debug!(name, error = %e, "a dropped wait did not leave the queue");
                 }
-                backend.abandon(&name, &waiter).await;
             })
         };
         let key = waiter_key(name, &waiter);

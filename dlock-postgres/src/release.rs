@@ -84,8 +84,9 @@ impl PgBackend {
     ) {
         let owner = owner.to_string();
         let settled_by = sent + self.inner.request_timeout * (1 + waits);
+        let until = Instant::now() + ttl;
         let released = retry_for(ttl, || {
-            self.inner.pool.in_background(async {
+            self.inner.pool.in_background(until, async {
                 let released = self.release_row(name, &owner, "undo an acquire").await?;
                 if !released && Instant::now() < settled_by {
                     return Err(timed_out(

@@ -156,8 +156,9 @@ impl PgBackend {
     /// Gives a waiter's place up.
     async fn abandon(&self, name: &str, waiter: &str) {
         let notify = self.wakes_others();
+        let until = Instant::now() + self.inner.request_timeout * 2;
         let left = retry_for(self.inner.request_timeout * 2, || {
-            self.inner.pool.in_background(async {
+            self.inner.pool.in_background(until, async {
                 let sql = self.inner.sql.abandon(name.as_bytes(), waiter, notify);
                 self.fetch(sql, "leave the queue", self.deadline()).await
             })
@@ -179,8 +180,9 @@ impl PgBackend {
     async fn undo_shared(&self, lease: &Lease, (sent, waits): (Instant, u32), waiter: &str) {
         let settled_by = sent + self.inner.request_timeout * (1 + waits);
         let ttl = lease.ttl().unwrap_or_default();
+        let until = Instant::now() + ttl;
         let released = retry_for(ttl, || {
-            self.inner.pool.in_background(async {
+            self.inner.pool.in_background(until, async {
                 match self.end_shared(lease, waiter).await {
                     Err(Error::NotHeld { .. }) if Instant::now() < settled_by => Err(timed_out(
                         "undo an acquire: nothing to release yet; it may still commit".to_owned(),

@@ -71,8 +71,8 @@ pub enum LendError {
 }
 
 /// The pool: at most `max` connections lent at once, each call bounded by
-/// the request timeout, and at most half of them to background work (see
-/// [`Pool::in_background`]).
+/// the request timeout, and at most half of them (or the one of a pool of
+/// one) to background work (see [`Pool::in_background`]).
 pub struct Pool<D: Dialect> {
     dialect: D,
     idle: Mutex<Vec<Idle<D>>>,
@@ -125,22 +125,26 @@ impl<D: Dialect> Pool<D> {
     /// Runs `work`, background work that calls the pool (undoing what a
     /// dropped call may have done, giving up a waiter's place), once it
     /// has one of the turns that keep such work to half the connections
-    /// (one of a pool of one). After a stall, every call it cut off leaves
-    /// such work retrying, each try holding a connection up to a request
-    /// timeout; with the whole pool theirs, the application's new calls
-    /// found none for seconds after the server was back. A turn not had
-    /// within the request timeout fails the try, as a busy pool would.
+    /// (to the one connection of a pool of one). After a stall, every call
+    /// it cut off leaves such work retrying, each try holding a connection
+    /// up to a request timeout; with the whole pool theirs, the
+    /// application's new calls found none for seconds after the server
+    /// was back. Turns go in order of asking; one not had by `until` (the
+    /// end of the work's retries) fails the work, as a busy pool would.
+    /// Work that waits its turn is late, not lost: an undo of a grant that
+    /// may have happened, late or given up, leaves that grant to its TTL.
     ///
     /// # Errors
-    /// `work`'s, or no turn in time.
-    pub async fn in_background<T>(&self, work: impl Future<Output = Result<T>>) -> Result<T> {
-        let Ok(Ok(_turn)) =
-            tokio::time::timeout(self.request_timeout, self.background.acquire()).await
-        else {
-            return Err(D::timed_out(format!(
-                "background work: no turn within {:?}",
-                self.request_timeout
-            )));
+    /// `work`'s, or no turn by `until`.
+    pub async fn in_background<T>(
+        &self,
+        until: Instant,
+        work: impl Future<Output = Result<T>>,
+    ) -> Result<T> {
+        let Ok(Ok(_turn)) = timeout_at(until, self.background.acquire()).await else {
+            return Err(D::timed_out(
+                "background work: no turn before its retries ended".to_owned(),
+            ));
         };
         work.await
     }

@@ -8,7 +8,7 @@ use dlock_core::{Error, Lease, Mode, OwnerToken, Result};
 use zookeeper_client as zk;
 
 use crate::backend::{NAME, ZkBackend};
-use crate::error::{gave_up, node_vanished, zk_error};
+use crate::error::{node_vanished, zk_error};
 use crate::hold::HOLD_NODE;
 use crate::node_hold::PERMIT_HOLD;
 use crate::path::{Node, node_prefix, parse, protected_prefix, sequence};
@@ -135,7 +135,8 @@ impl ZkBackend {
         let path = format!("{dir}/{}", node_prefix(owner, mode));
         let node_opts = zk::CreateMode::EphemeralSequential.with_acls(self.acls());
         let dir_opts = zk::CreateMode::Container.with_acls(self.acls());
-        let mut last = None;
+        // Whether a try lost its reply: giving up is then retryable.
+        let mut lost = false;
         for _ in 0..5 {
             match self
                 .bounded(client.create(&path, holder.as_bytes(), &node_opts))
@@ -149,11 +150,11 @@ impl ZkBackend {
                 // by the server whenever they are empty.
                 Err(zk::Error::NoNode) => {
                     match self.bounded(client.mkdir(dir, &dir_opts)).await {
-                        Ok(()) | Err(zk::Error::NodeExists) => last = Some(zk::Error::NoNode),
-                        // Creating a parent twice is harmless, so a lost
-                        // reply is retried like the lock node's own create
-                        // (the client moves to another server meanwhile).
-                        Err(zk::Error::ConnectionLoss) => last = Some(zk::Error::ConnectionLoss),
+                        Ok(()) | Err(zk::Error::NodeExists) => {}
+                        // Creating a parent twice is harmless, so a reply
+                        // lost (or not had within the request timeout) is
+                        // retried like the lock node's own create.
+                        Err(zk::Error::ConnectionLoss) => lost = true,
                         Err(e) => return Err(zk_error(e, "create the lock's parent")),
                     }
                 }
@@ -161,16 +162,18 @@ impl ZkBackend {
                     if let Some(found) = self.find_own(client, dir, &prefix).await? {
                         return Ok(found);
                     }
-                    last = Some(zk::Error::ConnectionLoss);
+                    lost = true;
                 }
                 Err(e) => return Err(zk_error(e, "create the lock node")),
             }
         }
         let doing = format!("could not create a lock node under {dir} in 5 tries");
-        Err(match last {
-            Some(e) => zk_error(e, &doing),
-            None => gave_up(doing),
-        })
+        let last = if lost {
+            zk::Error::ConnectionLoss
+        } else {
+            zk::Error::NoNode
+        };
+        Err(zk_error(last, &doing))
     }
 
     /// Joins the queue and lists it in one round trip: the client sends

@@ -159,7 +159,9 @@ impl PgSessionBackend {
             match self.unanswered_undone(conn, grant, by, key(name)).await {
                 Err(f) if reused && f.code.is_none() && !f.ended && Instant::now() < by => {
                     tracing::debug!(error = %f.error, "an idle connection failed; trying a new one");
-                    *conn = self.new_connection("acquire", by).await?;
+                    *conn = self
+                        .new_connection("acquire", by.min(self.deadline()))
+                        .await?;
                     let grant = self.grant((name, opts), (conn, owner), wait_ms)?;
                     self.unanswered_undone(conn, grant, by, key(name)).await
                 }

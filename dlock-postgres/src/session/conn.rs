@@ -7,7 +7,7 @@ use std::time::Duration;
 use dlock_core::{CancellationToken, Error, Lease, Mode, OwnerToken, Result};
 use sqlx::postgres::{PgArguments, PgConnectOptions, PgConnection, PgRow, Postgres};
 use sqlx::{Arguments, Connection, Row};
-use tokio::time::{Instant, timeout, timeout_at};
+use tokio::time::{Instant, timeout_at};
 
 use super::Inner;
 use crate::backend::NAME;
@@ -25,20 +25,22 @@ pub(super) struct Conn {
     pub reused: bool,
 }
 
-/// Opens a connection within `bound` and runs `setup` on it (its
-/// session's settings and row; it answers the pid).
+/// Opens a connection, connected within `bound` and by `by`, and runs
+/// `setup` on it by `by` (its session's settings and row; it answers the
+/// pid).
 pub(super) async fn open(
     options: &PgConnectOptions,
     (bound, by): (Duration, Instant),
     setup: &str,
     doing: &str,
 ) -> Result<Conn> {
-    let mut conn = match timeout(bound, PgConnection::connect_with(options)).await {
+    let connected_by = by.min(Instant::now() + bound);
+    let mut conn = match timeout_at(connected_by, PgConnection::connect_with(options)).await {
         Ok(Ok(conn)) => conn,
         Ok(Err(e)) => return Err(sql_error(e, doing)),
         Err(_) => {
             return Err(timed_out(format!(
-                "{doing}: no connection within the connect timeout ({bound:?})"
+                "{doing}: no connection within the connect timeout ({bound:?}) or the call's bound"
             )));
         }
     };

@@ -9,20 +9,20 @@ use std::time::Duration;
 use dlock_conformance::harness::{Service, shared};
 use dlock_core::{Error, Result};
 use dlock_sql::{Conn, Dialect, Pool};
-use sqlx::postgres::{PgQueryResult, Postgres};
+use sqlx::postgres::{PgConnectOptions, PgQueryResult, Postgres};
 use sqlx::{Connection, PgConnection};
 use tokio::task::JoinSet;
 use tokio::time::{Instant, sleep};
 
 /// Plain connections to the test server.
-struct Plain(String);
+struct Plain(PgConnectOptions);
 
 impl Dialect for Plain {
     type Db = Postgres;
     type Mark = ();
 
     async fn open(&self) -> std::result::Result<(Conn<Self>, ()), sqlx::Error> {
-        Ok((PgConnection::connect(&self.0).await?, ()))
+        Ok((PgConnection::connect_with(&self.0).await?, ()))
     }
 
     fn reusable(_: &sqlx::Error) -> bool {
@@ -70,9 +70,9 @@ async fn asleep(watch: &mut PgConnection, tag: &str) -> i64 {
 async fn background_work_leaves_half_the_pool_to_new_calls() {
     let server = shared(Service::Postgres).await;
     let tag = format!("pool{:08x}", fastrand::u32(..));
-    let url = format!("{}?application_name={tag}", server.url());
+    let options: PgConnectOptions = server.url().parse().unwrap();
     let pool = Arc::new(Pool::new(
-        Plain(url),
+        Plain(options.application_name(&tag)),
         4,
         Duration::from_secs(30),
         Duration::from_secs(60),
@@ -83,7 +83,7 @@ async fn background_work_leaves_half_the_pool_to_new_calls() {
         background.spawn(async move {
             let by = Instant::now() + Duration::from_secs(60);
             let work = pool.fetch_all(sqlx::raw_sql("SELECT pg_sleep(60)"), "sleep", by);
-            let slept: Result<_> = pool.in_background(work).await;
+            let slept: Result<_> = pool.in_background(by, work).await;
             slept.map(drop)
         });
     }
