@@ -85,7 +85,8 @@ type BoxFuture<'c, T> = std::pin::Pin<Box<dyn Future<Output = T> + Send + 'c>>;
 async fn run<T>(lent: &mut Lent<'_, Pg>, stmt: &Stmt, send: Sender<T>) -> sqlx::Result<T> {
     let (conn, prepared) = lent.parts();
     let Some(id) = stmt.id else {
-        return send(conn, stmt.written_out()).await;
+        let done = send(conn, stmt.written_out()).await;
+        return ended(conn, stmt, done).await;
     };
     let mut prepare = !prepared.0.contains(&id);
     for _ in 0..3 {
@@ -93,6 +94,7 @@ async fn run<T>(lent: &mut Lent<'_, Pg>, stmt: &Stmt, send: Sender<T>) -> sqlx::
             break;
         };
         let done = send(conn, sql).await;
+        let done = ended(conn, stmt, done).await;
         let Err(e) = &done else {
             prepared.0.insert(id);
             return done;
@@ -109,7 +111,23 @@ async fn run<T>(lent: &mut Lent<'_, Pg>, stmt: &Stmt, send: Sender<T>) -> sqlx::
             _ => return done,
         }
     }
-    send(conn, stmt.written_out()).await
+    let done = send(conn, stmt.written_out()).await;
+    ended(conn, stmt, done).await
+}
+
+/// `done`, once a statement that opens a transaction block of its own has
+/// had it ended: a failure inside leaves it open and aborted, and every
+/// later statement of the session refused. A failure after the block
+/// (where `ROLLBACK` warns that nothing is in progress) comes only with
+/// an error.
+async fn ended<T>(conn: &mut PgConnection, stmt: &Stmt, done: sqlx::Result<T>) -> sqlx::Result<T> {
+    if done.is_err() && stmt.opens_block() {
+        let rollback = sqlx::raw_sql(sqlx::AssertSqlSafe("ROLLBACK"));
+        if let Err(e) = rollback.execute(&mut *conn).await {
+            tracing::debug!(error = %e, "could not roll a failed block back");
+        }
+    }
+    done
 }
 
 /// Runs `stmt` on `lent` for its rows.

@@ -8,7 +8,7 @@ use dlock_core::driver::async_trait;
 use dlock_core::driver::micros_up;
 use dlock_core::driver::undo::{UndoOnDrop, retry_for};
 use dlock_core::driver::wait::{Attempt, Backoff, Deadline};
-use dlock_core::{Error, Lease, LockOptions, OwnerToken, Result};
+use dlock_core::{Error, Lease, LockOptions, Mode, OwnerToken, Result};
 use dlock_sql::{SharedKinds, SharedStatements};
 use sqlx::Row;
 use sqlx::postgres::PgRow;
@@ -20,15 +20,20 @@ use crate::error::timed_out;
 use crate::pool::fetch_on;
 use crate::sql::{SharedRenewal, Stmt};
 
-/// The row of a statement's last part (the parts before it lock a row and
-/// return rows of no columns).
+/// The row of a statement's last part that answers one (the parts that
+/// lock a row return rows of no columns, and a change's own answer comes
+/// before its read of whom to wake).
 fn last(rows: &[PgRow]) -> Option<&PgRow> {
     rows.iter().rev().find(|row| !row.is_empty())
 }
 
-/// The count a statement's last part returns.
+/// The count a change answers, before the read of whom to wake (see
+/// `Statements::then_wake`).
 fn count(rows: &[PgRow], doing: &str) -> Result<i64> {
-    let row = last(rows).ok_or_else(|| Error::malformed(NAME, doing, "no row"))?;
+    let row = rows
+        .iter()
+        .find(|row| !row.is_empty())
+        .ok_or_else(|| Error::malformed(NAME, doing, "no row"))?;
     row.try_get(0).map_err(|e| Error::backend(NAME, doing, e))
 }
 
@@ -89,10 +94,11 @@ impl PgBackend {
         self.shared_outcome(name, opts, (owner, sent), answer)
     }
 
-    /// Queues `waiter` without the name's row lock (see
+    /// Queues `waiter` without the name's row lock, and reads whether the
+    /// acquire's rule lets it in now (see
     /// [`Statements::enqueue_shared`](crate::sql::Statements)): `None`
-    /// when the acquire's rule lets it in now, for a look to take the
-    /// grant, else the attempt's outcome.
+    /// when it does, for a look to take the grant, else the attempt's
+    /// outcome.
     async fn enqueue_shared(
         &self,
         name: &str,
@@ -100,11 +106,11 @@ impl PgBackend {
         waiter: &str,
     ) -> Result<Option<Attempt>> {
         let place = micros_up(self.place());
-        let (sql, mode) = (&self.inner.sql, opts.get_mode());
-        let enqueue = sql.enqueue_shared(name.as_bytes(), mode, waiter, place);
-        self.execute(enqueue, "acquire", self.deadline()).await?;
-        let read = sql.admitted_now(name.as_bytes(), mode, waiter);
-        let rows = self.fetch(read, "acquire", self.deadline()).await?;
+        let enqueue =
+            self.inner
+                .sql
+                .enqueue_shared(name.as_bytes(), opts.get_mode(), waiter, place);
+        let rows = self.fetch(enqueue, "acquire", self.deadline()).await?;
         let row = last(&rows).ok_or_else(|| Error::malformed(NAME, "acquire", "no row"))?;
         let read = |e| Error::backend(NAME, "acquire", e);
         if row.try_get::<Option<bool>, _>(1).map_err(read)? == Some(true) {
@@ -138,10 +144,16 @@ impl PgBackend {
         let queued = |waiter: String| {
             let first = &first;
             async move {
-                if first.swap(false, Ordering::Relaxed)
-                    && let Some(refused) = self.enqueue_shared(name, opts, &waiter).await?
-                {
-                    return Ok(refused);
+                if first.swap(false, Ordering::Relaxed) {
+                    // A failed first look is made again: only it reads the
+                    // rule after its place's commit (see `enqueue_shared`).
+                    let enqueued = self.enqueue_shared(name, opts, &waiter).await;
+                    if enqueued.is_err() {
+                        first.store(true, Ordering::Relaxed);
+                    }
+                    if let Some(refused) = enqueued? {
+                        return Ok(refused);
+                    }
                 }
                 self.attempt_shared(name, opts, &waiter).await
             }
@@ -194,8 +206,7 @@ impl PgBackend {
         })
         .await;
         if released == Some(true) && !waiter.is_empty() {
-            // Its place is back: the waiter may be first now, and the
-            // release announced the queue as it was before.
+            // Its place is back: the waiter may be first now.
             self.inner.queued_wakeups.wake(waiter);
         }
         tracing::debug!(
@@ -258,7 +269,76 @@ impl SharedKinds for PgBackend {
         token(fence, doing)
     }
 
-    /// A change's last row holds the count, then the waiters of this
+    /// A read or a permit ends without the name's row lock (see
+    /// `Statements::release_unlocked` in `sql/wake.rs`): in a
+    /// crowd every release took that lock in turn, in the way of every
+    /// grant. A write's release, which lets in whoever waits, keeps the
+    /// locked change.
+    async fn release_shared(&self, lease: &Lease) -> Result<()> {
+        if lease.mode() == Mode::Write {
+            return self.end_shared(lease, "").await;
+        }
+        let (name, owner) = (lease.name(), lease.owner().to_string());
+        let sql = self
+            .inner
+            .sql
+            .release_unlocked(name.as_bytes(), &owner, self.wakes_others());
+        let rows = self.fetch(sql, "release", self.deadline()).await?;
+        let answers: Vec<&PgRow> = rows.iter().filter(|row| !row.is_empty()).collect();
+        let (Some(ended), Some(after)) = (answers.first(), answers.last()) else {
+            return Err(Error::malformed(NAME, "release", "no row"));
+        };
+        let read = |e| Error::backend(NAME, "release", e);
+        let ended: i64 = ended.try_get(0).map_err(read)?;
+        let (left, admitted, marked): (i64, Option<String>, bool) = (
+            after.try_get(0).map_err(read)?,
+            after.try_get(1).map_err(read)?,
+            after.try_get(3).map_err(read)?,
+        );
+        if ended > 0 {
+            self.inner.wakeups.wake(name);
+        }
+        self.wake_shared(&rows);
+        if left == 0 && marked && admitted.is_none() {
+            // Nothing held and nobody let in: the marker goes down so that
+            // the name may be used as another kind at once. Left up, it
+            // lapses at its longest hold's end; a failed try goes on in the
+            // background, the release being done.
+            let settle = || {
+                self.execute(
+                    self.inner.sql.settle_marker(name.as_bytes()),
+                    "release",
+                    self.deadline(),
+                )
+            };
+            if let Err(error) = settle().await {
+                tracing::debug!(name, %error, "could not lower the marker yet");
+                let (backend, name) = (self.clone(), name.to_owned());
+                let ttl = lease.ttl().unwrap_or_default();
+                tokio::spawn(async move {
+                    let until = Instant::now() + ttl;
+                    let settled = retry_for(ttl, || {
+                        backend.inner.pool.in_background(until, async {
+                            let sql = backend.inner.sql.settle_marker(name.as_bytes());
+                            backend.execute(sql, "release", backend.deadline()).await
+                        })
+                    })
+                    .await;
+                    tracing::debug!(
+                        name,
+                        settled = settled.is_some(),
+                        "lowered the marker later"
+                    );
+                });
+            }
+        }
+        if ended != 1 {
+            return Err(Error::not_held(name));
+        }
+        Ok(())
+    }
+
+    /// A change's first row holds the count, its last the waiters of this
     /// process to wake.
     async fn change(&self, sql: Stmt, name: &str, doing: &str) -> Result<i64> {
         let rows = self.fetch(sql, doing, self.deadline()).await?;

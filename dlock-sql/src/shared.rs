@@ -79,8 +79,10 @@ pub trait SharedKinds: Driver + Clone + 'static {
     fn token(&self, fence: i64, doing: &str) -> Result<u64>;
 
     /// Runs a change of a name's holds or queue (`doing`), and returns
-    /// its count; when that is not 0, the waiters it may have let in are
-    /// woken (in this process, and across processes as the driver can).
+    /// its count; the waiters it may have let in are woken (in this
+    /// process when that is not 0, and across processes as the driver
+    /// can: PostgreSQL's announcement follows the queue as read after the
+    /// change's commit, whatever the count).
     async fn change(&self, sql: Self::Stmt, name: &str, doing: &str) -> Result<i64>;
 
     /// Runs a statement of one value (`doing`): the first column of its

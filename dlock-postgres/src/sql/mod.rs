@@ -4,8 +4,9 @@
 //! hex digits and numbers alone: one round trip, and the driver works
 //! through PgBouncer's transaction pooling as it does straight to the
 //! server. Each statement runs with `SET LOCAL statement_timeout` in the
-//! same implicit transaction: a statement that waits on a row lock cannot
-//! go on, and grant, long after its caller gave up.
+//! same transaction: a statement that waits on a row lock cannot go on,
+//! and grant, long after its caller gave up. A change of a shared kind
+//! that commits before it reads whom to wake sets it again for the read.
 //!
 //! The statements of every call but the rare ones (batches, listing,
 //! purging, the DDL) are prepared too: see [`Stmt`].
@@ -19,6 +20,7 @@ mod ddl;
 mod literal;
 mod shared;
 mod stmt;
+mod wake;
 
 use literal::{Args, micros, successor};
 pub(crate) use literal::{bytes, unhex, validate_identifier};

@@ -11,12 +11,16 @@
 //! (mode `x`) is there too, and these statements pass it by: a mutex's
 //! queue only decides whom its releases wake.
 //!
-//! Every call that changes a name's holds first locks the name's row
-//! (`SELECT … FOR UPDATE`, the row made if missing), in a statement of its
-//! own: under read committed the next statement of the same transaction
-//! reads with a snapshot taken after that lock, so it sees every change of
-//! every earlier holder of the lock. One round trip still: the statements
-//! go as one simple query.
+//! Every call that grants, or changes what a grant reads (the markers, a
+//! place given back), first locks the name's row (`SELECT … FOR UPDATE`,
+//! the row made if missing), in a statement of its own: under read
+//! committed the next statement of the same transaction reads with a
+//! snapshot taken after that lock, so it sees every change of every
+//! earlier holder of the lock. A release of a read or a permit only takes
+//! a hold away and needs no lock. Every change that may let a waiter in
+//! commits, then reads whom to wake ([`Statements::then_wake`]). One round
+//! trip still: the statements go as one simple query. The changes that
+//! wake, and the release without the lock, are in `wake.rs`.
 
 use std::fmt::Write;
 
@@ -54,56 +58,12 @@ impl Statements {
 
     /// The marker's expiry once `gone` (an owner) no longer holds: that of
     /// the longest live hold left, at least `floor`.
-    fn marker_until(&self, n: &str, gone: &str, floor: &str) -> String {
+    pub(super) fn marker_until(&self, n: &str, gone: &str, floor: &str) -> String {
         format!(
             "GREATEST(COALESCE((SELECT max(expires_at) FROM {h} WHERE name = {n} AND NOT waiting
                AND expires_at > {NOW} AND owner <> {gone}), {NOW}), {floor})",
             h = self.holds
         )
-    }
-
-    /// The CTEs `q` (the live waiters of `n` but `leaving`, in order) and
-    /// `wake` (`who`: the tokens, comma-separated, of those the change lets
-    /// in by the acquire's rule, once the holds that `kept` (a condition)
-    /// passes are the only ones: the first writer when nothing is held,
-    /// the readers before the first writer when no writer holds, the
-    /// waiters of a semaphore that fit beside its holds). Only they look
-    /// again: a waiter woken to be refused would take the name's row lock
-    /// for nothing, in every release's way.
-    fn wake_set(&self, n: &str, leaving: &str, kept: &str) -> String {
-        format!(
-            "q AS (SELECT owner, mode, kind, row_number() OVER w AS i,
-                     count(*) FILTER (WHERE mode = 'w') OVER w AS writers
-                   FROM {h} WHERE name = {n} AND waiting AND mode <> 'x'
-                     AND expires_at > {NOW} AND since >= 0 AND owner <> {leaving}
-                   WINDOW w AS (ORDER BY since, owner)),
-             c AS (SELECT count(*) AS held, count(*) FILTER (WHERE mode = 'w') AS held_w
-                   FROM {h} WHERE name = {n} AND NOT waiting AND expires_at > {NOW} AND {kept}),
-             wake AS (SELECT string_agg(owner, ',') AS who FROM q, c
-                      WHERE (mode = 'w' AND i = 1 AND held = 0)
-                        OR (mode = 'r' AND writers = 0 AND held_w = 0)
-                        OR i + held <= CASE WHEN mode = 'p' THEN substr(kind, 3)::int END)",
-            h = self.holds
-        )
-    }
-
-    /// `pg_notify` of a change of `n` that may let the waiters of `wake`
-    /// in (`<name in hex>:<tokens>`), or nothing without wake-ups. Sent only
-    /// when it lets someone in: a notifying commit takes a lock that every
-    /// notifying commit of the database shares. Callers announce only a
-    /// `who` that is not NULL. A payload is under 8000 bytes: past about
-    /// 200 tokens the name goes alone, which each process that hears it
-    /// takes as a release naming nobody (every waiter there looks again).
-    fn announce_to(&self, n: &str, notify: bool) -> String {
-        if notify {
-            format!(
-                "pg_notify('{}', encode({n}, 'hex') || CASE WHEN octet_length(who) < 7000
-                   THEN ':' || who ELSE '' END)",
-                self.channel
-            )
-        } else {
-            "1".to_owned()
-        }
     }
 
     /// The CTEs of the acquire's rule for `me` (`""`: behind every waiter)
@@ -142,24 +102,30 @@ impl Statements {
     }
 
     /// Queues `waiter` for `name` asked as `mode`, without the lock that
-    /// changes of the name hold while they run: the place is written, then
-    /// the name's row taken `FOR KEY SHARE` just for the commit (other
-    /// enqueues share it, a change's `FOR UPDATE` does not). A change that
-    /// locked the row first has committed before this commits, and the
-    /// read that follows ([`Statements::admitted_now`]) sees it; one that
-    /// locks the row after sees the place when it reads whom to wake. The
-    /// lock lasts only for the commit, so a crowd of enqueues leaves a
-    /// change little to wait for. No place while the name is in use as
-    /// another kind, or another kind waits: it would refuse the right
-    /// kind's waiters until given up.
+    /// changes of the name hold while they run, then reads, after the
+    /// commit and in the same round trip, whether the acquire's rule lets
+    /// the waiter in now. The read sees every change committed before it,
+    /// and every change that may let a waiter in reads whom to wake after
+    /// its own commit ([`Statements::then_wake`]), so that it sees this
+    /// place if committed first: one of the two sees the other. In a crowd
+    /// most first looks are refused, and none holds up a change. No place
+    /// while the name is in use as another kind, or another kind waits: it
+    /// would refuse the right kind's waiters until given up. The place is
+    /// written again as it is if the query is sent again (see `pool.rs`),
+    /// so the part prepared may follow the commit; it is a transaction
+    /// block of its own, as in [`Statements::then_wake`]. The last row: the kind
+    /// the name is in use as when another, whether the rule lets the
+    /// waiter in, and the µs until the first hold ends.
     pub fn enqueue_shared(&self, name: &[u8], mode: Mode, waiter: &str, place_us: u64) -> Stmt {
         let mut a = Args::default();
         let (t, h, n, me) = (&self.table, &self.holds, a.bytes(name), a.token(waiter));
         let (m, k, place) = (mode.code(), mode.marker(), a.micros(place_us));
+        let (rule, limit) = (self.rule(&n, mode, &me), &self.limit);
         self.prepared(
             a,
             format!(
-                "INSERT INTO {t} (name, owner, fence, expires_at, acquired_at, holder)
+                "BEGIN;
+             INSERT INTO {t} (name, owner, fence, expires_at, acquired_at, holder)
              VALUES ({n}, '', {CLOCK_US}, {NOW}, {NOW}, '') ON CONFLICT (name) DO NOTHING;
              INSERT INTO {h} AS x (name, owner, mode, kind, fence, expires_at, waiting, since)
              SELECT {n}, {me}, '{m}', '{k}', 0, {NOW} + {place}, true, {CLOCK_US}
@@ -171,23 +137,9 @@ impl Statements {
                fence = 0, since = CASE WHEN x.expires_at > {NOW} OR x.fence > 0
                  THEN x.since ELSE EXCLUDED.since END
              WHERE x.since >= 0;
-             SELECT FROM {t} WHERE name = {n} FOR KEY SHARE"
-            ),
-        )
-    }
-
-    /// Whether the acquire's rule lets `waiter` in now, for `name` asked as
-    /// `mode`, read without a lock after its place was committed
-    /// ([`Statements::enqueue_shared`]). One row: the kind the name is in
-    /// use as when another, whether the rule lets the waiter in, and the µs
-    /// until the first hold ends.
-    pub fn admitted_now(&self, name: &[u8], mode: Mode, waiter: &str) -> Stmt {
-        let mut a = Args::default();
-        let rule = self.rule(&a.bytes(name), mode, &a.token(waiter));
-        self.prepared(
-            a,
-            format!(
-                "WITH {rule}
+             COMMIT;
+             {limit}
+             WITH {rule}
              SELECT conflict, admit,
                (SELECT (extract(epoch FROM min(expires_at) - {NOW}) * 1000000)::bigint FROM hs)
              FROM v"
@@ -256,23 +208,17 @@ impl Statements {
         ))
     }
 
-    /// Gives a waiter's place up, announcing it to the waiters it may let
-    /// in (a writer that leaves may let readers in). One row: how many
-    /// places it gave up, and the waiters to wake.
+    /// Gives a waiter's place up under the name's row lock (a grant from
+    /// that place cannot cross it), announcing the waiters it may let in
+    /// (a writer that leaves may let readers in). Rows: how many places it
+    /// gave up, then the waiters to wake ([`Statements::then_wake`]).
     pub fn abandon(&self, name: &[u8], waiter: &str, notify: bool) -> Stmt {
         let mut a = Args::default();
         let (n, me) = (a.bytes(name), a.token(waiter));
-        let tombstone = self.tombstone(&n, &me);
-        let say = self.announce_to(&n, notify);
-        let (lock, wake) = (self.lock_row(&n), self.wake_set(&n, &me, "true"));
-        self.prepared(a, format!(
-            "{lock}
-             WITH t AS ({tombstone}),
-             d AS (SELECT 1 FROM t WHERE NOT inserted),
-             {wake}
-             SELECT (SELECT count(*) FROM d), (SELECT who FROM wake WHERE EXISTS (SELECT 1 FROM d)),
-               (SELECT count(*) FROM (SELECT {say} FROM wake WHERE who IS NOT NULL AND EXISTS (SELECT 1 FROM d)) AS z)"
-        ))
+        let (lock, tombstone) = (self.lock_row(&n), self.tombstone(&n, &me));
+        let change =
+            format!("{lock} WITH t AS ({tombstone}) SELECT count(*) FROM t WHERE NOT inserted");
+        self.then_wake(a, &n, &change, notify)
     }
 
     /// Extends every shared lease of the batch that still holds, and the
@@ -316,8 +262,8 @@ impl Statements {
 impl SharedStatements for Statements {
     type Stmt = Stmt;
 
-    /// Also sets the marker's expiry to the longest hold left. One row:
-    /// the count, and the waiters to wake ([`Statements::wake_set`]). A
+    /// Also sets the marker's expiry to the longest hold left. Rows: the
+    /// count, then the waiters to wake ([`Statements::then_wake`]). A
     /// waiter that gave up has left a tombstone (`since` -1) instead of
     /// its place, which stays.
     fn release_shared(
@@ -331,11 +277,9 @@ impl SharedStatements for Statements {
         let mut a = Args::default();
         let (t, h, n, o) = (&self.table, &self.holds, a.bytes(name), a.token(owner));
         let (me, place) = (a.token(waiter), a.micros(place_us));
-        let until = self.marker_until(&n, &o, NOW);
-        let (lock, say) = (self.lock_row(&n), self.announce_to(&n, wake));
-        let wake = self.wake_set(&n, "''", &format!("owner <> {o}"));
+        let (lock, until) = (self.lock_row(&n), self.marker_until(&n, &o, NOW));
         let from = "waiting AND since >= 0 AND fence > 0 AND fence IN (SELECT granted FROM gone)";
-        self.prepared(a, format!(
+        let change = format!(
             "{lock}
              WITH gone AS (DELETE FROM {h} WHERE name = {n} AND owner = {o}
                              AND NOT waiting AND expires_at > {NOW} RETURNING fence AS granted),
@@ -343,11 +287,10 @@ impl SharedStatements for Statements {
                       WHERE name = {n} AND owner = {me} AND {from}),
              spent AS (DELETE FROM {h} WHERE name = {n} AND owner <> {me} AND {from}),
              m AS (UPDATE {t} SET expires_at = {until}
-                   WHERE name = {n} AND owner LIKE '~%' AND EXISTS (SELECT 1 FROM gone)),
-             {wake}
-             SELECT (SELECT count(*) FROM gone), (SELECT who FROM wake WHERE EXISTS (SELECT 1 FROM gone)),
-               (SELECT count(*) FROM (SELECT {say} FROM wake WHERE who IS NOT NULL AND EXISTS (SELECT 1 FROM gone)) AS z)"
-        ))
+                   WHERE name = {n} AND owner LIKE '~%' AND EXISTS (SELECT 1 FROM gone))
+             SELECT count(*) FROM gone"
+        );
+        self.then_wake(a, &n, &change, wake)
     }
 
     fn hold_shared(&self, name: &[u8], owner: &str, hold_owner: &str, hold_us: u64) -> Stmt {
@@ -397,20 +340,19 @@ impl SharedStatements for Statements {
         ))
     }
 
-    /// One row: the count, and the waiters to wake.
+    /// Rows: the count, then the waiters to wake (see
+    /// [`Statements::then_wake`]).
     fn clear_shared(&self, name: &[u8], wake: bool) -> Stmt {
         let mut a = Args::default();
         let (t, h, n) = (&self.table, &self.holds, a.bytes(name));
-        let (lock, say) = (self.lock_row(&n), self.announce_to(&n, wake));
-        let wake = self.wake_set(&n, "''", "false");
-        self.prepared(a, format!(
+        let lock = self.lock_row(&n);
+        let change = format!(
             "{lock}
              WITH d AS (DELETE FROM {h} WHERE name = {n} AND NOT waiting),
              m AS (UPDATE {t} SET expires_at = {NOW}
-                   WHERE name = {n} AND owner LIKE '~%' AND expires_at > {NOW} RETURNING 1),
-             {wake}
-             SELECT (SELECT count(*) FROM m), (SELECT who FROM wake WHERE EXISTS (SELECT 1 FROM m)),
-               (SELECT count(*) FROM (SELECT {say} FROM wake WHERE who IS NOT NULL AND EXISTS (SELECT 1 FROM m)) AS z)"
-        ))
+                   WHERE name = {n} AND owner LIKE '~%' AND expires_at > {NOW} RETURNING 1)
+             SELECT count(*) FROM m"
+        );
+        self.then_wake(a, &n, &change, wake)
     }
 }

@@ -17,8 +17,9 @@ use super::literal::Args;
 
 /// A statement to run: written out in full, and, where the backend
 /// prepares statements, with its main part (the longest of its
-/// `;`-separated parts: the others lock a row) as the `EXECUTE` of a
-/// prepared statement, the other parts written out around it. One prepared
+/// `;`-separated parts unless chosen: the others lock a row, or read after
+/// a commit) as the `EXECUTE` of a prepared statement, the other parts
+/// written out around it. One prepared
 /// statement per call, so that a server session has it or lacks it, never
 /// part of it (`PREPARE` is not undone with a transaction).
 #[derive(Debug)]
@@ -31,6 +32,19 @@ pub struct Stmt {
     /// With statements prepared: the hash of the main part and its
     /// parameters' types, which names its prepared statement.
     pub(crate) id: Option<[u8; 16]>,
+    /// Which part is prepared: the longest unless set.
+    main: Option<usize>,
+}
+
+impl Stmt {
+    /// Whether the statement opens a transaction block (`BEGIN`), which a
+    /// failure inside leaves open and aborted until a `ROLLBACK`.
+    pub(crate) fn opens_block(&self) -> bool {
+        Self::parts(&self.body, self.main)
+            .0
+            .iter()
+            .any(|part| part.eq_ignore_ascii_case("BEGIN"))
+    }
 }
 
 impl Stmt {
@@ -46,16 +60,19 @@ impl Stmt {
         .into_sql_str()
     }
 
-    /// The statement's parts, and which of them is prepared.
-    fn parts(body: &str) -> (Vec<&str>, usize) {
+    /// The statement's parts, and which of them is prepared: `main`, else
+    /// the longest.
+    fn parts(body: &str, main: Option<usize>) -> (Vec<&str>, usize) {
         let parts: Vec<&str> = body
             .split(';')
             .map(str::trim)
             .filter(|p| !p.is_empty())
             .collect();
-        let main = (0..parts.len())
-            .max_by_key(|&i| parts[i].len())
-            .unwrap_or(0);
+        let main = main.unwrap_or_else(|| {
+            (0..parts.len())
+                .max_by_key(|&i| parts[i].len())
+                .unwrap_or(0)
+        });
         (parts, main)
     }
 
@@ -63,7 +80,7 @@ impl Stmt {
     /// wait for their own statement timeout: its parts, and the `PREPARE`
     /// when prepared.
     pub(crate) fn waits(&self) -> u32 {
-        let parts = u32::try_from(Self::parts(&self.body).0.len()).unwrap_or(u32::MAX);
+        let parts = u32::try_from(Self::parts(&self.body, self.main).0.len()).unwrap_or(u32::MAX);
         parts + u32::from(self.id.is_some())
     }
 
@@ -78,7 +95,7 @@ impl Stmt {
             (format!(" ({types})"), format!(" ({values})"))
         };
         let mut sql = self.limit.clone();
-        let (parts, main) = Self::parts(&self.body);
+        let (parts, main) = Self::parts(&self.body, self.main);
         if prepare {
             let part = parts.get(main)?;
             let _ = write!(sql, "PREPARE dlock_{id}{types} AS {part}; ");
@@ -98,17 +115,26 @@ impl Statements {
     /// A statement that is never prepared: its values are literals in
     /// `statement`.
     pub(super) fn bounded(&self, statement: String) -> Stmt {
-        self.with(Args::default(), statement, false)
+        self.with(Args::default(), statement, false, None)
     }
 
-    /// A statement whose values are `args`, prepared where statements are.
+    /// A statement whose values are `args`, prepared where statements are:
+    /// its longest part.
     pub(super) fn prepared(&self, args: Args, body: String) -> Stmt {
-        self.with(args, body, self.prepare)
+        self.with(args, body, self.prepare, None)
     }
 
-    fn with(&self, args: Args, body: String, prepare: bool) -> Stmt {
+    /// [`Statements::prepared`], its part `main` (counted from 0)
+    /// prepared: a statement that commits part way must have the part
+    /// that can be missing (see `pool.rs`) before its commit, so that a
+    /// try that fails for it has changed nothing.
+    pub(super) fn prepared_part(&self, args: Args, body: String, main: usize) -> Stmt {
+        self.with(args, body, self.prepare, Some(main))
+    }
+
+    fn with(&self, args: Args, body: String, prepare: bool, main: Option<usize>) -> Stmt {
         let id = prepare.then(|| {
-            let (parts, main) = Stmt::parts(&body);
+            let (parts, main) = Stmt::parts(&body, main);
             let digest = Sha256::new()
                 .chain_update(args.types())
                 .chain_update("\n")
@@ -123,6 +149,7 @@ impl Statements {
             body,
             args,
             id,
+            main,
         }
     }
 }
