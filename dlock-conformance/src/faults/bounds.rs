@@ -223,7 +223,7 @@ const UNDO_REQUESTS: u32 = 10;
 /// the reply is on its way back (the link is slow: 50 ms each way), on
 /// free names with a 60 s TTL. For a driver that declares
 /// [`Capabilities::cleanup`](dlock_core::Capabilities::cleanup), every
-/// name must be free again within [`UNDO_REQUESTS`] requests of the slowed
+/// name must be free again within `UNDO_REQUESTS` requests of the slowed
 /// link (about a second), not at the end of the TTL. The request's time is
 /// measured on the link as the case runs (a loaded machine adds to every
 /// round trip), so the bound is a count of requests, not seconds.
