@@ -3,7 +3,6 @@
 
 use std::time::Duration;
 
-use dlock_core::driver::undo::retry_for;
 use dlock_core::{Error, Lease, OwnerToken, Result};
 use tokio::time::{Instant, timeout_at};
 
@@ -44,15 +43,15 @@ impl MySqlBackend {
     /// wait to run (in a socket buffer, behind a row lock): that connection
     /// is ended first, so that the acquire cannot grant after the release.
     pub(crate) async fn undo(&self, name: &str, owner: OwnerToken, ttl: Duration, sent_on: Mark) {
-        let until = Instant::now() + ttl;
-        let released = retry_for(ttl, || {
-            self.inner.pool.in_background(until, async {
+        let released = self
+            .inner
+            .pool
+            .retry_in_background(ttl, || async {
                 let by = self.deadline();
                 self.end_connection(&sent_on, by).await?;
                 self.release_row(name, owner, "undo an acquire", by).await
             })
-        })
-        .await;
+            .await;
         tracing::debug!(name, ?released, "undid an acquire of unknown outcome");
     }
 

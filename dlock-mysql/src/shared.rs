@@ -218,9 +218,10 @@ impl MySqlBackend {
     /// are read after its commit: they find the place back.
     async fn undo_shared(&self, lease: &Lease, sent_on: Option<Mark>, waiter: &str) {
         let ttl = lease.ttl().unwrap_or_default();
-        let until = Instant::now() + ttl;
-        let released = retry_for(ttl, || {
-            self.inner.pool.in_background(until, async {
+        let released = self
+            .inner
+            .pool
+            .retry_in_background(ttl, || async {
                 if let Some(mark) = &sent_on {
                     self.end_connection(mark, self.deadline()).await?;
                 }
@@ -229,8 +230,7 @@ impl MySqlBackend {
                     other => other.map(|()| true),
                 }
             })
-        })
-        .await;
+            .await;
         tracing::debug!(
             name = lease.name(),
             ?released,

@@ -4,7 +4,6 @@
 use std::time::Duration;
 
 use dlock_core::driver::micros_up;
-use dlock_core::driver::undo::retry_for;
 use dlock_core::{Error, Lease, OwnerToken, Result};
 use sqlx::Row;
 use tokio::time::Instant;
@@ -84,9 +83,10 @@ impl PgBackend {
     ) {
         let owner = owner.to_string();
         let settled_by = sent + self.inner.request_timeout * (1 + waits);
-        let until = Instant::now() + ttl;
-        let released = retry_for(ttl, || {
-            self.inner.pool.in_background(until, async {
+        let released = self
+            .inner
+            .pool
+            .retry_in_background(ttl, || async {
                 let released = self.release_row(name, &owner, "undo an acquire").await?;
                 if !released && Instant::now() < settled_by {
                     return Err(timed_out(
@@ -95,8 +95,7 @@ impl PgBackend {
                 }
                 Ok(released)
             })
-        })
-        .await;
+            .await;
         tracing::debug!(name, ?released, "undid an acquire of unknown outcome");
     }
 }

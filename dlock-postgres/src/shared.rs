@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use dlock_core::driver::async_trait;
 use dlock_core::driver::micros_up;
-use dlock_core::driver::undo::{UndoOnDrop, retry_for};
+use dlock_core::driver::undo::UndoOnDrop;
 use dlock_core::driver::wait::{Attempt, Backoff, Deadline};
 use dlock_core::{Error, Lease, LockOptions, Mode, OwnerToken, Result};
 use dlock_sql::{SharedKinds, SharedStatements};
@@ -168,14 +168,14 @@ impl PgBackend {
     /// Gives a waiter's place up.
     async fn abandon(&self, name: &str, waiter: &str) {
         let notify = self.wakes_others();
-        let until = Instant::now() + self.inner.request_timeout * 2;
-        let left = retry_for(self.inner.request_timeout * 2, || {
-            self.inner.pool.in_background(until, async {
+        let left = self
+            .inner
+            .pool
+            .retry_in_background(self.inner.request_timeout * 2, || async {
                 let sql = self.inner.sql.abandon(name.as_bytes(), waiter, notify);
                 self.fetch(sql, "leave the queue", self.deadline()).await
             })
-        })
-        .await;
+            .await;
         if let Some(rows) = &left {
             self.wake_shared(rows);
         }
@@ -192,9 +192,10 @@ impl PgBackend {
     async fn undo_shared(&self, lease: &Lease, (sent, waits): (Instant, u32), waiter: &str) {
         let settled_by = sent + self.inner.request_timeout * (1 + waits);
         let ttl = lease.ttl().unwrap_or_default();
-        let until = Instant::now() + ttl;
-        let released = retry_for(ttl, || {
-            self.inner.pool.in_background(until, async {
+        let released = self
+            .inner
+            .pool
+            .retry_in_background(ttl, || async {
                 match self.end_shared(lease, waiter).await {
                     Err(Error::NotHeld { .. }) if Instant::now() < settled_by => Err(timed_out(
                         "undo an acquire: nothing to release yet; it may still commit".to_owned(),
@@ -203,8 +204,7 @@ impl PgBackend {
                     other => other.map(|()| true),
                 }
             })
-        })
-        .await;
+            .await;
         if released == Some(true) && !waiter.is_empty() {
             // Its place is back: the waiter may be first now.
             self.inner.queued_wakeups.wake(waiter);
@@ -316,14 +316,14 @@ impl SharedKinds for PgBackend {
                 let (backend, name) = (self.clone(), name.to_owned());
                 let ttl = lease.ttl().unwrap_or_default();
                 tokio::spawn(async move {
-                    let until = Instant::now() + ttl;
-                    let settled = retry_for(ttl, || {
-                        backend.inner.pool.in_background(until, async {
+                    let settled = backend
+                        .inner
+                        .pool
+                        .retry_in_background(ttl, || async {
                             let sql = backend.inner.sql.settle_marker(name.as_bytes());
                             backend.execute(sql, "release", backend.deadline()).await
                         })
-                    })
-                    .await;
+                        .await;
                     tracing::debug!(
                         name,
                         settled = settled.is_some(),

@@ -6,10 +6,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use dlock_core::driver::undo::{UndoOnDrop, retry_for};
+use dlock_core::driver::undo::UndoOnDrop;
 use dlock_core::driver::wait::{Attempt, Backoff, Deadline, wait_for_lock, wait_for_lock_as};
 use dlock_core::{Lease, LockOptions, Mode, OwnerToken, Result};
-use tokio::time::Instant;
 
 use crate::backend::PgBackend;
 
@@ -137,14 +136,14 @@ impl PgBackend {
     /// left without the lock, wakes nobody else: they find the lock free at
     /// their next poll.
     async fn leave_queue(&self, name: &str, waiter: &str) {
-        let until = Instant::now() + self.inner.request_timeout * 2;
-        let left = retry_for(self.inner.request_timeout * 2, || {
-            self.inner.pool.in_background(until, async {
+        let left = self
+            .inner
+            .pool
+            .retry_in_background(self.inner.request_timeout * 2, || async {
                 let sql = self.inner.sql.leave(name.as_bytes(), waiter);
                 self.execute(sql, "leave the queue", self.deadline()).await
             })
-        })
-        .await;
+            .await;
         tracing::debug!(name, ?left, "left the queue");
     }
 }

@@ -14,6 +14,7 @@ use std::future::Future;
 use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
+use dlock_core::driver::undo::retry_for;
 use dlock_core::{Error, Lease, Result};
 use sqlx::{Connection, Database, Execute, Executor};
 use tokio::sync::{Semaphore, SemaphorePermit};
@@ -147,6 +148,18 @@ impl<D: Dialect> Pool<D> {
             ));
         };
         work.await
+    }
+
+    /// Runs `op` until it succeeds, for at most `within`, each try in a
+    /// background turn ([`Pool::in_background`]): how the drivers undo,
+    /// and give places up, in the background.
+    pub async fn retry_in_background<T, F, Fut>(&self, within: Duration, mut op: F) -> Option<T>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Result<T>>,
+    {
+        let until = Instant::now() + within;
+        retry_for(within, || self.in_background(until, op())).await
     }
 
     fn idle(&self) -> std::sync::MutexGuard<'_, Vec<Idle<D>>> {
