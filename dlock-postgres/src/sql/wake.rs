@@ -76,7 +76,7 @@ impl Statements {
         if notify {
             format!(
                 "pg_notify('{}', encode({n}, 'hex') || CASE WHEN octet_length(who) < 7000
-                   THEN ':' || COALESCE(who, '') ELSE '' END)",
+                   THEN ':' || who ELSE '' END)",
                 self.channel
             )
         } else {
