@@ -6,6 +6,8 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use tokio::time::Instant;
+
 use crate::{BoxFuture, Factory};
 use dlock_core::driver::async_trait;
 use dlock_core::{
@@ -183,6 +185,10 @@ impl Backend for MutexAs {
 
     async fn release(&self, lease: &Lease) -> Result<()> {
         self.backend.release(lease).await
+    }
+
+    async fn release_detached(&self, lease: &Lease, until: Instant) -> Result<()> {
+        self.backend.release_detached(lease, until).await
     }
 
     async fn extend(&self, lease: &mut Lease) -> Result<()> {

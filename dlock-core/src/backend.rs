@@ -2,6 +2,7 @@ use std::fmt::Debug;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use tokio::time::Instant;
 
 use crate::{Lease, LockInfo, LockOptions, LockPage, NameWatch, Result};
 
@@ -228,6 +229,22 @@ pub trait Backend: Send + Sync + Debug {
     /// [`Error::NotHeld`](crate::Error::NotHeld) if the lease is no longer the
     /// holder.
     async fn release(&self, lease: &Lease) -> Result<()>;
+
+    /// Gives the lock up as [`release`](Backend::release) does, for a
+    /// release no caller waits for: a dropped guard's, or a grant's that
+    /// arrived after its deadline. Core sends it from a spawned task and
+    /// tries again while the server is out of reach, until `until`; a
+    /// backend whose connections its callers share runs it where it
+    /// cannot take them all (after a stall, every guard dropped during it
+    /// retries at once), and may wait up to `until` for that. The default
+    /// is [`release`](Backend::release).
+    ///
+    /// # Errors
+    /// As [`release`](Backend::release), or no room for it by `until`.
+    async fn release_detached(&self, lease: &Lease, until: Instant) -> Result<()> {
+        let _ = until;
+        self.release(lease).await
+    }
 
     /// Restarts the lease's TTL from now and moves its validity deadline.
     /// A no-op for session leases whose session is alive.

@@ -24,6 +24,7 @@
 //! | `dlock_lost_total` | counter | guards whose lease was lost |
 //! | `dlock_errors_total` | counter | errors, labelled `kind` ([`Error::kind`]) |
 
+use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -58,6 +59,27 @@ impl Observed {
             fencing_token = tracing::field::Empty,
             elapsed_ms = tracing::field::Empty,
         )
+    }
+}
+
+impl Observed {
+    /// `release`, one of the calls that give `lease` up, observed as `call`.
+    async fn releasing(
+        &self,
+        call: &'static str,
+        lease: &Lease,
+        release: impl Future<Output = Result<()>>,
+    ) -> Result<()> {
+        let (span, backend, started) =
+            (self.span(call, lease.name()), self.driver(), Instant::now());
+        span.record("fencing_token", lease.fencing_token());
+        let result = release.instrument(span.clone()).await;
+        let outcome = match &result {
+            Ok(()) => "released",
+            Err(e) => error_outcome(backend, e),
+        };
+        finish(&span, backend, call, outcome, started);
+        result
     }
 }
 
@@ -149,39 +171,18 @@ impl Backend for Observed {
     }
 
     async fn release(&self, lease: &Lease) -> Result<()> {
-        let (span, backend, started) = (
-            self.span("release", lease.name()),
-            self.driver(),
-            Instant::now(),
-        );
-        span.record("fencing_token", lease.fencing_token());
-        let result = self.inner.release(lease).instrument(span.clone()).await;
-        let outcome = match &result {
-            Ok(()) => "released",
-            Err(e) => error_outcome(backend, e),
-        };
-        finish(&span, backend, "release", outcome, started);
-        result
+        let release = self.inner.release(lease);
+        self.releasing("release", lease, release).await
+    }
+
+    async fn release_detached(&self, lease: &Lease, until: Instant) -> Result<()> {
+        let release = self.inner.release_detached(lease, until);
+        self.releasing("release_detached", lease, release).await
     }
 
     async fn release_after(&self, lease: &Lease, hold: Duration) -> Result<()> {
-        let (span, backend, started) = (
-            self.span("release_after", lease.name()),
-            self.driver(),
-            Instant::now(),
-        );
-        span.record("fencing_token", lease.fencing_token());
-        let result = self
-            .inner
-            .release_after(lease, hold)
-            .instrument(span.clone())
-            .await;
-        let outcome = match &result {
-            Ok(()) => "released",
-            Err(e) => error_outcome(backend, e),
-        };
-        finish(&span, backend, "release_after", outcome, started);
-        result
+        let release = self.inner.release_after(lease, hold);
+        self.releasing("release_after", lease, release).await
     }
 
     async fn extend(&self, lease: &mut Lease) -> Result<()> {

@@ -161,6 +161,15 @@ macro_rules! driver {
                     }
                 }
 
+                async fn release_detached(
+                    &self,
+                    lease: &Lease,
+                    until: $crate::__private::Instant,
+                ) -> Result<()> {
+                    let release = Driver::release(self, lease);
+                    self.inner.pool.in_background(until, release).await
+                }
+
                 async fn release_after(&self, lease: &Lease, hold: Duration) -> Result<()> {
                     match lease.mode() {
                         Mode::Exclusive => self.hold_mutex(lease, hold).await,

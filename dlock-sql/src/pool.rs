@@ -124,7 +124,8 @@ impl<D: Dialect> Pool<D> {
     }
 
     /// Runs `work`, background work that calls the pool (undoing what a
-    /// dropped call may have done, giving up a waiter's place), once it
+    /// dropped call may have done, giving up a waiter's place, releasing
+    /// for a dropped guard), once it
     /// has one of the turns that keep such work to half the connections
     /// (to the one connection of a pool of one). After a stall, every call
     /// it cut off leaves such work retrying, each try holding a connection

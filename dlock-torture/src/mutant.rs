@@ -6,6 +6,7 @@ use std::sync::{Mutex, PoisonError};
 use async_trait::async_trait;
 use dlock::{Backend, Capabilities, LockInfo, LockOptions, LockPage, MemoryBackend, Result};
 use dlock::{Lease, Mode};
+use tokio::time::Instant;
 
 /// Which promise the mutant breaks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -94,6 +95,10 @@ impl Backend for Mutant {
 
     async fn release(&self, lease: &Lease) -> Result<()> {
         self.inner.release(lease).await
+    }
+
+    async fn release_detached(&self, lease: &Lease, until: Instant) -> Result<()> {
+        self.inner.release_detached(lease, until).await
     }
 
     async fn extend(&self, lease: &mut Lease) -> Result<()> {

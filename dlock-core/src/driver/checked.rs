@@ -5,6 +5,7 @@ use std::future::Future;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use tokio::time::Instant;
 
 use super::Driver;
 use crate::driver::check_hold;
@@ -28,6 +29,16 @@ async fn bounded<D: Driver, T>(
     op: impl Future<Output = Result<T>>,
 ) -> Result<T> {
     let limit = driver.request_timeout().saturating_mul(requests);
+    bounded_by(driver, doing, limit, op).await
+}
+
+/// `op`, cut off at `limit` plus [`GRACE`].
+async fn bounded_by<D: Driver, T>(
+    driver: &D,
+    doing: &str,
+    limit: Duration,
+    op: impl Future<Output = Result<T>>,
+) -> Result<T> {
     tokio::time::timeout(limit.saturating_add(GRACE), op)
         .await
         .map_err(|_| {
@@ -122,6 +133,15 @@ impl<D: Driver> Backend for D {
 
     async fn release(&self, lease: &Lease) -> Result<()> {
         bounded(self, "release", 1, Driver::release(self, lease)).await
+    }
+
+    async fn release_detached(&self, lease: &Lease, until: Instant) -> Result<()> {
+        // Its turn may come as late as `until`; the release then has one
+        // request.
+        let limit = until.saturating_duration_since(Instant::now());
+        let limit = limit.saturating_add(self.request_timeout());
+        let release = Driver::release_detached(self, lease, until);
+        bounded_by(self, "release in the background", limit, release).await
     }
 
     async fn release_after(&self, lease: &Lease, hold: Duration) -> Result<()> {

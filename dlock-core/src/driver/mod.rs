@@ -13,6 +13,8 @@
 use std::fmt::Debug;
 use std::time::Duration;
 
+use tokio::time::Instant;
+
 #[cfg(doc)]
 use crate::Backend;
 use crate::driver::wait::Deadline;
@@ -133,6 +135,15 @@ pub trait Driver: Clone + Debug + Send + Sync + 'static {
 
     /// As [`Backend::release`].
     async fn release(&self, lease: &Lease) -> Result<()>;
+
+    /// As [`Backend::release_detached`]: core has given it until `until`
+    /// plus one request timeout. A driver whose callers share a pool of
+    /// connections waits here for a turn that keeps such releases to part
+    /// of the pool. The default is [`release`](Driver::release).
+    async fn release_detached(&self, lease: &Lease, until: Instant) -> Result<()> {
+        let _ = until;
+        Driver::release(self, lease).await
+    }
 
     /// As [`Backend::release_after`], with a hold above zero; called only
     /// when the driver declares `delayed_release`. The default is

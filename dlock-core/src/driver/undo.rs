@@ -54,8 +54,9 @@ pub fn release_in_background(backend: Arc<dyn Backend>, lease: Lease) {
     };
     rt.spawn(async move {
         let within = lease.ttl().unwrap_or_default();
+        let until = Instant::now() + within;
         let released = retry_for(within, || async {
-            match backend.release(&lease).await {
+            match backend.release_detached(&lease, until).await {
                 // Gone already: nothing left to release.
                 Err(Error::NotHeld { .. }) => Ok(()),
                 done => done,

@@ -7,7 +7,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use dlock_conformance::harness::{Service, shared};
-use dlock_core::{Error, Result};
+use dlock_core::{Backend, Error, LockOptions, Locker, Result};
+use dlock_postgres::PgBackend;
 use dlock_sql::{Conn, Dialect, Pool};
 use sqlx::postgres::{PgConnectOptions, PgQueryResult, Postgres};
 use sqlx::{Connection, PgConnection};
@@ -116,4 +117,76 @@ async fn background_work_leaves_half_the_pool_to_new_calls() {
     .execute(&mut watch)
     .await
     .unwrap();
+}
+
+/// This test's sessions (by `application_name`) waiting for a lock.
+async fn blocked(watch: &mut PgConnection, tag: &str) -> i64 {
+    sqlx::query_scalar(
+        "SELECT count(*) FROM pg_stat_activity WHERE application_name = $1 \
+         AND wait_event_type = 'Lock'",
+    )
+    .bind(tag)
+    .fetch_one(watch)
+    .await
+    .unwrap()
+}
+
+/// A dropped guard's release, which core sends and retries in the
+/// background, is background work too: with the releases of four dropped
+/// guards stuck behind a row lock in a pool of four, two of them hold
+/// connections and a new call gets one beside them. Decided on counts:
+/// the backend's sessions waiting for the row lock.
+#[tokio::test]
+async fn dropped_guards_release_in_background_turns() {
+    let server = shared(Service::Postgres).await;
+    let tag = format!("drop{:08x}", fastrand::u32(..));
+    let table = format!("w_{tag}");
+    let backend = PgBackend::builder(format!("{}?application_name={tag}", server.url()))
+        .table(&table)
+        .max_connections(4)
+        .request_timeout(Duration::from_secs(60))
+        .connect()
+        .await
+        .unwrap();
+    let locker = Locker::new(backend.clone());
+    let opts = LockOptions::new().ttl(Duration::from_secs(120));
+    let mut guards = Vec::new();
+    for i in 0..4 {
+        guards.push(locker.acquire(&format!("held-{i}"), &opts).await.unwrap());
+    }
+    let mut blocker = PgConnection::connect(server.url()).await.unwrap();
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        "BEGIN; SELECT 1 FROM {table} FOR UPDATE"
+    )))
+    .execute(&mut blocker)
+    .await
+    .unwrap();
+    drop(guards);
+    let mut watch = PgConnection::connect(server.url()).await.unwrap();
+    let started = Instant::now();
+    while blocked(&mut watch, &tag).await < 2 {
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "the dropped guards' releases did not start"
+        );
+        sleep(Duration::from_millis(20)).await;
+    }
+    // The releases are stuck for a minute (the request timeout); a new
+    // call that finds no connection in a sixth of that has none.
+    let call = backend.try_acquire("free", &opts);
+    let beside = tokio::time::timeout(Duration::from_secs(10), call)
+        .await
+        .expect("a connection beside the background releases")
+        .unwrap()
+        .expect("a free name");
+    assert_eq!(
+        blocked(&mut watch, &tag).await,
+        2,
+        "background releases hold half the pool, no more"
+    );
+    backend.release(&beside).await.unwrap();
+    sqlx::raw_sql("ROLLBACK")
+        .execute(&mut blocker)
+        .await
+        .unwrap();
 }
