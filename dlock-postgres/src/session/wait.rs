@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use dlock_core::driver::wait::Deadline;
+use dlock_core::driver::wait::{Backoff, Deadline, RETRIES};
 use dlock_core::{Error, Lease, LockOptions, OwnerToken, Result};
 use tokio::time::Instant;
 
@@ -29,27 +29,42 @@ impl PgSessionBackend {
                 }
             };
         }
-        let mut conn = self.connection("acquire", self.deadline()).await?;
-        let mut first = true;
+        let (mut first, mut failures) = (true, 0);
+        let mut backoff = Backoff::new(Duration::from_millis(20), Duration::from_millis(500));
         loop {
-            let mut left = deadline.cap(WAIT_SLICE);
-            if left.is_zero() {
-                if !first {
-                    self.give_back(conn);
-                    return Err(deadline.timeout_error(name));
+            let slice = match self.connection("acquire", self.deadline()).await {
+                Ok(conn) => {
+                    let mut left = deadline.cap(WAIT_SLICE);
+                    if left.is_zero() {
+                        if !first {
+                            self.give_back(conn);
+                            return Err(deadline.timeout_error(name));
+                        }
+                        // The connection took the whole wait: one look all
+                        // the same.
+                        left = Duration::from_millis(1);
+                    }
+                    self.wait_slice((name, opts), conn, left).await
                 }
-                // The connection took the whole wait: one look all the same.
-                left = Duration::from_millis(1);
-            }
-            let slice = self.wait_slice((name, opts), conn, left).await?;
-            if let Some(lease) = slice {
-                return Ok(lease);
+                Err(e) => Err(e),
+            };
+            match slice {
+                Ok(Some(lease)) => return Ok(lease),
+                Ok(None) => failures = 0,
+                // A connection that would not open, or a slice cut off (its
+                // session is ended, so it holds nothing): ridden out as the
+                // lease table's wait does.
+                Err(e) if e.is_retryable() && failures < RETRIES && !deadline.is_past() => {
+                    failures += 1;
+                    tracing::debug!(name, error = %e, "a wait's slice failed; trying again");
+                    tokio::time::sleep(deadline.cap(backoff.next_delay())).await;
+                }
+                Err(e) => return Err(e),
             }
             if deadline.is_past() {
                 return Err(deadline.timeout_error(name));
             }
             first = false;
-            conn = self.connection("acquire", self.deadline()).await?;
         }
     }
 

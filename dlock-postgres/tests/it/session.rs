@@ -166,3 +166,78 @@ async fn a_connect_over_a_slow_link_has_its_connect_timeout() {
         .expect("a connect within its connect timeout");
     drop(backend);
 }
+
+/// The server sessions waiting for a lock.
+async fn queued(watch: &mut sqlx::PgConnection) -> Vec<i32> {
+    sqlx::query_scalar("SELECT pid FROM pg_stat_activity WHERE wait_event_type = 'Lock'")
+        .fetch_all(watch)
+        .await
+        .unwrap()
+}
+
+/// A wait whose connection drops while it is queued waits on from a new
+/// connection (the dropped one's session is ended, holding nothing), as
+/// the lease table's wait rides out a failed look: dropped twice, it is
+/// still granted when the holder releases. Twice, because a grant on a
+/// connection that sat idle already gets a second connection of its own.
+/// On a server of its own, whose only lock waits are this test's.
+#[tokio::test]
+async fn a_wait_rides_out_its_connection_dropping() {
+    use dlock_conformance::proxy::{Fault, FaultProxy};
+    use dlock_core::LockOptions;
+    use sqlx::Connection;
+
+    let server = start(Service::Postgres, ServerOptions::default()).await;
+    let port = server
+        .port()
+        .expect("this test proxies the harness's own server on 127.0.0.1");
+    let direct = PgSessionBackend::connect(&format!("{}?mode=session", server.url()))
+        .await
+        .unwrap();
+    let upstream = std::net::SocketAddr::from(([127, 0, 0, 1], port));
+    let proxy = FaultProxy::start(upstream).await.unwrap();
+    let url = server.url().replace(
+        &format!("127.0.0.1:{port}"),
+        &format!("127.0.0.1:{}", proxy.addr().port()),
+    );
+    assert_ne!(url, server.url(), "the URL goes through the proxy");
+    let waiter = PgBackend::builder(format!("{url}?mode=session"))
+        .create_table(false)
+        .connect_session()
+        .await
+        .unwrap();
+    let name = "rides-out";
+    let opts = LockOptions::new().wait(Duration::from_secs(60));
+    let held = direct.try_acquire(name, &opts).await.unwrap().unwrap();
+    let wait = tokio::spawn({
+        let opts = opts.clone();
+        async move { (waiter.acquire(name, &opts).await, waiter) }
+    });
+    let mut watch = sqlx::PgConnection::connect(server.url()).await.unwrap();
+    let mut seen = Vec::new();
+    for _ in 0..2 {
+        let started = tokio::time::Instant::now();
+        let pid = loop {
+            let now = queued(&mut watch).await;
+            if let Some(&pid) = now.iter().find(|pid| !seen.contains(*pid)) {
+                break pid;
+            }
+            assert!(
+                !wait.is_finished(),
+                "the wait ended: {:?}",
+                wait.await.unwrap().0
+            );
+            assert!(
+                started.elapsed() < Duration::from_secs(30),
+                "the wait did not queue"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        };
+        seen.push(pid);
+        proxy.set_open_connections(Fault::Cut);
+    }
+    direct.release(&held).await.unwrap();
+    let (granted, waiter) = wait.await.unwrap();
+    let lease = granted.expect("granted on a new connection after two dropped ones");
+    waiter.release(&lease).await.unwrap();
+}
