@@ -170,6 +170,8 @@ pub const MAX_HOLDERS: usize = 10_000;
 ///   whatever it waits for inside (a free connection, a reconnect, several
 ///   requests): [`acquire`](Backend::acquire) as above, every other call
 ///   within the driver's request timeout, except
+///   [`release_detached`](Backend::release_detached), whose wait for a
+///   turn may last until its `until` first, and
 ///   [`force_release`](Backend::force_release), whose default makes up to
 ///   five rounds of [`inspect`](Backend::inspect) and
 ///   [`release`](Backend::release) (ten request timeouts), and
@@ -232,15 +234,19 @@ pub trait Backend: Send + Sync + Debug {
 
     /// Gives the lock up as [`release`](Backend::release) does, for a
     /// release no caller waits for: a dropped guard's, or a grant's that
-    /// arrived after its deadline. Core sends it from a spawned task and
-    /// tries again while the server is out of reach, until `until`; a
-    /// backend whose connections its callers share runs it where it
-    /// cannot take them all (after a stall, every guard dropped during it
-    /// retries at once), and may wait up to `until` for that. The default
-    /// is [`release`](Backend::release).
+    /// arrived after its deadline. It does not spawn: core calls it from a
+    /// task of its own, and again while the server is out of reach, until
+    /// `until`. A backend whose connections its callers share first waits
+    /// for a turn that keeps such releases to part of them (after a stall,
+    /// every guard dropped during it releases at once), until `until` at
+    /// the latest ([`Driver::background_turn`](crate::driver::Driver::background_turn));
+    /// the release itself then has one request timeout. The default is
+    /// [`release`](Backend::release). A backend that wraps another must
+    /// forward this call, or the wrapped one's turns are lost.
     ///
     /// # Errors
-    /// As [`release`](Backend::release), or no room for it by `until`.
+    /// As [`release`](Backend::release); [`Error::Timeout`](crate::Error::Timeout)
+    /// when no turn came by `until`.
     async fn release_detached(&self, lease: &Lease, until: Instant) -> Result<()> {
         let _ = until;
         self.release(lease).await

@@ -2,8 +2,11 @@
 //! [`Observed`] wrapper that every [`Locker`](crate::Locker) puts around its
 //! backend.
 //!
-//! Spans (`dlock.try_acquire`, `dlock.acquire`, `dlock.release`,
-//! `dlock.extend`, `dlock.inspect`) are at debug level and carry the
+//! Spans (named `dlock`, one per call, its `call` field one of
+//! `try_acquire`, `acquire`, `release`, `release_detached` (a dropped
+//! guard's, sent in the background), `release_after`, `extend`,
+//! `extend_many`, `downgrade`, `inspect`, `holders`, `list`,
+//! `force_release`) are at debug level and carry the
 //! backend, the lock name, the outcome, the fencing token of a grant and
 //! the time the call took. Nothing else is recorded: never a URL, a
 //! password or an owner token.

@@ -115,9 +115,9 @@ macro_rules! driver {
         const _: () = {
             use ::std::time::Duration;
 
-            use $crate::__private::dlock_core::driver::Driver;
             use $crate::__private::dlock_core::driver::batch::extend_by_kind;
             use $crate::__private::dlock_core::driver::wait::Deadline;
+            use $crate::__private::dlock_core::driver::{Driver, Turn};
             use $crate::__private::dlock_core::{
                 Capabilities, Error, Lease, LockInfo, LockOptions, LockPage, Mode, Result,
             };
@@ -161,13 +161,8 @@ macro_rules! driver {
                     }
                 }
 
-                async fn release_detached(
-                    &self,
-                    lease: &Lease,
-                    until: $crate::__private::Instant,
-                ) -> Result<()> {
-                    let release = Driver::release(self, lease);
-                    self.inner.pool.in_background(until, release).await
+                async fn background_turn(&self, until: $crate::__private::Instant) -> Result<Turn> {
+                    Ok(Turn::holding(self.inner.pool.turn(until).await?))
                 }
 
                 async fn release_after(&self, lease: &Lease, hold: Duration) -> Result<()> {

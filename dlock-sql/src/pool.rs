@@ -11,13 +11,13 @@
 //! statement's outcome.
 
 use std::future::Future;
-use std::sync::{Mutex, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use dlock_core::driver::undo::retry_for;
 use dlock_core::{Error, Lease, Result};
 use sqlx::{Connection, Database, Execute, Executor};
-use tokio::sync::{Semaphore, SemaphorePermit};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, SemaphorePermit};
 use tokio::time::error::Elapsed;
 use tokio::time::{Instant, timeout_at};
 
@@ -78,7 +78,7 @@ pub struct Pool<D: Dialect> {
     dialect: D,
     idle: Mutex<Vec<Idle<D>>>,
     slots: Semaphore,
-    background: Semaphore,
+    background: Arc<Semaphore>,
     connect_timeout: Duration,
     request_timeout: Duration,
 }
@@ -101,7 +101,7 @@ impl<D: Dialect> Pool<D> {
             dialect,
             idle: Mutex::new(Vec::new()),
             slots: Semaphore::new(max),
-            background: Semaphore::new((max / 2).max(1)),
+            background: Arc::new(Semaphore::new((max / 2).max(1))),
             connect_timeout,
             request_timeout,
         }
@@ -143,12 +143,22 @@ impl<D: Dialect> Pool<D> {
         until: Instant,
         work: impl Future<Output = Result<T>>,
     ) -> Result<T> {
-        let Ok(Ok(_turn)) = timeout_at(until, self.background.acquire()).await else {
-            return Err(D::timed_out(
-                "background work: no turn before its retries ended".to_owned(),
-            ));
-        };
+        let _turn = self.turn(until).await?;
         work.await
+    }
+
+    /// One of the turns of [`Pool::in_background`], kept until dropped:
+    /// what a driver gives core for a dropped guard's release.
+    ///
+    /// # Errors
+    /// No turn by `until`.
+    pub async fn turn(&self, until: Instant) -> Result<OwnedSemaphorePermit> {
+        match timeout_at(until, self.background.clone().acquire_owned()).await {
+            Ok(Ok(turn)) => Ok(turn),
+            _ => Err(D::timed_out(
+                "background work: no turn before its retries ended".to_owned(),
+            )),
+        }
     }
 
     /// Runs `op` until it succeeds, for at most `within`, each try in a

@@ -29,16 +29,6 @@ async fn bounded<D: Driver, T>(
     op: impl Future<Output = Result<T>>,
 ) -> Result<T> {
     let limit = driver.request_timeout().saturating_mul(requests);
-    bounded_by(driver, doing, limit, op).await
-}
-
-/// `op`, cut off at `limit` plus [`GRACE`].
-async fn bounded_by<D: Driver, T>(
-    driver: &D,
-    doing: &str,
-    limit: Duration,
-    op: impl Future<Output = Result<T>>,
-) -> Result<T> {
     tokio::time::timeout(limit.saturating_add(GRACE), op)
         .await
         .map_err(|_| {
@@ -47,6 +37,18 @@ async fn bounded_by<D: Driver, T>(
                 format!("{doing}: no answer within {limit:?}"),
             )
         })?
+}
+
+/// A background release of `lease` that had no turn before its retries
+/// ended.
+fn no_turn<D: Driver>(driver: &D, lease: &Lease) -> Error {
+    Error::timed_out(
+        Driver::driver(driver),
+        format!(
+            "release {:?} in the background: no turn before its retries ended",
+            lease.name()
+        ),
+    )
 }
 
 /// A late grant's pause before the wait looks again: long enough not to
@@ -136,12 +138,16 @@ impl<D: Driver> Backend for D {
     }
 
     async fn release_detached(&self, lease: &Lease, until: Instant) -> Result<()> {
-        // Its turn may come as late as `until`; the release then has one
-        // request.
-        let limit = until.saturating_duration_since(Instant::now());
-        let limit = limit.saturating_add(self.request_timeout());
-        let release = Driver::release_detached(self, lease, until);
-        bounded_by(self, "release in the background", limit, release).await
+        let turn = Driver::background_turn(self, until);
+        let Ok(turn) = tokio::time::timeout_at(until + GRACE, turn).await else {
+            return Err(no_turn(self, lease));
+        };
+        // The driver's own "no turn" names no lock.
+        let _turn = turn.map_err(|e| match e {
+            Error::Timeout { .. } => no_turn(self, lease),
+            e => e,
+        })?;
+        Backend::release(self, lease).await
     }
 
     async fn release_after(&self, lease: &Lease, hold: Duration) -> Result<()> {

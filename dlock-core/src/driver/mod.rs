@@ -36,6 +36,25 @@ pub use crate::settings::{
     MAX_SETTING, check_duration, check_hold, check_holder, micros_up, millis_up,
 };
 
+/// A driver's turn for background work ([`Driver::background_turn`]):
+/// whatever the driver keeps while the work runs (a semaphore's permit),
+/// given back when it is dropped.
+#[derive(Default)]
+pub struct Turn(Option<Box<dyn std::any::Any + Send + Sync>>);
+
+impl Turn {
+    /// A turn that keeps `held` until it is dropped.
+    pub fn holding(held: impl std::any::Any + Send + Sync) -> Self {
+        Turn(Some(Box::new(held)))
+    }
+}
+
+impl Debug for Turn {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("Turn").field(&self.0.is_some()).finish()
+    }
+}
+
 /// A lock service's protocol: what a driver implements. Every `Driver` is
 /// a [`Backend`](crate::Backend), through core, and that is how everyone
 /// calls it.
@@ -66,7 +85,9 @@ pub use crate::settings::{
 ///
 /// And this after:
 ///
-/// - every call but [`wait`](Driver::wait) is cut off at the
+/// - every call but [`wait`](Driver::wait) and
+///   [`background_turn`](Driver::background_turn) (cut off at its
+///   `until`) is cut off at the
 ///   [`request_timeout`](Driver::request_timeout) plus [`GRACE`]
 ///   ([`force_release`](Driver::force_release): ten request timeouts, for
 ///   the default's rounds), counted from the call's start. A driver bounds
@@ -136,13 +157,19 @@ pub trait Driver: Clone + Debug + Send + Sync + 'static {
     /// As [`Backend::release`].
     async fn release(&self, lease: &Lease) -> Result<()>;
 
-    /// As [`Backend::release_detached`]: core has given it until `until`
-    /// plus one request timeout. A driver whose callers share a pool of
-    /// connections waits here for a turn that keeps such releases to part
-    /// of the pool. The default is [`release`](Driver::release).
-    async fn release_detached(&self, lease: &Lease, until: Instant) -> Result<()> {
+    /// A turn for a release no caller waits for
+    /// ([`Backend::release_detached`]), held while core sends it (one
+    /// request timeout). A driver whose callers share a pool of connections
+    /// keeps such releases to part of the pool, so that after a stall the
+    /// guards dropped during it leave connections to new calls: it waits
+    /// here for a turn, until `until` at the latest (core drops the wait
+    /// then). The default is a turn at once.
+    ///
+    /// # Errors
+    /// No turn by `until`.
+    async fn background_turn(&self, until: Instant) -> Result<Turn> {
         let _ = until;
-        Driver::release(self, lease).await
+        Ok(Turn::default())
     }
 
     /// As [`Backend::release_after`], with a hold above zero; called only

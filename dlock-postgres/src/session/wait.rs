@@ -44,6 +44,7 @@ impl PgSessionBackend {
                         // the same.
                         left = Duration::from_millis(1);
                     }
+                    first = false;
                     self.wait_slice((name, opts), conn, left).await
                 }
                 Err(e) => Err(e),
@@ -64,7 +65,6 @@ impl PgSessionBackend {
             if deadline.is_past() {
                 return Err(deadline.timeout_error(name));
             }
-            first = false;
         }
     }
 

@@ -189,4 +189,19 @@ async fn dropped_guards_release_in_background_turns() {
         .execute(&mut blocker)
         .await
         .unwrap();
+    // The turns come back: the two releases that waited for one go too.
+    let started = Instant::now();
+    while !backend
+        .list("held-", None, 10)
+        .await
+        .unwrap()
+        .locks
+        .is_empty()
+    {
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "the releases that waited for a turn did not run"
+        );
+        sleep(Duration::from_millis(20)).await;
+    }
 }
