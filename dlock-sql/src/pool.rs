@@ -233,8 +233,11 @@ impl<D: Dialect> Pool<D> {
         match self.checkout(by).await {
             Ok(lent) => Ok(lent),
             Err(LendError::Connect(e)) => Err(D::error(e, doing)),
+            // `by` is the call's own bound, which need not be one request
+            // timeout from now (a retry, an undo's deadline).
             Err(LendError::TimedOut) => Err(D::timed_out(format!(
-                "{doing}: no connection within {:?}",
+                "{doing}: no connection free or opened by the call's deadline \
+                 (request timeout {:?}; every connection busy, or the server slow to accept)",
                 self.request_timeout
             ))),
         }
