@@ -30,6 +30,14 @@ impl PgSessionBackend {
             };
         }
         let (mut first, mut failures) = (true, 0);
+        // A wait that ends right after a failure reports the failure, not
+        // a lock held (the server may be down).
+        let mut failed = None;
+        let ended = |failed: &mut Option<Error>| {
+            failed
+                .take()
+                .unwrap_or_else(|| deadline.timeout_error(name))
+        };
         let mut backoff = Backoff::new(Duration::from_millis(20), Duration::from_millis(500));
         loop {
             let slice = match self.connection("acquire", self.deadline()).await {
@@ -38,7 +46,7 @@ impl PgSessionBackend {
                     if left.is_zero() {
                         if !first {
                             self.give_back(conn);
-                            return Err(deadline.timeout_error(name));
+                            return Err(ended(&mut failed));
                         }
                         // The connection took the whole wait: one look all
                         // the same.
@@ -51,7 +59,7 @@ impl PgSessionBackend {
             };
             match slice {
                 Ok(Some(lease)) => return Ok(lease),
-                Ok(None) => failures = 0,
+                Ok(None) => (failures, failed) = (0, None),
                 // A connection that would not open, or a slice cut off (its
                 // session is ended, so it holds nothing): ridden out as the
                 // lease table's wait does.
@@ -59,11 +67,12 @@ impl PgSessionBackend {
                     failures += 1;
                     tracing::debug!(name, error = %e, "a wait's slice failed; trying again");
                     tokio::time::sleep(deadline.cap(backoff.next_delay())).await;
+                    failed = Some(e);
                 }
                 Err(e) => return Err(e),
             }
             if deadline.is_past() {
-                return Err(deadline.timeout_error(name));
+                return Err(ended(&mut failed));
             }
         }
     }

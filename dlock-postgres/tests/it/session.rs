@@ -241,3 +241,40 @@ async fn a_wait_rides_out_its_connection_dropping() {
     let lease = granted.expect("granted on a new connection after two dropped ones");
     waiter.release(&lease).await.unwrap();
 }
+
+/// A wait that ends while its server cannot be reached says so: a
+/// connection error, not a lock held. Its connections are cut and new
+/// ones closed at once; the wait (25 ms) ends during its backoff after a
+/// failed try.
+#[tokio::test]
+async fn a_wait_on_a_server_out_of_reach_reports_the_connection() {
+    use dlock_conformance::proxy::{Fault, FaultProxy};
+    use dlock_core::LockOptions;
+
+    let server = shared(Service::Postgres).await;
+    let port = server
+        .port()
+        .expect("this test proxies the harness's own server on 127.0.0.1");
+    drop(
+        PgSessionBackend::connect(&format!("{}?mode=session", server.url()))
+            .await
+            .unwrap(),
+    );
+    let upstream = std::net::SocketAddr::from(([127, 0, 0, 1], port));
+    let proxy = FaultProxy::start(upstream).await.unwrap();
+    let url = server.url().replace(
+        &format!("127.0.0.1:{port}"),
+        &format!("127.0.0.1:{}", proxy.addr().port()),
+    );
+    let waiter = PgBackend::builder(format!("{url}?mode=session"))
+        .create_table(false)
+        .connect_session()
+        .await
+        .unwrap();
+    proxy.set(Fault::Cut);
+    let opts = LockOptions::new().wait(Duration::from_millis(25));
+    match waiter.acquire("out-of-reach", &opts).await {
+        Err(Error::Connection { .. }) => {}
+        other => panic!("expected a connection error, got {other:?}"),
+    }
+}
