@@ -226,9 +226,8 @@ impl PgBuilder {
 impl PgBuilder {
     /// Connects in the session mode ([`PgSessionBackend`]): checks the
     /// settings, opens two connections, refuses a pooler in transaction
-    /// mode (both served by one server session), and creates the fencing
-    /// sequence `<schema>.<table>_fence` and the holders' table
-    /// `<schema>.<table>_sessions` when missing (unless turned off
+    /// mode (both served by one server session), and creates the
+    /// holders' table `<schema>.<table>_sessions` when missing (unless turned off
     /// with [`create_table`](Self::create_table)). `max_connections` is
     /// the most idle connections kept, `max_poll_interval` how often a
     /// holding connection is probed; `wake_ups` and `statement_cache` do

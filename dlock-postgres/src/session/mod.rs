@@ -163,7 +163,7 @@ impl PgSessionBackend {
         Ok(backend)
     }
 
-    /// Creates the sequence and the holders' table when missing: on a
+    /// Creates the holders' table when missing: on a
     /// connection opened within the connect timeout, by a statement
     /// bounded by the request timeout.
     async fn create(&self) -> Result<()> {

@@ -43,10 +43,9 @@ pub(crate) fn mark_prefix(mode: Mode, owner: OwnerToken) -> String {
     format!("{letter}{owner} ")
 }
 
-/// The statements, for one fencing sequence and one table of holders.
+/// The statements, for one table of holders.
 #[derive(Debug)]
 pub(crate) struct SessionSql {
-    sequence: String,
     sessions: String,
     /// The grants: `[holder kept, holder written]` × `[exclusive,
     /// shared]` × `[try, wait]`.
@@ -76,7 +75,6 @@ fn holds_of(key: &str, sessions: &str) -> String {
 
 impl SessionSql {
     pub(crate) fn new(schema: &str, table: &str) -> Self {
-        let sequence = format!("{schema}.{table}_fence");
         let sessions = format!("{schema}.{table}_sessions");
         // Every grant takes `$1` the session's pid, `$2` the key, `$3` the
         // mark's start, `$4` a wait's `lock_timeout` (ms, text; 0: none),
@@ -99,9 +97,11 @@ impl SessionSql {
         // (pgbench, 16 clients), and a wait's refused try, read of kinds
         // and queueing were three round trips. Nothing is written but the
         // holder, once per connection.
-        let fence = format!(
-            "GREATEST(nextval('{sequence}'), (extract(epoch FROM clock_timestamp()) * 1000000)::bigint)"
-        );
+        // The fence is the database clock in µs: a grant writes nothing
+        // for it. (It was the greater of a sequence's next value and the
+        // clock; a sequence counting from 1 never passed the clock, and
+        // its page's lock held grants up.)
+        let fence = "(extract(epoch FROM clock_timestamp()) * 1000000)::bigint";
         // The mark once the lock is held and the marker `kind` taken, set
         // as `application_name` when `set` (a downgrade's session names its
         // two holds with `+`).
@@ -240,21 +240,19 @@ impl SessionSql {
                  AND ((l.classid = (($2 >> 32) & 4294967295)::oid AND l.objsubid = 1) \
                    OR (l.classid = ((($2 >> 32) # 4) & 4294967295)::oid AND l.objsubid = 2))",
             ),
-            sequence,
             sessions,
         }
     }
 
-    /// Creates the fencing sequence and the holders' table when missing.
+    /// Creates the holders' table when missing.
     /// The table is unlogged (a crash loses it with the sessions it
     /// describes): a row per server session, its holder, written once
     /// per connection, and its holds' marks while it has two.
     pub(crate) fn create(&self) -> String {
         format!(
-            "CREATE SEQUENCE IF NOT EXISTS {}; \
-             CREATE UNLOGGED TABLE IF NOT EXISTS {} (pid integer PRIMARY KEY, \
+            "CREATE UNLOGGED TABLE IF NOT EXISTS {} (pid integer PRIMARY KEY, \
                holder text NOT NULL, hold text NOT NULL) WITH (fillfactor = 50)",
-            self.sequence, self.sessions
+            self.sessions
         )
     }
 
