@@ -237,8 +237,9 @@ impl<D: Dialect> Pool<D> {
             // timeout from now (a retry, an undo's deadline).
             Err(LendError::TimedOut) => Err(D::timed_out(format!(
                 "{doing}: no connection free or opened by the call's deadline \
-                 (request timeout {:?}; every connection busy, or the server slow to accept)",
-                self.request_timeout
+                 (request timeout {:?}, connect timeout {:?}; every connection busy, \
+                 or the server slow to accept)",
+                self.request_timeout, self.connect_timeout
             ))),
         }
     }

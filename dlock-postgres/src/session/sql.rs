@@ -13,6 +13,7 @@ use sha2::{Digest, Sha256};
 use sqlx::{AssertSqlSafe, SqlSafeStr, SqlStr};
 
 use super::marker::{conflicts, marker, marker_key};
+use crate::sql::CLOCK_US;
 
 /// A statement's text, shared: sqlx's statement cache finds it by its
 /// text, and a clone copies nothing.
@@ -101,7 +102,7 @@ impl SessionSql {
         // for it. (It was the greater of a sequence's next value and the
         // clock; a sequence counting from 1 never passed the clock, and
         // its page's lock held grants up.)
-        let fence = "(extract(epoch FROM clock_timestamp()) * 1000000)::bigint";
+        let fence = CLOCK_US;
         // The mark once the lock is held and the marker `kind` taken, set
         // as `application_name` when `set` (a downgrade's session names its
         // two holds with `+`).

@@ -29,37 +29,34 @@ impl PgSessionBackend {
                 }
             };
         }
-        let (mut first, mut failures) = (true, 0);
-        // A wait that ends right after a failure reports the failure, not
-        // a lock held (the server may be down).
-        let mut failed = None;
-        let ended = |failed: &mut Option<Error>| {
-            failed
-                .take()
-                .unwrap_or_else(|| deadline.timeout_error(name))
-        };
+        // A look is owed until a slice runs, and again after a failed one:
+        // a wait whose connection took all its time, or that ends during
+        // the backoff after a failure, looks once all the same (as the
+        // lease table's wait looks at its deadline), and reports what that
+        // look finds: the lock held, or the failure again.
+        let (mut owed, mut failures) = (true, 0);
         let mut backoff = Backoff::new(Duration::from_millis(20), Duration::from_millis(500));
         loop {
             let slice = match self.connection("acquire", self.deadline()).await {
                 Ok(conn) => {
                     let mut left = deadline.cap(WAIT_SLICE);
                     if left.is_zero() {
-                        if !first {
+                        if !owed {
                             self.give_back(conn);
-                            return Err(ended(&mut failed));
+                            return Err(deadline.timeout_error(name));
                         }
                         // The connection took the whole wait: one look all
                         // the same.
                         left = Duration::from_millis(1);
                     }
-                    first = false;
+                    owed = false;
                     self.wait_slice((name, opts), conn, left).await
                 }
                 Err(e) => Err(e),
             };
             match slice {
                 Ok(Some(lease)) => return Ok(lease),
-                Ok(None) => (failures, failed) = (0, None),
+                Ok(None) => failures = 0,
                 // A connection that would not open, or a slice cut off (its
                 // session is ended, so it holds nothing): ridden out as the
                 // lease table's wait does.
@@ -67,12 +64,13 @@ impl PgSessionBackend {
                     failures += 1;
                     tracing::debug!(name, error = %e, "a wait's slice failed; trying again");
                     tokio::time::sleep(deadline.cap(backoff.next_delay())).await;
-                    failed = Some(e);
+                    owed = true;
+                    continue;
                 }
                 Err(e) => return Err(e),
             }
             if deadline.is_past() {
-                return Err(ended(&mut failed));
+                return Err(deadline.timeout_error(name));
             }
         }
     }

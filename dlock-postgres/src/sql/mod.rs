@@ -36,7 +36,7 @@ const NOW: &str = "clock_timestamp()";
 /// fencing token, so that a row deleted (by a purge, an operator, a
 /// restored backup) and created again still gets a token above every
 /// earlier one, as long as that clock does not step back.
-const CLOCK_US: &str = "(extract(epoch FROM clock_timestamp()) * 1000000)::bigint";
+pub(crate) const CLOCK_US: &str = "(extract(epoch FROM clock_timestamp()) * 1000000)::bigint";
 
 /// The statements of one table.
 #[derive(Debug)]
