@@ -130,6 +130,26 @@ async fn a_grant_writes_nothing_once_its_connection_has_its_holder() {
     assert_eq!(versions().await, before, "grants wrote their session's row");
 }
 
+/// A fault proxy in front of `server` (the harness's own, on 127.0.0.1),
+/// and the server's URL through it.
+async fn proxied(
+    server: &dlock_conformance::harness::Server,
+) -> (dlock_conformance::proxy::FaultProxy, String) {
+    let port = server
+        .port()
+        .expect("these tests proxy the harness's own server on 127.0.0.1");
+    let upstream = std::net::SocketAddr::from(([127, 0, 0, 1], port));
+    let proxy = dlock_conformance::proxy::FaultProxy::start(upstream)
+        .await
+        .unwrap();
+    let url = server.url().replace(
+        &format!("127.0.0.1:{port}"),
+        &format!("127.0.0.1:{}", proxy.addr().port()),
+    );
+    assert_ne!(url, server.url(), "the URL goes through the proxy");
+    (proxy, url)
+}
+
 /// A connect over a slow link has its connect timeout, as the lease
 /// table's has: each connection it opens (the handshake's round trips,
 /// then its session's setup) is bounded by it, not by the shorter request
@@ -141,22 +161,13 @@ async fn a_grant_writes_nothing_once_its_connection_has_its_holder() {
 /// one round trip, which the slow link would leave little margin.
 #[tokio::test]
 async fn a_connect_over_a_slow_link_has_its_connect_timeout() {
-    use dlock_conformance::proxy::{Fault, FaultProxy};
+    use dlock_conformance::proxy::Fault;
 
     let server = shared(Service::Postgres).await;
-    let port = server
-        .port()
-        .expect("this test proxies the harness's own server on 127.0.0.1");
     let session = format!("{}?mode=session", server.url());
     drop(PgSessionBackend::connect(&session).await.unwrap());
-    let upstream = std::net::SocketAddr::from(([127, 0, 0, 1], port));
-    let proxy = FaultProxy::start(upstream).await.unwrap();
+    let (proxy, url) = proxied(server).await;
     proxy.set(Fault::Delay(Duration::from_millis(300)));
-    let url = server.url().replace(
-        &format!("127.0.0.1:{port}"),
-        &format!("127.0.0.1:{}", proxy.addr().port()),
-    );
-    assert_ne!(url, server.url(), "the URL goes through the proxy");
     let backend = PgBackend::builder(url)
         .create_table(false)
         .request_timeout(Duration::from_secs(1))
@@ -183,24 +194,15 @@ async fn queued(watch: &mut sqlx::PgConnection) -> Vec<i32> {
 /// On a server of its own, whose only lock waits are this test's.
 #[tokio::test]
 async fn a_wait_rides_out_its_connection_dropping() {
-    use dlock_conformance::proxy::{Fault, FaultProxy};
+    use dlock_conformance::proxy::Fault;
     use dlock_core::LockOptions;
     use sqlx::Connection;
 
     let server = start(Service::Postgres, ServerOptions::default()).await;
-    let port = server
-        .port()
-        .expect("this test proxies the harness's own server on 127.0.0.1");
     let direct = PgSessionBackend::connect(&format!("{}?mode=session", server.url()))
         .await
         .unwrap();
-    let upstream = std::net::SocketAddr::from(([127, 0, 0, 1], port));
-    let proxy = FaultProxy::start(upstream).await.unwrap();
-    let url = server.url().replace(
-        &format!("127.0.0.1:{port}"),
-        &format!("127.0.0.1:{}", proxy.addr().port()),
-    );
-    assert_ne!(url, server.url(), "the URL goes through the proxy");
+    let (proxy, url) = proxied(&server).await;
     let waiter = PgBackend::builder(format!("{url}?mode=session"))
         .create_table(false)
         .connect_session()
@@ -250,24 +252,16 @@ async fn a_wait_rides_out_its_connection_dropping() {
 /// after the deadline returns that failure either way).
 #[tokio::test]
 async fn a_wait_on_a_server_out_of_reach_reports_the_connection() {
-    use dlock_conformance::proxy::{Fault, FaultProxy};
+    use dlock_conformance::proxy::Fault;
     use dlock_core::LockOptions;
 
     let server = shared(Service::Postgres).await;
-    let port = server
-        .port()
-        .expect("this test proxies the harness's own server on 127.0.0.1");
     drop(
         PgSessionBackend::connect(&format!("{}?mode=session", server.url()))
             .await
             .unwrap(),
     );
-    let upstream = std::net::SocketAddr::from(([127, 0, 0, 1], port));
-    let proxy = FaultProxy::start(upstream).await.unwrap();
-    let url = server.url().replace(
-        &format!("127.0.0.1:{port}"),
-        &format!("127.0.0.1:{}", proxy.addr().port()),
-    );
+    let (proxy, url) = proxied(server).await;
     let waiter = PgBackend::builder(format!("{url}?mode=session"))
         .create_table(false)
         .connect_session()
