@@ -63,9 +63,7 @@ impl Observed {
             elapsed_ms = tracing::field::Empty,
         )
     }
-}
 
-impl Observed {
     /// `release`, one of the calls that give `lease` up, observed as `call`.
     async fn releasing(
         &self,

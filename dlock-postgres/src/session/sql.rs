@@ -99,9 +99,8 @@ impl SessionSql {
         // and queueing were three round trips. Nothing is written but the
         // holder, once per connection.
         // The fence is the database clock in µs: a grant writes nothing
-        // for it. (It was the greater of a sequence's next value and the
-        // clock; a sequence counting from 1 never passed the clock, and
-        // its page's lock held grants up.)
+        // for it and takes no shared page's lock (a sequence's did, and
+        // held grants up for a value that never passed the clock).
         let fence = CLOCK_US;
         // The mark once the lock is held and the marker `kind` taken, set
         // as `application_name` when `set` (a downgrade's session names its
