@@ -91,9 +91,10 @@ impl PgBuilder {
     /// of its text, and run with `EXECUTE` in a simple query, so this works
     /// through PgBouncer in any pooling mode, whose server connections
     /// come to have each statement prepared once; a session that lacks one
-    /// gets it on its first use. Off (`?statement_cache=false`), every
-    /// statement is parsed and planned on each call, as by a pooler that
-    /// refuses `PREPARE`.
+    /// gets it on its first use. Each is planned once, for every call,
+    /// which needs PostgreSQL 12 or later (see the crate's README). Off
+    /// (`?statement_cache=false`), every statement is parsed and planned on
+    /// each call, as by a pooler that refuses `PREPARE`.
     pub fn statement_cache(mut self, on: bool) -> Self {
         self.statement_cache = on;
         self

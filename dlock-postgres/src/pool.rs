@@ -15,7 +15,7 @@ use tokio::time::{Instant, timeout_at};
 
 use crate::backend::PgBackend;
 use crate::error::{INSUFFICIENT_PRIVILEGE, answered, sql_error, sql_state, timed_out};
-use crate::sql::Stmt;
+use crate::sql::{Id, Stmt};
 
 /// No prepared statement of that name on the server's session.
 const INVALID_SQL_STATEMENT_NAME: &str = "26000";
@@ -65,54 +65,72 @@ pub(crate) type Pool = dlock_sql::Pool<Pg>;
 /// run on another server's session, which may lack one it has, or have one
 /// it lacks.
 #[derive(Debug, Clone, Default)]
-pub(crate) struct Prepared(HashSet<[u8; 16]>);
+pub(crate) struct Prepared(HashSet<Id>);
 
 /// Sends a simple query on a connection, for what the caller reads of it.
 type Sender<T> = for<'c> fn(&'c mut PgConnection, sqlx::SqlStr) -> BoxFuture<'c, sqlx::Result<T>>;
 
 type BoxFuture<'c, T> = std::pin::Pin<Box<dyn Future<Output = T> + Send + 'c>>;
 
-/// Runs `stmt` on `lent` with `send`. A prepared statement is sent as an
-/// `EXECUTE`, preceded by its `PREPARE` when the session lacks it as far as
-/// this connection knows. A session that lacks it after all answers "does
-/// not exist", one that has it already "already exists", and the other
-/// form is sent: either error rolls the whole simple query back (its
-/// implicit transaction), the statement's parts that ran before it (a
-/// row's lock) included. Behind a pooler in transaction mode each try may
-/// land on another server session; after three, the statement is sent
+/// Runs `stmt` on `lent` with `send`. Its prepared parts are sent as
+/// `EXECUTE`s, the `PREPARE`s of those the session lacks as far as this
+/// connection knows in front. A session that lacks one after all answers
+/// "does not exist", one that has one already "already exists", naming
+/// it, and the query is sent again with that part in the other form:
+/// either error rolls the whole simple query back (its implicit
+/// transaction, or the block it opened), the parts that ran before it (a
+/// row's lock) included, but not the `PREPARE`s that ran, which the next
+/// try counts as there. Behind a pooler in transaction mode each try may
+/// land on another server session; after a few, the statement is sent
 /// written out in full. A statement's name is the hash of its text, so a
 /// session that has it has this statement.
 async fn run<T>(lent: &mut Lent<'_, Pg>, stmt: &Stmt, send: Sender<T>) -> sqlx::Result<T> {
     let (conn, prepared) = lent.parts();
-    let Some(id) = stmt.id else {
-        let done = send(conn, stmt.written_out()).await;
-        return ended(conn, stmt, done).await;
-    };
-    let mut prepare = !prepared.0.contains(&id);
-    for _ in 0..3 {
-        let Some(sql) = stmt.execute(prepare) else {
+    let mut prepare: Vec<Id> = Vec::new();
+    for (_, id) in &stmt.ids {
+        if !prepared.0.contains(id) && !prepare.contains(id) {
+            prepare.push(*id);
+        }
+    }
+    for _ in 0..stmt.ids.len() + 2 {
+        let Some(sql) = stmt.execute(&prepare) else {
             break;
         };
         let done = send(conn, sql).await;
         let done = ended(conn, stmt, done).await;
         let Err(e) = &done else {
-            prepared.0.insert(id);
+            prepared.0.extend(stmt.ids.iter().map(|(_, id)| *id));
             return done;
         };
-        match sql_state(e).as_deref() {
-            Some(INVALID_SQL_STATEMENT_NAME) if !prepare => {
+        let named = named(e).filter(|id| stmt.ids.iter().any(|(_, ours)| ours == id));
+        match (sql_state(e).as_deref(), named) {
+            // An `EXECUTE` failed, so every `PREPARE` in front ran.
+            (Some(INVALID_SQL_STATEMENT_NAME), Some(id)) if !prepare.contains(&id) => {
+                prepared.0.extend(prepare.drain(..));
                 prepared.0.remove(&id);
-                prepare = true;
+                prepare.push(id);
             }
-            Some(DUPLICATE_PREPARED_STATEMENT) if prepare => {
-                prepared.0.insert(id);
-                prepare = false;
+            // So did those in front of the one that failed.
+            (Some(DUPLICATE_PREPARED_STATEMENT), Some(id)) if prepare.contains(&id) => {
+                let at = prepare.iter().position(|p| *p == id).unwrap_or(0);
+                prepared.0.extend(prepare.drain(..=at));
             }
             _ => return done,
         }
     }
     let done = send(conn, stmt.written_out()).await;
     ended(conn, stmt, done).await
+}
+
+/// The prepared statement of ours an error names (`prepared statement
+/// "dlock_<hash>" …`).
+fn named(e: &sqlx::Error) -> Option<Id> {
+    let message = e.as_database_error()?.message();
+    let at = message.find("\"dlock_")? + "\"dlock_".len();
+    let hash = message.get(at..at + 32)?;
+    let mut id = Id::default();
+    hex::decode_to_slice(hash, &mut id).ok()?;
+    Some(id)
 }
 
 /// `done`, once a statement that opens a transaction block of its own has

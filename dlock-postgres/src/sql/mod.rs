@@ -26,6 +26,7 @@ use literal::{Args, micros, successor};
 pub(crate) use literal::{bytes, unhex, validate_identifier};
 
 pub(crate) use shared::SharedRenewal;
+pub(crate) use stmt::Id;
 pub use stmt::Stmt;
 
 /// The database clock, never the client's, and never `now()`: that is
@@ -37,6 +38,16 @@ const NOW: &str = "clock_timestamp()";
 /// restored backup) and created again still gets a token above every
 /// earlier one, as long as that clock does not step back.
 pub(crate) const CLOCK_US: &str = "(extract(epoch FROM clock_timestamp()) * 1000000)::bigint";
+
+/// How prepared statements are planned: once, for every call (a custom
+/// plan, made again on each call, took more of the server's time than
+/// running the statement, and the server's choice between the two flipped
+/// with the statistics of the moment), and by the key of the name's rows,
+/// never a scan of the table: every statement reads one name's rows, and
+/// where one name is most of a table (a crowd on one semaphore) its
+/// statistics make a scan look cheaper to a plan made for any name.
+const PLANS: &str =
+    "SET LOCAL plan_cache_mode = force_generic_plan; SET LOCAL enable_seqscan = off; ";
 
 /// The statements of one table.
 #[derive(Debug)]
@@ -91,7 +102,8 @@ impl Statements {
             // (held), not fail with a serialization error.
             limit: format!(
                 "SET LOCAL transaction_isolation = 'read committed'; \
-                 SET LOCAL statement_timeout = {ms}; "
+                 SET LOCAL statement_timeout = {ms}; {}",
+                if prepare { PLANS } else { "" }
             ),
         }
     }

@@ -112,7 +112,7 @@ impl Statements {
     /// while the name is in use as another kind, or another kind waits: it
     /// would refuse the right kind's waiters until given up. The place is
     /// written again as it is if the query is sent again (see `pool.rs`),
-    /// so the part prepared may follow the commit; it is a transaction
+    /// so its parts after the commit are prepared too; it is a transaction
     /// block of its own, as in [`Statements::then_wake`]. The last row: the kind
     /// the name is in use as when another, whether the rule lets the
     /// waiter in, and the µs until the first hold ends.

@@ -1,11 +1,11 @@
 //! A statement as the driver runs it: written out with its values as
-//! literals, or its main part prepared. Parsing and planning a statement
-//! cost more than running it, and for the shared kinds the planning
-//! happened under the name's row lock. The main part is prepared with
-//! SQL's `PREPARE` under a name made of a hash of its text, and run with
-//! `EXECUTE` and its values as literals: still one simple query, and
-//! wherever a pooler sends it, a statement of that name there is this
-//! statement (see `pool.rs` for how a connection that lacks it gets it).
+//! literals, or its parts prepared. Parsing and planning a statement cost
+//! more than running it, and for the shared kinds the planning happened
+//! under the name's row lock. Each part is prepared with SQL's `PREPARE`
+//! under a name made of a hash of its text, and run with `EXECUTE` and its
+//! values as literals: still one simple query, and wherever a pooler sends
+//! it, a statement of that name there is this statement (see `pool.rs` for
+//! how a connection that lacks one gets it).
 
 use std::fmt::Write;
 
@@ -15,13 +15,15 @@ use sqlx::{AssertSqlSafe, SqlSafeStr, SqlStr};
 use super::Statements;
 use super::literal::Args;
 
+/// The name a prepared part goes by: a hash of its text and its
+/// parameters' types.
+pub(crate) type Id = [u8; 16];
+
 /// A statement to run: written out in full, and, where the backend
-/// prepares statements, with its main part (the longest of its
-/// `;`-separated parts unless chosen: the others lock a row, or read after
-/// a commit) as the `EXECUTE` of a prepared statement, the other parts
-/// written out around it. One prepared
-/// statement per call, so that a server session has it or lacks it, never
-/// part of it (`PREPARE` is not undone with a transaction).
+/// prepares statements, with its parts (those before the first that may
+/// follow a commit, see [`Statements::prepared_until`]; never `BEGIN`,
+/// `COMMIT` or `SET`) as `EXECUTE`s of prepared statements, the others
+/// written out around them.
 #[derive(Debug)]
 pub struct Stmt {
     /// `SET LOCAL …;`.
@@ -29,19 +31,16 @@ pub struct Stmt {
     /// The statement, its values as parameters.
     body: String,
     args: Args,
-    /// With statements prepared: the hash of the main part and its
-    /// parameters' types, which names its prepared statement.
-    pub(crate) id: Option<[u8; 16]>,
-    /// Which part is prepared: the longest unless set.
-    main: Option<usize>,
+    /// With statements prepared: which parts are, and the names they go
+    /// by, in the order they run.
+    pub(crate) ids: Vec<(usize, Id)>,
 }
 
 impl Stmt {
     /// Whether the statement opens a transaction block (`BEGIN`), which a
     /// failure inside leaves open and aborted until a `ROLLBACK`.
     pub(crate) fn opens_block(&self) -> bool {
-        Self::parts(&self.body, self.main)
-            .0
+        Self::parts(&self.body)
             .iter()
             .any(|part| part.eq_ignore_ascii_case("BEGIN"))
     }
@@ -60,34 +59,37 @@ impl Stmt {
         .into_sql_str()
     }
 
-    /// The statement's parts, and which of them is prepared: `main`, else
-    /// the longest.
-    fn parts(body: &str, main: Option<usize>) -> (Vec<&str>, usize) {
-        let parts: Vec<&str> = body
-            .split(';')
+    /// The statement's parts.
+    fn parts(body: &str) -> Vec<&str> {
+        body.split(';')
             .map(str::trim)
             .filter(|p| !p.is_empty())
-            .collect();
-        let main = main.unwrap_or_else(|| {
-            (0..parts.len())
-                .max_by_key(|&i| parts[i].len())
-                .unwrap_or(0)
-        });
-        (parts, main)
+            .collect()
+    }
+
+    /// Whether a part may be prepared: not a transaction's control.
+    fn preparable(part: &str) -> bool {
+        let word = part.split_whitespace().next().unwrap_or_default();
+        !["BEGIN", "COMMIT", "SET"]
+            .iter()
+            .any(|w| word.eq_ignore_ascii_case(w))
     }
 
     /// How many statements of one simple query that runs this one may each
-    /// wait for their own statement timeout: its parts, and the `PREPARE`
+    /// wait for their own statement timeout: its parts, and the `PREPARE`s
     /// when prepared.
     pub(crate) fn waits(&self) -> u32 {
-        let parts = u32::try_from(Self::parts(&self.body, self.main).0.len()).unwrap_or(u32::MAX);
-        parts + u32::from(self.id.is_some())
+        let parts = Self::parts(&self.body).len() + self.ids.len();
+        u32::try_from(parts).unwrap_or(u32::MAX)
     }
 
-    /// The statement with its main part `EXECUTE`d, prepared first when
-    /// `prepare` says; `None` when statements are not prepared.
-    pub(crate) fn execute(&self, prepare: bool) -> Option<SqlStr> {
-        let id = hex::encode(self.id?);
+    /// The statement with its prepared parts `EXECUTE`d, those of
+    /// `prepare` prepared first, in front; `None` when statements are not
+    /// prepared.
+    pub(crate) fn execute(&self, prepare: &[Id]) -> Option<SqlStr> {
+        if self.ids.is_empty() {
+            return None;
+        }
         let (types, values) = (self.args.types(), self.args.literals());
         let (types, values) = if types.is_empty() {
             (String::new(), String::new())
@@ -95,16 +97,21 @@ impl Stmt {
             (format!(" ({types})"), format!(" ({values})"))
         };
         let mut sql = self.limit.clone();
-        let (parts, main) = Self::parts(&self.body, self.main);
-        if prepare {
-            let part = parts.get(main)?;
-            let _ = write!(sql, "PREPARE dlock_{id}{types} AS {part}; ");
+        let parts = Self::parts(&self.body);
+        for (i, id) in &self.ids {
+            if prepare.contains(id) {
+                let (id, part) = (hex::encode(id), parts.get(*i)?);
+                let _ = write!(sql, "PREPARE dlock_{id}{types} AS {part}; ");
+            }
         }
         for (i, part) in parts.iter().enumerate() {
-            if i == main {
-                let _ = write!(sql, "EXECUTE dlock_{id}{values}; ");
-            } else {
-                let _ = write!(sql, "{}; ", self.args.written_out(part));
+            match self.ids.iter().find(|(at, _)| *at == i) {
+                Some((_, id)) => {
+                    let _ = write!(sql, "EXECUTE dlock_{}{values}; ", hex::encode(id));
+                }
+                None => {
+                    let _ = write!(sql, "{}; ", self.args.written_out(part));
+                }
             }
         }
         Some(AssertSqlSafe(sql).into_sql_str())
@@ -115,41 +122,50 @@ impl Statements {
     /// A statement that is never prepared: its values are literals in
     /// `statement`.
     pub(super) fn bounded(&self, statement: String) -> Stmt {
-        self.with(Args::default(), statement, false, None)
+        self.with(Args::default(), statement, None)
     }
 
-    /// A statement whose values are `args`, prepared where statements are:
-    /// its longest part.
+    /// A statement whose values are `args`, prepared where statements
+    /// are: every part but a transaction's control. A part after a
+    /// `COMMIT` may be prepared only where the whole statement sent again
+    /// changes nothing more (see `pool.rs`).
     pub(super) fn prepared(&self, args: Args, body: String) -> Stmt {
-        self.with(args, body, self.prepare, None)
+        self.with(args, body, Some(usize::MAX))
     }
 
-    /// [`Statements::prepared`], its part `main` (counted from 0)
-    /// prepared: a statement that commits part way must have the part
-    /// that can be missing (see `pool.rs`) before its commit, so that a
-    /// try that fails for it has changed nothing.
-    pub(super) fn prepared_part(&self, args: Args, body: String, main: usize) -> Stmt {
-        self.with(args, body, self.prepare, Some(main))
+    /// [`Statements::prepared`], only its parts up to `last` (counted from
+    /// 0) prepared: a statement that commits part way has no part that
+    /// can be missing (see `pool.rs`) after its commit, so that a try that
+    /// fails for one has changed nothing.
+    pub(super) fn prepared_until(&self, args: Args, body: String, last: usize) -> Stmt {
+        self.with(args, body, Some(last))
     }
 
-    fn with(&self, args: Args, body: String, prepare: bool, main: Option<usize>) -> Stmt {
-        let id = prepare.then(|| {
-            let (parts, main) = Stmt::parts(&body, main);
-            let digest = Sha256::new()
-                .chain_update(args.types())
-                .chain_update("\n")
-                .chain_update(parts.get(main).copied().unwrap_or_default())
-                .finalize();
-            let mut id = [0; 16];
-            id.copy_from_slice(&digest[..16]);
-            id
-        });
+    fn with(&self, args: Args, body: String, last: Option<usize>) -> Stmt {
+        let ids = match last.filter(|_| self.prepare) {
+            None => Vec::new(),
+            Some(last) => Stmt::parts(&body)
+                .into_iter()
+                .enumerate()
+                .take_while(|(i, _)| *i <= last)
+                .filter(|(_, part)| Stmt::preparable(part))
+                .map(|(i, part)| {
+                    let digest = Sha256::new()
+                        .chain_update(args.types())
+                        .chain_update("\n")
+                        .chain_update(part)
+                        .finalize();
+                    let mut id = [0; 16];
+                    id.copy_from_slice(&digest[..16]);
+                    (i, id)
+                })
+                .collect(),
+        };
         Stmt {
             limit: self.limit.clone(),
             body,
             args,
-            id,
-            main,
+            ids,
         }
     }
 }
@@ -164,11 +180,11 @@ mod tests {
     fn a_prepared_statement_is_named_by_its_text_not_its_values() {
         let sql = Statements::new("public", "t", Duration::from_millis(1500), true);
         let (one, two) = (sql.release(b"x", "00ff"), sql.release(b"y", "0a"));
-        assert_eq!(one.id, two.id);
+        assert_eq!(one.ids, two.ids);
         let other = Statements::new("public", "u", Duration::from_millis(1500), true);
-        assert_ne!(one.id, other.release(b"x", "00ff").id);
-        let id = hex::encode(one.id.expect("prepared"));
-        let run = one.execute(false).expect("prepared");
+        assert_ne!(one.ids, other.release(b"x", "00ff").ids);
+        let id = hex::encode(one.ids[0].1);
+        let run = one.execute(&[]).expect("prepared");
         assert!(
             run.as_str().ends_with(&format!(
                 "; EXECUTE dlock_{id} (decode('78', 'hex'), '00ff'); "
@@ -176,19 +192,34 @@ mod tests {
             "{}",
             run.as_str()
         );
-        let first = sql
-            .release_and_notify(b"x", "00ff")
-            .execute(true)
-            .expect("prepared");
-        // The row's lock written out, the release that reads the queue
-        // prepared, and run in that order.
+        let release = sql.release_and_notify(b"x", "00ff");
+        let ids: Vec<Id> = release.ids.iter().map(|(_, id)| *id).collect();
+        let first = release.execute(&ids).expect("prepared");
+        // The row's lock and the release that reads the queue, each
+        // prepared, in front, then run in that order.
         let first = first.as_str();
-        assert_eq!(first.matches("PREPARE dlock_").count(), 1, "{first}");
-        assert!(first.contains("(bytea, text) AS WITH released"), "{first}");
-        let lock = first.find("WHERE name = decode('78', 'hex') FOR UPDATE; ");
-        let execute = first.find("EXECUTE dlock_");
-        assert!(lock.is_some() && lock < execute, "{first}");
+        assert_eq!(first.matches("PREPARE dlock_").count(), 2, "{first}");
+        let lock = first.find("(bytea, text) AS SELECT FROM");
+        let release = first.find("(bytea, text) AS WITH released");
+        let (run_lock, run_release) = (
+            first.find(&format!("EXECUTE dlock_{}", hex::encode(ids[0]))),
+            first.find(&format!("EXECUTE dlock_{}", hex::encode(ids[1]))),
+        );
+        assert!(lock.is_some() && lock < release, "{first}");
+        assert!(release < run_lock && run_lock < run_release, "{first}");
         let plain = Statements::new("public", "t", Duration::from_millis(1500), false);
-        assert!(plain.release(b"x", "00ff").execute(false).is_none());
+        assert!(plain.release(b"x", "00ff").execute(&[]).is_none());
+    }
+
+    #[test]
+    fn a_change_that_commits_part_way_prepares_nothing_after_its_commit() {
+        let sql = Statements::new("public", "t", Duration::from_millis(1500), true);
+        let release = sql.release_unlocked(b"x", "00ff", true);
+        let commit = Stmt::parts(&release.body)
+            .iter()
+            .position(|part| part.eq_ignore_ascii_case("COMMIT"))
+            .expect("commits");
+        assert!(!release.ids.is_empty());
+        assert!(release.ids.iter().all(|(i, _)| *i < commit), "{release:?}");
     }
 }

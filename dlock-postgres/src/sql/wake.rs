@@ -37,9 +37,9 @@ impl Statements {
     /// may let a waiter in reads after its commit, and a waiter's first
     /// look reads the rule after its place's commit: of a change and a
     /// waiter that cross, one sees the other, with no lock between them
-    /// (see [`Statements::enqueue_shared`]). The change is the part
-    /// prepared, so that a session lacking it fails before the commit
-    /// (see `pool.rs`). Rows: the change's, then the live holds left, the
+    /// (see [`Statements::enqueue_shared`]). Only the change's parts
+    /// are prepared, so that a session lacking one fails before the
+    /// commit (see `pool.rs`). Rows: the change's, then the live holds left, the
     /// waiters to wake, the count announced, and whether the name's
     /// marker is live. The change is a transaction block of its own
     /// (`BEGIN`): a `COMMIT` that ends the implicit one warns in the
@@ -50,7 +50,7 @@ impl Statements {
         let (wake, say) = (self.wake_set(n), self.announce_to(n, notify));
         let before = format!("BEGIN; {change}");
         let main = before.split(';').filter(|p| !p.trim().is_empty()).count() - 1;
-        self.prepared_part(
+        self.prepared_until(
             a,
             format!(
                 "{before};
