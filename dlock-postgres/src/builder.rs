@@ -92,7 +92,8 @@ impl PgBuilder {
     /// through PgBouncer in any pooling mode, whose server connections
     /// come to have each statement prepared once; a session that lacks one
     /// gets it on its first use. Each is planned once, for every call,
-    /// which needs PostgreSQL 12 or later (see the crate's README). Off
+    /// which needs PostgreSQL 12 or later: on an older server nothing is
+    /// prepared (see the crate's README). Off
     /// (`?statement_cache=false`), every statement is parsed and planned on
     /// each call, as by a pooler that refuses `PREPARE`.
     pub fn statement_cache(mut self, on: bool) -> Self {
@@ -184,11 +185,17 @@ impl PgBuilder {
             self.s.request_timeout,
         );
         let mut first = pool.first().await?;
+        // Prepared statements are planned with `plan_cache_mode`, which
+        // older servers lack (see `sql::PLANS`).
+        let planned = first
+            .conn()
+            .server_version_num()
+            .is_none_or(|version| version >= 120_000);
         let sql = Statements::new(
             &self.schema,
             &self.s.table,
             self.s.request_timeout,
-            self.statement_cache,
+            self.statement_cache && planned,
         );
         if self.s.create_table {
             let by = Instant::now() + self.s.request_timeout;

@@ -76,14 +76,16 @@ type BoxFuture<'c, T> = std::pin::Pin<Box<dyn Future<Output = T> + Send + 'c>>;
 /// `EXECUTE`s, the `PREPARE`s of those the session lacks as far as this
 /// connection knows in front. A session that lacks one after all answers
 /// "does not exist", one that has one already "already exists", naming
-/// it, and the query is sent again with that part in the other form:
-/// either error rolls the whole simple query back (its implicit
-/// transaction, or the block it opened), the parts that ran before it (a
-/// row's lock) included, but not the `PREPARE`s that ran, which the next
-/// try counts as there. Behind a pooler in transaction mode each try may
-/// land on another server session; after a few, the statement is sent
-/// written out in full. A statement's name is the hash of its text, so a
-/// session that has it has this statement.
+/// it, and the query is sent again with that part in the other form.
+/// Either error rolls back the parts that ran before it in the same
+/// transaction (a row's lock; for the one statement that prepares a part
+/// after its commit, the commit stands, and is harmless to send again:
+/// see `Statements::enqueue_shared`), but not the `PREPARE`s that ran,
+/// which the next try counts as there. Behind a pooler in transaction
+/// mode each try may land on another server session; after a few, or
+/// when the error names none of the statement's parts, the statement is
+/// sent written out in full. A statement's name is a hash of its text, so
+/// a session that has it has this statement.
 async fn run<T>(lent: &mut Lent<'_, Pg>, stmt: &Stmt, send: Sender<T>) -> sqlx::Result<T> {
     let (conn, prepared) = lent.parts();
     let mut prepare: Vec<Id> = Vec::new();
@@ -102,19 +104,32 @@ async fn run<T>(lent: &mut Lent<'_, Pg>, stmt: &Stmt, send: Sender<T>) -> sqlx::
             prepared.0.extend(stmt.ids.iter().map(|(_, id)| *id));
             return done;
         };
-        let named = named(e).filter(|id| stmt.ids.iter().any(|(_, ours)| ours == id));
+        let named = named(e).and_then(|id| stmt.ids.iter().position(|(_, ours)| *ours == id));
         match (sql_state(e).as_deref(), named) {
-            // An `EXECUTE` failed, so every `PREPARE` in front ran.
-            (Some(INVALID_SQL_STATEMENT_NAME), Some(id)) if !prepare.contains(&id) => {
+            // An `EXECUTE` failed, so every `PREPARE` in front ran, and
+            // so did the parts before this one. A session that lacks it
+            // most likely lacks the parts after it too: preparing those
+            // costs at most an "already exists", before any row's lock.
+            (Some(INVALID_SQL_STATEMENT_NAME), Some(at)) => {
                 prepared.0.extend(prepare.drain(..));
-                prepared.0.remove(&id);
-                prepare.push(id);
+                for (_, id) in &stmt.ids[at..] {
+                    prepared.0.remove(id);
+                    if !prepare.contains(id) {
+                        prepare.push(*id);
+                    }
+                }
             }
-            // So did those in front of the one that failed.
-            (Some(DUPLICATE_PREPARED_STATEMENT), Some(id)) if prepare.contains(&id) => {
-                let at = prepare.iter().position(|p| *p == id).unwrap_or(0);
-                prepared.0.extend(prepare.drain(..=at));
+            // So did the `PREPARE`s in front of the one that failed. Not
+            // named, every one is taken as there: a "does not exist"
+            // corrects it.
+            (Some(DUPLICATE_PREPARED_STATEMENT), named) => {
+                let failed = named.map(|at| stmt.ids[at].1);
+                let upto = failed
+                    .and_then(|id| prepare.iter().position(|p| *p == id))
+                    .map_or(prepare.len(), |at| at + 1);
+                prepared.0.extend(prepare.drain(..upto));
             }
+            (Some(INVALID_SQL_STATEMENT_NAME), None) => break,
             _ => return done,
         }
     }
@@ -122,15 +137,25 @@ async fn run<T>(lent: &mut Lent<'_, Pg>, stmt: &Stmt, send: Sender<T>) -> sqlx::
     ended(conn, stmt, done).await
 }
 
-/// The prepared statement of ours an error names (`prepared statement
-/// "dlock_<hash>" …`).
+/// The prepared statement of ours an error names: `dlock_` and the hex
+/// digits of its hash, however the server's language quotes it.
 fn named(e: &sqlx::Error) -> Option<Id> {
-    let message = e.as_database_error()?.message();
-    let at = message.find("\"dlock_")? + "\"dlock_".len();
-    let hash = message.get(at..at + 32)?;
-    let mut id = Id::default();
-    hex::decode_to_slice(hash, &mut id).ok()?;
-    Some(id)
+    named_in(e.as_database_error()?.message())
+}
+
+fn named_in(message: &str) -> Option<Id> {
+    let mut rest = message;
+    while let Some(at) = rest.find("dlock_") {
+        let hash = &rest[at + "dlock_".len()..];
+        let mut id = Id::default();
+        if let Some(hex) = hash.get(..2 * id.len())
+            && hex::decode_to_slice(hex, &mut id).is_ok()
+        {
+            return Some(id);
+        }
+        rest = hash;
+    }
+    None
 }
 
 /// `done`, once a statement that opens a transaction block of its own has
@@ -139,7 +164,11 @@ fn named(e: &sqlx::Error) -> Option<Id> {
 /// (where `ROLLBACK` warns that nothing is in progress) comes only with
 /// an error.
 async fn ended<T>(conn: &mut PgConnection, stmt: &Stmt, done: sqlx::Result<T>) -> sqlx::Result<T> {
-    if done.is_err() && stmt.opens_block() {
+    // A `PREPARE` that finds its statement there fails ahead of any
+    // block.
+    let ahead =
+        matches!(&done, Err(e) if sql_state(e).as_deref() == Some(DUPLICATE_PREPARED_STATEMENT));
+    if done.is_err() && !ahead && stmt.opens_block() {
         let rollback = sqlx::raw_sql(sqlx::AssertSqlSafe("ROLLBACK"));
         if let Err(e) = rollback.execute(&mut *conn).await {
             tracing::debug!(error = %e, "could not roll a failed block back");
@@ -201,5 +230,33 @@ impl PgBackend {
         } else {
             Err(Error::not_held(lease.name()))
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_statement_an_error_names_is_read_in_any_language() {
+        let hash = "00112233445566778899aabbccddeeff";
+        let mut id = Id::default();
+        hex::decode_to_slice(hash, &mut id).unwrap();
+        for message in [
+            format!("prepared statement \"dlock_{hash}\" does not exist"),
+            format!("vorbereitete Anweisung »dlock_{hash}« existiert nicht"),
+            format!("l'instruction préparée « dlock_{hash} » n'existe pas"),
+            format!("dlock_table: prepared statement \"dlock_{hash}\" already exists"),
+        ] {
+            assert_eq!(named_in(&message), Some(id), "{message}");
+        }
+        assert_eq!(
+            named_in("prepared statement \"dlock_00\" does not exist"),
+            None
+        );
+        assert_eq!(
+            named_in("prepared statement \"sqlx_s_1\" does not exist"),
+            None
+        );
     }
 }

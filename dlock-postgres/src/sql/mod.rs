@@ -39,14 +39,17 @@ const NOW: &str = "clock_timestamp()";
 /// earlier one, as long as that clock does not step back.
 pub(crate) const CLOCK_US: &str = "(extract(epoch FROM clock_timestamp()) * 1000000)::bigint";
 
-/// How prepared statements are planned: once, for every call (a custom
-/// plan, made again on each call, took more of the server's time than
-/// running the statement, and the server's choice between the two flipped
-/// with the statistics of the moment), and by the key of the name's rows,
-/// never a scan of the table: every statement reads one name's rows, and
-/// where one name is most of a table (a crowd on one semaphore) its
-/// statistics make a scan look cheaper to a plan made for any name.
-const PLANS: &str =
+/// How the statements are planned where they are prepared (the setting
+/// holds for the whole transaction, the parts written out included):
+/// once, for every call (a custom plan, made again on each call, took more
+/// of the server's time than running the statement, and the server's
+/// choice between the two flipped with the statistics of the moment), and
+/// by the key of the name's rows, never a scan of the table: every
+/// frequent statement reads one name's rows, and where one name is most of
+/// a table (a crowd on one semaphore) its statistics make a scan look
+/// cheaper to a plan made for any name. PostgreSQL 12 or later: the
+/// builder prepares nothing on an older server.
+pub(crate) const PLANS: &str =
     "SET LOCAL plan_cache_mode = force_generic_plan; SET LOCAL enable_seqscan = off; ";
 
 /// The statements of one table.

@@ -40,9 +40,9 @@ pub(crate) struct SharedRenewal<'a> {
 impl Statements {
     /// How many statements of a change of a shared kind may each wait for
     /// their statement timeout (see `Stmt::waits`): the two that lock the
-    /// row, and the change, with its `PREPARE` when prepared.
+    /// row, and the change, each with its `PREPARE` when prepared.
     pub fn shared_waits(&self) -> u32 {
-        3 + u32::from(self.prepare)
+        3 * (1 + u32::from(self.prepare))
     }
 
     /// Locks the row of `n`, making it if missing. Here and below, the

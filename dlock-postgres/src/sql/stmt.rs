@@ -12,18 +12,18 @@ use std::fmt::Write;
 use sha2::{Digest, Sha256};
 use sqlx::{AssertSqlSafe, SqlSafeStr, SqlStr};
 
-use super::Statements;
 use super::literal::Args;
+use super::{PLANS, Statements};
 
 /// The name a prepared part goes by: a hash of its text and its
 /// parameters' types.
 pub(crate) type Id = [u8; 16];
 
 /// A statement to run: written out in full, and, where the backend
-/// prepares statements, with its parts (those before the first that may
-/// follow a commit, see [`Statements::prepared_until`]; never `BEGIN`,
-/// `COMMIT` or `SET`) as `EXECUTE`s of prepared statements, the others
-/// written out around them.
+/// prepares statements, with its parts (never `BEGIN`, `COMMIT` or `SET`,
+/// and none after a commit unless sending the whole again is harmless:
+/// see [`Statements::prepared_until`]) as `EXECUTE`s of prepared
+/// statements, the others written out around them.
 #[derive(Debug)]
 pub struct Stmt {
     /// `SET LOCAL …;`.
@@ -98,8 +98,10 @@ impl Stmt {
         };
         let mut sql = self.limit.clone();
         let parts = Self::parts(&self.body);
-        for (i, id) in &self.ids {
-            if prepare.contains(id) {
+        for (at, (i, id)) in self.ids.iter().enumerate() {
+            // A part twice in one statement is prepared once.
+            let again = self.ids[..at].iter().any(|(_, earlier)| earlier == id);
+            if prepare.contains(id) && !again {
                 let (id, part) = (hex::encode(id), parts.get(*i)?);
                 let _ = write!(sql, "PREPARE dlock_{id}{types} AS {part}; ");
             }
@@ -150,7 +152,10 @@ impl Statements {
                 .take_while(|(i, _)| *i <= last)
                 .filter(|(_, part)| Stmt::preparable(part))
                 .map(|(i, part)| {
+                    // The plans' settings too: a statement prepared
+                    // under others may hold a plan made under them.
                     let digest = Sha256::new()
+                        .chain_update(PLANS)
                         .chain_update(args.types())
                         .chain_update("\n")
                         .chain_update(part)

@@ -539,11 +539,14 @@ async fn through_pgbouncer_statements_stay_prepared_on_any_server_connection() {
 
 /// A call of several prepared statements (a semaphore's acquire: the
 /// row's lock, then the grant) on a server session that has some of them
-/// and lacks another, although this client prepared them all there (here
-/// one was dropped by hand; behind a pooler, another client's session may
-/// have prepared some): the server names the one it lacks, and the call
-/// prepares that one and runs. PgBouncer has one server connection, so
-/// the backend and the hand that drops a statement share its session.
+/// and lacks others: one client prepared them all there, and then some
+/// were dropped (by hand here; behind a pooler, another client's session
+/// may have prepared some). The server names the one it lacks, and the
+/// call prepares it, and the parts after it, keeps the others as they
+/// were, and runs them all as `EXECUTE`s of one generic plan; so does a
+/// client that has prepared nothing yet, whose `PREPARE`s find some there
+/// already. PgBouncer has one server connection, so both backends and the
+/// hand that drops statements share its session.
 #[tokio::test]
 async fn a_call_prepares_only_the_statements_its_session_lacks() {
     let options = ServerOptions {
@@ -558,35 +561,59 @@ async fn a_call_prepares_only_the_statements_its_session_lacks() {
     let mut admin = sqlx::PgConnection::connect_with(&through.extra_float_digits(None))
         .await
         .unwrap();
-    let b = PgBackend::builder(server.url())
-        .max_connections(1)
-        .connect()
-        .await
-        .unwrap();
+    let one = async || {
+        PgBackend::builder(server.url())
+            .max_connections(1)
+            .connect()
+            .await
+            .unwrap()
+    };
     let opts = long().permits(2);
-    let prepared = async |admin: &mut sqlx::PgConnection| -> Vec<String> {
-        sqlx::query_scalar(
-            "SELECT name FROM pg_prepared_statements WHERE name LIKE 'dlock_%' ORDER BY name",
+    // Each of ours: its name, when it was prepared, and its custom plans.
+    let prepared = async |admin: &mut sqlx::PgConnection| -> Vec<(String, String, i64)> {
+        sqlx::query_as(
+            "SELECT name, prepare_time::text, custom_plans FROM pg_prepared_statements \
+             WHERE name LIKE 'dlock_%' ORDER BY name",
         )
         .fetch_all(admin)
         .await
         .unwrap()
     };
-    let lease = must_acquire(&b, "partly-prepared", &opts).await;
-    b.release(&lease).await.unwrap();
+    let cycle = async |b: &PgBackend| {
+        let lease = must_acquire(b, "partly-prepared", &opts).await;
+        b.release(&lease).await.unwrap();
+    };
+    let first = one().await;
+    cycle(&first).await;
     let all = prepared(&mut admin).await;
     // The acquire's three, and at least one for the release.
     assert!(all.len() >= 4, "prepared: {all:?}");
-    // Every other one goes: each call of several lacks some of them.
-    for name in all.iter().step_by(2) {
-        sqlx::raw_sql(sqlx::AssertSqlSafe(format!("DEALLOCATE {name}")))
-            .execute(&mut admin)
-            .await
-            .unwrap();
+    for second in [false, true] {
+        let before = prepared(&mut admin).await;
+        let dropped: Vec<&String> = before.iter().step_by(2).map(|(name, ..)| name).collect();
+        for name in &dropped {
+            sqlx::raw_sql(sqlx::AssertSqlSafe(format!("DEALLOCATE {name}")))
+                .execute(&mut admin)
+                .await
+                .unwrap();
+        }
+        // `first` believes its session has them all; a new backend that
+        // none are there.
+        let b = if second { one().await } else { first.clone() };
+        cycle(&b).await;
+        cycle(&b).await;
+        let after = prepared(&mut admin).await;
+        let names = |list: &[(String, String, i64)]| -> Vec<String> {
+            list.iter().map(|(name, ..)| name.clone()).collect()
+        };
+        assert_eq!(names(&after), names(&before), "prepared again");
+        for (kept, now) in before.iter().zip(&after) {
+            if !dropped.contains(&&kept.0) {
+                assert_eq!(kept.1, now.1, "{} was prepared once", kept.0);
+            }
+            assert_eq!(now.2, 0, "{} was planned for its values", now.0);
+        }
     }
-    let lease = must_acquire(&b, "partly-prepared", &opts).await;
-    b.release(&lease).await.unwrap();
-    assert_eq!(prepared(&mut admin).await, all, "prepared again");
 }
 
 /// A renewal updates its lease's row in place (no indexed column changes,
