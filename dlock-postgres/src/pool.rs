@@ -83,8 +83,8 @@ type BoxFuture<'c, T> = std::pin::Pin<Box<dyn Future<Output = T> + Send + 'c>>;
 /// see `Statements::enqueue_shared`), but not the `PREPARE`s that ran,
 /// which the next try counts as there. Behind a pooler in transaction
 /// mode each try may land on another server session; after a few, or
-/// when the error names none of the statement's parts, the statement is
-/// sent written out in full. A statement's name is a hash of its text, so
+/// when a "does not exist" names none of the statement's parts, the
+/// statement is sent written out in full. A statement's name is a hash of its text, so
 /// a session that has it has this statement.
 async fn run<T>(lent: &mut Lent<'_, Pg>, stmt: &Stmt, send: Sender<T>) -> sqlx::Result<T> {
     let (conn, prepared) = lent.parts();
@@ -106,30 +106,35 @@ async fn run<T>(lent: &mut Lent<'_, Pg>, stmt: &Stmt, send: Sender<T>) -> sqlx::
         };
         let named = named(e).and_then(|id| stmt.ids.iter().position(|(_, ours)| *ours == id));
         match (sql_state(e).as_deref(), named) {
-            // An `EXECUTE` failed, so every `PREPARE` in front ran, and
-            // so did the parts before this one. A session that lacks it
-            // most likely lacks the parts after it too: preparing those
-            // costs at most an "already exists", before any row's lock.
+            // An `EXECUTE` failed, so every `PREPARE` in front ran. A
+            // session that lacks this part most likely lacks the parts
+            // after it that were not just prepared: preparing those costs
+            // at most an "already exists", before any row's lock.
             (Some(INVALID_SQL_STATEMENT_NAME), Some(at)) => {
-                prepared.0.extend(prepare.drain(..));
+                let ran = std::mem::take(&mut prepare);
+                prepared.0.extend(&ran);
                 for (_, id) in &stmt.ids[at..] {
-                    prepared.0.remove(id);
-                    if !prepare.contains(id) {
+                    if !ran.contains(id) && !prepare.contains(id) {
+                        prepared.0.remove(id);
                         prepare.push(*id);
                     }
                 }
             }
-            // So did the `PREPARE`s in front of the one that failed. Not
-            // named, every one is taken as there: a "does not exist"
-            // corrects it.
-            (Some(DUPLICATE_PREPARED_STATEMENT), named) => {
-                let failed = named.map(|at| stmt.ids[at].1);
-                let upto = failed
-                    .and_then(|id| prepare.iter().position(|p| *p == id))
-                    .map_or(prepare.len(), |at| at + 1);
-                prepared.0.extend(prepare.drain(..upto));
+            // The `PREPARE`s in front of the one that failed ran; those
+            // after it are taken as there too (a session that has one of
+            // a call's statements most likely has them all), and a "does
+            // not exist" corrects it.
+            (Some(DUPLICATE_PREPARED_STATEMENT), _) => {
+                prepared.0.extend(prepare.drain(..));
             }
-            (Some(INVALID_SQL_STATEMENT_NAME), None) => break,
+            // Not ours to name: nothing of this statement is taken as
+            // there any more.
+            (Some(INVALID_SQL_STATEMENT_NAME), None) => {
+                for (_, id) in &stmt.ids {
+                    prepared.0.remove(id);
+                }
+                break;
+            }
             _ => return done,
         }
     }

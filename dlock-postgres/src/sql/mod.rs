@@ -39,8 +39,8 @@ const NOW: &str = "clock_timestamp()";
 /// earlier one, as long as that clock does not step back.
 pub(crate) const CLOCK_US: &str = "(extract(epoch FROM clock_timestamp()) * 1000000)::bigint";
 
-/// How the statements are planned where they are prepared (the setting
-/// holds for the whole transaction, the parts written out included):
+/// How a prepared statement is planned (set in each transaction of a
+/// statement that has a part prepared, its parts written out included):
 /// once, for every call (a custom plan, made again on each call, took more
 /// of the server's time than running the statement, and the server's
 /// choice between the two flipped with the statistics of the moment), and
@@ -105,9 +105,19 @@ impl Statements {
             // (held), not fail with a serialization error.
             limit: format!(
                 "SET LOCAL transaction_isolation = 'read committed'; \
-                 SET LOCAL statement_timeout = {ms}; {}",
-                if prepare { PLANS } else { "" }
+                 SET LOCAL statement_timeout = {ms}; "
             ),
+        }
+    }
+
+    /// What a statement's transaction after its commit sets first:
+    /// `limit`, and [`PLANS`] where statements are prepared (see
+    /// `Stmt`'s own, set before its first transaction).
+    fn limit_again(&self) -> String {
+        if self.prepare {
+            format!("{}{PLANS}", self.limit)
+        } else {
+            self.limit.clone()
         }
     }
 

@@ -120,7 +120,7 @@ impl Statements {
         let mut a = Args::default();
         let (t, h, n, me) = (&self.table, &self.holds, a.bytes(name), a.token(waiter));
         let (m, k, place) = (mode.code(), mode.marker(), a.micros(place_us));
-        let (rule, limit) = (self.rule(&n, mode, &me), &self.limit);
+        let (rule, limit) = (self.rule(&n, mode, &me), self.limit_again());
         self.prepared(
             a,
             format!(

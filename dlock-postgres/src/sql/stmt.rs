@@ -15,8 +15,8 @@ use sqlx::{AssertSqlSafe, SqlSafeStr, SqlStr};
 use super::literal::Args;
 use super::{PLANS, Statements};
 
-/// The name a prepared part goes by: a hash of its text and its
-/// parameters' types.
+/// The name a prepared part goes by: a hash of its text, its
+/// parameters' types and the planner settings it runs under ([`PLANS`]).
 pub(crate) type Id = [u8; 16];
 
 /// A statement to run: written out in full, and, where the backend
@@ -26,7 +26,8 @@ pub(crate) type Id = [u8; 16];
 /// statements, the others written out around them.
 #[derive(Debug)]
 pub struct Stmt {
-    /// `SET LOCAL …;`.
+    /// `SET LOCAL …;`: the statement timeout, and the planner settings
+    /// when a part is prepared.
     limit: String,
     /// The statement, its values as parameters.
     body: String,
@@ -166,8 +167,13 @@ impl Statements {
                 })
                 .collect(),
         };
+        let limit = if ids.is_empty() {
+            self.limit.clone()
+        } else {
+            format!("{}{PLANS}", self.limit)
+        };
         Stmt {
-            limit: self.limit.clone(),
+            limit,
             body,
             args,
             ids,

@@ -46,7 +46,7 @@ impl Statements {
     /// server's log; a failed block is rolled back by `pool.rs`. The read
     /// changes nothing worth a synchronous commit.
     pub(super) fn then_wake(&self, a: Args, n: &str, change: &str, notify: bool) -> Stmt {
-        let (t, limit) = (&self.table, &self.limit);
+        let (t, limit) = (&self.table, self.limit_again());
         let (wake, say) = (self.wake_set(n), self.announce_to(n, notify));
         let before = format!("BEGIN; {change}");
         let main = before.split(';').filter(|p| !p.trim().is_empty()).count() - 1;
