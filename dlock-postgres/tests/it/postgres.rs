@@ -6,7 +6,7 @@
 
 use std::time::Duration;
 
-use dlock_conformance::harness::{ServerOptions, Service, shared, start, unused_port};
+use dlock_conformance::harness::{Server, ServerOptions, Service, shared, start, unused_port};
 use dlock_conformance::proxy::{Fault, FaultProxy};
 use dlock_conformance::support::{
     long, must_acquire, refused_by_name, unique_name, url_setting_takes_effect,
@@ -472,6 +472,39 @@ async fn a_cycle_costs_two_statements_planned_once_and_a_renewal_batch_one() {
     );
 }
 
+/// PgBouncer in transaction pooling with one server connection, on a
+/// server started with `args`: every client's statements share one server
+/// session.
+async fn one_server_session(args: Vec<String>) -> Server {
+    let options = ServerOptions {
+        args,
+        files: vec![(
+            "/tmp/pgbouncer.extra".into(),
+            b"default_pool_size = 1\n".to_vec(),
+        )],
+        ..ServerOptions::default()
+    };
+    start(Service::PgBouncer, options).await
+}
+
+/// A plain connection through `server`'s PgBouncer, which refuses the
+/// startup parameter sqlx sends by default.
+async fn through(server: &Server) -> sqlx::PgConnection {
+    let options: sqlx::postgres::PgConnectOptions = server.url().parse().unwrap();
+    sqlx::PgConnection::connect_with(&options.extra_float_digits(None))
+        .await
+        .unwrap()
+}
+
+/// A backend of one connection to `server`.
+async fn one_connection(server: &Server) -> PgBackend {
+    PgBackend::builder(server.url())
+        .max_connections(1)
+        .connect()
+        .await
+        .unwrap()
+}
+
 /// Through PgBouncer in transaction pooling, a statement runs prepared
 /// whichever server connection it lands on: one that another client
 /// prepared it on already (the `PREPARE` fails, the `EXECUTE` is sent), and
@@ -481,27 +514,9 @@ async fn a_cycle_costs_two_statements_planned_once_and_a_renewal_batch_one() {
 /// PgBouncer has one server connection, so every statement runs on it.
 #[tokio::test]
 async fn through_pgbouncer_statements_stay_prepared_on_any_server_connection() {
-    let options = ServerOptions {
-        args: PLANNING.map(str::to_owned).to_vec(),
-        files: vec![(
-            "/tmp/pgbouncer.extra".into(),
-            b"default_pool_size = 1\n".to_vec(),
-        )],
-        ..ServerOptions::default()
-    };
-    let server = start(Service::PgBouncer, options).await;
-    // PgBouncer refuses the startup parameter sqlx sends by default.
-    let through: sqlx::postgres::PgConnectOptions = server.url().parse().unwrap();
-    let through = through.extra_float_digits(None);
-    let admin = async || sqlx::PgConnection::connect_with(&through).await.unwrap();
-    let one = async || {
-        PgBackend::builder(server.url())
-            .max_connections(1)
-            .connect()
-            .await
-            .unwrap()
-    };
-    let (first, second) = (one().await, one().await);
+    let server = one_server_session(PLANNING.map(str::to_owned).to_vec()).await;
+    let admin = async || through(&server).await;
+    let (first, second) = (one_connection(&server).await, one_connection(&server).await);
     let cycles = async |b: &PgBackend, n: usize| {
         for i in 0..n {
             let lease = must_acquire(b, &format!("bounced-{i}"), &long()).await;
@@ -549,25 +564,9 @@ async fn through_pgbouncer_statements_stay_prepared_on_any_server_connection() {
 /// hand that drops statements share its session.
 #[tokio::test]
 async fn a_call_prepares_only_the_statements_its_session_lacks() {
-    let options = ServerOptions {
-        files: vec![(
-            "/tmp/pgbouncer.extra".into(),
-            b"default_pool_size = 1\n".to_vec(),
-        )],
-        ..ServerOptions::default()
-    };
-    let server = start(Service::PgBouncer, options).await;
-    let through: sqlx::postgres::PgConnectOptions = server.url().parse().unwrap();
-    let mut admin = sqlx::PgConnection::connect_with(&through.extra_float_digits(None))
-        .await
-        .unwrap();
-    let one = async || {
-        PgBackend::builder(server.url())
-            .max_connections(1)
-            .connect()
-            .await
-            .unwrap()
-    };
+    let server = one_server_session(Vec::new()).await;
+    let mut admin = through(&server).await;
+    let one = async || one_connection(&server).await;
     let opts = long().permits(2);
     // Each of ours: its name, when it was prepared, and its custom plans.
     let prepared = async |admin: &mut sqlx::PgConnection| -> Vec<(String, String, i64)> {
