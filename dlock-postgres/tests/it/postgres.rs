@@ -1023,6 +1023,30 @@ async fn patient(table: &str) -> PgBackend {
         .unwrap()
 }
 
+/// A [`patient`] backend whose listener listens already, so that its
+/// waits start with polls a fifth of a minute apart. A wait begun before
+/// polls from 50 ms, and every waiter of a backend looks again once its
+/// listener comes up: such a look may take the lock or a permit between a
+/// release's commit and its read of whom to wake, and that release then
+/// rightly announces nobody.
+async fn listening(table: &str) -> PgBackend {
+    let b = patient(table).await;
+    // Any wait starts the listener, one on a free name too.
+    let warm = unique_name("warm");
+    let lease = b
+        .acquire(&warm, &long().wait(Duration::from_secs(10)))
+        .await
+        .unwrap();
+    b.release(&lease).await.unwrap();
+    assert!(
+        eventually(Duration::from_secs(10), || b.listener_counts_for_tests().0
+            >= 1)
+        .await,
+        "the backend never listened"
+    );
+    b
+}
+
 /// The test's own listener on `table`'s channel.
 async fn listen(table: &str) -> sqlx::postgres::PgListener {
     let mut listener = sqlx::postgres::PgListener::connect(url().await)
@@ -1057,7 +1081,7 @@ async fn a_release_letting_in_more_readers_than_a_payload_names_announces_the_na
     let table = own_table("crowd");
     let (holder, name) = (patient(&table).await, unique_name("crowd"));
     let write = must_acquire(&holder, &name, &long().write()).await;
-    let readers = patient(&table).await;
+    let readers = listening(&table).await;
     let mut waits = tokio::task::JoinSet::new();
     for _ in 0..READERS {
         let (readers, of) = (readers.clone(), name.clone());
@@ -1115,7 +1139,7 @@ async fn a_permit_released_announces_only_the_waiter_it_lets_in() {
     let mut admin = admin().await;
     let (mut queue, mut tasks) = (Vec::new(), tokio::task::JoinSet::new());
     for i in 0..3 {
-        let (waiter, of, opts) = (patient(&table).await, name.clone(), opts.clone());
+        let (waiter, of, opts) = (listening(&table).await, name.clone(), opts.clone());
         tasks.spawn(async move {
             let granted = waiter
                 .acquire(&of, &opts.wait(Duration::from_secs(50)))
@@ -1151,7 +1175,7 @@ async fn a_read_release_before_the_last_wakes_no_writer() {
         must_acquire(&holder, &name, &long().read()).await,
         must_acquire(&holder, &name, &long().read()).await,
     ];
-    let writer = patient(&table).await;
+    let writer = listening(&table).await;
     let of = name.clone();
     let wait = tokio::spawn(async move {
         let lease = writer
