@@ -101,7 +101,9 @@ async fn run<T>(lent: &mut Lent<'_, Pg>, stmt: &Stmt, send: Sender<T>) -> sqlx::
         let done = send(conn, sql).await;
         let done = ended(conn, stmt, done).await;
         let Err(e) = &done else {
-            prepared.0.extend(stmt.ids.iter().map(|(_, id)| *id));
+            // The others were believed there, or ran before: only what
+            // this try prepared is new.
+            prepared.0.extend(prepare.drain(..));
             return done;
         };
         let named = named(e).and_then(|id| stmt.ids.iter().position(|(_, ours)| *ours == id));
