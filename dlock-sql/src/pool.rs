@@ -65,7 +65,9 @@ type Idle<D> = (Conn<D>, <D as Dialect>::Mark, Instant);
 /// Why a connection could not be lent.
 #[derive(Debug)]
 pub enum LendError {
-    /// No connection was free or could be opened in time.
+    /// Every connection stayed lent until the deadline.
+    Busy,
+    /// Opening a connection took past the deadline or the connect timeout.
     TimedOut,
     /// Opening a connection failed.
     Connect(sqlx::Error),
@@ -79,6 +81,7 @@ pub struct Pool<D: Dialect> {
     idle: Mutex<Vec<Idle<D>>>,
     slots: Semaphore,
     background: Arc<Semaphore>,
+    max: usize,
     connect_timeout: Duration,
     request_timeout: Duration,
 }
@@ -102,6 +105,7 @@ impl<D: Dialect> Pool<D> {
             idle: Mutex::new(Vec::new()),
             slots: Semaphore::new(max),
             background: Arc::new(Semaphore::new((max / 2).max(1))),
+            max,
             connect_timeout,
             request_timeout,
         }
@@ -173,6 +177,11 @@ impl<D: Dialect> Pool<D> {
         retry_for(within, || self.in_background(until, op())).await
     }
 
+    /// How many background turns are taken now.
+    fn in_background_now(&self) -> usize {
+        (self.max / 2).max(1) - self.background.available_permits()
+    }
+
     fn idle(&self) -> std::sync::MutexGuard<'_, Vec<Idle<D>>> {
         self.idle.lock().unwrap_or_else(PoisonError::into_inner)
     }
@@ -185,7 +194,7 @@ impl<D: Dialect> Pool<D> {
     pub async fn checkout(&self, by: Instant) -> std::result::Result<Lent<'_, D>, LendError> {
         let permit = match timeout_at(by, self.slots.acquire()).await {
             Ok(Ok(permit)) => permit,
-            Ok(Err(_)) | Err(_) => return Err(LendError::TimedOut),
+            Ok(Err(_)) | Err(_) => return Err(LendError::Busy),
         };
         loop {
             // The newest idle connection first: the likeliest to be alive.
@@ -218,7 +227,7 @@ impl<D: Dialect> Pool<D> {
         match self.checkout(Instant::now() + self.connect_timeout).await {
             Ok(lent) => Ok(lent),
             Err(LendError::Connect(e)) => Err(D::error(e, "connect")),
-            Err(LendError::TimedOut) => Err(D::timed_out(format!(
+            Err(LendError::Busy | LendError::TimedOut) => Err(D::timed_out(format!(
                 "connect: no answer within {:?}",
                 self.connect_timeout
             ))),
@@ -235,10 +244,17 @@ impl<D: Dialect> Pool<D> {
             Err(LendError::Connect(e)) => Err(D::error(e, doing)),
             // `by` is the call's own bound, which need not be one request
             // timeout from now (a retry, an undo's deadline).
+            Err(LendError::Busy) => Err(D::timed_out(format!(
+                "{doing}: all {} connections stayed lent until the call's deadline \
+                 (request timeout {:?}; {} of them to background work: undoing, leaving \
+                 queues, dropped guards' releases)",
+                self.max,
+                self.request_timeout,
+                self.in_background_now()
+            ))),
             Err(LendError::TimedOut) => Err(D::timed_out(format!(
-                "{doing}: no connection free or opened by the call's deadline \
-                 (request timeout {:?}, connect timeout {:?}; every connection busy, \
-                 or the server slow to accept)",
+                "{doing}: no connection opened by the call's deadline (request timeout \
+                 {:?}, connect timeout {:?}; the server slow to accept)",
                 self.request_timeout, self.connect_timeout
             ))),
         }

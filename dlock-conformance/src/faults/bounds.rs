@@ -162,19 +162,29 @@ pub async fn calls_on_a_stalled_server_return_within_their_bound(
             f.link.set(Fault::Pass);
             let recovered = Instant::now();
             let name = unique_name("stalled_after");
+            let mut failed = Vec::new();
             let lease = loop {
+                let tried = recovered.elapsed();
                 match f.backend.try_acquire(&name, &long()).await {
                     Ok(Some(lease)) => break lease,
                     Ok(None) => panic!("{name:?} is held: nobody asked for it"),
                     Err(e) if e.is_retryable() && recovered.elapsed() < Duration::from_secs(2) => {
+                        failed.push(format!("{tried:?}: {e}"));
                         sleep(Duration::from_millis(50)).await;
                     }
                     Err(e) => panic!(
-                        "{:?} after the server recovered the client still fails: {e}",
+                        "{:?} after the server recovered the client still fails: {e}; \
+                         earlier tries: {failed:#?}",
                         recovered.elapsed()
                     ),
                 }
             };
+            eprintln!(
+                "stalled server: a call got through {:?} after it recovered, \
+                 after {} failed tries",
+                recovered.elapsed(),
+                failed.len()
+            );
             f.backend.release(&lease).await.expect("release");
             other.release(&holder).await.expect("release");
         },
