@@ -38,6 +38,10 @@ const NOW: &str = "clock_timestamp()";
 /// earlier one, as long as that clock does not step back.
 pub(crate) const CLOCK_US: &str = "(extract(epoch FROM clock_timestamp()) * 1000000)::bigint";
 
+/// A setting of one transaction: how many rows its release matched (see
+/// [`Statements::release_and_notify`]).
+const RELEASED: &str = "dlock.released";
+
 /// How a prepared statement is planned (set in each transaction of a
 /// statement that has a part prepared, its parts written out included):
 /// once, for every call (a custom plan, made again on each call, took more
@@ -220,10 +224,13 @@ impl Statements {
     /// commit, as `<name in hex>:<token>`, naming the first live place in
     /// the name's queue, the only waiter a release wakes (no place, no
     /// announcement: a notifying commit takes a lock that every notifying
-    /// commit of the database shares). The
-    /// row is locked in a statement of its own first, so that the
-    /// release's snapshot has every place written under that lock (see
-    /// [`Statements::acquire`]). One row back when released: the token.
+    /// commit of the database shares). The queue is read in a statement
+    /// after the release's: that one took the row's lock, waiting for any
+    /// acquire that held it, and a later statement's snapshot has every
+    /// place written under that lock (see [`Statements::acquire`]). The
+    /// release says whether it matched in a setting of its transaction
+    /// (`dlock.released`), which the read answers by. One row back when
+    /// released: the token.
     pub fn release_and_notify(&self, name: &[u8], owner: &str) -> Stmt {
         let mut a = Args::default();
         let (t, q, c) = (&self.table, &self.holds, &self.channel);
@@ -231,17 +238,17 @@ impl Statements {
         self.prepared(
             a,
             format!(
-                "SELECT FROM {t} WHERE name = {n} FOR UPDATE;
-             WITH released AS (
+                "WITH released AS (
                UPDATE {t} SET owner = '', expires_at = {NOW}
                WHERE name = {n} AND owner = {o} AND expires_at > {NOW}
-               RETURNING name),
-             head AS (SELECT COALESCE((SELECT owner FROM {q}
-               WHERE name = {n} AND waiting AND mode = 'x' AND expires_at > {NOW} AND since >= 0
-               ORDER BY since, owner LIMIT 1), '') AS who)
+               RETURNING 1)
+             SELECT FROM (SELECT set_config('{RELEASED}', count(*)::text, true) FROM released) AS r;
              SELECT who, CASE WHEN who <> ''
-               THEN pg_notify('{c}', encode(name, 'hex') || ':' || who) END::text
-             FROM released, head"
+               THEN pg_notify('{c}', encode({n}, 'hex') || ':' || who) END::text
+             FROM (SELECT COALESCE((SELECT owner FROM {q}
+               WHERE name = {n} AND waiting AND mode = 'x' AND expires_at > {NOW} AND since >= 0
+               ORDER BY since, owner LIMIT 1), '') AS who) AS head
+             WHERE current_setting('{RELEASED}', true) = '1'"
             ),
         )
     }

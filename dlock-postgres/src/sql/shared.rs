@@ -12,8 +12,8 @@
 //! queue only decides whom its releases wake.
 //!
 //! Every call that grants, or changes what a grant reads (the markers, a
-//! place given back), first locks the name's row (`SELECT … FOR UPDATE`,
-//! the row made if missing), in a statement of its own: under read
+//! place given back), first locks the name's row (the row made if
+//! missing), in a statement of its own: under read
 //! committed the next statement of the same transaction reads with a
 //! snapshot taken after that lock, so it sees every change of every
 //! earlier holder of the lock. A release of a read or a permit only takes
@@ -39,20 +39,24 @@ pub(crate) struct SharedRenewal<'a> {
 
 impl Statements {
     /// How many statements of a change of a shared kind may each wait for
-    /// their statement timeout (see `Stmt::waits`): the two that lock the
+    /// their statement timeout (see `Stmt::waits`): the one that locks the
     /// row, and the change, each with its `PREPARE` when prepared.
     pub fn shared_waits(&self) -> u32 {
-        3 * (1 + u32::from(self.prepare))
+        2 * (1 + u32::from(self.prepare))
     }
 
-    /// Locks the row of `n`, making it if missing. Here and below, the
-    /// helpers take a statement's values as it has them (parameters).
+    /// Locks the row of `n`, making it if missing, in one statement: an
+    /// `ON CONFLICT DO UPDATE` locks the row it meets even when its
+    /// condition (never true here) lets it change nothing, so it writes no
+    /// new version of the row; the lock is `SELECT … FOR UPDATE`'s. Here
+    /// and below, the helpers take a statement's values as it has them
+    /// (parameters).
     fn lock_row(&self, n: &str) -> String {
         let t = &self.table;
         format!(
-            "INSERT INTO {t} (name, owner, fence, expires_at, acquired_at, holder)
-             VALUES ({n}, '', {CLOCK_US}, {NOW}, {NOW}, '') ON CONFLICT (name) DO NOTHING;
-             SELECT FROM {t} WHERE name = {n} FOR UPDATE; "
+            "INSERT INTO {t} AS l (name, owner, fence, expires_at, acquired_at, holder)
+             VALUES ({n}, '', {CLOCK_US}, {NOW}, {NOW}, '')
+             ON CONFLICT (name) DO UPDATE SET owner = l.owner WHERE false; "
         )
     }
 

@@ -206,18 +206,18 @@ mod tests {
         let release = sql.release_and_notify(b"x", "00ff");
         let ids: Vec<Id> = release.ids.iter().map(|(_, id)| *id).collect();
         let first = release.execute(&ids).expect("prepared");
-        // The row's lock and the release that reads the queue, each
-        // prepared, in front, then run in that order.
+        // The release, which takes the row's lock, and the read of the
+        // queue, each prepared, in front, then run in that order.
         let first = first.as_str();
         assert_eq!(first.matches("PREPARE dlock_").count(), 2, "{first}");
-        let lock = first.find("(bytea, text) AS SELECT FROM");
         let release = first.find("(bytea, text) AS WITH released");
-        let (run_lock, run_release) = (
+        let read = first.find("(bytea, text) AS SELECT who");
+        let (run_release, run_read) = (
             first.find(&format!("EXECUTE dlock_{}", hex::encode(ids[0]))),
             first.find(&format!("EXECUTE dlock_{}", hex::encode(ids[1]))),
         );
-        assert!(lock.is_some() && lock < release, "{first}");
-        assert!(release < run_lock && run_lock < run_release, "{first}");
+        assert!(release.is_some() && release < read, "{first}");
+        assert!(read < run_release && run_release < run_read, "{first}");
         let plain = Statements::new("public", "t", Duration::from_millis(1500), false);
         assert!(plain.release(b"x", "00ff").execute(&[]).is_none());
     }

@@ -888,6 +888,76 @@ async fn a_release_announces_only_the_first_queued_waiter() {
     );
 }
 
+/// A release that waits for the name's row behind an acquire (which
+/// writes its waiter's place under the row's lock) announces that place
+/// once the acquire commits: the release reads the queue after it has the
+/// lock, never from before its wait. Here an open transaction of the
+/// test's own plays the acquire; the release is seen waiting on it before
+/// it commits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_blocked_behind_an_acquire_announces_the_place_it_wrote() {
+    let table = own_table("blocked_release");
+    let holder = patient(&table).await;
+    let name = unique_name("blocked-release");
+    let lease = must_acquire(&holder, &name, &long()).await;
+    let mut listener = listen(&table).await;
+    let mut acquire = admin().await;
+    let pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
+        .fetch_one(&mut acquire)
+        .await
+        .unwrap();
+    sqlx::raw_sql("BEGIN").execute(&mut acquire).await.unwrap();
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "SELECT FROM \"{table}\" WHERE name = $1 FOR UPDATE"
+    )))
+    .bind(name.as_bytes())
+    .execute(&mut acquire)
+    .await
+    .unwrap();
+    let waiter = "0123456789abcdef";
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "INSERT INTO \"{table}_holds\" (name, owner, mode, kind, fence, expires_at, waiting, since)
+         VALUES ($1, $2, 'x', 'x', 0, clock_timestamp() + interval '1 minute', true,
+                 (extract(epoch FROM clock_timestamp()) * 1000000)::bigint)"
+    )))
+    .bind(name.as_bytes())
+    .bind(waiter)
+    .execute(&mut acquire)
+    .await
+    .unwrap();
+    let releasing = tokio::spawn({
+        let (holder, lease) = (holder.clone(), lease.clone());
+        async move { holder.release(&lease).await }
+    });
+    let mut look = admin().await;
+    let until = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let blocked: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM pg_stat_activity WHERE $1 = ANY(pg_blocking_pids(pid))",
+        )
+        .bind(pid)
+        .fetch_one(&mut look)
+        .await
+        .unwrap();
+        if blocked > 0 {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < until,
+            "the release never waited for the row"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    sqlx::raw_sql("COMMIT").execute(&mut acquire).await.unwrap();
+    releasing.await.unwrap().unwrap();
+    let hex: String = name.bytes().map(|b| format!("{b:02x}")).collect();
+    assert_eq!(
+        announced(&mut listener, Duration::from_secs(10)).await,
+        Some(format!("{hex}:{waiter}")),
+        "the release did not announce the place written under the row's lock"
+    );
+}
+
 /// A listener whose connection hangs without an error (the proxy in front
 /// of it forwards nothing and closes nothing, as a half-open connection
 /// does) asks the server after a quiet spell, gets no answer, and connects
