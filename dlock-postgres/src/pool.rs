@@ -78,7 +78,7 @@ type BoxFuture<'c, T> = std::pin::Pin<Box<dyn Future<Output = T> + Send + 'c>>;
 /// "does not exist", one that has one already "already exists", naming
 /// it, and the query is sent again with that part in the other form.
 /// Either error rolls back the parts that ran before it in the same
-/// transaction (a row's lock; for the one statement that prepares a part
+/// transaction (a row's lock, a release; for the one statement that prepares a part
 /// after its commit, the commit stands, and is harmless to send again:
 /// see `Statements::enqueue_shared`), but not the `PREPARE`s that ran,
 /// which the next try counts as there. Behind a pooler in transaction

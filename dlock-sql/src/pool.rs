@@ -19,10 +19,14 @@ use dlock_core::{Error, Lease, Result};
 use sqlx::{Connection, Database, Execute, Executor};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, SemaphorePermit};
 use tokio::time::error::Elapsed;
-use tokio::time::{Instant, timeout_at};
+use tokio::time::{Instant, timeout, timeout_at};
 
 /// Idle longer than this, a connection is pinged before it is lent.
 const CHECK_AFTER_IDLE: Duration = Duration::from_secs(30);
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}
 
 /// What the pool needs of a database: how to open a connection, which
 /// failed statements leave it fit, and how its errors read.
@@ -77,8 +81,8 @@ pub enum LendError {
 /// the request timeout, and at most half of them (or the one of a pool of
 /// one) to background work (see [`Pool::in_background`]).
 pub struct Pool<D: Dialect> {
-    dialect: D,
-    idle: Mutex<Vec<Idle<D>>>,
+    dialect: Arc<D>,
+    idle: Arc<Mutex<Vec<Idle<D>>>>,
     slots: Semaphore,
     background: Arc<Semaphore>,
     max: usize,
@@ -101,8 +105,8 @@ impl<D: Dialect> Pool<D> {
     pub fn new(dialect: D, max: u32, connect_timeout: Duration, request_timeout: Duration) -> Self {
         let max = usize::try_from(max).unwrap_or(usize::MAX);
         Pool {
-            dialect,
-            idle: Mutex::new(Vec::new()),
+            dialect: Arc::new(dialect),
+            idle: Arc::new(Mutex::new(Vec::new())),
             slots: Semaphore::new(max),
             background: Arc::new(Semaphore::new((max / 2).max(1))),
             max,
@@ -183,11 +187,16 @@ impl<D: Dialect> Pool<D> {
     }
 
     fn idle(&self) -> std::sync::MutexGuard<'_, Vec<Idle<D>>> {
-        self.idle.lock().unwrap_or_else(PoisonError::into_inner)
+        lock(&self.idle)
     }
 
     /// A connection for one call, by `by`; a new one is opened within the
-    /// connect timeout too.
+    /// connect timeout too. An opening the call's deadline cuts off goes
+    /// on, within the connect timeout, and what it opens waits idle for the
+    /// next call: a server that takes longer to accept than a call may
+    /// wait (a loaded server; one back from a stall, with every
+    /// connection of the pool closed) still lets the pool fill again,
+    /// where each call's own opening, cut off in turn, would never finish.
     ///
     /// # Errors
     /// Why none could be lent.
@@ -209,11 +218,26 @@ impl<D: Dialect> Pool<D> {
                 return Ok(Lent::new(self, conn, mark, permit));
             }
         }
-        let by = by.min(Instant::now() + self.connect_timeout);
-        match timeout_at(by, self.dialect.open()).await {
-            Ok(Ok((conn, mark))) => Ok(Lent::new(self, conn, mark, permit)),
-            Ok(Err(e)) => Err(LendError::Connect(e)),
-            Err(_) => Err(LendError::TimedOut),
+        let dialect = self.dialect.clone();
+        let connect_timeout = self.connect_timeout;
+        let mut opening =
+            tokio::spawn(async move { timeout(connect_timeout, dialect.open()).await });
+        match timeout_at(by, &mut opening).await {
+            Ok(Ok(Ok(Ok((conn, mark))))) => Ok(Lent::new(self, conn, mark, permit)),
+            Ok(Ok(Ok(Err(e)))) => Err(LendError::Connect(e)),
+            Ok(Ok(Err(_)) | Err(_)) => Err(LendError::TimedOut),
+            Err(_) => {
+                let (idle, max) = (self.idle.clone(), self.max);
+                tokio::spawn(async move {
+                    if let Ok(Ok(Ok((conn, mark)))) = opening.await {
+                        let mut idle = lock(&idle);
+                        if idle.len() < max {
+                            idle.push((conn, mark, Instant::now()));
+                        }
+                    }
+                });
+                Err(LendError::TimedOut)
+            }
         }
     }
 
@@ -246,7 +270,7 @@ impl<D: Dialect> Pool<D> {
             // timeout from now (a retry, an undo's deadline).
             Err(LendError::Busy) => Err(D::timed_out(format!(
                 "{doing}: all {} connections stayed lent until the call's deadline \
-                 (request timeout {:?}; {} of them to background work: undoing, leaving \
+                 (request timeout {:?}; {} background turns taken: undoing, leaving \
                  queues, dropped guards' releases)",
                 self.max,
                 self.request_timeout,
@@ -254,7 +278,8 @@ impl<D: Dialect> Pool<D> {
             ))),
             Err(LendError::TimedOut) => Err(D::timed_out(format!(
                 "{doing}: no connection opened by the call's deadline (request timeout \
-                 {:?}, connect timeout {:?}; the server slow to accept)",
+                 {:?}, connect timeout {:?}; the server slow to accept: an opening cut \
+                 off goes on, for the next call)",
                 self.request_timeout, self.connect_timeout
             ))),
         }

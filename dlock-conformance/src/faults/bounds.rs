@@ -168,10 +168,12 @@ pub async fn calls_on_a_stalled_server_return_within_their_bound(
             // and every connection of the faulty client's pool was closed.
             let mut fresh = tokio::spawn(through_from_scratch(client.clone(), recovered));
             let mut fresh_took = None;
-            let name = unique_name("stalled_after");
             let mut failed = Vec::new();
             let lease = loop {
                 let tried = recovered.elapsed();
+                // A fresh name each try: one that timed out may have been
+                // granted all the same, its undo not yet run.
+                let name = unique_name("stalled_after");
                 match f.backend.try_acquire(&name, &long()).await {
                     Ok(Some(lease)) => break lease,
                     Ok(None) => panic!("{name:?} is held: nobody asked for it"),
@@ -181,13 +183,17 @@ pub async fn calls_on_a_stalled_server_return_within_their_bound(
                         }
                         // Until a new client got through, and one request
                         // after, or two requests, whichever is later.
-                        let allowed = fresh_took.map_or(Duration::MAX, |took| {
+                        let allowed = fresh_took.map_or(FRESH_WITHIN, |took| {
                             (took + REQUEST_TIMEOUT).max(REQUEST_TIMEOUT * 2)
                         });
+                        let fresh = match fresh_took {
+                            Some(took) => format!("a new client got through after {took:?}"),
+                            None => format!("no new client got through in {FRESH_WITHIN:?}"),
+                        };
                         assert!(
                             e.is_retryable() && recovered.elapsed() < allowed,
-                            "{:?} after the server recovered the client still fails: {e}; a new \
-                             client got through after {fresh_took:?}; earlier tries: {failed:#?}",
+                            "{:?} after the server recovered the client still fails (allowed: \
+                             {allowed:?}; {fresh}): {e}; earlier tries: {failed:#?}",
                             recovered.elapsed()
                         );
                         failed.push(format!("{tried:?}: {e}"));
@@ -208,6 +214,10 @@ pub async fn calls_on_a_stalled_server_return_within_their_bound(
     )
     .await;
 }
+
+/// How long the stall case waits for a client made at the recovery to get
+/// a call through, at most: a connect timeout and then some.
+const FRESH_WITHIN: Duration = Duration::from_secs(10);
 
 /// How many of each call the stall case makes at once.
 const COPIES: usize = 3;
@@ -239,8 +249,8 @@ fn granted(done: Result<Option<Lease>>) -> Outcome {
 /// call through, retrying what may pass (the case's timeout bounds it).
 async fn through_from_scratch(client: Factory, since: Instant) -> Duration {
     let backend = client().await;
-    let name = unique_name("stalled_fresh");
     loop {
+        let name = unique_name("stalled_fresh");
         match backend.try_acquire(&name, &long()).await {
             Ok(Some(lease)) => {
                 let took = since.elapsed();

@@ -139,7 +139,8 @@ impl Statements {
     /// that a release wakes the first place only; granted, it gives the
     /// place up. `ON CONFLICT DO UPDATE` locks the row even when its
     /// condition fails, so the place is written under the row's lock,
-    /// where a release that locks the row first sees it.
+    /// where a release sees it: the release reads the queue in the
+    /// statement after the one that took the lock.
     pub fn acquire(
         &self,
         name: &[u8],
@@ -248,7 +249,7 @@ impl Statements {
              FROM (SELECT COALESCE((SELECT owner FROM {q}
                WHERE name = {n} AND waiting AND mode = 'x' AND expires_at > {NOW} AND since >= 0
                ORDER BY since, owner LIMIT 1), '') AS who) AS head
-             WHERE current_setting('{RELEASED}', true) = '1'"
+             WHERE current_setting('{RELEASED}') = '1'"
             ),
         )
     }

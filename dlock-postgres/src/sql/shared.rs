@@ -48,8 +48,9 @@ impl Statements {
     /// Locks the row of `n`, making it if missing, in one statement: an
     /// `ON CONFLICT DO UPDATE` locks the row it meets even when its
     /// condition (never true here) lets it change nothing, so it writes no
-    /// new version of the row; the lock is `SELECT … FOR UPDATE`'s. Here
-    /// and below, the helpers take a statement's values as it has them
+    /// new version of the row. Its lock is `FOR NO KEY UPDATE`, which
+    /// every writer of the row takes too (no statement changes a key).
+    /// Here and below, the helpers take a statement's values as it has them
     /// (parameters).
     fn lock_row(&self, n: &str) -> String {
         let t = &self.table;

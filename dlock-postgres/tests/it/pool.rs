@@ -47,6 +47,106 @@ impl Dialect for Plain {
     }
 }
 
+/// Connections to the test server that open only once the test lets
+/// them (`gate`), counted as they open: a server slow to accept, on cue.
+struct Gated {
+    options: PgConnectOptions,
+    gate: Arc<tokio::sync::Semaphore>,
+    opened: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl Dialect for Gated {
+    type Db = Postgres;
+    type Mark = ();
+
+    async fn open(&self) -> std::result::Result<(Conn<Self>, ()), sqlx::Error> {
+        self.gate
+            .acquire()
+            .await
+            .map_err(|e| sqlx::Error::Protocol(e.to_string()))?
+            .forget();
+        let conn = PgConnection::connect_with(&self.options).await?;
+        self.opened
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        Ok((conn, ()))
+    }
+
+    fn reusable(_: &sqlx::Error) -> bool {
+        true
+    }
+
+    fn error(e: sqlx::Error, doing: &str) -> Error {
+        Error::backend("test", doing, e)
+    }
+
+    fn timed_out(message: String) -> Error {
+        Error::timed_out("test", message)
+    }
+
+    fn rows_matched(done: &PgQueryResult) -> u64 {
+        done.rows_affected()
+    }
+
+    fn may_not_create(_: &sqlx::Error) -> bool {
+        false
+    }
+}
+
+/// A connection whose opening outlasts the call that asked for it (the
+/// server slow to accept, past the request timeout but within the connect
+/// timeout) is kept for the next call: a pool whose every connection was
+/// closed (after a stall) fills again even where each call alone could
+/// never open one in time. Decided on order: the first call fails while
+/// its opening waits at the gate; the gate then lets one opening through
+/// while no call runs, and that opening must finish, and a later call
+/// succeed on its connection, nothing else having opened.
+#[tokio::test]
+async fn an_opening_cut_off_by_its_call_serves_the_next_call() {
+    let server = shared(Service::Postgres).await;
+    let gate = Arc::new(tokio::sync::Semaphore::new(0));
+    let opened = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let pool = Pool::new(
+        Gated {
+            options: server.url().parse().unwrap(),
+            gate: gate.clone(),
+            opened: opened.clone(),
+        },
+        2,
+        Duration::from_secs(60),
+        Duration::from_millis(200),
+    );
+    let select = || pool.execute(sqlx::raw_sql("SELECT 1"), "select", pool.deadline());
+    let cut = select().await.expect_err("no connection can open yet");
+    assert!(
+        cut.to_string().contains("no connection opened"),
+        "the call says its opening ran out of time: {cut}"
+    );
+    gate.add_permits(1);
+    let started = Instant::now();
+    while opened.load(std::sync::atomic::Ordering::SeqCst) == 0 {
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "the opening cut off by its call did not go on"
+        );
+        sleep(Duration::from_millis(20)).await;
+    }
+    loop {
+        match select().await {
+            Ok(_) => break,
+            Err(e) => assert!(
+                started.elapsed() < Duration::from_secs(30),
+                "the connection opened after its call gave up never served another: {e}"
+            ),
+        }
+        sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(
+        opened.load(std::sync::atomic::Ordering::SeqCst),
+        1,
+        "a call opened a connection of its own"
+    );
+}
+
 /// The sessions of this test (by its `application_name`) asleep in
 /// `pg_sleep`.
 async fn asleep(watch: &mut PgConnection, tag: &str) -> i64 {

@@ -558,9 +558,9 @@ async fn through_pgbouncer_statements_stay_prepared_on_any_server_connection() {
 /// were dropped (by hand here; behind a pooler, another client's session
 /// may have prepared some). The server names the one it lacks, and the
 /// call prepares it, and the parts after it, keeps the others as they
-/// were, and runs them all as `EXECUTE`s of one generic plan; so does a
-/// client that has prepared nothing yet, whose `PREPARE`s find some there
-/// already. PgBouncer has one server connection, so both backends and the
+/// were, and runs them all as `EXECUTE`s of one generic plan, never
+/// falling back to the statement written out; so does a client that has
+/// prepared nothing yet, whose `PREPARE`s find some there already. PgBouncer has one server connection, so both backends and the
 /// hand that drops statements share its session.
 #[tokio::test]
 async fn a_call_prepares_only_the_statements_its_session_lacks() {
@@ -582,14 +582,31 @@ async fn a_call_prepares_only_the_statements_its_session_lacks() {
         let lease = must_acquire(b, "partly-prepared", &opts).await;
         b.release(&lease).await.unwrap();
     };
+    sqlx::raw_sql("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+        .execute(&mut admin)
+        .await
+        .unwrap();
     let first = one().await;
     cycle(&first).await;
     let all = prepared(&mut admin).await;
-    // The acquire's three, and at least one for the release.
+    // Each call's two: the row's lock, then the grant or the change.
     assert!(all.len() >= 4, "prepared: {all:?}");
     for second in [false, true] {
         let before = prepared(&mut admin).await;
-        let dropped: Vec<&String> = before.iter().step_by(2).map(|(name, ..)| name).collect();
+        // Every call's first part, then every call's last: each call
+        // finds some of its statements there and lacks others.
+        let dropped: Vec<String> = sqlx::query_scalar(
+            "SELECT name FROM pg_prepared_statements \
+             WHERE name LIKE 'dlock_%' AND (statement LIKE '%WHERE false%') = $1",
+        )
+        .bind(!second)
+        .fetch_all(&mut admin)
+        .await
+        .unwrap();
+        assert!(
+            !dropped.is_empty() && dropped.len() < before.len(),
+            "dropped {dropped:?} of {before:?}"
+        );
         for name in &dropped {
             sqlx::raw_sql(sqlx::AssertSqlSafe(format!("DEALLOCATE {name}")))
                 .execute(&mut admin)
@@ -607,11 +624,21 @@ async fn a_call_prepares_only_the_statements_its_session_lacks() {
         };
         assert_eq!(names(&after), names(&before), "prepared again");
         for (kept, now) in before.iter().zip(&after) {
-            if !dropped.contains(&&kept.0) {
+            if !dropped.contains(&kept.0) {
                 assert_eq!(kept.1, now.1, "{} was prepared once", kept.0);
             }
             assert_eq!(now.2, 0, "{} was planned for its values", now.0);
         }
+        // Every row's lock ran as an `EXECUTE`: no call gave up and went
+        // written out (a session that names what it lacks never needs to).
+        let written_out: i64 = sqlx::query_scalar(
+            "SELECT COALESCE(sum(calls), 0)::bigint FROM pg_stat_statements \
+             WHERE query LIKE '%SET owner = l.owner WHERE%' AND query NOT LIKE 'PREPARE%'",
+        )
+        .fetch_one(&mut admin)
+        .await
+        .unwrap();
+        assert_eq!(written_out, 0, "a call went written out");
     }
 }
 
