@@ -4,6 +4,7 @@
 #![allow(clippy::unwrap_used)] // tests panic on purpose
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use dlock_conformance::harness::{Service, shared};
@@ -16,63 +17,43 @@ use tokio::task::JoinSet;
 use tokio::time::{Instant, sleep};
 
 /// Plain connections to the test server.
-struct Plain(PgConnectOptions);
+struct Plain {
+    options: PgConnectOptions,
+    /// When set, each opening first waits for a permit of the semaphore
+    /// (the test hands them out), and is counted once open: a server slow
+    /// to accept, on cue.
+    gate: Option<(Arc<tokio::sync::Semaphore>, Arc<AtomicUsize>)>,
+}
+
+impl Plain {
+    fn new(options: PgConnectOptions) -> Self {
+        Plain {
+            options,
+            gate: None,
+        }
+    }
+}
 
 impl Dialect for Plain {
     type Db = Postgres;
     type Mark = ();
 
     async fn open(&self) -> std::result::Result<(Conn<Self>, ()), sqlx::Error> {
-        Ok((PgConnection::connect_with(&self.0).await?, ()))
-    }
-
-    fn reusable(_: &sqlx::Error) -> bool {
-        false
-    }
-
-    fn error(e: sqlx::Error, doing: &str) -> Error {
-        Error::backend("test", doing, e)
-    }
-
-    fn timed_out(message: String) -> Error {
-        Error::timed_out("test", message)
-    }
-
-    fn rows_matched(done: &PgQueryResult) -> u64 {
-        done.rows_affected()
-    }
-
-    fn may_not_create(_: &sqlx::Error) -> bool {
-        false
-    }
-}
-
-/// Connections to the test server that open only once the test lets
-/// them (`gate`), counted as they open: a server slow to accept, on cue.
-struct Gated {
-    options: PgConnectOptions,
-    gate: Arc<tokio::sync::Semaphore>,
-    opened: Arc<std::sync::atomic::AtomicUsize>,
-}
-
-impl Dialect for Gated {
-    type Db = Postgres;
-    type Mark = ();
-
-    async fn open(&self) -> std::result::Result<(Conn<Self>, ()), sqlx::Error> {
-        self.gate
-            .acquire()
-            .await
-            .map_err(|e| sqlx::Error::Protocol(e.to_string()))?
-            .forget();
+        if let Some((gate, _)) = &self.gate {
+            gate.acquire()
+                .await
+                .map_err(|e| sqlx::Error::Protocol(e.to_string()))?
+                .forget();
+        }
         let conn = PgConnection::connect_with(&self.options).await?;
-        self.opened
-            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        if let Some((_, opened)) = &self.gate {
+            opened.fetch_add(1, Ordering::SeqCst);
+        }
         Ok((conn, ()))
     }
 
     fn reusable(_: &sqlx::Error) -> bool {
-        true
+        false
     }
 
     fn error(e: sqlx::Error, doing: &str) -> Error {
@@ -104,12 +85,11 @@ impl Dialect for Gated {
 async fn an_opening_cut_off_by_its_call_serves_the_next_call() {
     let server = shared(Service::Postgres).await;
     let gate = Arc::new(tokio::sync::Semaphore::new(0));
-    let opened = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let opened = Arc::new(AtomicUsize::new(0));
     let pool = Pool::new(
-        Gated {
+        Plain {
             options: server.url().parse().unwrap(),
-            gate: gate.clone(),
-            opened: opened.clone(),
+            gate: Some((gate.clone(), opened.clone())),
         },
         2,
         Duration::from_secs(60),
@@ -123,7 +103,7 @@ async fn an_opening_cut_off_by_its_call_serves_the_next_call() {
     );
     gate.add_permits(1);
     let started = Instant::now();
-    while opened.load(std::sync::atomic::Ordering::SeqCst) == 0 {
+    while opened.load(Ordering::SeqCst) == 0 {
         assert!(
             started.elapsed() < Duration::from_secs(30),
             "the opening cut off by its call did not go on"
@@ -141,7 +121,7 @@ async fn an_opening_cut_off_by_its_call_serves_the_next_call() {
         sleep(Duration::from_millis(20)).await;
     }
     assert_eq!(
-        opened.load(std::sync::atomic::Ordering::SeqCst),
+        opened.load(Ordering::SeqCst),
         1,
         "a call opened a connection of its own"
     );
@@ -173,7 +153,7 @@ async fn background_work_leaves_half_the_pool_to_new_calls() {
     let tag = format!("pool{:08x}", fastrand::u32(..));
     let options: PgConnectOptions = server.url().parse().unwrap();
     let pool = Arc::new(Pool::new(
-        Plain(options.application_name(&tag)),
+        Plain::new(options.application_name(&tag)),
         4,
         Duration::from_secs(30),
         Duration::from_secs(60),
