@@ -3,12 +3,14 @@
 use dlock_core::{Capabilities, LeaseKind};
 
 pub mod error;
+mod lent;
 mod pool;
 mod purge;
 mod settings;
 mod shared;
 
-pub use pool::{Conn, Dialect, LendError, Lent, Pool};
+pub use lent::Lent;
+pub use pool::{Conn, Dialect, LendError, Pool};
 pub use purge::{MIN_PURGE_AGE, Purger, check_purge_age, spawn_purger};
 pub use settings::{Settings, check_url};
 pub use shared::{SharedKinds, SharedStatements};
