@@ -41,7 +41,8 @@ impl PgSessionBackend {
         wait_ms: Option<i64>,
     ) -> Result<(sqlx::SqlStr, sqlx::postgres::PgArguments)> {
         let (mode, holder) = (opts.get_mode(), opts.get_holder());
-        let write = conn.holder.as_deref() != Some(holder);
+        // The row names the hold for `list`: written when it names another.
+        let write = conn.holder.as_deref() != Some(holder) || conn.name.as_deref() != Some(name);
         let args = args(|a| {
             a.add(conn.pid)?;
             a.add(key(name))?;
@@ -49,7 +50,12 @@ impl PgSessionBackend {
             // A try's key never waits; its marker may, for a look.
             a.add(wait_ms.unwrap_or_else(|| self.ms()).to_string())?;
             a.add(marker(mode))?;
-            if write { a.add(holder) } else { Ok(()) }
+            if write {
+                a.add(holder)?;
+                a.add(name.as_bytes())
+            } else {
+                Ok(())
+            }
         })?;
         Ok((self.inner.sql.grant(mode, wait_ms.is_some(), write), args))
     }
@@ -85,6 +91,7 @@ impl PgSessionBackend {
         let (mode, holder) = (opts.get_mode(), opts.get_holder().to_owned());
         let fence = fence_of(&mark).ok_or_else(|| Error::malformed(NAME, "acquire", &mark))?;
         conn.holder = Some(holder.clone());
+        conn.name = Some(name.to_owned());
         let hold = Held {
             holder,
             owner,
@@ -109,7 +116,7 @@ impl PgSessionBackend {
     ) -> Result<std::result::Result<Lease, Conn>> {
         let owner = OwnerToken::random()?;
         let by = self.deadline();
-        let mut conn = self.connection("acquire", by).await?;
+        let mut conn = self.connection("acquire", by, Some(name)).await?;
         let rows = self
             .grant_on(&mut conn, (name, opts), owner, None, by)
             .await??;

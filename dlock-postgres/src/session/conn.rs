@@ -14,13 +14,14 @@ use crate::backend::NAME;
 use crate::error::{answered, sql_error, sql_state, timed_out};
 
 /// A connection, its server session, since when it is idle, and the
-/// holder its session's row names (`None`: not known).
+/// holder and name its session's row names (`None`: not known).
 #[derive(Debug)]
 pub(super) struct Conn {
     pub conn: PgConnection,
     pub pid: i32,
     pub idle_since: Instant,
     pub holder: Option<String>,
+    pub name: Option<String>,
     /// Taken from the idle list for this call: it may have died there.
     pub reused: bool,
 }
@@ -57,6 +58,7 @@ pub(super) async fn open(
         pid: read(row, 0)?,
         idle_since: Instant::now(),
         holder: None,
+        name: None,
         reused: false,
     })
 }

@@ -1,7 +1,7 @@
-//! What an operator sees and does: the holders of a name, and ending
-//! them; and the statements run on an idle connection.
+//! What an operator sees and does: the held names, the holders of a name,
+//! and ending them; and the statements run on an idle connection.
 
-use dlock_core::{LockInfo, Result};
+use dlock_core::{Error, HeldLock, LockInfo, LockPage, Result};
 use sqlx::Arguments;
 use sqlx::postgres::PgRow;
 use tokio::time::Instant;
@@ -9,6 +9,7 @@ use tokio::time::Instant;
 use super::PgSessionBackend;
 use super::conn::{args, query, read};
 use super::sql::{info, key};
+use crate::sql::unhex;
 
 impl PgSessionBackend {
     /// Ends the sessions that hold `name`.
@@ -50,6 +51,43 @@ impl PgSessionBackend {
             .await?;
         holders(&rows)
     }
+    /// A page of the held names under `prefix`, after the cursor's.
+    pub(super) async fn list_held(
+        &self,
+        prefix: &str,
+        cursor: Option<&str>,
+        limit: usize,
+    ) -> Result<LockPage> {
+        let limit = limit.clamp(1, 10_000);
+        let after = match cursor {
+            None => Vec::new(),
+            Some(c) => unhex(c)
+                .ok_or_else(|| Error::invalid_option("cursor", "not a cursor this driver gave"))?,
+        };
+        let args = args(|a| {
+            a.add(prefix.as_bytes())?;
+            a.add(after)?;
+            a.add(i64::try_from(limit).unwrap_or(i64::MAX))
+        })?;
+        let rows = self
+            .statement((self.inner.sql.list(), args), "list")
+            .await?;
+        let mut locks = Vec::with_capacity(rows.len());
+        let mut last = None;
+        for row in &rows {
+            let name: Vec<u8> = read(row, 0)?;
+            last = Some(hex::encode(&name));
+            let Ok(name) = String::from_utf8(name) else {
+                continue; // not a row this driver wrote
+            };
+            if let Some(info) = hold(row, 1)? {
+                locks.push(HeldLock::new(name, info));
+            }
+        }
+        let next = if rows.len() == limit { last } else { None };
+        Ok(LockPage::new(locks, next))
+    }
+
     /// One statement on an idle connection, given back after.
     pub(super) async fn statement(
         &self,
@@ -66,7 +104,7 @@ impl PgSessionBackend {
         by: Instant,
         doing: &str,
     ) -> Result<Vec<PgRow>> {
-        let mut conn = self.connection(doing, by).await?;
+        let mut conn = self.connection(doing, by, None).await?;
         let rows = query(&mut conn.conn, statement, by, doing).await?;
         self.give_back(conn);
         Ok(rows)
@@ -109,15 +147,21 @@ impl PgSessionBackend {
 fn holders(rows: &[PgRow]) -> Result<Vec<LockInfo>> {
     let mut all = Vec::with_capacity(rows.len());
     for row in rows {
-        let application_name: Option<String> = read(row, 1)?;
-        let (holder, marks, mode): (String, String, String) =
-            (read(row, 2)?, read(row, 3)?, read(row, 4)?);
-        all.extend(info(
-            application_name.as_deref().unwrap_or_default(),
-            &holder,
-            &marks,
-            &mode,
-        ));
+        all.extend(hold(row, 1)?);
     }
     Ok(all)
+}
+
+/// The hold in `row`'s columns from `at`: its session's
+/// `application_name`, the holder and marks of its row, its lock's mode.
+fn hold(row: &PgRow, at: usize) -> Result<Option<LockInfo>> {
+    let application_name: Option<String> = read(row, at)?;
+    let (holder, marks, mode): (String, String, String) =
+        (read(row, at + 1)?, read(row, at + 2)?, read(row, at + 3)?);
+    Ok(info(
+        application_name.as_deref().unwrap_or_default(),
+        &holder,
+        &marks,
+        &mode,
+    ))
 }

@@ -19,7 +19,7 @@ use dlock_core::driver::Driver;
 use dlock_core::driver::async_trait;
 use dlock_core::driver::wait::Deadline;
 use dlock_core::{
-    Capabilities, Error, Lease, LeaseKind, LockInfo, LockOptions, OwnerToken, Result,
+    Capabilities, Error, Lease, LeaseKind, LockInfo, LockOptions, LockPage, OwnerToken, Result,
 };
 use sqlx::postgres::PgConnectOptions;
 use tokio::time::Instant;
@@ -65,9 +65,10 @@ const WAIT_SLICE: Duration = Duration::from_secs(30);
 ///
 /// Names map to 64-bit advisory-lock keys (a hash): two names of one key
 /// contend as one lock (false contention, never a false grant), and so
-/// does an application's own advisory lock of that key. No semaphores and
-/// no `list` (the server keeps keys, not names); `holders` and
-/// `force_release` (which ends the holder's session) work by name.
+/// does an application's own advisory lock of that key. `list` reads the
+/// names from the holders' table (the server keeps keys, not names: each
+/// holding session's row names its hold); `holders` and `force_release`
+/// (which ends the holder's session) work by name. No semaphores.
 #[derive(Clone)]
 pub struct PgSessionBackend {
     inner: Arc<Inner>,
@@ -143,10 +144,10 @@ impl PgSessionBackend {
         // connection is: a setup's deadline counted from before a slow
         // connect would leave it no time.
         let first = backend
-            .connection("connect", backend.connect_deadline())
+            .connection("connect", backend.connect_deadline(), None)
             .await?;
         let second = backend
-            .connection("connect", backend.connect_deadline())
+            .connection("connect", backend.connect_deadline(), None)
             .await?;
         if first.pid == second.pid {
             return Err(Error::invalid_option(
@@ -201,9 +202,10 @@ impl PgSessionBackend {
         Instant::now() + self.inner.connect_timeout
     }
 
-    /// An idle connection the server has not ended for its silence, or a
+    /// An idle connection the server has not ended for its silence, one
+    /// whose row names `name` if there is (its grant writes nothing), or a
     /// new one ready by `by` (and connected within the connect timeout).
-    async fn connection(&self, doing: &str, by: Instant) -> Result<Conn> {
+    async fn connection(&self, doing: &str, by: Instant, name: Option<&str>) -> Result<Conn> {
         let idle = {
             let mut idle = self
                 .inner
@@ -211,7 +213,11 @@ impl PgSessionBackend {
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner);
             idle.retain(|c| c.idle_since.elapsed() < self.inner.silence / 2);
-            idle.pop()
+            let named = name.and_then(|n| idle.iter().rposition(|c| c.name.as_deref() == Some(n)));
+            match named {
+                Some(at) => Some(idle.remove(at)),
+                None => idle.pop(),
+            }
         };
         if let Some(mut conn) = idle {
             conn.reused = true;
@@ -329,5 +335,9 @@ impl Driver for PgSessionBackend {
 
     async fn holders(&self, name: &str, limit: usize) -> Result<Vec<LockInfo>> {
         self.holders_of(name, limit).await
+    }
+
+    async fn list(&self, prefix: &str, cursor: Option<&str>, limit: usize) -> Result<LockPage> {
+        self.list_held(prefix, cursor, limit).await
     }
 }

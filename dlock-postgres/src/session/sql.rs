@@ -56,6 +56,7 @@ pub(crate) struct SessionSql {
     /// `[alone, beside another hold]` × `[exclusive, shared]`.
     releases: [[SqlStr; 2]; 2],
     holders: SqlStr,
+    list: SqlStr,
     terminate: SqlStr,
     undo: SqlStr,
 }
@@ -81,7 +82,8 @@ impl SessionSql {
         // mark's start, `$4` a wait's `lock_timeout` (ms, text; 0: none),
         // which it sets before it queues (the server reads it when the
         // wait begins), `$5` the kind's marker ([`marker`]), and, where the
-        // session's row lacks it, `$6` the holder. Before the lock: the
+        // session's row names another, `$6` the holder and `$7` the name
+        // (bytes, read by `list`). Before the lock: the
         // wait's `lock_timeout` (a try's is unused, so that every grant
         // has the same parameters), and the mark's start as
         // `application_name`, so that while the lock is held its kind is
@@ -150,7 +152,7 @@ impl SessionSql {
             if holder {
                 format!(
                     "WITH g AS MATERIALIZED (SELECT {mark} AS mark), \
-                     w AS (UPDATE {sessions} SET holder = $6 WHERE pid = $1 \
+                     w AS (UPDATE {sessions} SET holder = $6, name = $7 WHERE pid = $1 \
                        AND left((SELECT mark FROM g), 1) NOT IN ('', '!')) \
                      SELECT mark FROM g"
                 )
@@ -222,6 +224,19 @@ impl SessionSql {
                  ORDER BY l.mode LIMIT $2",
                 holds_of("$1", &sessions)
             )),
+            // `$1`: the prefix, `$2`: the last name of the page before
+            // (`''`: none), `$3`: the most names. A row names its
+            // session's hold when the session holds that name's key: a row
+            // left by an earlier hold names a key no longer held.
+            list: sql(format!(
+                "SELECT DISTINCT ON (s.name) s.name, a.application_name, s.holder, s.hold, l.mode \
+                 FROM {} AND substr(s.name, 1, octet_length($1)) = $1 AND s.name > $2 \
+                 ORDER BY s.name, l.mode LIMIT $3",
+                holds_of(
+                    "('x' || encode(substr(sha256(s.name), 1, 8), 'hex'))::bit(64)::bigint",
+                    &sessions
+                )
+            )),
             // The holders are read before any is ended, and shown whether
             // or not its end came within `$2` ms.
             terminate: sql(format!(
@@ -246,12 +261,14 @@ impl SessionSql {
 
     /// Creates the holders' table when missing.
     /// The table is unlogged (a crash loses it with the sessions it
-    /// describes): a row per server session, its holder, written once
-    /// per connection, and its holds' marks while it has two.
+    /// describes): a row per server session, its holder and the name it
+    /// holds (written when they change, for `list`: `pg_locks` has only
+    /// keys), and its holds' marks while it has two.
     pub(crate) fn create(&self) -> String {
         format!(
             "CREATE UNLOGGED TABLE IF NOT EXISTS {} (pid integer PRIMARY KEY, \
-               holder text NOT NULL, hold text NOT NULL) WITH (fillfactor = 50)",
+               holder text NOT NULL, hold text NOT NULL, name bytea NOT NULL) \
+               WITH (fillfactor = 50)",
             self.sessions
         )
     }
@@ -262,8 +279,8 @@ impl SessionSql {
     pub(crate) fn open(&self, silence_ms: u64) -> String {
         format!(
             "SET idle_session_timeout = {silence_ms}; \
-             INSERT INTO {} (pid, holder, hold) VALUES (pg_backend_pid(), '', '') \
-             ON CONFLICT (pid) DO UPDATE SET holder = '', hold = ''; \
+             INSERT INTO {} (pid, holder, hold, name) VALUES (pg_backend_pid(), '', '', '') \
+             ON CONFLICT (pid) DO UPDATE SET holder = '', hold = '', name = ''; \
              SELECT pg_backend_pid()",
             self.sessions
         )
@@ -301,6 +318,12 @@ impl SessionSql {
     /// lock mode)`, a writer's (`ExclusiveLock`) before readers'.
     pub(crate) fn holders(&self) -> SqlStr {
         self.holders.clone()
+    }
+
+    /// A page of the held names under a prefix: `(name, application_name,
+    /// holder, marks, lock mode)`, one hold of each, a writer's first.
+    pub(crate) fn list(&self) -> SqlStr {
+        self.list.clone()
     }
 
     /// Ends the sessions that hold a key.

@@ -37,7 +37,10 @@ impl PgSessionBackend {
         let (mut owed, mut failures) = (true, 0);
         let mut backoff = Backoff::new(Duration::from_millis(20), Duration::from_millis(500));
         loop {
-            let slice = match self.connection("acquire", self.deadline()).await {
+            let slice = match self
+                .connection("acquire", self.deadline(), Some(name))
+                .await
+            {
                 Ok(conn) => {
                     let mut left = deadline.cap(WAIT_SLICE);
                     if left.is_zero() {

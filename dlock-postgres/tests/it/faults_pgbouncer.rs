@@ -30,4 +30,3 @@ async fn connect(url: String) -> Arc<dyn Backend> {
 }
 
 dlock_conformance::fault_tests!(connect, Service::PgBouncer);
-

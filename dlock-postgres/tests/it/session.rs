@@ -89,8 +89,8 @@ async fn a_pooler_in_transaction_mode_is_refused_naming_the_mode() {
     }
 }
 
-/// A grant writes nothing once its connection's row names its holder:
-/// the lock, the fence and the mark (`application_name`) cost no row
+/// A grant writes nothing once its connection's row names its holder and
+/// name: the lock, the fence and the mark (`application_name`) cost no row
 /// version. One connection, 100 cycles: the row of its session keeps the
 /// version its first grant wrote.
 #[tokio::test]
@@ -130,6 +130,71 @@ async fn a_grant_writes_nothing_once_its_connection_has_its_holder() {
         cycle().await;
     }
     assert_eq!(versions().await, before, "grants wrote their session's row");
+}
+
+/// `list` reads the names from the sessions' rows, which outlive their
+/// holds: the row of a connection given back idle still names the hold it
+/// released, and must not be listed, nor a row that names another name
+/// than its session holds; two readers of a name list it once.
+#[tokio::test]
+async fn list_leaves_out_the_rows_of_given_up_holds() {
+    use dlock_core::LockOptions;
+    use sqlx::Connection;
+
+    let backend = postgres().await;
+    let prefix = format!("{:016x}/", fastrand::u64(..));
+    let take = async |name: &str, opts: &LockOptions| {
+        let name = format!("{prefix}{name}");
+        backend
+            .try_acquire(&name, opts)
+            .await
+            .unwrap()
+            .expect("free")
+    };
+    let held = take("held", &LockOptions::new()).await;
+    let read = LockOptions::new().read();
+    let readers = [take("read", &read).await, take("read", &read).await];
+    // On a connection of its own (the others hold), given back idle.
+    let released = take("released", &LockOptions::new()).await;
+    backend.release(&released).await.unwrap();
+
+    let page = backend.list(&prefix, None, 10).await.unwrap();
+    let listed: Vec<&str> = page.locks.iter().map(|l| l.name.as_str()).collect();
+    assert_eq!(
+        listed,
+        [format!("{prefix}held"), format!("{prefix}read")],
+        "list shows exactly the held names, each once"
+    );
+    assert_eq!(page.locks[0].info.owner, held.owner());
+    assert!(page.next.is_none());
+
+    // A row that names another name than its session holds, as between a
+    // grant's lock and the commit of its row's new name: neither is
+    // listed (not the row's name, which that session does not hold).
+    let mut conn = sqlx::PgConnection::connect(shared(Service::Postgres).await.url())
+        .await
+        .unwrap();
+    let renamed = sqlx::query(
+        "UPDATE public.dlock_locks_sessions SET name = convert_to($1 || 'ghost', 'UTF8') \
+         WHERE name = convert_to($1 || 'held', 'UTF8')",
+    )
+    .bind(&prefix)
+    .execute(&mut conn)
+    .await
+    .unwrap();
+    assert_eq!(renamed.rows_affected(), 1);
+    let page = backend.list(&prefix, None, 10).await.unwrap();
+    let listed: Vec<&str> = page.locks.iter().map(|l| l.name.as_str()).collect();
+    assert_eq!(
+        listed,
+        [format!("{prefix}read")],
+        "a row's name, not held, listed"
+    );
+    for lease in readers.iter().chain([&held]) {
+        backend.release(lease).await.unwrap();
+    }
+    let page = backend.list(&prefix, None, 10).await.unwrap();
+    assert!(page.locks.is_empty(), "{:?}", page.locks);
 }
 
 /// A fault proxy in front of `server` (the harness's own, on 127.0.0.1),
