@@ -99,7 +99,7 @@ impl SessionSql {
         // this replaced cost a third of the server's throughput in grants
         // (pgbench, 16 clients), and a wait's refused try, read of kinds
         // and queueing were three round trips. Nothing is written but the
-        // holder, once per connection.
+        // holder and the name, when the connection's row names others.
         // The fence is the database clock in µs: a grant writes nothing
         // for it and takes no shared page's lock (a sequence's did, and
         // held grants up for a value that never passed the clock).
@@ -181,7 +181,7 @@ impl SessionSql {
         let release_kept = |lock: &str| {
             format!(
                 "WITH u AS MATERIALIZED (SELECT {} AS held), \
-                 w AS (UPDATE {sessions} SET holder = $4 WHERE pid = $1 AND (SELECT held FROM u)) \
+                 w AS (UPDATE {sessions} SET holder = $4, hold = '' WHERE pid = $1 AND (SELECT held FROM u)) \
                  SELECT held, CASE WHEN held THEN set_config('application_name', $3, false) END FROM u",
                 unlock(lock, "$5")
             )
@@ -267,7 +267,7 @@ impl SessionSql {
     pub(crate) fn create(&self) -> String {
         format!(
             "CREATE UNLOGGED TABLE IF NOT EXISTS {} (pid integer PRIMARY KEY, \
-               holder text NOT NULL, hold text NOT NULL, name bytea NOT NULL) \
+               holder text NOT NULL, hold text NOT NULL, name bytea NOT NULL DEFAULT '') \
                WITH (fillfactor = 50)",
             self.sessions
         )

@@ -132,6 +132,56 @@ async fn a_grant_writes_nothing_once_its_connection_has_its_holder() {
     assert_eq!(versions().await, before, "grants wrote their session's row");
 }
 
+/// An idle connection whose row names the name asked for is taken first:
+/// two names held in turn, each on a connection of its own, write their
+/// rows no more (the last connection given back would name the other).
+#[tokio::test]
+async fn a_name_held_again_takes_the_connection_that_named_it() {
+    use sqlx::Connection;
+
+    let server = shared(Service::Postgres).await;
+    let table = format!(
+        "t{:016x}",
+        dlock_core::OwnerToken::random().unwrap().as_u128() as u64
+    );
+    let url = format!(
+        "{}?mode=session&table={table}&max_connections=2",
+        server.url()
+    );
+    let backend = PgSessionBackend::connect(&url).await.unwrap();
+    let opts = dlock_core::LockOptions::new();
+    let take = async |name: &str| {
+        backend
+            .try_acquire(name, &opts)
+            .await
+            .unwrap()
+            .expect("free")
+    };
+    let (a, b) = (take("a").await, take("b").await);
+    backend.release(&a).await.unwrap();
+    backend.release(&b).await.unwrap();
+    let mut conn = sqlx::PgConnection::connect(server.url()).await.unwrap();
+    let versions = format!("SELECT pid, xmin::text FROM public.{table}_sessions ORDER BY pid");
+    let mut versions = async || -> Vec<(i32, String)> {
+        sqlx::query_as(sqlx::AssertSqlSafe(versions.clone()))
+            .fetch_all(&mut conn)
+            .await
+            .unwrap()
+    };
+    let before = versions().await;
+    for _ in 0..20 {
+        for name in ["a", "b"] {
+            let lease = take(name).await;
+            backend.release(&lease).await.unwrap();
+        }
+    }
+    assert_eq!(
+        versions().await,
+        before,
+        "grants wrote their sessions' rows"
+    );
+}
+
 /// `list` reads the names from the sessions' rows, which outlive their
 /// holds: the row of a connection given back idle still names the hold it
 /// released, and must not be listed, nor a row that names another name
