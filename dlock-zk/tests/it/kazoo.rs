@@ -52,6 +52,8 @@ fn install_kazoo() -> PathBuf {
     let present = Command::new("python3")
         .args(["-c", "import kazoo"])
         .env("PYTHONPATH", &dir)
+        // Missing before its first install: no traceback in the log.
+        .stderr(Stdio::null())
         .status()
         .is_ok_and(|s| s.success());
     if present {
