@@ -8,9 +8,11 @@ use dlock_core::driver::wait::Wakeups;
 use dlock_core::{Error, Locker, Result};
 use dlock_sql::{Settings, check_url};
 use sqlx::postgres::PgConnectOptions;
-use tokio::time::Instant;
+use sqlx::{AssertSqlSafe, Row};
+use tokio::time::{Instant, timeout_at};
 
-use crate::backend::{Inner, PgBackend};
+use crate::backend::{Inner, NAME, PgBackend};
+use crate::error::sql_state;
 use crate::notify::Listener;
 use crate::pool::{Pg, Pool};
 use crate::session::{PgSessionBackend, Setup};
@@ -178,15 +180,17 @@ impl PgBuilder {
         }
         let options = self.validate()?;
         let listen = self.s.wake_ups.then(|| options.clone());
-        let pool = Pool::new(
-            Pg(options),
-            self.s.max_connections,
-            self.s.connect_timeout,
+        let wanted = Statements::new(
+            &self.schema,
+            &self.s.table,
             self.s.request_timeout,
+            self.statement_cache,
         );
+        let (pool, per_session) = self.open_pool(options, &wanted).await?;
         let mut first = pool.first().await?;
         // Prepared statements are planned with `plan_cache_mode`, which
-        // older servers lack (see `sql::PLANS`).
+        // older servers lack (see `sql::PLANS`; such a server refused it
+        // as a startup option).
         let planned = first
             .conn()
             .server_version_num()
@@ -197,6 +201,7 @@ impl PgBuilder {
             self.s.request_timeout,
             self.statement_cache && planned,
         );
+        let sql = if per_session { sql.per_session() } else { sql };
         if self.s.create_table {
             let by = Instant::now() + self.s.request_timeout;
             let pair = (
@@ -232,6 +237,52 @@ impl PgBuilder {
 }
 
 impl PgBuilder {
+    fn pool(&self, options: PgConnectOptions) -> Pool {
+        Pool::new(
+            Pg(options),
+            self.s.max_connections,
+            self.s.connect_timeout,
+            self.s.request_timeout,
+        )
+    }
+
+    /// The pool, with its first connection idle in it; and whether its
+    /// connections have the statements' settings for their whole session
+    /// (see [`Statements::per_session`]), given as startup options. A
+    /// pooler that lends server sessions to many clients refuses startup
+    /// options (PgBouncer: "unsupported startup parameter"), or drops them
+    /// when told to ignore them: then, and with a server older than
+    /// PostgreSQL 12 (no `plan_cache_mode`), every statement sets them for
+    /// its own transaction.
+    async fn open_pool(&self, options: PgConnectOptions, sql: &Statements) -> Result<(Pool, bool)> {
+        let tuned = self.pool(options.clone().options(sql.session_settings()));
+        let has = match tuned.first().await {
+            Ok(mut first) => {
+                let check = AssertSqlSafe(sql.has_session_settings());
+                let by = Instant::now() + self.s.request_timeout;
+                let rows = timeout_at(by, sqlx::raw_sql(check).fetch_all(first.conn())).await;
+                let rows = tuned.answer(rows, "connect")?;
+                let has = match rows.first().map(|row| row.try_get::<bool, _>(0)) {
+                    Some(Ok(has)) => has,
+                    _ => return Err(Error::malformed(NAME, "connect", "no settings")),
+                };
+                first.give_back();
+                has
+            }
+            Err(e) if refused_startup_option(&e) => {
+                tracing::debug!(error = %e, "startup options refused: settings per transaction");
+                false
+            }
+            Err(e) => return Err(e),
+        };
+        if has {
+            return Ok((tuned, true));
+        }
+        let plain = self.pool(options);
+        plain.first().await?.give_back();
+        Ok((plain, false))
+    }
+
     /// Connects in the session mode ([`PgSessionBackend`]): checks the
     /// settings, opens two connections, refuses a pooler in transaction
     /// mode (both served by one server session), and creates the
@@ -279,6 +330,20 @@ impl PgBuilder {
             _ => Locker::new(self.connect().await?),
         })
     }
+}
+
+/// Whether the server (or a pooler) refused a connection for its startup
+/// options: a parameter it does not take (PgBouncer's "unsupported startup
+/// parameter", SQLSTATE 08P01) or a setting it does not know (42704).
+fn refused_startup_option(e: &Error) -> bool {
+    let mut source = std::error::Error::source(e);
+    while let Some(cause) = source {
+        if let Some(sqlx) = cause.downcast_ref::<sqlx::Error>() {
+            return matches!(sql_state(sqlx).as_deref(), Some("08P01" | "42704"));
+        }
+        source = cause.source();
+    }
+    false
 }
 
 /// The URL parameters sqlx's PostgreSQL driver takes (see the README).

@@ -168,9 +168,9 @@ impl Statements {
                 .collect(),
         };
         let limit = if ids.is_empty() {
-            self.limit.clone()
+            format!("{}{}", self.limit, self.unplanned)
         } else {
-            format!("{}{PLANS}", self.limit)
+            format!("{}{}", self.limit, self.plans)
         };
         Stmt {
             limit,
@@ -220,6 +220,41 @@ mod tests {
         assert!(read < run_release && run_release < run_read, "{first}");
         let plain = Statements::new("public", "t", Duration::from_millis(1500), false);
         assert!(plain.release(b"x", "00ff").execute(&[]).is_none());
+    }
+
+    #[test]
+    fn with_settings_per_session_no_statement_sets_them_and_the_unprepared_plan_freely() {
+        let sql = Statements::new("public", "t", Duration::from_millis(1500), true);
+        let settings = sql.session_settings();
+        assert!(settings.contains(&("statement_timeout", "1500".to_owned())));
+        assert!(settings.contains(&("enable_seqscan", "off".to_owned())));
+        let sql = sql.per_session();
+        let run = sql.release(b"x", "00ff").execute(&[]).expect("prepared");
+        assert!(
+            run.as_str().starts_with("EXECUTE dlock_"),
+            "{}",
+            run.as_str()
+        );
+        let purge = sql.purge(false, 1, 10, (0, 1)).written_out();
+        assert!(
+            purge
+                .as_str()
+                .starts_with("SET LOCAL enable_seqscan = on; ")
+                && !purge.as_str().contains("statement_timeout"),
+            "{}",
+            purge.as_str()
+        );
+        // Without prepared statements, no planner setting at all.
+        let plain = Statements::new("public", "t", Duration::from_millis(1500), false);
+        assert_eq!(plain.session_settings().len(), 2);
+        let plain = plain.per_session();
+        assert!(
+            plain
+                .release(b"x", "00ff")
+                .written_out()
+                .as_str()
+                .starts_with("UPDATE")
+        );
     }
 
     #[test]

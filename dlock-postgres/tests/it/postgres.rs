@@ -393,8 +393,9 @@ const PLANNING: [&str; 4] = [
     "autovacuum=off",
 ];
 
-/// An acquire and a release cost the server two statements (each with its
-/// four `SET LOCAL`s in the same message), planned once on a connection
+/// An acquire and a release cost the server two statements and no `SET
+/// LOCAL` (straight to the server, a connection has its settings for its
+/// whole session), planned once on a connection
 /// (prepared, with one plan for every call), and a renewal of a thousand
 /// leases one: counted by pg_stat_statements, on a server of its own so
 /// that no other test's statements are counted.
@@ -443,7 +444,7 @@ async fn a_cycle_costs_two_statements_planned_once_and_a_renewal_batch_one() {
     }
     let (statements, settings, plans) = counted(&mut admin).await;
     assert_eq!(statements, 2 * cycles, "statements for {cycles} cycles");
-    assert_eq!(settings, 8 * cycles, "SET LOCALs for {cycles} cycles");
+    assert_eq!(settings, 0, "SET LOCALs for {cycles} cycles");
     // Prepared once on the backend's one connection, and planned once:
     // left to choose, PostgreSQL plans a prepared statement's first five
     // runs for their values, and may go on doing so.
@@ -485,6 +486,46 @@ async fn one_server_session(args: Vec<String>) -> Server {
         ..ServerOptions::default()
     };
     start(Service::PgBouncer, options).await
+}
+
+/// Through PgBouncer, which refuses startup options, or drops them when
+/// told to ignore them, every transaction sets its statement timeout,
+/// isolation and plans itself (four `SET LOCAL`s): a setting of a server
+/// session that PgBouncer lends to other clients would be theirs too.
+#[tokio::test]
+async fn through_pgbouncer_every_transaction_has_its_own_settings() {
+    for extra in ["", "ignore_startup_parameters = options\n"] {
+        let options = ServerOptions {
+            args: PLANNING.map(str::to_owned).to_vec(),
+            files: vec![(
+                "/tmp/pgbouncer.extra".into(),
+                format!("default_pool_size = 1\n{extra}").into_bytes(),
+            )],
+            ..ServerOptions::default()
+        };
+        let server = start(Service::PgBouncer, options).await;
+        let b = one_connection(&server).await;
+        let mut admin = through(&server).await;
+        sqlx::raw_sql(
+            "CREATE EXTENSION IF NOT EXISTS pg_stat_statements; SELECT pg_stat_statements_reset()",
+        )
+        .execute(&mut admin)
+        .await
+        .unwrap();
+        for i in 0..10 {
+            let lease = must_acquire(&b, &format!("set-{i}"), &long()).await;
+            b.release(&lease).await.unwrap();
+        }
+        let row = sqlx::raw_sql(
+            "SELECT COALESCE(sum(calls), 0)::bigint FROM pg_stat_statements \
+             WHERE query ILIKE 'SET LOCAL%'",
+        )
+        .fetch_one(&mut admin)
+        .await
+        .unwrap();
+        let settings: i64 = sqlx::Row::try_get(&row, 0).unwrap();
+        assert_eq!(settings, 8 * 10, "SET LOCALs of 10 cycles ({extra:?})");
+    }
 }
 
 /// A plain connection through `server`'s PgBouncer, which refuses the
