@@ -163,8 +163,12 @@ impl PgBuilder {
     /// Checks the settings, then opens one connection at once, to surface
     /// bad credentials, a missing database or a server that is down now,
     /// and creates the lock table if it is missing (unless turned off with
-    /// [`PgBuilder::create_table`]). Returns within the connect timeout
-    /// plus the request timeout.
+    /// [`PgBuilder::create_table`]). The connection asks for the
+    /// statements' settings for its whole session, and reads them back; a
+    /// pooler that refuses or drops them gets a second connection, whose
+    /// transactions set them (see the crate's README). Returns within the
+    /// connect timeout plus twice the request timeout (behind such a
+    /// pooler, twice the connect timeout plus twice the request timeout).
     ///
     /// # Errors
     /// [`Error::InvalidOption`] for a malformed URL, table name or setting,
