@@ -12,7 +12,6 @@ use sqlx::{AssertSqlSafe, Row};
 use tokio::time::{Instant, timeout_at};
 
 use crate::backend::{Inner, NAME, PgBackend};
-use crate::error::sql_state;
 use crate::notify::Listener;
 use crate::pool::{Pg, Pool};
 use crate::session::{PgSessionBackend, Setup};
@@ -273,8 +272,13 @@ impl PgBuilder {
                 first.give_back();
                 has
             }
-            Err(e) if refused_startup_option(&e) => {
-                tracing::debug!(error = %e, "startup options refused: settings per transaction");
+            // Refused by a pooler (PgBouncer: "unsupported startup
+            // parameter", 08P01, or it closes the connection) or by an
+            // older server (42704): the plain pool says whether the server
+            // is there at all. Not after no answer: that would only wait
+            // again.
+            Err(e) if !unanswered(&e) => {
+                tracing::info!(error = %e, "startup options refused: settings per transaction");
                 false
             }
             Err(e) => return Err(e),
@@ -282,6 +286,7 @@ impl PgBuilder {
         if has {
             return Ok((tuned, true));
         }
+        tracing::info!("startup options not in effect: settings per transaction");
         let plain = self.pool(options);
         plain.first().await?.give_back();
         Ok((plain, false))
@@ -336,14 +341,14 @@ impl PgBuilder {
     }
 }
 
-/// Whether the server (or a pooler) refused a connection for its startup
-/// options: a parameter it does not take (PgBouncer's "unsupported startup
-/// parameter", SQLSTATE 08P01) or a setting it does not know (42704).
-fn refused_startup_option(e: &Error) -> bool {
+/// Whether a connect failed for want of an answer in time.
+fn unanswered(e: &Error) -> bool {
     let mut source = std::error::Error::source(e);
     while let Some(cause) = source {
-        if let Some(sqlx) = cause.downcast_ref::<sqlx::Error>() {
-            return matches!(sql_state(sqlx).as_deref(), Some("08P01" | "42704"));
+        if let Some(io) = cause.downcast_ref::<std::io::Error>()
+            && io.kind() == std::io::ErrorKind::TimedOut
+        {
+            return true;
         }
         source = cause.source();
     }

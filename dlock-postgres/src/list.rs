@@ -9,6 +9,17 @@ use sqlx::postgres::PgRow;
 use crate::backend::{NAME, PgBackend};
 use crate::sql::unhex;
 
+/// Where a page of `list` starts (the name of a cursor this driver gave:
+/// its bytes in hex; empty for the first page), and its most rows.
+pub(crate) fn page(cursor: Option<&str>, limit: usize) -> Result<(Vec<u8>, usize)> {
+    let after = match cursor {
+        None => Vec::new(),
+        Some(c) => unhex(c)
+            .ok_or_else(|| Error::invalid_option("cursor", "not a cursor this driver gave"))?,
+    };
+    Ok((after, limit.clamp(1, 10_000)))
+}
+
 impl PgBackend {
     /// [`Backend::list`](dlock_core::Backend::list): a page of rows of the
     /// prefix's key range, the held ones kept (a page may hold fewer than
@@ -19,12 +30,7 @@ impl PgBackend {
         cursor: Option<&str>,
         limit: usize,
     ) -> Result<LockPage> {
-        let limit = limit.clamp(1, 10_000);
-        let cursor = match cursor {
-            None => Vec::new(),
-            Some(c) => unhex(c)
-                .ok_or_else(|| Error::invalid_option("cursor", "not a cursor this driver gave"))?,
-        };
+        let (cursor, limit) = page(cursor, limit)?;
         let sql = self.inner.sql.list(prefix.as_bytes(), &cursor, limit);
         let rows = self.fetch(sql, "list", self.deadline()).await?;
         let read = |e| Error::backend(NAME, "list", e);

@@ -1,7 +1,7 @@
 //! What an operator sees and does: the held names, the holders of a name,
 //! and ending them; and the statements run on an idle connection.
 
-use dlock_core::{Error, HeldLock, LockInfo, LockPage, Result};
+use dlock_core::{HeldLock, LockInfo, LockPage, Result};
 use sqlx::Arguments;
 use sqlx::postgres::PgRow;
 use tokio::time::Instant;
@@ -9,7 +9,7 @@ use tokio::time::Instant;
 use super::PgSessionBackend;
 use super::conn::{args, query, read};
 use super::sql::{info, key};
-use crate::sql::unhex;
+use crate::list::page;
 
 impl PgSessionBackend {
     /// Ends the sessions that hold `name`.
@@ -58,12 +58,7 @@ impl PgSessionBackend {
         cursor: Option<&str>,
         limit: usize,
     ) -> Result<LockPage> {
-        let limit = limit.clamp(1, 10_000);
-        let after = match cursor {
-            None => Vec::new(),
-            Some(c) => unhex(c)
-                .ok_or_else(|| Error::invalid_option("cursor", "not a cursor this driver gave"))?,
-        };
+        let (after, limit) = page(cursor, limit)?;
         let args = args(|a| {
             a.add(prefix.as_bytes())?;
             a.add(after)?;

@@ -28,9 +28,11 @@ use self::conn::{Conn, Session};
 use self::sql::SessionSql;
 use crate::backend::NAME;
 
-// SQLSTATEs of a creation that raced another.
+// SQLSTATEs of a creation that raced another: the catalog's unique
+// index, the table, or its row type ("type … already exists").
 const UNIQUE_VIOLATION: &str = "23505";
 const DUPLICATE_TABLE: &str = "42P07";
+const DUPLICATE_OBJECT: &str = "42710";
 
 // SQLSTATEs of a wait that ran out of time.
 const LOCK_NOT_AVAILABLE: &str = "55P03";
@@ -180,7 +182,7 @@ impl PgSessionBackend {
                     if !last
                         && matches!(
                             f.code.as_deref(),
-                            Some(UNIQUE_VIOLATION | DUPLICATE_TABLE)
+                            Some(UNIQUE_VIOLATION | DUPLICATE_TABLE | DUPLICATE_OBJECT)
                         ) => {}
                 Err(f) => return Err(f.error),
             }

@@ -139,17 +139,23 @@ impl Statements {
     }
 
     /// A statement answering whether its session has every setting of
-    /// [`Statements::session_settings`] (a pooler may drop startup options
-    /// without a word).
+    /// [`Statements::session_settings`] from its startup options (`source`
+    /// `client`): a pooler may drop them without a word, or apply them with
+    /// `SET` to a server session it lends to others (Odyssey), and a
+    /// setting equal by chance (the server's default, a role's) says
+    /// nothing. A setting the server lacks counts as missing.
     pub fn has_session_settings(&self) -> String {
-        self.session_settings()
+        let settings = self.session_settings();
+        let wanted: Vec<String> = settings
             .iter()
-            .map(|(name, value)| {
-                format!("(SELECT setting FROM pg_settings WHERE name = '{name}') = '{value}'")
-            })
-            .fold("SELECT true".to_owned(), |all, one| {
-                format!("{all} AND {one}")
-            })
+            .map(|(name, value)| format!("('{name}', '{value}')"))
+            .collect();
+        format!(
+            "SELECT count(*) = {} FROM pg_settings WHERE source = 'client' \
+             AND (name, setting) IN ({})",
+            settings.len(),
+            wanted.join(", ")
+        )
     }
 
     /// The statements for connections opened with

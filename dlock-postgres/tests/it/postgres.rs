@@ -488,6 +488,76 @@ async fn one_server_session(args: Vec<String>) -> Server {
     start(Service::PgBouncer, options).await
 }
 
+/// Straight to the server a connection has its statement timeout for its
+/// whole session: an acquire blocked on its name's row past the request
+/// timeout is cut off by the server, not left waiting for the row after
+/// its caller gave up. Decided on whom the row's holder blocks, not on
+/// time: without the timeout the acquire's server session waits for as
+/// long as the row is held.
+#[tokio::test]
+async fn a_statement_blocked_past_the_request_timeout_is_ended_by_the_server() {
+    let b = PgBackend::builder(url().await)
+        .request_timeout(Duration::from_secs(1))
+        .max_connections(1)
+        .connect()
+        .await
+        .unwrap();
+    let name = unique_name("blocked");
+    let lease = must_acquire(&b, &name, &long()).await;
+    b.release(&lease).await.unwrap();
+    let mut holder = admin().await;
+    sqlx::raw_sql("BEGIN").execute(&mut holder).await.unwrap();
+    sqlx::query("SELECT 1 FROM public.dlock_locks WHERE name = $1 FOR UPDATE")
+        .bind(name.as_bytes())
+        .execute(&mut holder)
+        .await
+        .unwrap();
+    let holder_pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
+        .fetch_one(&mut holder)
+        .await
+        .unwrap();
+    let acquire = {
+        let b = b.clone();
+        let name = name.clone();
+        tokio::spawn(async move { b.try_acquire(&name, &long()).await })
+    };
+    let mut watch = admin().await;
+    let blocked = async |watch: &mut sqlx::PgConnection| -> Vec<i32> {
+        sqlx::query_scalar("SELECT pid FROM pg_stat_activity WHERE $1 = ANY(pg_blocking_pids(pid))")
+            .bind(holder_pid)
+            .fetch_all(watch)
+            .await
+            .unwrap()
+    };
+    let mut first = Vec::new();
+    for _ in 0..500 {
+        first = blocked(&mut watch).await;
+        if !first.is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let pid = *first.first().expect("the acquire waits for the row");
+    let r = acquire.await.unwrap();
+    assert!(r.is_err(), "an acquire blocked past its timeout: {r:?}");
+    let mut ended = false;
+    for _ in 0..100 {
+        if !blocked(&mut watch).await.contains(&pid) {
+            ended = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    sqlx::raw_sql("ROLLBACK")
+        .execute(&mut holder)
+        .await
+        .unwrap();
+    assert!(
+        ended,
+        "the acquire's server session still waits for the row 10 s after its call failed"
+    );
+}
+
 /// Through PgBouncer, which refuses startup options, or drops them when
 /// told to ignore them, every transaction sets its statement timeout,
 /// isolation and plans itself (four `SET LOCAL`s): a setting of a server
