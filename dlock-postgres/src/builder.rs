@@ -22,6 +22,7 @@ use crate::sql::{Statements, validate_identifier};
 pub struct PgBuilder {
     schema: String,
     statement_cache: bool,
+    session_settings: bool,
     /// `None` unless set: the caller's connect says which.
     mode: Option<PgMode>,
     s: Settings,
@@ -38,6 +39,7 @@ impl std::fmt::Debug for PgBuilder {
             &[
                 ("schema", &self.schema),
                 ("statement_cache", &self.statement_cache),
+                ("session_settings", &self.session_settings),
                 ("mode", &self.mode),
                 ("from_pool", &from_pool),
             ],
@@ -99,6 +101,19 @@ impl PgBuilder {
     /// each call, as by a pooler that refuses `PREPARE`.
     pub fn statement_cache(mut self, on: bool) -> Self {
         self.statement_cache = on;
+        self
+    }
+
+    /// Whether each connection asks for the statement timeout, isolation
+    /// and planner settings for its whole session, as startup options
+    /// (default `true`): used only when the first connection reads them
+    /// back as its startup options', so never behind a pooler that refuses,
+    /// drops or re-applies them (see the crate's README). Off
+    /// (`?session_settings=false`), every transaction sets them with `SET
+    /// LOCAL`: for a pooler that hands a client server sessions opened with
+    /// another client's startup options (pgpool-II's connection cache).
+    pub fn session_settings(mut self, on: bool) -> Self {
+        self.session_settings = on;
         self
     }
 
@@ -189,7 +204,13 @@ impl PgBuilder {
             self.s.request_timeout,
             self.statement_cache,
         );
-        let (pool, per_session) = self.open_pool(options, &wanted).await?;
+        let (pool, per_session) = if self.session_settings {
+            self.open_pool(options, &wanted).await?
+        } else {
+            let pool = self.pool(options);
+            pool.first().await?.give_back();
+            (pool, false)
+        };
         let mut first = pool.first().await?;
         // Prepared statements are planned with `plan_cache_mode`, which
         // older servers lack (see `sql::PLANS`; such a server refused it
@@ -413,6 +434,7 @@ impl PgBackend {
         let mut s = Settings::new(&url.into(), false);
         let schema = s.params.text("schema");
         let statement_cache = s.params.flag("statement_cache").unwrap_or(true);
+        let session_settings = s.params.flag("session_settings").unwrap_or(true);
         let mode = s
             .params
             .parsed("mode", "session or lease_table", |v| match v {
@@ -423,6 +445,7 @@ impl PgBackend {
         PgBuilder {
             schema: schema.unwrap_or_else(|| "public".to_owned()),
             statement_cache,
+            session_settings,
             mode,
             s,
             options: None,

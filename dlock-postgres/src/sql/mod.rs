@@ -44,8 +44,9 @@ pub(crate) const CLOCK_US: &str = "(extract(epoch FROM clock_timestamp()) * 1000
 /// [`Statements::release_and_notify`]).
 const RELEASED: &str = "dlock.released";
 
-/// How a prepared statement is planned (set in each transaction of a
-/// statement that has a part prepared, its parts written out included):
+/// How a prepared statement is planned (set for the connection's session,
+/// or in each transaction of a statement that has a part prepared, its
+/// parts written out included; see [`Statements::per_session`]):
 /// once, for every call (a custom plan, made again on each call, took more
 /// of the server's time than running the statement, and the server's
 /// choice between the two flipped with the statistics of the moment), and

@@ -27,7 +27,8 @@ pub(crate) type Id = [u8; 16];
 #[derive(Debug)]
 pub struct Stmt {
     /// `SET LOCAL …;`: the statement timeout, and the planner settings
-    /// when a part is prepared.
+    /// when a part is prepared (none where the session has them; the
+    /// seqscan ban lifted for an unprepared statement where it has it).
     limit: String,
     /// The statement, its values as parameters.
     body: String,

@@ -471,6 +471,27 @@ async fn a_cycle_costs_two_statements_planned_once_and_a_renewal_batch_one() {
         1,
         "statements for one batch of 1000"
     );
+
+    // Told not to (`?session_settings=false`), every transaction sets them.
+    let url = format!("{}?session_settings=false", server.url());
+    let b = PgBackend::builder(url)
+        .max_connections(1)
+        .connect()
+        .await
+        .unwrap();
+    sqlx::raw_sql("SELECT pg_stat_statements_reset()")
+        .execute(&mut admin)
+        .await
+        .unwrap();
+    for i in 0..10 {
+        let lease = must_acquire(&b, &format!("local-{i}"), &long()).await;
+        b.release(&lease).await.unwrap();
+    }
+    assert_eq!(
+        counted(&mut admin).await.1,
+        8 * 10,
+        "SET LOCALs of 10 cycles"
+    );
 }
 
 /// PgBouncer in transaction pooling with one server connection, on a
