@@ -132,54 +132,6 @@ async fn a_grant_writes_nothing_once_its_connection_has_its_holder() {
     assert_eq!(versions().await, before, "grants wrote their session's row");
 }
 
-/// Clients that start at once on a database without the holders' table
-/// all connect: a creation that finds another's (committed while it
-/// waited) tries again and finds the table. The other's creation is held
-/// open by the test until the client's waits for it.
-#[tokio::test]
-async fn a_creation_that_raced_another_connects() {
-    use sqlx::Connection;
-
-    let server = shared(Service::Postgres).await;
-    let table = format!(
-        "t{:016x}",
-        dlock_core::OwnerToken::random().unwrap().as_u128() as u64
-    );
-    let mut other = sqlx::PgConnection::connect(server.url()).await.unwrap();
-    let create = format!(
-        "BEGIN; CREATE UNLOGGED TABLE public.{table}_sessions (pid integer PRIMARY KEY, \
-         holder text NOT NULL, hold text NOT NULL, name bytea NOT NULL DEFAULT '') \
-         WITH (fillfactor = 50); SELECT pg_backend_pid()"
-    );
-    let row = sqlx::raw_sql(sqlx::AssertSqlSafe(create))
-        .fetch_one(&mut other)
-        .await
-        .unwrap();
-    let other_pid: i32 = sqlx::Row::try_get(&row, 0).unwrap();
-    let url = format!("{}?mode=session&table={table}", server.url());
-    let client = tokio::spawn(async move { PgSessionBackend::connect(&url).await });
-    let mut watch = sqlx::PgConnection::connect(server.url()).await.unwrap();
-    let mut waited = false;
-    for _ in 0..500 {
-        let blocked: i64 = sqlx::query_scalar(
-            "SELECT count(*) FROM pg_stat_activity WHERE $1 = ANY(pg_blocking_pids(pid))",
-        )
-        .bind(other_pid)
-        .fetch_one(&mut watch)
-        .await
-        .unwrap();
-        if blocked > 0 {
-            waited = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    assert!(waited, "the client's creation never waited for the other's");
-    sqlx::raw_sql("COMMIT").execute(&mut other).await.unwrap();
-    let connected = client.await.unwrap();
-    assert!(connected.is_ok(), "{connected:?}");
-}
-
 /// An idle connection whose row names the name asked for is taken first:
 /// two names held in turn, each on a connection of its own, write their
 /// rows no more (the last connection given back would name the other).
