@@ -89,12 +89,24 @@ async fn a_pooler_in_transaction_mode_is_refused_naming_the_mode() {
     }
 }
 
-/// A grant writes nothing once its connection's row names its holder and
-/// name: the lock, the fence and the mark (`application_name`) cost no row
-/// version. One connection, 100 cycles: the row of its session keeps the
-/// version its first grant wrote.
-#[tokio::test]
-async fn a_grant_writes_nothing_once_its_connection_has_its_holder() {
+/// The versions (`xmin`) of a session-mode client's sessions' rows.
+struct Versions {
+    conn: sqlx::PgConnection,
+    sql: String,
+}
+
+impl Versions {
+    async fn read(&mut self) -> Vec<(i32, String)> {
+        sqlx::query_as(sqlx::AssertSqlSafe(self.sql.clone()))
+            .fetch_all(&mut self.conn)
+            .await
+            .unwrap()
+    }
+}
+
+/// A session-mode client of at most `max` idle connections on a table of
+/// its own, and a look at its sessions' rows.
+async fn own_sessions(max: u32) -> (PgSessionBackend, Versions) {
     use sqlx::Connection;
 
     let server = shared(Service::Postgres).await;
@@ -103,10 +115,22 @@ async fn a_grant_writes_nothing_once_its_connection_has_its_holder() {
         dlock_core::OwnerToken::random().unwrap().as_u128() as u64
     );
     let url = format!(
-        "{}?mode=session&table={table}&max_connections=1",
+        "{}?mode=session&table={table}&max_connections={max}",
         server.url()
     );
     let backend = PgSessionBackend::connect(&url).await.unwrap();
+    let conn = sqlx::PgConnection::connect(server.url()).await.unwrap();
+    let sql = format!("SELECT pid, xmin::text FROM public.{table}_sessions ORDER BY pid");
+    (backend, Versions { conn, sql })
+}
+
+/// A grant writes nothing once its connection's row names its holder and
+/// name: the lock, the fence and the mark (`application_name`) cost no row
+/// version. One connection, 100 cycles: the row of its session keeps the
+/// version its first grant wrote.
+#[tokio::test]
+async fn a_grant_writes_nothing_once_its_connection_has_its_holder() {
+    let (backend, mut versions) = own_sessions(1).await;
     let opts = dlock_core::LockOptions::new();
     let cycle = || async {
         let lease = backend
@@ -116,20 +140,16 @@ async fn a_grant_writes_nothing_once_its_connection_has_its_holder() {
             .expect("free");
         backend.release(&lease).await.unwrap();
     };
-    let mut conn = sqlx::PgConnection::connect(server.url()).await.unwrap();
-    let versions = format!("SELECT pid, xmin::text FROM public.{table}_sessions ORDER BY pid");
-    let mut versions = async || -> Vec<(i32, String)> {
-        sqlx::query_as(sqlx::AssertSqlSafe(versions.clone()))
-            .fetch_all(&mut conn)
-            .await
-            .unwrap()
-    };
     cycle().await;
-    let before = versions().await;
+    let before = versions.read().await;
     for _ in 0..100 {
         cycle().await;
     }
-    assert_eq!(versions().await, before, "grants wrote their session's row");
+    assert_eq!(
+        versions.read().await,
+        before,
+        "grants wrote their session's row"
+    );
 }
 
 /// An idle connection whose row names the name asked for is taken first:
@@ -137,18 +157,7 @@ async fn a_grant_writes_nothing_once_its_connection_has_its_holder() {
 /// rows no more (the last connection given back would name the other).
 #[tokio::test]
 async fn a_name_held_again_takes_the_connection_that_named_it() {
-    use sqlx::Connection;
-
-    let server = shared(Service::Postgres).await;
-    let table = format!(
-        "t{:016x}",
-        dlock_core::OwnerToken::random().unwrap().as_u128() as u64
-    );
-    let url = format!(
-        "{}?mode=session&table={table}&max_connections=2",
-        server.url()
-    );
-    let backend = PgSessionBackend::connect(&url).await.unwrap();
+    let (backend, mut versions) = own_sessions(2).await;
     let opts = dlock_core::LockOptions::new();
     let take = async |name: &str| {
         backend
@@ -160,15 +169,7 @@ async fn a_name_held_again_takes_the_connection_that_named_it() {
     let (a, b) = (take("a").await, take("b").await);
     backend.release(&a).await.unwrap();
     backend.release(&b).await.unwrap();
-    let mut conn = sqlx::PgConnection::connect(server.url()).await.unwrap();
-    let versions = format!("SELECT pid, xmin::text FROM public.{table}_sessions ORDER BY pid");
-    let mut versions = async || -> Vec<(i32, String)> {
-        sqlx::query_as(sqlx::AssertSqlSafe(versions.clone()))
-            .fetch_all(&mut conn)
-            .await
-            .unwrap()
-    };
-    let before = versions().await;
+    let before = versions.read().await;
     for _ in 0..20 {
         for name in ["a", "b"] {
             let lease = take(name).await;
@@ -176,7 +177,7 @@ async fn a_name_held_again_takes_the_connection_that_named_it() {
         }
     }
     assert_eq!(
-        versions().await,
+        versions.read().await,
         before,
         "grants wrote their sessions' rows"
     );
