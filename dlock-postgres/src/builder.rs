@@ -1,21 +1,23 @@
-//! Settings, the URL, the first connection and the lock table.
+//! Settings, and the connect of each mode: the lock table, or the session mode.
 
-use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
 
 use dlock_core::driver::wait::Wakeups;
 use dlock_core::{Error, Locker, Result};
-use dlock_sql::{Settings, check_url};
+use dlock_sql::Settings;
 use sqlx::postgres::PgConnectOptions;
-use sqlx::{AssertSqlSafe, Row};
-use tokio::time::{Instant, timeout_at};
+use tokio::time::Instant;
 
-use crate::backend::{Inner, NAME, PgBackend};
+use crate::backend::{Inner, PgBackend};
 use crate::notify::Listener;
-use crate::pool::{Pg, Pool};
 use crate::session::{PgSessionBackend, Setup};
 use crate::sql::{Statements, validate_identifier};
+
+mod startup;
+mod url;
+
+use url::{SQLX_PARAMS, no_startup_extras, parse_url};
 
 /// Settings for [`PgBackend`]; start from [`PgBackend::builder`].
 #[derive(Clone)]
@@ -207,9 +209,7 @@ impl PgBuilder {
         let (pool, per_session) = if self.session_settings {
             self.open_pool(options, &wanted).await?
         } else {
-            let pool = self.pool(options);
-            pool.first().await?.give_back();
-            (pool, false)
+            (self.pool(options), false)
         };
         let mut first = pool.first().await?;
         // Prepared statements are planned with `plan_cache_mode`, which
@@ -261,58 +261,6 @@ impl PgBuilder {
 }
 
 impl PgBuilder {
-    fn pool(&self, options: PgConnectOptions) -> Pool {
-        Pool::new(
-            Pg(options),
-            self.s.max_connections,
-            self.s.connect_timeout,
-            self.s.request_timeout,
-        )
-    }
-
-    /// The pool, with its first connection idle in it; and whether its
-    /// connections have the statements' settings for their whole session
-    /// (see [`Statements::per_session`]), given as startup options. A
-    /// pooler that lends server sessions to many clients refuses startup
-    /// options (PgBouncer: "unsupported startup parameter"), or drops them
-    /// when told to ignore them: then, and with a server older than
-    /// PostgreSQL 12 (no `plan_cache_mode`), every statement sets them for
-    /// its own transaction.
-    async fn open_pool(&self, options: PgConnectOptions, sql: &Statements) -> Result<(Pool, bool)> {
-        let tuned = self.pool(options.clone().options(sql.session_settings()));
-        let has = match tuned.first().await {
-            Ok(mut first) => {
-                let check = AssertSqlSafe(sql.has_session_settings());
-                let by = Instant::now() + self.s.request_timeout;
-                let rows = timeout_at(by, sqlx::raw_sql(check).fetch_all(first.conn())).await;
-                let rows = tuned.answer(rows, "connect")?;
-                let has = match rows.first().map(|row| row.try_get::<bool, _>(0)) {
-                    Some(Ok(has)) => has,
-                    _ => return Err(Error::malformed(NAME, "connect", "no settings")),
-                };
-                first.give_back();
-                has
-            }
-            // Refused by a pooler (PgBouncer: "unsupported startup
-            // parameter", 08P01, or it closes the connection) or by an
-            // older server (42704): the plain pool says whether the server
-            // is there at all. Not after no answer: that would only wait
-            // again.
-            Err(e) if !unanswered(&e) => {
-                tracing::info!(error = %e, "startup options refused: settings per transaction");
-                false
-            }
-            Err(e) => return Err(e),
-        };
-        if has {
-            return Ok((tuned, true));
-        }
-        tracing::info!("startup options not in effect: settings per transaction");
-        let plain = self.pool(options);
-        plain.first().await?.give_back();
-        Ok((plain, false))
-    }
-
     /// Connects in the session mode ([`PgSessionBackend`]): checks the
     /// settings, opens two connections, refuses a pooler in transaction
     /// mode (both served by one server session), and creates the
@@ -360,62 +308,6 @@ impl PgBuilder {
             _ => Locker::new(self.connect().await?),
         })
     }
-}
-
-/// Whether a connect failed for want of an answer in time.
-fn unanswered(e: &Error) -> bool {
-    let mut source = std::error::Error::source(e);
-    while let Some(cause) = source {
-        if let Some(io) = cause.downcast_ref::<std::io::Error>()
-            && io.kind() == std::io::ErrorKind::TimedOut
-        {
-            return true;
-        }
-        source = cause.source();
-    }
-    false
-}
-
-/// The URL parameters sqlx's PostgreSQL driver takes (see the README).
-const SQLX_PARAMS: &[&str] = &[
-    "sslmode",
-    "ssl-mode",
-    "sslrootcert",
-    "ssl-root-cert",
-    "ssl-ca",
-    "sslcert",
-    "ssl-cert",
-    "sslkey",
-    "ssl-key",
-    "statement-cache-capacity",
-    "host",
-    "hostaddr",
-    "port",
-    "dbname",
-    "user",
-    "password",
-    "application_name",
-    "options",
-    "options[",
-];
-
-/// Parses a `postgres://` or `postgresql://` URL, refusing what sqlx would
-/// only notice when it connects (or would quietly replace by a default).
-fn parse_url(url: &str) -> Result<PgConnectOptions> {
-    check_url(
-        url,
-        ["postgres", "postgresql"],
-        "postgres://user:password@host:port/database",
-    )?;
-    PgConnectOptions::from_str(url)
-        .map(no_startup_extras)
-        .map_err(|e| Error::invalid_option("url", format!("not a PostgreSQL URL: {e}")))
-}
-
-/// No `extra_float_digits` at startup: a stock PgBouncer refuses a startup
-/// parameter it does not know, and no statement here reads a float.
-fn no_startup_extras(options: PgConnectOptions) -> PgConnectOptions {
-    options.extra_float_digits(None)
 }
 
 impl PgBackend {
