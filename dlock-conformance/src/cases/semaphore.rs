@@ -9,7 +9,8 @@ use dlock_core::{Backend, LockOptions};
 use tokio::time::sleep;
 
 use super::{
-    SHORT_TTL, acquire_after_expiry, assert_not_held, foreign_lease, needs, needs_ttl, server_ttl,
+    Judged, SHORT_TTL, acquire_after_expiry, assert_not_held, foreign_lease, fresh_lease,
+    judged_with_doubling_ttl, needs, needs_ttl, server_ttl,
 };
 use crate::support::{long, must_acquire, unique_name};
 
@@ -84,34 +85,44 @@ pub async fn an_expired_permit_frees_its_place_for_good(backend: &Arc<dyn Backen
     if !needs_semaphore(backend.as_ref(), case) || !needs_ttl(backend.as_ref(), case) {
         return;
     }
-    let name = unique_name(case);
-    let b = backend.as_ref();
-    let short = LockOptions::new().ttl(SHORT_TTL).permits(2);
-    let mut dead = take(b, &name, &short, 2).await;
-    sleep(server_ttl(b, SHORT_TTL) * 2).await;
-    let opts = long().permits(2);
-    let mut living = Vec::new();
-    for i in 0..2 {
-        match acquire_after_expiry(b, &name, &opts, SHORT_TTL).await {
-            Ok(Some(lease)) => living.push(lease),
-            other => panic!(
-                "permit {} of a {} was not granted after the expired ones' TTL: {other:?}",
-                i + 1,
-                opts.get_mode()
-            ),
+    judged_with_doubling_ttl(case, SHORT_TTL, |ttl| async move {
+        let name = unique_name(case);
+        let b = backend.as_ref();
+        let short = LockOptions::new().ttl(ttl).permits(2);
+        let mut dead = Vec::new();
+        for _ in 0..2 {
+            match fresh_lease(b, &name, &short).await {
+                Ok(lease) => dead.push(lease),
+                Err(late) => return late,
+            }
         }
-    }
-    for lease in &mut dead {
-        assert_not_held(b.extend(lease).await, "extend of an expired permit");
-    }
-    assert_full(
-        b,
-        &name,
-        &opts,
-        "2 are held, the expired ones renewed in between",
-    )
+        sleep(server_ttl(b, ttl) * 2).await;
+        let opts = long().permits(2);
+        let mut living = Vec::new();
+        for i in 0..2 {
+            match acquire_after_expiry(b, &name, &opts, ttl).await {
+                Ok(Some(lease)) => living.push(lease),
+                other => panic!(
+                    "permit {} of a {} was not granted after the expired ones' TTL: {other:?}",
+                    i + 1,
+                    opts.get_mode()
+                ),
+            }
+        }
+        for lease in &mut dead {
+            assert_not_held(b.extend(lease).await, "extend of an expired permit");
+        }
+        assert_full(
+            b,
+            &name,
+            &opts,
+            "2 are held, the expired ones renewed in between",
+        )
+        .await;
+        release_all(b, living).await;
+        Judged::Yes
+    })
     .await;
-    release_all(b, living).await;
 }
 
 /// Release frees only the caller's own permit: a forged lease and a
