@@ -229,6 +229,7 @@ mod tests {
         let settings = sql.session_settings();
         assert!(settings.contains(&("statement_timeout", "1500".to_owned())));
         assert!(settings.contains(&("enable_seqscan", "off".to_owned())));
+        assert!(settings.contains(&("enable_bitmapscan", "off".to_owned())));
         let sql = sql.per_session();
         let run = sql.release(b"x", "00ff").execute(&[]).expect("prepared");
         assert!(
@@ -240,7 +241,7 @@ mod tests {
         assert!(
             purge
                 .as_str()
-                .starts_with("SET LOCAL enable_seqscan = on; ")
+                .starts_with("SET LOCAL enable_seqscan = on; SET LOCAL enable_bitmapscan = on; ")
                 && !purge.as_str().contains("statement_timeout"),
             "{}",
             purge.as_str()

@@ -489,7 +489,7 @@ async fn a_cycle_costs_two_statements_planned_once_and_a_renewal_batch_one() {
     }
     assert_eq!(
         counted(&mut admin).await.1,
-        8 * 10,
+        10 * 10,
         "SET LOCALs of 10 cycles"
     );
 }
@@ -583,7 +583,7 @@ async fn one_server_session(args: Vec<String>) -> Server {
 
 /// Through PgBouncer, which refuses startup options, or drops them when
 /// told to ignore them, every transaction sets its statement timeout,
-/// isolation and plans itself (four `SET LOCAL`s): a setting of a server
+/// isolation and plans itself (five `SET LOCAL`s): a setting of a server
 /// session that PgBouncer lends to other clients would be theirs too.
 #[tokio::test]
 async fn through_pgbouncer_every_transaction_has_its_own_settings() {
@@ -617,7 +617,7 @@ async fn through_pgbouncer_every_transaction_has_its_own_settings() {
         .await
         .unwrap();
         let settings: i64 = sqlx::Row::try_get(&row, 0).unwrap();
-        assert_eq!(settings, 8 * 10, "SET LOCALs of 10 cycles ({extra:?})");
+        assert_eq!(settings, 10 * 10, "SET LOCALs of 10 cycles ({extra:?})");
     }
 }
 
