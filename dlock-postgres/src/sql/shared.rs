@@ -118,7 +118,10 @@ impl Statements {
     /// would refuse the right kind's waiters until given up. The place is
     /// written again as it is if the query is sent again (see `pool.rs`),
     /// so its parts after the commit are prepared too; it is a transaction
-    /// block of its own, as in [`Statements::then_wake`]. The last row: the kind
+    /// block of its own, as in [`Statements::then_wake`]. The name's row is
+    /// made only if the statement's snapshot lacks it: `ON CONFLICT` alone
+    /// checks the row's newest version, and waits for the grant that is
+    /// changing it to end (a millisecond a look in a crowd). The last row: the kind
     /// the name is in use as when another, whether the rule lets the
     /// waiter in, and the µs until the first hold ends.
     pub fn enqueue_shared(&self, name: &[u8], mode: Mode, waiter: &str, place_us: u64) -> Stmt {
@@ -131,7 +134,8 @@ impl Statements {
             format!(
                 "BEGIN;
              INSERT INTO {t} (name, owner, fence, expires_at, acquired_at, holder)
-             VALUES ({n}, '', {CLOCK_US}, {NOW}, {NOW}, '') ON CONFLICT (name) DO NOTHING;
+             SELECT {n}, '', {CLOCK_US}, {NOW}, {NOW}, ''
+             WHERE NOT EXISTS (SELECT 1 FROM {t} WHERE name = {n}) ON CONFLICT (name) DO NOTHING;
              INSERT INTO {h} AS x (name, owner, mode, kind, fence, expires_at, waiting, since)
              SELECT {n}, {me}, '{m}', '{k}', 0, {NOW} + {place}, true, {CLOCK_US}
              WHERE NOT EXISTS (SELECT 1 FROM {t} WHERE name = {n} AND expires_at > {NOW}
