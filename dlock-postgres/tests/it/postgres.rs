@@ -28,6 +28,17 @@ async fn admin() -> sqlx::PgConnection {
     sqlx::PgConnection::connect(url().await).await.unwrap()
 }
 
+/// Begins a transaction on `conn` that locks `name`'s row of the default
+/// table until the test ends it.
+async fn hold_the_row(conn: &mut sqlx::PgConnection, name: &str) {
+    sqlx::raw_sql("BEGIN").execute(&mut *conn).await.unwrap();
+    sqlx::query("SELECT 1 FROM public.dlock_locks WHERE name = $1 FOR UPDATE")
+        .bind(name.as_bytes())
+        .execute(&mut *conn)
+        .await
+        .unwrap();
+}
+
 /// Sixteen clients take a name nobody has taken yet, all at once: the
 /// first insert wins, the others find the row held (never a duplicate-key
 /// error, never two winners), for each of twenty names.
@@ -75,12 +86,7 @@ async fn an_acquire_blocked_on_a_row_lock_counts_from_when_it_ran() {
     let short = LockOptions::new().ttl(Duration::from_millis(500));
     let first = must_acquire(&b, &name, &short).await;
     let mut admin = admin().await;
-    sqlx::raw_sql("BEGIN").execute(&mut admin).await.unwrap();
-    sqlx::query("SELECT 1 FROM dlock_locks WHERE name = $1 FOR UPDATE")
-        .bind(name.as_bytes())
-        .fetch_all(&mut admin)
-        .await
-        .unwrap();
+    hold_the_row(&mut admin, &name).await;
     // Sent while the first lease is live, judged once the row is free,
     // after that lease ended.
     let ttl = Duration::from_secs(3);
@@ -515,12 +521,7 @@ async fn a_statement_blocked_past_the_request_timeout_is_ended_by_the_server() {
     let lease = must_acquire(&b, &name, &long()).await;
     b.release(&lease).await.unwrap();
     let mut holder = sqlx::PgConnection::connect(server.url()).await.unwrap();
-    sqlx::raw_sql("BEGIN").execute(&mut holder).await.unwrap();
-    sqlx::query("SELECT 1 FROM public.dlock_locks WHERE name = $1 FOR UPDATE")
-        .bind(name.as_bytes())
-        .execute(&mut holder)
-        .await
-        .unwrap();
+    hold_the_row(&mut holder, &name).await;
     let holder_pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
         .fetch_one(&mut holder)
         .await
