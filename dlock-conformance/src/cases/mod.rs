@@ -194,10 +194,14 @@ where
 /// Why a short lease on a fresh name could not be had: its grant came
 /// back after the lease had ended (a loaded machine), which the driver
 /// rightly calls no grant, so the name looks held. A fresh name is held
-/// by no one else; a driver that calls it held every round fails.
-fn late_grant(ttl: Duration) -> Judged {
+/// by no one else; a driver that calls it held every round fails. How long
+/// the answer took since `sent` is said: a grant undone for coming back
+/// late comes back after most of its TTL, a plain refusal may not.
+fn late_grant(ttl: Duration, sent: Instant) -> Judged {
     Judged::No(format!(
-        "the grant of a fresh name came back after its {ttl:?} lease had ended"
+        "a free name was found held {:?} after the ask (a grant that came back after \
+         its {ttl:?} lease had ended is no grant)",
+        sent.elapsed()
     ))
 }
 
@@ -208,18 +212,20 @@ async fn fresh_lease(
     name: &str,
     opts: &LockOptions,
 ) -> Result<Lease, Judged> {
+    let sent = Instant::now();
     match backend.try_acquire(name, opts).await {
         Ok(Some(lease)) => Ok(lease),
-        Ok(None) => Err(late_grant(opts.get_ttl())),
+        Ok(None) => Err(late_grant(opts.get_ttl(), sent)),
         Err(e) => panic!("try_acquire({name:?}) failed: {e}"),
     }
 }
 
 /// [`fresh_lease`] through `locker`: its guard.
 async fn fresh_guard(locker: &Locker, name: &str, opts: &LockOptions) -> Result<Guard, Judged> {
+    let sent = Instant::now();
     match locker.try_acquire(name, opts).await {
         Ok(Some(guard)) => Ok(guard),
-        Ok(None) => Err(late_grant(opts.get_ttl())),
+        Ok(None) => Err(late_grant(opts.get_ttl(), sent)),
         Err(e) => panic!("try_acquire({name:?}) failed: {e}"),
     }
 }

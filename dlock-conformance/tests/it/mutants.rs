@@ -139,6 +139,8 @@ enum Bug {
     ExpiredPermitCounted,
     /// Renewing an expired permit brings it back.
     RenewalResurrects,
+    /// Renewing an expired permit brings it back, and says it did not.
+    RenewalResurrectsSilently,
     /// Semaphores asked for with different permit counts are taken as one,
     /// each caller judging by its own count (Curator's warning).
     PermitCountsUnchecked,
@@ -507,6 +509,11 @@ caught!(
 caught!(
     a_renewal_that_resurrects_a_permit_is_caught,
     Bug::RenewalResurrects,
+    [an_expired_permit_frees_its_place_for_good]
+);
+caught!(
+    a_renewal_that_resurrects_a_permit_without_a_word_is_caught,
+    Bug::RenewalResurrectsSilently,
     [an_expired_permit_frees_its_place_for_good]
 );
 caught!(

@@ -512,7 +512,7 @@ async fn a_cycle_costs_two_statements_planned_once_and_a_renewal_batch_one() {
 async fn a_statement_blocked_past_the_request_timeout_is_ended_by_the_server() {
     let server = start(Service::Postgres, ServerOptions::default()).await;
     let b = PgBackend::builder(server.url())
-        .request_timeout(Duration::from_secs(1))
+        .request_timeout(Duration::from_secs(3))
         .max_connections(1)
         .connect()
         .await
@@ -526,11 +526,13 @@ async fn a_statement_blocked_past_the_request_timeout_is_ended_by_the_server() {
         .fetch_one(&mut holder)
         .await
         .unwrap();
+    // Connected before the acquire starts, which is seen blocked only
+    // until its request timeout.
+    let mut watch = sqlx::PgConnection::connect(server.url()).await.unwrap();
     let acquire = {
         let (b, name) = (b.clone(), name.clone());
         tokio::spawn(async move { b.try_acquire(&name, &long()).await })
     };
-    let mut watch = sqlx::PgConnection::connect(server.url()).await.unwrap();
     let blocked = async |watch: &mut sqlx::PgConnection| -> Vec<i32> {
         sqlx::query_scalar(
             "SELECT pid FROM pg_stat_activity WHERE wait_event_type = 'Lock'
@@ -979,7 +981,9 @@ async fn queued(
     n: usize,
     never: &str,
 ) -> Vec<String> {
-    let until = tokio::time::Instant::now() + Duration::from_secs(10);
+    // A precondition, not a verdict: a crowd's first looks on a loaded
+    // machine take seconds.
+    let until = tokio::time::Instant::now() + Duration::from_secs(60);
     loop {
         let found = places(admin, table, name).await;
         if found.len() >= n {
@@ -1245,16 +1249,17 @@ async fn settings_in_the_url_take_effect_and_unknown_ones_are_refused() {
 /// a minute apart), and whose looks never time out on a loaded machine (an
 /// undone look would announce a release of its own).
 async fn patient(table: &str) -> PgBackend {
-    polling(table, Duration::from_secs(60)).await
+    polling(table, Duration::from_secs(60), Duration::from_secs(20)).await
 }
 
-/// A [`patient`] backend whose waits poll at most every `max_poll`.
-async fn polling(table: &str, max_poll: Duration) -> PgBackend {
+/// A [`patient`] backend whose waits poll at most every `max_poll`, its
+/// calls bounded by `request_timeout`.
+async fn polling(table: &str, max_poll: Duration, request_timeout: Duration) -> PgBackend {
     PgBackend::builder(url().await)
         .table(table)
         .wake_ups(true)
         .max_poll_interval(max_poll)
-        .request_timeout(Duration::from_secs(20))
+        .request_timeout(request_timeout)
         .connect()
         .await
         .unwrap()
@@ -1267,13 +1272,18 @@ async fn polling(table: &str, max_poll: Duration) -> PgBackend {
 /// release's commit and its read of whom to wake, and that release then
 /// rightly announces nobody.
 async fn listening(table: &str) -> PgBackend {
-    listening_polling(table, Duration::from_secs(60)).await
+    listening_polling(table, Duration::from_secs(60), Duration::from_secs(20)).await
 }
 
 /// A [`listening`] backend whose waits poll at most every `max_poll`,
-/// the first poll a fifth of it after the first look.
-async fn listening_polling(table: &str, max_poll: Duration) -> PgBackend {
-    let b = polling(table, max_poll).await;
+/// the first poll a fifth of it after the first look, its calls bounded
+/// by `request_timeout`.
+async fn listening_polling(
+    table: &str,
+    max_poll: Duration,
+    request_timeout: Duration,
+) -> PgBackend {
+    let b = polling(table, max_poll, request_timeout).await;
     // Any wait starts the listener, one on a free name too.
     let warm = unique_name("warm");
     let lease = b
@@ -1331,8 +1341,10 @@ async fn a_release_letting_in_more_readers_than_a_payload_names_announces_the_na
     let (holder, name) = (patient(&table).await, unique_name("crowd"));
     let write = long().write().ttl(WAIT * 5);
     let write = must_acquire(&holder, &name, &write).await;
-    // The first poll comes a tenth to a fifth of this after the first look.
-    let readers = listening_polling(&table, WAIT * 15).await;
+    // The first poll comes a tenth to a fifth of this after the first
+    // look. A look that fails (300 woken readers share the pool) is made
+    // again only at the next poll: each call may wait half the wait.
+    let readers = listening_polling(&table, WAIT * 15, WAIT / 2).await;
     let mut waits = tokio::task::JoinSet::new();
     for _ in 0..READERS {
         let (readers, of) = (readers.clone(), name.clone());

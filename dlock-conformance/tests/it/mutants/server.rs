@@ -490,7 +490,8 @@ impl Server {
     ) -> bool {
         let mut slots = self.slots.lock().unwrap();
         let now = Instant::now();
-        let resurrects = bug == Some(Bug::RenewalResurrects);
+        let silently = bug == Some(Bug::RenewalResurrectsSilently);
+        let resurrects = bug == Some(Bug::RenewalResurrects) || silently;
         let Some(hold) = slots.get_mut(name).and_then(|slot| {
             slot.holds
                 .iter_mut()
@@ -498,8 +499,9 @@ impl Server {
         }) else {
             return false;
         };
+        let live = hold.2 > now;
         hold.2 = now + ttl;
-        true
+        live || !silently
     }
 
     /// A read hold for the live writer `owner`, waiters or not.
