@@ -186,6 +186,9 @@ async fn ended<T>(conn: &mut PgConnection, stmt: &Stmt, done: sqlx::Result<T>) -
 
 /// Runs `stmt` on `lent` for its rows.
 pub(crate) async fn fetch_on(lent: &mut Lent<'_, Pg>, stmt: &Stmt) -> sqlx::Result<Vec<PgRow>> {
+    if let Some(query) = stmt.bound() {
+        return query.fetch_all(lent.parts().0).await;
+    }
     run(lent, stmt, |conn, sql| sqlx::raw_sql(sql).fetch_all(conn)).await
 }
 
@@ -194,6 +197,9 @@ pub(crate) async fn execute_on(
     lent: &mut Lent<'_, Pg>,
     stmt: &Stmt,
 ) -> sqlx::Result<PgQueryResult> {
+    if let Some(query) = stmt.bound() {
+        return query.execute(lent.parts().0).await;
+    }
     run(lent, stmt, |conn, sql| {
         Box::pin(sqlx::raw_sql(sql).execute(conn))
     })

@@ -62,28 +62,40 @@ pub(super) fn text(text: &str) -> String {
 pub(crate) struct Args {
     /// Each parameter's type and literal, in order.
     values: Vec<(&'static str, String)>,
+    /// Each parameter's value, for a statement sent with its values
+    /// bound instead (see `Stmt::bound`).
+    bound: Vec<Value>,
+}
+
+/// A parameter's value.
+#[derive(Debug)]
+enum Value {
+    Bytes(Vec<u8>),
+    Text(String),
+    Int(i64),
 }
 
 impl Args {
-    fn push(&mut self, kind: &'static str, literal: String) -> String {
+    fn push(&mut self, kind: &'static str, literal: String, value: Value) -> String {
         self.values.push((kind, literal));
+        self.bound.push(value);
         format!("${}", self.values.len())
     }
 
     /// A byte string.
     pub fn bytes(&mut self, value: &[u8]) -> String {
-        self.push("bytea", bytes(value))
+        self.push("bytea", bytes(value), Value::Bytes(value.to_vec()))
     }
 
     /// A text of any characters.
     pub fn text(&mut self, value: &str) -> String {
-        self.push("text", text(value))
+        self.push("text", text(value), Value::Text(value.to_owned()))
     }
 
     /// An owner or waiter token (hex digits, or empty): as text.
     pub fn token(&mut self, token: &str) -> String {
         debug_assert!(token.bytes().all(|b| b.is_ascii_hexdigit()));
-        self.push("text", format!("'{token}'"))
+        self.push("text", format!("'{token}'"), Value::Text(token.to_owned()))
     }
 
     /// Microseconds, as an interval.
@@ -91,8 +103,23 @@ impl Args {
         let us = i64::try_from(us).unwrap_or(i64::MAX);
         format!(
             "({} * interval '1 microsecond')",
-            self.push("bigint", us.to_string())
+            self.push("bigint", us.to_string(), Value::Int(us))
         )
+    }
+
+    /// `query` with the values bound, in order.
+    pub fn bind<'q>(
+        &self,
+        mut query: sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments>,
+    ) -> sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments> {
+        for value in &self.bound {
+            query = match value {
+                Value::Bytes(b) => query.bind(b.clone()),
+                Value::Text(t) => query.bind(t.clone()),
+                Value::Int(i) => query.bind(*i),
+            };
+        }
+        query
     }
 
     /// The parameters' types, as `PREPARE` declares them.

@@ -92,6 +92,9 @@ pub(crate) struct Statements {
     /// Ahead of a statement with no part prepared, after `limit`:
     /// [`UNPLANNED`] where the session has [`PLANS`].
     unplanned: &'static str,
+    /// Whether a statement of one prepared part goes with its values bound
+    /// (see `Stmt::bound`): where the session has every setting.
+    bind: bool,
     /// How long a waiter's tombstone stays (see [`Statements::tombstone`]):
     /// well past any look still on its way.
     tomb: Duration,
@@ -133,6 +136,7 @@ impl Statements {
             ),
             plans: PLANS,
             unplanned: "",
+            bind: false,
         }
     }
 
@@ -183,6 +187,7 @@ impl Statements {
         self.plans = "";
         if self.prepare {
             self.unplanned = UNPLANNED;
+            self.bind = true;
         }
         self
     }

@@ -36,6 +36,9 @@ pub struct Stmt {
     /// With statements prepared: which parts are, and the names they go
     /// by, in the order they run.
     pub(crate) ids: Vec<(usize, Id)>,
+    /// Whether it goes in the extended protocol, prepared by sqlx on each
+    /// connection and its values bound (see [`Stmt::bound`]).
+    bind: bool,
 }
 
 impl Stmt {
@@ -49,6 +52,22 @@ impl Stmt {
 }
 
 impl Stmt {
+    /// The statement as sqlx's prepared statement, its values bound, when
+    /// it is one part and its session has every setting it needs: no
+    /// pooler lends the session to others, and sqlx prepares it once per
+    /// connection. Parsing an `EXECUTE` of a simple query and evaluating
+    /// its literals took the server more than running the statement (76
+    /// µs against 21 µs a call, the acquire of an uncontended cycle).
+    pub(crate) fn bound(
+        &self,
+    ) -> Option<sqlx::query::Query<'_, sqlx::Postgres, sqlx::postgres::PgArguments>> {
+        if !self.bind {
+            return None;
+        }
+        let part = *Self::parts(&self.body).first()?;
+        Some(self.args.bind(sqlx::query(AssertSqlSafe(part.to_owned()))))
+    }
+
     /// The whole statement as one simple query, its values as literals.
     pub(crate) fn written_out(&self) -> SqlStr {
         // Every value is a literal of hex digits or a number, and the
@@ -173,11 +192,13 @@ impl Statements {
         } else {
             format!("{}{}", self.limit, self.plans)
         };
+        let bind = self.bind && limit.is_empty() && ids.len() == 1 && Stmt::parts(&body).len() == 1;
         Stmt {
             limit,
             body,
             args,
             ids,
+            bind,
         }
     }
 }
@@ -269,5 +290,27 @@ mod tests {
             .expect("commits");
         assert!(!release.ids.is_empty());
         assert!(release.ids.iter().all(|(i, _)| *i < commit), "{release:?}");
+    }
+
+    #[test]
+    fn only_one_prepared_part_on_a_session_with_every_setting_goes_bound() {
+        let new = |prepare| Statements::new("public", "t", Duration::from_millis(1500), prepare);
+        let direct = new(true).per_session();
+        let bound = direct.release(b"x", "00ff");
+        let query = bound.bound().expect("one part, settings in the session");
+        let sql = sqlx::Execute::sql(query);
+        assert_eq!(sql.as_str(), Stmt::parts(&bound.body)[0]);
+        // Two parts (the release and its announcement), or a part run
+        // after a `SET LOCAL`, go as one simple query.
+        assert!(direct.release_and_notify(b"x", "00ff").bound().is_none());
+        assert!(new(true).release(b"x", "00ff").bound().is_none());
+        assert!(
+            new(false)
+                .per_session()
+                .release(b"x", "00ff")
+                .bound()
+                .is_none()
+        );
+        assert!(direct.purge(false, 1, 10, (0, 1)).bound().is_none());
     }
 }
