@@ -40,10 +40,6 @@ const NOW: &str = "clock_timestamp()";
 /// earlier one, as long as that clock does not step back.
 pub(crate) const CLOCK_US: &str = "(extract(epoch FROM clock_timestamp()) * 1000000)::bigint";
 
-/// A setting of one transaction: how many rows its release matched (see
-/// [`Statements::release_and_notify`]).
-const RELEASED: &str = "dlock.released";
-
 /// How a prepared statement is planned (set for the connection's session,
 /// or in each transaction of a statement that has a part prepared, its
 /// parts written out included; see [`Statements::per_session`]):
@@ -217,9 +213,14 @@ impl Statements {
     /// keeps (or takes) a place of `place_us` in the name's queue, so
     /// that a release wakes the first place only; granted, it gives the
     /// place up. `ON CONFLICT DO UPDATE` locks the row even when its
-    /// condition fails, so the place is written under the row's lock,
-    /// where a release sees it: the release reads the queue in the
-    /// statement after the one that took the lock.
+    /// condition fails, so the place is written under the row's lock. A
+    /// place that was not live before also moves the row's fence on by
+    /// one, without a grant: a release that waited for this lock reads
+    /// the queue with a snapshot taken before the place's commit, but the
+    /// row it frees as it is after, and so learns that a place may have
+    /// come that it cannot see (see [`Statements::release_and_notify`]).
+    /// (A name's first row, inserted by another after this statement's
+    /// snapshot, cannot move: that waiter is let in by its next look.)
     pub fn acquire(
         &self,
         name: &[u8],
@@ -247,7 +248,11 @@ impl Statements {
                      WHERE name = {n} AND owner LIKE '~%' AND expires_at > {NOW})
                    ON CONFLICT (name, owner) DO UPDATE SET expires_at = EXCLUDED.expires_at,
                      since = CASE WHEN x.expires_at > {NOW} THEN x.since ELSE EXCLUDED.since END
-                   WHERE x.since >= 0)"
+                   WHERE x.since >= 0 RETURNING 1),
+                 was AS (SELECT 1 FROM {q} WHERE name = {n} AND owner = {me} AND waiting
+                   AND since >= 0 AND expires_at > {NOW}),
+                 moved AS (UPDATE {t} SET fence = fence + 1 WHERE name = {n}
+                   AND EXISTS (SELECT 1 FROM queued) AND NOT EXISTS (SELECT 1 FROM was))"
             )
         };
         self.prepared(
@@ -300,35 +305,59 @@ impl Statements {
     }
 
     /// [`Statements::release`], announcing the release on the table's
-    /// channel, in the same transaction: the announcement goes out at its
-    /// commit, as `<name in hex>:<token>`, naming the first live place in
-    /// the name's queue, the only waiter a release wakes (no place, no
+    /// channel, in one statement: the announcement goes out at its commit,
+    /// as `<name in hex>:<token>`, naming the first live place in the
+    /// name's queue, the only waiter a release wakes (no place, no
     /// announcement: a notifying commit takes a lock that every notifying
-    /// commit of the database shares). The queue is read in a statement
-    /// after the release's: that one took the row's lock, waiting for any
-    /// acquire that held it, and a later statement's snapshot has every
-    /// place written under that lock (see [`Statements::acquire`]). The
-    /// release says whether it matched in a setting of its transaction
-    /// (`dlock.released`), which the read answers by. One row back when
-    /// released: the token.
+    /// commit of the database shares). One row back when released: the
+    /// row's fence as the release left it, and the token announced. The
+    /// queue is read with the statement's snapshot, which lacks a place
+    /// written by an acquire whose lock on the row this release waited
+    /// for; such a place moved the fence on (see [`Statements::acquire`]),
+    /// so a fence above the lease's calls for [`Statements::announce_head`]
+    /// after the commit.
     pub fn release_and_notify(&self, name: &[u8], owner: &str) -> Stmt {
         let mut a = Args::default();
-        let (t, q, c) = (&self.table, &self.holds, &self.channel);
-        let (n, o) = (a.bytes(name), a.token(owner));
+        let (t, c, n, o) = (&self.table, &self.channel, a.bytes(name), a.token(owner));
+        let head = self.head(&n);
         self.prepared(
             a,
             format!(
                 "WITH released AS (
                UPDATE {t} SET owner = '', expires_at = {NOW}
                WHERE name = {n} AND owner = {o} AND expires_at > {NOW}
-               RETURNING 1)
-             SELECT FROM (SELECT set_config('{RELEASED}', count(*)::text, true) FROM released) AS r;
-             SELECT who, CASE WHEN who <> ''
-               THEN pg_notify('{c}', encode({n}, 'hex') || ':' || who) END::text
-             FROM (SELECT COALESCE((SELECT owner FROM {q}
+               RETURNING fence),
+             head AS ({head})
+             SELECT r.fence, h.who, CASE WHEN h.who IS NOT NULL
+               THEN pg_notify('{c}', encode({n}, 'hex') || ':' || h.who) END::text
+             FROM released AS r LEFT JOIN head AS h ON true"
+            ),
+        )
+    }
+
+    /// The first live place in the queue of `n` (a value as the statement
+    /// has it), as `who`.
+    fn head(&self, n: &str) -> String {
+        format!(
+            "SELECT owner AS who FROM {q}
                WHERE name = {n} AND waiting AND mode = 'x' AND expires_at > {NOW} AND since >= 0
-               ORDER BY since, owner LIMIT 1), '') AS who) AS head
-             WHERE current_setting('{RELEASED}') = '1'"
+               ORDER BY since, owner LIMIT 1",
+            q = self.holds
+        )
+    }
+
+    /// Announces the first live place in the queue of `name`, as
+    /// [`Statements::release_and_notify`] does, read after the release's
+    /// commit. One row when there is one: its token.
+    pub fn announce_head(&self, name: &[u8]) -> Stmt {
+        let mut a = Args::default();
+        let (c, n) = (&self.channel, a.bytes(name));
+        let head = self.head(&n);
+        self.prepared(
+            a,
+            format!(
+                "SELECT who, pg_notify('{c}', encode({n}, 'hex') || ':' || who)::text
+             FROM ({head}) AS h"
             ),
         )
     }

@@ -225,21 +225,21 @@ mod tests {
             "{}",
             run.as_str()
         );
-        let release = sql.release_and_notify(b"x", "00ff");
-        let ids: Vec<Id> = release.ids.iter().map(|(_, id)| *id).collect();
-        let first = release.execute(&ids).expect("prepared");
-        // The release, which takes the row's lock, and the read of the
-        // queue, each prepared, in front, then run in that order.
+        let settle = sql.settle_marker(b"x");
+        let ids: Vec<Id> = settle.ids.iter().map(|(_, id)| *id).collect();
+        let first = settle.execute(&ids).expect("prepared");
+        // The lock of the row and the change, each prepared, in front,
+        // then run in that order.
         let first = first.as_str();
         assert_eq!(first.matches("PREPARE dlock_").count(), 2, "{first}");
-        let release = first.find("(bytea, text) AS WITH released");
-        let read = first.find("(bytea, text) AS SELECT who");
-        let (run_release, run_read) = (
+        let lock = first.find("(bytea) AS SELECT FROM");
+        let change = first.find("(bytea) AS UPDATE");
+        let (run_lock, run_change) = (
             first.find(&format!("EXECUTE dlock_{}", hex::encode(ids[0]))),
             first.find(&format!("EXECUTE dlock_{}", hex::encode(ids[1]))),
         );
-        assert!(release.is_some() && release < read, "{first}");
-        assert!(read < run_release && run_release < run_read, "{first}");
+        assert!(lock.is_some() && lock < change, "{first}");
+        assert!(change < run_lock && run_lock < run_change, "{first}");
         let plain = Statements::new("public", "t", Duration::from_millis(1500), false);
         assert!(plain.release(b"x", "00ff").execute(&[]).is_none());
     }
@@ -300,9 +300,10 @@ mod tests {
         let query = bound.bound().expect("one part, settings in the session");
         let sql = sqlx::Execute::sql(query);
         assert_eq!(sql.as_str(), Stmt::parts(&bound.body)[0]);
-        // Two parts (the release and its announcement), or a part run
+        // Two parts (the row's lock, then the change), or a part run
         // after a `SET LOCAL`, go as one simple query.
-        assert!(direct.release_and_notify(b"x", "00ff").bound().is_none());
+        assert!(direct.release_and_notify(b"x", "00ff").bound().is_some());
+        assert!(direct.settle_marker(b"x").bound().is_none());
         assert!(new(true).release(b"x", "00ff").bound().is_none());
         assert!(
             new(false)

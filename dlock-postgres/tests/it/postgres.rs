@@ -1056,10 +1056,11 @@ async fn a_release_announces_only_the_first_queued_waiter() {
 
 /// A release that waits for the name's row behind an acquire (which
 /// writes its waiter's place under the row's lock) announces that place
-/// once the acquire commits: the release reads the queue after it has the
-/// lock, never from before its wait. Here an open transaction of the
-/// test's own plays the acquire; the release is seen waiting on it before
-/// it commits.
+/// once the acquire commits, though its own read of the queue was made
+/// before: the place moved the row's fence on, which the release sees
+/// (that a real look moves it is the next test's). Here an open
+/// transaction of the test's own plays the acquire; the release is seen
+/// waiting on it before it commits.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_release_blocked_behind_an_acquire_announces_the_place_it_wrote() {
     let table = own_table("blocked_release");
@@ -1088,6 +1089,13 @@ async fn a_release_blocked_behind_an_acquire_announces_the_place_it_wrote() {
     )))
     .bind(name.as_bytes())
     .bind(waiter)
+    .execute(&mut acquire)
+    .await
+    .unwrap();
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "UPDATE \"{table}\" SET fence = fence + 1 WHERE name = $1"
+    )))
+    .bind(name.as_bytes())
     .execute(&mut acquire)
     .await
     .unwrap();
@@ -1122,6 +1130,67 @@ async fn a_release_blocked_behind_an_acquire_announces_the_place_it_wrote() {
         Some(format!("{hex}:{waiter}")),
         "the release did not announce the place written under the row's lock"
     );
+}
+
+/// A waiter's look that writes its place anew moves the row's fence on by
+/// one, without a grant, so that a release waiting for the row learns of a
+/// place its snapshot lacks (see the test above); a look that keeps a live
+/// place moves nothing. Decided on the row's fence, read once the place is
+/// there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_place_moves_the_fence_on() {
+    let table = own_table("place_fence");
+    let (holder, waiter) = (patient(&table).await, listening(&table).await);
+    let name = unique_name("place-fence");
+    let lease = must_acquire(&holder, &name, &long()).await;
+    let mut admin = admin().await;
+    let (fence, places) = (
+        format!("SELECT fence FROM \"{table}\" WHERE name = $1"),
+        format!("SELECT count(*) FROM \"{table}_holds\" WHERE name = $1 AND waiting"),
+    );
+    let granted: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(fence.clone()))
+        .bind(name.as_bytes())
+        .fetch_one(&mut admin)
+        .await
+        .unwrap();
+    assert_eq!(u64::try_from(granted).unwrap(), lease.fencing_token());
+    let waiting = tokio::spawn({
+        let name = name.clone();
+        async move {
+            waiter
+                .acquire(&name, &long().wait(Duration::from_secs(60)))
+                .await
+        }
+    });
+    let until = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let queued: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(places.clone()))
+            .bind(name.as_bytes())
+            .fetch_one(&mut admin)
+            .await
+            .unwrap();
+        if queued > 0 {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < until,
+            "the waiter never queued"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let moved: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(fence))
+        .bind(name.as_bytes())
+        .fetch_one(&mut admin)
+        .await
+        .unwrap();
+    assert_eq!(
+        moved,
+        granted + 1,
+        "a new place left the fence where it was"
+    );
+    holder.release(&lease).await.unwrap();
+    let next = waiting.await.unwrap().expect("let in");
+    assert!(next.fencing_token() > lease.fencing_token() + 1);
 }
 
 /// A listener whose connection hangs without an error (the proxy in front
