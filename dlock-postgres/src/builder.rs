@@ -98,7 +98,10 @@ impl PgBuilder {
     /// come to have each statement prepared once; a session that lacks one
     /// gets it on its first use. Each is planned once, for every call,
     /// which needs PostgreSQL 12 or later: on an older server nothing is
-    /// prepared (see the crate's README). Off
+    /// prepared (see the crate's README). Where each connection has its
+    /// settings for its whole session ([`session_settings`](Self::session_settings)),
+    /// a call of one statement goes as sqlx's prepared statement instead,
+    /// its values bound. Off
     /// (`?statement_cache=false`), every statement is parsed and planned on
     /// each call, as by a pooler that refuses `PREPARE`.
     pub fn statement_cache(mut self, on: bool) -> Self {
