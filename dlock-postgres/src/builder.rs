@@ -6,8 +6,9 @@ use std::time::Duration;
 use dlock_core::driver::wait::Wakeups;
 use dlock_core::{Error, Locker, Result};
 use dlock_sql::Settings;
+use sqlx::AssertSqlSafe;
 use sqlx::postgres::PgConnectOptions;
-use tokio::time::Instant;
+use tokio::time::{Instant, timeout_at};
 
 use crate::backend::{Inner, PgBackend};
 use crate::notify::Listener;
@@ -245,7 +246,20 @@ impl PgBuilder {
             };
             first.create_unless_there(pair, by, missing).await?;
         }
-        first.give_back();
+        // A table made by an older release lacks the count of places
+        // until `migrate` gives it one; unknown counts as lacking.
+        let places = timeout_at(
+            Instant::now() + self.s.request_timeout,
+            sqlx::query_scalar::<_, bool>(AssertSqlSafe(sql.has_places())).fetch_one(first.conn()),
+        )
+        .await;
+        let sql = sql.counting_places(matches!(places, Ok(Ok(true))));
+        if places.is_err() {
+            // No reply in time: dropped, the connection is closed.
+            drop(first);
+        } else {
+            first.give_back();
+        }
         Ok(PgBackend {
             inner: Arc::new(Inner {
                 pool,

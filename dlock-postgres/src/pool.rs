@@ -187,7 +187,10 @@ async fn ended<T>(conn: &mut PgConnection, stmt: &Stmt, done: sqlx::Result<T>) -
 /// Runs `stmt` on `lent` for its rows.
 pub(crate) async fn fetch_on(lent: &mut Lent<'_, Pg>, stmt: &Stmt) -> sqlx::Result<Vec<PgRow>> {
     if let Some(query) = stmt.bound() {
-        return query.fetch_all(lent.parts().0).await;
+        let done = query.fetch_all(&mut *lent.parts().0).await;
+        if !lost_statements(lent, &done).await {
+            return done;
+        }
     }
     run(lent, stmt, |conn, sql| sqlx::raw_sql(sql).fetch_all(conn)).await
 }
@@ -198,12 +201,28 @@ pub(crate) async fn execute_on(
     stmt: &Stmt,
 ) -> sqlx::Result<PgQueryResult> {
     if let Some(query) = stmt.bound() {
-        return query.execute(lent.parts().0).await;
+        let done = query.execute(&mut *lent.parts().0).await;
+        if !lost_statements(lent, &done).await {
+            return done;
+        }
     }
     run(lent, stmt, |conn, sql| {
         Box::pin(sqlx::raw_sql(sql).execute(conn))
     })
     .await
+}
+
+/// Whether a bound statement failed because the session lost the
+/// statements sqlx prepared on it (a `DISCARD ALL`, a `DEALLOCATE` by
+/// someone else): sqlx's cache of them is emptied, so that the next call
+/// prepares again, and this one goes as a simple query. Nothing ran.
+async fn lost_statements<T>(lent: &mut Lent<'_, Pg>, done: &sqlx::Result<T>) -> bool {
+    let lost =
+        matches!(done, Err(e) if sql_state(e).as_deref() == Some(INVALID_SQL_STATEMENT_NAME));
+    if lost && let Err(e) = lent.parts().0.clear_cached_statements().await {
+        tracing::debug!(error = %e, "could not empty the statement cache");
+    }
+    lost
 }
 
 impl PgBackend {

@@ -15,11 +15,7 @@ impl PgBackend {
     /// [`Driver::release`](dlock_core::driver::Driver::release) of a mutex.
     pub(crate) async fn release_mutex(&self, lease: &Lease) -> Result<()> {
         let owner = lease.owner().to_string();
-        let fence = Some(lease.fencing_token());
-        if !self
-            .release_row(lease.name(), &owner, fence, "release")
-            .await?
-        {
+        if !self.release_row(lease.name(), &owner, "release").await? {
             return Err(Error::not_held(lease.name()));
         }
         Ok(())
@@ -41,15 +37,8 @@ impl PgBackend {
     /// Frees `name` if `owner` holds it, and wakes this process's waiter
     /// the release lets in: with wake-ups on, the one it announced to
     /// every process (the first in the name's queue), else every waiter
-    /// of the name here. `true` when it freed the name. `fence`: the
-    /// lease's token, when known.
-    async fn release_row(
-        &self,
-        name: &str,
-        owner: &str,
-        fence: Option<u64>,
-        doing: &str,
-    ) -> Result<bool> {
+    /// of the name here. `true` when it freed the name.
+    async fn release_row(&self, name: &str, owner: &str, doing: &str) -> Result<bool> {
         if self.inner.listen.is_none() {
             let sql = self.inner.sql.release(name.as_bytes(), owner);
             let released = self
@@ -64,21 +53,27 @@ impl PgBackend {
         }
         let sql = self.inner.sql.release_and_notify(name.as_bytes(), owner);
         let rows = self.fetch(sql, doing, self.deadline()).await?;
-        let Some(row) = rows.first() else {
+        let Some(row) = rows.iter().rev().find(|row| !row.is_empty()) else {
             return Ok(false);
         };
         let read = |e| Error::backend(crate::backend::NAME, doing, e);
-        let (left, head): (i64, Option<String>) =
-            (row.try_get(0).map_err(read)?, row.try_get(1).map_err(read)?);
-        match head {
-            Some(head) => self.inner.queued_wakeups.wake(&head),
-            // A place the release could not see may have come while it
-            // waited for the row: its look moved the fence past the
-            // lease's (see `Statements::acquire`).
-            None if fence.is_none_or(|fence| i64::try_from(fence).is_ok_and(|f| left > f)) => {
+        if self.inner.sql.counts_places() {
+            let (unseen, head): (bool, Option<String>) =
+                (row.try_get(0).map_err(read)?, row.try_get(1).map_err(read)?);
+            if let Some(head) = &head {
+                self.inner.queued_wakeups.wake(head);
+            }
+            if unseen {
+                // A place came while the release waited for the row, which
+                // its read of the queue could not see; the head it read
+                // may have left meanwhile too.
                 self.announce_head(name, doing).await;
             }
-            None => {}
+        } else {
+            let head: String = row.try_get(0).map_err(read)?;
+            if !head.is_empty() {
+                self.inner.queued_wakeups.wake(&head);
+            }
         }
         // Waiters of a backend whose listener gave up poll by name.
         self.inner.wakeups.wake(name);
@@ -120,9 +115,7 @@ impl PgBackend {
             .inner
             .pool
             .retry_in_background(ttl, || async {
-                let released = self
-                    .release_row(name, &owner, None, "undo an acquire")
-                    .await?;
+                let released = self.release_row(name, &owner, "undo an acquire").await?;
                 if !released && Instant::now() < settled_by {
                     return Err(timed_out(
                         "undo an acquire: nothing to release yet; it may still commit".to_owned(),

@@ -29,7 +29,8 @@ impl Statements {
                 fence bigint NOT NULL,
                 expires_at timestamptz NOT NULL,
                 acquired_at timestamptz NOT NULL,
-                holder text NOT NULL
+                holder text NOT NULL,
+                places bigint NOT NULL DEFAULT 0
             ) WITH (fillfactor = {FILL});
             CREATE TABLE IF NOT EXISTS {h} (
                 name bytea NOT NULL,
@@ -47,7 +48,8 @@ impl Statements {
     }
 
     /// Gives tables made by older releases this one's layout: the holds
-    /// table's holder column, no expiry index, pages left half free (for
+    /// table's holder column, the lock table's count of places (see
+    /// [`Statements::counting_places`]), no expiry index, pages left half free (for
     /// the pages written from then on). Only `migrate` runs it: adding a
     /// column or dropping an index locks the table for a moment, and needs
     /// its owner's rights, which an application's role may lack. Each
@@ -78,6 +80,10 @@ impl Statements {
                              AND attname = 'holder' AND NOT attisdropped) THEN
                 ALTER TABLE {h} ADD COLUMN holder text NOT NULL DEFAULT '';
               END IF;
+              IF NOT EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = '{t}'::regclass
+                             AND attname = 'places' AND NOT attisdropped) THEN
+                ALTER TABLE {t} ADD COLUMN places bigint NOT NULL DEFAULT 0;
+              END IF;
             END $$;",
             index_name = text(&index)
         )
@@ -104,6 +110,16 @@ impl Statements {
             text(&format!("dlock create {}", self.table)),
             self.create()
         ))
+    }
+
+    /// Whether the lock table has the count of places (made by this
+    /// release, or given it by `migrate`).
+    pub fn has_places(&self) -> String {
+        format!(
+            "SELECT EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = to_regclass({})
+               AND attname = 'places' AND NOT attisdropped)",
+            text(&self.table)
+        )
     }
 
     /// Reads nothing, but fails when a table is missing or not ours.

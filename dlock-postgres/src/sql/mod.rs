@@ -40,6 +40,11 @@ const NOW: &str = "clock_timestamp()";
 /// earlier one, as long as that clock does not step back.
 pub(crate) const CLOCK_US: &str = "(extract(epoch FROM clock_timestamp()) * 1000000)::bigint";
 
+/// A setting of one transaction: how many rows its release matched (see
+/// [`Statements::release_and_notify`], on a table without the count of
+/// places).
+const RELEASED: &str = "dlock.released";
+
 /// How a prepared statement is planned (set for the connection's session,
 /// or in each transaction of a statement that has a part prepared, its
 /// parts written out included; see [`Statements::per_session`]):
@@ -91,6 +96,9 @@ pub(crate) struct Statements {
     /// Whether a statement of one prepared part goes with its values bound
     /// (see `Stmt::bound`): where the session has every setting.
     bind: bool,
+    /// Whether the lock table counts the places written in its rows (see
+    /// [`Statements::counting_places`]).
+    places: bool,
     /// How long a waiter's tombstone stays (see [`Statements::tombstone`]):
     /// well past any look still on its way.
     tomb: Duration,
@@ -133,7 +141,23 @@ impl Statements {
             plans: PLANS,
             unplanned: "",
             bind: false,
+            places: false,
         }
+    }
+
+    /// The statements for a lock table that counts, in each row, the
+    /// waiters' places written under that row's lock (its `places`
+    /// column, which tables made by older releases get from `migrate`):
+    /// a mutex's release with wake-ups is then one statement (see
+    /// [`Statements::release_and_notify`]).
+    pub fn counting_places(mut self, places: bool) -> Self {
+        self.places = places;
+        self
+    }
+
+    /// Whether the lock table counts places ([`Statements::counting_places`]).
+    pub fn counts_places(&self) -> bool {
+        self.places
     }
 
     /// The settings of [`Statements::per_session`], as a connection's
@@ -214,13 +238,16 @@ impl Statements {
     /// that a release wakes the first place only; granted, it gives the
     /// place up. `ON CONFLICT DO UPDATE` locks the row even when its
     /// condition fails, so the place is written under the row's lock. A
-    /// place that was not live before also moves the row's fence on by
-    /// one, without a grant: a release that waited for this lock reads
-    /// the queue with a snapshot taken before the place's commit, but the
-    /// row it frees as it is after, and so learns that a place may have
-    /// come that it cannot see (see [`Statements::release_and_notify`]).
-    /// (A name's first row, inserted by another after this statement's
-    /// snapshot, cannot move: that waiter is let in by its next look.)
+    /// place that was not live before (or could lapse before a release
+    /// that waits for this lock is done: two statement timeouts) also
+    /// counts one more place in the row, where the table counts them: a
+    /// release that waited for this lock reads the queue with a snapshot
+    /// taken before the place's commit, but frees the row as it is after,
+    /// and so learns that a place came that it cannot see (see
+    /// [`Statements::release_and_notify`]). (A row inserted by another
+    /// after this statement's snapshot, a name's first or one purged and
+    /// made again, is not counted in: that waiter is let in by its next
+    /// look.)
     pub fn acquire(
         &self,
         name: &[u8],
@@ -238,6 +265,18 @@ impl Statements {
         } else {
             let (q, me, place) = (&self.holds, a.token(waiter), a.micros(place_us));
             let swept = self.swept();
+            let counted = if self.places {
+                let margin = micros(self.timeout_ms.saturating_mul(2000));
+                format!(
+                    ",
+                 was AS (SELECT 1 FROM {q} WHERE name = {n} AND owner = {me} AND waiting
+                   AND since >= 0 AND expires_at > {NOW} + {margin}),
+                 counted AS (UPDATE {t} SET places = places + 1 WHERE name = {n}
+                   AND EXISTS (SELECT 1 FROM queued) AND NOT EXISTS (SELECT 1 FROM was))"
+                )
+            } else {
+                String::new()
+            };
             format!(
                 ", gone AS (DELETE FROM {q} WHERE name = {n} AND (
                      (owner = {me} AND since >= 0 AND EXISTS (SELECT 1 FROM a))
@@ -248,11 +287,7 @@ impl Statements {
                      WHERE name = {n} AND owner LIKE '~%' AND expires_at > {NOW})
                    ON CONFLICT (name, owner) DO UPDATE SET expires_at = EXCLUDED.expires_at,
                      since = CASE WHEN x.expires_at > {NOW} THEN x.since ELSE EXCLUDED.since END
-                   WHERE x.since >= 0 RETURNING 1),
-                 was AS (SELECT 1 FROM {q} WHERE name = {n} AND owner = {me} AND waiting
-                   AND since >= 0 AND expires_at > {NOW}),
-                 moved AS (UPDATE {t} SET fence = fence + 1 WHERE name = {n}
-                   AND EXISTS (SELECT 1 FROM queued) AND NOT EXISTS (SELECT 1 FROM was))"
+                   WHERE x.since >= 0 RETURNING 1){counted}"
             )
         };
         self.prepared(
@@ -305,31 +340,55 @@ impl Statements {
     }
 
     /// [`Statements::release`], announcing the release on the table's
-    /// channel, in one statement: the announcement goes out at its commit,
-    /// as `<name in hex>:<token>`, naming the first live place in the
-    /// name's queue, the only waiter a release wakes (no place, no
+    /// channel, in the same transaction: the announcement goes out at its
+    /// commit, as `<name in hex>:<token>`, naming the first live place in
+    /// the name's queue, the only waiter a release wakes (no place, no
     /// announcement: a notifying commit takes a lock that every notifying
-    /// commit of the database shares). One row back when released: the
-    /// row's fence as the release left it, and the token announced. The
-    /// queue is read with the statement's snapshot, which lacks a place
-    /// written by an acquire whose lock on the row this release waited
-    /// for; such a place moved the fence on (see [`Statements::acquire`]),
-    /// so a fence above the lease's calls for [`Statements::announce_head`]
-    /// after the commit.
+    /// commit of the database shares). One row back when released.
+    ///
+    /// Where the table counts places ([`Statements::counting_places`]),
+    /// one statement, which reads the queue with its own snapshot: that
+    /// lacks a place written by an acquire whose lock on the row this
+    /// release waited for, but such a place counted itself in the row,
+    /// which the release frees as it is after that wait. The row: whether
+    /// a place came that the snapshot lacks (then
+    /// [`Statements::announce_head`] after the commit), and the token
+    /// announced. Else two statements, the queue read in the second,
+    /// whose snapshot comes after the lock; the release says whether it
+    /// matched in a setting of its transaction (`dlock.released`). The
+    /// row: the token, `''` for none.
     pub fn release_and_notify(&self, name: &[u8], owner: &str) -> Stmt {
         let mut a = Args::default();
         let (t, c, n, o) = (&self.table, &self.channel, a.bytes(name), a.token(owner));
         let head = self.head(&n);
+        if !self.places {
+            return self.prepared(
+                a,
+                format!(
+                    "WITH released AS (
+               UPDATE {t} SET owner = '', expires_at = {NOW}
+               WHERE name = {n} AND owner = {o} AND expires_at > {NOW}
+               RETURNING 1)
+             SELECT FROM (SELECT set_config('{RELEASED}', count(*)::text, true) FROM released) AS r;
+             SELECT who, CASE WHEN who <> ''
+               THEN pg_notify('{c}', encode({n}, 'hex') || ':' || who) END::text
+             FROM (SELECT COALESCE(({head}), '') AS who) AS head
+             WHERE current_setting('{RELEASED}') = '1'"
+                ),
+            );
+        }
         self.prepared(
             a,
             format!(
-                "WITH released AS (
+                "WITH seen AS (SELECT places FROM {t} WHERE name = {n}),
+             released AS (
                UPDATE {t} SET owner = '', expires_at = {NOW}
                WHERE name = {n} AND owner = {o} AND expires_at > {NOW}
-               RETURNING fence),
+               RETURNING places),
              head AS ({head})
-             SELECT r.fence, h.who, CASE WHEN h.who IS NOT NULL
-               THEN pg_notify('{c}', encode({n}, 'hex') || ':' || h.who) END::text
+             SELECT r.places IS DISTINCT FROM (SELECT places FROM seen), h.who,
+               CASE WHEN h.who IS NOT NULL
+                 THEN pg_notify('{c}', encode({n}, 'hex') || ':' || h.who) END::text
              FROM released AS r LEFT JOIN head AS h ON true"
             ),
         )

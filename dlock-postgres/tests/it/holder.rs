@@ -6,7 +6,7 @@
 
 use dlock_conformance::harness::{Service, shared};
 use dlock_conformance::support::{older_tables_work_until_migrated, unique_name};
-use dlock_core::OwnerToken;
+use dlock_core::{Backend, LockOptions, OwnerToken};
 use dlock_postgres::PgBackend;
 use sqlx::Connection;
 
@@ -35,12 +35,44 @@ async fn tables_of_an_older_release_work_and_migrate_upgrades_them() {
         .await
         .unwrap();
 
+    // With wake-ups, a release on a table without the count of places
+    // reads the queue in a second statement.
+    let waking = |url: &str| {
+        PgBackend::builder(url)
+            .table(&table)
+            .wake_ups(true)
+            .connect()
+    };
+    let name = unique_name("old-wake");
+    let lease = waking(url).await.unwrap();
+    let held = lease
+        .try_acquire(&name, &LockOptions::new())
+        .await
+        .unwrap()
+        .unwrap();
+    lease.release(&held).await.unwrap();
     let b = PgBackend::builder(url)
         .table(&table)
         .connect()
         .await
         .unwrap();
     older_tables_work_until_migrated(&b, old_owner, || b.migrate()).await;
+    let places: bool = sqlx::query_scalar(
+        "SELECT EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = to_regclass($1)
+           AND attname = 'places')",
+    )
+    .bind(&table)
+    .fetch_one(&mut admin)
+    .await
+    .unwrap();
+    assert!(places, "migrate counts places in the lock table");
+    let waking = waking(url).await.unwrap();
+    let held = waking
+        .try_acquire(&name, &LockOptions::new())
+        .await
+        .unwrap()
+        .unwrap();
+    waking.release(&held).await.unwrap();
     let (index, options): (Option<String>, Vec<String>) = sqlx::query_as(
         "SELECT to_regclass($1)::text, (SELECT array_agg(COALESCE(array_to_string(reloptions, ','), '') \
            ORDER BY relname) FROM pg_class WHERE relname IN ($2, $3))",

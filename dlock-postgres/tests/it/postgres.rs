@@ -1057,8 +1057,8 @@ async fn a_release_announces_only_the_first_queued_waiter() {
 /// A release that waits for the name's row behind an acquire (which
 /// writes its waiter's place under the row's lock) announces that place
 /// once the acquire commits, though its own read of the queue was made
-/// before: the place moved the row's fence on, which the release sees
-/// (that a real look moves it is the next test's). Here an open
+/// before: the place counted itself in the row, which the release sees
+/// (that a real look counts it is the next test's). Here an open
 /// transaction of the test's own plays the acquire; the release is seen
 /// waiting on it before it commits.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1093,7 +1093,7 @@ async fn a_release_blocked_behind_an_acquire_announces_the_place_it_wrote() {
     .await
     .unwrap();
     sqlx::query(sqlx::AssertSqlSafe(format!(
-        "UPDATE \"{table}\" SET fence = fence + 1 WHERE name = $1"
+        "UPDATE \"{table}\" SET places = places + 1 WHERE name = $1"
     )))
     .bind(name.as_bytes())
     .execute(&mut acquire)
@@ -1132,28 +1132,28 @@ async fn a_release_blocked_behind_an_acquire_announces_the_place_it_wrote() {
     );
 }
 
-/// A waiter's look that writes its place anew moves the row's fence on by
-/// one, without a grant, so that a release waiting for the row learns of a
-/// place its snapshot lacks (see the test above); a look that keeps a live
-/// place moves nothing. Decided on the row's fence, read once the place is
-/// there.
+/// A waiter's look that writes its place anew counts one more place in the
+/// name's row, so that a release waiting for the row learns of a place its
+/// snapshot lacks (see the test above); the row's fence stays the
+/// holder's token, as `inspect` reads it. Decided on the row, read once
+/// the place is there.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_new_place_moves_the_fence_on() {
-    let table = own_table("place_fence");
+async fn a_new_place_is_counted_in_the_row() {
+    let table = own_table("place_count");
     let (holder, waiter) = (patient(&table).await, listening(&table).await);
-    let name = unique_name("place-fence");
+    let name = unique_name("place-count");
     let lease = must_acquire(&holder, &name, &long()).await;
     let mut admin = admin().await;
-    let (fence, places) = (
-        format!("SELECT fence FROM \"{table}\" WHERE name = $1"),
+    let (row, places) = (
+        format!("SELECT fence, places FROM \"{table}\" WHERE name = $1"),
         format!("SELECT count(*) FROM \"{table}_holds\" WHERE name = $1 AND waiting"),
     );
-    let granted: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(fence.clone()))
+    let (fence, counted): (i64, i64) = sqlx::query_as(sqlx::AssertSqlSafe(row.clone()))
         .bind(name.as_bytes())
         .fetch_one(&mut admin)
         .await
         .unwrap();
-    assert_eq!(u64::try_from(granted).unwrap(), lease.fencing_token());
+    assert_eq!(u64::try_from(fence).unwrap(), lease.fencing_token());
     let waiting = tokio::spawn({
         let name = name.clone();
         async move {
@@ -1178,19 +1178,21 @@ async fn a_new_place_moves_the_fence_on() {
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    let moved: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(fence))
+    let after: (i64, i64) = sqlx::query_as(sqlx::AssertSqlSafe(row))
         .bind(name.as_bytes())
         .fetch_one(&mut admin)
         .await
         .unwrap();
     assert_eq!(
-        moved,
-        granted + 1,
-        "a new place left the fence where it was"
+        after,
+        (fence, counted + 1),
+        "(fence, places) once the place is there"
     );
+    let info = holder.inspect(&name).await.unwrap().expect("held");
+    assert_eq!(info.fencing_token, lease.fencing_token());
     holder.release(&lease).await.unwrap();
     let next = waiting.await.unwrap().expect("let in");
-    assert!(next.fencing_token() > lease.fencing_token() + 1);
+    assert!(next.fencing_token() > lease.fencing_token());
 }
 
 /// A listener whose connection hangs without an error (the proxy in front
