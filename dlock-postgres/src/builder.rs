@@ -6,8 +6,8 @@ use std::time::Duration;
 use dlock_core::driver::wait::Wakeups;
 use dlock_core::{Error, Locker, Result};
 use dlock_sql::Settings;
-use sqlx::AssertSqlSafe;
 use sqlx::postgres::PgConnectOptions;
+use sqlx::{AssertSqlSafe, Row};
 use tokio::time::{Instant, timeout_at};
 
 use crate::backend::{Inner, PgBackend};
@@ -247,13 +247,16 @@ impl PgBuilder {
             first.create_unless_there(pair, by, missing).await?;
         }
         // A table made by an older release lacks the count of places
-        // until `migrate` gives it one; unknown counts as lacking.
+        // until `migrate` gives it one; unknown counts as lacking. A
+        // simple query: a named statement of sqlx's, behind a pooler,
+        // would be on a server session that other clients use too.
         let places = timeout_at(
             Instant::now() + self.s.request_timeout,
-            sqlx::query_scalar::<_, bool>(AssertSqlSafe(sql.has_places())).fetch_one(first.conn()),
+            sqlx::raw_sql(AssertSqlSafe(sql.has_places())).fetch_one(first.conn()),
         )
         .await;
-        let sql = sql.counting_places(matches!(places, Ok(Ok(true))));
+        let counted = matches!(&places, Ok(Ok(row)) if row.try_get::<bool, _>(0).unwrap_or(false));
+        let sql = sql.counting_places(counted);
         if places.is_err() {
             // No reply in time: dropped, the connection is closed.
             drop(first);

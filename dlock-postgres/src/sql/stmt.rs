@@ -300,9 +300,12 @@ mod tests {
         let query = bound.bound().expect("one part, settings in the session");
         let sql = sqlx::Execute::sql(query);
         assert_eq!(sql.as_str(), Stmt::parts(&bound.body)[0]);
-        // Two parts (the row's lock, then the change), or a part run
-        // after a `SET LOCAL`, go as one simple query.
-        assert!(direct.release_and_notify(b"x", "00ff").bound().is_some());
+        // Two parts (the row's lock, then the change; a waking release on
+        // a table that does not count places), or a part run after a `SET
+        // LOCAL`, go as one simple query.
+        assert!(direct.release_and_notify(b"x", "00ff").bound().is_none());
+        let counting = new(true).per_session().counting_places(true);
+        assert!(counting.release_and_notify(b"x", "00ff").bound().is_some());
         assert!(direct.settle_marker(b"x").bound().is_none());
         assert!(new(true).release(b"x", "00ff").bound().is_none());
         assert!(
