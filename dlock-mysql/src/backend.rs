@@ -54,6 +54,17 @@ impl MySqlBackend {
     pub fn wake_anchor_for_tests(&self) -> &str {
         self.inner.sleepers.anchor_name()
     }
+
+    /// Whether the shared kinds' busiest calls go to the table's stored
+    /// procedures (see `sql/call.rs`) rather than as text.
+    #[cfg(feature = "_test-hooks")]
+    #[doc(hidden)]
+    pub fn calls_procedures(&self) -> bool {
+        self.inner
+            .sql
+            .call
+            .load(std::sync::atomic::Ordering::Relaxed)
+    }
 }
 
 impl MySqlBackend {

@@ -2,6 +2,7 @@
 
 use std::str::FromStr;
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use dlock_core::driver::wait::Wakeups;
@@ -129,6 +130,9 @@ impl MySqlBuilder {
                 first.create_unless_there(pair, by, missing).await?;
             }
         }
+        let by = Instant::now() + self.s.request_timeout;
+        let call = find_procedures(first.conn(), &sql, self.s.create_table, by).await?;
+        sql.call.store(call, Ordering::Relaxed);
         first.give_back();
         Ok(MySqlBackend {
             inner: Arc::new(Inner {
@@ -144,6 +148,51 @@ impl MySqlBuilder {
         })
     }
 }
+
+/// Whether the table's procedures of the shared kinds (see `sql/call.rs`)
+/// are all there, made first where missing if `create`. A user who may not
+/// create routines keeps the text, which does the same: that refusal only
+/// goes to the log.
+async fn find_procedures(
+    conn: &mut MySqlConnection,
+    sql: &Statements,
+    create: bool,
+    by: Instant,
+) -> Result<bool> {
+    const DOING: &str = "look for the lock table's procedures";
+    let late = || timed_out(format!("{DOING}: no reply in time"));
+    let all = sql.create_procedures().len();
+    let read = sqlx::query_scalar::<_, i64>(sql.procedures_found()).fetch_one(&mut *conn);
+    let found = timeout_at(by, read)
+        .await
+        .map_err(|_| late())?
+        .map_err(|e| sql_error(e, DOING))?;
+    let complete = usize::try_from(found) == Ok(all);
+    if complete || !create {
+        return Ok(complete);
+    }
+    for create in sql.create_procedures() {
+        // Not preparable: CREATE PROCEDURE goes as text.
+        let made = sqlx::raw_sql(create).execute(&mut *conn);
+        match timeout_at(by, made).await.map_err(|_| late())? {
+            Ok(_) => {}
+            Err(e) if server_error_number(&e) == Some(ER_SP_ALREADY_EXISTS) => {}
+            Err(e) if e.as_database_error().is_some() => {
+                tracing::info!(
+                    table = sql.table,
+                    error = %e,
+                    "could not make the lock table's procedures: shared calls go as text"
+                );
+                return Ok(false);
+            }
+            Err(e) => return Err(sql_error(e, DOING)),
+        }
+    }
+    Ok(true)
+}
+
+/// The procedure exists already (made by another client meanwhile).
+const ER_SP_ALREADY_EXISTS: u16 = 1304;
 
 /// Brings the `holder` columns of tables made by older releases to this
 /// release's (see [`Statements::holder_columns`]); nothing to do on
@@ -299,7 +348,12 @@ impl MySqlBackend {
             .await?;
         let mut lent = self.inner.pool.lend("migrate", by).await?;
         let table = &self.inner.sql.table;
-        let upgraded = upgrade_holder(lent.conn(), sql, table, by).await;
+        let mut upgraded = upgrade_holder(lent.conn(), sql, table, by).await;
+        if upgraded.is_ok() {
+            upgraded = find_procedures(lent.conn(), sql, true, by)
+                .await
+                .map(|call| sql.call.store(call, Ordering::Relaxed));
+        }
         if upgraded.is_ok() {
             lent.give_back();
         }

@@ -28,6 +28,14 @@ pub(crate) fn server_error_number(e: &sqlx::Error) -> Option<u16> {
         .map(MySqlDatabaseError::number)
 }
 
+/// A call of a stored procedure that does not exist (it did nothing).
+pub(crate) fn procedure_gone(e: &sqlx::Error) -> bool {
+    server_error_number(e) == Some(ER_SP_DOES_NOT_EXIST)
+}
+
+/// `PROCEDURE … does not exist`.
+const ER_SP_DOES_NOT_EXIST: u16 = 1305;
+
 /// How many times in a row a statement that InnoDB rolled back (a
 /// deadlock, a lock wait timeout) is sent again before its error counts.
 const ROLLED_BACK_RETRIES: u32 = 10;

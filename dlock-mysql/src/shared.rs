@@ -1,6 +1,7 @@
 //! Reader-writer locks and semaphores: the calls of the shared kinds of
 //! lock, on the transactions of `sql/shared.rs`.
 
+use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -15,7 +16,7 @@ use sqlx::{Row, SqlStr};
 use tokio::time::{Instant, timeout_at};
 
 use crate::backend::{MySqlBackend, NAME};
-use crate::error::RolledBack;
+use crate::error::{RolledBack, procedure_gone};
 use crate::extend::{Extended, owned_keys};
 use crate::pool::{Lent, Mark};
 
@@ -40,7 +41,7 @@ impl MySqlBackend {
     /// again.
     async fn transact(
         &self,
-        sql: SqlStr,
+        sql: impl Fn() -> SqlStr,
         doing: &str,
         by: Instant,
         mark: impl FnMut(Mark),
@@ -53,7 +54,7 @@ impl MySqlBackend {
     /// [`Self::transact`], keeping the connection for what follows.
     async fn transact_on(
         &self,
-        sql: SqlStr,
+        sql: impl Fn() -> SqlStr,
         doing: &str,
         by: Instant,
         mut mark: impl FnMut(Mark),
@@ -62,10 +63,20 @@ impl MySqlBackend {
         loop {
             let mut lent = self.inner.pool.lend(doing, by).await?;
             mark(lent.mark());
-            let done = timeout_at(by, sqlx::raw_sql(sql.clone()).fetch_all(lent.conn())).await;
+            let done = timeout_at(by, sqlx::raw_sql(sql()).fetch_all(lent.conn())).await;
             match done {
                 Ok(Ok(rows)) => return Ok((rows, lent)),
                 Ok(Err(e)) if rolled_back.again(&e) => rolled_back.pause(by).await,
+                Ok(Err(e)) if procedure_gone(&e) && self.inner.sql.call.swap(false, Relaxed) => {
+                    // Dropped since `connect` saw it (an administrator, a
+                    // restore): the call did nothing, and this backend
+                    // goes back to the text.
+                    tracing::warn!(
+                        table = self.inner.sql.table,
+                        "the lock table's procedures are gone: shared calls go as text"
+                    );
+                    lent.give_back();
+                }
                 done => {
                     let rows = self.inner.pool.answer(done, doing)?;
                     return Ok((rows, lent));
@@ -80,7 +91,7 @@ impl MySqlBackend {
     /// stays, for the undo, which ends that connection first.
     async fn transact_in_flight(
         &self,
-        sql: SqlStr,
+        sql: impl Fn() -> SqlStr,
         in_flight: &Arc<Mutex<Option<Mark>>>,
     ) -> Result<Vec<MySqlRow>> {
         let rows = self
@@ -118,15 +129,17 @@ impl MySqlBackend {
         }
         let owner = OwnerToken::random()?;
         let sent = Instant::now();
-        let sql = self.inner.sql.acquire_shared(
-            name.as_bytes(),
-            &owner.to_string(),
-            mode,
-            micros_up(opts.get_ttl()),
-            opts.get_holder(),
-            waiter,
-            micros_up(self.place()),
-        );
+        let sql = || {
+            self.inner.sql.acquire_shared(
+                name.as_bytes(),
+                &owner.to_string(),
+                mode,
+                micros_up(opts.get_ttl()),
+                opts.get_holder(),
+                waiter,
+                micros_up(self.place()),
+            )
+        };
         // Armed while the outcome is unknown, as for the mutex: the undo
         // ends the connection the transaction went out on, then releases.
         let mut undo = {
@@ -175,10 +188,11 @@ impl MySqlBackend {
         in_flight: &Arc<Mutex<Option<Mark>>>,
     ) -> Result<Option<Attempt>> {
         let place = micros_up(self.place());
-        let sql = self
-            .inner
-            .sql
-            .enqueue_shared(name.as_bytes(), opts.get_mode(), waiter, place);
+        let sql = || {
+            self.inner
+                .sql
+                .enqueue_shared(name.as_bytes(), opts.get_mode(), waiter, place)
+        };
         let rows = self.transact_in_flight(sql, in_flight).await?;
         let row = one_row(&rows, "acquire")?;
         let read = |e| Error::backend(NAME, "acquire", e);
@@ -238,13 +252,70 @@ impl MySqlBackend {
         );
     }
 
+    /// Wakes the waiters that a change's rows (theirs, then its own last
+    /// row) say it let in, when it changed anything (`changed`), on the
+    /// connection it ran on, which then goes back to the pool.
+    async fn wake_after(
+        &self,
+        lent: Lent<'_>,
+        rows: &[MySqlRow],
+        changed: i64,
+        name: &str,
+        by: Instant,
+    ) {
+        if changed == 0 {
+            lent.give_back();
+            return;
+        }
+        let mut sleepers = Vec::new();
+        for row in &rows[..rows.len().saturating_sub(1)] {
+            if let Ok(Some(id)) = row.try_get::<Option<i64>, _>(0)
+                && let Ok(id @ 1..) = u64::try_from(id)
+            {
+                sleepers.push(id);
+            }
+        }
+        self.wake_sleepers(lent, sleepers, name, by).await;
+        self.inner.wakeups.wake(name);
+    }
+
+    /// Lowers the marker of a name whose last hold ended and that let
+    /// nobody in, so that it may be used as another kind at once. Left up,
+    /// it lapses at its longest hold's end; a failed try goes on in the
+    /// pool's background turns for up to `ttl`, the release being done.
+    async fn settle_marker(&self, name: &str, ttl: Duration) {
+        let settle = |backend: Self, name: String| async move {
+            let sql = || backend.inner.sql.settle_marker(name.as_bytes());
+            backend
+                .transact(sql, "release", backend.deadline(), drop)
+                .await
+                .map(drop)
+        };
+        if let Err(error) = settle(self.clone(), name.to_owned()).await {
+            tracing::debug!(name, %error, "could not lower the marker yet");
+            let (backend, name) = (self.clone(), name.to_owned());
+            tokio::spawn(async move {
+                let settled = backend
+                    .inner
+                    .pool
+                    .retry_in_background(ttl, || settle(backend.clone(), name.clone()))
+                    .await;
+                tracing::debug!(
+                    name,
+                    settled = settled.is_some(),
+                    "lowered the marker later"
+                );
+            });
+        }
+    }
+
     /// Extends shared leases, one transaction per TTL; says which ones it
     /// did.
     pub(crate) async fn extend_shared(&self, leases: &mut [Lease]) -> Result<Vec<bool>> {
         let by = self.deadline();
         self.extend_per_ttl(leases, |batch, ttl| async move {
             let sql = self.inner.sql.extend_shared(&batch, micros_up(ttl));
-            let rows = self.transact(sql, "extend", by, drop).await?;
+            let rows = self.transact(|| sql.clone(), "extend", by, drop).await?;
             Ok(Extended::Owned(owned_keys(&rows)))
         })
         .await
@@ -277,27 +348,53 @@ impl SharedKinds for MySqlBackend {
     /// sleeping in the server (by `wait::waiter_key`).
     async fn change(&self, sql: SqlStr, name: &str, doing: &str) -> Result<i64> {
         let by = self.deadline();
-        let (rows, lent) = self.transact_on(sql, doing, by, drop).await?;
+        let (rows, lent) = self.transact_on(|| sql.clone(), doing, by, drop).await?;
         let changed = value(&rows, doing)?.unwrap_or(0);
-        if changed == 0 {
-            lent.give_back();
-            return Ok(0);
-        }
-        let mut sleepers = Vec::new();
-        for row in &rows[..rows.len() - 1] {
-            if let Ok(Some(id)) = row.try_get::<Option<i64>, _>(0)
-                && let Ok(id @ 1..) = u64::try_from(id)
-            {
-                sleepers.push(id);
-            }
-        }
-        self.wake_sleepers(lent, sleepers, name, by).await;
-        self.inner.wakeups.wake(name);
+        self.wake_after(lent, &rows, changed, name, by).await;
         Ok(changed)
     }
 
+    /// A read or a permit ends without the name's row lock (see
+    /// `Statements::release_unlocked`): in a crowd every release took that
+    /// lock in turn, in the way of every grant. A write's release, which
+    /// lets in whoever waits, keeps the locked change.
+    async fn release_shared(&self, lease: &Lease) -> Result<()> {
+        if lease.mode() == Mode::Write {
+            return self.end_shared(lease, "").await;
+        }
+        const DOING: &str = "release";
+        let (name, owner) = (lease.name(), lease.owner().to_string());
+        let sql = || {
+            self.inner
+                .sql
+                .release_unlocked(name.as_bytes(), &owner, self.inner.wake_ups)
+        };
+        let by = self.deadline();
+        let (rows, lent) = self.transact_on(sql, DOING, by, drop).await?;
+        let last = one_row(&rows, DOING)?;
+        let read = |e| Error::backend(NAME, DOING, e);
+        let (ended, left, marked): (Option<i64>, i64, i64) = (
+            last.try_get(0).map_err(read)?,
+            last.try_get(1).map_err(read)?,
+            last.try_get(2).map_err(read)?,
+        );
+        let ended = ended.unwrap_or(0);
+        let admitted = rows.len() > 1;
+        self.wake_after(lent, &rows, ended, name, by).await;
+        if left == 0 && marked != 0 && !admitted {
+            self.settle_marker(name, lease.ttl().unwrap_or_default())
+                .await;
+        }
+        if ended != 1 {
+            return Err(Error::not_held(name));
+        }
+        Ok(())
+    }
+
     async fn value(&self, sql: SqlStr, doing: &str) -> Result<Option<i64>> {
-        let rows = self.transact(sql, doing, self.deadline(), drop).await?;
+        let rows = self
+            .transact(|| sql.clone(), doing, self.deadline(), drop)
+            .await?;
         value(&rows, doing)
     }
 

@@ -1,8 +1,11 @@
 //! The statements, written once per table name.
 
+use std::sync::atomic::AtomicBool;
+
 use dlock_core::{Error, MAX_HOLDERS, Result};
 use sqlx::{AssertSqlSafe, SqlSafeStr, SqlStr};
 
+mod call;
 mod queue;
 mod shared;
 
@@ -81,6 +84,9 @@ pub(crate) struct Statements {
     pub kind: SqlStr,
     /// The lock table's name.
     pub table: String,
+    /// A shared kind's acquire calls the table's procedure (see
+    /// `call.rs`): `connect` found it there, and no call has found it gone.
+    pub call: AtomicBool,
 }
 
 /// The leases of one batch renewal, as SQL literals: a batch has no fixed
@@ -177,6 +183,7 @@ impl Statements {
     pub fn new(table: &str) -> Self {
         Statements {
             table: table.to_owned(),
+            call: AtomicBool::new(false),
             // `name` is VARBINARY: compared byte for byte. A `utf8mb4_bin`
             // VARCHAR would be PAD SPACE, making `a` and `a ` one lock.
             create: safe(format!(

@@ -2,6 +2,8 @@
 //! name's transaction: a shared kind's first look, and a mutex waiter's
 //! queued acquire.
 
+use std::sync::atomic::Ordering::Relaxed;
+
 use dlock_core::Mode;
 use sqlx::SqlStr;
 
@@ -22,6 +24,9 @@ impl Statements {
     /// (bytes), whether the rule lets the waiter in, and the µs until the
     /// first hold ends.
     pub fn enqueue_shared(&self, name: &[u8], mode: Mode, waiter: &str, place_us: u64) -> SqlStr {
+        if self.call.load(Relaxed) {
+            return self.call_enqueue_shared(name, mode, waiter, place_us);
+        }
         let (code, k) = (mode.code(), mode.marker());
         let (t, h, n, me, place) = (
             &self.table,

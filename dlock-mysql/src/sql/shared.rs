@@ -21,6 +21,7 @@
 //! a fixed marker: nothing a caller wrote is spliced in as text.
 
 use std::fmt::Write;
+use std::sync::atomic::Ordering::Relaxed;
 
 use dlock_core::Mode;
 use dlock_sql::SharedStatements;
@@ -106,7 +107,7 @@ impl Statements {
     /// inside the transaction, it could miss a waiter that registered
     /// while the commit was under way, whose sleep then read the state
     /// before the change. Without `wake`, nothing.
-    fn wake_set(&self, n: &str, changed: &str, wake: bool) -> String {
+    pub(super) fn wake_set(&self, n: &str, changed: &str, wake: bool) -> String {
         if !wake {
             return String::new();
         }
@@ -174,6 +175,9 @@ impl Statements {
         waiter: &str,
         place_us: u64,
     ) -> SqlStr {
+        if self.call.load(Relaxed) {
+            return self.call_acquire_shared(name, owner, mode, ttl_us, holder, waiter, place_us);
+        }
         let (code, k) = (mode.code(), mode.marker());
         let (t, h, n) = (&self.table, self.holds(), bytes(name));
         let me = waiter;
@@ -244,6 +248,56 @@ impl Statements {
              COMMIT;
              {wake}
              SELECT CAST(@dl_n AS SIGNED)"
+        ))
+    }
+
+    /// Ends a read or permit hold of `owner` without the name's row lock,
+    /// then reads whom the holds left let in ([`Statements::wake_set`]).
+    /// Taking a hold away admits no one by itself: a look that read it
+    /// still there refuses, and its waiter's sleep reads the rule again
+    /// (see the `sleep` statement); what needs the lock is lowering the
+    /// marker ([`Statements::settle_marker`]), asked for when no hold is
+    /// left under a live marker. The hold and its spent place are found
+    /// by a plain read and deleted by primary key. Rows: the waiters to
+    /// wake, then the count, the live holds left, and whether the marker
+    /// is live.
+    pub fn release_unlocked(&self, name: &[u8], owner: &str, wake: bool) -> SqlStr {
+        if self.call.load(Relaxed) {
+            return self.call_release_unlocked(name, owner, wake);
+        }
+        let (t, h, n) = (&self.table, self.holds(), bytes(name));
+        let wake = self.wake_set(&n, "@dl_n > 0", wake);
+        let mine =
+            format!("name = {n} AND owner = '{owner}' AND NOT waiting AND expires_at > {NOW}");
+        safe(format!(
+            "SET TRANSACTION ISOLATION LEVEL READ COMMITTED; START TRANSACTION;
+             SELECT MAX(fence), (SELECT p.owner FROM {h} AS p WHERE p.name = {n}
+                 AND p.waiting AND p.fence = (SELECT MAX(fence) FROM {h} WHERE {mine}) LIMIT 1)
+             INTO @dl_granted, @dl_from FROM {h} WHERE {mine};
+             DELETE FROM {h} WHERE {mine};
+             SET @dl_n = ROW_COUNT();
+             DELETE FROM {h} WHERE name = {n} AND owner = @dl_from AND waiting
+               AND fence = @dl_granted AND @dl_n > 0;
+             COMMIT;
+             {wake}
+             SELECT CAST(@dl_n AS SIGNED),
+               (SELECT COUNT(*) FROM {h} WHERE name = {n} AND NOT waiting AND expires_at > {NOW}),
+               EXISTS (SELECT 1 FROM `{t}` WHERE name = {n} AND owner LIKE '~%' AND expires_at > {NOW})"
+        ))
+    }
+
+    /// Lowers the marker of `name` to the end of its longest live hold,
+    /// under the row's lock: a statement after the lock reads every hold
+    /// granted before it, and a grant after it raises the marker again.
+    pub fn settle_marker(&self, name: &[u8]) -> SqlStr {
+        let (t, n) = (&self.table, bytes(name));
+        let until = self.marker_until(&n, NOW);
+        safe(format!(
+            "SET TRANSACTION ISOLATION LEVEL READ COMMITTED; START TRANSACTION;
+             SELECT COUNT(*) INTO @dl_x FROM `{t}` WHERE name = {n} FOR UPDATE;
+             UPDATE `{t}` SET expires_at = {until}
+             WHERE name = {n} AND owner LIKE '~%' AND expires_at > {NOW};
+             COMMIT"
         ))
     }
 

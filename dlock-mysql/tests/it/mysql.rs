@@ -1096,3 +1096,51 @@ async fn a_row_released_as_a_read_began_shows_free() {
     let page = b.list(&name, None, 10).await.unwrap();
     assert!(page.locks.is_empty(), "{page:?}");
 }
+
+/// The shared kinds' stored procedures are made by `connect` and called;
+/// dropped while a backend runs (an administrator, a restore), its next
+/// shared call finds one gone and the backend goes back to the text: a
+/// semaphore still grants, refuses, queues and hands over.
+#[tokio::test]
+async fn shared_calls_go_as_text_once_the_procedures_are_gone() {
+    // A table of its own: no other test's backend loses its procedures.
+    const TABLE: &str = "dlock_dropped";
+    let connect = || async {
+        MySqlBackend::builder(url().await)
+            .table(TABLE)
+            .wake_ups(true)
+            .connect()
+            .await
+            .unwrap()
+    };
+    let (b, waiter) = (connect().await, connect().await);
+    assert!(b.calls_procedures() && waiter.calls_procedures());
+    let name = unique_name("gone");
+    let two = long().permits(2);
+    let first = must_acquire(&b, &name, &two).await;
+    for suffix in ["sa1", "se1", "sr1"] {
+        sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+            "DROP PROCEDURE `{TABLE}_{suffix}`"
+        )))
+        .execute(&raw().await)
+        .await
+        .unwrap();
+    }
+    let second = must_acquire(&b, &name, &two).await;
+    assert!(
+        !b.calls_procedures(),
+        "the acquire did not go back to the text"
+    );
+    assert!(matches!(b.try_acquire(&name, &two).await, Ok(None)));
+    let task = wait_on_task(waiter, &name, two.clone().wait(Duration::from_secs(50)));
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(!task.is_finished(), "a third permit of two was granted");
+    b.release(&first).await.unwrap();
+    let (lease, _, waiter) = task.await.unwrap();
+    assert!(
+        !waiter.calls_procedures(),
+        "the wait did not go back to the text"
+    );
+    waiter.release(&lease.unwrap()).await.unwrap();
+    b.release(&second).await.unwrap();
+}
