@@ -94,8 +94,10 @@ impl MySqlBuilder {
 
     /// Checks the settings, then opens one connection at once, to surface
     /// bad credentials, a missing database or a server that is down now,
-    /// and creates the lock table if it is missing (unless turned off with
-    /// [`MySqlBuilder::create_table`]). Returns within the connect timeout
+    /// and creates the lock table and the shared kinds' stored procedures
+    /// if they are missing (unless turned off with
+    /// [`MySqlBuilder::create_table`]; without the procedures, which a
+    /// user may lack the rights to make, the same calls go as text). Returns within the connect timeout
     /// plus the request timeout.
     ///
     /// # Errors
@@ -334,8 +336,10 @@ impl MySqlBackend {
         Ok(Statements::new(table).ddl())
     }
 
-    /// Creates the lock table and its holds table if they do not exist, as
-    /// `connect` does by default, and gives tables made by older releases
+    /// Creates the lock table, its holds table and the shared kinds'
+    /// stored procedures if they do not exist, as `connect` does by
+    /// default (a user who may not create routines goes on without them,
+    /// its shared calls as text), and gives tables made by older releases
     /// the holder columns of this one (which `connect` does not: see the
     /// README's upgrade note). Idempotent. Returns within the
     /// request timeout.

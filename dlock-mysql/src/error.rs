@@ -28,13 +28,22 @@ pub(crate) fn server_error_number(e: &sqlx::Error) -> Option<u16> {
         .map(MySqlDatabaseError::number)
 }
 
-/// A call of a stored procedure that does not exist (it did nothing).
+/// A call of a stored procedure that did nothing because the procedure
+/// cannot be called: it does not exist, this user may not execute it, or
+/// its definer is gone.
 pub(crate) fn procedure_gone(e: &sqlx::Error) -> bool {
-    server_error_number(e) == Some(ER_SP_DOES_NOT_EXIST)
+    matches!(
+        server_error_number(e),
+        Some(ER_SP_DOES_NOT_EXIST | ER_PROCACCESS_DENIED | ER_NO_SUCH_USER)
+    )
 }
 
 /// `PROCEDURE … does not exist`.
 const ER_SP_DOES_NOT_EXIST: u16 = 1305;
+/// `execute command denied to user … for routine …`.
+const ER_PROCACCESS_DENIED: u16 = 1370;
+/// `The user specified as a definer (…) does not exist`.
+const ER_NO_SUCH_USER: u16 = 1449;
 
 /// How many times in a row a statement that InnoDB rolled back (a
 /// deadlock, a lock wait timeout) is sent again before its error counts.

@@ -59,7 +59,7 @@ impl MySqlBackend {
         by: Instant,
         mut mark: impl FnMut(Mark),
     ) -> Result<(Vec<MySqlRow>, Lent<'_>)> {
-        let mut rolled_back = RolledBack::default();
+        let (mut rolled_back, mut as_text) = (RolledBack::default(), false);
         loop {
             let mut lent = self.inner.pool.lend(doing, by).await?;
             mark(lent.mark());
@@ -67,14 +67,18 @@ impl MySqlBackend {
             match done {
                 Ok(Ok(rows)) => return Ok((rows, lent)),
                 Ok(Err(e)) if rolled_back.again(&e) => rolled_back.pause(by).await,
-                Ok(Err(e)) if procedure_gone(&e) && self.inner.sql.call.swap(false, Relaxed) => {
-                    // Dropped since `connect` saw it (an administrator, a
-                    // restore): the call did nothing, and this backend
-                    // goes back to the text.
-                    tracing::warn!(
-                        table = self.inner.sql.table,
-                        "the lock table's procedures are gone: shared calls go as text"
-                    );
+                Ok(Err(e)) if procedure_gone(&e) && !as_text => {
+                    // Dropped since `connect` saw it, or made unusable (an
+                    // administrator, a restore): the call did nothing, and
+                    // this backend goes back to the text, for good.
+                    if self.inner.sql.call.swap(false, Relaxed) {
+                        tracing::warn!(
+                            table = self.inner.sql.table,
+                            error = %e,
+                            "the lock table's procedures cannot be called: shared calls go as text"
+                        );
+                    }
+                    as_text = true;
                     lent.give_back();
                 }
                 done => {

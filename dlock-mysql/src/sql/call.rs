@@ -80,7 +80,7 @@ impl Statements {
                p_code CHAR(1) CHARACTER SET ascii, p_kind VARCHAR(16) CHARACTER SET ascii,
                p_permits BIGINT, p_ttl_us BIGINT UNSIGNED, p_holder VARBINARY(255),
                p_me CHAR(32) CHARACTER SET ascii, p_place_us BIGINT UNSIGNED)
-             MODIFIES SQL DATA
+             MODIFIES SQL DATA SQL SECURITY INVOKER
              BEGIN
                DECLARE v_o VARCHAR(32) CHARACTER SET ascii;
                DECLARE v_conflict VARCHAR(16) CHARACTER SET ascii;
@@ -129,8 +129,8 @@ impl Statements {
                END IF;
                COMMIT;
                SELECT CAST(IF(v_admit, v_fence, NULL) AS SIGNED), CAST(v_conflict AS BINARY),
-                 (SELECT CAST(TIMESTAMPDIFF(MICROSECOND, {NOW}, MIN(expires_at)) AS SIGNED) FROM {h}
-                  WHERE {live} AND NOT waiting);
+                 IF(v_admit, NULL, (SELECT CAST(TIMESTAMPDIFF(MICROSECOND, {NOW}, MIN(expires_at))
+                   AS SIGNED) FROM {h} WHERE {live} AND NOT waiting));
              END",
             proc = self.procedure(SUFFIXES[0])
         ))
@@ -174,7 +174,7 @@ impl Statements {
             "CREATE PROCEDURE `{proc}`(p_name VARBINARY(255), p_me CHAR(32) CHARACTER SET ascii,
                p_code CHAR(1) CHARACTER SET ascii, p_kind VARCHAR(16) CHARACTER SET ascii,
                p_permits BIGINT, p_place_us BIGINT UNSIGNED)
-             MODIFIES SQL DATA
+             MODIFIES SQL DATA SQL SECURITY INVOKER
              BEGIN
                DECLARE v_other VARCHAR(32) CHARACTER SET ascii;
                DECLARE v_since BIGINT UNSIGNED;
@@ -203,8 +203,8 @@ impl Statements {
                    ELSE v_held + v_ahead < p_permits END;
                END IF;
                SELECT CAST(v_other AS BINARY), CAST(v_admit AS SIGNED),
-                 (SELECT CAST(TIMESTAMPDIFF(MICROSECOND, {NOW}, MIN(expires_at)) AS SIGNED)
-                  FROM {h} WHERE {live} AND NOT waiting);
+                 IF(v_admit, NULL, (SELECT CAST(TIMESTAMPDIFF(MICROSECOND, {NOW}, MIN(expires_at))
+                   AS SIGNED) FROM {h} WHERE {live} AND NOT waiting));
              END",
             proc = self.procedure(SUFFIXES[1])
         ))
@@ -237,7 +237,7 @@ impl Statements {
         safe(format!(
             "CREATE PROCEDURE `{proc}`(p_name VARBINARY(255), p_owner CHAR(32) CHARACTER SET ascii,
                p_wake BOOLEAN)
-             MODIFIES SQL DATA
+             MODIFIES SQL DATA SQL SECURITY INVOKER
              BEGIN
                DECLARE v_granted BIGINT UNSIGNED;
                DECLARE v_from CHAR(32) CHARACTER SET ascii;

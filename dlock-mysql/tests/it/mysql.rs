@@ -375,9 +375,10 @@ async fn a_server_that_is_down_gives_errors_not_grants() {
     assert!(matches!(r, Err(Error::Connection { .. })), "{r:?}");
 }
 
-/// `connect` on an empty database creates the tables; a least-privilege
-/// user (SELECT, INSERT, UPDATE, DELETE on the lock and holds tables)
-/// works, every kind of lock, once they exist;
+/// `connect` on an empty database creates the tables and procedures; a
+/// least-privilege user (SELECT, INSERT, UPDATE, DELETE on the lock and
+/// holds tables) works, every kind of lock, once they exist, without the
+/// procedures;
 /// a user who may not create the missing table is told what to run.
 #[tokio::test]
 async fn the_table_is_created_on_connect_and_least_privilege_suffices() {
@@ -410,6 +411,9 @@ async fn the_table_is_created_on_connect_and_least_privilege_suffices() {
         .connect()
         .await
         .expect("a user with SELECT, INSERT, UPDATE, DELETE on an existing table can connect");
+    // It may not call the procedures `fresh` made, nor make its own: its
+    // shared calls go as text.
+    assert!(fresh.calls_procedures() && !least.calls_procedures());
     let name = unique_name("least");
     let lease = must_acquire(&least, &name, &long()).await;
     least.release(&lease).await.unwrap();
