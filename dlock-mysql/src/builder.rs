@@ -114,8 +114,8 @@ impl MySqlBuilder {
         );
         let mut first = pool.first().await?;
         let sql = Statements::new(&self.s.table);
+        let by = Instant::now() + self.s.request_timeout;
         if self.s.create_table {
-            let by = Instant::now() + self.s.request_timeout;
             let missing = || {
                 let t = &self.s.table;
                 format!(
@@ -132,10 +132,19 @@ impl MySqlBuilder {
                 first.create_unless_there(pair, by, missing).await?;
             }
         }
-        let by = Instant::now() + self.s.request_timeout;
-        let call = find_procedures(first.conn(), &sql, self.s.create_table, by).await?;
-        sql.call.store(call, Ordering::Relaxed);
-        first.give_back();
+        // Optional: without the procedures the same calls go as text, so
+        // a failure here (no reply in time, say, behind a DDL lock) only
+        // costs speed, and the connection, whose state is unknown then.
+        match find_procedures(first.conn(), &sql, self.s.create_table, by).await {
+            Ok(call) => {
+                sql.call.store(call, Ordering::Relaxed);
+                first.give_back();
+            }
+            Err(error) => {
+                tracing::info!(%error, "shared calls go as text");
+                drop(first);
+            }
+        }
         Ok(MySqlBackend {
             inner: Arc::new(Inner {
                 pool,
@@ -152,9 +161,10 @@ impl MySqlBuilder {
 }
 
 /// Whether the table's procedures of the shared kinds (see `sql/call.rs`)
-/// are all there, made first where missing if `create`. A user who may not
-/// create routines keeps the text, which does the same: that refusal only
-/// goes to the log.
+/// are all there with this release's bodies, made first where missing if
+/// `create`. A user who may not create routines keeps the text, which
+/// does the same, and so does a table whose name routines cannot tell
+/// from another's, or a procedure of that name with another body.
 async fn find_procedures(
     conn: &mut MySqlConnection,
     sql: &Statements,
@@ -162,18 +172,24 @@ async fn find_procedures(
     by: Instant,
 ) -> Result<bool> {
     const DOING: &str = "look for the lock table's procedures";
-    let late = || timed_out(format!("{DOING}: no reply in time"));
-    let all = sql.create_procedures().len();
-    let read = sqlx::query_scalar::<_, i64>(sql.procedures_found()).fetch_one(&mut *conn);
-    let found = timeout_at(by, read)
-        .await
-        .map_err(|_| late())?
-        .map_err(|e| sql_error(e, DOING))?;
-    let complete = usize::try_from(found) == Ok(all);
-    if complete || !create {
-        return Ok(complete);
+    if !sql.may_call() {
+        return Ok(false);
     }
-    for create in sql.create_procedures() {
+    let late = || timed_out(format!("{DOING}: no reply in time"));
+    let creates = sql.create_procedures();
+    let complete = async |conn: &mut MySqlConnection| {
+        let read = sqlx::query_scalar::<_, i64>(sql.procedures_found()).fetch_one(conn);
+        let found = timeout_at(by, read)
+            .await
+            .map_err(|_| late())?
+            .map_err(|e| sql_error(e, DOING))?;
+        Ok::<_, Error>(usize::try_from(found) == Ok(creates.len()))
+    };
+    let found = complete(&mut *conn).await?;
+    if found || !create {
+        return Ok(found);
+    }
+    for create in creates.iter().cloned() {
         // Not preparable: CREATE PROCEDURE goes as text.
         let made = sqlx::raw_sql(create).execute(&mut *conn);
         match timeout_at(by, made).await.map_err(|_| late())? {
@@ -190,7 +206,9 @@ async fn find_procedures(
             Err(e) => return Err(sql_error(e, DOING)),
         }
     }
-    Ok(true)
+    // Made here, by another client at once, or there already with
+    // another body: only this release's bodies are called.
+    complete(&mut *conn).await
 }
 
 /// The procedure exists already (made by another client meanwhile).

@@ -377,15 +377,19 @@ impl SharedKinds for MySqlBackend {
         let (rows, lent) = self.transact_on(sql, DOING, by, drop).await?;
         let last = one_row(&rows, DOING)?;
         let read = |e| Error::backend(NAME, DOING, e);
-        let (ended, left, marked): (Option<i64>, i64, i64) = (
+        let (ended, left, marked, longest): (Option<i64>, i64, i64, i64) = (
             last.try_get(0).map_err(read)?,
             last.try_get(1).map_err(read)?,
             last.try_get(2).map_err(read)?,
+            last.try_get(3).map_err(read)?,
         );
         let ended = ended.unwrap_or(0);
         let admitted = rows.len() > 1;
         self.wake_after(lent, &rows, ended, name, by).await;
-        if left == 0 && marked != 0 && !admitted {
+        // Nothing held and nobody let in, or the longest hold gone: the
+        // marker comes down to the longest hold left, so that the name
+        // may be used as another kind as soon as its holds allow.
+        if ended > 0 && marked != 0 && ((left == 0 && !admitted) || (left > 0 && longest != 0)) {
             self.settle_marker(name, lease.ttl().unwrap_or_default())
                 .await;
         }

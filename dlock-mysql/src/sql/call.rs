@@ -25,7 +25,17 @@ use dlock_core::Mode;
 use sqlx::SqlStr;
 
 use super::shared::{bytes, counts};
-use super::{CLOCK, NOW, Statements, safe};
+use sha2::{Digest, Sha256};
+
+use super::{CLOCK, NOW, Statements, hex, safe};
+
+/// One procedure: its name, the comment that says which body it has, and
+/// the statement that makes it.
+struct Routine {
+    name: String,
+    comment: String,
+    create: SqlStr,
+}
 
 /// What follows the table's name in each procedure's: acquire, first
 /// look (enqueue), release.
@@ -38,24 +48,38 @@ impl Statements {
     }
 
     /// How many of the table's procedures exist in the connection's
-    /// database: one row, the count.
+    /// database with this release's bodies (the hash in each comment):
+    /// one row, the count.
     pub fn procedures_found(&self) -> SqlStr {
-        let names: Vec<String> = SUFFIXES
+        let pairs: Vec<String> = self
+            .routines()
             .iter()
-            .map(|s| format!("'{}'", self.procedure(s)))
+            .map(|r| format!("('{}', '{}')", r.name, r.comment))
             .collect();
         safe(format!(
             "SELECT CAST(COUNT(*) AS SIGNED) FROM information_schema.ROUTINES
              WHERE ROUTINE_SCHEMA = DATABASE() AND ROUTINE_TYPE = 'PROCEDURE'
-               AND ROUTINE_NAME IN ({})",
-            names.join(", ")
+               AND (ROUTINE_NAME, ROUTINE_COMMENT) IN ({})",
+            pairs.join(", ")
         ))
     }
 
     /// The statements that make the procedures, each an error if its
     /// procedure exists (MySQL has no `IF NOT EXISTS` for routines before
     /// 8.0.29).
-    pub fn create_procedures(&self) -> [SqlStr; 3] {
+    pub fn create_procedures(&self) -> Vec<SqlStr> {
+        self.routines().into_iter().map(|r| r.create).collect()
+    }
+
+    /// Whether the table may have procedures: routine names ignore case
+    /// where table names (on Linux) do not, so the procedures of `Locks`
+    /// would be those of `locks` too. A table named with capitals keeps
+    /// the text.
+    pub fn may_call(&self) -> bool {
+        !self.table.bytes().any(|b| b.is_ascii_uppercase())
+    }
+
+    fn routines(&self) -> [Routine; 3] {
         [
             self.create_acquire(),
             self.create_enqueue(),
@@ -63,8 +87,27 @@ impl Statements {
         ]
     }
 
+    /// The procedure `suffix` taking `params`, running `body`, commented
+    /// with a hash of both: a procedure of that name whose comment differs
+    /// is not this release's, and is never called.
+    fn routine(&self, suffix: &str, params: &str, body: &str) -> Routine {
+        let digest = Sha256::digest(format!("{params}\n{body}"));
+        let comment = format!("dlock {}", hex(&digest[..8]));
+        let name = self.procedure(suffix);
+        let create = safe(format!(
+            "CREATE PROCEDURE `{name}`({params})
+             MODIFIES SQL DATA SQL SECURITY INVOKER COMMENT '{comment}'
+             {body}"
+        ));
+        Routine {
+            name,
+            comment,
+            create,
+        }
+    }
+
     /// The acquire's procedure.
-    fn create_acquire(&self) -> SqlStr {
+    fn create_acquire(&self) -> Routine {
         let (t, h) = (&self.table, self.holds());
         let live = format!("name = p_name AND expires_at > {NOW}");
         // The places queued ahead of `p_me` (all of them when it has none).
@@ -75,13 +118,12 @@ impl Statements {
         );
         // Local names never match a column's: in a routine a local
         // variable wins over a column of the same name.
-        safe(format!(
-            "CREATE PROCEDURE `{proc}`(p_name VARBINARY(255), p_owner CHAR(32) CHARACTER SET ascii,
-               p_code CHAR(1) CHARACTER SET ascii, p_kind VARCHAR(16) CHARACTER SET ascii,
-               p_permits BIGINT, p_ttl_us BIGINT UNSIGNED, p_holder VARBINARY(255),
-               p_me CHAR(32) CHARACTER SET ascii, p_place_us BIGINT UNSIGNED)
-             MODIFIES SQL DATA SQL SECURITY INVOKER
-             BEGIN
+        let params = "p_name VARBINARY(255), p_owner CHAR(32) CHARACTER SET ascii, \
+            p_code CHAR(1) CHARACTER SET ascii, p_kind VARCHAR(16) CHARACTER SET ascii, \
+            p_permits BIGINT, p_ttl_us BIGINT UNSIGNED, p_holder VARBINARY(255), \
+            p_me CHAR(32) CHARACTER SET ascii, p_place_us BIGINT UNSIGNED";
+        let body = format!(
+            "BEGIN
                DECLARE v_o VARCHAR(32) CHARACTER SET ascii;
                DECLARE v_conflict VARCHAR(16) CHARACTER SET ascii;
                DECLARE v_since, v_fence BIGINT UNSIGNED;
@@ -131,9 +173,9 @@ impl Statements {
                SELECT CAST(IF(v_admit, v_fence, NULL) AS SIGNED), CAST(v_conflict AS BINARY),
                  IF(v_admit, NULL, (SELECT CAST(TIMESTAMPDIFF(MICROSECOND, {NOW}, MIN(expires_at))
                    AS SIGNED) FROM {h} WHERE {live} AND NOT waiting));
-             END",
-            proc = self.procedure(SUFFIXES[0])
-        ))
+             END"
+        );
+        self.routine(SUFFIXES[0], params, &body)
     }
 
     /// [`Statements::acquire_shared`] as a call of the procedure: the same
@@ -162,7 +204,7 @@ impl Statements {
 
     /// A waiter's first look's procedure: its place, committed on its own,
     /// then the acquire's rule read after it.
-    fn create_enqueue(&self) -> SqlStr {
+    fn create_enqueue(&self) -> Routine {
         let (t, h) = (&self.table, self.holds());
         let live = format!("name = p_name AND expires_at > {NOW}");
         let ahead = format!(
@@ -170,12 +212,11 @@ impl Statements {
              AND (since < v_since OR (since = v_since AND owner < p_me))",
             counts = counts(t, "")
         );
-        safe(format!(
-            "CREATE PROCEDURE `{proc}`(p_name VARBINARY(255), p_me CHAR(32) CHARACTER SET ascii,
-               p_code CHAR(1) CHARACTER SET ascii, p_kind VARCHAR(16) CHARACTER SET ascii,
-               p_permits BIGINT, p_place_us BIGINT UNSIGNED)
-             MODIFIES SQL DATA SQL SECURITY INVOKER
-             BEGIN
+        let params = "p_name VARBINARY(255), p_me CHAR(32) CHARACTER SET ascii, \
+            p_code CHAR(1) CHARACTER SET ascii, p_kind VARCHAR(16) CHARACTER SET ascii, \
+            p_permits BIGINT, p_place_us BIGINT UNSIGNED";
+        let body = format!(
+            "BEGIN
                DECLARE v_other VARCHAR(32) CHARACTER SET ascii;
                DECLARE v_since BIGINT UNSIGNED;
                DECLARE v_held, v_held_w, v_ahead, v_ahead_w BIGINT;
@@ -205,9 +246,9 @@ impl Statements {
                SELECT CAST(v_other AS BINARY), CAST(v_admit AS SIGNED),
                  IF(v_admit, NULL, (SELECT CAST(TIMESTAMPDIFF(MICROSECOND, {NOW}, MIN(expires_at))
                    AS SIGNED) FROM {h} WHERE {live} AND NOT waiting));
-             END",
-            proc = self.procedure(SUFFIXES[1])
-        ))
+             END"
+        );
+        self.routine(SUFFIXES[1], params, &body)
     }
 
     /// [`Statements::enqueue_shared`] as a call of its procedure.
@@ -229,41 +270,35 @@ impl Statements {
     }
 
     /// A read's or a permit's release's procedure.
-    fn create_release(&self) -> SqlStr {
-        let (t, h) = (&self.table, self.holds());
+    fn create_release(&self) -> Routine {
+        let h = self.holds();
         let mine =
             format!("name = p_name AND owner = p_owner AND NOT waiting AND expires_at > {NOW}");
         let wake = self.wake_set("p_name", "TRUE", true);
-        safe(format!(
-            "CREATE PROCEDURE `{proc}`(p_name VARBINARY(255), p_owner CHAR(32) CHARACTER SET ascii,
-               p_wake BOOLEAN)
-             MODIFIES SQL DATA SQL SECURITY INVOKER
-             BEGIN
+        let answer = self.released("p_name", "v_n", "v_until");
+        let params = "p_name VARBINARY(255), p_owner CHAR(32) CHARACTER SET ascii, p_wake BOOLEAN";
+        let body = format!(
+            "BEGIN
                DECLARE v_granted BIGINT UNSIGNED;
                DECLARE v_from CHAR(32) CHARACTER SET ascii;
+               DECLARE v_until DATETIME(6);
                DECLARE v_n BIGINT;
                SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
                START TRANSACTION;
-               SET v_granted = (SELECT MAX(fence) FROM {h} WHERE {mine});
+               SELECT COUNT(*), MAX(fence), MAX(expires_at) INTO v_n, v_granted, v_until
+               FROM {h} WHERE {mine};
                SET v_from = (SELECT owner FROM {h} WHERE name = p_name AND waiting
                  AND fence = v_granted LIMIT 1);
-               DELETE FROM {h} WHERE {mine};
-               SET v_n = ROW_COUNT();
-               IF v_n > 0 AND v_from IS NOT NULL THEN
-                 DELETE FROM {h} WHERE name = p_name AND owner = v_from AND waiting
-                   AND fence = v_granted;
-               END IF;
+               DELETE FROM {h} WHERE name = p_name AND owner IN (p_owner, v_from)
+                 AND IF(owner = p_owner, NOT waiting, waiting AND fence = v_granted);
                COMMIT;
                IF p_wake AND v_n > 0 THEN
                  {wake}
                END IF;
-               SELECT CAST(v_n AS SIGNED),
-                 (SELECT COUNT(*) FROM {h} WHERE name = p_name AND NOT waiting AND expires_at > {NOW}),
-                 EXISTS (SELECT 1 FROM `{t}` WHERE name = p_name AND owner LIKE '~%'
-                   AND expires_at > {NOW});
-             END",
-            proc = self.procedure(SUFFIXES[2])
-        ))
+               {answer};
+             END"
+        );
+        self.routine(SUFFIXES[2], params, &body)
     }
 
     /// [`Statements::release_unlocked`] as a call of its procedure.

@@ -257,33 +257,51 @@ impl Statements {
     /// still there refuses, and its waiter's sleep reads the rule again
     /// (see the `sleep` statement); what needs the lock is lowering the
     /// marker ([`Statements::settle_marker`]), asked for when no hold is
-    /// left under a live marker. The hold and its spent place are found
-    /// by a plain read and deleted by primary key. Rows: the waiters to
-    /// wake, then the count, the live holds left, and whether the marker
-    /// is live.
+    /// left under a live marker, or when the ended hold was the longest.
+    /// The hold and its spent place are found by a plain read and deleted
+    /// by primary key. Rows: the waiters to wake, then
+    /// [`Statements::released`].
     pub fn release_unlocked(&self, name: &[u8], owner: &str, wake: bool) -> SqlStr {
         if self.call.load(Relaxed) {
             return self.call_release_unlocked(name, owner, wake);
         }
-        let (t, h, n) = (&self.table, self.holds(), bytes(name));
+        let (h, n) = (self.holds(), bytes(name));
         let wake = self.wake_set(&n, "@dl_n > 0", wake);
         let mine =
             format!("name = {n} AND owner = '{owner}' AND NOT waiting AND expires_at > {NOW}");
+        let answer = self.released(&n, "@dl_n", "@dl_until");
+        // The hold and its spent place go in one statement, which takes
+        // their row locks in the key's order, as a sweep's scan does: two
+        // deletes in turn could each wait for the other's.
         safe(format!(
             "SET TRANSACTION ISOLATION LEVEL READ COMMITTED; START TRANSACTION;
-             SELECT MAX(fence), (SELECT p.owner FROM {h} AS p WHERE p.name = {n}
-                 AND p.waiting AND p.fence = (SELECT MAX(fence) FROM {h} WHERE {mine}) LIMIT 1)
-             INTO @dl_granted, @dl_from FROM {h} WHERE {mine};
-             DELETE FROM {h} WHERE {mine};
-             SET @dl_n = ROW_COUNT();
-             DELETE FROM {h} WHERE name = {n} AND owner = @dl_from AND waiting
-               AND fence = @dl_granted AND @dl_n > 0;
+             SELECT COUNT(*), MAX(fence), MAX(expires_at), (SELECT p.owner FROM {h} AS p
+                 WHERE p.name = {n} AND p.waiting
+                   AND p.fence = (SELECT MAX(fence) FROM {h} WHERE {mine}) LIMIT 1)
+             INTO @dl_n, @dl_granted, @dl_until, @dl_from FROM {h} WHERE {mine};
+             DELETE FROM {h} WHERE name = {n} AND owner IN ('{owner}', @dl_from)
+               AND IF(owner = '{owner}', NOT waiting, waiting AND fence = @dl_granted);
              COMMIT;
              {wake}
-             SELECT CAST(@dl_n AS SIGNED),
-               (SELECT COUNT(*) FROM {h} WHERE name = {n} AND NOT waiting AND expires_at > {NOW}),
-               EXISTS (SELECT 1 FROM `{t}` WHERE name = {n} AND owner LIKE '~%' AND expires_at > {NOW})"
+             {answer}"
         ))
+    }
+
+    /// The last row of a release without the lock of `n`, which ended
+    /// `count` holds, the longest until `until` (SQL expressions): the
+    /// count, the live holds left, whether the marker is live, and
+    /// whether it ends no later than the ended hold (which was then the
+    /// longest, and the marker may come down to the next).
+    pub(super) fn released(&self, n: &str, count: &str, until: &str) -> String {
+        let (t, h) = (&self.table, self.holds());
+        format!(
+            "SELECT CAST({count} AS SIGNED),
+               (SELECT COUNT(*) FROM {h} WHERE name = {n} AND NOT waiting AND expires_at > {NOW}),
+               CAST(COALESCE((SELECT expires_at > {NOW} FROM `{t}`
+                 WHERE name = {n} AND owner LIKE '~%'), FALSE) AS SIGNED),
+               CAST(COALESCE((SELECT expires_at <= {until} FROM `{t}`
+                 WHERE name = {n} AND owner LIKE '~%'), FALSE) AS SIGNED)"
+        )
     }
 
     /// Lowers the marker of `name` to the end of its longest live hold,

@@ -1148,3 +1148,69 @@ async fn shared_calls_go_as_text_once_the_procedures_are_gone() {
     waiter.release(&lease.unwrap()).await.unwrap();
     b.release(&second).await.unwrap();
 }
+
+/// A procedure of the table's name with another body (an older build's,
+/// another program's) is never called, nor is one of a table named with
+/// capitals (routine names ignore case: `Locks` and `locks` would share
+/// them): such backends run the text, and their shared kinds work.
+#[tokio::test]
+async fn only_this_release_s_procedures_are_called() {
+    let id = unique_name("body").replace('-', "_").to_lowercase();
+    let table = format!("b_{}", &id[id.len() - 20..]);
+    let admin = raw().await;
+    let ddl = MySqlBackend::table_ddl(&table).unwrap();
+    sqlx::raw_sql(sqlx::AssertSqlSafe(ddl))
+        .execute(&admin)
+        .await
+        .unwrap();
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        "CREATE PROCEDURE `{table}_sa1`() BEGIN SELECT 1; END"
+    )))
+    .execute(&admin)
+    .await
+    .unwrap();
+    let capitals = format!("B_{}", &id[id.len() - 20..]);
+    for table in [table, capitals] {
+        let b = MySqlBackend::builder(url().await)
+            .table(&table)
+            .connect()
+            .await
+            .unwrap();
+        assert!(!b.calls_procedures(), "{table}: calls procedures");
+        let name = unique_name("body");
+        let permit = must_acquire(&b, &name, &long().permits(1)).await;
+        assert!(matches!(
+            b.try_acquire(&name, &long().permits(1)).await,
+            Ok(None)
+        ));
+        b.release(&permit).await.unwrap();
+    }
+}
+
+/// When a read that held the name longest ends, the name's marker comes
+/// down to the longest read left: `inspect` shows that one's end, not the
+/// ended read's (which would keep other kinds out for its whole TTL).
+#[tokio::test]
+async fn the_marker_comes_down_when_the_longest_read_ends() {
+    let b = backend().await;
+    let name = unique_name("longest");
+    let long_read = must_acquire(&b, &name, &long().read()).await;
+    let short = LockOptions::new().ttl(Duration::from_secs(5)).read();
+    let short_read = must_acquire(&b, &name, &short).await;
+    b.release(&long_read).await.unwrap();
+    let shown = b
+        .inspect(&name)
+        .await
+        .unwrap()
+        .expect("a read holds the name");
+    let left = shown.expires_in.expect("an expiry");
+    assert!(
+        left <= Duration::from_secs(5),
+        "the marker ends in {left:?}"
+    );
+    b.release(&short_read).await.unwrap();
+    assert!(
+        b.inspect(&name).await.unwrap().is_none(),
+        "nothing holds it"
+    );
+}
