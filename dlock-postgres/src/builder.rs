@@ -7,8 +7,7 @@ use dlock_core::driver::wait::Wakeups;
 use dlock_core::{Error, Locker, Result};
 use dlock_sql::Settings;
 use sqlx::postgres::PgConnectOptions;
-use sqlx::{AssertSqlSafe, Row};
-use tokio::time::{Instant, timeout_at};
+use tokio::time::Instant;
 
 use crate::backend::{Inner, PgBackend};
 use crate::notify::Listener;
@@ -18,6 +17,7 @@ use crate::sql::{Statements, validate_identifier};
 mod startup;
 mod url;
 
+use startup::counts_places;
 use url::{SQLX_PARAMS, no_startup_extras, parse_url};
 
 /// Settings for [`PgBackend`]; start from [`PgBackend::builder`].
@@ -246,23 +246,8 @@ impl PgBuilder {
             };
             first.create_unless_there(pair, by, missing).await?;
         }
-        // A table made by an older release lacks the count of places
-        // until `migrate` gives it one; unknown counts as lacking. A
-        // simple query: a named statement of sqlx's, behind a pooler,
-        // would be on a server session that other clients use too.
-        let places = timeout_at(
-            Instant::now() + self.s.request_timeout,
-            sqlx::raw_sql(AssertSqlSafe(sql.has_places())).fetch_one(first.conn()),
-        )
-        .await;
-        let counted = matches!(&places, Ok(Ok(row)) if row.try_get::<bool, _>(0).unwrap_or(false));
+        let counted = counts_places(&sql, first, self.s.request_timeout).await;
         let sql = sql.counting_places(counted);
-        if places.is_err() {
-            // No reply in time: dropped, the connection is closed.
-            drop(first);
-        } else {
-            first.give_back();
-        }
         Ok(PgBackend {
             inner: Arc::new(Inner {
                 pool,

@@ -1,8 +1,12 @@
 //! The first connection: whether the statements' settings can be the
 //! connections' sessions' own (startup options, read back), or each
-//! transaction sets them.
+//! transaction sets them; and whether the lock table counts its queue's
+//! places.
+
+use std::time::Duration;
 
 use dlock_core::{Error, Result};
+use dlock_sql::Lent;
 use sqlx::postgres::PgConnectOptions;
 use sqlx::{AssertSqlSafe, Row};
 use tokio::time::{Instant, timeout_at};
@@ -68,6 +72,31 @@ impl PgBuilder {
         // The caller's first connection opens it.
         Ok((self.pool(options), false))
     }
+}
+
+/// Whether the lock table has the count of places: a table made by an
+/// older release lacks it until `migrate` gives it one; unknown counts as
+/// lacking. A simple query: a named statement of sqlx's, behind a pooler,
+/// would be on a server session that other clients use too. `first` goes
+/// back to the pool, or is closed when no reply came in time.
+pub(super) async fn counts_places(
+    sql: &Statements,
+    mut first: Lent<'_, Pg>,
+    request_timeout: Duration,
+) -> bool {
+    let places = timeout_at(
+        Instant::now() + request_timeout,
+        sqlx::raw_sql(AssertSqlSafe(sql.has_places())).fetch_one(first.conn()),
+    )
+    .await;
+    let counted = matches!(&places, Ok(Ok(row)) if row.try_get::<bool, _>(0).unwrap_or(false));
+    if places.is_err() {
+        // No reply in time: dropped, the connection is closed.
+        drop(first);
+    } else {
+        first.give_back();
+    }
+    counted
 }
 
 /// Whether a connect failed for want of an answer in time.
