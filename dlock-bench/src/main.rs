@@ -1,6 +1,7 @@
 //! `cargo run --release -p dlock-bench`: compares the dlock backends side by
 //! side. Starts Redis, MariaDB, PostgreSQL, ZooKeeper and etcd from the project's test image
-//! (the same harness as the tests) unless given running servers.
+//! (the same harness as the tests), on a Docker network of its own, unless
+//! given running servers.
 
 mod floors;
 mod heap;
@@ -14,13 +15,15 @@ mod turns;
 #[global_allocator]
 static GLOBAL: heap::Counting = heap::Counting;
 
+use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
 use clap::{Parser, ValueEnum};
 use dlock::MemoryBackend;
-use dlock_conformance::harness::{Server, ServerOptions, Service, try_shared, try_start};
+use dlock_conformance::harness::Service;
+use dlock_conformance::topology::{Topology, standalone};
 use indicatif::{ProgressBar, ProgressStyle};
 
 use report::{BackendReport, Report};
@@ -158,53 +161,72 @@ fn bench() -> Result<()> {
         .block_on(run(args))
 }
 
-async fn url(flag: Option<String>, service: Service) -> Result<String> {
-    match flag {
-        Some(url) => Ok(url),
-        None => Ok(try_shared(service).await?.url().to_owned()),
+/// Where each server the run needs is: the URL given (a flag, or the
+/// harness's variable), else a server of the bench's own, started on a
+/// network of its own and reached at its address there (see
+/// [`standalone`]); the returned topology keeps those for the run, and
+/// the count of URLs given.
+/// MariaDB runs its thread pool: one thread per connection, the server's
+/// default, time-slices 64 clients' connections on 2 cores; dlock-mysql's
+/// README advises the pool for many nodes on few cores. The tests run the
+/// default.
+async fn servers(args: &Args) -> Result<(HashMap<Service, String>, Option<Topology>, usize)> {
+    let mut urls = HashMap::new();
+    let mut start = Vec::new();
+    for which in &args.backends {
+        let (service, flag) = match which {
+            Which::Memory => continue,
+            Which::Redis => (Service::Redis, &args.redis_url),
+            Which::Mysql => (Service::MariaDb, &args.mysql_url),
+            Which::Postgres | Which::PostgresSession => (Service::Postgres, &args.postgres_url),
+            Which::Zookeeper => (Service::ZooKeeper, &args.zk_connect),
+            Which::Etcd => (Service::Etcd, &args.etcd_url),
+        };
+        let given = flag
+            .clone()
+            .or_else(|| std::env::var(service.env_override()).ok());
+        match given {
+            Some(url) => {
+                urls.insert(service, url);
+            }
+            None if start.iter().any(|(s, _)| *s == service) => {}
+            None => {
+                let args = match service {
+                    Service::MariaDb => vec!["--thread-handling=pool-of-threads".to_owned()],
+                    _ => Vec::new(),
+                };
+                start.push((service, args));
+            }
+        }
     }
-}
-
-/// MariaDB's URL: the one named, or a server of the bench's own, which
-/// runs MariaDB's thread pool (`own` keeps it for the run). One thread per
-/// connection, the server's default, time-slices 64 clients' connections
-/// on 2 cores; dlock-mysql's README advises the pool for many nodes on few
-/// cores. The tests run the default.
-async fn mysql_url(flag: Option<String>, own: &mut Vec<Server>) -> Result<String> {
-    if let Some(url) = flag.or_else(|| std::env::var(Service::MariaDb.env_override()).ok()) {
-        return Ok(url);
+    let given = urls.len();
+    if start.is_empty() {
+        return Ok((urls, None, given));
     }
-    let options = ServerOptions {
-        args: vec!["--thread-handling=pool-of-threads".to_owned()],
-        ..ServerOptions::default()
-    };
-    let server = try_start(Service::MariaDb, options).await?;
-    let url = server.url().to_owned();
-    own.push(server);
-    Ok(url)
+    let services: Vec<Service> = start.iter().map(|(s, _)| *s).collect();
+    let (topology, started) = standalone(start).await?;
+    urls.extend(services.into_iter().zip(started));
+    Ok((urls, Some(topology), given))
 }
 
 async fn run(args: Args) -> Result<()> {
     let duration = Duration::from_secs_f64(args.duration);
-    let mut targets = Vec::new();
-    let mut own = Vec::new();
-    for which in &args.backends {
-        targets.push(match which {
+    // Kept until the run ends: dropping the topology removes its servers.
+    let (urls, own, given) = servers(&args).await?;
+    let url = |service| urls.get(&service).cloned().unwrap_or_default();
+    let targets: Vec<Target> = args
+        .backends
+        .iter()
+        .map(|which| match which {
             Which::Memory => Target::Memory(MemoryBackend::new()),
-            Which::Redis => Target::Redis(url(args.redis_url.clone(), Service::Redis).await?),
-            Which::Mysql => Target::MySql(mysql_url(args.mysql_url.clone(), &mut own).await?),
-            Which::Postgres => {
-                Target::Postgres(url(args.postgres_url.clone(), Service::Postgres).await?)
-            }
-            Which::PostgresSession => {
-                Target::PgSession(url(args.postgres_url.clone(), Service::Postgres).await?)
-            }
-            Which::Zookeeper => {
-                Target::ZooKeeper(url(args.zk_connect.clone(), Service::ZooKeeper).await?)
-            }
-            Which::Etcd => Target::Etcd(url(args.etcd_url.clone(), Service::Etcd).await?),
-        });
-    }
+            Which::Redis => Target::Redis(url(Service::Redis)),
+            Which::Mysql => Target::MySql(url(Service::MariaDb)),
+            Which::Postgres => Target::Postgres(url(Service::Postgres)),
+            Which::PostgresSession => Target::PgSession(url(Service::Postgres)),
+            Which::Zookeeper => Target::ZooKeeper(url(Service::ZooKeeper)),
+            Which::Etcd => Target::Etcd(url(Service::Etcd)),
+        })
+        .collect();
     let scaling_points: Vec<usize> = std::iter::successors(Some(1usize), |c| Some(c * 2))
         .take_while(|&c| c <= args.max_clients)
         .collect();
@@ -221,7 +243,7 @@ async fn run(args: Args) -> Result<()> {
     )?);
 
     let mut report = Report {
-        machine: machine(),
+        machine: machine(own.is_some(), given),
         clients: args.clients,
         duration_s: args.duration,
         quick: args.quick,
@@ -368,7 +390,9 @@ async fn ops(
     Ok(Some(ops))
 }
 
-fn machine() -> String {
+/// The machine, and where its servers were: `own` when the bench started
+/// some, of the `given` ones a URL named (the others).
+fn machine(own: bool, given: usize) -> String {
     let cores = std::thread::available_parallelism().map_or(0, usize::from);
     let cpu = std::fs::read_to_string("/proc/cpuinfo")
         .ok()
@@ -381,5 +405,13 @@ fn machine() -> String {
             })
         })
         .unwrap_or_else(|| "unknown CPU".to_owned());
-    format!("{cores} cores, {cpu}, servers in Docker through 127.0.0.1 port mappings")
+    let servers = match (own, given) {
+        (true, 0) => {
+            "servers in Docker, reached at their addresses on a network of the bench's own"
+        }
+        (true, _) => "servers in Docker on a network of the bench's own, and servers given by URL",
+        (false, 0) => "no servers",
+        (false, _) => "servers given by URL",
+    };
+    format!("{cores} cores, {cpu}, {servers}")
 }

@@ -83,7 +83,7 @@ impl Service {
         Service::Etcd,
     ];
 
-    fn port(self) -> u16 {
+    pub(crate) fn port(self) -> u16 {
         match self {
             Service::Redis => 6379,
             Service::MariaDb => 3306,
@@ -94,7 +94,7 @@ impl Service {
         }
     }
 
-    fn command(self) -> &'static str {
+    pub(crate) fn command(self) -> &'static str {
         match self {
             Service::Redis => "dlock-redis",
             Service::MariaDb => "dlock-mariadb",
@@ -119,14 +119,19 @@ impl Service {
     }
 
     fn url(self, port: u16) -> String {
+        self.url_at("127.0.0.1", port)
+    }
+
+    /// Where a client connects to this service's server at `host:port`.
+    pub(crate) fn url_at(self, host: &str, port: u16) -> String {
         match self {
-            Service::Redis => format!("redis://127.0.0.1:{port}"),
-            Service::MariaDb => format!("mysql://dlock:{MYSQL_PASSWORD}@127.0.0.1:{port}/dlock"),
-            Service::ZooKeeper => format!("127.0.0.1:{port}"),
+            Service::Redis => format!("redis://{host}:{port}"),
+            Service::MariaDb => format!("mysql://dlock:{MYSQL_PASSWORD}@{host}:{port}/dlock"),
+            Service::ZooKeeper => format!("{host}:{port}"),
             Service::Postgres | Service::PgBouncer => {
-                format!("postgres://dlock:{POSTGRES_PASSWORD}@127.0.0.1:{port}/dlock")
+                format!("postgres://dlock:{POSTGRES_PASSWORD}@{host}:{port}/dlock")
             }
-            Service::Etcd => format!("etcd://127.0.0.1:{port}"),
+            Service::Etcd => format!("etcd://{host}:{port}"),
         }
     }
 }

@@ -15,6 +15,7 @@
 //! | `zookeeper.rs` | the ZooKeeper ensemble |
 //! | `etcd.rs` | the etcd cluster |
 //! | `redis.rs` | the Redis Cluster, and a primary with a replica and Sentinels |
+//! | `standalone.rs` | one server of each service, for the benchmark |
 
 use std::net::IpAddr;
 use std::process::Command;
@@ -28,10 +29,12 @@ use crate::harness::{register_for_cleanup, test_image};
 
 mod etcd;
 mod redis;
+mod standalone;
 mod zookeeper;
 
 pub use etcd::{etcd_cluster, etcd_cluster_on_disk};
 pub use redis::{SENTINEL_SERVICE, node_connection, redis_cluster, redis_sentinel};
+pub use standalone::standalone;
 pub use zookeeper::zookeeper_ensemble;
 
 /// One server of a topology.
