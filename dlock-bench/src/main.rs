@@ -22,7 +22,7 @@ use std::time::Duration;
 
 use clap::{Parser, ValueEnum};
 use dlock::MemoryBackend;
-use dlock_conformance::harness::Service;
+use dlock_conformance::harness::{Server, ServerOptions, Service, try_start};
 use dlock_conformance::topology::{Topology, standalone};
 use indicatif::{ProgressBar, ProgressStyle};
 
@@ -161,72 +161,117 @@ fn bench() -> Result<()> {
         .block_on(run(args))
 }
 
-/// Where each server the run needs is: the URL given (a flag, or the
-/// harness's variable), else a server of the bench's own, started on a
-/// network of its own and reached at its address there (see
-/// [`standalone`]); the returned topology keeps those for the run, and
-/// the count of URLs given.
-/// MariaDB runs its thread pool: one thread per connection, the server's
-/// default, time-slices 64 clients' connections on 2 cores; dlock-mysql's
-/// README advises the pool for many nodes on few cores. The tests run the
-/// default.
-async fn servers(args: &Args) -> Result<(HashMap<Service, String>, Option<Topology>, usize)> {
-    let mut urls = HashMap::new();
-    let mut start = Vec::new();
-    for which in &args.backends {
-        let (service, flag) = match which {
-            Which::Memory => continue,
-            Which::Redis => (Service::Redis, &args.redis_url),
-            Which::Mysql => (Service::MariaDb, &args.mysql_url),
-            Which::Postgres | Which::PostgresSession => (Service::Postgres, &args.postgres_url),
-            Which::Zookeeper => (Service::ZooKeeper, &args.zk_connect),
-            Which::Etcd => (Service::Etcd, &args.etcd_url),
-        };
-        let given = flag
-            .clone()
-            .or_else(|| std::env::var(service.env_override()).ok());
-        match given {
-            Some(url) => {
-                urls.insert(service, url);
-            }
-            None if start.iter().any(|(s, _)| *s == service) => {}
-            None => {
-                let args = match service {
-                    Service::MariaDb => vec!["--thread-handling=pool-of-threads".to_owned()],
-                    _ => Vec::new(),
-                };
-                start.push((service, args));
+/// The servers of a run: where each is, and those the bench started,
+/// kept until the run ends (dropping them removes them).
+struct Servers {
+    urls: HashMap<Service, String>,
+    _network: Option<Topology>,
+    _published: Vec<Server>,
+    /// Where they are, for the report's machine line.
+    place: &'static str,
+}
+
+impl Servers {
+    /// Where each server the run needs is: the URL given (a flag, or the
+    /// harness's variable), else a server of the bench's own, started on
+    /// a network of its own and reached at its address there (see
+    /// [`standalone`]), or, on a host that has no route to such a
+    /// network, at a port published on 127.0.0.1.
+    ///
+    /// MariaDB runs its thread pool: one thread per connection, the
+    /// server's default, time-slices 64 clients' connections on 2 cores;
+    /// dlock-mysql's README advises the pool for many nodes on few cores.
+    /// The tests run the default.
+    async fn start(args: &Args) -> Result<Servers> {
+        let mut urls = HashMap::new();
+        let mut start = Vec::new();
+        for which in &args.backends {
+            let (service, flag) = match which {
+                Which::Memory => continue,
+                Which::Redis => (Service::Redis, &args.redis_url),
+                Which::Mysql => (Service::MariaDb, &args.mysql_url),
+                Which::Postgres | Which::PostgresSession => (Service::Postgres, &args.postgres_url),
+                Which::Zookeeper => (Service::ZooKeeper, &args.zk_connect),
+                Which::Etcd => (Service::Etcd, &args.etcd_url),
+            };
+            let given = flag
+                .clone()
+                .or_else(|| std::env::var(service.env_override()).ok());
+            match given {
+                Some(url) => {
+                    urls.insert(service, url);
+                }
+                None if start.iter().any(|(s, _)| *s == service) => {}
+                None => {
+                    let args = match service {
+                        Service::MariaDb => vec!["--thread-handling=pool-of-threads".to_owned()],
+                        _ => Vec::new(),
+                    };
+                    start.push((service, args));
+                }
             }
         }
+        let mut servers = Servers {
+            place: if urls.is_empty() {
+                "no servers"
+            } else {
+                "servers given by URL"
+            },
+            urls,
+            _network: None,
+            _published: Vec::new(),
+        };
+        if start.is_empty() {
+            return Ok(servers);
+        }
+        let given = !servers.urls.is_empty();
+        let services: Vec<Service> = start.iter().map(|(s, _)| *s).collect();
+        if let Some((network, started)) = standalone(start.clone()).await? {
+            servers.urls.extend(services.into_iter().zip(started));
+            servers._network = Some(network);
+            servers.place = if given {
+                "servers in Docker on a network of the bench's own, and servers given by URL"
+            } else {
+                "servers in Docker, reached at their addresses on a network of the bench's own"
+            };
+            return Ok(servers);
+        }
+        for (service, args) in start {
+            let options = ServerOptions {
+                args,
+                ..ServerOptions::default()
+            };
+            let server = try_start(service, options).await?;
+            servers.urls.insert(service, server.url().to_owned());
+            servers._published.push(server);
+        }
+        servers.place = "servers in Docker through 127.0.0.1 port mappings (this host has no route \
+                         to a network of the bench's own)";
+        Ok(servers)
     }
-    let given = urls.len();
-    if start.is_empty() {
-        return Ok((urls, None, given));
+
+    /// Where `service`'s server is.
+    fn url(&self, service: Service) -> Result<String> {
+        let url = self.urls.get(&service).cloned();
+        url.ok_or_else(|| format!("no server for {service:?}").into())
     }
-    let services: Vec<Service> = start.iter().map(|(s, _)| *s).collect();
-    let (topology, started) = standalone(start).await?;
-    urls.extend(services.into_iter().zip(started));
-    Ok((urls, Some(topology), given))
 }
 
 async fn run(args: Args) -> Result<()> {
     let duration = Duration::from_secs_f64(args.duration);
-    // Kept until the run ends: dropping the topology removes its servers.
-    let (urls, own, given) = servers(&args).await?;
-    let url = |service| urls.get(&service).cloned().unwrap_or_default();
-    let targets: Vec<Target> = args
-        .backends
-        .iter()
-        .map(|which| match which {
+    let servers = Servers::start(&args).await?;
+    let mut targets = Vec::new();
+    for which in &args.backends {
+        targets.push(match which {
             Which::Memory => Target::Memory(MemoryBackend::new()),
-            Which::Redis => Target::Redis(url(Service::Redis)),
-            Which::Mysql => Target::MySql(url(Service::MariaDb)),
-            Which::Postgres => Target::Postgres(url(Service::Postgres)),
-            Which::PostgresSession => Target::PgSession(url(Service::Postgres)),
-            Which::Zookeeper => Target::ZooKeeper(url(Service::ZooKeeper)),
-            Which::Etcd => Target::Etcd(url(Service::Etcd)),
-        })
-        .collect();
+            Which::Redis => Target::Redis(servers.url(Service::Redis)?),
+            Which::Mysql => Target::MySql(servers.url(Service::MariaDb)?),
+            Which::Postgres => Target::Postgres(servers.url(Service::Postgres)?),
+            Which::PostgresSession => Target::PgSession(servers.url(Service::Postgres)?),
+            Which::Zookeeper => Target::ZooKeeper(servers.url(Service::ZooKeeper)?),
+            Which::Etcd => Target::Etcd(servers.url(Service::Etcd)?),
+        });
+    }
     let scaling_points: Vec<usize> = std::iter::successors(Some(1usize), |c| Some(c * 2))
         .take_while(|&c| c <= args.max_clients)
         .collect();
@@ -243,7 +288,7 @@ async fn run(args: Args) -> Result<()> {
     )?);
 
     let mut report = Report {
-        machine: machine(own.is_some(), given),
+        machine: machine(servers.place),
         clients: args.clients,
         duration_s: args.duration,
         quick: args.quick,
@@ -390,9 +435,8 @@ async fn ops(
     Ok(Some(ops))
 }
 
-/// The machine, and where its servers were: `own` when the bench started
-/// some, of the `given` ones a URL named (the others).
-fn machine(own: bool, given: usize) -> String {
+/// The machine, and where its servers were.
+fn machine(servers: &str) -> String {
     let cores = std::thread::available_parallelism().map_or(0, usize::from);
     let cpu = std::fs::read_to_string("/proc/cpuinfo")
         .ok()
@@ -405,13 +449,5 @@ fn machine(own: bool, given: usize) -> String {
             })
         })
         .unwrap_or_else(|| "unknown CPU".to_owned());
-    let servers = match (own, given) {
-        (true, 0) => {
-            "servers in Docker, reached at their addresses on a network of the bench's own"
-        }
-        (true, _) => "servers in Docker on a network of the bench's own, and servers given by URL",
-        (false, 0) => "no servers",
-        (false, _) => "servers given by URL",
-    };
     format!("{cores} cores, {cpu}, {servers}")
 }
