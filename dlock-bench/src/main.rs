@@ -7,6 +7,7 @@ mod floors;
 mod heap;
 mod report;
 mod scenarios;
+mod servers;
 mod shared;
 mod target;
 mod turns;
@@ -15,18 +16,17 @@ mod turns;
 #[global_allocator]
 static GLOBAL: heap::Counting = heap::Counting;
 
-use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
 use clap::{Parser, ValueEnum};
 use dlock::MemoryBackend;
-use dlock_conformance::harness::{Server, ServerOptions, Service, try_start};
-use dlock_conformance::topology::{Topology, standalone};
+use dlock_conformance::harness::Service;
 use indicatif::{ProgressBar, ProgressStyle};
 
 use report::{BackendReport, Report};
+use servers::Servers;
 use target::{Op, Result, Target};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -39,6 +39,22 @@ enum Which {
     PostgresSession,
     Zookeeper,
     Etcd,
+}
+
+impl Which {
+    /// The server this backend runs on, and the URL its flag gave for it
+    /// (`None`: the memory backend, which has none).
+    fn server(self, args: &Args) -> Option<(Service, Option<String>)> {
+        let (service, flag) = match self {
+            Which::Memory => return None,
+            Which::Redis => (Service::Redis, &args.redis_url),
+            Which::Mysql => (Service::MariaDb, &args.mysql_url),
+            Which::Postgres | Which::PostgresSession => (Service::Postgres, &args.postgres_url),
+            Which::Zookeeper => (Service::ZooKeeper, &args.zk_connect),
+            Which::Etcd => (Service::Etcd, &args.etcd_url),
+        };
+        Some((service, flag.clone()))
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -161,115 +177,28 @@ fn bench() -> Result<()> {
         .block_on(run(args))
 }
 
-/// The servers of a run: where each is, and those the bench started,
-/// kept until the run ends (dropping them removes them).
-struct Servers {
-    urls: HashMap<Service, String>,
-    _network: Option<Topology>,
-    _published: Vec<Server>,
-    /// Where they are, for the report's machine line.
-    place: &'static str,
-}
-
-impl Servers {
-    /// Where each server the run needs is: the URL given (a flag, or the
-    /// harness's variable), else a server of the bench's own, started on
-    /// a network of its own and reached at its address there (see
-    /// [`standalone`]), or, on a host that has no route to such a
-    /// network, at a port published on 127.0.0.1.
-    ///
-    /// MariaDB runs its thread pool: one thread per connection, the
-    /// server's default, time-slices 64 clients' connections on 2 cores;
-    /// dlock-mysql's README advises the pool for many nodes on few cores.
-    /// The tests run the default.
-    async fn start(args: &Args) -> Result<Servers> {
-        let mut urls = HashMap::new();
-        let mut start = Vec::new();
-        for which in &args.backends {
-            let (service, flag) = match which {
-                Which::Memory => continue,
-                Which::Redis => (Service::Redis, &args.redis_url),
-                Which::Mysql => (Service::MariaDb, &args.mysql_url),
-                Which::Postgres | Which::PostgresSession => (Service::Postgres, &args.postgres_url),
-                Which::Zookeeper => (Service::ZooKeeper, &args.zk_connect),
-                Which::Etcd => (Service::Etcd, &args.etcd_url),
-            };
-            let given = flag
-                .clone()
-                .or_else(|| std::env::var(service.env_override()).ok());
-            match given {
-                Some(url) => {
-                    urls.insert(service, url);
-                }
-                None if start.iter().any(|(s, _)| *s == service) => {}
-                None => {
-                    let args = match service {
-                        Service::MariaDb => vec!["--thread-handling=pool-of-threads".to_owned()],
-                        _ => Vec::new(),
-                    };
-                    start.push((service, args));
-                }
-            }
-        }
-        let mut servers = Servers {
-            place: if urls.is_empty() {
-                "no servers"
-            } else {
-                "servers given by URL"
-            },
-            urls,
-            _network: None,
-            _published: Vec::new(),
-        };
-        if start.is_empty() {
-            return Ok(servers);
-        }
-        let given = !servers.urls.is_empty();
-        let services: Vec<Service> = start.iter().map(|(s, _)| *s).collect();
-        if let Some((network, started)) = standalone(start.clone()).await? {
-            servers.urls.extend(services.into_iter().zip(started));
-            servers._network = Some(network);
-            servers.place = if given {
-                "servers in Docker on a network of the bench's own, and servers given by URL"
-            } else {
-                "servers in Docker, reached at their addresses on a network of the bench's own"
-            };
-            return Ok(servers);
-        }
-        for (service, args) in start {
-            let options = ServerOptions {
-                args,
-                ..ServerOptions::default()
-            };
-            let server = try_start(service, options).await?;
-            servers.urls.insert(service, server.url().to_owned());
-            servers._published.push(server);
-        }
-        servers.place = "servers in Docker through 127.0.0.1 port mappings (this host has no route \
-                         to a network of the bench's own)";
-        Ok(servers)
-    }
-
-    /// Where `service`'s server is.
-    fn url(&self, service: Service) -> Result<String> {
-        let url = self.urls.get(&service).cloned();
-        url.ok_or_else(|| format!("no server for {service:?}").into())
-    }
-}
-
 async fn run(args: Args) -> Result<()> {
     let duration = Duration::from_secs_f64(args.duration);
-    let servers = Servers::start(&args).await?;
+    let wanted: Vec<_> = args
+        .backends
+        .iter()
+        .filter_map(|w| w.server(&args))
+        .collect();
+    let servers = Servers::start(&wanted).await?;
+    let url = |which: Which| match which.server(&args) {
+        Some((service, _)) => servers.url(service),
+        None => Err(format!("{which:?} has no server").into()),
+    };
     let mut targets = Vec::new();
-    for which in &args.backends {
+    for &which in &args.backends {
         targets.push(match which {
             Which::Memory => Target::Memory(MemoryBackend::new()),
-            Which::Redis => Target::Redis(servers.url(Service::Redis)?),
-            Which::Mysql => Target::MySql(servers.url(Service::MariaDb)?),
-            Which::Postgres => Target::Postgres(servers.url(Service::Postgres)?),
-            Which::PostgresSession => Target::PgSession(servers.url(Service::Postgres)?),
-            Which::Zookeeper => Target::ZooKeeper(servers.url(Service::ZooKeeper)?),
-            Which::Etcd => Target::Etcd(servers.url(Service::Etcd)?),
+            Which::Redis => Target::Redis(url(which)?),
+            Which::Mysql => Target::MySql(url(which)?),
+            Which::Postgres => Target::Postgres(url(which)?),
+            Which::PostgresSession => Target::PgSession(url(which)?),
+            Which::Zookeeper => Target::ZooKeeper(url(which)?),
+            Which::Etcd => Target::Etcd(url(which)?),
         });
     }
     let scaling_points: Vec<usize> = std::iter::successors(Some(1usize), |c| Some(c * 2))
