@@ -217,7 +217,7 @@ async fn run(args: Args) -> Result<()> {
     )?);
 
     let mut report = Report {
-        machine: machine(servers.place),
+        machine: machine(servers.place()),
         clients: args.clients,
         duration_s: args.duration,
         quick: args.quick,

@@ -11,10 +11,16 @@ use crate::target::Result;
 /// kept until the run ends (dropping them removes them).
 pub struct Servers {
     urls: HashMap<Service, String>,
-    _network: Option<Topology>,
-    _published: Vec<Server>,
-    /// Where they are, for the report's machine line.
-    pub place: &'static str,
+    /// Whether some were given by URL.
+    given: bool,
+    started: Started,
+}
+
+/// The servers the bench started, held for the run.
+enum Started {
+    Nothing,
+    OnNetwork { _topology: Topology },
+    Published { _servers: Vec<Server> },
 }
 
 impl Servers {
@@ -50,48 +56,68 @@ impl Servers {
                 }
             }
         }
-        let mut servers = Servers {
-            place: if urls.is_empty() {
-                "no servers"
-            } else {
-                "servers given by URL"
-            },
-            urls,
-            _network: None,
-            _published: Vec::new(),
-        };
+        let given = !urls.is_empty();
         if start.is_empty() {
-            return Ok(servers);
+            let started = Started::Nothing;
+            return Ok(Servers {
+                urls,
+                given,
+                started,
+            });
         }
-        let given = !servers.urls.is_empty();
         let services: Vec<Service> = start.iter().map(|(s, _)| *s).collect();
-        if let Some((network, started)) = standalone(start.clone()).await? {
-            servers.urls.extend(services.into_iter().zip(started));
-            servers._network = Some(network);
-            servers.place = if given {
-                "servers in Docker on a network of the bench's own, and servers given by URL"
-            } else {
-                "servers in Docker, reached at their addresses on a network of the bench's own"
+        if let Some((topology, started)) = standalone(start.clone()).await? {
+            urls.extend(services.into_iter().zip(started));
+            let started = Started::OnNetwork {
+                _topology: topology,
             };
-            return Ok(servers);
+            return Ok(Servers {
+                urls,
+                given,
+                started,
+            });
         }
+        let mut servers = Vec::new();
         for (service, args) in start {
             let options = ServerOptions {
                 args,
                 ..ServerOptions::default()
             };
             let server = try_start(service, options).await?;
-            servers.urls.insert(service, server.url().to_owned());
-            servers._published.push(server);
+            urls.insert(service, server.url().to_owned());
+            servers.push(server);
         }
-        servers.place = "servers in Docker through 127.0.0.1 port mappings (this host has no route \
-                         to a network of the bench's own)";
-        Ok(servers)
+        let started = Started::Published { _servers: servers };
+        Ok(Servers {
+            urls,
+            given,
+            started,
+        })
     }
 
     /// Where `service`'s server is.
     pub fn url(&self, service: Service) -> Result<String> {
         let url = self.urls.get(&service).cloned();
         url.ok_or_else(|| format!("no server for {service:?}").into())
+    }
+
+    /// Where the servers are, for the report's machine line.
+    pub fn place(&self) -> &'static str {
+        match (&self.started, self.given) {
+            (Started::Nothing, false) => "no servers",
+            (Started::Nothing, true) => "servers given by URL",
+            (Started::OnNetwork { .. }, false) => {
+                "servers in Docker, reached at their addresses on a network of the bench's own"
+            }
+            (Started::OnNetwork { .. }, true) => {
+                "servers in Docker on a network of the bench's own, and servers given by URL"
+            }
+            // The fallback is what a reader of the figures must know,
+            // whether or not some servers were given too.
+            (Started::Published { .. }, _) => {
+                "servers in Docker through 127.0.0.1 port mappings (this host has no route \
+                 to a network of the bench's own)"
+            }
+        }
     }
 }

@@ -17,7 +17,7 @@
 //! | `redis.rs` | the Redis Cluster, and a primary with a replica and Sentinels |
 //! | `standalone.rs` | one server of each service, for the benchmark |
 
-use std::net::IpAddr;
+use std::net::{IpAddr, Ipv4Addr};
 use std::process::Command;
 use std::time::Duration;
 
@@ -120,7 +120,7 @@ impl Node {
 /// itself, where its peers look for it.
 #[derive(Debug)]
 pub struct Topology {
-    network: String,
+    network: Network,
     nodes: Vec<Node>,
 }
 
@@ -145,7 +145,7 @@ impl Drop for Topology {
         let mut args = vec!["rm", "-f", "-v"];
         args.extend(names.iter().map(String::as_str));
         docker(&args);
-        docker(&["network", "rm", &self.network]);
+        docker(&["network", "rm", &self.network.name]);
         let containers: Vec<_> = self
             .nodes
             .iter_mut()
@@ -199,6 +199,24 @@ fn write_file(container: &str, path: &str, contents: &[u8]) -> Result<(), String
     }
 }
 
+/// A bridge network the harness made, as Docker answered when it was
+/// made: read once, for every member pinned on it.
+#[derive(Debug)]
+struct Network {
+    name: String,
+    /// Docker's id of it, whose first 12 digits name its bridge.
+    id: String,
+    /// Its subnet's first address and prefix length.
+    base: Ipv4Addr,
+    bits: u8,
+}
+
+impl std::fmt::Display for Network {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.name)
+    }
+}
+
 /// Makes a bridge network for one topology, labelled for clean-up.
 ///
 /// Docker gives a container an address of its own only on a network whose
@@ -207,7 +225,7 @@ fn write_file(container: &str, path: &str, contents: &[u8]) -> Result<(), String
 /// have chosen (one that meets no other network or route of the machine),
 /// given explicitly, with Docker's own choices kept to its first half;
 /// members are then pinned in the second ([`pin`]).
-fn create_network() -> Result<String, String> {
+fn create_network() -> Result<Network, String> {
     let name = format!(
         "dlock-{}-{:06x}",
         std::process::id(),
@@ -230,7 +248,8 @@ fn create_network() -> Result<String, String> {
             .trim()
             .split_once(' ')
             .ok_or_else(|| format!("dlock harness: no subnet for {name}: {chosen:?}"))?;
-        let range = first_half(subnet)?;
+        let (base, bits) = parse_subnet(subnet)?;
+        let range = format!("{base}/{}", bits + 1);
         let made = docker_output(&[
             "network",
             "create",
@@ -245,7 +264,16 @@ fn create_network() -> Result<String, String> {
             &name,
         ]);
         match made {
-            Ok(_) => break,
+            // `network create` prints the new network's id.
+            Ok(id) => {
+                crate::harness::register_network_for_cleanup(&name);
+                return Ok(Network {
+                    name,
+                    id: id.trim().to_owned(),
+                    base,
+                    bits,
+                });
+            }
             // Another process took the subnet in between: ask again.
             Err(e) if tries < 5 => {
                 tries += 1;
@@ -254,45 +282,41 @@ fn create_network() -> Result<String, String> {
             Err(e) => return Err(e),
         }
     }
-    crate::harness::register_network_for_cleanup(&name);
-    Ok(name)
 }
 
-/// The first half of an IPv4 subnet, `a.b.c.d/n` → `a.b.c.d/(n+1)`.
-fn first_half(subnet: &str) -> Result<String, String> {
-    let bad = || format!("dlock harness: not an IPv4 subnet: {subnet:?}");
+/// An IPv4 subnet `a.b.c.d/n` of at least 16 addresses (two halves of
+/// at least 8), as its first address and `n`.
+fn parse_subnet(subnet: &str) -> Result<(Ipv4Addr, u8), String> {
+    let bad = || format!("dlock harness: not an IPv4 subnet of 16 addresses: {subnet:?}");
     let (base, bits) = subnet.split_once('/').ok_or_else(bad)?;
+    let base: Ipv4Addr = base.parse().map_err(|_| bad())?;
     let bits: u8 = bits.parse().map_err(|_| bad())?;
     if bits > 28 {
         return Err(bad());
     }
-    Ok(format!("{base}/{}", bits + 1))
+    Ok((base, bits))
 }
 
 /// Moves a just-started container to a fixed address in the second half
 /// of its network's subnet (see [`create_network`]), `index` past its
 /// start: Docker then keeps that address for it across a kill.
-fn pin(name: &str, network: &str, index: u32) -> Result<IpAddr, String> {
-    let subnet = docker_output(&[
+fn pin(name: &str, network: &Network, index: u32) -> Result<IpAddr, String> {
+    let half = 1u32 << (31 - u32::from(network.bits));
+    let ip = Ipv4Addr::from(u32::from(network.base) + half + 2 + index);
+    docker_output(&["network", "disconnect", "--force", &network.name, name])?;
+    docker_output(&[
         "network",
-        "inspect",
-        "-f",
-        "{{(index .IPAM.Config 0).Subnet}}",
-        network,
+        "connect",
+        "--ip",
+        &ip.to_string(),
+        &network.name,
+        name,
     ])?;
-    let bad = || format!("dlock harness: not an IPv4 subnet: {subnet:?}");
-    let (base, bits) = subnet.trim().split_once('/').ok_or_else(bad)?;
-    let base: std::net::Ipv4Addr = base.parse().map_err(|_| bad())?;
-    let bits: u32 = bits.parse().map_err(|_| bad())?;
-    let half = 1u32 << (31 - bits.min(28));
-    let ip = std::net::Ipv4Addr::from(u32::from(base) + half + 2 + index);
-    docker_output(&["network", "disconnect", "--force", network, name])?;
-    docker_output(&["network", "connect", "--ip", &ip.to_string(), network, name])?;
     Ok(IpAddr::V4(ip))
 }
 
 async fn start_node(
-    network: &str,
+    network: &Network,
     name: &str,
     cmd: Vec<String>,
     files: Vec<(String, Vec<u8>)>,
@@ -317,7 +341,7 @@ async fn start_node(
     let mut request = GenericImage::new(repo, tag)
         .with_wait_for(WaitFor::Nothing)
         .with_cmd(cmd)
-        .with_network(network)
+        .with_network(network.name.as_str())
         .with_container_name(name)
         .with_hostname(name)
         .with_label("dlock.harness", std::process::id().to_string())
@@ -342,7 +366,7 @@ async fn start_node(
     docker_output(&["exec", name, "touch", "/tmp/dlock-pinned"])?;
     Ok(Node {
         name: name.to_owned(),
-        network: network.to_owned(),
+        network: network.name.clone(),
         ip,
         port,
         container: Some(container),

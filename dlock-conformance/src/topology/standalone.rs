@@ -2,7 +2,7 @@
 
 use std::net::Ipv4Addr;
 
-use super::{Topology, create_network, docker_output, start_node};
+use super::{Network, Topology, create_network, start_node};
 use crate::harness::{Service, last_words, on_harness, test_image, wait_ready};
 
 /// One standalone server of each service asked (with its extra start
@@ -31,7 +31,7 @@ pub async fn standalone(
             network,
             nodes: Vec::new(),
         };
-        if !routed(&topology.network)? {
+        if !routed(&topology.network) {
             return Ok(None);
         }
         let mut urls = Vec::new();
@@ -63,23 +63,14 @@ pub async fn standalone(
 /// Whether this host routes the subnet of `network` through the network's
 /// own bridge (`br-` and the first 12 digits of its id, Docker's name for
 /// it), by the kernel's routing table (`/proc/net/route`).
-fn routed(network: &str) -> Result<bool, String> {
-    let inspect = docker_output(&[
-        "network",
-        "inspect",
-        "-f",
-        "{{.Id}} {{(index .IPAM.Config 0).Subnet}}",
-        network,
-    ])?;
-    let bad = || format!("dlock harness: network {network}: unexpected {inspect:?}");
-    let (id, subnet) = inspect.trim().split_once(' ').ok_or_else(bad)?;
-    let bridge = format!("br-{}", id.get(..12).ok_or_else(bad)?);
-    let (base, _) = subnet.split_once('/').ok_or_else(bad)?;
-    let address: Ipv4Addr = base.parse().map_err(|_| bad())?;
-    let Ok(routes) = std::fs::read_to_string("/proc/net/route") else {
-        return Ok(false);
+fn routed(network: &Network) -> bool {
+    let Some(id) = network.id.get(..12) else {
+        return false;
     };
-    Ok(routes_through(&routes, address, &bridge))
+    let Ok(routes) = std::fs::read_to_string("/proc/net/route") else {
+        return false;
+    };
+    routes_through(&routes, network.base, &format!("br-{id}"))
 }
 
 /// Whether a route of `table` (`/proc/net/route`'s text: destinations and
