@@ -145,7 +145,7 @@ impl PgSessionBackend {
         // Opened within the connect timeout, as the lease table's first
         // connection is: a setup's deadline counted from before a slow
         // connect would leave it no time.
-        let first = backend
+        let mut first = backend
             .connection("connect", backend.connect_deadline(), None)
             .await?;
         let second = backend
@@ -160,7 +160,9 @@ impl PgSessionBackend {
                  or use the lease table (the default mode)",
             ));
         }
-        backend.give_back(first);
+        if backend.prune(&mut first).await {
+            backend.give_back(first);
+        }
         backend.give_back(second);
         conn::watch(Arc::downgrade(&backend.inner));
         Ok(backend)
@@ -188,6 +190,24 @@ impl PgSessionBackend {
             }
         }
         Ok(())
+    }
+
+    /// Deletes the rows of ended server sessions, so that the holders'
+    /// table keeps about a row per live session, not one per session
+    /// ever opened. Best effort: a role that may not delete from it, or
+    /// a slow server, leaves the rows, which nothing reads as a hold
+    /// (`list` keeps a row only while its session holds the key).
+    /// Whether `conn` is fit for a call: not after a statement left
+    /// unanswered.
+    async fn prune(&self, conn: &mut Conn) -> bool {
+        let prune = self.inner.sql.prune();
+        match conn::run(&mut conn.conn, &prune, self.deadline(), "connect").await {
+            Ok(_) => true,
+            Err(f) => {
+                tracing::debug!(error = %f.error, "could not delete the rows of ended sessions");
+                f.code.is_some() && !f.ended
+            }
+        }
     }
 
     /// The request timeout in milliseconds.

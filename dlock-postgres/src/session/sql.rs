@@ -273,6 +273,19 @@ impl SessionSql {
         )
     }
 
+    /// Deletes the rows of server sessions that have ended: a session's
+    /// row outlives it (a connection closed, a server restarted), and is
+    /// made again only by a later session of the same pid. A row is
+    /// committed by a live session, so one whose pid the server no longer
+    /// runs (read after the statement's snapshot) is of an ended session.
+    pub(crate) fn prune(&self) -> String {
+        format!(
+            "DELETE FROM {} AS s \
+             WHERE NOT EXISTS (SELECT 1 FROM pg_stat_activity a WHERE a.pid = s.pid)",
+            self.sessions
+        )
+    }
+
     /// What a new connection runs once: the server ends it after
     /// `silence_ms` without a statement (a holder gone silent loses its
     /// session), and its session's row. Answers its pid.

@@ -93,6 +93,10 @@ async fn a_pooler_in_transaction_mode_is_refused_naming_the_mode() {
 struct Versions {
     conn: sqlx::PgConnection,
     sql: String,
+    /// The client's URL, for another on the same table, and the
+    /// holders' table.
+    url: String,
+    sessions: String,
 }
 
 impl Versions {
@@ -120,8 +124,55 @@ async fn own_sessions(max: u32) -> (PgSessionBackend, Versions) {
     );
     let backend = PgSessionBackend::connect(&url).await.unwrap();
     let conn = sqlx::PgConnection::connect(server.url()).await.unwrap();
-    let sql = format!("SELECT pid, xmin::text FROM public.{table}_sessions ORDER BY pid");
-    (backend, Versions { conn, sql })
+    let sessions = format!("public.{table}_sessions");
+    let sql = format!("SELECT pid, xmin::text FROM {sessions} ORDER BY pid");
+    (
+        backend,
+        Versions {
+            conn,
+            sql,
+            url,
+            sessions,
+        },
+    )
+}
+
+/// The holders' table keeps the rows of live sessions only: a connect
+/// deletes the row of a session that has ended (here a pid no server
+/// session has) and keeps those of another client's idle connections.
+#[tokio::test]
+async fn a_connect_deletes_the_rows_of_ended_sessions() {
+    let (backend, mut versions) = own_sessions(2).await;
+    let pids = async |versions: &mut Versions| -> Vec<i32> {
+        versions
+            .read()
+            .await
+            .into_iter()
+            .map(|(pid, _)| pid)
+            .collect()
+    };
+    let live = pids(&mut versions).await;
+    assert_eq!(live.len(), 2, "the client's two idle connections' rows");
+    let insert = format!(
+        "INSERT INTO {} (pid, holder, hold) VALUES (-1, 'ended', '')",
+        versions.sessions
+    );
+    sqlx::query(sqlx::AssertSqlSafe(insert))
+        .execute(&mut versions.conn)
+        .await
+        .unwrap();
+    assert!(pids(&mut versions).await.contains(&-1));
+    let other = PgSessionBackend::connect(&versions.url).await.unwrap();
+    let after = pids(&mut versions).await;
+    assert!(
+        !after.contains(&-1),
+        "the row of an ended session: {after:?}"
+    );
+    assert!(
+        live.iter().all(|pid| after.contains(pid)),
+        "a live session's row went: {live:?} -> {after:?}"
+    );
+    drop((backend, other));
 }
 
 /// A grant writes nothing once its connection's row names its holder and
