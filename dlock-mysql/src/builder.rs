@@ -354,6 +354,35 @@ impl MySqlBackend {
         Ok(Statements::new(table).ddl())
     }
 
+    /// The statements that make the reader-writer locks' and semaphores'
+    /// stored procedures of the lock table `table` (`<table>_sa1`, `_se1`,
+    /// `_sr1`), as a script for the `mariadb` or `mysql` command-line
+    /// client (`mariadb app < procedures.sql`), for an administrator to
+    /// run after [`table_ddl`](Self::table_ddl)'s where the application
+    /// may not create routines; it then needs `EXECUTE` on them. Without
+    /// them those calls go as text, slower in a crowd (see the README).
+    /// `migrate` makes them too.
+    ///
+    /// # Errors
+    /// [`Error::InvalidOption`] when `table` is not a plain identifier of
+    /// at most 58 characters, or has capitals: routine names ignore case
+    /// where table names may not, so such a table's calls always go as
+    /// text.
+    pub fn procedures_ddl(table: &str) -> Result<String> {
+        validate_table(table)?;
+        let sql = Statements::new(table);
+        if !sql.may_call() {
+            return Err(Error::invalid_option(
+                "table",
+                format!(
+                    "`{table}` has capitals, and routine names ignore case: its calls go as \
+                     text, with no stored procedures (name the table in lower case to have them)"
+                ),
+            ));
+        }
+        Ok(sql.procedures_script())
+    }
+
     /// Creates the lock table, its holds table and the shared kinds'
     /// stored procedures if they do not exist, as `connect` does by
     /// default (a user who may not create routines goes on without them,

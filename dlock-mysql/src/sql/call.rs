@@ -71,6 +71,20 @@ impl Statements {
         self.routines().into_iter().map(|r| r.create).collect()
     }
 
+    /// The statements of [`Statements::create_procedures`] as a script for
+    /// the `mariadb` or `mysql` command-line client: their bodies hold
+    /// `;`, so they go between `DELIMITER` lines (a client command, not
+    /// SQL: the script cannot be sent as a query).
+    pub fn procedures_script(&self) -> String {
+        let mut script = String::from("DELIMITER //\n");
+        for create in self.create_procedures() {
+            script.push_str(create.as_str().trim());
+            script.push_str("\n//\n");
+        }
+        script.push_str("DELIMITER ;\n");
+        script
+    }
+
     /// Whether the table may have procedures: routine names ignore case
     /// where table names (on Linux) do not, so the procedures of `Locks`
     /// would be those of `locks` too. A table named with capitals keeps

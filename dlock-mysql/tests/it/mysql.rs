@@ -449,6 +449,90 @@ async fn the_table_is_created_on_connect_and_least_privilege_suffices() {
     );
 }
 
+/// An administrator's scripts, run by the `mariadb` client as they are:
+/// `table_ddl`'s then `procedures_ddl`'s make the tables and the
+/// procedures, which a user who may only use them (no `CREATE`, no
+/// `CREATE ROUTINE`) finds and calls. A table named with capitals has no
+/// procedures to make.
+#[tokio::test]
+async fn an_administrator_s_scripts_make_the_tables_and_the_procedures() {
+    use std::io::Write;
+
+    let server = shared(Service::MariaDb).await;
+    let container = server
+        .container()
+        .expect("the harness's own MariaDB (DLOCK_MYSQL_URL names another)")
+        .id()
+        .to_owned();
+    let id = unique_name("admin").replace('-', "_").to_lowercase();
+    let table = format!("a_{}", &id[id.len() - 20..]);
+    let script = format!(
+        "{};\n{}",
+        MySqlBackend::table_ddl(&table).unwrap(),
+        MySqlBackend::procedures_ddl(&table).unwrap()
+    );
+    let mut client = std::process::Command::new("docker")
+        .args(["exec", "-i", &container, "mariadb", "-uroot", "dlock"])
+        .stdin(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    client
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(script.as_bytes())
+        .unwrap();
+    let ran = client.wait_with_output().unwrap();
+    assert!(
+        ran.status.success(),
+        "the mariadb client refused the script: {}",
+        String::from_utf8_lossy(&ran.stderr)
+    );
+
+    let admin = raw().await;
+    let user = format!("p_{}", &id[id.len() - 12..]);
+    let mut statements = vec![
+        format!("CREATE USER '{user}'@'%' IDENTIFIED BY 'pw'"),
+        format!("GRANT SELECT, INSERT, UPDATE, DELETE ON dlock.`{table}` TO '{user}'@'%'"),
+        format!("GRANT SELECT, INSERT, UPDATE, DELETE ON dlock.`{table}_holds` TO '{user}'@'%'"),
+    ];
+    for suffix in ["_sa1", "_se1", "_sr1"] {
+        statements.push(format!(
+            "GRANT EXECUTE ON PROCEDURE dlock.`{table}{suffix}` TO '{user}'@'%'"
+        ));
+    }
+    for statement in &statements {
+        sqlx::raw_sql(sqlx::AssertSqlSafe(statement.clone()))
+            .execute(&admin)
+            .await
+            .unwrap();
+    }
+    let b = MySqlBackend::builder(url_with_user(&user).await)
+        .table(&table)
+        .connect()
+        .await
+        .unwrap();
+    assert!(
+        b.calls_procedures(),
+        "the script's procedures are not called"
+    );
+    let name = unique_name("admin");
+    let permit = must_acquire(&b, &name, &long().permits(2)).await;
+    b.release(&permit).await.unwrap();
+    let read = must_acquire(&b, &name, &long().read()).await;
+    b.release(&read).await.unwrap();
+    assert!(b.calls_procedures(), "a call turned back to the text");
+
+    assert!(matches!(
+        MySqlBackend::procedures_ddl("Capitals"),
+        Err(Error::InvalidOption {
+            option: "table",
+            ..
+        })
+    ));
+}
+
 /// The test server's URL with another user, password `pw`.
 async fn url_with_user(user: &str) -> String {
     let good = url().await;
