@@ -64,7 +64,8 @@ enum Command {
 /// Where the lock service is.
 #[derive(Debug, Args)]
 struct UrlArg {
-    /// The lock service: redis://, rediss://, mysql://, mariadb://, postgres://, zk://.
+    /// The lock service: redis://, rediss://, redis+sentinel://, redis+cluster://, mysql://,
+    /// mariadb://, postgres://, zk://, etcd://, etcds:// (as `dlock::connect` takes them).
     #[arg(long, env = "DLOCK_URL", hide_env_values = true)]
     url: Option<String>,
 }
@@ -211,7 +212,8 @@ fn url_and_name(url: UrlArg, mut args: Vec<String>) -> Result<(String, String), 
 /// lease of a session backend), if one is wanted.
 pub(crate) async fn connect(url: &str, session: Option<Duration>) -> Result<Locker, Failure> {
     let lower = url.to_ascii_lowercase();
-    if let (Some(session), true) = (session, lower.starts_with("zk://")) {
+    let zookeeper = lower.starts_with("zk://") || lower.starts_with("zookeeper://");
+    if let (Some(session), true) = (session, zookeeper) {
         let backend = dlock::zk::ZkBackend::builder(url)
             .session_timeout(session)
             .connect()

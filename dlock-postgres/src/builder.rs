@@ -379,9 +379,9 @@ impl PgBackend {
         }
     }
 
-    /// The statements that create the lock table `table` in `schema`, and
-    /// its index, for an administrator to run where the application may not
-    /// create tables.
+    /// The statements that create the lock table `table` in `schema` and
+    /// its holds table (`<table>_holds`), for an administrator to run where
+    /// the application may not create tables.
     ///
     /// # Errors
     /// [`Error::InvalidOption`] when `schema` or `table` is not a plain

@@ -52,7 +52,7 @@ pub use dlock_etcd as etcd;
 /// | `redis+cluster://host:port[,…]` | Redis Cluster | `redis` |
 /// | `mysql://`, `mariadb://` | MySQL / MariaDB (the lock table is created if missing) | `mysql` |
 /// | `postgres://`, `postgresql://` | PostgreSQL, directly or through PgBouncer (the lock table is created if missing); `?mode=session`: session advisory locks (`dlock_postgres::PgSessionBackend`) | `postgres` |
-/// | `zk://host:port[,host:port...][/chroot]` | ZooKeeper | `zookeeper` |
+/// | `zk://` or `zookeeper://host:port[,host:port...][/chroot]` | ZooKeeper | `zookeeper` |
 /// | `etcd://[user:password@]host:port[,host:port...][/prefix]` | etcd | `etcd` (`etcd-tls` for `etcds://`) |
 /// | `memory://` | in-process, a fresh lock space per call | none |
 ///
@@ -95,8 +95,9 @@ pub async fn connect(url: &str) -> Result<Locker> {
         other => Err(Error::invalid_option(
             "url",
             format!(
-                "unknown scheme `{other}`; expected redis, rediss, mysql, mariadb, postgres, zk, \
-                 etcd or memory"
+                "unknown scheme `{other}`; expected redis, rediss, redis+unix, redis+sentinel, \
+                 redis+cluster, mysql, mariadb, postgres, postgresql, zk, zookeeper, etcd, etcds \
+                 or memory"
             ),
         )),
     }

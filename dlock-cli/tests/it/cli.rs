@@ -379,3 +379,50 @@ async fn migrate_creates_the_postgres_table() {
         .unwrap();
     assert!(lease.is_some());
 }
+
+/// A URL that asks for TLS gets it: `dlock inspect` on a PostgreSQL that
+/// speaks only TLS, its certificate verified against a private CA the URL
+/// names (the binary is built with the drivers' TLS).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_url_that_asks_for_tls_gets_it() {
+    use dlock_conformance::harness::TestCertificates;
+
+    let certs = TestCertificates::generate();
+    let server = start(
+        Service::Postgres,
+        ServerOptions {
+            files: vec![
+                ("/tmp/ca.crt".to_owned(), certs.ca.clone()),
+                ("/tmp/server.crt".to_owned(), certs.server_cert.clone()),
+                ("/tmp/server.key".to_owned(), certs.server_key.clone()),
+            ],
+            // It has no plain-text probe: waited for below.
+            skip_probe: true,
+            ..ServerOptions::default()
+        },
+    )
+    .await;
+    let port = server.port().expect("a port on 127.0.0.1");
+    let ca = std::env::temp_dir().join(format!("dlock-ca-{}.crt", unique_name("ca")));
+    std::fs::write(&ca, &certs.ca).expect("write the CA");
+    let url = format!(
+        "postgres://dlock:dlock@127.0.0.1:{port}/dlock?sslmode=verify-full&sslrootcert={}",
+        ca.display()
+    );
+    // Up once this process's own TLS client connects (which also makes
+    // the lock table).
+    let started = std::time::Instant::now();
+    while let Err(e) = dlock::connect(&url).await {
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(60),
+            "the TLS server never answered: {e}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+    let name = unique_name("cli-tls");
+    let inspected = output(dlock(&["inspect", "--json", &url, &name])).await;
+    assert!(inspected.status.success(), "{inspected:?}");
+    let json = String::from_utf8_lossy(&inspected.stdout);
+    assert!(json.contains("\"held\":false"), "{json}");
+    let _ = std::fs::remove_file(ca);
+}
