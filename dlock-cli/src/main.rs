@@ -64,8 +64,9 @@ enum Command {
 /// Where the lock service is.
 #[derive(Debug, Args)]
 struct UrlArg {
-    /// The lock service: redis://, rediss://, redis+sentinel://, redis+cluster://, mysql://,
-    /// mariadb://, postgres://, zk://, etcd://, etcds:// (as `dlock::connect` takes them).
+    /// The lock service, as `dlock::connect` takes it: redis://, rediss://, redis+unix://,
+    /// redis+sentinel://, redis+cluster://, mysql://, mariadb://, postgres://, postgresql://,
+    /// zk://, zookeeper://, etcd://, etcds://, memory://.
     #[arg(long, env = "DLOCK_URL", hide_env_values = true)]
     url: Option<String>,
 }

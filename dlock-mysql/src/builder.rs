@@ -361,7 +361,9 @@ impl MySqlBackend {
     /// run after [`table_ddl`](Self::table_ddl)'s where the application
     /// may not create routines; it then needs `EXECUTE` on them. Without
     /// them those calls go as text, slower in a crowd (see the README).
-    /// `migrate` makes them too.
+    /// `migrate` makes them too. Each is made only if missing (MariaDB
+    /// 10.1.3 or MySQL 8.0.29 and later), so the script runs again
+    /// without error.
     ///
     /// # Errors
     /// [`Error::InvalidOption`] when `table` is not a plain identifier of

@@ -273,8 +273,11 @@ impl PgBuilder {
     /// with [`create_table`](Self::create_table)). `max_connections` is
     /// the most idle connections kept, `max_poll_interval` how often a
     /// holding connection is probed; `wake_ups` and `statement_cache` do
-    /// not apply. Returns within the connect timeout plus the request
-    /// timeout.
+    /// not apply. Each step is bounded: the table's creation by the
+    /// connect timeout plus the request timeout (twice when another client
+    /// creates it at the same moment), each connection by the connect
+    /// timeout. Then, in the background, it deletes the rows of sessions
+    /// that have ended (where its role may: `DELETE` on the table).
     ///
     /// # Errors
     /// As [`connect`](Self::connect); [`Error::InvalidOption`] naming

@@ -265,11 +265,17 @@ fn create_network() -> Result<Network, String> {
         ]);
         match made {
             // `network create` prints the new network's id.
-            Ok(id) => {
+            Ok(printed) => {
                 crate::harness::register_network_for_cleanup(&name);
+                let id = printed.lines().last().unwrap_or_default().trim();
+                if id.len() != 64 || !id.bytes().all(|b| b.is_ascii_hexdigit()) {
+                    return Err(format!(
+                        "dlock harness: `docker network create {name}` printed no id: {printed:?}"
+                    ));
+                }
                 return Ok(Network {
                     name,
-                    id: id.trim().to_owned(),
+                    id: id.to_owned(),
                     base,
                     bits,
                 });
@@ -284,14 +290,15 @@ fn create_network() -> Result<Network, String> {
     }
 }
 
-/// An IPv4 subnet `a.b.c.d/n` of at least 16 addresses (two halves of
-/// at least 8), as its first address and `n`.
+/// An IPv4 subnet `a.b.c.d/n` of at least 256 addresses, as its first
+/// address and `n`: [`pin`] puts members past the first 2 addresses of
+/// its second half, up to 100 of them.
 fn parse_subnet(subnet: &str) -> Result<(Ipv4Addr, u8), String> {
-    let bad = || format!("dlock harness: not an IPv4 subnet of 16 addresses: {subnet:?}");
+    let bad = || format!("dlock harness: not an IPv4 subnet of 256 addresses: {subnet:?}");
     let (base, bits) = subnet.split_once('/').ok_or_else(bad)?;
     let base: Ipv4Addr = base.parse().map_err(|_| bad())?;
     let bits: u8 = bits.parse().map_err(|_| bad())?;
-    if bits > 28 {
+    if bits > 24 {
         return Err(bad());
     }
     Ok((base, bits))

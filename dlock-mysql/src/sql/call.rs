@@ -30,11 +30,11 @@ use sha2::{Digest, Sha256};
 use super::{CLOCK, NOW, Statements, hex, safe};
 
 /// One procedure: its name, the comment that says which body it has, and
-/// the statement that makes it.
+/// what follows `CREATE PROCEDURE` in the statement that makes it.
 struct Routine {
     name: String,
     comment: String,
-    create: SqlStr,
+    definition: String,
 }
 
 /// What follows the table's name in each procedure's: acquire, first
@@ -68,17 +68,24 @@ impl Statements {
     /// procedure exists (MySQL has no `IF NOT EXISTS` for routines before
     /// 8.0.29).
     pub fn create_procedures(&self) -> Vec<SqlStr> {
-        self.routines().into_iter().map(|r| r.create).collect()
+        self.routines()
+            .into_iter()
+            .map(|r| safe(format!("CREATE PROCEDURE {}", r.definition)))
+            .collect()
     }
 
     /// The statements of [`Statements::create_procedures`] as a script for
     /// the `mariadb` or `mysql` command-line client: their bodies hold
     /// `;`, so they go between `DELIMITER` lines (a client command, not
-    /// SQL: the script cannot be sent as a query).
+    /// SQL: the script cannot be sent as a query). Each makes its
+    /// procedure only if missing (MariaDB 10.1.3, MySQL 8.0.29), so that
+    /// the script runs again without error, and without dropping a
+    /// procedure that running clients call.
     pub fn procedures_script(&self) -> String {
         let mut script = String::from("DELIMITER //\n");
-        for create in self.create_procedures() {
-            script.push_str(create.as_str().trim());
+        for routine in self.routines() {
+            script.push_str("CREATE PROCEDURE IF NOT EXISTS ");
+            script.push_str(routine.definition.trim());
             script.push_str("\n//\n");
         }
         script.push_str("DELIMITER ;\n");
@@ -108,15 +115,15 @@ impl Statements {
         let digest = Sha256::digest(format!("{params}\n{body}"));
         let comment = format!("dlock {}", hex(&digest[..8]));
         let name = self.procedure(suffix);
-        let create = safe(format!(
-            "CREATE PROCEDURE `{name}`({params})
+        let definition = format!(
+            "`{name}`({params})
              MODIFIES SQL DATA SQL SECURITY INVOKER COMMENT '{comment}'
              {body}"
-        ));
+        );
         Routine {
             name,
             comment,
-            create,
+            definition,
         }
     }
 

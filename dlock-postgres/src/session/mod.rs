@@ -160,10 +160,15 @@ impl PgSessionBackend {
                  or use the lease table (the default mode)",
             ));
         }
-        if backend.prune(&mut first).await {
-            backend.give_back(first);
-        }
         backend.give_back(second);
+        // Off the connect's path: housekeeping, bounded by the request
+        // timeout.
+        let pruning = backend.clone();
+        tokio::spawn(async move {
+            if pruning.prune(&mut first).await {
+                pruning.give_back(first);
+            }
+        });
         conn::watch(Arc::downgrade(&backend.inner));
         Ok(backend)
     }
@@ -197,15 +202,15 @@ impl PgSessionBackend {
     /// ever opened. Best effort: a role that may not delete from it, or
     /// a slow server, leaves the rows, which nothing reads as a hold
     /// (`list` keeps a row only while its session holds the key).
-    /// Whether `conn` is fit for a call: not after a statement left
-    /// unanswered.
+    /// Whether `conn` is fit for a call: not after a failure, which may
+    /// leave its transaction block open.
     async fn prune(&self, conn: &mut Conn) -> bool {
         let prune = self.inner.sql.prune();
         match conn::run(&mut conn.conn, &prune, self.deadline(), "connect").await {
             Ok(_) => true,
             Err(f) => {
                 tracing::debug!(error = %f.error, "could not delete the rows of ended sessions");
-                f.code.is_some() && !f.ended
+                false
             }
         }
     }

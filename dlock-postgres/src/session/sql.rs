@@ -67,9 +67,10 @@ pub(crate) struct SessionSql {
 /// `objid`, with `objsubid` 1.
 fn holds_of(key: &str, sessions: &str) -> String {
     format!(
-        "pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid JOIN {sessions} s ON s.pid = l.pid \
+        "pg_catalog.pg_locks l JOIN pg_catalog.pg_stat_activity a ON a.pid = l.pid \
+         JOIN {sessions} s ON s.pid = l.pid \
          WHERE l.locktype = 'advisory' AND l.granted \
-         AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database()) \
+         AND l.database = (SELECT oid FROM pg_catalog.pg_database WHERE datname = current_database()) \
          AND l.classid = (({key} >> 32) & 4294967295)::oid \
          AND l.objid = ({key} & 4294967295)::oid AND l.objsubid = 1"
     )
@@ -249,7 +250,7 @@ impl SessionSql {
             // `$2`, or waits to look for conflicting kinds of it (its
             // checkers' lock): not a later session of the same pid.
             undo: SqlStr::from_static(
-                "SELECT pg_terminate_backend(l.pid) FROM pg_locks l \
+                "SELECT pg_terminate_backend(l.pid) FROM pg_catalog.pg_locks l \
                  WHERE l.pid = $1 AND l.locktype = 'advisory' \
                  AND l.objid = ($2 & 4294967295)::oid \
                  AND ((l.classid = (($2 >> 32) & 4294967295)::oid AND l.objsubid = 1) \
@@ -277,11 +278,16 @@ impl SessionSql {
     /// row outlives it (a connection closed, a server restarted), and is
     /// made again only by a later session of the same pid. A row is
     /// committed by a live session, so one whose pid the server no longer
-    /// runs (read after the statement's snapshot) is of an ended session.
+    /// runs (read after the transaction's snapshot) is of an ended
+    /// session. Repeatable read: a row that a new session of the same pid
+    /// takes over meanwhile fails the delete (a serialization error)
+    /// instead of being deleted on a check of the older list of sessions.
     pub(crate) fn prune(&self) -> String {
         format!(
-            "DELETE FROM {} AS s \
-             WHERE NOT EXISTS (SELECT 1 FROM pg_stat_activity a WHERE a.pid = s.pid)",
+            "BEGIN ISOLATION LEVEL REPEATABLE READ; \
+             DELETE FROM {} AS s WHERE NOT EXISTS \
+               (SELECT 1 FROM pg_catalog.pg_stat_activity a WHERE a.pid = s.pid); \
+             COMMIT",
             self.sessions
         )
     }
