@@ -62,13 +62,14 @@ pub(crate) struct SessionSql {
 }
 
 /// `pg_locks` (aliased `l`) of the granted holds of the key `key` in this
-/// database, with their sessions' activity (`a`) and row (`s`). A bigint
+/// database, with their sessions' activity (`a`) and row (`s`, joined by
+/// `join`: a `LEFT JOIN` keeps a hold whose session has no row). A bigint
 /// key is kept split: its high half as `classid`, its low half as
 /// `objid`, with `objsubid` 1.
-fn holds_of(key: &str, sessions: &str) -> String {
+fn holds_of(key: &str, sessions: &str, join: &str) -> String {
     format!(
         "pg_catalog.pg_locks l JOIN pg_catalog.pg_stat_activity a ON a.pid = l.pid \
-         JOIN {sessions} s ON s.pid = l.pid \
+         {join} {sessions} s ON s.pid = l.pid \
          WHERE l.locktype = 'advisory' AND l.granted \
          AND l.database = (SELECT oid FROM pg_catalog.pg_database WHERE datname = current_database()) \
          AND l.classid = (({key} >> 32) & 4294967295)::oid \
@@ -219,11 +220,12 @@ impl SessionSql {
                     sql(release_kept("pg_advisory_unlock_shared")),
                 ],
             ],
-            // `$1`: the key; `$2`: the most rows.
+            // `$1`: the key; `$2`: the most rows. A hold whose session has
+            // no row (deleted by hand) is shown all the same, by its mark.
             holders: sql(format!(
-                "SELECT l.pid, a.application_name, s.holder, s.hold, l.mode FROM {} \
-                 ORDER BY l.mode LIMIT $2",
-                holds_of("$1", &sessions)
+                "SELECT l.pid, a.application_name, COALESCE(s.holder, ''), COALESCE(s.hold, ''), \
+                 l.mode FROM {} ORDER BY l.mode LIMIT $2",
+                holds_of("$1", &sessions, "LEFT JOIN")
             )),
             // `$1`: the prefix, `$2`: the last name of the page before
             // (`''`: none), `$3`: the most names. A row names its
@@ -235,16 +237,19 @@ impl SessionSql {
                  ORDER BY s.name, l.mode LIMIT $3",
                 holds_of(
                     "('x' || encode(substr(sha256(s.name), 1, 8), 'hex'))::bit(64)::bigint",
-                    &sessions
+                    &sessions,
+                    "JOIN"
                 )
             )),
             // The holders are read before any is ended, and shown whether
-            // or not its end came within `$2` ms.
+            // or not its end came within `$2` ms. Every session that holds
+            // the key is ended, a row or none.
             terminate: sql(format!(
-                "WITH h AS MATERIALIZED (SELECT l.pid, a.application_name, s.holder, s.hold, l.mode \
+                "WITH h AS MATERIALIZED (SELECT l.pid, a.application_name, \
+                   COALESCE(s.holder, '') AS holder, COALESCE(s.hold, '') AS hold, l.mode \
                    FROM {} AND l.pid <> pg_backend_pid()) \
                  SELECT pid, application_name, holder, hold, mode, pg_terminate_backend(pid, $2) FROM h",
-                holds_of("$1", &sessions)
+                holds_of("$1", &sessions, "LEFT JOIN")
             )),
             // A dropped wait's session `$1`, if it still waits for or holds
             // `$2`, or waits to look for conflicting kinds of it (its

@@ -214,6 +214,37 @@ async fn a_grant_writes_nothing_once_its_connection_has_its_holder() {
     );
 }
 
+/// A hold whose session's row is gone (deleted by hand) is still one:
+/// `holders` shows it by its mark, and `force_release` ends its session.
+#[tokio::test]
+async fn a_hold_without_its_session_s_row_is_shown_and_ended() {
+    let (backend, mut versions) = own_sessions(1).await;
+    let opts = dlock_core::LockOptions::new();
+    let lease = backend
+        .try_acquire("rowless", &opts)
+        .await
+        .unwrap()
+        .expect("free");
+    let delete = format!("DELETE FROM {}", versions.sessions);
+    sqlx::query(sqlx::AssertSqlSafe(delete))
+        .execute(&mut versions.conn)
+        .await
+        .unwrap();
+    let holders = backend.holders("rowless").await.unwrap();
+    assert_eq!(
+        holders
+            .iter()
+            .map(|h| (h.owner, h.fencing_token))
+            .collect::<Vec<_>>(),
+        vec![(lease.owner(), lease.fencing_token())],
+        "the hold is not shown"
+    );
+    let ended = backend.force_release("rowless").await.unwrap();
+    assert_eq!(ended.map(|h| h.owner), Some(lease.owner()));
+    let again = backend.try_acquire("rowless", &opts).await.unwrap();
+    assert!(again.is_some(), "its session was not ended");
+}
+
 /// An idle connection whose row names the name asked for is taken first:
 /// two names held in turn, each on a connection of its own, write their
 /// rows no more (the last connection given back would name the other).
