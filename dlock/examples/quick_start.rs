@@ -45,6 +45,8 @@ async fn run(redis: &str, postgres: &str) -> Result<i64, Box<dyn std::error::Err
     use std::time::Duration;
 
     let locker = dlock::connect(redis).await?;
+    // `LockOptions::new()` alone: a 30 s TTL renewed by the guard, and no wait
+    // bound (`acquire` waits as long as it takes).
     let opts = LockOptions::new()
         .ttl(Duration::from_secs(30))
         .wait(Duration::from_secs(5));
