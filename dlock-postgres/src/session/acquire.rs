@@ -9,8 +9,9 @@ use tokio::time::Instant;
 
 use super::PgSessionBackend;
 use super::conn::{Conn, Failure, Held, Session, args, query, read};
+use super::mark::{fence_of, kind_of, mark_prefix};
 use super::marker::marker;
-use super::sql::{fence_of, key, kind_of, mark_prefix};
+use super::sql::key;
 use crate::backend::NAME;
 
 impl PgSessionBackend {

@@ -8,7 +8,8 @@ use tokio::time::Instant;
 
 use super::PgSessionBackend;
 use super::conn::{args, query, read};
-use super::sql::{info, key};
+use super::mark::info;
+use super::sql::key;
 use crate::list::page;
 
 impl PgSessionBackend {

@@ -6,6 +6,7 @@
 mod acquire;
 mod conn;
 mod list;
+mod mark;
 mod marker;
 mod release;
 mod sql;

@@ -7,8 +7,9 @@ use sqlx::Arguments;
 use super::PgSessionBackend;
 use super::acquire::moved;
 use super::conn::{Held, args, query, read};
+use super::mark::{fence_of, mark_prefix};
 use super::marker::marker;
-use super::sql::{fence_of, key, mark_prefix};
+use super::sql::key;
 use crate::backend::NAME;
 
 impl PgSessionBackend {
